@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Creates .venv and installs fxforge with every extra, pinned by constraints.txt.
+# pip (not uv/poetry) so that the pinned torch wheels are taken from the local wheel cache when present.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+"$PYTHON" -m venv .venv
+.venv/bin/python -m pip install --quiet --upgrade pip
+.venv/bin/python -m pip install --quiet -c constraints.txt -e ".[all]"
+.venv/bin/fxforge --version

@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# Runs ruff and the test suite inside .venv (created by scripts/install.sh).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+.venv/bin/ruff check src tests benchmarks
+.venv/bin/python -m pytest -n 2 -q "$@"

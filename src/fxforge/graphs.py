@@ -1,0 +1,241 @@
+"""Helpers shared by every part that reads a graph, in both dialects.
+
+* the **torch** dialect: graphs from ``torch.fx.symbolic_trace`` (``call_module`` nodes for leaf
+  modules, ``torch.*``/``F.*`` functions and tensor methods);
+* the **aten** dialect: graphs from ``torch.export`` (``call_function`` nodes on ``torch.ops.aten``
+  overloads, parameters as ``get_attr`` nodes, module ownership kept in ``node.meta["nn_module_stack"]``).
+
+Code elsewhere asks these helpers "what does this node compute?" instead of matching targets itself,
+so that lint rules and passes work on both dialects.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+
+TORCH = "torch"
+ATEN = "aten"
+
+
+def dialect_of(gm: fx.GraphModule) -> str:
+    """``"aten"`` when any call targets an ATen operator overload, else ``"torch"``."""
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+            return ATEN
+    return TORCH
+
+
+def submodule(gm: nn.Module, node: fx.Node) -> nn.Module | None:
+    """The module a ``call_module`` node calls (None for other nodes)."""
+    if node.op != "call_module":
+        return None
+    return gm.get_submodule(str(node.target))
+
+
+def get_attr_value(gm: nn.Module, target: str) -> Any:
+    """Resolve a dotted ``get_attr`` target to the tensor or module it names."""
+    value: Any = gm
+    for part in target.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def module_path(node: fx.Node) -> str:
+    """Dotted path of the innermost user module that produced ``node`` ("" for the root)."""
+    if node.op == "call_module":
+        return str(node.target)
+    if node.op == "get_attr":
+        return str(node.target).rpartition(".")[0]
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return ""
+    path = list(stack.values())[-1][0]
+    # torch.export spells nested paths as L__self___layer1_0 in older releases and adds "@N" call
+    # counters for modules called more than once; neither is part of the user's module name.
+    return str(path).split("@")[0]
+
+
+def target_name(node: fx.Node) -> str:
+    """A readable name for what a node calls: ``conv1``, ``torch.relu``, ``aten.conv2d.default``, ``view``."""
+    target = node.target
+    if node.op in ("call_module", "call_method", "get_attr", "placeholder", "output"):
+        return str(target)
+    if isinstance(target, torch._ops.OpOverload):
+        return f"aten.{target.__name__}" if target.namespace == "aten" else str(target)
+    module = getattr(target, "__module__", None) or ""
+    name = getattr(target, "__name__", str(target))
+    if module.startswith("torch.nn.functional"):
+        return f"F.{name}"
+    if module in ("torch", "torch._C._VariableFunctions") or getattr(torch, name, None) is target:
+        return f"torch.{name}"
+    if module == "_operator":
+        return f"operator.{name}"
+    return f"{module}.{name}" if module else name
+
+
+def aten_packet(node: fx.Node) -> str | None:
+    """For an ATen node, the op name without overload (``"conv2d"``); None otherwise."""
+    if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+        return node.target._overloadpacket.__name__
+    return None
+
+
+# What a node computes, independent of dialect. Each kind lists its module types, functions,
+# tensor methods and ATen op names (overload packets).
+_KINDS: dict[str, tuple[tuple[type, ...], tuple[Any, ...], tuple[str, ...], tuple[str, ...]]] = {
+    "relu": ((nn.ReLU,), (F.relu, torch.relu, torch.relu_, F.relu_), ("relu", "relu_"), ("relu", "relu_")),
+    "relu6": ((nn.ReLU6,), (F.relu6,), (), ("relu6", "hardtanh")),
+    "sigmoid": ((nn.Sigmoid,), (torch.sigmoid, F.sigmoid), ("sigmoid", "sigmoid_"), ("sigmoid", "sigmoid_")),
+    "softmax": ((nn.Softmax,), (F.softmax, torch.softmax), ("softmax",), ("softmax", "_softmax")),
+    "gelu": ((nn.GELU,), (F.gelu,), (), ("gelu",)),
+    "dropout": (
+        (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout),
+        (F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, F.feature_alpha_dropout, torch.dropout),
+        (),
+        ("dropout", "native_dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout"),
+    ),
+    "identity": ((nn.Identity,), (), (), ()),
+    "conv": (
+        (nn.Conv1d, nn.Conv2d, nn.Conv3d),
+        (F.conv1d, F.conv2d, F.conv3d),
+        (),
+        ("conv1d", "conv2d", "conv3d", "convolution"),
+    ),
+    "conv_transpose": (
+        (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d),
+        (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d),
+        (),
+        ("conv_transpose1d", "conv_transpose2d", "conv_transpose3d"),
+    ),
+    "linear": ((nn.Linear,), (F.linear,), (), ("linear",)),
+    "batch_norm": (
+        (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d),
+        (F.batch_norm,),
+        (),
+        ("batch_norm", "_native_batch_norm_legit_no_training", "native_batch_norm"),
+    ),
+    "add": ((), (operator.add, operator.iadd, torch.add), ("add", "add_"), ("add", "add_")),
+    "mul": ((), (operator.mul, operator.imul, torch.mul), ("mul", "mul_"), ("mul", "mul_")),
+}
+
+
+def node_kind(gm: nn.Module, node: fx.Node) -> str | None:
+    """Classify ``node`` as one of the kinds above (``"conv"``, ``"relu"``...), or None."""
+    if node.op == "call_module":
+        module = submodule(gm, node)
+        for kind, (types, _, _, _) in _KINDS.items():
+            # exact type for module kinds: a subclass may override forward with anything
+            if type(module) in types:
+                return kind
+        return None
+    if node.op == "call_function":
+        packet = aten_packet(node)
+        for kind, (_, functions, _, aten_names) in _KINDS.items():
+            if packet is not None:
+                if packet in aten_names:
+                    if packet == "convolution" and len(node.args) > 6 and node.args[6]:
+                        return "conv_transpose"
+                    return kind
+            elif any(node.target is f for f in functions):
+                return kind
+        return None
+    if node.op == "call_method":
+        for kind, (_, _, methods, _) in _KINDS.items():
+            if node.target in methods:
+                return kind
+    return None
+
+
+def is_kind(gm: nn.Module, node: fx.Node, *kinds: str) -> bool:
+    return node_kind(gm, node) in kinds
+
+
+# Calls known to mutate their inputs or global state: never dropped or merged by analyses.
+_SIDE_EFFECT_FUNCTIONS: set[Any] = {
+    torch._assert,
+    operator.setitem,
+    operator.iadd,
+    operator.isub,
+    operator.imul,
+    operator.itruediv,
+    torch.manual_seed,
+    print,
+}
+for _name in ("_assert_async", "_assert_scalar", "sym_constrain_range_for_size", "_check", "_check_is_size"):
+    if hasattr(torch, _name):
+        _SIDE_EFFECT_FUNCTIONS.add(getattr(torch, _name))
+
+# Random ops give a new value each call: they are not pure even without writing memory.
+_RANDOM_NAMES = {
+    "rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "bernoulli", "normal",
+    "multinomial", "dropout", "native_dropout", "randperm", "uniform_", "normal_", "exponential_",
+}
+
+
+def has_side_effects(gm: nn.Module, node: fx.Node) -> bool:
+    """True when removing or deduplicating ``node`` could change behaviour.
+
+    In-place methods and ops (trailing ``_``), ``out=`` calls, setitem, asserts, random ops and
+    calls into modules we cannot see through (leaf modules other than stateless torch.nn ones) are
+    all treated as effectful; this is deliberately conservative.
+    """
+    if node.op in ("placeholder", "output"):
+        return True
+    if node.op == "get_attr":
+        return False
+    if "out" in node.kwargs:
+        return True
+    if node.op == "call_method":
+        name = str(node.target)
+        return (name.endswith("_") and not name.endswith("__")) or name in _RANDOM_NAMES or name in ("copy_", "fill_")
+    if node.op == "call_function":
+        target = node.target
+        if target in _SIDE_EFFECT_FUNCTIONS:
+            return True
+        if isinstance(target, torch._ops.OpOverload):
+            schema = target._schema
+            if any(arg.alias_info is not None and arg.alias_info.is_write for arg in schema.arguments):
+                return True
+            if schema.is_mutable or target._overloadpacket.__name__ in _RANDOM_NAMES:
+                return True
+            return bool(target.namespace not in ("aten", "prims"))
+        name = getattr(target, "__name__", "")
+        if name.endswith("_") and not name.endswith("__"):
+            return True
+        if name in _RANDOM_NAMES:
+            return True
+        return node.kwargs.get("inplace") is True
+    if node.op == "call_module":
+        module = submodule(gm, node)
+        if getattr(module, "inplace", False):
+            return True
+        if isinstance(module, (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)):
+            return module.training and module.track_running_stats  # updates running stats
+        if type(module).__module__.startswith("torch.nn.modules"):
+            return isinstance(module, (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d)) and module.training
+        return True  # a user leaf module could do anything (buffer writes, prints, RNG)
+    return True
+
+
+def users_reach_output(graph: fx.Graph) -> set[fx.Node]:
+    """The nodes whose value flows (directly or indirectly) into the graph output or an effectful node.
+
+    One reverse pass over the graph, linear in its size.
+    """
+    live: set[fx.Node] = set()
+    owning = graph.owning_module
+    for node in reversed(graph.nodes):
+        if node in live or node.op == "output" or (owning is not None and has_side_effects(owning, node)):
+            live.add(node)
+            live.update(node.all_input_nodes)
+    return live
+
+
+def tensor_inputs(node: fx.Node) -> Iterable[fx.Node]:
+    return node.all_input_nodes

@@ -1,0 +1,205 @@
+"""Inspect: per-node and per-module facts about a captured graph.
+
+For every node: op, target, owning module, output shape and dtype, parameter count, FLOPs (from
+``torch.utils.flop_counter``, which counts matmul/conv/attention as 2 FLOPs per multiply-add and
+elementwise ops as zero, the convention torchvision's published figures use) and activation bytes.
+The numbers come from one run of the graph under an Interpreter, on real or ``meta`` tensors, so a
+model built on the meta device is inspected without allocating its weights. Work is linear in the
+number of nodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import fx, nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from fxforge.capture import Captured, quiet_torch_logs
+from fxforge.errors import InputSpecError
+from fxforge.graphs import get_attr_value, module_path, submodule, target_name
+
+
+@dataclass
+class NodeInfo:
+    name: str
+    op: str
+    target: str
+    module: str
+    shape: list[int] | list[list[int]] | None
+    dtype: str | None
+    params: int
+    flops: int
+    activation_bytes: int
+
+
+@dataclass
+class ModuleSummary:
+    path: str
+    type: str
+    depth: int
+    params: int
+    flops: int
+    activation_bytes: int
+    nodes: int
+
+
+@dataclass
+class InspectReport:
+    dialect: str
+    nodes: list[NodeInfo]
+    modules: list[ModuleSummary]
+    totals: dict[str, int]
+    capture: dict[str, Any]
+    code: str = ""
+    input_shapes: list[Any] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _describe(value: Any) -> tuple[Any, str | None, int]:
+    """(shape, dtype, bytes) of a node's output; tuples of tensors give a list of shapes."""
+    if isinstance(value, torch.Tensor):
+        return list(value.shape), str(value.dtype).removeprefix("torch."), value.numel() * value.element_size()
+    if isinstance(value, (tuple, list)):
+        tensors = [v for v in value if isinstance(v, torch.Tensor)]
+        if tensors:
+            return (
+                [list(t.shape) for t in tensors],
+                str(tensors[0].dtype).removeprefix("torch."),
+                sum(t.numel() * t.element_size() for t in tensors),
+            )
+    return None, None, 0
+
+
+def _node_params(gm: nn.Module, node: fx.Node) -> int:
+    if node.op == "call_module":
+        module = submodule(gm, node)
+        return sum(p.numel() for p in module.parameters()) if module is not None else 0
+    if node.op == "get_attr":
+        value = get_attr_value(gm, str(node.target))
+        return value.numel() if isinstance(value, nn.Parameter) else 0
+    return 0
+
+
+class _Profiler(fx.Interpreter):
+    """Runs the graph once, recording each node's output description and FLOPs."""
+
+    def __init__(self, gm: fx.GraphModule, counter: FlopCounterMode) -> None:
+        super().__init__(gm)
+        self.counter = counter
+        self.infos: dict[fx.Node, tuple[Any, str | None, int, int]] = {}
+
+    def run_node(self, n: fx.Node) -> Any:
+        before = self.counter.get_total_flops()
+        try:
+            result = super().run_node(n)
+        except Exception as exc:
+            if isinstance(exc, InputSpecError):
+                raise
+            where = f"{n.op} {target_name(n)}"
+            message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise InputSpecError(
+                f"the graph failed at node {n.name} ({where}): {message}",
+                hint="check --input: the example inputs may not have the shape or dtype the model expects",
+            ) from None
+        shape, dtype, nbytes = _describe(result)
+        self.infos[n] = (shape, dtype, nbytes, self.counter.get_total_flops() - before)
+        return result
+
+
+def _module_chain(node: fx.Node) -> list[tuple[str, str]]:
+    """(path, type name) of every module enclosing ``node``, outermost first."""
+    stack = node.meta.get("nn_module_stack") or {}
+    chain = []
+    for path, cls in stack.values():
+        type_name = cls.__name__ if isinstance(cls, type) else str(cls).rsplit(".", 1)[-1]
+        path = str(path).split("@")[0]
+        if path:
+            chain.append((path, type_name))
+    if node.op == "call_module" and not chain:
+        parts = str(node.target).split(".")
+        chain = [(".".join(parts[: i + 1]), "") for i in range(len(parts))]
+    return chain
+
+
+def inspect_graph(
+    captured: Captured,
+    *,
+    depth: int = 3,
+    inputs: Sequence[Any] | None = None,
+    include_code: bool = True,
+) -> InspectReport:
+    """Profile ``captured`` on its example inputs (or ``inputs``) and summarise it by node and module.
+
+    ``depth`` limits the module summary to paths with at most that many dotted components.
+    """
+    gm = captured.graph_module
+    values = captured.flat_inputs(inputs)
+    counter = FlopCounterMode(display=False)
+    profiler = _Profiler(gm, counter)
+    with torch.no_grad(), counter, quiet_torch_logs():
+        profiler.run(*values)
+
+    nodes: list[NodeInfo] = []
+    modules: dict[str, ModuleSummary] = {}
+    module_params: dict[str, int] = {}
+    for node in gm.graph.nodes:
+        shape, dtype, nbytes, flops = profiler.infos.get(node, (None, None, 0, 0))
+        params = _node_params(gm, node)
+        if node.op == "output":
+            nbytes = 0  # the output node only forwards values computed elsewhere
+        nodes.append(
+            NodeInfo(node.name, node.op, target_name(node), module_path(node), shape, dtype, params, flops, nbytes)
+        )
+        for path, type_name in _module_chain(node):
+            summary = modules.get(path)
+            if summary is None:
+                summary = modules[path] = ModuleSummary(path, type_name, path.count(".") + 1, 0, 0, 0, 0)
+                module_params[path] = _module_param_count(gm, path)
+            summary.flops += flops
+            summary.activation_bytes += nbytes
+            summary.nodes += 1
+            if not summary.type and node.op == "call_module":
+                summary.type = type(submodule(gm, node)).__name__
+    for path, summary in modules.items():
+        summary.params = module_params[path] if module_params[path] >= 0 else _sum_node_params(nodes, path)
+
+    unique_params = {id(p): p for p in gm.parameters()}
+    total_params = sum(p.numel() for p in unique_params.values())
+    total_flops = sum(n.flops for n in nodes)
+    totals = {
+        "params": total_params,
+        "param_bytes": sum(p.numel() * p.element_size() for p in unique_params.values()),
+        "flops": total_flops,
+        "macs": total_flops // 2,
+        "nodes": len(nodes),
+        "activation_bytes": sum(n.activation_bytes for n in nodes if n.op not in ("placeholder", "get_attr")),
+    }
+    return InspectReport(
+        dialect=captured.dialect,
+        nodes=nodes,
+        modules=[m for m in modules.values() if m.depth <= depth],
+        totals=totals,
+        capture=captured.record.to_dict(),
+        code=gm.code if include_code else "",
+        input_shapes=[list(v.shape) if isinstance(v, torch.Tensor) else None for v in values],
+    )
+
+
+def _module_param_count(gm: nn.Module, path: str) -> int:
+    """Unique parameter count of the submodule at ``path``; -1 when the graph has no such submodule."""
+    try:
+        module = gm.get_submodule(path)
+    except AttributeError:
+        return -1
+    return sum(p.numel() for p in module.parameters())
+
+
+def _sum_node_params(nodes: list[NodeInfo], path: str) -> int:
+    prefix = path + "."
+    return sum(n.params for n in nodes if n.module == path or n.module.startswith(prefix))

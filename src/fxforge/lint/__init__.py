@@ -1,0 +1,170 @@
+"""Lint: rule-based analysis of a captured graph, one rule per module under ``fxforge.lint.rules``.
+
+Like ruff, every rule has a stable code (``FX001``), a name (``dead-node``), a severity and a
+summary; rules are registered with :func:`rule` and run by :func:`lint`. A rule is a function from a
+:class:`LintContext` to ``(node, message)`` pairs; the framework turns those into :class:`Finding`
+objects with the rule's metadata. Rules that can be fixed name the pass that fixes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from functools import cached_property
+from typing import Any
+
+from torch import fx, nn
+
+from fxforge.capture import Captured
+from fxforge.errors import FxforgeError
+from fxforge.graphs import dialect_of, module_path
+
+SEVERITIES = ("info", "warning", "error")
+
+
+def severity_rank(severity: str) -> int:
+    return SEVERITIES.index(severity)
+
+
+@dataclass(frozen=True)
+class Finding:
+    code: str
+    name: str
+    severity: str
+    message: str
+    node: str | None = None
+    module: str | None = None
+    fix: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class LintContext:
+    """What a rule may look at: the graph, and when known the original model and example inputs."""
+
+    gm: fx.GraphModule
+    captured: Captured | None = None
+
+    @cached_property
+    def dialect(self) -> str:
+        return self.captured.dialect if self.captured is not None else dialect_of(self.gm)
+
+    @property
+    def graph(self) -> fx.Graph:
+        return self.gm.graph
+
+    @property
+    def original(self) -> nn.Module | None:
+        return self.captured.original if self.captured is not None else None
+
+    @property
+    def example_inputs(self) -> tuple[Any, ...]:
+        return self.captured.example_inputs if self.captured is not None else ()
+
+
+RuleCheck = Callable[[LintContext], Iterable[tuple[fx.Node | None, str]]]
+
+
+@dataclass(frozen=True)
+class Rule:
+    code: str
+    name: str
+    severity: str
+    summary: str
+    check: RuleCheck
+    fix: str | None = None  # name of the pass that removes this finding
+    dialects: tuple[str, ...] = ("torch", "aten")
+
+
+RULES: dict[str, Rule] = {}
+
+
+def rule(
+    code: str, name: str, severity: str, summary: str, fix: str | None = None, dialects: tuple[str, ...] = ("torch", "aten")
+) -> Callable[[RuleCheck], RuleCheck]:
+    """Register a lint rule; the decorated function yields ``(node, message)`` for each finding."""
+    if severity not in SEVERITIES:
+        raise ValueError(f"severity must be one of {SEVERITIES}")
+
+    def register(check: RuleCheck) -> RuleCheck:
+        if code in RULES or any(r.name == name for r in RULES.values()):
+            raise ValueError(f"lint rule {code} / {name} registered twice")
+        RULES[code] = Rule(code, name, severity, summary, check, fix, dialects)
+        return check
+
+    return register
+
+
+@dataclass
+class LintReport:
+    findings: list[Finding] = field(default_factory=list)
+    rules_run: list[str] = field(default_factory=list)
+    dialect: str = "torch"
+
+    def at_least(self, severity: str) -> list[Finding]:
+        return [f for f in self.findings if severity_rank(f.severity) >= severity_rank(severity)]
+
+    def to_dict(self) -> dict[str, Any]:
+        counts = {s: sum(1 for f in self.findings if f.severity == s) for s in SEVERITIES}
+        return {
+            "dialect": self.dialect,
+            "findings": [f.to_dict() for f in self.findings],
+            "counts": counts,
+            "rules_run": self.rules_run,
+        }
+
+
+def _select_rules(select: Iterable[str] | None, ignore: Iterable[str] | None) -> list[Rule]:
+    _load_rules()
+    by_key = {**{r.code: r for r in RULES.values()}, **{r.name: r for r in RULES.values()}}
+    for key in [*(select or []), *(ignore or [])]:
+        if key not in by_key:
+            raise FxforgeError(f"unknown lint rule {key!r}", hint="list them with: fxforge lint --rules")
+    chosen = [by_key[k] for k in select] if select else list(RULES.values())
+    ignored = {by_key[k].code for k in ignore or []}
+    return sorted((r for r in chosen if r.code not in ignored), key=lambda r: r.code)
+
+
+def lint(
+    target: Captured | fx.GraphModule,
+    *,
+    select: Iterable[str] | None = None,
+    ignore: Iterable[str] | None = None,
+) -> LintReport:
+    """Run the lint rules (all, or those in ``select`` minus ``ignore``; codes or names) on a graph."""
+    if isinstance(target, Captured):
+        context = LintContext(target.graph_module, target)
+    else:
+        context = LintContext(target)
+    report = LintReport(dialect=context.dialect)
+    for current in _select_rules(select, ignore):
+        if context.dialect not in current.dialects:
+            continue
+        report.rules_run.append(current.code)
+        for node, message in current.check(context):
+            report.findings.append(
+                Finding(
+                    current.code,
+                    current.name,
+                    current.severity,
+                    message,
+                    node.name if node is not None else None,
+                    module_path(node) if node is not None else None,
+                    current.fix,
+                )
+            )
+    order = {node.name: i for i, node in enumerate(context.graph.nodes)}
+    report.findings.sort(key=lambda f: (-severity_rank(f.severity), order.get(f.node or "", -1), f.code))
+    return report
+
+
+def all_rules() -> list[Rule]:
+    _load_rules()
+    return sorted(RULES.values(), key=lambda r: r.code)
+
+
+def _load_rules() -> None:
+    # Importing the package registers every rule module in it.
+    import fxforge.lint.rules  # noqa: F401

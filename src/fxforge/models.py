@@ -1,0 +1,322 @@
+"""Model loading: turns a model spec string into an ``nn.Module`` plus default example inputs.
+
+Spec forms (every command takes the same ones):
+
+* ``demo`` / ``demo:convnet`` / ``demo:mlp`` -- built-in models, no extra needed
+* ``torchvision:resnet18`` -- any ``torchvision.models.get_model`` name, random weights
+* ``timm:resnet50`` -- any ``timm.create_model`` name, random weights
+* ``transformers:BertModel`` -- a transformers model class built from its default config
+* ``path/to/file.py:factory`` -- a function, class or module instance in a Python file
+* ``package.module:attr`` -- the same, imported from an installed package
+* ``model.pt`` -- a whole module saved with ``torch.save``; ``model.pt2`` -- a ``torch.export`` program
+* ``OUTDIR`` -- a directory written by ``fxforge optimize`` (loads its ``model.pt``)
+
+Models are built under a fixed seed (so two runs see the same random weights), put in eval mode, and
+can be built on the ``meta`` device so that no weight memory is allocated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import inspect as pyinspect
+import pickle
+import sys
+import zipfile
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from fxforge.errors import ModelSpecError, require
+from fxforge.inputs import InputSpec, parse_input_spec
+
+# torchvision classification models that need more than the default 224x224 input.
+_TORCHVISION_INPUT_SIZE = {"inception_v3": 299}
+# File name inside an `fxforge optimize` output directory that holds the whole pickled module.
+OPTIMIZED_MODEL_FILE = "model.pt"
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for capture: the module, where it came from and the inputs it expects by default."""
+
+    module: nn.Module
+    spec: str
+    default_inputs: list[InputSpec] = field(default_factory=list)
+    # Set when the spec was a `.pt2` file: the program itself, already in the ATen dialect.
+    exported_program: Any | None = None
+    # Extra keyword inputs (e.g. attention masks) are not supported in specs; models take positional inputs.
+
+
+@contextlib.contextmanager
+def _seeded(seed: int) -> Iterator[None]:
+    # fork_rng restores the caller's RNG state afterwards: loading a model must not perturb the user's RNG.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
+def _build_context(device: str | torch.device | None):
+    return torch.device(device) if device is not None else contextlib.nullcontext()
+
+
+def load_model(
+    spec: str | nn.Module,
+    *,
+    seed: int = 0,
+    device: str | torch.device | None = None,
+    model_kwargs: Mapping[str, Any] | None = None,
+    train: bool = False,
+) -> LoadedModel:
+    """Load ``spec`` (see the module docstring) with random weights drawn from ``seed``.
+
+    ``device="meta"`` builds the model without allocating weights; ``model_kwargs`` go to the model
+    constructor (torchvision/timm/file factories) or into the transformers config.
+    """
+    if isinstance(spec, nn.Module):
+        return LoadedModel(spec if train else spec.eval(), type(spec).__name__)
+    kwargs = dict(model_kwargs or {})
+    with _seeded(seed), _build_context(device):
+        loaded = _dispatch(spec.strip(), kwargs)
+    if not train:
+        loaded.module.eval()
+    else:
+        loaded.module.train()
+    return loaded
+
+
+def _dispatch(spec: str, kwargs: dict[str, Any]) -> LoadedModel:
+    if not spec:
+        raise ModelSpecError("empty model spec", hint=_SPEC_HINT)
+    prefix, _, name = spec.partition(":")
+    if prefix == "demo":
+        return _load_demo(name or "convnet", spec, kwargs)
+    if prefix == "torchvision" and name:
+        return _load_torchvision(name, spec, kwargs)
+    if prefix == "timm" and name:
+        return _load_timm(name, spec, kwargs)
+    if prefix == "transformers" and name:
+        return _load_transformers(name, spec, kwargs)
+    path = Path(spec)
+    if path.is_dir():
+        return _load_output_dir(path, spec)
+    if path.suffix == ".pt2":
+        return _load_pt2(path, spec)
+    if path.suffix in {".pt", ".pth", ".bin", ".pkl"}:
+        return _load_pickled_module(path, spec)
+    file_part, sep, attr = spec.rpartition(":")
+    if sep and file_part.endswith(".py"):
+        return _load_from_file(Path(file_part), attr, spec, kwargs)
+    if sep and file_part and attr:
+        return _load_from_import(file_part, attr, spec, kwargs)
+    if path.suffix == ".py":
+        raise ModelSpecError(f"{spec!r} names a Python file but no factory", hint=f"write {spec}:NAME")
+    raise ModelSpecError(f"unknown model spec {spec!r}", hint=_SPEC_HINT)
+
+
+_SPEC_HINT = (
+    "use demo, torchvision:NAME, timm:NAME, transformers:CLASS, path/to/file.py:factory, "
+    "package.module:attr, model.pt, model.pt2 or an fxforge output directory"
+)
+
+
+def _load_demo(name: str, spec: str, kwargs: dict[str, Any]) -> LoadedModel:
+    from fxforge.demo import DEMO_MODELS
+
+    if name not in DEMO_MODELS:
+        raise ModelSpecError(f"unknown demo model {name!r}", hint=f"one of {', '.join(DEMO_MODELS)}")
+    cls, inputs = DEMO_MODELS[name]
+    return LoadedModel(_construct(cls, kwargs, spec), spec, [parse_input_spec(s) for s in inputs])
+
+
+def _construct(factory: Callable[..., Any], kwargs: dict[str, Any], spec: str) -> Any:
+    try:
+        return factory(**kwargs)
+    except TypeError as exc:
+        if kwargs:
+            raise ModelSpecError(f"{spec}: constructor rejected --model-arg values: {exc}") from None
+        raise ModelSpecError(f"{spec}: cannot be called without arguments: {exc}") from None
+
+
+def torchvision_classification_models() -> list[str]:
+    """Names of every torchvision classification model (``torchvision.models`` top level)."""
+    torchvision = require("torchvision", "vision", "torchvision models")
+    return sorted(torchvision.models.list_models(module=torchvision.models))
+
+
+def _load_torchvision(name: str, spec: str, kwargs: dict[str, Any]) -> LoadedModel:
+    torchvision = require("torchvision", "vision", "torchvision models")
+    if name not in torchvision.models.list_models():
+        raise ModelSpecError(
+            f"torchvision has no model named {name!r}",
+            hint="list them with: python -c 'import torchvision; print(torchvision.models.list_models())'",
+        )
+    kwargs.setdefault("weights", None)  # never download weights
+    if name in ("inception_v3", "googlenet"):
+        # Their defaults add auxiliary classifiers (extra outputs, training only) and weight transforms.
+        kwargs.setdefault("aux_logits", False)
+        kwargs.setdefault("init_weights", True)
+    model = _construct(lambda **kw: torchvision.models.get_model(name, **kw), kwargs, spec)
+    classification = set(torchvision.models.list_models(module=torchvision.models))
+    inputs = []
+    if name in classification:
+        size = _TORCHVISION_INPUT_SIZE.get(name, 224)
+        inputs = [InputSpec((1, 3, size, size))]
+    return LoadedModel(model, spec, inputs)
+
+
+def _load_timm(name: str, spec: str, kwargs: dict[str, Any]) -> LoadedModel:
+    timm = require("timm", "timm", "timm models")
+    if not timm.is_model(name):
+        raise ModelSpecError(f"timm has no model named {name!r}", hint="list them with: timm.list_models()")
+    model = _construct(lambda **kw: timm.create_model(name, pretrained=False, **kw), kwargs, spec)
+    cfg = getattr(model, "pretrained_cfg", None) or {}
+    channels, height, width = cfg.get("input_size", (3, 224, 224))
+    return LoadedModel(model, spec, [InputSpec((1, channels, height, width))])
+
+
+def _load_transformers(class_name: str, spec: str, kwargs: dict[str, Any]) -> LoadedModel:
+    transformers = require("transformers", "transformers", "transformers models")
+    cls = getattr(transformers, class_name, None)
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        raise ModelSpecError(
+            f"transformers has no model class named {class_name!r}", hint="e.g. transformers:BertModel"
+        )
+    config_class = getattr(cls, "config_class", None)
+    if config_class is None:
+        raise ModelSpecError(f"transformers:{class_name} has no default config class")
+    try:
+        config = config_class(**kwargs)
+    except (TypeError, ValueError) as exc:
+        raise ModelSpecError(f"{spec}: bad config value: {exc}") from None
+    # eager attention: the SDPA path has data-dependent branches that no capture method can keep.
+    with contextlib.suppress(AttributeError, ValueError):
+        config._attn_implementation = "eager"
+    model = cls(config)
+    inputs: list[InputSpec] = []
+    main_input = getattr(cls, "main_input_name", "input_ids")
+    if main_input == "input_ids":
+        inputs = [InputSpec((1, 16), torch.int64)]
+    elif main_input == "pixel_values":
+        size = getattr(config, "image_size", 224)
+        size = size if isinstance(size, int) else size[0]
+        inputs = [InputSpec((1, getattr(config, "num_channels", 3), size, size))]
+    return LoadedModel(model, spec, inputs)
+
+
+def _load_output_dir(path: Path, spec: str) -> LoadedModel:
+    model_file = path / OPTIMIZED_MODEL_FILE
+    if not model_file.exists():
+        raise ModelSpecError(f"directory {spec!r} has no {OPTIMIZED_MODEL_FILE}", hint="is it an fxforge output?")
+    loaded = _load_pickled_module(model_file, spec)
+    inputs_file = path / "inputs.txt"
+    if inputs_file.exists():
+        loaded.default_inputs = [parse_input_spec(line) for line in inputs_file.read_text().split() if line]
+    return loaded
+
+
+def _load_pt2(path: Path, spec: str) -> LoadedModel:
+    if not path.exists():
+        raise ModelSpecError(f"file not found: {spec}")
+    try:
+        program = torch.export.load(str(path))
+    except Exception as exc:  # torch raises a wide variety of errors for damaged archives
+        raise ModelSpecError(f"cannot read exported program {spec}: {_first_line(exc)}", hint="is the file corrupt?") from None
+    inputs = []
+    for value in program.example_inputs[0] if program.example_inputs else ():
+        if isinstance(value, torch.Tensor):
+            inputs.append(InputSpec(tuple(value.shape), value.dtype))
+    return LoadedModel(program.module(), spec, inputs, exported_program=program)
+
+
+def _load_pickled_module(path: Path, spec: str) -> LoadedModel:
+    if not path.exists():
+        raise ModelSpecError(f"file not found: {spec}")
+    try:
+        # weights_only=False: a whole module is pickled code, so only load files you trust (documented).
+        obj = torch.load(str(path), map_location="cpu", weights_only=False)
+    except (pickle.UnpicklingError, zipfile.BadZipFile, EOFError, RuntimeError, AttributeError, ModuleNotFoundError) as exc:
+        raise ModelSpecError(f"cannot read {spec}: {_first_line(exc)}", hint="is the file corrupt or truncated?") from None
+    if isinstance(obj, nn.Module):
+        return LoadedModel(obj, spec)
+    if isinstance(obj, Mapping):
+        raise ModelSpecError(
+            f"{spec} holds a state_dict, not a module",
+            hint="point fxforge at the code that builds the model (file.py:factory) instead",
+        )
+    raise ModelSpecError(f"{spec} holds a {type(obj).__name__}, not an nn.Module")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def _load_from_file(file: Path, attr: str, spec: str, kwargs: dict[str, Any]) -> LoadedModel:
+    if not file.exists():
+        raise ModelSpecError(f"file not found: {file}")
+    module_name = f"fxforge_user_{file.stem}"
+    import_spec = importlib.util.spec_from_file_location(module_name, file)
+    if import_spec is None or import_spec.loader is None:
+        raise ModelSpecError(f"cannot import {file}")
+    module = importlib.util.module_from_spec(import_spec)
+    # Registered so that pickling, inspect.getsource and tracebacks can find the user's code.
+    sys.modules[module_name] = module
+    sys.path.insert(0, str(file.resolve().parent))
+    try:
+        import_spec.loader.exec_module(module)
+    except SyntaxError as exc:
+        raise ModelSpecError(f"{file}:{exc.lineno}: syntax error: {exc.msg}") from None
+    except Exception as exc:
+        raise ModelSpecError(f"importing {file} failed: {type(exc).__name__}: {_first_line(exc)}") from None
+    finally:
+        sys.path.remove(str(file.resolve().parent))
+    return _from_attribute(module, attr, spec, kwargs)
+
+
+def _load_from_import(module_path: str, attr: str, spec: str, kwargs: dict[str, Any]) -> LoadedModel:
+    try:
+        module = importlib.import_module(module_path)
+    except ImportError as exc:
+        raise ModelSpecError(f"cannot import {module_path!r}: {exc}", hint=_SPEC_HINT) from None
+    return _from_attribute(module, attr, spec, kwargs)
+
+
+def _from_attribute(module: Any, attr: str, spec: str, kwargs: dict[str, Any]) -> LoadedModel:
+    target = module
+    for part in attr.split("."):
+        if not hasattr(target, part):
+            raise ModelSpecError(f"{spec}: {getattr(module, '__name__', module)} has no attribute {attr!r}")
+        target = getattr(target, part)
+    if isinstance(target, nn.Module):
+        model = target
+    elif callable(target):
+        model = _construct(target, kwargs, spec)
+    else:
+        raise ModelSpecError(f"{spec}: {attr} is a {type(target).__name__}, not a model, class or factory")
+    if not isinstance(model, nn.Module):
+        raise ModelSpecError(f"{spec}: {attr}() returned a {type(model).__name__}, not an nn.Module")
+    return LoadedModel(model, spec, _user_example_inputs(module))
+
+
+def _user_example_inputs(module: Any) -> list[InputSpec]:
+    """A user file may define ``example_inputs`` (specs, tensors, or a function returning either)."""
+    value = getattr(module, "example_inputs", None)
+    if value is None:
+        return []
+    if callable(value) and not pyinspect.isclass(value):
+        value = value()
+    if isinstance(value, (str, torch.Tensor)):
+        value = [value]
+    specs = []
+    for item in value:
+        if isinstance(item, str):
+            specs.append(parse_input_spec(item))
+        elif isinstance(item, torch.Tensor):
+            specs.append(InputSpec(tuple(item.shape), item.dtype))
+    return specs
