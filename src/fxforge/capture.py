@@ -242,9 +242,7 @@ def _format_location(filename: str, lineno: int) -> str:
         relative = os.path.relpath(filename)
         if not relative.startswith(".."):
             filename = relative
-    source = linecache.getline(filename, lineno).strip() or linecache.getline(
-        os.path.abspath(filename), lineno
-    ).strip()
+    source = linecache.getline(filename, lineno).strip() or linecache.getline(os.path.abspath(filename), lineno).strip()
     return f"{filename}:{lineno} `{source}`" if source else f"{filename}:{lineno}"
 
 
@@ -404,7 +402,15 @@ def capture(
         captured = Captured(gm, model, inputs, record, kwargs, exported_program)
     else:
         captured = _capture_module(
-            model, inputs, kwargs, method, leaf_modules, autowrap_functions, concrete_args, check, check_batch,
+            model,
+            inputs,
+            kwargs,
+            method,
+            leaf_modules,
+            autowrap_functions,
+            concrete_args,
+            check,
+            check_batch,
             max_retries,
         )
     if check and not captured.record.checks:

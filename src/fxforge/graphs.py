@@ -173,8 +173,21 @@ for _name in ("_assert_async", "_assert_scalar", "sym_constrain_range_for_size",
 
 # Random ops give a new value each call: they are not pure even without writing memory.
 _RANDOM_NAMES = {
-    "rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "bernoulli", "normal",
-    "multinomial", "dropout", "native_dropout", "randperm", "uniform_", "normal_", "exponential_",
+    "rand",
+    "randn",
+    "randint",
+    "rand_like",
+    "randn_like",
+    "randint_like",
+    "bernoulli",
+    "normal",
+    "multinomial",
+    "dropout",
+    "native_dropout",
+    "randperm",
+    "uniform_",
+    "normal_",
+    "exponential_",
 }
 
 

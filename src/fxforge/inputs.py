@@ -85,7 +85,9 @@ def parse_input_spec(text: str) -> InputSpec:
             dtype = _DTYPES[dtype_text.lower()]
         except KeyError:
             known = ", ".join(sorted(set(_DTYPES)))
-            raise InputSpecError(f"unknown dtype {dtype_text!r} in input spec {text!r}", hint=f"one of {known}") from None
+            raise InputSpecError(
+                f"unknown dtype {dtype_text!r} in input spec {text!r}", hint=f"one of {known}"
+            ) from None
     return InputSpec(shape, dtype)
 
 

@@ -226,7 +226,9 @@ def _load_pt2(path: Path, spec: str) -> LoadedModel:
     try:
         program = torch.export.load(str(path))
     except Exception as exc:  # torch raises a wide variety of errors for damaged archives
-        raise ModelSpecError(f"cannot read exported program {spec}: {_first_line(exc)}", hint="is the file corrupt?") from None
+        raise ModelSpecError(
+            f"cannot read exported program {spec}: {_first_line(exc)}", hint="is the file corrupt?"
+        ) from None
     inputs = []
     for value in program.example_inputs[0] if program.example_inputs else ():
         if isinstance(value, torch.Tensor):
@@ -240,8 +242,17 @@ def _load_pickled_module(path: Path, spec: str) -> LoadedModel:
     try:
         # weights_only=False: a whole module is pickled code, so only load files you trust (documented).
         obj = torch.load(str(path), map_location="cpu", weights_only=False)
-    except (pickle.UnpicklingError, zipfile.BadZipFile, EOFError, RuntimeError, AttributeError, ModuleNotFoundError) as exc:
-        raise ModelSpecError(f"cannot read {spec}: {_first_line(exc)}", hint="is the file corrupt or truncated?") from None
+    except (
+        pickle.UnpicklingError,
+        zipfile.BadZipFile,
+        EOFError,
+        RuntimeError,
+        AttributeError,
+        ModuleNotFoundError,
+    ) as exc:
+        raise ModelSpecError(
+            f"cannot read {spec}: {_first_line(exc)}", hint="is the file corrupt or truncated?"
+        ) from None
     if isinstance(obj, nn.Module):
         return LoadedModel(obj, spec)
     if isinstance(obj, Mapping):

@@ -82,7 +82,12 @@ RULES: dict[str, Rule] = {}
 
 
 def rule(
-    code: str, name: str, severity: str, summary: str, fix: str | None = None, dialects: tuple[str, ...] = ("torch", "aten")
+    code: str,
+    name: str,
+    severity: str,
+    summary: str,
+    fix: str | None = None,
+    dialects: tuple[str, ...] = ("torch", "aten"),
 ) -> Callable[[RuleCheck], RuleCheck]:
     """Register a lint rule; the decorated function yields ``(node, message)`` for each finding."""
     if severity not in SEVERITIES:
