@@ -1,0 +1,260 @@
+"""The ``fxforge`` command line: a thin layer over the Python API.
+
+Each command parses options, calls one API function, and renders the result as rich tables or, with
+``--json``, as JSON on stdout (and nothing else on stdout). Errors print one ``error:`` line (plus a
+``hint:`` line) on stderr and exit with the code documented in docs/commands/index.md:
+
+0 success · 1 findings (lint) or mismatch (verify) · 2 bad input · 3 capture failed · 4 internal error
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+import yaml
+from rich.console import Console
+
+from fxforge import __version__
+from fxforge.errors import EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK, FxforgeError
+
+stdout = Console(highlight=False)
+stderr = Console(stderr=True, highlight=False)
+
+
+def _parse_model_args(values: tuple[str, ...]) -> dict[str, Any]:
+    parsed: dict[str, Any] = {}
+    for item in values:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise FxforgeError(f"--model-arg {item!r} is not KEY=VALUE", hint="e.g. --model-arg num_classes=10")
+        # YAML scalars: 10 -> int, 0.5 -> float, true -> bool, [1, 2] -> list, anything else a string
+        parsed[key.strip()] = yaml.safe_load(raw)
+    return parsed
+
+
+def model_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Options shared by every command that loads and captures one model."""
+    options = [
+        click.argument("model"),
+        click.option(
+            "--input",
+            "-i",
+            "inputs",
+            multiple=True,
+            metavar="SPEC",
+            help="Example input shape, e.g. 1x3x224x224 or 1x16:int64; repeat for several inputs.",
+        ),
+        click.option("--seed", default=0, show_default=True, help="Seed for random weights and inputs."),
+        click.option(
+            "--device",
+            type=click.Choice(["cpu", "meta"]),
+            default=None,
+            help="Build the model on this device; 'meta' allocates no weights (shapes and FLOPs only).",
+        ),
+        click.option("--model-arg", "model_args", multiple=True, metavar="KEY=VALUE", help="Constructor/config arg."),
+        click.option("--leaf", "leaves", multiple=True, metavar="NAME", help="Keep this submodule as one node."),
+        click.option(
+            "--method",
+            type=click.Choice(["auto", "symbolic_trace", "export"]),
+            default="auto",
+            show_default=True,
+            help="Capture method; auto tries symbolic_trace (with leaves), then torch.export.",
+        ),
+        click.option("--check-batch", type=int, default=None, help="Also check the capture on this batch size."),
+        click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout instead of tables."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def _prepare(model: str, inputs, seed, device, model_args, leaves, method, check_batch, as_json: bool):
+    from fxforge.api import prepare
+
+    with _status("capturing model", as_json):
+        return prepare(
+            model,
+            list(inputs),
+            seed=seed,
+            device=device,
+            model_kwargs=_parse_model_args(model_args),
+            leaf_modules=list(leaves),
+            method=method,
+            check_batch=check_batch,
+        )
+
+
+def _status(message: str, quiet: bool):
+    import contextlib
+
+    if quiet or not stderr.is_terminal:
+        return contextlib.nullcontext()
+    return stderr.status(message)
+
+
+def _emit_json(payload: Any) -> None:
+    click.echo(json.dumps(payload, indent=2, default=str))
+
+
+def _warn_failed_checks(captured) -> None:
+    for check in captured.record.checks:
+        if not check.ok:
+            batch = "the example inputs" if check.batch is None else f"batch {check.batch}"
+            stderr.print(f"[yellow]warning:[/] captured graph differs from the model on {batch}: {check.message}")
+
+
+class _Group(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(self.commands)  # keep declaration order: the natural workflow order
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(__version__, prog_name="fxforge")
+@click.option("--debug", is_flag=True, help="Show full tracebacks for errors.")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
+    """Capture, inspect, lint, rewrite, verify, export and benchmark PyTorch models as torch.fx graphs.
+
+    MODEL is a spec: demo, torchvision:resnet18, timm:NAME, transformers:CLASS, path/to/file.py:factory,
+    package.module:attr, model.pt, model.pt2, or a directory written by fxforge optimize.
+    """
+    ctx.ensure_object(dict)
+    ctx.obj["debug"] = debug or bool(os.environ.get("FXFORGE_DEBUG"))
+
+
+@cli.command(
+    epilog="""\b
+Examples:
+  fxforge inspect torchvision:resnet18
+  fxforge inspect torchvision:resnet18 --nodes --depth 2
+  fxforge inspect my_model.py:build --input 1x3x32x32 --json
+  fxforge inspect transformers:BertModel --model-arg num_hidden_layers=2
+  fxforge inspect transformers:LlamaForCausalLM --device meta   # no weights allocated
+"""
+)
+@model_options
+@click.option("--depth", default=2, show_default=True, help="Module summary depth.")
+@click.option("--nodes", "show_nodes", is_flag=True, help="Also print the per-node table.")
+@click.option("--code", "show_code", is_flag=True, help="Also print the generated Python code.")
+def inspect(
+    model, inputs, seed, device, model_args, leaves, method, check_batch, as_json, depth, show_nodes, show_code
+):
+    """Show a model's graph: shapes, parameters, FLOPs and activations per node and per module."""
+    from fxforge.inspect import inspect_graph
+    from fxforge.render import render_inspect
+
+    captured = _prepare(model, inputs, seed, device, model_args, leaves, method, check_batch, as_json)
+    report = inspect_graph(captured, depth=depth, include_code=as_json or show_code)
+    if as_json:
+        _emit_json(report.to_dict())
+        return
+    _warn_failed_checks(captured)
+    render_inspect(stdout, model, report, show_nodes, show_code)
+
+
+@cli.command(
+    epilog="""\b
+Examples:
+  fxforge lint torchvision:mobilenet_v2
+  fxforge lint my_model.py:Net --input 1x3x32x32 --select FX001,FX004
+  fxforge lint demo --fail-on info --json
+  fxforge lint --rules
+Exit code: 1 when a finding at or above --fail-on (default: warning) exists, else 0.
+"""
+)
+@click.argument("model", required=False)
+@click.option("--input", "-i", "inputs", multiple=True, metavar="SPEC", help="Example input shape.")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--device", type=click.Choice(["cpu", "meta"]), default=None)
+@click.option("--model-arg", "model_args", multiple=True, metavar="KEY=VALUE")
+@click.option("--leaf", "leaves", multiple=True, metavar="NAME")
+@click.option("--method", type=click.Choice(["auto", "symbolic_trace", "export"]), default="auto")
+@click.option("--check-batch", type=int, default=None)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout instead of text.")
+@click.option("--select", default="", help="Comma-separated rule codes or names to run (default: all).")
+@click.option("--ignore", default="", help="Comma-separated rule codes or names to skip.")
+@click.option(
+    "--fail-on",
+    type=click.Choice(["info", "warning", "error", "never"]),
+    default="warning",
+    show_default=True,
+    help="Lowest severity that makes the exit code 1.",
+)
+@click.option("--rules", "list_rules", is_flag=True, help="List the rules and exit.")
+def lint(
+    model, inputs, seed, device, model_args, leaves, method, check_batch, as_json, select, ignore, fail_on, list_rules
+):
+    """Find dead code, redundant ops, leftover training ops and optimisation opportunities."""
+    from fxforge.lint import all_rules
+    from fxforge.lint import lint as run_lint
+    from fxforge.render import render_findings, render_rules
+
+    if list_rules:
+        rules = all_rules()
+        if as_json:
+            _emit_json([{k: v for k, v in r.__dict__.items() if k != "check"} for r in rules])
+        else:
+            render_rules(stdout, rules)
+        return
+    if not model:
+        raise FxforgeError("lint needs a MODEL", hint="e.g. fxforge lint torchvision:resnet18")
+    captured = _prepare(model, inputs, seed, device, model_args, leaves, method, check_batch, as_json)
+    report = run_lint(captured, select=_split(select), ignore=_split(ignore))
+    if as_json:
+        _emit_json(report.to_dict())
+    else:
+        _warn_failed_checks(captured)
+        render_findings(stdout, model, report.findings)
+    if fail_on != "never" and report.at_least(fail_on):
+        raise SystemExit(EXIT_FINDINGS)
+
+
+def _split(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: runs the CLI and turns every error into one line and an exit code."""
+    debug = "--debug" in (argv if argv is not None else sys.argv[1:]) or bool(os.environ.get("FXFORGE_DEBUG"))
+    try:
+        cli.main(args=argv, prog_name="fxforge", standalone_mode=False)
+    except FxforgeError as exc:
+        if debug:
+            raise
+        stderr.print(f"[bold red]error:[/] {exc.message}", highlight=False, soft_wrap=True)
+        if exc.hint:
+            stderr.print(f"[dim]hint:[/] {exc.hint}", highlight=False, soft_wrap=True)
+        return exc.exit_code
+    except click.exceptions.Abort:
+        stderr.print("aborted")
+        return 130
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else EXIT_OK
+    except KeyboardInterrupt:
+        stderr.print("interrupted")
+        return 130
+    except Exception as exc:
+        if debug:
+            raise
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        stderr.print(f"[bold red]internal error:[/] {type(exc).__name__}: {first}", highlight=False, soft_wrap=True)
+        stderr.print("[dim]hint:[/] rerun with --debug for the traceback, and please report it", highlight=False)
+        return EXIT_INTERNAL
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+def run() -> None:
+    """Console-script entry point (``fxforge``)."""
+    sys.exit(main())

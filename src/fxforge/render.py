@@ -1,0 +1,132 @@
+"""Human-readable output: rich tables and panels for every report the CLI prints.
+
+Nothing here computes anything; each function takes a report object and a ``rich`` console.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from fxforge.inspect import InspectReport
+
+_SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+
+
+def human_count(value: float, unit: str = "") -> str:
+    for threshold, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "K")):
+        if abs(value) >= threshold:
+            return f"{value / threshold:.2f}{suffix}{unit}"
+    return f"{value:g}{unit}"
+
+
+def human_bytes(value: float) -> str:
+    for threshold, suffix in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if value >= threshold:
+            return f"{value / threshold:.1f} {suffix}"
+    return f"{int(value)} B"
+
+
+def render_capture(console: Console, spec: str, capture: dict[str, Any]) -> None:
+    leaves = ", ".join(capture["leaves"]) or "none"
+    line = f"[bold]{spec}[/]  captured by [green]{capture['method']}[/] ({capture['dialect']} dialect)"
+    console.print(line)
+    if capture["leaves"] or capture["wrapped"]:
+        console.print(f"  leaves: {leaves}; wrapped: {', '.join(capture['wrapped']) or 'none'}")
+    for attempt in capture["attempts"]:
+        action = f" -> {attempt['action']}" if attempt.get("action") else ""
+        where = f" at {attempt['location']}" if attempt.get("location") else ""
+        console.print(f"  [dim]{attempt['strategy']} failed{where}: {attempt['error']}{action}[/]")
+    for check in capture["checks"]:
+        batch = "example batch" if check["batch"] is None else f"batch {check['batch']}"
+        if check["ok"]:
+            console.print(f"  check ({batch}): [green]outputs match[/] (max abs err {check['max_abs_err']:.2g})")
+        else:
+            console.print(f"  check ({batch}): [bold red]outputs differ[/]: {check['message']}")
+    for note in capture["notes"]:
+        console.print(f"  [dim]{note}[/]")
+
+
+def render_inspect(console: Console, spec: str, report: InspectReport, show_nodes: bool, show_code: bool) -> None:
+    render_capture(console, spec, report.capture)
+    if show_nodes:
+        table = Table(title="Nodes", show_lines=False)
+        for column in ("name", "op", "target", "module", "shape", "dtype"):
+            table.add_column(column)
+        for column in ("params", "FLOPs", "act."):
+            table.add_column(column, justify="right")
+        for node in report.nodes:
+            table.add_row(
+                node.name,
+                node.op,
+                node.target,
+                node.module,
+                _shape(node.shape),
+                node.dtype or "",
+                human_count(node.params) if node.params else "",
+                human_count(node.flops) if node.flops else "",
+                human_bytes(node.activation_bytes) if node.activation_bytes else "",
+            )
+        console.print(table)
+    if report.modules:
+        table = Table(title="Modules")
+        table.add_column("module")
+        table.add_column("type")
+        for column in ("nodes", "params", "FLOPs", "activations"):
+            table.add_column(column, justify="right")
+        for module in report.modules:
+            indent = "  " * (module.depth - 1)
+            table.add_row(
+                indent + module.path.rsplit(".", 1)[-1] if module.depth > 1 else module.path,
+                module.type,
+                str(module.nodes),
+                human_count(module.params),
+                human_count(module.flops),
+                human_bytes(module.activation_bytes),
+            )
+        console.print(table)
+    totals = report.totals
+    console.print(
+        f"[bold]Total[/]: {totals['nodes']} nodes, {totals['params']:,} parameters "
+        f"({human_bytes(totals['param_bytes'])}), {human_count(totals['flops'], ' FLOPs')} "
+        f"({human_count(totals['macs'], ' MACs')}), activations {human_bytes(totals['activation_bytes'])}"
+    )
+    if show_code:
+        console.print(report.code, markup=False, highlight=False)
+
+
+def _shape(shape: Any) -> str:
+    if shape is None:
+        return ""
+    if shape and isinstance(shape[0], list):
+        return ", ".join("x".join(map(str, s)) for s in shape)
+    return "x".join(map(str, shape)) or "scalar"
+
+
+def render_findings(console: Console, spec: str, findings: list[Any]) -> None:
+    for finding in findings:
+        style = _SEVERITY_STYLE[finding.severity]
+        where = finding.node or "<graph>"
+        module = f" [dim]({finding.module})[/]" if finding.module else ""
+        fix = f" [dim][fix: {finding.fix}][/]" if finding.fix else ""
+        console.print(
+            f"{spec}:{where}{module}: [{style}]{finding.code}[/] {finding.name}: {finding.message}{fix}",
+            highlight=False,
+        )
+    counts = {s: sum(1 for f in findings if f.severity == s) for s in ("error", "warning", "info")}
+    if findings:
+        summary = ", ".join(f"{n} {s}{'s' if n != 1 else ''}" for s, n in counts.items() if n)
+        console.print(f"Found {len(findings)} finding{'s' if len(findings) != 1 else ''} ({summary}).")
+    else:
+        console.print("[green]All checks passed![/]")
+
+
+def render_rules(console: Console, rules: list[Any]) -> None:
+    table = Table(title="Lint rules")
+    for column in ("code", "name", "severity", "fix", "dialects", "summary"):
+        table.add_column(column)
+    for r in rules:
+        table.add_row(r.code, r.name, r.severity, r.fix or "", ",".join(r.dialects), r.summary)
+    console.print(table)
