@@ -1,0 +1,230 @@
+"""Passes: small graph rewrites registered by name, and the machinery that runs them.
+
+A pass is a function ``(gm, options) -> PassResult`` registered with :func:`register_pass`. It may
+change the GraphModule it is given: :func:`apply_pass` hands it a private copy unless the caller asks
+for ``inplace=True``, so a user's model is never modified behind their back. Around the call,
+:func:`apply_pass` runs the pass's ``requires`` check (preconditions), then the rewrite, then
+``Graph.lint`` + ``recompile`` and the pass's ``ensures`` check (postconditions) -- the shape of
+``torch.fx.passes.infra.PassBase``.
+
+Provenance: before a pass runs, every node without one gets ``node.meta["fxforge_origin"]`` (the
+name of the node in the captured graph whose value it computes). A pass that makes a node compute
+another node's value (folding BN into a conv makes the conv compute the BN's output) moves the origin
+with it through :func:`mark`; nodes a pass creates or rewrites get ``node.meta["fxforge_pass"]``.
+``fxforge.verify`` uses both to name the first diverging node and the pass that produced it.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import importlib
+import pkgutil
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from torch import fx
+
+from fxforge.errors import FxforgeError
+from fxforge.graphs import dialect_of
+
+ORIGIN = "fxforge_origin"
+PASS = "fxforge_pass"
+
+
+class PassError(FxforgeError):
+    """A pass could not run (unknown name, bad option, unmet precondition, broken postcondition)."""
+
+
+@dataclass
+class PassResult:
+    """What one pass did. ``changed`` is False when it found nothing to rewrite."""
+
+    name: str
+    graph_module: fx.GraphModule
+    changed: bool = False
+    replaced: int = 0
+    removed: int = 0
+    inserted: int = 0
+    folded_params: int = 0
+    log: list[str] = field(default_factory=list)  # one line per rewrite ("folded bn1 into conv1")
+    skipped: list[str] = field(default_factory=list)  # one line per candidate left alone, with the reason
+    artifacts: dict[str, Any] = field(default_factory=dict)  # e.g. the statistics recorder of insert_after
+
+    def note(self, message: str, *, replaced: int = 0, removed: int = 0, inserted: int = 0, folded: int = 0) -> None:
+        """Record one rewrite and mark the result changed."""
+        self.changed = True
+        self.log.append(message)
+        self.replaced += replaced
+        self.removed += removed
+        self.inserted += inserted
+        self.folded_params += folded
+
+    def skip(self, message: str) -> None:
+        self.skipped.append(message)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self, dict_factory=lambda items: {k: v for k, v in items if k not in ("graph_module",)})
+        data.pop("artifacts", None)
+        return data
+
+
+PassFunction = Callable[[fx.GraphModule, Any], PassResult]
+Check = Callable[[fx.GraphModule, Any], "str | None"]
+
+
+@dataclass(frozen=True)
+class PassSpec:
+    name: str
+    function: PassFunction
+    summary: str
+    guarantees: str
+    options: type | None = None  # a dataclass of typed options, or None when the pass takes none
+    dialects: tuple[str, ...] = ("torch", "aten")
+    requires: Check | None = None  # returns a reason string when the pass cannot run on this graph
+    ensures: Callable[[fx.GraphModule, PassResult], str | None] | None = None
+
+    def option_fields(self) -> list[dataclasses.Field]:
+        return list(dataclasses.fields(self.options)) if self.options else []
+
+
+PASSES: dict[str, PassSpec] = {}
+
+
+def register_pass(
+    name: str,
+    *,
+    summary: str,
+    guarantees: str,
+    options: type | None = None,
+    dialects: tuple[str, ...] = ("torch", "aten"),
+    requires: Check | None = None,
+    ensures: Callable[[fx.GraphModule, PassResult], str | None] | None = None,
+) -> Callable[[PassFunction], PassFunction]:
+    """Register a pass under ``name``; usable as a decorator by users for their own passes too."""
+
+    def decorator(function: PassFunction) -> PassFunction:
+        if name in PASSES and PASSES[name].function is not function:
+            raise PassError(f"a pass named {name!r} is already registered")
+        PASSES[name] = PassSpec(name, function, summary, guarantees, options, dialects, requires, ensures)
+        return function
+
+    return decorator
+
+
+def _load_builtin_passes() -> None:
+    for module in pkgutil.iter_modules(__path__):
+        if module.name not in ("pipeline",):
+            importlib.import_module(f"{__name__}.{module.name}")
+
+
+def all_passes() -> list[PassSpec]:
+    _load_builtin_passes()
+    return sorted(PASSES.values(), key=lambda p: p.name)
+
+
+def get_pass(name: str) -> PassSpec:
+    _load_builtin_passes()
+    if name not in PASSES:
+        import difflib
+
+        close = difflib.get_close_matches(name, PASSES, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise PassError(f"unknown pass {name!r}", hint=f"{hint}list them with: fxforge passes")
+    return PASSES[name]
+
+
+def parse_options(spec: PassSpec, raw: Any) -> Any:
+    """Build the pass's options dataclass from a mapping (CLI/YAML values), checking names and types."""
+    if spec.options is None:
+        if raw:
+            raise PassError(f"pass {spec.name!r} takes no options (got {', '.join(raw)})")
+        return None
+    if raw is None:
+        raw = {}
+    if dataclasses.is_dataclass(raw) and isinstance(raw, spec.options):
+        return raw
+    if not isinstance(raw, Mapping):
+        raise PassError(f"options for {spec.name!r} must be a mapping, got {type(raw).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(spec.options)}
+    unknown = set(raw) - set(fields)
+    if unknown:
+        raise PassError(
+            f"pass {spec.name!r} has no option {sorted(unknown)[0]!r}",
+            hint=f"its options: {', '.join(fields) or 'none'}",
+        )
+    hints = typing.get_type_hints(spec.options)
+    values = {key: _coerce(spec.name, key, value, hints.get(key)) for key, value in raw.items()}
+    try:
+        return spec.options(**values)
+    except (TypeError, ValueError) as exc:
+        raise PassError(f"bad options for {spec.name!r}: {exc}") from None
+
+
+def _coerce(pass_name: str, key: str, value: Any, hint: Any) -> Any:
+    # CLI values arrive as YAML scalars; make "3" an int and 3 a float where the option says so.
+    try:
+        if hint is float and isinstance(value, (int, str)) and not isinstance(value, bool):
+            return float(value)
+        if hint is int and isinstance(value, str):
+            return int(value)
+        if hint is bool and isinstance(value, str):
+            return value.lower() in ("1", "true", "yes", "on")
+    except ValueError:
+        raise PassError(f"option {pass_name}.{key} must be {hint.__name__}, got {value!r}") from None
+    return value
+
+
+def copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
+    """A deep copy (parameters included), keeping node names and meta so provenance survives."""
+    return copy.deepcopy(gm)
+
+
+def stamp_provenance(gm: fx.GraphModule) -> None:
+    """Give every node without an origin its own name as origin (done once, on the captured graph)."""
+    for node in gm.graph.nodes:
+        node.meta.setdefault(ORIGIN, node.name)
+
+
+def mark(node: fx.Node, pass_name: str, origin_of: fx.Node | None = None) -> None:
+    """Record that ``pass_name`` produced ``node``; with ``origin_of``, the node now computes that node's value."""
+    node.meta[PASS] = pass_name
+    if origin_of is not None:
+        node.meta[ORIGIN] = origin_of.meta.get(ORIGIN, origin_of.name)
+
+
+def apply_pass(gm: fx.GraphModule, name: str | PassSpec, options: Any = None, *, inplace: bool = False) -> PassResult:
+    """Run one pass on ``gm`` (a copy of it unless ``inplace``); raises :class:`PassError` on misuse."""
+    spec = name if isinstance(name, PassSpec) else get_pass(name)
+    parsed = parse_options(spec, options)
+    dialect = dialect_of(gm)
+    if dialect not in spec.dialects:
+        raise PassError(
+            f"pass {spec.name!r} works on {' and '.join(spec.dialects)} graphs, but this graph is {dialect}",
+            hint="capture with --method symbolic_trace" if "torch" in spec.dialects else None,
+        )
+    if not inplace:
+        gm = copy_graph_module(gm)
+    stamp_provenance(gm)
+    if spec.requires is not None:
+        reason = spec.requires(gm, parsed)
+        if reason:
+            raise PassError(f"pass {spec.name!r} cannot run: {reason}")
+    before = set(gm.graph.nodes)
+    result = spec.function(gm, parsed)
+    result.graph_module = gm
+    for node in gm.graph.nodes:
+        if node not in before:
+            node.meta.setdefault(PASS, spec.name)
+    try:
+        gm.graph.lint()
+    except Exception as exc:
+        raise PassError(f"pass {spec.name!r} left an invalid graph: {exc}") from None
+    gm.recompile()
+    if spec.ensures is not None:
+        reason = spec.ensures(gm, result)
+        if reason:
+            raise PassError(f"pass {spec.name!r} broke its guarantee: {reason}")
+    return result
