@@ -50,3 +50,30 @@ def prepare(
         check=check,
         check_batch=check_batch,
     )
+
+
+def verify_specs(
+    reference: str | nn.Module,
+    candidate: str | nn.Module,
+    inputs: Sequence[str | InputSpec] | None = None,
+    *,
+    seed: int = 0,
+    seeds: int = 3,
+    rtol: float | None = None,
+    atol: float | None = None,
+    model_kwargs: Mapping[str, Any] | None = None,
+):
+    """``fxforge verify A B``: load both specs, capture the reference, and compare on random inputs.
+
+    The reference is captured so that a mismatch can be bisected to the first diverging node.
+    """
+    from fxforge.verify import verify
+
+    ref_loaded = load_model(reference, seed=seed, model_kwargs=model_kwargs)
+    cand_loaded = load_model(candidate, seed=seed)
+    specs_source = ref_loaded if (inputs or ref_loaded.default_inputs) else cand_loaded
+    specs = resolve_inputs(specs_source, inputs)
+    example = make_inputs(specs, seed=seed)
+    ref_captured = capture(ref_loaded, example, check=False)
+    candidate_model: Any = cand_loaded.module
+    return verify(ref_captured, candidate_model, input_specs=specs, seeds=range(seeds), rtol=rtol, atol=atol)

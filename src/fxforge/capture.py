@@ -197,6 +197,9 @@ def _symbolic_trace(
     with _patched(wraps):
         graph = tracer.trace(model, concrete_args=concrete_args)
     name = model.__class__.__name__
+    # Forget our tracer class: GraphModule pickles it and would need fxforge (and its arguments) to reload.
+    graph._tracer_cls = None
+    graph._tracer_extras = None
     return fx.GraphModule(tracer.root, graph, name)
 
 

@@ -22,8 +22,9 @@ from rich.console import Console
 from fxforge import __version__
 from fxforge.errors import EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK, FxforgeError
 
-stdout = Console(highlight=False)
-stderr = Console(stderr=True, highlight=False)
+# Piped output gets a fixed, roomy width instead of rich's 80-column fallback.
+stdout = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
+stderr = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 120)
 
 
 def _parse_model_args(values: tuple[str, ...]) -> dict[str, Any]:
@@ -37,40 +38,46 @@ def _parse_model_args(values: tuple[str, ...]) -> dict[str, Any]:
     return parsed
 
 
-def model_options(command: Callable[..., Any]) -> Callable[..., Any]:
+def model_options(command: Callable[..., Any] | None = None, *, model_required: bool = True):
     """Options shared by every command that loads and captures one model."""
-    options = [
-        click.argument("model"),
-        click.option(
-            "--input",
-            "-i",
-            "inputs",
-            multiple=True,
-            metavar="SPEC",
-            help="Example input shape, e.g. 1x3x224x224 or 1x16:int64; repeat for several inputs.",
-        ),
-        click.option("--seed", default=0, show_default=True, help="Seed for random weights and inputs."),
-        click.option(
-            "--device",
-            type=click.Choice(["cpu", "meta"]),
-            default=None,
-            help="Build the model on this device; 'meta' allocates no weights (shapes and FLOPs only).",
-        ),
-        click.option("--model-arg", "model_args", multiple=True, metavar="KEY=VALUE", help="Constructor/config arg."),
-        click.option("--leaf", "leaves", multiple=True, metavar="NAME", help="Keep this submodule as one node."),
-        click.option(
-            "--method",
-            type=click.Choice(["auto", "symbolic_trace", "export"]),
-            default="auto",
-            show_default=True,
-            help="Capture method; auto tries symbolic_trace (with leaves), then torch.export.",
-        ),
-        click.option("--check-batch", type=int, default=None, help="Also check the capture on this batch size."),
-        click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout instead of tables."),
-    ]
-    for option in reversed(options):
-        command = option(command)
-    return command
+
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        options = [
+            click.argument("model", required=model_required),
+            click.option(
+                "--input",
+                "-i",
+                "inputs",
+                multiple=True,
+                metavar="SPEC",
+                help="Example input shape, e.g. 1x3x224x224 or 1x16:int64; repeat for several inputs.",
+            ),
+            click.option("--seed", default=0, show_default=True, help="Seed for random weights and inputs."),
+            click.option(
+                "--device",
+                type=click.Choice(["cpu", "meta"]),
+                default=None,
+                help="Build the model on this device; 'meta' allocates no weights (shapes and FLOPs only).",
+            ),
+            click.option(
+                "--model-arg", "model_args", multiple=True, metavar="KEY=VALUE", help="Constructor/config argument."
+            ),
+            click.option("--leaf", "leaves", multiple=True, metavar="NAME", help="Keep this submodule as one node."),
+            click.option(
+                "--method",
+                type=click.Choice(["auto", "symbolic_trace", "export"]),
+                default="auto",
+                show_default=True,
+                help="Capture method; auto tries symbolic_trace (with leaves), then torch.export.",
+            ),
+            click.option("--check-batch", type=int, default=None, help="Also check the capture on this batch size."),
+            click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout instead of tables."),
+        ]
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return decorate(command) if command is not None else decorate
 
 
 def _prepare(model: str, inputs, seed, device, model_args, leaves, method, check_batch, as_json: bool):
@@ -167,15 +174,7 @@ Examples:
 Exit code: 1 when a finding at or above --fail-on (default: warning) exists, else 0.
 """
 )
-@click.argument("model", required=False)
-@click.option("--input", "-i", "inputs", multiple=True, metavar="SPEC", help="Example input shape.")
-@click.option("--seed", default=0, show_default=True)
-@click.option("--device", type=click.Choice(["cpu", "meta"]), default=None)
-@click.option("--model-arg", "model_args", multiple=True, metavar="KEY=VALUE")
-@click.option("--leaf", "leaves", multiple=True, metavar="NAME")
-@click.option("--method", type=click.Choice(["auto", "symbolic_trace", "export"]), default="auto")
-@click.option("--check-batch", type=int, default=None)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout instead of text.")
+@model_options(model_required=False)
 @click.option("--select", default="", help="Comma-separated rule codes or names to run (default: all).")
 @click.option("--ignore", default="", help="Comma-separated rule codes or names to skip.")
 @click.option(
@@ -186,8 +185,26 @@ Exit code: 1 when a finding at or above --fail-on (default: warning) exists, els
     help="Lowest severity that makes the exit code 1.",
 )
 @click.option("--rules", "list_rules", is_flag=True, help="List the rules and exit.")
+@click.option("--fix", is_flag=True, help="Apply the passes that fix the findings (verified); needs -o.")
+@click.option("--output", "-o", type=click.Path(path_type=str), default=None, help="Output directory for --fix.")
+@click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
 def lint(
-    model, inputs, seed, device, model_args, leaves, method, check_batch, as_json, select, ignore, fail_on, list_rules
+    model,
+    inputs,
+    seed,
+    device,
+    model_args,
+    leaves,
+    method,
+    check_batch,
+    as_json,
+    select,
+    ignore,
+    fail_on,
+    list_rules,
+    fix,
+    output,
+    force,
 ):
     """Find dead code, redundant ops, leftover training ops and optimisation opportunities."""
     from fxforge.lint import all_rules
@@ -203,15 +220,178 @@ def lint(
         return
     if not model:
         raise FxforgeError("lint needs a MODEL", hint="e.g. fxforge lint torchvision:resnet18")
+    if fix and not output:
+        raise FxforgeError("lint --fix writes the fixed model to a directory", hint="add -o OUTDIR")
     captured = _prepare(model, inputs, seed, device, model_args, leaves, method, check_batch, as_json)
-    report = run_lint(captured, select=_split(select), ignore=_split(ignore))
-    if as_json:
-        _emit_json(report.to_dict())
+    if fix:
+        from fxforge.lint import fix as run_fix
+
+        fixed = run_fix(captured, output, select=_split(select), ignore=_split(ignore), force=force, spec=model)
+        report = fixed.after
+        if as_json:
+            _emit_json({**report.to_dict(), "fixed": fixed.to_dict()})
+        else:
+            _render_optimize(fixed.optimized, model)
+            stdout.print(f"Remaining findings after {', '.join(fixed.passes) or 'no passes'}:")
+            render_findings(stdout, model, report.findings)
+        if not fixed.optimized.pipeline.ok:
+            raise SystemExit(EXIT_FINDINGS)
     else:
-        _warn_failed_checks(captured)
-        render_findings(stdout, model, report.findings)
+        report = run_lint(captured, select=_split(select), ignore=_split(ignore))
+        if as_json:
+            _emit_json(report.to_dict())
+        else:
+            _warn_failed_checks(captured)
+            render_findings(stdout, model, report.findings)
     if fail_on != "never" and report.at_least(fail_on):
         raise SystemExit(EXIT_FINDINGS)
+
+
+@cli.command(
+    epilog="""\b
+Examples:
+  fxforge optimize torchvision:resnet18 -p fold_bn,remove_dropout --verify -o out/resnet18
+  fxforge optimize demo -p fold_bn -p replace_modules --option replace_modules.mapping='{ReLU: ReLU6}' -o out/demo
+  fxforge optimize my_model.py:Net --input 1x3x32x32 --pipeline pipeline.yaml --verify -o out/net
+Exit code: 1 when --verify finds a mismatch (nothing is written then).
+"""
+)
+@model_options
+@click.option("--passes", "-p", "pass_names", multiple=True, metavar="NAMES", help="Comma-separated pass names.")
+@click.option("--pipeline", type=click.Path(exists=True, dir_okay=False), default=None, help="YAML/TOML pipeline.")
+@click.option("--option", "pass_options", multiple=True, metavar="PASS.KEY=VALUE", help="Option for one pass.")
+@click.option("--verify", "do_verify", is_flag=True, help="Verify after every pass; stop at the first mismatch.")
+@click.option("--output", "-o", type=click.Path(path_type=str), default=None, help="Directory to write.")
+@click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
+def optimize(
+    model,
+    inputs,
+    seed,
+    device,
+    model_args,
+    leaves,
+    method,
+    check_batch,
+    as_json,
+    pass_names,
+    pipeline,
+    pass_options,
+    do_verify,
+    output,
+    force,
+):
+    """Rewrite a model with passes, verify it, and write the result (loadable with torch alone)."""
+    from fxforge.optimize import optimize as run_optimize
+    from fxforge.passes.pipeline import Pipeline
+
+    names = [n for group in pass_names for n in _split(group)]
+    options = _parse_pass_options(pass_options)
+    if pipeline and names:
+        raise FxforgeError("give either --passes or --pipeline, not both")
+    if pipeline:
+        plan = Pipeline.from_file(pipeline, verify_each=do_verify)
+    elif names:
+        plan = Pipeline([(n, options.pop(n, {})) for n in names], verify_each=do_verify)
+    else:
+        raise FxforgeError("no passes given", hint="e.g. -p fold_bn,remove_dropout (list them with: fxforge passes)")
+    if options:
+        raise FxforgeError(f"--option names pass {next(iter(options))!r}, which is not in the pipeline")
+    if device == "meta":
+        raise FxforgeError("optimize needs real weights", hint="drop --device meta")
+    captured = _prepare(model, inputs, seed, device, model_args, leaves, method, check_batch, as_json)
+    with _status("running passes", as_json):
+        result = run_optimize(captured, plan, output_dir=output, verify=do_verify, force=force, spec=model)
+    if as_json:
+        _emit_json(result.to_dict())
+    else:
+        _render_optimize(result, model)
+    if not result.pipeline.ok:
+        raise SystemExit(EXIT_FINDINGS)
+
+
+def _parse_pass_options(values: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    options: dict[str, dict[str, Any]] = {}
+    for item in values:
+        key, sep, raw = item.partition("=")
+        pass_name, dot, option = key.partition(".")
+        if not sep or not dot or not pass_name or not option:
+            raise FxforgeError(
+                f"--option {item!r} is not PASS.KEY=VALUE", hint="e.g. --option insert_after.action=stats"
+            )
+        options.setdefault(pass_name.strip(), {})[option.strip()] = yaml.safe_load(raw)
+    return options
+
+
+def _render_optimize(result, spec: str) -> None:
+    from fxforge.render import render_optimize
+
+    render_optimize(stdout, spec, result)
+
+
+@cli.command(
+    epilog="""\b
+Examples:
+  fxforge verify torchvision:resnet18 out/resnet18
+  fxforge verify my_model.py:Net out/net --input 4x3x32x32 --seeds 5 --json
+Exit code: 1 when the outputs differ beyond the tolerance.
+"""
+)
+@click.argument("reference")
+@click.argument("candidate")
+@click.option("--input", "-i", "inputs", multiple=True, metavar="SPEC", help="Input shape (default: the model's).")
+@click.option("--seed", default=0, show_default=True, help="Seed for random weights of model specs.")
+@click.option("--seeds", default=3, show_default=True, help="Number of random input batches to compare on.")
+@click.option("--rtol", type=float, default=None, help="Relative tolerance (default: per dtype).")
+@click.option("--atol", type=float, default=None, help="Absolute tolerance (default: per dtype).")
+@click.option("--model-arg", "model_args", multiple=True, metavar="KEY=VALUE", help="Constructor/config argument.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout.")
+def verify(reference, candidate, inputs, seed, seeds, rtol, atol, model_args, as_json):
+    """Check that CANDIDATE computes what REFERENCE computes; on a mismatch, name the first diverging node."""
+    from fxforge.api import verify_specs
+    from fxforge.render import render_verify
+
+    with _status("verifying", as_json):
+        result = verify_specs(
+            reference,
+            candidate,
+            list(inputs),
+            seed=seed,
+            seeds=seeds,
+            rtol=rtol,
+            atol=atol,
+            model_kwargs=_parse_model_args(model_args),
+        )
+    if as_json:
+        _emit_json(result.to_dict())
+    else:
+        render_verify(stdout, reference, candidate, result)
+    if not result.ok:
+        raise SystemExit(EXIT_FINDINGS)
+
+
+@cli.command(name="passes")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout.")
+def list_passes(as_json):
+    """List the available passes, their options, dialects and guarantees."""
+    from fxforge.passes import all_passes
+    from fxforge.render import render_passes
+
+    specs = all_passes()
+    if as_json:
+        _emit_json(
+            [
+                {
+                    "name": p.name,
+                    "summary": p.summary,
+                    "guarantees": p.guarantees,
+                    "dialects": list(p.dialects),
+                    "options": [{"name": f.name, "type": str(f.type)} for f in p.option_fields()],
+                }
+                for p in specs
+            ]
+        )
+    else:
+        render_passes(stdout, specs)
 
 
 def _split(text: str) -> list[str]:

@@ -211,9 +211,17 @@ def _load_transformers(class_name: str, spec: str, kwargs: dict[str, Any]) -> Lo
 
 def _load_output_dir(path: Path, spec: str) -> LoadedModel:
     model_file = path / OPTIMIZED_MODEL_FILE
-    if not model_file.exists():
+    program_file = path / "model.pt2"
+    if model_file.exists():
+        loaded = _load_pickled_module(model_file, spec)
+    elif program_file.exists():
+        loaded = _load_pt2(program_file, spec)
+    else:
         raise ModelSpecError(f"directory {spec!r} has no {OPTIMIZED_MODEL_FILE}", hint="is it an fxforge output?")
-    loaded = _load_pickled_module(model_file, spec)
+    if isinstance(loaded.module, torch.fx.GraphModule):
+        from fxforge.optimize import load_provenance
+
+        load_provenance(loaded.module, path)
     inputs_file = path / "inputs.txt"
     if inputs_file.exists():
         loaded.default_inputs = [parse_input_spec(line) for line in inputs_file.read_text().split() if line]

@@ -130,3 +130,70 @@ def render_rules(console: Console, rules: list[Any]) -> None:
     for r in rules:
         table.add_row(r.code, r.name, r.severity, r.fix or "", ",".join(r.dialects), r.summary)
     console.print(table)
+
+
+def render_optimize(console: Console, spec: str, result: Any) -> None:
+    pipeline = result.pipeline
+    table = Table(title=f"Passes on {spec}")
+    for column in ("pass", "changed", "replaced", "removed", "inserted", "folded params", "lint", "verify"):
+        table.add_column(column, justify="left" if column == "pass" else "right")
+    for step in pipeline.steps:
+        r = step.result
+        check = step.verification
+        verdict = "" if check is None else ("[green]ok[/]" if check.ok else "[bold red]FAIL[/]")
+        if check is not None:
+            verdict += f" {check.max_abs_err:.1e}"
+        table.add_row(
+            r.name,
+            "yes" if r.changed else "no",
+            str(r.replaced),
+            str(r.removed),
+            str(r.inserted),
+            f"{r.folded_params:,}",
+            "" if step.lint_findings is None else str(step.lint_findings),
+            verdict,
+        )
+    console.print(table)
+    for step in pipeline.steps:
+        for line in step.result.skipped:
+            console.print(f"  [dim]{step.result.name} skipped: {line}[/]")
+    if pipeline.verification is not None:
+        check = pipeline.verification
+        if check.ok:
+            console.print(
+                f"[green]verified[/]: outputs match on {check.trials} random batches "
+                f"(max abs err {check.max_abs_err:.2g}, max rel err {check.max_rel_err:.2g})"
+            )
+        else:
+            console.print(f"[bold red]verification failed after pass {pipeline.failed_pass}[/]")
+            if check.divergence is not None:
+                console.print("  " + check.divergence.describe())
+            for problem in check.problems[:3]:
+                console.print(f"  {problem}")
+            console.print("  nothing was written")
+    if result.output_dir is not None:
+        console.print(f"wrote {result.output_dir}/: {', '.join(result.files)}")
+
+
+def render_verify(console: Console, reference: str, candidate: str, result: Any) -> None:
+    if result.ok:
+        console.print(
+            f"[green]OK[/]: {candidate} matches {reference} on {result.trials} random batches "
+            f"(max abs err {result.max_abs_err:.3g}, max rel err {result.max_rel_err:.3g})"
+        )
+        return
+    console.print(f"[bold red]MISMATCH[/]: {candidate} differs from {reference}")
+    for problem in result.problems[:5]:
+        console.print(f"  {problem}")
+    if result.divergence is not None:
+        console.print("  " + result.divergence.describe())
+
+
+def render_passes(console: Console, specs: list[Any]) -> None:
+    table = Table(title="Passes", show_lines=True)
+    for column in ("name", "dialects", "options", "what it does and guarantees"):
+        table.add_column(column)
+    for spec in specs:
+        options = ", ".join(f.name for f in spec.option_fields()) or "-"
+        table.add_row(spec.name, ",".join(spec.dialects), options, f"{spec.summary}\n[dim]{spec.guarantees}[/]")
+    console.print(table)

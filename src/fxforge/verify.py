@@ -116,3 +116,168 @@ def _compare_tensors(
     ok = bool((diff <= atol + rtol * ref.abs()).all())
     problems = [] if ok else [f"{path}: max abs error {max_abs:.3g} exceeds rtol={rtol:g}, atol={atol:g}"]
     return Comparison(ok, max_abs, max_rel, problems)
+
+
+# --------------------------------------------------------------------------------------------------
+# verify: two models on the same inputs, and bisection to the first diverging node
+
+
+@dataclass
+class Divergence:
+    """The first candidate node whose value differs from the reference node it claims to compute."""
+
+    node: str
+    reference_node: str
+    target: str
+    pass_name: str | None
+    max_abs_err: float
+
+    def describe(self) -> str:
+        by = f", produced by pass {self.pass_name!r}" if self.pass_name else ""
+        return (
+            f"first divergence at node {self.node} ({self.target}), which should equal reference node "
+            f"{self.reference_node}: max abs error {self.max_abs_err:.3g}{by}"
+        )
+
+
+@dataclass
+class VerifyResult:
+    ok: bool
+    max_abs_err: float
+    max_rel_err: float
+    trials: int
+    problems: list[str] = field(default_factory=list)
+    divergence: Divergence | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return asdict(self)
+
+
+def _graph_of(model: Any):
+    from torch import fx
+
+    from fxforge.capture import Captured
+
+    if isinstance(model, Captured):
+        return model.graph_module
+    return model if isinstance(model, fx.GraphModule) else None
+
+
+def _module_of(model: Any):
+    from fxforge.capture import Captured
+
+    return model.graph_module if isinstance(model, Captured) else model
+
+
+def verify(
+    reference: Any,
+    candidate: Any,
+    inputs: Sequence[Any] | None = None,
+    *,
+    input_specs: Sequence[Any] | None = None,
+    seeds: Sequence[int] = (0, 1, 2),
+    rtol: float | None = None,
+    atol: float | None = None,
+    bisect: bool = True,
+) -> VerifyResult:
+    """Check that ``candidate`` computes what ``reference`` computes.
+
+    ``reference``/``candidate`` are modules, GraphModules or :class:`~fxforge.capture.Captured`.
+    Inputs: ``inputs`` (one tuple of example inputs) if given, else random inputs for each seed in
+    ``seeds`` with the shapes of ``input_specs`` or of the reference's captured example inputs.
+    Tolerances default to the per-dtype values in :data:`TOLERANCES`. On a mismatch between two
+    graphs, ``bisect`` reruns both node by node and names the first candidate node that diverges
+    from the reference node it was derived from (see ``fxforge.passes`` provenance).
+    """
+    from fxforge.capture import Captured, placeholder_values, run_reference
+    from fxforge.errors import InputSpecError
+    from fxforge.inputs import make_inputs, specs_of
+
+    trials: list[tuple[Any, ...]]
+    if inputs is not None:
+        trials = [tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)]
+    else:
+        specs = list(input_specs) if input_specs is not None else None
+        if specs is None and isinstance(reference, Captured):
+            specs = specs_of(reference.example_inputs)
+        if specs is None and isinstance(candidate, Captured):
+            specs = specs_of(candidate.example_inputs)
+        if not specs:
+            raise InputSpecError("verify needs inputs or input shapes", hint="pass --input, e.g. --input 1x3x224x224")
+        trials = [make_inputs(specs, seed=seed) for seed in seeds]
+
+    ref_module, cand_module = _module_of(reference), _module_of(candidate)
+    result = VerifyResult(True, 0.0, 0.0, len(trials))
+    failing: tuple[Any, ...] | None = None
+    for args in trials:
+        expected = run_reference(ref_module, args, {})
+        try:
+            actual = run_reference(cand_module, args, {})
+        except InputSpecError as exc:
+            result.ok = False
+            result.problems.append(f"candidate failed to run: {exc.message}")
+            return result
+        comparison = compare_outputs(expected, actual, rtol, atol)
+        result.max_abs_err = max(result.max_abs_err, comparison.max_abs_err)
+        result.max_rel_err = max(result.max_rel_err, comparison.max_rel_err)
+        if not comparison.ok:
+            result.ok = False
+            result.problems.extend(comparison.problems)
+            failing = failing or args
+    ref_graph, cand_graph = _graph_of(reference), _graph_of(candidate)
+    if not result.ok and bisect and failing is not None and ref_graph is not None and cand_graph is not None:
+        result.divergence = bisect_graphs(
+            ref_graph,
+            cand_graph,
+            placeholder_values(ref_graph, failing, {}),
+            placeholder_values(cand_graph, failing, {}),
+            rtol,
+            atol,
+        )
+    return result
+
+
+def _record_values(gm: Any, flat_inputs: Sequence[Any]) -> dict[str, Any]:
+    from torch import fx
+
+    values: dict[str, Any] = {}
+
+    class Recorder(fx.Interpreter):
+        def run_node(self, n: fx.Node) -> Any:
+            out = super().run_node(n)
+            # clone: a later in-place op (relu_) would otherwise change what we recorded
+            values[n.name] = out.detach().clone() if isinstance(out, torch.Tensor) else out
+            return out
+
+    with torch.no_grad():
+        Recorder(gm, garbage_collect_values=True).run(*flat_inputs)
+    return values
+
+
+def bisect_graphs(
+    reference: Any,
+    candidate: Any,
+    reference_inputs: Sequence[Any],
+    candidate_inputs: Sequence[Any],
+    rtol: float | None = None,
+    atol: float | None = None,
+) -> Divergence | None:
+    """Run both graphs node by node; return the first candidate node that differs from its origin."""
+    from fxforge.graphs import target_name
+    from fxforge.passes import ORIGIN, PASS
+
+    ref_values = _record_values(reference, reference_inputs)
+    cand_values = _record_values(candidate, candidate_inputs)
+    for node in candidate.graph.nodes:
+        if node.op in ("placeholder", "output", "get_attr"):
+            continue
+        origin = node.meta.get(ORIGIN, node.name)
+        expected, actual = ref_values.get(origin), cand_values.get(node.name)
+        if not isinstance(expected, torch.Tensor) or not isinstance(actual, torch.Tensor):
+            continue
+        comparison = compare_outputs(expected, actual, rtol, atol)
+        if not comparison.ok:
+            return Divergence(node.name, origin, target_name(node), node.meta.get(PASS), comparison.max_abs_err)
+    return None

@@ -173,3 +173,48 @@ def all_rules() -> list[Rule]:
 def _load_rules() -> None:
     # Importing the package registers every rule module in it.
     import fxforge.lint.rules  # noqa: F401
+
+
+# Fix passes run in this order: removals first so that folding sees the simplified graph, dead code last.
+_FIX_ORDER = ("remove_dropout", "remove_identity", "fold_bn", "merge_convs", "cse", "fold_constants", "dead_code")
+
+
+@dataclass
+class FixResult:
+    before: LintReport
+    after: LintReport
+    passes: list[str]
+    optimized: Any  # fxforge.optimize.OptimizeResult
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "passes": self.passes,
+            "before": self.before.to_dict()["counts"],
+            "after": self.after.to_dict()["counts"],
+            "optimize": self.optimized.to_dict(),
+        }
+
+
+def fix(
+    captured: Captured,
+    output_dir: str | None,
+    *,
+    select: Iterable[str] | None = None,
+    ignore: Iterable[str] | None = None,
+    force: bool = False,
+    spec: str | None = None,
+) -> FixResult:
+    """Lint, run (verified) the passes named by the findings' ``fix`` fields, and lint the result."""
+    import dataclasses
+
+    from fxforge.optimize import optimize
+    from fxforge.passes import PASSES, all_passes
+
+    all_passes()
+    before = lint(captured, select=select, ignore=ignore)
+    wanted = {f.fix for f in before.findings if f.fix and f.fix in PASSES}
+    names = [name for name in _FIX_ORDER if name in wanted] + sorted(wanted - set(_FIX_ORDER))
+    optimized = optimize(captured, names, output_dir=output_dir if names else None, verify=True, force=force, spec=spec)
+    fixed = dataclasses.replace(captured, graph_module=optimized.pipeline.graph_module)
+    after = lint(fixed, select=select, ignore=ignore)
+    return FixResult(before, after, names, optimized)
