@@ -83,10 +83,9 @@ def load_model(
     kwargs = dict(model_kwargs or {})
     with _seeded(seed), _build_context(device):
         loaded = _dispatch(spec.strip(), kwargs)
-    if not train:
-        loaded.module.eval()
-    else:
-        loaded.module.train()
+    # torch.export modules refuse .eval()/.train(): their mode was fixed when they were exported.
+    with contextlib.suppress(NotImplementedError):
+        loaded.module.train(train)
     return loaded
 
 

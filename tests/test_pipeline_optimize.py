@@ -1,0 +1,173 @@
+"""Pipeline and optimize: copies not mutations, change log, pipeline files, atomic output, reload with torch alone."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import fxforge
+from fxforge.errors import FxforgeError
+from fxforge.graphs import node_kind
+from fxforge.optimize import atomic_directory, optimize
+from fxforge.passes import PassError, apply_pass, get_pass
+from fxforge.passes.pipeline import Pipeline
+
+X = (torch.randn(1, 3, 64, 64),)
+
+
+def _bn_count(gm) -> int:
+    return sum(1 for n in gm.graph.nodes if node_kind(gm, n) == "batch_norm")
+
+
+def test_apply_pass_never_mutates_the_input(resnet18):
+    captured = fxforge.capture(resnet18, X)
+    before_weight = resnet18.conv1.weight.detach().clone()
+    result = apply_pass(captured.graph_module, "fold_bn")
+    assert result.changed and _bn_count(result.graph_module) == 0
+    assert _bn_count(captured.graph_module) == 20
+    assert torch.equal(resnet18.conv1.weight, before_weight)
+
+
+def test_inplace_pass_changes_graph_but_not_user_parameters(resnet18):
+    captured = fxforge.capture(resnet18, X)
+    before_weight = resnet18.conv1.weight.detach().clone()
+    apply_pass(captured.graph_module, "fold_bn", inplace=True)
+    assert _bn_count(captured.graph_module) == 0
+    # the folded conv got new Parameters: the user's model still has its own weights
+    assert torch.equal(resnet18.conv1.weight, before_weight)
+
+
+def test_unknown_pass_suggests_a_close_name():
+    with pytest.raises(PassError, match="unknown pass 'fold_b'") as info:
+        get_pass("fold_b")
+    assert "fold_bn" in info.value.hint
+
+
+def test_pass_without_options_rejects_options(resnet18):
+    captured = fxforge.capture(resnet18, X)
+    with pytest.raises(PassError, match="takes no options"):
+        apply_pass(captured.graph_module, "fold_bn", {"x": 1})
+
+
+def test_pipeline_verifies_each_pass_and_logs(resnet18):
+    captured = fxforge.capture(resnet18, X)
+    result = Pipeline(["fold_bn"], verify_each=True).run(captured)
+    assert result.ok
+    step = result.steps[0]
+    assert step.result.removed == 20 and step.verification.ok
+    assert len(step.result.log) == 20 and step.result.log[0].startswith("folded bn1 into conv1")
+    data = result.to_dict()
+    assert data["passes"][0]["name"] == "fold_bn" and data["passes"][0]["changed"] is True
+
+
+def test_pipeline_rejects_unknown_pass_before_doing_work():
+    with pytest.raises(PassError):
+        Pipeline(["fold_bn", "no_such_pass"])
+
+
+@pytest.mark.parametrize(
+    "suffix,text",
+    [
+        (".yaml", "passes:\n  - fold_bn\nverify: true\n"),
+        (".toml", 'verify = true\npasses = ["fold_bn"]\n'),
+    ],
+)
+def test_pipeline_files(tmp_path, suffix, text, resnet18):
+    path = tmp_path / f"pipe{suffix}"
+    path.write_text(text)
+    pipeline = Pipeline.from_file(path)
+    assert [s.name for s in pipeline.steps] == ["fold_bn"] and pipeline.verify_each
+    result = pipeline.run(fxforge.capture(resnet18, X))
+    assert result.ok and result.verification is not None
+
+
+def test_bad_pipeline_file(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("passes: [fold_bn\n")
+    with pytest.raises(FxforgeError, match="not valid"):
+        Pipeline.from_file(path)
+    path.write_text("steps: []\n")
+    with pytest.raises(FxforgeError, match="'passes' list"):
+        Pipeline.from_file(path)
+
+
+def test_optimize_writes_reloadable_output_with_torch_alone(resnet18, tmp_path):
+    captured = fxforge.capture(resnet18, X)
+    out = tmp_path / "out"
+    result = optimize(captured, ["fold_bn"], output_dir=out, verify=True)
+    assert result.pipeline.ok
+    assert {"model.pt", "report.json", "inputs.txt", "provenance.json"} <= {p.name for p in out.iterdir()}
+    report = json.loads((out / "report.json").read_text())
+    assert report["passes"][0]["name"] == "fold_bn" and report["passes"][0]["verify"]["ok"]
+    # A fresh interpreter with torch only: no fxforge import needed to load and run the model.
+    torch.save(X[0], tmp_path / "x.pt")
+    script = (
+        "import sys, torch\n"
+        f"m = torch.load({str(out / 'model.pt')!r}, weights_only=False)\n"
+        f"x = torch.load({str(tmp_path / 'x.pt')!r})\n"
+        f"torch.save(m(x), {str(tmp_path / 'y.pt')!r})\n"
+        "assert not [k for k in sys.modules if k.startswith('fxforge')], 'fxforge was imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, cwd=tmp_path)
+    with torch.no_grad():
+        expected = resnet18(X[0])
+    assert fxforge.compare_outputs(expected, torch.load(tmp_path / "y.pt")).ok
+
+
+def test_optimize_aten_dialect_writes_pt2(resnet18, tmp_path):
+    captured = fxforge.capture(resnet18, X, method="export")
+    result = optimize(captured, ["fold_bn"], output_dir=tmp_path / "o", verify=True)
+    assert result.pipeline.ok and (tmp_path / "o" / "model.pt2").exists()
+    loaded = fxforge.load_model(str(tmp_path / "o"))
+    with torch.no_grad():
+        assert fxforge.compare_outputs(resnet18(X[0]), loaded.module(X[0])).ok
+
+
+def test_atomic_directory_leaves_nothing_on_failure(tmp_path):
+    target = tmp_path / "out"
+    with pytest.raises(RuntimeError), atomic_directory(target) as staging:
+        (staging / "half.txt").write_text("partial")
+        raise RuntimeError("boom")
+    assert not target.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_atomic_directory_refuses_non_empty_without_force(tmp_path):
+    target = tmp_path / "out"
+    target.mkdir()
+    (target / "keep.txt").write_text("user data")
+    with pytest.raises(FxforgeError, match="not empty"), atomic_directory(target):
+        pass
+    assert (target / "keep.txt").read_text() == "user data"
+    with atomic_directory(target, force=True) as staging:
+        (staging / "new.txt").write_text("new")
+    assert [p.name for p in target.iterdir()] == ["new.txt"]
+
+
+def test_optimize_with_failing_verification_writes_nothing(resnet18, tmp_path):
+    from fxforge.passes import PASSES, PassResult, mark, register_pass
+
+    @register_pass("test_bias_shift", summary="test only", guarantees="none")
+    def shift(gm, options):
+        result = PassResult("test_bias_shift", gm)
+        out = next(n for n in gm.graph.nodes if n.op == "output")
+        value = out.args[0]
+        with gm.graph.inserting_before(out):
+            shifted = gm.graph.call_function(torch.add, (value, 1.0))
+        out.args = (shifted,)
+        mark(shifted, "test_bias_shift", origin_of=value)
+        result.note("shifted output", inserted=1)
+        return result
+
+    try:
+        captured = fxforge.capture(resnet18, X)
+        result = optimize(captured, ["fold_bn", "test_bias_shift"], output_dir=tmp_path / "o", verify=True)
+    finally:
+        PASSES.pop("test_bias_shift")
+    assert not result.pipeline.ok and result.pipeline.failed_pass == "test_bias_shift"
+    assert result.pipeline.verification.divergence.pass_name == "test_bias_shift"
+    assert not (tmp_path / "o").exists()

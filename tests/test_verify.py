@@ -1,0 +1,111 @@
+"""verify: tolerances, nested outputs, and bisection to the first diverging node and pass."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fxforge
+from fxforge.passes import PASSES, PassResult, apply_pass, mark, register_pass
+from fxforge.verify import TOLERANCES, compare_outputs, verify
+
+X = (torch.randn(1, 3, 64, 64),)
+
+
+def test_identical_outputs_pass():
+    assert compare_outputs(torch.ones(3), torch.ones(3)).ok
+
+
+def test_fp32_tolerance_catches_real_change_but_not_roundoff():
+    ref = torch.randn(1000)
+    assert compare_outputs(ref, ref * (1 + 1e-6)).ok
+    assert not compare_outputs(ref, ref + 1e-2).ok
+
+
+def test_dtype_tolerances_are_looser_for_half_precision():
+    assert TOLERANCES[torch.float16][0] > TOLERANCES[torch.float32][0] > TOLERANCES[torch.float64][0]
+    ref = torch.randn(100, dtype=torch.float16)
+    assert compare_outputs(ref, ref * (1 + 2e-3)).ok
+
+
+def test_integer_outputs_must_match_exactly():
+    assert not compare_outputs(torch.tensor([1, 2]), torch.tensor([1, 3])).ok
+
+
+def test_nested_outputs_dicts_and_tuples():
+    ref = {"a": (torch.ones(2), torch.zeros(2)), "b": torch.ones(1)}
+    same = {"a": (torch.ones(2), torch.zeros(2)), "b": torch.ones(1)}
+    different = {"a": (torch.ones(2), torch.ones(2)), "b": torch.ones(1)}
+    assert compare_outputs(ref, same).ok
+    result = compare_outputs(ref, different)
+    assert not result.ok and "output['a'][1]" in result.problems[0]
+
+
+def test_shape_mismatch_is_reported():
+    result = compare_outputs(torch.ones(2, 3), torch.ones(3, 2))
+    assert not result.ok and "shape" in result.problems[0]
+
+
+def test_nan_in_both_counts_as_equal_but_nan_in_one_does_not():
+    ref = torch.tensor([1.0, float("nan")])
+    assert compare_outputs(ref, ref.clone()).ok
+    assert not compare_outputs(torch.tensor([1.0, 2.0]), ref).ok
+
+
+@pytest.fixture
+def broken_pass():
+    """A deliberately broken pass: scales one conv's output by 1.01 and claims to compute the conv."""
+
+    @register_pass("test_broken_scale", summary="test only", guarantees="none (deliberately wrong)")
+    def broken(gm, options):
+        result = PassResult("test_broken_scale", gm)
+        for node in list(gm.graph.nodes):
+            if node.op == "call_module" and node.target == "layer2.0.conv1":
+                with gm.graph.inserting_after(node):
+                    scaled = gm.graph.call_function(torch.mul, (node, 1.01))
+                node.replace_all_uses_with(scaled)
+                scaled.args = (node, 1.01)
+                mark(scaled, "test_broken_scale", origin_of=node)
+                result.note("scaled layer2.0.conv1", inserted=1)
+        return result
+
+    yield "test_broken_scale"
+    PASSES.pop("test_broken_scale")
+
+
+def test_broken_pass_is_caught_and_bisected_to_its_node(resnet18, broken_pass):
+    captured = fxforge.capture(resnet18, X)
+    candidate = apply_pass(captured.graph_module, broken_pass).graph_module
+    result = verify(captured, candidate)
+    assert not result.ok
+    assert result.divergence is not None
+    assert result.divergence.reference_node == "layer2_0_conv1"
+    assert result.divergence.pass_name == broken_pass
+    assert "test_broken_scale" in result.divergence.describe()
+
+
+def test_bisect_survives_later_exact_passes(resnet18, broken_pass):
+    captured = fxforge.capture(resnet18, X)
+    broken = apply_pass(captured.graph_module, broken_pass).graph_module
+    folded = apply_pass(broken, "fold_bn").graph_module
+    result = verify(captured, folded)
+    assert not result.ok and result.divergence.pass_name == broken_pass
+
+
+def test_verify_passes_for_exact_rewrite_and_reports_errors(resnet18):
+    captured = fxforge.capture(resnet18, X)
+    folded = apply_pass(captured.graph_module, "fold_bn").graph_module
+    result = verify(captured, folded, seeds=(0, 1))
+    assert result.ok and result.trials == 2
+    assert 0 < result.max_abs_err < 1e-3
+    assert result.divergence is None
+
+
+def test_verify_needs_inputs_for_plain_modules():
+    with pytest.raises(fxforge.InputSpecError):
+        verify(torch.nn.ReLU(), torch.nn.ReLU())
+
+
+def test_verify_with_explicit_inputs_on_plain_modules():
+    result = verify(torch.nn.ReLU(), torch.nn.ReLU6(), inputs=(torch.tensor([1.0, 10.0]),))
+    assert not result.ok and result.max_abs_err == pytest.approx(4.0)
