@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
 import linecache
 import logging
 import os
@@ -520,7 +521,8 @@ def _export(model: nn.Module, inputs: tuple[Any, ...], kwargs: dict[str, Any], d
             "kwargs": {k: fx.node.map_aggregate(v, batch_dim) for k, v in kwargs.items()},
         }
         dynamic_shapes = _dynamic_shapes_by_name(model, dynamic_shapes)
-    with torch.no_grad(), quiet_torch_logs():
+    # torch.export prints the partial graph of a failed export straight to stderr; we report errors ourselves.
+    with torch.no_grad(), quiet_torch_logs(), contextlib.redirect_stderr(io.StringIO()):
         return torch.export.export(model, inputs, kwargs=kwargs or None, dynamic_shapes=dynamic_shapes, strict=False)
 
 

@@ -1,0 +1,151 @@
+"""The CLI: each command on real models, --json contracts, one-line errors and exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fxforge.cli import main
+from fxforge.errors import EXIT_CAPTURE, EXIT_FINDINGS, EXIT_OK, EXIT_USAGE
+
+TRICKY = str(Path(__file__).parent / "cli_models.py")
+
+
+def run(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_inspect_resnet18_json_contract(capsys):
+    code, out, _err = run(capsys, "inspect", "torchvision:resnet18", "--json")
+    assert code == EXIT_OK
+    data = json.loads(out)  # stdout holds JSON and nothing else
+    assert data["totals"]["params"] == 11_689_512
+    assert abs(data["totals"]["macs"] - 1.814e9) / 1.814e9 < 0.01
+    assert data["totals"]["nodes"] == len(data["nodes"])
+    assert data["capture"]["method"] == "symbolic_trace" and data["capture"]["leaves"] == []
+    conv1 = next(n for n in data["nodes"] if n["name"] == "conv1")
+    assert conv1["shape"] == [1, 3 * 0 + 64, 112, 112] and conv1["params"] == 9408 and conv1["flops"] > 0
+    assert set(conv1) >= {"name", "op", "target", "shape", "flops", "params"}
+
+
+def test_inspect_tables(capsys):
+    code, out, _ = run(capsys, "inspect", "demo", "--nodes", "--code")
+    assert code == EXIT_OK
+    assert "Modules" in out and "Nodes" in out and "def forward" in out
+    assert "5,498 parameters" in out
+
+
+def test_inspect_meta_device(capsys):
+    code, out, _ = run(capsys, "inspect", "torchvision:resnet18", "--device", "meta", "--json")
+    data = json.loads(out)
+    assert code == EXIT_OK and data["totals"]["params"] == 11_689_512
+    assert any("meta" in note for note in data["capture"]["notes"])
+
+
+def test_inspect_user_file_with_leaf(capsys):
+    code, out, _ = run(capsys, "inspect", f"{TRICKY}:GatedNet", "--input", "2x8", "--json")
+    data = json.loads(out)
+    assert code == EXIT_OK and data["capture"]["leaves"] == ["gate"]
+
+
+@pytest.mark.parametrize(
+    "args,code,needle",
+    [
+        (["inspect", "torchvision:resnet1800"], EXIT_USAGE, "torchvision has no model named 'resnet1800'"),
+        (["inspect", "torchvision:resnet18", "-i", "1x4x64x64"], EXIT_USAGE, "rejected the example inputs"),
+        (["inspect", "demo", "-i", "1xx3"], EXIT_USAGE, "cannot parse input spec"),
+        (["inspect", "missing_file.py:f"], EXIT_USAGE, "file not found"),
+        (["inspect", "nonsense-spec"], EXIT_USAGE, "unknown model spec"),
+        (["optimize", "demo", "-p", "fold_bm", "-o", "unused"], EXIT_USAGE, "unknown pass 'fold_bm'"),
+        (["lint", "demo", "--select", "FX999"], EXIT_USAGE, "unknown lint rule"),
+        (["inspect", f"{TRICKY}:RootBranch", "-i", "2x8"], EXIT_CAPTURE, "cli_models.py:"),
+    ],
+)
+def test_bad_input_gives_one_clear_line(capsys, args, code, needle):
+    exit_code, out, err = run(capsys, *args)
+    assert exit_code == code
+    assert needle in err
+    assert "Traceback" not in err and "Traceback" not in out
+    assert err.count("\n") <= 4  # an error line and a hint, wrapped at most once each
+
+
+def test_corrupt_model_file(capsys, tmp_path):
+    bad = tmp_path / "model.pt"
+    bad.write_bytes(b"\x00\x01 definitely not a checkpoint" * 10)
+    code, _, err = run(capsys, "inspect", str(bad))
+    assert code == EXIT_USAGE and "cannot read" in err and "Traceback" not in err
+
+
+def test_lint_exit_codes(capsys):
+    code, out, _ = run(capsys, "lint", "torchvision:resnet18", "--json")
+    data = json.loads(out)
+    assert data["counts"]["warning"] == 0 and data["counts"]["error"] == 0
+    assert code == EXIT_OK
+    code_info, _, _ = run(capsys, "lint", "torchvision:resnet18", "--fail-on", "info")
+    expected = EXIT_FINDINGS if data["counts"]["info"] else EXIT_OK
+    assert code_info == expected
+
+
+def test_lint_rules_listing(capsys):
+    code, out, _ = run(capsys, "lint", "--rules", "--json")
+    rules = json.loads(out)
+    assert code == EXIT_OK and {"FX000", "FX001"} <= {r["code"] for r in rules}
+
+
+def test_passes_listing(capsys):
+    code, out, _ = run(capsys, "passes", "--json")
+    names = {p["name"] for p in json.loads(out)}
+    assert code == EXIT_OK and "fold_bn" in names
+
+
+def test_optimize_then_verify(capsys, tmp_path):
+    out_dir = tmp_path / "r18"
+    code, out, err = run(
+        capsys,
+        "optimize",
+        "torchvision:resnet18",
+        "-i",
+        "1x3x64x64",
+        "-p",
+        "fold_bn",
+        "--verify",
+        "-o",
+        str(out_dir),
+        "--json",
+    )
+    assert code == EXIT_OK, err
+    data = json.loads(out)
+    assert data["passes"][0]["name"] == "fold_bn" and data["passes"][0]["changed"]
+    assert data["verify"]["ok"] and data["verify"]["max_abs_err"] < 1e-3
+    assert (out_dir / "model.pt").exists()
+    code, out, _ = run(capsys, "verify", "torchvision:resnet18", str(out_dir), "--json")
+    assert code == EXIT_OK and json.loads(out)["ok"]
+
+
+def test_verify_mismatch_exit_code(capsys):
+    code, out, _ = run(capsys, "verify", "demo", "demo", "--seed", "0", "--json")
+    assert code == EXIT_OK and json.loads(out)["ok"]
+    code, out, _ = run(capsys, "verify", f"{TRICKY}:Relu", f"{TRICKY}:ReluClamped", "-i", "4x8", "--json")
+    assert code == EXIT_FINDINGS and not json.loads(out)["ok"]
+
+
+def test_optimize_refuses_to_overwrite(capsys, tmp_path):
+    (tmp_path / "o").mkdir()
+    (tmp_path / "o" / "keep").write_text("x")
+    code, _, err = run(capsys, "optimize", "demo", "-p", "fold_bn", "-o", str(tmp_path / "o"))
+    assert code == EXIT_USAGE and "not empty" in err
+    assert (tmp_path / "o" / "keep").read_text() == "x"
+
+
+def test_console_script_runs():
+    exe = Path(sys.executable).parent / "fxforge"
+    result = subprocess.run([str(exe), "--version"], capture_output=True, text=True, check=True)
+    assert "fxforge" in result.stdout
+    result = subprocess.run([str(exe), "inspect", "torchvision:nope"], capture_output=True, text=True)
+    assert result.returncode == EXIT_USAGE and result.stderr.startswith("error:")
