@@ -3,17 +3,25 @@
 Public API (everything the CLI does is reachable from here)::
 
     import fxforge
-    loaded = fxforge.load_model("torchvision:resnet18")
-    captured = fxforge.capture(loaded, fxforge.make_inputs(loaded.default_inputs))
-    report = fxforge.inspect_graph(captured)
-    findings = fxforge.lint(captured)
+
+    captured = fxforge.prepare("torchvision:resnet18")        # load, seeded inputs, capture
+    report = fxforge.inspect_graph(captured)                   # shapes, params, FLOPs
+    findings = fxforge.lint(captured)                          # rule-based findings
+    result = fxforge.optimize(captured, ["fold_bn"], verify=True, output_dir="out/")
+    check = fxforge.verify(captured, result.pipeline.graph_module)
 """
 
+from fxforge.api import prepare, verify_specs
 from fxforge.capture import Captured, CaptureRecord, capture
 from fxforge.errors import CaptureError, FxforgeError, InputSpecError, MissingExtraError, ModelSpecError
 from fxforge.inputs import InputSpec, make_inputs, parse_input_spec
+from fxforge.inspect import InspectReport, inspect_graph
+from fxforge.lint import lint
 from fxforge.models import LoadedModel, load_model
-from fxforge.verify import compare_outputs
+from fxforge.optimize import optimize
+from fxforge.passes import PassResult, apply_pass, register_pass
+from fxforge.passes.pipeline import Pipeline
+from fxforge.verify import VerifyResult, compare_outputs, verify
 
 __version__ = "0.1.0"
 
@@ -24,13 +32,25 @@ __all__ = [
     "FxforgeError",
     "InputSpec",
     "InputSpecError",
+    "InspectReport",
     "LoadedModel",
     "MissingExtraError",
     "ModelSpecError",
+    "PassResult",
+    "Pipeline",
+    "VerifyResult",
     "__version__",
+    "apply_pass",
     "capture",
     "compare_outputs",
+    "inspect_graph",
+    "lint",
     "load_model",
     "make_inputs",
+    "optimize",
     "parse_input_spec",
+    "prepare",
+    "register_pass",
+    "verify",
+    "verify_specs",
 ]
