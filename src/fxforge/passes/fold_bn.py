@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import operator
+from collections import Counter
 
 import torch
 import torch.nn.functional as F
@@ -55,10 +56,6 @@ def fold_weights(
         w = w * scale.reshape(-1, *([1] * (w.dim() - 1)))
     new_bias = (b - mean.detach().double()) * scale + beta64
     return w.to(dtype), new_bias.to(dtype)
-
-
-def _users_elsewhere(gm: fx.GraphModule, target: str) -> int:
-    return sum(1 for n in gm.graph.nodes if n.op == "call_module" and n.target == target)
 
 
 def _bn_state(gm: fx.GraphModule, bn_node: fx.Node):
@@ -132,6 +129,14 @@ def _bn_output(node: fx.Node) -> fx.Node:
 )
 def fold_bn(gm: fx.GraphModule, options: None) -> PassResult:
     result = PassResult(NAME, gm)
+    # Counted once up front: per-candidate scans would make the pass quadratic in graph size.
+    calls: Counter[str] = Counter()
+    fetches: Counter[str] = Counter()
+    for node in gm.graph.nodes:
+        if node.op == "call_module":
+            calls[str(node.target)] += 1
+        elif node.op == "get_attr":
+            fetches[str(node.target)] += 1
     for bn_node in list(gm.graph.nodes):
         if node_kind(gm, bn_node) != "batch_norm":
             continue
@@ -152,9 +157,9 @@ def fold_bn(gm: fx.GraphModule, options: None) -> PassResult:
             result.skip(f"{label}: the BatchNorm {reason}")
             continue
         if producer.op == "call_module":
-            _fold_module(gm, producer, bn_node, state, result, label)
+            _fold_module(gm, producer, bn_node, state, result, label, calls)
         elif producer.op == "call_function":
-            _fold_function(gm, producer, bn_node, state, result, label)
+            _fold_function(gm, producer, bn_node, state, result, label, fetches)
         else:
             result.skip(f"{label}: {producer.name} is a {producer.op} node")
     if result.changed:
@@ -171,13 +176,13 @@ def _replace_bn(gm: fx.GraphModule, producer: fx.Node, bn_node: fx.Node) -> None
     gm.graph.erase_node(bn_node)
 
 
-def _fold_module(gm, producer, bn_node, state, result, label) -> None:
+def _fold_module(gm, producer, bn_node, state, result, label, calls: Counter[str]) -> None:
     module = submodule(gm, producer)
     target = str(producer.target)
     if type(module) not in (*_CONV_TYPES, *_TRANSPOSE_TYPES, nn.Linear):
         result.skip(f"{label}: {type(module).__name__} is not a plain conv/linear module")
         return
-    if _users_elsewhere(gm, target) > 1:
+    if calls[target] > 1:
         result.skip(f"{label}: module {target} is called from more than one place; folding would change the others")
         return
     mean, var, eps, gamma, beta = state
@@ -204,7 +209,7 @@ def _fold_module(gm, producer, bn_node, state, result, label) -> None:
     result.note(f"folded {bn_node.name} into {target}", removed=1, folded=bias.numel() + weight.numel())
 
 
-def _fold_function(gm, producer, bn_node, state, result, label) -> None:
+def _fold_function(gm, producer, bn_node, state, result, label, fetches: Counter[str]) -> None:
     """Functional conv/linear (torch dialect F.conv2d or ATen aten.conv2d) with stored weights."""
     packet = aten_packet(producer)
     args = list(producer.args)
@@ -218,10 +223,7 @@ def _fold_function(gm, producer, bn_node, state, result, label) -> None:
         result.skip(f"{label}: the bias of {producer.name} is not a stored parameter")
         return
     shared = [n for n in (weight_node, bias_node) if n is not None and len(n.users) > 1]
-    same_target = [
-        n for n in gm.graph.nodes if n.op == "get_attr" and n is not weight_node and n.target == weight_node.target
-    ]
-    if shared or same_target:
+    if shared or fetches[str(weight_node.target)] > 1:
         result.skip(f"{label}: the weights of {producer.name} are used elsewhere; folding would change the others")
         return
     transposed = node_kind(gm, producer) == "conv_transpose"

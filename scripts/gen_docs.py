@@ -1,0 +1,96 @@
+"""Regenerate docs/passes.md and docs/rules.md from the pass and lint-rule registries.
+
+Run: .venv/bin/python scripts/gen_docs.py  (tests/test_docs.py fails when the files are stale).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+def passes_markdown() -> str:
+    from fxforge.passes import all_passes
+
+    lines = [
+        "# Passes",
+        "",
+        "Generated from the pass registry by `scripts/gen_docs.py`; `fxforge passes` prints the same.",
+        "Every pass works on a copy of the graph unless called with `inplace=True`, records what it",
+        "changed (and what it left alone, with the reason) in its `PassResult`, and keeps node provenance",
+        "so that `fxforge verify` can name the pass behind a divergence. Run them with",
+        "`fxforge optimize MODEL -p NAME[,NAME...] --verify -o OUT`, a pipeline file, or",
+        "`fxforge.apply_pass(gm, NAME, options)`.",
+        "",
+        "| pass | dialects | what it does |",
+        "|---|---|---|",
+    ]
+    specs = all_passes()
+    for spec in specs:
+        lines.append(f"| [`{spec.name}`](#{spec.name}) | {', '.join(spec.dialects)} | {spec.summary} |")
+    for spec in specs:
+        lines += ["", f"## {spec.name}", "", spec.summary, "", f"**Guarantees.** {spec.guarantees}", ""]
+        lines.append(f"**Dialects:** {', '.join(spec.dialects)}.")
+        fields = spec.option_fields()
+        if fields:
+            lines += ["", "| option | type | default |", "|---|---|---|"]
+            for field in fields:
+                default = field.default if field.default is not dataclasses.MISSING else "required"
+                if field.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+                    default = repr(field.default_factory())  # type: ignore[misc]
+                type_name = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", field.type)
+                lines.append(f"| `{field.name}` | `{type_name}` | `{default}` |")
+        else:
+            lines += ["", "No options."]
+    lines += [
+        "",
+        "## Writing your own",
+        "",
+        "```python",
+        "from fxforge.passes import PassResult, register_pass",
+        "",
+        '@register_pass("my_pass", summary="...", guarantees="...", dialects=("torch",))',
+        "def my_pass(gm, options) -> PassResult:",
+        '    result = PassResult("my_pass", gm)',
+        "    ...  # rewrite gm.graph; result.note('what changed'); result.skip('why not')",
+        "    return result",
+        "```",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def rules_markdown() -> str:
+    from fxforge.lint import all_rules
+
+    lines = [
+        "# Lint rules",
+        "",
+        "Generated from the rule registry by `scripts/gen_docs.py`; `fxforge lint --rules` prints the same.",
+        "Select or skip rules by code or name with `--select` / `--ignore`. `fxforge lint` exits 1 when a",
+        "finding at or above `--fail-on` (default `warning`) exists. `fxforge lint --fix -o OUT` runs the",
+        "passes named in the fix column (verified) and reports what remains.",
+        "",
+        "| code | name | severity | dialects | fix | finds |",
+        "|---|---|---|---|---|---|",
+    ]
+    for rule in all_rules():
+        fix = f"`{rule.fix}`" if rule.fix else ""
+        lines.append(
+            f"| {rule.code} | `{rule.name}` | {rule.severity} | {', '.join(rule.dialects)} | {fix} | {rule.summary} |"
+        )
+    lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    (DOCS / "passes.md").write_text(passes_markdown())
+    (DOCS / "rules.md").write_text(rules_markdown())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
