@@ -1,0 +1,69 @@
+"""Every exact pass, as one verified pipeline, on every torchvision classification model.
+
+Each registered exact pass runs on the captured graph (with randomised BatchNorm statistics: the
+defaults make BN the identity and hide folding bugs), then ``verify`` must find the result equal to
+the model on fresh random inputs. Per pass, the postcondition is checked on every model: after
+``fold_bn`` no BatchNorm that directly follows a single-use conv/linear is left, after
+``remove_dropout`` no dropout is left. Passes that find nothing to do on a model (no BN in a ViT,
+no dropout in a ResNet) must report ``changed=False`` and leave the graph computing the same thing.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import randomize_batchnorm
+from fxforge.capture import capture
+from fxforge.graphs import node_kind
+from fxforge.inputs import InputSpec, make_inputs
+from fxforge.models import load_model, torchvision_classification_models
+from fxforge.passes import PASSES, all_passes
+from fxforge.passes.pipeline import Pipeline
+from fxforge.verify import verify
+from test_torchvision_models import DEFAULT_SIZE, INPUT_SIZE, ON_META
+
+pytest.importorskip("torchvision")
+
+# The exact passes, in the order `lint --fix` runs them; passes not registered yet are skipped.
+EXACT = ["remove_dropout", "remove_identity", "fold_bn", "merge_convs", "cse", "fold_constants", "dead_code"]
+# Numerics need real weights: the meta-device giants are covered by test_torchvision_models only.
+MODELS = [name for name in torchvision_classification_models() if name not in ON_META]
+
+
+def _foldable_bn(gm) -> list[str]:
+    left = []
+    for node in gm.graph.nodes:
+        if node_kind(gm, node) == "batch_norm" and node.args and hasattr(node.args[0], "op"):
+            producer = node.args[0]
+            if node_kind(gm, producer) in ("conv", "linear") and len(producer.users) == 1:
+                left.append(node.name)
+    return left
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_exact_passes_preserve_outputs(name: str):
+    all_passes()
+    passes = [p for p in EXACT if p in PASSES]
+    loaded = load_model(f"torchvision:{name}")
+    randomize_batchnorm(loaded.module, seed=1)
+    size = INPUT_SIZE.get(name, DEFAULT_SIZE)
+    inputs = make_inputs([InputSpec((1, 3, size, size))], seed=0)
+    captured = capture(loaded, inputs, check=False)
+    result = Pipeline(passes, lint_between=False).run(captured)
+    gm = result.graph_module
+
+    by_name = {step.result.name: step.result for step in result.steps}
+    if "fold_bn" in by_name:
+        had_bn = any(node_kind(captured.graph_module, n) == "batch_norm" for n in captured.graph_module.graph.nodes)
+        assert by_name["fold_bn"].changed == bool(had_bn and _foldable_bn(captured.graph_module))
+        assert _foldable_bn(gm) == [], by_name["fold_bn"].skipped
+    if "remove_dropout" in by_name:
+        assert not any(node_kind(gm, n) == "dropout" for n in gm.graph.nodes)
+
+    check = verify(captured, gm, seeds=(1,))
+    assert check.ok, check.divergence.describe() if check.divergence else check.problems
+    # The user's model is untouched: its BN modules are still there and still used.
+    assert any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in loaded.module.modules()) == any(
+        node_kind(captured.graph_module, n) == "batch_norm" for n in captured.graph_module.graph.nodes
+    )
