@@ -193,10 +193,23 @@ def _symbolic_trace(
     leaf_types: tuple[type, ...],
     wraps: list[_Wrap],
     concrete_args: dict[str, Any] | None,
+    proxy_buffers: bool = False,
 ) -> fx.GraphModule:
     tracer = _LeafTracer(leaf_names, leaf_types)
-    with _patched(wraps):
-        graph = tracer.trace(model, concrete_args=concrete_args)
+    tracer.proxy_buffer_attributes = proxy_buffers
+    snapshot = _buffers_snapshot(model)
+    try:
+        with _patched(wraps):
+            graph = tracer.trace(model, concrete_args=concrete_args)
+    finally:
+        # Tracing runs ops on real (non-proxy) tensors eagerly: a buffer written in place in forward
+        # (a call counter) is changed in the model and the write is missing from the graph. Undo it.
+        changed = _changed_buffers(model, snapshot)
+        _restore_buffers(model, snapshot)
+    if changed:
+        if not proxy_buffers:  # trace again with buffers as proxies, so that the write is recorded
+            return _symbolic_trace(model, leaf_names, leaf_types, wraps, concrete_args, proxy_buffers=True)
+        raise RuntimeError(f"tracing wrote into buffer {changed[0]} instead of recording the write")
     name = model.__class__.__name__
     # Forget our tracer class: GraphModule pickles it and would need fxforge (and its arguments) to reload.
     graph._tracer_cls = None
@@ -292,6 +305,20 @@ def _buffers_snapshot(module: nn.Module) -> dict[str, torch.Tensor]:
     return {name: buf.detach().clone() for name, buf in module.named_buffers() if buf.device.type != "meta"}
 
 
+def _changed_buffers(module: nn.Module, snapshot: dict[str, torch.Tensor]) -> list[str]:
+    buffers = dict(module.named_buffers())
+
+    def same(now: torch.Tensor | None, before: torch.Tensor) -> bool:
+        if now is None or now.shape != before.shape or now.dtype != before.dtype:
+            return False
+        # equal_nan: buffers made with torch.empty may hold NaN, which torch.equal never calls equal
+        return torch.equal(now, before) or (
+            now.is_floating_point() and torch.allclose(now, before, rtol=0.0, atol=0.0, equal_nan=True)
+        )
+
+    return [name for name, value in snapshot.items() if not same(buffers.get(name), value)]
+
+
 def _restore_buffers(module: nn.Module, snapshot: dict[str, torch.Tensor]) -> None:
     buffers = dict(module.named_buffers())
     with torch.no_grad():
@@ -300,8 +327,11 @@ def _restore_buffers(module: nn.Module, snapshot: dict[str, torch.Tensor]) -> No
 
 
 def _run_isolated(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *others: nn.Module) -> Any:
-    """Call ``module`` without letting buffer writes in forward leak into later runs."""
+    """Call ``module`` without letting buffer (or input) writes in forward leak into later runs."""
     snapshots = [(m, _buffers_snapshot(m)) for m in (module, *others)]
+    # Fresh copies of the inputs: a model that writes into its input would otherwise feed the next run
+    # (and the caller) changed values.
+    args, kwargs = torch.utils._pytree.tree_map_only(torch.Tensor, torch.clone, (args, kwargs))
     try:
         with torch.no_grad():
             return module(*args, **kwargs)
@@ -324,7 +354,8 @@ def _with_batch(inputs: tuple[Any, ...], batch: int) -> tuple[Any, ...]:
             return value.repeat(*reps)[:batch].clone()
         return value
 
-    return tuple(fx.node.map_aggregate(value, resize) for value in inputs)
+    # pytree, not fx's map_aggregate: that turns dicts and lists into fx's immutable containers.
+    return tuple(torch.utils._pytree.tree_map(resize, value) for value in inputs)
 
 
 def run_reference(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *others: nn.Module) -> Any:
@@ -346,6 +377,8 @@ def check_capture(captured: Captured, batch: int | None = None, expected: Any = 
     """Run original and captured module on the example inputs (resized to ``batch``) and compare."""
     args = captured.example_inputs if batch is None else _with_batch(captured.example_inputs, batch)
     kwargs = captured.example_kwargs
+    if batch is not None:  # keyword tensors (masks) share the batch dimension, as torch.export assumes too
+        kwargs = dict(zip(kwargs, _with_batch(tuple(kwargs.values()), batch)))
     if expected is None:
         expected = run_reference(captured.original, args, kwargs, captured.graph_module)
     try:
@@ -517,12 +550,19 @@ def _export(model: nn.Module, inputs: tuple[Any, ...], kwargs: dict[str, Any], d
             return {0: torch.export.Dim.AUTO} if isinstance(value, torch.Tensor) and value.dim() > 0 else None
 
         dynamic_shapes = {
-            "args": tuple(fx.node.map_aggregate(v, batch_dim) for v in inputs),
-            "kwargs": {k: fx.node.map_aggregate(v, batch_dim) for k, v in kwargs.items()},
+            "args": tuple(torch.utils._pytree.tree_map(batch_dim, v) for v in inputs),
+            "kwargs": {k: torch.utils._pytree.tree_map(batch_dim, v) for k, v in kwargs.items()},
         }
         dynamic_shapes = _dynamic_shapes_by_name(model, dynamic_shapes)
+    from torch.fx.experimental import _config as fx_config
+
+    oblivious = contextlib.nullcontext()
+    if dynamic_batch and hasattr(fx_config, "backed_size_oblivious"):
+        # Without it a batch of 1 is specialised (0/1 specialisation) and the program rejects any
+        # other batch size, although the model itself is batch-size agnostic.
+        oblivious = fx_config.patch(backed_size_oblivious=True)
     # torch.export prints the partial graph of a failed export straight to stderr; we report errors ourselves.
-    with torch.no_grad(), quiet_torch_logs(), contextlib.redirect_stderr(io.StringIO()):
+    with torch.no_grad(), quiet_torch_logs(), contextlib.redirect_stderr(io.StringIO()), oblivious:
         return torch.export.export(model, inputs, kwargs=kwargs or None, dynamic_shapes=dynamic_shapes, strict=False)
 
 
@@ -558,7 +598,9 @@ def _dynamic_shapes_by_name(model: nn.Module, shapes: dict[str, Any]) -> dict[st
 def _capture_error(
     model: nn.Module, attempts: list[Attempt], trace_error: BaseException | None, export_error: BaseException | None
 ) -> CaptureError:
-    location = next((a.location for a in attempts if a.location), None)
+    # The line that stopped capture: the first failure fxforge could not work around (earlier trace
+    # failures were fixed with a leaf or a wrap and no longer block anything).
+    location = next((a.location for a in attempts if a.location and a.action is None), None)
     if export_error is not None and user_location(export_error):
         location = user_location(export_error) if location is None else location
     reasons = []

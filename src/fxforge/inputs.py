@@ -35,7 +35,8 @@ _DTYPES: dict[str, torch.dtype] = {
 # table or class count of 10 or more, which covers token ids for every model we know.
 INT_HIGH = 10
 
-_SPEC_RE = re.compile(r"^\s*(\d+(?:\s*[xX,]\s*\d+)*)?\s*(?::\s*([A-Za-z0-9_]+))?\s*$")
+# "scalar" is how str(InputSpec) writes a 0-d shape (e.g. in an output directory's inputs.txt).
+_SPEC_RE = re.compile(r"^\s*(scalar|\d+(?:\s*[xX,]\s*\d+)*)?\s*(?::\s*([A-Za-z0-9_]+))?\s*$")
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,7 @@ class InputSpec:
 
 
 def parse_input_spec(text: str) -> InputSpec:
-    """Parse ``1x3x224x224``, ``2x16:int64`` or ``:int64`` (a scalar) into an :class:`InputSpec`."""
+    """Parse ``1x3x224x224``, ``2x16:int64`` or ``:int64``/``scalar:int64`` (a scalar) into an :class:`InputSpec`."""
     match = _SPEC_RE.match(text)
     if not match or (match.group(1) is None and match.group(2) is None):
         raise InputSpecError(
@@ -76,7 +77,7 @@ def parse_input_spec(text: str) -> InputSpec:
             hint="write dimensions joined by 'x' with an optional dtype, e.g. 1x3x224x224 or 2x16:int64",
         )
     dims_text, dtype_text = match.groups()
-    shape = tuple(int(d) for d in re.split(r"\s*[xX,]\s*", dims_text)) if dims_text else ()
+    shape = tuple(int(d) for d in re.split(r"\s*[xX,]\s*", dims_text)) if dims_text not in (None, "scalar") else ()
     if any(d <= 0 for d in shape):
         raise InputSpecError(f"input spec {text!r} has a dimension of size 0", hint="every dimension must be >= 1")
     dtype = torch.float32

@@ -10,15 +10,17 @@ number of nodes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 from torch import fx, nn
+from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
-from fxforge.capture import Captured, quiet_torch_logs
+from fxforge.capture import Captured, _buffers_snapshot, _restore_buffers, quiet_torch_logs
 from fxforge.errors import InputSpecError
 from fxforge.graphs import get_attr_value, module_path, submodule, target_name
 
@@ -112,8 +114,47 @@ class _Profiler(fx.Interpreter):
         return result
 
 
+def _cpu_attention_flops(query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, **kwargs: Any) -> int:
+    return flop_counter.sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+def _flop_counter() -> FlopCounterMode:
+    """torch's FLOP counter, taught the CPU attention kernel it has no formula for.
+
+    On CPU, ``F.scaled_dot_product_attention`` (and ``nn.MultiheadAttention``'s fast path) run
+    ``_scaled_dot_product_flash_attention_for_cpu``, which torch counts as 0 FLOPs: a ViT's attention
+    would vanish from the totals, and a CPU model would report fewer FLOPs than the same model on meta.
+    """
+    custom = {}
+    cpu_attention = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    if cpu_attention is not None and hasattr(flop_counter, "sdpa_flop_count"):
+        custom[cpu_attention] = _cpu_attention_flops
+    return FlopCounterMode(display=False, custom_mapping=custom)
+
+
+@contextlib.contextmanager
+def _countable_attention() -> Iterator[None]:
+    """Turn off ``nn.MultiheadAttention``'s (and ``nn.TransformerEncoderLayer``'s) CPU fast path.
+
+    The fast path is one fused ATen op with no FLOP formula, so a torchvision ViT counted a third of its
+    FLOPs; the regular path computes the same values with projections and attention torch can count.
+    """
+    mha = getattr(torch.backends, "mha", None)
+    if mha is None or not hasattr(mha, "set_fastpath_enabled"):
+        yield
+        return
+    enabled = mha.get_fastpath_enabled()
+    mha.set_fastpath_enabled(False)
+    try:
+        yield
+    finally:
+        mha.set_fastpath_enabled(enabled)
+
+
 def _module_chain(node: fx.Node) -> list[tuple[str, str]]:
     """(path, type name) of every module enclosing ``node``, outermost first."""
+    if node.op == "call_module" and node.target == "_guards_fn":
+        return []  # torch.export's input-shape guard: it copies the first op's module stack but is no part of it
     stack = node.meta.get("nn_module_stack") or {}
     chain = []
     for path, cls in stack.values():
@@ -140,10 +181,17 @@ def inspect_graph(
     """
     gm = captured.graph_module
     values = captured.flat_inputs(inputs)
-    counter = FlopCounterMode(display=False)
+    counter = _flop_counter()
     profiler = _Profiler(gm, counter)
-    with torch.no_grad(), counter, quiet_torch_logs():
-        profiler.run(*values)
+    # Inspecting must not change anything: run on copies of the inputs and undo buffer writes
+    # (graphs of models that update a buffer in forward write into the original model's buffers).
+    snapshots = [(m, _buffers_snapshot(m)) for m in (gm, captured.original)]
+    try:
+        with torch.no_grad(), counter, quiet_torch_logs(), _countable_attention():
+            profiler.run(*[v.clone() if isinstance(v, torch.Tensor) else v for v in values])
+    finally:
+        for owner, snapshot in snapshots:
+            _restore_buffers(owner, snapshot)
 
     nodes: list[NodeInfo] = []
     modules: dict[str, ModuleSummary] = {}

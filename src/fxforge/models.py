@@ -21,9 +21,7 @@ import contextlib
 import importlib
 import importlib.util
 import inspect as pyinspect
-import pickle
 import sys
-import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,6 +63,32 @@ def _build_context(device: str | torch.device | None):
     return torch.device(device) if device is not None else contextlib.nullcontext()
 
 
+@contextlib.contextmanager
+def _parameters_on_meta() -> Iterator[None]:
+    """Build on the CPU but move every parameter and buffer to ``meta`` as it is registered.
+
+    The fallback for constructors that compute plain numbers with tensors (torchvision's RegNet calls
+    ``.tolist()`` on a tensor), which the ``meta`` device context turns into data-less meta tensors.
+    """
+    register_parameter, register_buffer = nn.Module.register_parameter, nn.Module.register_buffer
+
+    def parameter_on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        if param is not None and param.device.type != "meta":
+            param = nn.Parameter(param.detach().to("meta"), requires_grad=param.requires_grad)
+        register_parameter(module, name, param)
+
+    def buffer_on_meta(module: nn.Module, name: str, tensor: torch.Tensor | None, persistent: bool = True) -> None:
+        register_buffer(module, name, tensor.to("meta") if tensor is not None else None, persistent)
+
+    nn.Module.register_parameter = parameter_on_meta  # type: ignore[method-assign]
+    nn.Module.register_buffer = buffer_on_meta  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register_parameter  # type: ignore[method-assign]
+        nn.Module.register_buffer = register_buffer  # type: ignore[method-assign]
+
+
 def load_model(
     spec: str | nn.Module,
     *,
@@ -79,10 +103,19 @@ def load_model(
     constructor (torchvision/timm/file factories) or into the transformers config.
     """
     if isinstance(spec, nn.Module):
-        return LoadedModel(spec if train else spec.eval(), type(spec).__name__)
+        with contextlib.suppress(NotImplementedError):  # torch.export modules refuse .train()/.eval()
+            spec.train(train)
+        return LoadedModel(spec, type(spec).__name__)
     kwargs = dict(model_kwargs or {})
-    with _seeded(seed), _build_context(device):
-        loaded = _dispatch(spec.strip(), kwargs)
+    try:
+        with _seeded(seed), _build_context(device):
+            loaded = _dispatch(spec.strip(), dict(kwargs))
+    except NotImplementedError:
+        if device is None or torch.device(device).type != "meta":
+            raise
+        # The constructor needed tensor data (e.g. `.tolist()`), which meta tensors do not have.
+        with _seeded(seed), _parameters_on_meta():
+            loaded = _dispatch(spec.strip(), dict(kwargs))
     # torch.export modules refuse .eval()/.train(): their mode was fixed when they were exported.
     with contextlib.suppress(NotImplementedError):
         loaded.module.train(train)
@@ -156,6 +189,8 @@ def _load_torchvision(name: str, spec: str, kwargs: dict[str, Any]) -> LoadedMod
             hint="list them with: python -c 'import torchvision; print(torchvision.models.list_models())'",
         )
     kwargs.setdefault("weights", None)  # never download weights
+    if "weights_backbone" in pyinspect.signature(torchvision.models.get_model_builder(name)).parameters:
+        kwargs.setdefault("weights_backbone", None)  # detection/segmentation models default to ImageNet ones
     if name in ("inception_v3", "googlenet"):
         # Their defaults add auxiliary classifiers (extra outputs, training only) and weight transforms.
         kwargs.setdefault("aux_logits", False)
@@ -249,14 +284,12 @@ def _load_pickled_module(path: Path, spec: str) -> LoadedModel:
     try:
         # weights_only=False: a whole module is pickled code, so only load files you trust (documented).
         obj = torch.load(str(path), map_location="cpu", weights_only=False)
-    except (
-        pickle.UnpicklingError,
-        zipfile.BadZipFile,
-        EOFError,
-        RuntimeError,
-        AttributeError,
-        ModuleNotFoundError,
-    ) as exc:
+    except (AttributeError, ImportError) as exc:
+        raise ModelSpecError(
+            f"cannot read {spec}: {_first_line(exc)}",
+            hint="the code of the pickled module's classes must be importable (check PYTHONPATH)",
+        ) from None
+    except Exception as exc:  # damaged files raise UnpicklingError, ValueError, UnicodeDecodeError, ...
         raise ModelSpecError(
             f"cannot read {spec}: {_first_line(exc)}", hint="is the file corrupt or truncated?"
         ) from None

@@ -1,0 +1,430 @@
+"""Capture on models that are hard to capture (tests/tricky_models.py), on transformers' BERT, a timm
+model and a meta-device model. Each case either captures correctly (same outputs, and the record says
+how) or fails with a CaptureError that names the user's source line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from fxforge.capture import EXPORT, LOADED, SYMBOLIC_TRACE, Captured, capture
+from fxforge.errors import CaptureError, InputSpecError
+from fxforge.graphs import ATEN, TORCH
+from fxforge.inputs import InputSpec, make_inputs
+from fxforge.models import load_model
+from fxforge.verify import compare_outputs
+
+TRICKY = Path(__file__).parent / "tricky_models.py"
+USER_MODULE = "fxforge_user_tricky_models"  # the module name load_model gives tricky_models.py
+
+
+@pytest.fixture(autouse=True)
+def _fixed_seed() -> None:
+    torch.manual_seed(0)  # every test draws the same random tensors, run alone or in any order
+
+
+def load(name: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return load_model(f"{TRICKY}:{name}").module
+
+
+def line_of(mark: str) -> int:
+    """The line number in tricky_models.py of the line carrying ``# MARK:<mark>``."""
+    for number, line in enumerate(TRICKY.read_text().splitlines(), start=1):
+        if f"# MARK:{mark}" in line:
+            return number
+    raise AssertionError(f"no MARK:{mark} in {TRICKY}")
+
+
+def x(batch: int = 2) -> torch.Tensor:
+    return torch.randn(batch, 8, generator=torch.Generator().manual_seed(batch))
+
+
+def assert_same_outputs(model: torch.nn.Module, captured: Captured, *args: Any, **kwargs: Any) -> None:
+    """The model and the captured graph give the same outputs (the test's own check, not capture's)."""
+    copy = torch.utils._pytree.tree_map_only(torch.Tensor, torch.clone, (args, kwargs))
+    with torch.no_grad():
+        expected = model(*args, **kwargs)
+        actual = captured.graph_module(*copy[0], **copy[1])
+    comparison = compare_outputs(expected, actual)
+    assert comparison.ok, comparison.problems
+
+
+def call_nodes(captured: Captured, op: str) -> list[str]:
+    return [str(n.target) for n in captured.graph_module.graph.nodes if n.op == op]
+
+
+# --------------------------------------------------------------------------------------------------
+# data-dependent control flow
+
+
+def test_branch_in_submodule_becomes_leaf():
+    model = load("SubmoduleBranch")
+    captured = capture(model, x())
+    record = captured.record
+    assert record.method == SYMBOLIC_TRACE and record.dialect == TORCH
+    assert record.leaves == ["gate"] and record.wrapped == []
+    assert record.ok and len(record.checks) == 1
+    assert "gate" in call_nodes(captured, "call_module")
+    [attempt] = record.attempts
+    assert attempt.action == "made gate a leaf module"
+    assert attempt.location is not None and f"tricky_models.py:{line_of('gate-branch')}" in attempt.location
+    # both branches of the leaf still work: the leaf runs the module's own Python code
+    assert_same_outputs(model, captured, x())
+    assert_same_outputs(model, captured, -100 * torch.ones(2, 8))
+
+
+def test_branch_in_root_forward_is_a_clear_capture_error():
+    model = load("RootBranch")
+    with pytest.raises(CaptureError) as info:
+        capture(model, x())
+    error = info.value
+    assert error.location is not None
+    assert f"tricky_models.py:{line_of('root-branch')}" in error.location
+    assert "if y.sum() > 0" in error.location  # the source line itself
+    assert "data-dependent control flow" in error.message
+    assert error.location in error.message
+    assert "torch.where" in error.hint or "torch.cond" in error.hint
+    assert {a.strategy for a in error.attempts} == {SYMBOLIC_TRACE, EXPORT}
+    assert "\n" not in str(error)  # one line for the CLI
+
+
+def test_capture_error_names_the_line_that_blocked_capture():
+    """The submodule's branch was worked around with a leaf; the root's branch is what stopped capture."""
+    with pytest.raises(CaptureError) as info:
+        capture(load("GateThenRootBranch"), x())
+    assert f"tricky_models.py:{line_of('late-root-branch')}" in info.value.location
+    assert info.value.attempts[0].action == "made gate a leaf module"
+
+
+def test_branch_in_root_with_symbolic_trace_only():
+    with pytest.raises(CaptureError) as info:
+        capture(load("RootBranch"), x(), method="symbolic_trace")
+    assert [a.strategy for a in info.value.attempts] == [SYMBOLIC_TRACE]
+    assert f"tricky_models.py:{line_of('root-branch')}" in info.value.location
+
+
+def test_export_alone_cannot_keep_a_data_dependent_branch_in_a_submodule():
+    with pytest.raises(CaptureError) as info:
+        capture(load("SubmoduleBranch"), x(), method="export")
+    assert f"tricky_models.py:{line_of('gate-branch')}" in info.value.location
+    assert "data-dependent control flow" in info.value.message
+
+
+def test_loop_over_batch_falls_back_to_export():
+    model = load("BatchLoop")
+    captured = capture(model, x())
+    record = captured.record
+    assert record.method == EXPORT and record.dialect == ATEN
+    assert record.attempts[0].strategy == SYMBOLIC_TRACE
+    assert "range(x.size(0))" in record.attempts[0].location
+    assert record.ok
+    assert_same_outputs(model, captured, x())
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_loop_over_batch_with_check_batch_reports_the_baked_batch(batch: int):
+    captured = capture(load("BatchLoop"), x(batch), check_batch=3)
+    first, other = captured.record.checks
+    assert first.ok and first.batch is None
+    assert other.batch == 3 and not other.ok and other.message  # the unrolled loop only fits `batch` rows
+    assert not captured.record.ok
+
+
+def test_shape_arithmetic_traces_and_stays_batch_agnostic():
+    model = load("ShapeArithmetic")
+    captured = capture(model, x(), check_batch=5)
+    assert captured.record.method == SYMBOLIC_TRACE and captured.record.attempts == []
+    assert captured.record.ok and [c.batch for c in captured.record.checks] == [None, 5]
+    assert_same_outputs(model, captured, x(7))
+
+
+def test_len_of_a_tensor():
+    model = load("LenOfTensor")
+    captured = capture(model, x())
+    assert captured.record.method == EXPORT
+    assert "'len' is not supported" in captured.record.attempts[0].error
+    assert "len(x)" in captured.record.attempts[0].location
+    assert captured.record.ok
+    assert_same_outputs(model, captured, x())
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_export_keeps_the_batch_dynamic(batch: int):
+    """A batch-agnostic model captured by torch.export on batch 1 must not be specialised to batch 1."""
+    model = load("TupleOut")
+    captured = capture(model, x(batch), method="export", check_batch=3)
+    assert captured.record.method == EXPORT
+    assert captured.record.ok, captured.record.checks
+    assert_same_outputs(model, captured, x(4))
+
+
+# --------------------------------------------------------------------------------------------------
+# helper functions
+
+
+@pytest.mark.parametrize(
+    "name,helper", [("HelperBranch", "rescale"), ("PrivateHelperBranch", "_private_shift")], ids=["public", "private"]
+)
+def test_branching_helper_function_is_wrapped(name: str, helper: str):
+    model = load(name)
+    captured = capture(model, x())
+    record = captured.record
+    assert record.method == SYMBOLIC_TRACE
+    assert record.wrapped == [f"{USER_MODULE}.{helper}"] and record.leaves == []
+    assert record.attempts[0].action == f"wrapped {USER_MODULE}.{helper} as one call"
+    assert record.ok
+    wrapped = [n for n in captured.graph_module.graph.nodes if n.op == "call_function" and n.target.__name__ == helper]
+    assert len(wrapped) == 1
+    assert_same_outputs(model, captured, x())
+    assert_same_outputs(model, captured, 0.001 * x())  # the other branch
+    # the helper is restored in the user's module after capture
+    module_globals = type(model).forward.__globals__
+    assert module_globals[helper].__module__ == USER_MODULE and not hasattr(module_globals[helper], "__wrapped__")
+
+
+def test_user_given_autowrap_function():
+    model = load("HelperBranch")
+    helper = type(model).forward.__globals__["rescale"]
+    captured = capture(model, x(), autowrap_functions=[helper])
+    assert captured.record.attempts == []  # nothing failed: the helper was wrapped from the start
+    assert captured.record.wrapped == [f"{USER_MODULE}.rescale"]
+    assert captured.record.ok
+
+
+# --------------------------------------------------------------------------------------------------
+# structured inputs and outputs
+
+
+def test_dict_input_and_dict_tuple_output():
+    model = load("DictIO")
+    inputs = {"a": torch.randn(2, 8), "b": torch.randn(2, 6)}
+    captured = capture(model, (inputs,))
+    assert captured.record.method == SYMBOLIC_TRACE and captured.record.ok
+    with torch.no_grad():
+        out = captured.graph_module(inputs)
+    assert set(out) == {"sum", "parts"} and isinstance(out["parts"], tuple) and len(out["parts"]) == 2
+    assert_same_outputs(model, captured, inputs)
+
+
+def test_dict_input_with_export():
+    model = load("DictIO")
+    inputs = {"a": torch.randn(1, 8), "b": torch.randn(1, 6)}
+    captured = capture(model, (inputs,), method="export", check_batch=2)
+    assert captured.record.method == EXPORT and captured.record.ok, captured.record.checks
+    assert_same_outputs(model, captured, inputs)
+
+
+def test_tuple_output():
+    model = load("TupleOut")
+    captured = capture(model, x())
+    assert captured.record.method == SYMBOLIC_TRACE and captured.record.ok
+    assert_same_outputs(model, captured, x())
+
+
+@pytest.mark.parametrize("method", ["auto", "export"])
+def test_keyword_inputs(method: str):
+    model = load("KwargsModel")
+    mask = torch.rand(2, 8, generator=torch.Generator().manual_seed(0)) > 0.5
+    kwargs = {"mask": mask}
+    captured = capture(model, x(), example_kwargs=kwargs, method=method, check_batch=3)
+    assert captured.record.method == (SYMBOLIC_TRACE if method == "auto" else EXPORT)
+    assert captured.record.ok, captured.record.checks  # the mask is resized to batch 3 with x
+    assert [c.batch for c in captured.record.checks] == [None, 3]
+    assert captured.example_kwargs == kwargs
+    assert_same_outputs(model, captured, x(), mask=mask)
+    with torch.no_grad():
+        out = captured.graph_module(x(), mask=mask)
+    assert (out[mask] == 0).all()
+
+
+def test_keyword_inputs_map_onto_placeholders():
+    model = load("KwargsModel")
+    mask = torch.zeros(2, 8, dtype=torch.bool)
+    captured = capture(model, x(), example_kwargs={"mask": mask})
+    values = captured.flat_inputs()
+    assert values[0] is captured.example_inputs[0] and values[1] is mask
+    assert values[2] == 1.0  # `scale` takes its default
+    with pytest.raises(InputSpecError):
+        captured.flat_inputs(args=(), kwargs={})  # no value for x
+
+
+# --------------------------------------------------------------------------------------------------
+# reuse, in-place ops and state
+
+
+@pytest.mark.parametrize("method", ["auto", "export"])
+def test_submodule_used_twice(method: str):
+    from fxforge.inspect import inspect_graph
+
+    model = load("SharedBlock")
+    captured = capture(model, x(), method=method)
+    assert captured.record.ok
+    if method == "auto":
+        assert call_nodes(captured, "call_module").count("block.lin") == 2
+    report = inspect_graph(captured)
+    assert report.totals["params"] == sum(p.numel() for p in model.parameters()) == 8 * 8 + 8 + 8 * 2 + 2
+    block = next(m for m in report.modules if m.path == "block")
+    assert block.params == 72 and block.flops == 2 * 2 * (2 * 8 * 8)  # two calls of an 8x8 linear on 2 rows
+    assert_same_outputs(model, captured, x())
+
+
+def test_in_place_ops():
+    model = load("InPlace")
+    captured = capture(model, x())
+    assert captured.record.method == SYMBOLIC_TRACE and captured.record.ok
+    assert {"relu_", "mul_", "clamp_"} <= set(call_nodes(captured, "call_method"))
+    assert_same_outputs(model, captured, x())
+
+
+def test_model_writing_into_its_input():
+    """Each run (eager reference, captured graph) gets its own copy of the inputs, so the check compares
+    like with like, and the caller's inputs are left alone."""
+    model = load("InputMutation")
+    inputs = torch.ones(2, 8)
+    captured = capture(model, inputs, check_batch=3)
+    assert captured.record.method == SYMBOLIC_TRACE
+    assert captured.record.ok, captured.record.checks
+    assert torch.equal(inputs, torch.ones(2, 8))
+    assert_same_outputs(model, captured, torch.ones(2, 8))
+
+
+@pytest.mark.parametrize("method", ["auto", "export"])
+def test_buffer_mutated_in_forward(method: str):
+    model = load("CallCounter")
+    captured = capture(model, x(), method=method, check_batch=3)
+    assert captured.record.ok, captured.record.checks
+    # neither tracing nor checking changed the model's state
+    assert model.calls.item() == 0
+    # the graph keeps the write: each call increments the counter, as the model does
+    with torch.no_grad():
+        first = captured.graph_module(x())
+        second = captured.graph_module(x())
+    assert torch.allclose(second, 2 * first)
+    with torch.no_grad():
+        model.calls.zero_()
+        expected = model(x())
+    assert torch.allclose(first, expected)
+
+
+def test_nan_in_a_buffer_is_not_a_write():
+    model = load("NaNBuffer")
+    captured = capture(model, x())
+    assert captured.record.method == SYMBOLIC_TRACE and captured.record.attempts == []
+    assert captured.record.ok
+    assert_same_outputs(model, captured, x())
+
+
+def test_custom_autograd_function():
+    model = load("CustomFunction")
+    captured = capture(model, x())
+    assert captured.record.method == SYMBOLIC_TRACE and captured.record.ok
+    assert_same_outputs(model, captured, x())
+
+
+def test_user_leaf_module_by_name():
+    model = load("TwoBlocks")
+    captured = capture(model, x(), leaf_modules=["first"])
+    modules = call_nodes(captured, "call_module")
+    assert "first" in modules and "second" not in modules and "second.lin" in modules
+    assert captured.record.leaves == []  # only automatic leaves are recorded
+    assert captured.record.ok
+    assert_same_outputs(model, captured, x())
+
+
+def test_user_leaf_module_by_type():
+    model = load("TwoBlocks")
+    captured = capture(model, x(), leaf_modules=[type(model.first)])
+    modules = call_nodes(captured, "call_module")
+    assert {"first", "second", "head"} == set(modules)
+    assert captured.record.ok
+    assert_same_outputs(model, captured, x())
+
+
+def test_user_leaf_skips_the_automatic_search():
+    model = load("SubmoduleBranch")
+    captured = capture(model, x(), leaf_modules=["gate"])
+    assert captured.record.attempts == [] and captured.record.leaves == []
+    assert "gate" in call_nodes(captured, "call_module")
+
+
+def test_unknown_method_is_refused():
+    with pytest.raises(CaptureError, match="unknown capture method"):
+        capture(load("TupleOut"), x(), method="jit")
+
+
+def test_inputs_the_model_rejects_are_an_input_error():
+    with pytest.raises(InputSpecError, match="rejected the example inputs"):
+        capture(load("TupleOut"), torch.randn(2, 5))
+
+
+def test_capture_leaves_parameters_shared_and_unchanged():
+    model = load("SubmoduleBranch")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    captured = capture(model, x())
+    assert captured.graph_module.lin.weight is model.lin.weight
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert captured.record.to_dict()["leaves"] == ["gate"]
+
+
+def test_loaded_graph_module_is_not_captured_again():
+    model = load("TupleOut")
+    captured = capture(model, x())
+    again = capture(captured.graph_module, x())
+    assert again.record.method == LOADED and again.record.dialect == TORCH and again.record.ok
+
+
+# --------------------------------------------------------------------------------------------------
+# real models: transformers, timm, meta device
+
+BERT_CONFIG = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=2, intermediate_size=128, vocab_size=100)
+
+
+@pytest.fixture(scope="module")
+def bert():
+    pytest.importorskip("transformers")
+    return load_model("transformers:BertModel", model_kwargs=BERT_CONFIG)
+
+
+@pytest.mark.slow  # importing transformers alone takes ~9 s
+def test_bert_falls_back_to_export(bert):
+    assert bert.default_inputs == [InputSpec((1, 16), torch.int64)]
+    inputs = make_inputs(bert.default_inputs)
+    with pytest.raises(Exception):  # noqa: B017 - plain symbolic tracing cannot trace BERT
+        torch.fx.symbolic_trace(bert.module)
+    captured = capture(bert, inputs, check_batch=3)
+    record = captured.record
+    assert record.method == EXPORT and record.dialect == ATEN
+    assert record.attempts and record.attempts[0].strategy == SYMBOLIC_TRACE
+    assert record.ok, record.checks  # batch 3 too: torch.export must not specialise the batch of 1
+    assert_same_outputs(bert.module, captured, *inputs)
+    assert_same_outputs(bert.module, captured, *make_inputs(bert.default_inputs, seed=1, batch=2))
+
+
+@pytest.mark.parametrize(
+    "name,size,needs_leaves",
+    [("resnet18", 64, False), ("vit_tiny_patch16_224", 224, False), ("mobilevit_xxs", 256, True)],
+)
+def test_timm_model(name: str, size: int, needs_leaves: bool):
+    pytest.importorskip("timm")
+    loaded = load_model(f"timm:{name}")
+    inputs = make_inputs([InputSpec((1, 3, size, size))])
+    captured = capture(loaded, inputs, check_batch=2)
+    assert captured.record.method == SYMBOLIC_TRACE and captured.record.ok, captured.record.checks
+    # MobileViT's blocks compute patch counts with Python arithmetic on shapes: fxforge makes them leaves
+    assert bool(captured.record.leaves) == needs_leaves
+    assert_same_outputs(loaded.module, captured, *inputs)
+
+
+def test_meta_device_model_captures_without_check():
+    pytest.importorskip("torchvision")
+    loaded = load_model("torchvision:resnet18", device="meta")
+    inputs = make_inputs(loaded.default_inputs, device="meta")
+    captured = capture(loaded, inputs, check_batch=2)
+    assert captured.record.method == SYMBOLIC_TRACE
+    assert captured.record.checks == []
+    assert any("meta device" in note for note in captured.record.notes)
+    assert all(p.device.type == "meta" for p in captured.graph_module.parameters())

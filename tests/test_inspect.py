@@ -1,0 +1,257 @@
+"""inspect_graph: node fields, FLOPs checked by hand, module summaries, meta device, both dialects."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from fxforge.capture import capture
+from fxforge.errors import InputSpecError
+from fxforge.graphs import ATEN, TORCH
+from fxforge.inputs import InputSpec, make_inputs
+from fxforge.inspect import InspectReport, NodeInfo, inspect_graph
+from fxforge.models import load_model
+
+TRICKY = Path(__file__).parent / "tricky_models.py"
+
+
+@pytest.fixture(autouse=True)
+def _fixed_seed() -> None:
+    torch.manual_seed(0)  # every test draws the same random tensors, run alone or in any order
+
+
+def conv_flops(c_in: int, c_out: int, kernel: int, h_out: int, w_out: int, batch: int = 1) -> int:
+    """2 FLOPs per multiply-add: every output element sums c_in * k * k products."""
+    return 2 * batch * c_out * h_out * w_out * c_in * kernel * kernel
+
+
+def node(report: InspectReport, name: str) -> NodeInfo:
+    return next(n for n in report.nodes if n.name == name)
+
+
+@pytest.fixture(scope="module")
+def demo_report() -> InspectReport:
+    loaded = load_model("demo")
+    return inspect_graph(capture(loaded, make_inputs(loaded.default_inputs)))
+
+
+@pytest.fixture(scope="module")
+def resnet18():
+    pytest.importorskip("torchvision")
+    loaded = load_model("torchvision:resnet18")
+    return loaded, make_inputs(loaded.default_inputs)
+
+
+@pytest.fixture(scope="module")
+def resnet18_report(resnet18) -> InspectReport:
+    loaded, inputs = resnet18
+    return inspect_graph(capture(loaded, inputs, check=False), depth=2)
+
+
+# --------------------------------------------------------------------------------------------------
+# demo
+
+
+def test_demo_node_fields(demo_report: InspectReport):
+    assert demo_report.dialect == TORCH
+    assert demo_report.nodes[0].op == "placeholder" and demo_report.nodes[-1].op == "output"
+    x = node(demo_report, "x")
+    assert x.shape == [1, 3, 32, 32] and x.dtype == "float32" and x.activation_bytes == 3 * 32 * 32 * 4
+    conv1 = node(demo_report, "conv1")
+    assert (conv1.op, conv1.target, conv1.module) == ("call_module", "conv1", "conv1")
+    assert conv1.shape == [1, 16, 32, 32] and conv1.dtype == "float32"
+    assert conv1.params == 16 * 3 * 3 * 3  # no bias
+    assert conv1.flops == conv_flops(3, 16, 3, 32, 32) == 884_736
+    assert conv1.activation_bytes == 16 * 32 * 32 * 4
+    fc = node(demo_report, "fc")
+    assert fc.params == 32 * 10 + 10 and fc.flops == 2 * 32 * 10 and fc.shape == [1, 10]
+    relu = next(n for n in demo_report.nodes if n.target == "torch.relu")
+    assert relu.op == "call_function" and relu.flops == 0 and relu.params == 0
+    output = demo_report.nodes[-1]
+    assert output.shape == [1, 10] and output.activation_bytes == 0
+
+
+def test_demo_totals(demo_report: InspectReport):
+    totals = demo_report.totals
+    assert totals["params"] == sum(p.numel() for p in load_model("demo").module.parameters()) == 5_498
+    assert totals["param_bytes"] == 4 * 5_498
+    assert totals["nodes"] == len(demo_report.nodes)
+    assert totals["flops"] == sum(n.flops for n in demo_report.nodes)
+    assert totals["macs"] == totals["flops"] // 2
+    assert totals["flops"] == conv_flops(3, 16, 3, 32, 32) + conv_flops(16, 32, 3, 32, 32) + 2 * 32 * 10
+    assert demo_report.input_shapes == [[1, 3, 32, 32]]
+    assert "def forward" in demo_report.code
+    assert demo_report.capture["method"] == "symbolic_trace"
+
+
+def test_report_is_json_serialisable(demo_report: InspectReport):
+    data = json.loads(json.dumps(demo_report.to_dict()))
+    assert data["totals"]["params"] == 5_498
+    assert {"name", "op", "target", "module", "shape", "dtype", "params", "flops", "activation_bytes"} <= set(
+        data["nodes"][1]
+    )
+
+
+def test_include_code_and_other_inputs():
+    loaded = load_model("demo")
+    captured = capture(loaded, make_inputs(loaded.default_inputs))
+    report = inspect_graph(captured, include_code=False, inputs=[torch.randn(4, 3, 16, 16)])
+    assert report.code == ""
+    assert report.input_shapes == [[4, 3, 16, 16]]
+    assert node(report, "conv1").flops == conv_flops(3, 16, 3, 16, 16, batch=4)
+
+
+# --------------------------------------------------------------------------------------------------
+# resnet18
+
+
+def test_resnet18_conv_flops_by_hand(resnet18_report: InspectReport):
+    conv1 = node(resnet18_report, "conv1")  # 7x7 stride 2: 224 -> 112
+    assert conv1.shape == [1, 64, 112, 112]
+    assert conv1.flops == conv_flops(3, 64, 7, 112, 112) == 236_027_904
+    assert conv1.params == 64 * 3 * 7 * 7
+    downsample = node(resnet18_report, "layer2_0_downsample_0")  # 1x1 stride 2: 56 -> 28
+    assert downsample.flops == conv_flops(64, 128, 1, 28, 28)
+    fc = node(resnet18_report, "fc")
+    assert fc.flops == 2 * 512 * 1000 and fc.params == 512 * 1000 + 1000
+
+
+def test_resnet18_totals(resnet18_report: InspectReport):
+    assert resnet18_report.totals["params"] == 11_689_512
+    assert abs(resnet18_report.totals["macs"] - 1.814e9) / 1.814e9 < 0.01
+
+
+def test_module_summary(resnet18, resnet18_report: InspectReport):
+    model = resnet18[0].module
+    modules = {m.path: m for m in resnet18_report.modules}
+    assert {"conv1", "layer1", "layer1.0", "layer4.1", "fc"} <= set(modules)
+    assert all(m.depth <= 2 and m.depth == m.path.count(".") + 1 for m in modules.values())
+    layer1 = modules["layer1"]
+    assert layer1.type == "Sequential" and layer1.depth == 1
+    assert layer1.params == sum(p.numel() for p in model.layer1.parameters())
+    assert layer1.nodes == 14  # 2 blocks of conv, bn, relu, conv, bn, add, relu
+    assert modules["layer1.0"].flops == sum(n.flops for n in resnet18_report.nodes if n.module.startswith("layer1.0."))
+    top = [m for m in resnet18_report.modules if m.depth == 1]
+    assert sum(m.params for m in top) == 11_689_512
+    assert sum(m.flops for m in top) == resnet18_report.totals["flops"]
+
+
+@pytest.mark.parametrize("depth", [0, 1, 2, 4, 5])
+def test_module_summary_depth_limit(resnet18, depth: int):
+    loaded, inputs = resnet18
+    report = inspect_graph(capture(loaded, inputs, check=False), depth=depth, include_code=False)
+    depths = {m.depth for m in report.modules}
+    assert depths == set(range(1, min(depth, 4) + 1))  # resnet18's deepest path: layer2.0.downsample.0
+    assert report.totals["params"] == 11_689_512  # totals do not depend on the depth
+
+
+def test_meta_device_model():
+    pytest.importorskip("torchvision")
+    loaded = load_model("torchvision:resnet18", device="meta")
+    captured = capture(loaded, make_inputs(loaded.default_inputs, device="meta"))
+    report = inspect_graph(captured)
+    assert report.totals["params"] == 11_689_512
+    assert abs(report.totals["macs"] - 1.814e9) / 1.814e9 < 0.01
+    assert node(report, "conv1").shape == [1, 64, 112, 112] and node(report, "conv1").flops == 236_027_904
+    assert any("meta" in note for note in report.capture["notes"])
+
+
+def test_aten_dialect_totals_equal_torch_dialect(resnet18, resnet18_report: InspectReport):
+    loaded, inputs = resnet18
+    exported = capture(loaded, inputs, method="export", check=False)
+    assert exported.dialect == ATEN
+    report = inspect_graph(exported, depth=2)
+    assert report.dialect == ATEN and report.capture["method"] == "torch.export"
+    for key in ("params", "param_bytes", "flops", "macs"):
+        assert report.totals[key] == resnet18_report.totals[key], key
+    conv = next(n for n in report.nodes if n.target == "aten.conv2d.default")
+    assert conv.module == "conv1" and conv.flops == 236_027_904 and conv.shape == [1, 64, 112, 112]
+    weight = next(n for n in report.nodes if n.op == "get_attr" and n.target == "conv1.weight")
+    assert weight.params == 64 * 3 * 7 * 7
+    modules = {m.path: m for m in report.modules}
+    torch_modules = {m.path: m for m in resnet18_report.modules}
+    for path in ("conv1", "layer1", "layer2.0", "fc"):
+        assert modules[path].params == torch_modules[path].params
+        assert modules[path].flops == torch_modules[path].flops
+        assert modules[path].nodes == torch_modules[path].nodes  # one ATen op per module call here
+
+
+@pytest.mark.parametrize("method", ["auto", "export"])
+def test_wrong_input_shape_is_an_input_error(resnet18, method: str):
+    loaded, inputs = resnet18
+    captured = capture(loaded, inputs, method=method, check=False)
+    with pytest.raises(InputSpecError) as info:
+        inspect_graph(captured, inputs=[torch.randn(1, 4, 64, 64)])
+    message = str(info.value)
+    assert "\n" not in message and "Traceback" not in message
+    assert "the graph failed at node" in info.value.message
+    assert info.value.hint and "--input" in info.value.hint
+
+
+def test_missing_input_is_an_input_error():
+    loaded = load_model("demo")
+    captured = capture(loaded, make_inputs(loaded.default_inputs))
+    with pytest.raises(InputSpecError, match="needs an input for 'x'"):
+        inspect_graph(captured, inputs=[])
+
+
+# --------------------------------------------------------------------------------------------------
+# state
+
+
+@pytest.mark.parametrize("method", ["auto", "export"])
+def test_inspect_changes_neither_buffers_nor_inputs(method: str):
+    model = load_model(f"{TRICKY}:CallCounter").module
+    inputs = torch.ones(2, 8)
+    captured = capture(model, inputs, method=method)
+    report = inspect_graph(captured)
+    inspect_graph(captured)
+    assert model.calls.item() == 0
+    assert torch.equal(inputs, torch.ones(2, 8))
+    assert report.totals["params"] == 72
+
+
+def test_inspect_does_not_change_an_input_written_in_place():
+    model = load_model(f"{TRICKY}:InputMutation").module
+    inputs = torch.ones(2, 8)
+    captured = capture(model, inputs)
+    inspect_graph(captured)
+    assert torch.equal(inputs, torch.ones(2, 8))
+
+
+# --------------------------------------------------------------------------------------------------
+# attention: counted on the CPU as on meta
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_attention_flops(device: str):
+    model = load_model(f"{TRICKY}:Attention", device=device).module
+    q, k, v = make_inputs(
+        [InputSpec((1, 2, 10, 16)), InputSpec((1, 2, 12, 16)), InputSpec((1, 2, 12, 16))], device=device
+    )
+    report = inspect_graph(capture(model, (q, k, v)))
+    # q @ k^T: 2 * 2 heads * 10 * 12 * 16; weights @ v: the same
+    assert report.totals["flops"] == 2 * (2 * 2 * 10 * 12 * 16)
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_multihead_attention_flops(device: str):
+    model = load_model(f"{TRICKY}:MultiheadSelfAttention", device=device).module
+    inputs = make_inputs([InputSpec((1, 10, 32))], device=device)
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    report = inspect_graph(capture(model, inputs))
+    in_projection = 2 * 10 * 32 * (3 * 32)
+    attention = 2 * (2 * 10 * 10 * 32)  # summed over the 4 heads of width 8
+    out_projection = 2 * 10 * 32 * 32
+    assert report.totals["flops"] == in_projection + attention + out_projection
+    assert torch.backends.mha.get_fastpath_enabled() == fastpath  # restored
+
+
+def test_vit_flops_on_cpu_match_published_figure():
+    pytest.importorskip("torchvision")
+    loaded = load_model("torchvision:vit_b_32")
+    report = inspect_graph(capture(loaded, make_inputs(loaded.default_inputs), check=False), include_code=False)
+    assert abs(report.totals["macs"] / 1e9 - 4.409) <= 0.0005  # torchvision's published GFLOPS (MACs)

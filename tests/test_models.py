@@ -1,0 +1,529 @@
+"""load_model: every spec form, its errors, seeding and RNG hygiene; and input spec parsing."""
+
+from __future__ import annotations
+
+import random
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from fxforge.capture import LOADED, capture
+from fxforge.demo import DemoConvNet, DemoMLP
+from fxforge.errors import EXIT_USAGE, InputSpecError, MissingExtraError, ModelSpecError
+from fxforge.graphs import ATEN
+from fxforge.inputs import INT_HIGH, InputSpec, make_inputs, parse_input_spec, specs_of
+from fxforge.models import LoadedModel, load_model
+
+FACTORIES = """
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self, width: int = 8) -> None:
+        super().__init__()
+        self.lin = nn.Linear(width, 4)
+
+    def forward(self, x):
+        return self.lin(x)
+
+
+def make_net(width: int = 8):
+    return Net(width)
+
+
+def needs_width(width):
+    return Net(width)
+
+
+def returns_int():
+    return 3
+
+
+instance = Net()
+not_a_model = 42
+example_inputs = ["3x8", "2x5:int64"]
+"""
+
+
+@pytest.fixture(autouse=True)
+def _fixed_seed() -> None:
+    torch.manual_seed(0)  # every test draws the same random tensors, run alone or in any order
+
+
+@pytest.fixture
+def factories(tmp_path: Path) -> Path:
+    path = tmp_path / "factories.py"
+    path.write_text(FACTORIES)
+    return path
+
+
+def weights(loaded: LoadedModel) -> list[torch.Tensor]:
+    return list(loaded.module.state_dict().values())
+
+
+def same_weights(a: LoadedModel, b: LoadedModel) -> bool:
+    return all(torch.equal(p, q) for p, q in zip(weights(a), weights(b), strict=True))
+
+
+def assert_one_line(error: BaseException) -> None:
+    assert "\n" not in str(error) and "Traceback" not in str(error)
+
+
+# --------------------------------------------------------------------------------------------------
+# built-in and library models
+
+
+def test_demo_default_is_the_convnet():
+    loaded = load_model("demo")
+    assert isinstance(loaded.module, DemoConvNet) and loaded.spec == "demo"
+    assert loaded.default_inputs == [InputSpec((1, 3, 32, 32))]
+    assert not loaded.module.training and loaded.exported_program is None
+
+
+def test_demo_mlp():
+    loaded = load_model("demo:mlp")
+    assert isinstance(loaded.module, DemoMLP)
+    assert loaded.default_inputs == [InputSpec((1, 64))]
+    assert load_model("demo:mlp", model_kwargs={"hidden": 16}).module.layers[0].out_features == 16
+
+
+def test_unknown_demo():
+    with pytest.raises(ModelSpecError, match="unknown demo model 'nope'") as info:
+        load_model("demo:nope")
+    assert "convnet" in info.value.hint
+
+
+def test_train_mode_and_module_spec():
+    assert load_model("demo", train=True).module.training
+    module = DemoMLP().train()
+    loaded = load_model(module)
+    assert loaded.module is module and not module.training and loaded.spec == "DemoMLP"
+    assert load_model(module, train=True).module.training
+    exported = torch.export.export(DemoMLP().eval(), (torch.randn(1, 64),)).module()
+    assert load_model(exported).module is exported  # exported modules refuse .eval(); no error
+
+
+def test_torchvision_model():
+    pytest.importorskip("torchvision")
+    loaded = load_model("torchvision:resnet18")
+    assert type(loaded.module).__name__ == "ResNet" and not loaded.module.training
+    assert loaded.default_inputs == [InputSpec((1, 3, 224, 224))]
+    assert sum(p.numel() for p in loaded.module.parameters()) == 11_689_512
+    assert load_model("torchvision:inception_v3", device="meta").default_inputs == [InputSpec((1, 3, 299, 299))]
+
+
+def test_torchvision_model_kwargs():
+    pytest.importorskip("torchvision")
+    loaded = load_model("torchvision:resnet18", model_kwargs={"num_classes": 7}, device="meta")
+    assert loaded.module.fc.out_features == 7
+    with pytest.raises(ModelSpecError, match="rejected"):
+        load_model("torchvision:resnet18", model_kwargs={"no_such_argument": 1}, device="meta")
+
+
+def test_unknown_torchvision_model():
+    pytest.importorskip("torchvision")
+    with pytest.raises(ModelSpecError, match="torchvision has no model named 'resnet1800'") as info:
+        load_model("torchvision:resnet1800")
+    assert_one_line(info.value)
+
+
+def test_torchvision_never_downloads_weights(monkeypatch):
+    """Detection models default to ImageNet backbone weights; fxforge must not fetch them."""
+    torchvision = pytest.importorskip("torchvision")
+
+    def no_download(*args, **kwargs):
+        raise AssertionError("load_model tried to download weights")
+
+    monkeypatch.setattr(torchvision.models.WeightsEnum, "get_state_dict", no_download)
+    loaded = load_model("torchvision:fasterrcnn_mobilenet_v3_large_320_fpn", device="meta")
+    assert type(loaded.module).__name__ == "FasterRCNN"
+    assert loaded.default_inputs == []  # not a classification model: no default input
+    load_model("torchvision:resnet18", device="meta")
+
+
+def test_timm_model():
+    pytest.importorskip("timm")
+    loaded = load_model("timm:resnet18")
+    assert type(loaded.module).__name__ == "ResNet" and not loaded.module.training
+    assert loaded.default_inputs == [InputSpec((1, 3, 224, 224))]
+    with pytest.raises(ModelSpecError, match="timm has no model named 'no_such_net'"):
+        load_model("timm:no_such_net")
+
+
+@pytest.mark.slow  # importing transformers takes ~9 s
+def test_transformers_model():
+    pytest.importorskip("transformers")
+    config = dict(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, intermediate_size=64, vocab_size=50)
+    loaded = load_model("transformers:BertModel", model_kwargs=config)
+    assert type(loaded.module).__name__ == "BertModel" and not loaded.module.training
+    assert loaded.module.config.hidden_size == 32
+    assert loaded.default_inputs == [InputSpec((1, 16), torch.int64)]
+    with torch.no_grad():
+        loaded.module(*make_inputs(loaded.default_inputs))  # token ids fit the vocabulary
+    with pytest.raises(ModelSpecError, match="no model class named 'NoSuchModel'"):
+        load_model("transformers:NoSuchModel")
+    with pytest.raises(ModelSpecError, match="no model class named 'BertConfig'"):
+        load_model("transformers:BertConfig")  # a class, but not a model
+
+
+# --------------------------------------------------------------------------------------------------
+# user files and packages
+
+
+@pytest.mark.parametrize("attr", ["Net", "make_net", "instance"], ids=["class", "function", "instance"])
+def test_file_factory(factories: Path, attr: str):
+    loaded = load_model(f"{factories}:{attr}")
+    assert type(loaded.module).__name__ == "Net" and not loaded.module.training
+    assert loaded.default_inputs == [InputSpec((3, 8)), InputSpec((2, 5), torch.int64)]  # the file's example_inputs
+
+
+def test_file_factory_kwargs(factories: Path):
+    assert load_model(f"{factories}:make_net", model_kwargs={"width": 5}).module.lin.in_features == 5
+    assert load_model(f"{factories}:needs_width", model_kwargs={"width": 6}).module.lin.in_features == 6
+
+
+def test_file_example_inputs_as_tensors_or_function(tmp_path: Path):
+    (tmp_path / "tensors.py").write_text(
+        "import torch\nmodel = torch.nn.Linear(4, 2)\nexample_inputs = [torch.zeros(2, 4)]\n"
+    )
+    (tmp_path / "function.py").write_text(
+        "import torch\nmodel = torch.nn.Linear(4, 2)\ndef example_inputs():\n    return '5x4'\n"
+    )
+    assert load_model(f"{tmp_path / 'tensors.py'}:model").default_inputs == [InputSpec((2, 4))]
+    assert load_model(f"{tmp_path / 'function.py'}:model").default_inputs == [InputSpec((5, 4))]
+
+
+@pytest.mark.parametrize(
+    "attr,needle",
+    [
+        ("not_a_model", "not_a_model is a int, not a model, class or factory"),
+        ("returns_int", "returns_int() returned a int, not an nn.Module"),
+        ("needs_width", "cannot be called without arguments"),
+        ("missing", "has no attribute 'missing'"),
+    ],
+)
+def test_file_factory_errors(factories: Path, attr: str, needle: str):
+    with pytest.raises(ModelSpecError) as info:
+        load_model(f"{factories}:{attr}")
+    assert needle in info.value.message
+    assert_one_line(info.value)
+
+
+def test_file_errors(tmp_path: Path, factories: Path):
+    (tmp_path / "broken.py").write_text("raise RuntimeError('boom on import')\n")
+    (tmp_path / "syntax.py").write_text("x = 1\ndef f(:\n")
+    cases = {
+        f"{tmp_path / 'missing.py'}:f": "file not found",
+        f"{tmp_path / 'broken.py'}:f": "RuntimeError: boom on import",
+        f"{tmp_path / 'syntax.py'}:f": "syntax.py:2: syntax error",
+        str(factories): "names a Python file but no factory",
+    }
+    for spec, needle in cases.items():
+        with pytest.raises(ModelSpecError) as info:
+            load_model(spec)
+        assert needle in info.value.message, spec
+        assert_one_line(info.value)
+
+
+def test_file_model_code_is_importable_for_pickling(factories: Path):
+    loaded = load_model(f"{factories}:Net")
+    module = sys.modules[type(loaded.module).__module__]
+    assert module.__file__ == str(factories)
+    assert str(factories.parent) not in sys.path  # the file's directory is not left on sys.path
+
+
+def test_package_module_attribute():
+    loaded = load_model("fxforge.demo:DemoMLP")
+    assert isinstance(loaded.module, DemoMLP) and loaded.default_inputs == []
+    assert isinstance(load_model("torch.nn:Identity").module, nn.Identity)
+    with pytest.raises(ModelSpecError, match=r"cannot import 'no_such_package\.models'"):
+        load_model("no_such_package.models:Net")
+    with pytest.raises(ModelSpecError, match="has no attribute 'NoSuchClass'"):
+        load_model("fxforge.demo:NoSuchClass")
+
+
+# --------------------------------------------------------------------------------------------------
+# saved models
+
+
+def test_saved_whole_module(tmp_path: Path):
+    path = tmp_path / "model.pt"
+    original = load_model("demo")
+    torch.save(original.module, path)
+    loaded = load_model(str(path))
+    assert isinstance(loaded.module, DemoConvNet) and not loaded.module.training
+    assert same_weights(loaded, original)
+
+
+def test_saved_state_dict_is_a_clear_error(tmp_path: Path):
+    path = tmp_path / "weights.pt"
+    torch.save(DemoMLP().state_dict(), path)
+    with pytest.raises(ModelSpecError, match="holds a state_dict, not a module") as info:
+        load_model(str(path))
+    assert "file.py:factory" in info.value.hint
+    assert_one_line(info.value)
+
+
+def test_saved_other_object(tmp_path: Path):
+    path = tmp_path / "list.pth"
+    torch.save([1, 2, 3], path)
+    with pytest.raises(ModelSpecError, match=r"holds a list, not an nn\.Module"):
+        load_model(str(path))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_corrupt_file(tmp_path: Path, seed: int):
+    """Random bytes make torch.load raise many different exception types; each must become one clear line."""
+    rng = random.Random(seed)
+    path = tmp_path / "model.pt"
+    path.write_bytes(bytes(rng.getrandbits(8) for _ in range(rng.choice([1, 7, 100, 3000]))))
+    with pytest.raises(ModelSpecError) as info:
+        load_model(str(path))
+    assert_one_line(info.value)
+    assert info.value.exit_code == EXIT_USAGE
+
+
+@pytest.mark.parametrize("seed", [35, 71, 75])
+def test_corrupt_file_odd_errors(tmp_path: Path, seed: int):
+    """These byte strings made torch.load raise UnicodeDecodeError, ValueError and OverflowError."""
+    rng = random.Random(seed)
+    n = rng.choice([1, 2, 10, 100, 1000, 5000])
+    path = tmp_path / "model.pt"
+    path.write_bytes(bytes(rng.getrandbits(8) for _ in range(n)))
+    with pytest.raises(ModelSpecError, match="cannot read"):
+        load_model(str(path))
+
+
+def test_truncated_checkpoint(tmp_path: Path):
+    path = tmp_path / "model.pt"
+    torch.save(DemoConvNet(), path)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelSpecError, match="cannot read") as info:
+        load_model(str(path))
+    assert "corrupt" in info.value.hint
+
+
+def test_pickled_module_whose_code_is_gone(tmp_path: Path):
+    code = tmp_path / "gone_model_code.py"
+    code.write_text("import torch\nclass Gone(torch.nn.Module):\n    def forward(self, x):\n        return x\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import gone_model_code
+
+        torch.save(gone_model_code.Gone(), tmp_path / "gone.pt")
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("gone_model_code", None)
+    code.unlink()
+    with pytest.raises(ModelSpecError, match="cannot read") as info:
+        load_model(str(tmp_path / "gone.pt"))
+    assert "importable" in info.value.hint
+
+
+def test_exported_program(tmp_path: Path):
+    path = tmp_path / "mlp.pt2"
+    module = DemoMLP().eval()
+    example = (torch.randn(2, 64),)
+    torch.export.save(torch.export.export(module, example), path)
+    loaded = load_model(str(path))
+    assert loaded.exported_program is not None
+    assert loaded.default_inputs == [InputSpec((2, 64))]
+    captured = capture(loaded, example)
+    assert captured.record.method == LOADED and captured.record.dialect == ATEN
+    assert captured.record.ok
+    with torch.no_grad():
+        assert torch.allclose(captured.graph_module(*example), module(*example))
+
+
+def test_corrupt_exported_program(tmp_path: Path):
+    path = tmp_path / "model.pt2"
+    path.write_bytes(b"not a zip archive" * 20)
+    with pytest.raises(ModelSpecError, match="cannot read exported program") as info:
+        load_model(str(path))
+    assert_one_line(info.value)
+
+
+@pytest.mark.parametrize("name", ["missing.pt", "missing.pt2", "missing.pth"])
+def test_missing_saved_file(tmp_path: Path, name: str):
+    with pytest.raises(ModelSpecError, match="file not found"):
+        load_model(str(tmp_path / name))
+
+
+def test_directory_without_model(tmp_path: Path):
+    with pytest.raises(ModelSpecError, match=r"has no model\.pt"):
+        load_model(str(tmp_path))
+
+
+@pytest.mark.parametrize("spec", ["", "   ", "bad spec", "foo:", ":bar", "torchvision:", "model.onnx"])
+def test_bad_spec(spec: str):
+    with pytest.raises(ModelSpecError) as info:
+        load_model(spec)
+    assert info.value.hint and "demo" in info.value.hint
+    assert_one_line(info.value)
+
+
+# --------------------------------------------------------------------------------------------------
+# seeds, RNG hygiene, meta device
+
+
+def test_same_seed_same_weights_other_seed_other_weights():
+    assert same_weights(load_model("demo", seed=0), load_model("demo", seed=0))
+    assert same_weights(load_model("demo:mlp", seed=3), load_model("demo:mlp", seed=3))
+    assert not same_weights(load_model("demo", seed=0), load_model("demo", seed=1))
+
+
+def test_same_seed_same_weights_torchvision():
+    pytest.importorskip("torchvision")
+    assert same_weights(load_model("torchvision:resnet18"), load_model("torchvision:resnet18"))
+
+
+def test_loading_does_not_touch_the_callers_rng(factories: Path):
+    torch.manual_seed(1234)
+    random.seed(1234)
+    np.random.seed(1234)
+    expected = (torch.rand(3), random.random(), np.random.rand())
+    torch.manual_seed(1234)
+    random.seed(1234)
+    np.random.seed(1234)
+    load_model("demo")
+    load_model("demo:mlp", seed=7)
+    load_model(f"{factories}:make_net")
+    got = (torch.rand(3), random.random(), np.random.rand())
+    assert torch.equal(got[0], expected[0]) and got[1:] == expected[1:]
+
+
+def test_meta_device():
+    loaded = load_model("demo", device="meta")
+    assert all(t.device.type == "meta" for t in [*loaded.module.parameters(), *loaded.module.buffers()])
+
+
+def test_meta_device_when_the_constructor_needs_tensor_data():
+    """torchvision's RegNet computes its widths with tensors and ``.tolist()``, which meta tensors cannot do."""
+    pytest.importorskip("torchvision")
+    loaded = load_model("torchvision:regnet_y_400mf", device="meta")
+    tensors = [*loaded.module.parameters(), *loaded.module.buffers()]
+    assert tensors and all(t.device.type == "meta" for t in tensors)
+    assert sum(p.numel() for p in loaded.module.parameters()) == sum(
+        p.numel() for p in load_model("torchvision:regnet_y_400mf").module.parameters()
+    )
+    # the patch that moves parameters to meta is gone afterwards
+    assert nn.Linear(2, 2).weight.device.type == "cpu"
+
+
+# --------------------------------------------------------------------------------------------------
+# missing extras
+
+
+@pytest.mark.parametrize(
+    "spec,package,extra",
+    [
+        ("torchvision:resnet18", "torchvision", "vision"),
+        ("timm:resnet18", "timm", "timm"),
+        ("transformers:BertModel", "transformers", "transformers"),
+    ],
+)
+def test_missing_extra_names_the_extra(monkeypatch, spec: str, package: str, extra: str):
+    monkeypatch.setitem(sys.modules, package, None)  # `import package` now raises ImportError
+    with pytest.raises(MissingExtraError) as info:
+        load_model(spec)
+    error = info.value
+    assert error.package == package and error.extra == extra
+    assert f"needs the '{package}' package" in error.message
+    assert f"pip install 'fxforge[{extra}]'" in error.hint
+    assert error.exit_code == EXIT_USAGE
+
+
+# --------------------------------------------------------------------------------------------------
+# input specs
+
+
+@pytest.mark.parametrize(
+    "text,shape,dtype",
+    [
+        ("1x3x224x224", (1, 3, 224, 224), torch.float32),
+        ("2x16:int64", (2, 16), torch.int64),
+        ("2 x 16 : long", (2, 16), torch.int64),
+        ("4X8", (4, 8), torch.float32),
+        ("4,8", (4, 8), torch.float32),
+        ("7", (7,), torch.float32),
+        (":int64", (), torch.int64),
+        ("scalar", (), torch.float32),  # how str() writes a 0-d spec
+        ("1x64:fp16", (1, 64), torch.float16),
+        ("1x64:BF16", (1, 64), torch.bfloat16),
+        ("3:bool", (3,), torch.bool),
+        ("3:float64", (3,), torch.float64),
+    ],
+)
+def test_parse_input_spec(text: str, shape: tuple[int, ...], dtype: torch.dtype):
+    spec = parse_input_spec(text)
+    assert spec == InputSpec(shape, dtype)
+    assert parse_input_spec(str(spec)) == spec  # str() round-trips
+
+
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        ("", "cannot parse"),
+        ("1xx3", "cannot parse"),
+        ("1x3x", "cannot parse"),
+        ("-1x3", "cannot parse"),
+        ("1.5x3", "cannot parse"),
+        ("abc", "cannot parse"),
+        ("0x3", "size 0"),
+        ("1x3:float99", "unknown dtype 'float99'"),
+        ("1x3:int64:int32", "cannot parse"),
+    ],
+)
+def test_bad_input_spec(text: str, needle: str):
+    with pytest.raises(InputSpecError) as info:
+        parse_input_spec(text)
+    assert needle in info.value.message
+    assert info.value.hint
+    assert_one_line(info.value)
+
+
+def test_make_inputs():
+    specs = [InputSpec((2, 3)), InputSpec((4, 5), torch.int64), InputSpec((6,), torch.bool)]
+    a, b = make_inputs(specs, seed=0), make_inputs(specs, seed=0)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert not torch.equal(make_inputs(specs, seed=1)[0], a[0])
+    assert [t.dtype for t in a] == [torch.float32, torch.int64, torch.bool]
+    assert int(a[1].min()) >= 0 and int(a[1].max()) < INT_HIGH
+    assert specs_of(a) == specs
+    assert [t.shape for t in make_inputs(specs, batch=7)] == [(7, 3), (7, 5), (7,)]
+    meta = make_inputs(specs, device="meta")
+    assert all(t.device.type == "meta" for t in meta) and specs_of(meta) == specs
+    assert make_inputs([InputSpec((2,), torch.float16)])[0].dtype == torch.float16
+
+
+def test_make_inputs_leaves_global_rng_alone():
+    torch.manual_seed(5)
+    expected = torch.rand(2)
+    torch.manual_seed(5)
+    make_inputs([InputSpec((3, 3))])
+    assert torch.equal(torch.rand(2), expected)
+
+
+def test_specs_of_rejects_non_tensors():
+    with pytest.raises(InputSpecError, match="cannot be described"):
+        specs_of([torch.zeros(1), 3])
+
+
+def test_file_example_inputs_with_bad_spec(tmp_path: Path):
+    path = tmp_path / "bad_inputs.py"
+    path.write_text(
+        textwrap.dedent("""
+        import torch
+        model = torch.nn.Linear(4, 2)
+        example_inputs = ["4xx"]
+    """)
+    )
+    with pytest.raises(InputSpecError, match="cannot parse input spec '4xx'"):
+        load_model(f"{path}:model")
