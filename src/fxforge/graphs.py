@@ -252,3 +252,19 @@ def users_reach_output(graph: fx.Graph) -> set[fx.Node]:
 
 def tensor_inputs(node: fx.Node) -> Iterable[fx.Node]:
     return node.all_input_nodes
+
+
+def node_arg(node: fx.Node, index: int | None, name: str, default: Any = None) -> Any:
+    """A call's argument ``name``: ``node.args[index]`` when given positionally, else the keyword, else ``default``."""
+    if index is not None and len(node.args) > index:
+        return node.args[index]
+    return node.kwargs.get(name, default)
+
+
+def node_value(node: fx.Node) -> Any:
+    """What capture recorded about ``node``'s value: the fake tensor in ``meta["val"]`` (torch.export),
+    else ``meta["tensor_meta"]`` (ShapeProp), else None. Both have ``.shape`` and ``.dtype`` for tensors."""
+    value = node.meta.get("val")
+    if value is None:
+        value = node.meta.get("tensor_meta")
+    return value

@@ -1,0 +1,404 @@
+"""Shared analyses for the simplification passes: effects, in-place writes, storage aliasing, tensor facts.
+
+Removing a copy (``x * 1``), merging two equal nodes (CSE) or turning a computed value into a stored
+buffer (constant folding) is only exact if no in-place write can tell the difference. The rewrites
+ask :class:`AliasClasses` three questions about a node: may its storage be written by some in-place
+op in the graph (:meth:`~AliasClasses.written`), does it share storage with a graph output
+(:meth:`~AliasClasses.escapes`), and with a graph input or stored attribute
+(:meth:`~AliasClasses.external`). The analysis is one union-find pass over the graph (linear in its
+size) and errs towards "may alias": an op not known to return a new tensor is assumed to return a
+view of its inputs.
+"""
+
+from __future__ import annotations
+
+import inspect
+import operator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+
+from fxforge.graphs import aten_packet, get_attr_value, has_side_effects, submodule
+
+# fx's own list of calls with effects beyond their value (asserts, autocast and grad-mode switches,
+# profiler ranges); `has_side_effects` misses some of them, e.g. aten._assert_tensor_metadata.
+_FX_EFFECTFUL: frozenset[Any] = frozenset(getattr(fx.node, "_side_effectful_functions", ()))
+
+
+def is_effectful(gm: nn.Module, node: fx.Node) -> bool:
+    """``has_side_effects`` plus fx's list of effectful calls and every ATen ``_assert*`` op."""
+    if has_side_effects(gm, node):
+        return True
+    if node.op != "call_function":
+        return False
+    try:
+        if node.target in _FX_EFFECTFUL:
+            return True
+    except TypeError:  # an unhashable callable
+        return False
+    packet = aten_packet(node)
+    return packet is not None and packet.startswith("_assert")
+
+
+# --------------------------------------------------------------------------------------------------
+# in-place writes
+
+_INPLACE_OPERATORS = {
+    operator.iadd,
+    operator.isub,
+    operator.imul,
+    operator.itruediv,
+    operator.ifloordiv,
+    operator.imod,
+    operator.ipow,
+    operator.iand,
+    operator.ior,
+    operator.ixor,
+    operator.ilshift,
+    operator.irshift,
+    operator.imatmul,
+    operator.setitem,
+}
+_SIGNATURES: dict[Any, inspect.Signature | None] = {}
+
+
+def _signature(target: Any) -> inspect.Signature | None:
+    try:
+        return _SIGNATURES[target]
+    except (KeyError, TypeError):
+        pass
+    try:
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):
+        signature = None
+    try:
+        _SIGNATURES[target] = signature
+    except TypeError:
+        pass
+    return signature
+
+
+def _bound_inplace(node: fx.Node) -> bool:
+    """``inplace=True`` given by keyword or by position (``F.relu(x, True)``)."""
+    if node.kwargs.get("inplace") is True:
+        return True
+    signature = _signature(node.target)
+    if signature is None or "inplace" not in signature.parameters:
+        return False
+    try:
+        bound = signature.bind(*node.args, **node.kwargs)
+    except TypeError:
+        return True  # cannot tell: assume the worst
+    return bound.arguments.get("inplace") is True
+
+
+def _nodes_in(value: Any) -> list[fx.Node]:
+    found: list[fx.Node] = []
+    fx.node.map_arg(value, found.append)
+    return found
+
+
+def written_args(gm: nn.Module, node: fx.Node) -> list[fx.Node]:
+    """The input nodes whose storage ``node`` writes in place (empty for a pure call)."""
+    written: list[fx.Node] = []
+    if "out" in node.kwargs:
+        written += _nodes_in(node.kwargs["out"])
+    first = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
+    if node.op == "call_method":
+        name = str(node.target)
+        if name.endswith("_") and not name.endswith("__") and first is not None:
+            written.append(first)
+        elif name == "__setitem__" and first is not None:
+            written.append(first)
+    elif node.op == "call_function":
+        target = node.target
+        if isinstance(target, torch._ops.OpOverload):
+            schema = target._schema
+            for i, arg in enumerate(schema.arguments):
+                if arg.alias_info is not None and arg.alias_info.is_write:
+                    value = node.kwargs.get(arg.name, node.args[i] if i < len(node.args) else None)
+                    written += _nodes_in(value)
+        elif target in _INPLACE_OPERATORS:
+            if first is not None:
+                written.append(first)
+        else:
+            name = getattr(target, "__name__", "")
+            if first is not None and ((name.endswith("_") and not name.endswith("__")) or _bound_inplace(node)):
+                written.append(first)
+    elif node.op == "call_module":
+        module = submodule(gm, node)
+        if getattr(module, "inplace", False) is True and first is not None:
+            written.append(first)
+        elif _is_export_guard(module):
+            pass  # torch.export's input guard only reads shapes
+        elif isinstance(module, fx.GraphModule):
+            if _graph_writes(module):
+                written += node.all_input_nodes
+        elif not type(module).__module__.startswith("torch.nn.modules"):
+            written += node.all_input_nodes  # a user leaf module may write into what it is given
+    return written
+
+
+def _is_export_guard(module: nn.Module) -> bool:
+    return type(module).__name__ == "GuardsFn" and type(module).__module__.startswith("torch.export")
+
+
+def _graph_writes(gm: fx.GraphModule) -> bool:
+    # a nested GraphModule (torch.export's _guards_fn) writes nothing unless some node in it does
+    return any(written_args(gm, n) for n in gm.graph.nodes if n.op.startswith("call"))
+
+
+# --------------------------------------------------------------------------------------------------
+# fresh outputs: calls known to allocate a new tensor rather than return a view of an input
+
+_FRESH_FUNCTIONS: set[Any] = {
+    operator.add,
+    operator.sub,
+    operator.mul,
+    operator.truediv,
+    operator.floordiv,
+    operator.mod,
+    operator.pow,
+    operator.matmul,
+    operator.neg,
+    operator.abs,
+    operator.invert,
+    operator.and_,
+    operator.or_,
+    operator.xor,
+    operator.lt,
+    operator.le,
+    operator.gt,
+    operator.ge,
+    operator.eq,
+    operator.ne,
+}
+_FRESH_TORCH_NAMES = (
+    "add sub mul div true_divide floor_divide remainder pow matmul mm bmm addmm baddbmm cat concat stack relu "
+    "sigmoid tanh softmax log_softmax exp log sqrt rsqrt abs neg clamp clip where sum mean prod amax amin "
+    "erf sin cos conv1d conv2d conv3d conv_transpose1d conv_transpose2d conv_transpose3d batch_norm layer_norm "
+    "group_norm sign reciprocal square maximum minimum lerp addcmul addcdiv cumsum logsumexp norm"
+).split()
+for _name in _FRESH_TORCH_NAMES:
+    if hasattr(torch, _name):
+        _FRESH_FUNCTIONS.add(getattr(torch, _name))
+_FRESH_F_NAMES = (
+    "conv1d conv2d conv3d conv_transpose1d conv_transpose2d conv_transpose3d linear bilinear batch_norm layer_norm "
+    "group_norm instance_norm max_pool1d max_pool2d max_pool3d avg_pool1d avg_pool2d avg_pool3d adaptive_avg_pool1d "
+    "adaptive_avg_pool2d adaptive_avg_pool3d adaptive_max_pool1d adaptive_max_pool2d adaptive_max_pool3d gelu silu "
+    "relu relu6 elu selu celu leaky_relu hardswish hardsigmoid hardtanh mish sigmoid tanh softmax log_softmax "
+    "softplus embedding scaled_dot_product_attention normalize"
+).split()
+_FRESH_F: set[Any] = {getattr(F, n) for n in _FRESH_F_NAMES if hasattr(F, n)}
+_FRESH_METHODS = set(
+    (
+        "add sub mul div true_divide floor_divide remainder pow matmul mm bmm relu sigmoid tanh softmax log_softmax "
+        "exp log sqrt rsqrt abs neg clamp clip sum mean prod amax amin clone erf sin cos sign reciprocal square "
+        "__add__ __sub__ __mul__ __truediv__ __matmul__ __radd__ __rmul__ __rsub__ __neg__ cumsum norm"
+    ).split()
+)
+# Methods whose result may alias ``self`` only (views, no-op casts): their other inputs are sizes.
+_SELF_ALIAS_METHODS = set(
+    (
+        "view view_as reshape reshape_as flatten unflatten transpose permute movedim swapaxes t contiguous to type "
+        "float double half bfloat16 int long short bool byte char cpu cuda expand expand_as squeeze unsqueeze narrow "
+        "select chunk split tensor_split unbind detach __getitem__ as_strided diagonal unfold real imag"
+    ).split()
+)
+_FRESH_MODULES: tuple[type, ...] = (
+    nn.Conv1d,
+    nn.Conv2d,
+    nn.Conv3d,
+    nn.ConvTranspose1d,
+    nn.ConvTranspose2d,
+    nn.ConvTranspose3d,
+    nn.Linear,
+    nn.Bilinear,
+    nn.BatchNorm1d,
+    nn.BatchNorm2d,
+    nn.BatchNorm3d,
+    nn.LayerNorm,
+    nn.GroupNorm,
+    nn.InstanceNorm1d,
+    nn.InstanceNorm2d,
+    nn.InstanceNorm3d,
+    nn.MaxPool1d,
+    nn.MaxPool2d,
+    nn.MaxPool3d,
+    nn.AvgPool1d,
+    nn.AvgPool2d,
+    nn.AvgPool3d,
+    nn.AdaptiveAvgPool1d,
+    nn.AdaptiveAvgPool2d,
+    nn.AdaptiveAvgPool3d,
+    nn.AdaptiveMaxPool1d,
+    nn.AdaptiveMaxPool2d,
+    nn.AdaptiveMaxPool3d,
+    nn.ReLU,
+    nn.ReLU6,
+    nn.GELU,
+    nn.SiLU,
+    nn.Sigmoid,
+    nn.Tanh,
+    nn.Hardswish,
+    nn.Hardsigmoid,
+    nn.Hardtanh,
+    nn.LeakyReLU,
+    nn.ELU,
+    nn.SELU,
+    nn.CELU,
+    nn.Mish,
+    nn.Softplus,
+    nn.Softmax,
+    nn.LogSoftmax,
+    nn.Embedding,
+)
+
+
+def returns_fresh(gm: nn.Module, node: fx.Node) -> bool:
+    """True when ``node`` is known to return a newly allocated tensor, never a view of an input."""
+    if node.op == "call_function":
+        target = node.target
+        if isinstance(target, torch._ops.OpOverload):
+            returns = target._schema.returns
+            return bool(returns) and all(r.alias_info is None for r in returns)
+        try:
+            known = target in _FRESH_FUNCTIONS or target in _FRESH_F
+        except TypeError:
+            return False
+        return known and not _bound_inplace(node)
+    if node.op == "call_method":
+        return str(node.target) in _FRESH_METHODS
+    if node.op == "call_module":
+        module = submodule(gm, node)
+        return type(module) in _FRESH_MODULES and not getattr(module, "inplace", False)
+    return False
+
+
+def _aliased_inputs(gm: nn.Module, node: fx.Node) -> list[fx.Node]:
+    """The inputs whose storage ``node``'s result may share."""
+    if node.op in ("placeholder", "get_attr", "output") or returns_fresh(gm, node):
+        return []
+    if _is_real_cast(node):
+        return []
+    if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+        aliased: list[fx.Node] = []
+        for i, arg in enumerate(node.target._schema.arguments):
+            if arg.alias_info is not None:
+                aliased += _nodes_in(node.kwargs.get(arg.name, node.args[i] if i < len(node.args) else None))
+        return aliased
+    if node.op == "call_method" and str(node.target) in _SELF_ALIAS_METHODS:
+        first = node.args[0] if node.args else None
+        return [first] if isinstance(first, fx.Node) else []
+    return list(node.all_input_nodes)
+
+
+_CAST_NAMES = {"to", "type", "float", "double", "half", "bfloat16", "int", "long", "short", "bool", "byte", "char"}
+
+
+def _is_real_cast(node: fx.Node) -> bool:
+    """A cast whose recorded output dtype differs from its input's: it must have made a new tensor."""
+    if node.op == "call_method":
+        name = str(node.target)
+    elif node.op == "call_function" and aten_packet(node) == "to":
+        name = "to"
+    else:
+        return False
+    if name not in _CAST_NAMES or not node.args or not isinstance(node.args[0], fx.Node):
+        return False
+    before, after = tensor_facts(node.args[0]), tensor_facts(node)
+    return before is not None and after is not None and before["dtype"] != after["dtype"]
+
+
+class AliasClasses:
+    """Which nodes may share storage with each other, with in-place writes, graph outputs and inputs."""
+
+    def __init__(self, gm: fx.GraphModule) -> None:
+        self._parent: dict[fx.Node, fx.Node] = {}
+        written_roots: list[fx.Node] = []
+        external_roots: list[fx.Node] = []
+        escaping_roots: list[fx.Node] = []
+        for node in gm.graph.nodes:
+            self._parent[node] = node
+            if node.op in ("placeholder", "get_attr"):
+                external_roots.append(node)
+            elif node.op == "output":
+                escaping_roots += node.all_input_nodes
+            else:
+                for source in _aliased_inputs(gm, node):
+                    self._union(node, source)
+                written_roots += written_args(gm, node)
+        self._written = {self._find(n) for n in written_roots}
+        self._external = {self._find(n) for n in external_roots}
+        self._escaping = {self._find(n) for n in escaping_roots}
+
+    def _find(self, node: fx.Node) -> fx.Node:
+        parent = self._parent.setdefault(node, node)
+        while parent is not node:
+            grand = self._parent[parent]
+            self._parent[node] = grand  # path halving keeps the structure near-flat
+            node, parent = parent, grand
+        return node
+
+    def _union(self, a: fx.Node, b: fx.Node) -> None:
+        root_a, root_b = self._find(a), self._find(b)
+        if root_a is not root_b:
+            self._parent[root_a] = root_b
+
+    def merge(self, a: fx.Node, b: fx.Node) -> None:
+        """Record that ``a`` and ``b`` now share storage (a rewrite made one stand for the other)."""
+        root_a, root_b = self._find(a), self._find(b)
+        if root_a is root_b:
+            return
+        self._parent[root_a] = root_b
+        for flags in (self._written, self._external, self._escaping):
+            if root_a in flags:
+                flags.add(root_b)
+
+    def same(self, a: fx.Node, b: fx.Node) -> bool:
+        return self._find(a) is self._find(b)
+
+    def written(self, node: fx.Node) -> bool:
+        """May some in-place op in the graph write the storage ``node`` reads or returns?"""
+        return self._find(node) in self._written
+
+    def escapes(self, node: fx.Node) -> bool:
+        """May ``node`` share storage with a value the graph returns?"""
+        return self._find(node) in self._escaping
+
+    def external(self, node: fx.Node) -> bool:
+        """May ``node`` share storage with a graph input or a stored parameter/buffer?"""
+        return self._find(node) in self._external
+
+
+# --------------------------------------------------------------------------------------------------
+# tensor facts recorded by shape propagation (torch dialect) or torch.export (meta["val"])
+
+
+def tensor_facts(node: Any, gm: nn.Module | None = None) -> dict[str, Any] | None:
+    """dtype, shape, device (None when unknown) and contiguity of a node's tensor value, or None.
+
+    With ``gm``, a ``get_attr`` node's facts come from the stored tensor itself.
+    """
+    if not isinstance(node, fx.Node):
+        return None
+    val = node.meta.get("val")
+    if val is None and gm is not None and node.op == "get_attr":
+        try:
+            val = get_attr_value(gm, str(node.target))
+        except AttributeError:
+            val = None
+    if isinstance(val, torch.Tensor):
+        try:
+            contiguous = bool(val.is_contiguous())
+            shape = tuple(int(s) for s in val.shape)
+        except Exception:  # symbolic sizes: no fact we can rely on for every input
+            contiguous, shape = None, None
+        return {"dtype": val.dtype, "shape": shape, "device": val.device, "contiguous": contiguous}
+    meta = node.meta.get("tensor_meta")
+    if meta is not None and hasattr(meta, "dtype") and hasattr(meta, "shape"):
+        contiguous = getattr(meta, "memory_format", None) == torch.contiguous_format
+        return {"dtype": meta.dtype, "shape": tuple(meta.shape), "device": None, "contiguous": contiguous}
+    return None

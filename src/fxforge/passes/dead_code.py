@@ -1,0 +1,116 @@
+"""dead_code: remove nodes whose values never reach the output, keeping every call with an effect.
+
+``torch.fx.Graph.eliminate_dead_code`` decides liveness by users alone, so it deletes an in-place
+call whose result is unused -- ``y = x.clone(); y.mul_(2); return y`` loses the ``mul_``
+(pytorch/pytorch#68301). Here a node is live when its value reaches the output *or* it has an
+effect: in-place ops and buffer writes, ``out=`` calls, asserts, prints, random ops (they advance the
+generator) and calls into modules fxforge cannot see through. Everything a live node reads is live.
+One reverse sweep decides liveness, a second erases, so the pass is linear in the graph size.
+
+Stored tensors and submodules only the removed nodes used are deleted from the GraphModule too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from torch import fx
+
+from fxforge.graphs import target_name
+from fxforge.passes import PassResult, register_pass
+from fxforge.passes._analysis import is_effectful
+
+NAME = "dead_code"
+_LOG_LIMIT = 200  # a 100k-node graph can lose most of its nodes: keep the log readable
+
+
+def live_nodes(gm: fx.GraphModule) -> set[fx.Node]:
+    """Nodes whose value reaches the output or an effectful node, and the effectful nodes themselves."""
+    live: set[fx.Node] = set()
+    for node in reversed(gm.graph.nodes):
+        if node in live or node.op == "output" or is_effectful(gm, node):
+            live.add(node)
+            live.update(node.all_input_nodes)
+    return live
+
+
+@register_pass(
+    NAME,
+    summary="Remove nodes whose values never reach the output; never removes calls with side effects.",
+    guarantees=(
+        "Exact: only nodes that cannot influence the outputs or any side effect go. Never removes placeholders, "
+        "in-place ops (even with an unused result), buffer writes, out= calls, asserts, prints, random ops or "
+        "calls into user leaf modules. Unused get_attr nodes go, then the parameters, buffers and submodules "
+        "that nothing references any more. Linear in graph size. Torch and ATen dialects."
+    ),
+)
+def dead_code(gm: fx.GraphModule, options: None) -> PassResult:
+    result = PassResult(NAME, gm)
+    live = live_nodes(gm)
+    dropped_targets: set[str] = set()
+    removed = 0
+    for node in reversed(gm.graph.nodes):
+        if node in live:
+            continue
+        # users of a dead node are dead and come later, so the reverse sweep has erased them already
+        if node.op == "get_attr":
+            dropped_targets.add(str(node.target))
+        if removed < _LOG_LIMIT:
+            result.log.append(f"removed {node.name} ({target_name(node)})")
+        removed += 1
+        gm.graph.erase_node(node)
+    if removed:
+        if removed > _LOG_LIMIT:
+            result.log.append(f"... and {removed - _LOG_LIMIT} more")
+        result.note(f"removed {removed} dead node(s)", removed=removed)
+        deleted = prune_attributes(gm, dropped_targets)
+        if deleted:
+            result.log.append(f"deleted {deleted} stored tensor(s)/submodule(s) nothing uses any more")
+    return result
+
+
+def prune_attributes(gm: fx.GraphModule, candidates: Iterable[str]) -> int:
+    """Delete the attributes named in ``candidates`` that no node reaches any more, then unused submodules.
+
+    An attribute stays when a remaining ``get_attr`` names it, or a called submodule owns it.
+    """
+    fetched: set[str] = set()
+    fetched_prefixes: set[str] = set()  # every module path some get_attr reaches into
+    called: set[str] = set()
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            target = str(node.target)
+            fetched.add(target)
+            fetched_prefixes.update(_prefixes(target))
+        elif node.op == "call_module":
+            called.add(str(node.target))
+    deleted = 0
+    for target in sorted(set(candidates) - fetched):
+        owner_path, _, attr = target.rpartition(".")
+        if target in fetched_prefixes or any(p in called for p in (*_prefixes(target), target)):
+            continue  # a get_attr reaches into it, or a called module uses it internally
+        try:
+            owner = gm.get_submodule(owner_path) if owner_path else gm
+        except AttributeError:
+            continue
+        if attr in owner._parameters:
+            del owner._parameters[attr]
+        elif attr in owner._buffers:
+            del owner._buffers[attr]
+        elif attr in owner._modules:
+            continue  # submodules are handled below
+        elif attr in owner.__dict__:
+            delattr(owner, attr)
+        else:
+            continue
+        deleted += 1
+    before = sum(1 for _ in gm.modules())
+    gm.delete_all_unused_submodules()
+    return deleted + before - sum(1 for _ in gm.modules())
+
+
+def _prefixes(path: str) -> list[str]:
+    """The proper dotted prefixes of ``path``: ``a.b.c`` -> ``a``, ``a.b``."""
+    parts = path.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+

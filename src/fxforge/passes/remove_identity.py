@@ -1,0 +1,305 @@
+"""remove_identity: remove calls that provably return their input's value unchanged.
+
+Two families, with different proofs:
+
+* calls that return the input tensor itself when they are no-ops -- ``nn.Identity``, ``.contiguous()`` on a
+  contiguous tensor, ``.to(dtype)``/``.float()``... to the dtype (and device) it already has, ``aten.alias``.
+  Their users can read the input directly; values and aliasing are unchanged.
+* arithmetic with a neutral literal scalar -- ``x * 1``, ``1 * x``, ``x + 0``, ``0 + x``, ``x - 0``,
+  ``x / 1`` -- and copies (``aten.clone``, a no-op ``aten._to_copy``). These return a *new* tensor equal to
+  the input, so they go only when (a) the input's dtype is known and the literal cannot promote it
+  (``bool_tensor * 1`` is int64, ``int_tensor / 1`` and ``int_tensor * 1.0`` are float), and (b) no
+  in-place op in the graph writes into either tensor and the result is not returned next to its input or
+  as a graph input/parameter itself, where the caller could see they became one tensor.
+
+Dtype, device and layout facts come from ``node.meta`` (``tensor_meta`` from shape propagation, which
+``Pipeline`` runs on the example inputs, or torch.export's ``val``); without them the call is kept.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx
+
+from fxforge.graphs import ATEN, aten_packet, dialect_of, node_kind
+from fxforge.passes import PassResult, mark, register_pass
+from fxforge.passes._analysis import AliasClasses, tensor_facts
+
+NAME = "remove_identity"
+
+
+@dataclass
+class RemoveIdentityOptions:
+    # x + 0 turns -0.0 into +0.0; removing it keeps -0.0 (equal as a value, but 1/x and copysign differ)
+    signed_zeros: bool = False
+
+
+_CAST_METHODS = {
+    "float": torch.float32,
+    "double": torch.float64,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int": torch.int32,
+    "long": torch.int64,
+    "short": torch.int16,
+    "char": torch.int8,
+    "byte": torch.uint8,
+    "bool": torch.bool,
+}
+# (operation, which operand may hold the neutral literal): "either" for commutative operations
+_ARITHMETIC: dict[Any, str] = {
+    operator.mul: "mul",
+    operator.add: "add",
+    operator.sub: "sub",
+    operator.truediv: "div",
+    torch.mul: "mul",
+    torch.add: "add",
+    torch.sub: "sub",
+    torch.div: "div",
+    torch.true_divide: "div",
+}
+_ARITHMETIC_METHODS = {"mul": "mul", "add": "add", "sub": "sub", "div": "div", "true_divide": "div"}
+_NEUTRAL = {"mul": 1, "add": 0, "sub": 0, "div": 1}
+_COMMUTATIVE = {"mul", "add"}
+_PRESERVE = (None, torch.preserve_format)
+
+
+@register_pass(
+    NAME,
+    summary="Remove no-op calls: nn.Identity, x*1, x+0, x-0, x/1, no-op .contiguous()/.to()/.float(), aten.alias/clone.",
+    guarantees=(
+        "Exact: each removed call returns a value equal to its input with the same dtype, shape and device. Casts, "
+        "contiguous and arithmetic go only when node metadata proves the dtype (and device, where one is named) "
+        "unchanged and the literal cannot promote it; only literal int/float scalars count (a tensor 0 could "
+        "broadcast). Calls that return a copy (x*1, clone) stay when an in-place op could write into either tensor "
+        "or when the caller would get an input, a parameter or another output back. x + 0 on floats maps -0.0 to "
+        "+0.0: kept with signed_zeros=True. Layout facts in the torch dialect come from the example inputs. "
+        "Torch and ATen dialects."
+    ),
+    options=RemoveIdentityOptions,
+)
+def remove_identity(gm: fx.GraphModule, options: RemoveIdentityOptions) -> PassResult:
+    result = PassResult(NAME, gm)
+    static_shapes = dialect_of(gm) == ATEN  # torch.export specialises (and guards) every size it did not mark dynamic
+    aliases: AliasClasses | None = None
+    removed_modules = False
+    for node in list(gm.graph.nodes):
+        if not node.op.startswith("call"):
+            continue
+        found = _classify(gm, node)
+        if found is None:
+            continue
+        kind, source, describe = found
+        if not isinstance(source, fx.Node):
+            continue
+        if kind == "copy":
+            if aliases is None:
+                aliases = AliasClasses(gm)
+            reason = _copy_check(gm, node, source, options, aliases)
+        elif kind == "layout":
+            reason = _contiguous_check(source, static_shapes)
+        elif kind == "cast":
+            reason = _cast_check(gm, node, source)
+        else:
+            reason = None
+        if reason is not None:
+            result.skip(f"{node.name} ({describe}): {reason}")
+            continue
+        if aliases is not None:
+            aliases.merge(node, source)
+        if source.op.startswith("call"):
+            # the input now stands for this node's value as well: blame this pass if they ever differ
+            mark(source, NAME, origin_of=node)
+        node.replace_all_uses_with(source)
+        gm.graph.erase_node(node)
+        removed_modules |= node.op == "call_module"
+        result.note(f"removed {node.name} ({describe})", removed=1)
+    if removed_modules:
+        gm.delete_all_unused_submodules()
+    return result
+
+
+def _classify(gm: fx.GraphModule, node: fx.Node) -> tuple[str, Any, str] | None:
+    """(kind, input, description) for a candidate, kind one of identity/layout/cast/copy; None otherwise."""
+    if node.op == "call_module":
+        if node_kind(gm, node) == "identity" and len(node.args) == 1 and not node.kwargs:
+            return "identity", node.args[0], "nn.Identity"
+        return None
+    packet = aten_packet(node)
+    if packet is not None:
+        return _classify_aten(node, packet)
+    if node.op == "call_method":
+        name = str(node.target)
+        source = node.args[0] if node.args else None
+        if name == "contiguous":
+            if len(node.args) == 1 and node.kwargs.get("memory_format", torch.contiguous_format) is (
+                torch.contiguous_format
+            ):
+                return "layout", source, ".contiguous()"
+            return None
+        if name == "to" or name in _CAST_METHODS:
+            return "cast", source, f".{name}()"
+        if name in _ARITHMETIC_METHODS:
+            return _classify_arithmetic(node, _ARITHMETIC_METHODS[name], method=True)
+        return None
+    if node.op == "call_function":
+        try:
+            operation = _ARITHMETIC.get(node.target)
+        except TypeError:
+            return None
+        if operation is not None:
+            return _classify_arithmetic(node, operation, method=False)
+    return None
+
+
+def _classify_arithmetic(node: fx.Node, operation: str, method: bool) -> tuple[str, Any, str] | None:
+    kwargs = dict(node.kwargs)
+    if kwargs.pop("alpha", 1) != 1 or kwargs:  # rounding_mode, out=, other= ...: not a plain neutral op
+        return None
+    if len(node.args) != 2:
+        return None
+    a, b = node.args
+    symbol = {"mul": "*", "add": "+", "sub": "-", "div": "/"}[operation]
+    if _is_neutral(b, operation) and isinstance(a, fx.Node):
+        return "copy", a, f"x {symbol} {b!r}"
+    if not method and operation in _COMMUTATIVE and _is_neutral(a, operation) and isinstance(b, fx.Node):
+        return "copy", b, f"{a!r} {symbol} x"
+    return None
+
+
+def _is_neutral(value: Any, operation: str) -> bool:
+    # bool is an int subclass, and True * x is a logical op on bool tensors: literal ints/floats only
+    return type(value) in (int, float) and value == _NEUTRAL[operation]
+
+
+def _classify_aten(node: fx.Node, packet: str) -> tuple[str, Any, str] | None:
+    target = node.target
+    source = node.args[0] if node.args else None
+    overload = target._overloadname
+    if packet == "alias":
+        return "identity", source, "aten.alias"
+    if packet == "contiguous":
+        if node.kwargs.get("memory_format", torch.contiguous_format) is torch.contiguous_format:
+            return "layout", source, "aten.contiguous"
+        return None
+    if packet == "to":
+        return "cast", source, f"aten.to.{overload}"
+    if packet in ("clone", "_to_copy"):
+        if node.kwargs.get("memory_format") not in _PRESERVE or len(node.args) != 1:
+            return None
+        return "copy", source, f"aten.{packet}"
+    if packet in _NEUTRAL and overload in ("Tensor", "Scalar"):
+        return _classify_arithmetic(node, packet, method=True)
+    return None
+
+
+# --------------------------------------------------------------------------------------------------
+# proofs; each returns None when the call is a no-op, else the reason it is kept
+
+
+def _contiguous_check(source: fx.Node, static_shapes: bool) -> str | None:
+    facts = tensor_facts(source)
+    if facts is None or facts["contiguous"] is None:
+        return "the input's layout is unknown (no shape metadata)"
+    if not facts["contiguous"]:
+        return "the input is not contiguous"
+    if not static_shapes and any(size <= 1 for size in facts["shape"]):
+        # a size-1 dimension makes any stride look contiguous: another input shape may not be
+        return "the input has a size-1 dimension, so its contiguity may hold only for the example shape"
+    return None
+
+
+def _cast_check(gm: fx.GraphModule, node: fx.Node, source: fx.Node) -> str | None:
+    wanted = _cast_target(node)
+    if isinstance(wanted, str):
+        return wanted
+    dtype, device = wanted
+    facts = tensor_facts(source, gm)
+    if facts is None:
+        return "the input's dtype is unknown (no shape metadata)"
+    if dtype is not None and facts["dtype"] != dtype:
+        return f"converts {facts['dtype']} to {dtype}"
+    if device is not None:
+        if facts["device"] is None:
+            return "the input's device is unknown"
+        if torch.device(facts["device"]) != device:
+            return f"moves the tensor from {facts['device']} to {device}"
+    return None
+
+
+def _cast_target(node: fx.Node) -> tuple[torch.dtype | None, torch.device | None] | str:
+    """(dtype, device) a cast asks for, or the reason it cannot be read as a possible no-op."""
+    kwargs = dict(node.kwargs)
+    kwargs.pop("non_blocking", None)
+    if kwargs.pop("copy", False) is not False:
+        return "copy=True always makes a copy"
+    if kwargs.pop("memory_format", None) not in _PRESERVE:
+        return "it may change the memory format"
+    name = str(node.target) if node.op == "call_method" else "to"
+    if name in _CAST_METHODS:
+        return (_CAST_METHODS[name], None) if len(node.args) == 1 and not kwargs else "unexpected arguments"
+    dtype = kwargs.pop("dtype", None)
+    device = kwargs.pop("device", None)
+    if kwargs.pop("layout", torch.strided) is not torch.strided or kwargs.pop("pin_memory", None) or kwargs:
+        return "unexpected arguments"
+    for value in node.args[1:]:
+        if isinstance(value, torch.dtype):
+            dtype = value
+        elif isinstance(value, (torch.device, str)):
+            device = value
+        elif isinstance(value, bool):
+            if value:
+                return "non_blocking/copy flags given by position"
+        elif value is not None:
+            return "converts to the dtype/device of a value computed in the graph"
+    try:
+        return dtype, torch.device(device) if device is not None else None
+    except (RuntimeError, TypeError):
+        return f"unreadable device {device!r}"
+
+
+def _copy_check(
+    gm: fx.GraphModule, node: fx.Node, source: fx.Node, options: RemoveIdentityOptions, aliases: AliasClasses
+) -> str | None:
+    facts = tensor_facts(source, gm)
+    if facts is None:
+        return "the input's dtype is unknown (no shape metadata), so the literal could promote it"
+    dtype = facts["dtype"]
+    packet = aten_packet(node)
+    if packet == "_to_copy":
+        reason = _cast_check(gm, node, source)
+        if reason is not None:
+            return reason
+    elif packet != "clone":
+        operation = _arithmetic_operation(node)
+        literal = node.args[1] if isinstance(node.args[1], (int, float)) else node.args[0]
+        if dtype.is_complex:
+            return "complex arithmetic with a literal is not exact (inf * 0 terms)"
+        if torch.result_type(torch.empty(1, dtype=dtype), literal) != dtype:
+            return f"{dtype} {operation} {literal!r} promotes the dtype"
+        if operation == "div" and not dtype.is_floating_point:
+            return f"true division turns {dtype} into a floating dtype"
+        if operation == "add" and options.signed_zeros and dtype.is_floating_point:
+            return "x + 0 maps -0.0 to +0.0 and signed_zeros=True"
+        own = tensor_facts(node)
+        if own is not None and (own["dtype"] != dtype or (own["shape"] and own["shape"] != facts["shape"])):
+            return "its recorded dtype or shape differs from the input's"
+    if aliases.written(node) or aliases.written(source):
+        return "it returns a copy and an in-place op writes into the copy or its input"
+    if aliases.escapes(node) and (aliases.external(source) or aliases.escapes(source)):
+        return "it returns a copy that the graph returns, and the input is a graph input, a parameter or an output"
+    return None
+
+
+def _arithmetic_operation(node: fx.Node) -> str:
+    packet = aten_packet(node)
+    if packet is not None:
+        return packet
+    if node.op == "call_method":
+        return _ARITHMETIC_METHODS[str(node.target)]
+    return _ARITHMETIC[node.target]
+

@@ -1,0 +1,837 @@
+"""Quantization: int8 static and dynamic post-training quantization and QAT preparation of a captured
+model, with the int8 model's accuracy measured against the float model and a per-layer sensitivity
+ranking.
+
+This module owns the fxforge interface (:func:`quantize`, :class:`QuantizeResult`), the calibration
+data formats (:func:`load_calibration`), the accuracy and sensitivity measurements, the
+"keep the most sensitive layers in float until a target is met" search, the output directory, and
+the :func:`int8_backend` hook that ``fxforge.bench`` uses for its int8 row.
+
+Machinery: PyTorch's **FX graph-mode quantization**, ``torch.ao.quantization.quantize_fx``
+(``prepare_fx`` / ``prepare_qat_fx`` -> calibrate -> ``convert_fx``), run on the torch-dialect
+GraphModule fxforge captured (so capture's leaves carry over as float black boxes). Chosen over
+torchao's PT2E flow (``prepare_pt2e``/``convert_pt2e`` with ``X86InductorQuantizer``) because,
+measured with torch 2.14.1 and torchao 0.18.0 on this project's CPU machine:
+
+* PT2E fails on torchvision resnet18 captured with ``torch.export``: ``ValueError: Input partition
+  has more than one output node``. ResNet's ``BasicBlock`` calls its one ``self.relu`` twice; the
+  exported graph attributes both ``aten.relu`` nodes to that module, so the quantizer's source
+  partition for it has two outputs, and the conv-add-relu annotation gives up. (mobilenet_v2, whose
+  ReLU6 modules are called once each, goes through.)
+* A PT2E model is a float graph with quantize/dequantize ops around float kernels: run eagerly it
+  was 3x *slower* than float (mobilenet_v2, 64x64: 36.6 ms vs 12.0 ms). It is fast only after
+  ``torch.compile`` lowers it with Inductor (6.5 ms vs 9.4 ms float, after a 69 s compile that needs
+  a C++ compiler). ``convert_fx`` instead swaps in real int8 modules (fbgemm/oneDNN or QNNPACK
+  kernels) that are fast eagerly, pickle with ``torch.save`` and need no compiler.
+* torchao is one more dependency (and transformers imports it when present, with warnings).
+
+FX graph mode is deprecated in torch (every call warns "torch.ao.quantization is deprecated and will
+be removed in 2.10", yet it is still there in 2.14.1). We chose it deliberately, so our calls
+suppress exactly that warning (and the observers' ``reduce_range`` notice); docs/commands/quantize.md
+records the decision and the migration path (PT2E once the x86 quantizer handles shared modules).
+
+Static and QAT quantization need a torch-dialect graph (``symbolic_trace``): FX's patterns match
+``nn.Conv2d`` modules and ``torch``-level calls, not ATen ops. Dynamic quantization only swaps
+``nn.Linear``/``nn.LSTM``-like modules, so for models that only ``torch.export`` can capture
+(transformers) it falls back to eager ``torch.ao.quantization.quantize_dynamic`` on the original
+module; the result says which machinery ran.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import importlib.util
+import json
+import math
+import sys
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+from fxforge.capture import Captured, capture
+from fxforge.errors import DialectError, FxforgeError, InputSpecError
+from fxforge.graphs import ATEN
+
+MODES = ("static", "dynamic", "qat-prepare")
+BACKENDS = ("x86", "qnnpack")
+MODEL_FILE = "model.pt"
+
+FX_MACHINERY = "torch.ao.quantization.quantize_fx (FX graph mode)"
+EAGER_DYNAMIC_MACHINERY = "torch.ao.quantization.quantize_dynamic (eager module swap)"
+
+# Layers a sensitivity run quantizes one at a time. Fused neighbours (BatchNorm, ReLU) go with their
+# conv/linear, so the conv's name stands for the fused block.
+STATIC_LAYER_TYPES: tuple[type[nn.Module], ...] = (
+    nn.Conv1d,
+    nn.Conv2d,
+    nn.Conv3d,
+    nn.ConvTranspose1d,
+    nn.ConvTranspose2d,
+    nn.ConvTranspose3d,
+    nn.Linear,
+)
+DYNAMIC_LAYER_TYPES: tuple[type[nn.Module], ...] = (nn.Linear, nn.LSTM, nn.GRU, nn.LSTMCell, nn.GRUCell, nn.RNNCell)
+
+# Random calibration data is split into this many batches; files holding one tensor are split into
+# batches of this many samples.
+DEFAULT_RANDOM_BATCHES = 8
+DEFAULT_SPLIT = 32
+
+
+class RandomCalibrationWarning(UserWarning):
+    """Quantized with random calibration data: the int8 model's accuracy on real data is unknown."""
+
+
+RANDOM_WARNING = (
+    "calibrated on random inputs: the int8 value ranges (and so its accuracy on real data) are unknown; "
+    "pass calibration data (--calib FILE.pt or file.py:function) for a model you mean to use"
+)
+
+
+# --------------------------------------------------------------------------------------------------
+# calibration data
+
+
+@dataclass
+class CalibrationData:
+    """Input batches (each a tuple of positional inputs) and where they came from."""
+
+    batches: list[tuple[Any, ...]]
+    source: str
+    random: bool = False
+
+    @property
+    def samples(self) -> int:
+        total = 0
+        for batch in self.batches:
+            first = next((t for t in batch if isinstance(t, torch.Tensor)), None)
+            total += int(first.shape[0]) if first is not None and first.dim() > 0 else 1
+        return total
+
+    def describe(self) -> dict[str, Any]:
+        return {"source": self.source, "batches": len(self.batches), "samples": self.samples, "random": self.random}
+
+
+def _as_batch(item: Any, arity: int | None, source: str) -> tuple[Any, ...]:
+    if isinstance(item, torch.Tensor):
+        batch: tuple[Any, ...] = (item,)
+    elif isinstance(item, (tuple, list)):
+        batch = tuple(item)
+    else:
+        raise InputSpecError(
+            f"calibration data from {source} holds a {type(item).__name__}; expected tensors or tuples of tensors",
+            hint="each item is one batch: a tensor, or a tuple with one tensor per model input",
+        )
+    # (inputs, labels) pairs from a DataLoader: keep only as many items as the model takes.
+    if arity is not None and len(batch) > arity:
+        batch = batch[:arity]
+    return batch
+
+
+def _batches_of(obj: Any, arity: int | None, source: str, split: int) -> list[tuple[Any, ...]]:
+    if isinstance(obj, torch.Tensor):
+        # One tensor holds samples along dim 0 (a dataset), not one giant batch.
+        return [(chunk,) for chunk in obj.split(split)] if obj.dim() > 0 else [(obj,)]
+    if isinstance(obj, Mapping) or not isinstance(obj, Iterable):
+        raise InputSpecError(
+            f"calibration data from {source} is a {type(obj).__name__}",
+            hint="give a tensor (samples along dim 0), or a list of batches (tensors or tuples of tensors)",
+        )
+    batches = [_as_batch(item, arity, source) for item in obj]
+    if not batches:
+        raise InputSpecError(f"calibration data from {source} is empty")
+    return batches
+
+
+def _load_callable(spec: str) -> Callable[..., Any]:
+    file_name, _, attr = spec.rpartition(":")
+    path = Path(file_name)
+    if not path.exists():
+        raise InputSpecError(f"calibration file not found: {path}")
+    module_name = f"fxforge_calib_{path.stem}"
+    import_spec = importlib.util.spec_from_file_location(module_name, path)
+    if import_spec is None or import_spec.loader is None:
+        raise InputSpecError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(import_spec)
+    sys.modules[module_name] = module
+    try:
+        import_spec.loader.exec_module(module)
+    except Exception as exc:
+        raise InputSpecError(f"importing {path} failed: {type(exc).__name__}: {exc}") from None
+    function = getattr(module, attr, None)
+    if not callable(function):
+        raise InputSpecError(f"{path} has no function {attr!r}")
+    return function
+
+
+def load_calibration(
+    spec: Any,
+    example_inputs: Sequence[Any],
+    *,
+    batches: int = DEFAULT_RANDOM_BATCHES,
+    seed: int = 0,
+    split: int = DEFAULT_SPLIT,
+) -> CalibrationData:
+    """Turn the user's calibration data into a list of input batches.
+
+    ``spec`` is one of:
+
+    * ``None``, ``"random"`` or ``"random:N"``: ``N`` (default ``batches``) random batches shaped like
+      ``example_inputs`` -- for a quick look only (:data:`RANDOM_WARNING`);
+    * a callable (or ``"file.py:function"``) returning an iterable of batches;
+    * a path to a file written by ``torch.save``, or the object itself: a tensor (samples along dim 0,
+      split into batches of ``split``), or a list/tuple whose items are batches (a tensor, or a tuple
+      with one tensor per model input).
+
+    Items with more entries than the model has inputs (``(images, labels)`` from a DataLoader) keep
+    only the leading inputs.
+    """
+    arity = len(example_inputs) if example_inputs else None
+    if spec is None or (isinstance(spec, str) and (spec == "random" or spec.startswith("random:"))):
+        count = batches
+        if isinstance(spec, str) and spec.startswith("random:"):
+            try:
+                count = int(spec.split(":", 1)[1])
+            except ValueError:
+                raise InputSpecError(f"cannot read {spec!r}", hint="random or random:N (N batches)") from None
+        from fxforge.inputs import make_inputs, specs_of
+
+        specs = specs_of(example_inputs)
+        data = [make_inputs(specs, seed=seed + 1 + i) for i in range(max(count, 1))]
+        return CalibrationData(data, f"random ({max(count, 1)} batches shaped like the example inputs)", random=True)
+    if isinstance(spec, (str, Path)):
+        text = str(spec)
+        if ".py:" in text and not Path(text).exists():
+            function = _load_callable(text)
+            return CalibrationData(_batches_of(function(), arity, text, split), f"function {text}")
+        path = Path(text)
+        if not path.exists():
+            raise InputSpecError(
+                f"calibration file not found: {path}",
+                hint="give a file written by torch.save, file.py:function, or random[:N]",
+            )
+        try:
+            obj = torch.load(str(path), map_location="cpu", weights_only=True)
+        except Exception as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise InputSpecError(
+                f"cannot read calibration file {path}: {first}",
+                hint="save a tensor, or a list of tensors or of tuples of tensors, with torch.save",
+            ) from None
+        return CalibrationData(_batches_of(obj, arity, str(path), split), f"file {path}")
+    if callable(spec) and not isinstance(spec, (torch.Tensor, nn.Module)):
+        name = getattr(spec, "__qualname__", type(spec).__name__)
+        return CalibrationData(_batches_of(spec(), arity, f"{name}()", split), f"callable {name}")
+    if isinstance(spec, CalibrationData):
+        return spec
+    return CalibrationData(_batches_of(spec, arity, "the given data", split), f"{type(spec).__name__} in memory")
+
+
+# --------------------------------------------------------------------------------------------------
+# accuracy
+
+
+@dataclass
+class AccuracyReport:
+    """The quantized model against the float model on the same batches.
+
+    ``top1_agreement``: fraction of samples where both models' top-1 class agree (classifiers: the
+    first output is 2-D logits); it bounds the top-1 accuracy drop on those samples (drop <= 1 -
+    agreement). ``rel_err`` is ``mean_abs_err`` divided by the float output's mean magnitude.
+    """
+
+    samples: int
+    classifier: bool
+    top1_agreement: float | None
+    max_abs_err: float
+    mean_abs_err: float
+    rel_err: float
+    data: str = ""
+
+
+def _leaves(output: Any) -> list[torch.Tensor]:
+    from fxforge.verify import _as_structure
+
+    output = _as_structure(output)
+    leaves = torch.utils._pytree.tree_leaves(output, is_leaf=lambda v: hasattr(v, "to_tuple"))
+    tensors = []
+    for value in leaves:
+        if hasattr(value, "to_tuple"):
+            tensors.extend(_leaves(value.to_tuple()))
+        elif isinstance(value, torch.Tensor):
+            value = value.dequantize() if value.is_quantized else value
+            tensors.append(value.detach().float() if value.is_floating_point() else value.detach())
+    return tensors
+
+
+def _run(model: nn.Module, batches: Sequence[tuple[Any, ...]]) -> list[list[torch.Tensor]]:
+    with torch.no_grad(), _quiet():
+        return [_leaves(model(*batch)) for batch in batches]
+
+
+def _is_classifier(outputs: list[list[torch.Tensor]]) -> bool:
+    first = outputs[0][0] if outputs and outputs[0] else None
+    return first is not None and first.is_floating_point() and first.dim() == 2 and first.shape[1] >= 2
+
+
+def _compare(reference: list[list[torch.Tensor]], candidate: list[list[torch.Tensor]], data: str) -> AccuracyReport:
+    classifier = _is_classifier(reference)
+    agree = samples = 0
+    max_abs = total_abs = magnitude = 0.0
+    count = 0
+    for ref_batch, cand_batch in zip(reference, candidate):
+        if len(ref_batch) != len(cand_batch):
+            raise FxforgeError("the quantized model returns a different number of outputs than the float model")
+        for i, (ref, cand) in enumerate(zip(ref_batch, cand_batch)):
+            if not ref.is_floating_point():
+                continue
+            if ref.shape != cand.shape:
+                raise FxforgeError(f"quantized output {i} has shape {tuple(cand.shape)}, not {tuple(ref.shape)}")
+            diff = (ref.double() - cand.double()).abs()
+            finite = torch.isfinite(diff)
+            max_abs = max(max_abs, float(diff.max()) if diff.numel() else 0.0)
+            total_abs += float(diff[finite].sum())
+            magnitude += float(ref.double().abs()[finite].sum())
+            count += int(finite.sum())
+            if i == 0 and classifier:
+                agree += int((ref.argmax(1) == cand.argmax(1)).sum())
+                samples += ref.shape[0]
+        if not classifier:
+            first = ref_batch[0] if ref_batch else None
+            samples += int(first.shape[0]) if first is not None and first.dim() > 0 else 1
+    mean_abs = total_abs / count if count else 0.0
+    rel = mean_abs / (magnitude / count) if count and magnitude > 0 else (0.0 if mean_abs == 0 else math.inf)
+    agreement = agree / samples if classifier and samples else None
+    return AccuracyReport(samples, classifier, agreement, max_abs, mean_abs, rel, data)
+
+
+# --------------------------------------------------------------------------------------------------
+# targets for keep_float_until
+
+
+@dataclass(frozen=True)
+class Target:
+    """What ``keep_float_until`` asks for: ``agreement >= value`` or ``rel_err <= value``."""
+
+    metric: str
+    value: float
+
+    def met(self, accuracy: AccuracyReport) -> bool:
+        if self.metric == "agreement":
+            return accuracy.top1_agreement is not None and accuracy.top1_agreement >= self.value - 1e-12
+        return accuracy.rel_err <= self.value
+
+    def __str__(self) -> str:
+        return f"top-1 agreement >= {self.value:g}" if self.metric == "agreement" else f"rel_err <= {self.value:g}"
+
+
+def parse_target(value: float | str | Target) -> Target:
+    """``0.99`` or ``agreement=0.99`` (top-1 agreement with float), ``drop=0.01`` (same as agreement 0.99:
+    top-1 accuracy can drop by at most 1 - agreement), ``rel-err=0.05`` (mean abs error relative to the
+    float output's magnitude; for models that are not classifiers)."""
+    if isinstance(value, Target):
+        return value
+    key, number = "agreement", value
+    if isinstance(value, str):
+        key, sep, raw = value.partition("=")
+        if not sep:
+            key, raw = "agreement", value
+        key = key.strip().lower().replace("_", "-")
+        try:
+            number = float(raw)
+        except ValueError:
+            number = math.nan
+    number = float(number)
+    if key not in ("agreement", "drop", "rel-err") or not math.isfinite(number) or number < 0:
+        raise FxforgeError(
+            f"cannot read keep-float target {value!r}", hint="e.g. 0.99, agreement=0.99, drop=0.01 or rel-err=0.05"
+        )
+    if key == "drop":
+        return Target("agreement", 1.0 - number)
+    if key == "agreement":
+        if number > 1:
+            raise FxforgeError(f"top-1 agreement target {number:g} is above 1", hint="e.g. 0.99")
+        return Target("agreement", number)
+    return Target("rel_err", number)
+
+
+# --------------------------------------------------------------------------------------------------
+# the quantization flow
+
+
+@dataclass
+class LayerSensitivity:
+    """The error one layer causes when it is the only layer quantized."""
+
+    layer: str
+    type: str
+    top1_agreement: float | None
+    max_abs_err: float
+    mean_abs_err: float
+    rel_err: float
+
+
+@dataclass
+class QuantizeResult:
+    """A quantized (or QAT-prepared) model and how good it is.
+
+    ``model`` is a GraphModule from ``convert_fx`` (static, dynamic) or ``prepare_qat_fx``
+    (qat-prepare), or a module with swapped layers when dynamic quantization fell back to eager mode.
+    Run an int8 model with ``torch.backends.quantized.engine`` set to ``engine``.
+    """
+
+    model: nn.Module
+    mode: str
+    backend: str
+    machinery: str
+    calibration: dict[str, Any] | None
+    accuracy: AccuracyReport | None
+    sensitivity: list[LayerSensitivity] = field(default_factory=list)
+    quantized_layers: list[str] = field(default_factory=list)
+    float_layers: list[str] = field(default_factory=list)
+    target: str | None = None
+    target_met: bool | None = None
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    output_dir: Path | None = None
+    files: list[str] = field(default_factory=list)
+
+    @property
+    def engine(self) -> str:
+        return _ENGINES[self.backend]
+
+    @property
+    def accuracy_known(self) -> bool:
+        return self.calibration is not None and not self.calibration.get("random", False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "backend": self.backend,
+            "engine": self.engine,
+            "machinery": self.machinery,
+            "calibration": self.calibration,
+            "accuracy": asdict(self.accuracy) if self.accuracy else None,
+            "accuracy_known": self.accuracy_known,
+            "sensitivity": [asdict(s) for s in self.sensitivity],
+            "quantized_layers": self.quantized_layers,
+            "float_layers": self.float_layers,
+            "target": self.target,
+            "target_met": self.target_met,
+            "warnings": self.warnings,
+            "notes": self.notes,
+            "output_dir": str(self.output_dir) if self.output_dir else None,
+            "files": self.files,
+        }
+
+
+_ENGINES = {"x86": "x86", "qnnpack": "qnnpack"}
+
+
+@contextlib.contextmanager
+def quantized_engine(backend: str) -> Iterator[None]:
+    """Run with ``torch.backends.quantized.engine`` set for ``backend``: weights are packed for, and
+    kernels picked from, the engine that is current, and it is a process-wide setting."""
+    engine = _ENGINES[backend]
+    if engine not in torch.backends.quantized.supported_engines:
+        supported = ", ".join(e for e in torch.backends.quantized.supported_engines if e != "none")
+        raise FxforgeError(f"this torch build has no {engine} quantized engine", hint=f"available: {supported}")
+    previous = torch.backends.quantized.engine
+    torch.backends.quantized.engine = engine
+    try:
+        yield
+    finally:
+        torch.backends.quantized.engine = previous
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    # FX graph mode is deprecated but chosen deliberately (module docstring): hide exactly its notices.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"torch\.ao\.quantization is deprecated", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", message=r"Please use quant_min and quant_max", category=UserWarning)
+        warnings.filterwarnings("ignore", message=r"torch\.quantize_per_tensor, torch\.quantize_per_channel and other")
+        warnings.filterwarnings("ignore", message=r".*must run observer before calling calculate_qparams")
+        yield
+
+
+def _check_options(mode: str, backend: str) -> None:
+    if mode not in MODES:
+        raise FxforgeError(f"unknown quantization mode {mode!r}", hint=f"one of {', '.join(MODES)}")
+    if backend not in BACKENDS:
+        raise FxforgeError(f"unknown quantization backend {backend!r}", hint=f"one of {', '.join(BACKENDS)}")
+
+
+def _layer_types(mode: str) -> tuple[type[nn.Module], ...]:
+    return DYNAMIC_LAYER_TYPES if mode == "dynamic" else STATIC_LAYER_TYPES
+
+
+def quantizable_layers(module: nn.Module, mode: str = "static") -> list[tuple[str, str]]:
+    """(name, type) of the layers ``mode`` quantizes: called modules of a GraphModule, in graph order,
+    else every submodule of those types."""
+    types = _layer_types(mode)
+    found: dict[str, str] = {}
+    if isinstance(module, fx.GraphModule):
+        for node in module.graph.nodes:
+            if node.op == "call_module":
+                sub = module.get_submodule(str(node.target))
+                if type(sub) in types:
+                    found.setdefault(str(node.target), type(sub).__name__)
+    else:
+        for name, sub in module.named_modules():
+            if name and type(sub) in types:
+                found.setdefault(name, type(sub).__name__)
+    return list(found.items())
+
+
+def _is_quantized_module(module: nn.Module) -> bool:
+    name = type(module).__module__
+    return name.startswith(("torch.ao.nn.quantized", "torch.ao.nn.intrinsic.quantized"))
+
+
+def _non_traceable(gm: fx.GraphModule) -> list[str]:
+    # Capture's leaves (user modules, containers) stay black boxes: FX's tracer would trace into them.
+    names = []
+    for node in gm.graph.nodes:
+        if node.op != "call_module":
+            continue
+        module = gm.get_submodule(str(node.target))
+        from_torch = type(module).__module__.startswith(("torch.nn.", "torch.ao.nn."))
+        if not from_torch or isinstance(module, (nn.Sequential, nn.ModuleList, nn.ModuleDict)):
+            names.append(str(node.target))
+    return sorted(set(names))
+
+
+@dataclass
+class _Plan:
+    """What to quantize: the float module, how, and with which example inputs."""
+
+    source: nn.Module
+    mode: str
+    backend: str
+    example_inputs: tuple[Any, ...]
+    eager: bool  # dynamic quantization by module swap (no torch-dialect graph)
+
+    @property
+    def machinery(self) -> str:
+        return EAGER_DYNAMIC_MACHINERY if self.eager else FX_MACHINERY
+
+
+def _qconfig_mapping(plan: _Plan, only: str | None, float_layers: Sequence[str]):
+    from torch.ao.quantization import QConfigMapping, default_dynamic_qconfig
+    from torch.ao.quantization.qconfig_mapping import get_default_qat_qconfig_mapping, get_default_qconfig_mapping
+
+    with _quiet():
+        if plan.mode == "dynamic":
+            mapping = QConfigMapping()
+            for layer_type in DYNAMIC_LAYER_TYPES:
+                mapping.set_object_type(layer_type, default_dynamic_qconfig)
+            qconfig = default_dynamic_qconfig
+        elif plan.mode == "qat-prepare":
+            mapping = get_default_qat_qconfig_mapping(plan.backend)
+            qconfig = mapping.global_qconfig
+        else:
+            mapping = get_default_qconfig_mapping(plan.backend)
+            qconfig = mapping.global_qconfig
+    if only is not None:
+        mapping = QConfigMapping().set_global(None).set_module_name(only, qconfig)
+    for name in float_layers:
+        mapping.set_module_name(name, None)
+    return mapping
+
+
+def _quantize_once(
+    plan: _Plan,
+    calibration: Sequence[tuple[Any, ...]],
+    *,
+    only: str | None = None,
+    float_layers: Sequence[str] = (),
+) -> nn.Module:
+    """Prepare, calibrate and convert a fresh copy of ``plan.source`` (prepare only for QAT)."""
+    model = copy.deepcopy(plan.source)  # prepare_fx and the module swap change the module they are given
+    if plan.eager:
+        from torch.ao.quantization import default_dynamic_qconfig, quantize_dynamic
+
+        names = [only] if only is not None else [n for n, _ in quantizable_layers(model, "dynamic")]
+        spec = {name: default_dynamic_qconfig for name in names if name not in set(float_layers)}
+        with _quiet(), quantized_engine(plan.backend):
+            return quantize_dynamic(model.eval(), spec, dtype=torch.qint8) if spec else model.eval()
+
+    from torch.ao.quantization.fx.custom_config import PrepareCustomConfig
+    from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx, prepare_qat_fx
+
+    mapping = _qconfig_mapping(plan, only, float_layers)
+    custom = PrepareCustomConfig()
+    if isinstance(model, fx.GraphModule):
+        custom.set_non_traceable_module_names(_non_traceable(model))
+    try:
+        with _quiet(), quantized_engine(plan.backend):
+            if plan.mode == "qat-prepare":
+                return prepare_qat_fx(model.train(), mapping, plan.example_inputs, prepare_custom_config=custom)
+            prepared = prepare_fx(model.eval(), mapping, plan.example_inputs, prepare_custom_config=custom)
+            if plan.mode == "static":
+                with torch.no_grad():
+                    for batch in calibration:
+                        prepared(*batch)
+            return convert_fx(prepared)
+    except FxforgeError:
+        raise
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise FxforgeError(
+            f"FX graph-mode quantization failed: {type(exc).__name__}: {first}",
+            hint="keep the offending submodule in float with --leaf NAME, or try --mode dynamic",
+        ) from exc
+
+
+def convert(prepared: nn.Module, backend: str = "x86") -> nn.Module:
+    """Convert a QAT-prepared model (after training) into an int8 model, in eval mode."""
+    from torch.ao.quantization.quantize_fx import convert_fx
+
+    _check_options("static", backend)
+    with _quiet(), quantized_engine(backend):
+        return convert_fx(prepared.eval())
+
+
+def _plan(captured: Captured, mode: str, backend: str) -> _Plan:
+    if captured.dialect != ATEN:
+        return _Plan(captured.graph_module, mode, backend, tuple(captured.flat_inputs()), eager=False)
+    if mode != "dynamic":
+        raise DialectError(
+            f"{mode} quantization needs a torch-dialect graph (symbolic_trace); this model was captured "
+            "with torch.export (ATen dialect), whose ops FX graph-mode quantization does not match",
+            hint="make the untraceable submodule a leaf (--leaf NAME) so symbolic tracing succeeds, "
+            "or use --mode dynamic (Linear/LSTM layers only, works on any model)",
+        )
+    return _Plan(captured.original, mode, backend, tuple(captured.example_inputs), eager=True)
+
+
+def _as_captured(target: Captured | nn.Module, example_inputs: Sequence[Any] | None, calibration: Any) -> Captured:
+    if isinstance(target, Captured):
+        return target
+    if not isinstance(target, nn.Module):
+        raise FxforgeError(f"quantize takes a Captured or an nn.Module, not a {type(target).__name__}")
+    if example_inputs is None:
+        if calibration is None or (isinstance(calibration, str) and calibration.startswith("random")):
+            raise InputSpecError(
+                "quantize needs example inputs for a module",
+                hint="pass example_inputs=..., calibration data, or a model captured with fxforge.prepare",
+            )
+        example_inputs = load_calibration(calibration, ()).batches[0]
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    return capture(target, tuple(example_inputs))
+
+
+def quantize(
+    target: Captured | nn.Module,
+    mode: str = "static",
+    backend: str = "x86",
+    calibration: Any = None,
+    *,
+    eval_data: Any = None,
+    example_inputs: Sequence[Any] | None = None,
+    sensitivity: bool = False,
+    keep_float_until: float | str | Target | None = None,
+    float_layers: Sequence[str] = (),
+    random_batches: int = DEFAULT_RANDOM_BATCHES,
+    seed: int = 0,
+    output_dir: str | Path | None = None,
+    force: bool = False,
+    spec: str | None = None,
+) -> QuantizeResult:
+    """Quantize a captured model (or a module, captured here) to int8, or prepare it for QAT.
+
+    Args:
+        target: a :class:`~fxforge.capture.Captured` (from :func:`fxforge.prepare`) or an ``nn.Module``
+            (then ``example_inputs`` or the first calibration batch is used to capture it).
+        mode: ``"static"`` (int8 weights and activations; observers calibrated on ``calibration``),
+            ``"dynamic"`` (int8 weights, activations quantized per batch at run time: Linear/LSTM) or
+            ``"qat-prepare"`` (fake-quant model in training mode; train it, then :func:`convert`).
+        backend: ``"x86"`` (fbgemm/oneDNN) or ``"qnnpack"`` (ARM); sets the qconfigs and the engine.
+        calibration: see :func:`load_calibration`; ``None`` calibrates on random inputs and warns
+            (:class:`RandomCalibrationWarning`) that accuracy is unknown.
+        eval_data: batches the float and int8 models are compared on (default: the calibration data).
+        sensitivity: also quantize one layer at a time and rank layers by the error each causes.
+        keep_float_until: a :func:`parse_target` target; keep the most sensitive layers in float,
+            one more at a time, until the target is met (implies ``sensitivity``).
+        float_layers: module names to keep in float from the start.
+        output_dir: write ``model.pt``, ``inputs.txt`` and ``report.json`` there (atomically).
+    """
+    _check_options(mode, backend)
+    if mode == "qat-prepare" and (sensitivity or keep_float_until is not None):
+        raise FxforgeError("sensitivity and keep-float need a quantized model", hint="use --mode static or dynamic")
+    captured = _as_captured(target, example_inputs, calibration)
+    plan = _plan(captured, mode, backend)
+    result_warnings: list[str] = []
+    notes: list[str] = []
+
+    needs_data = mode == "static" or mode == "dynamic"
+    calib = load_calibration(calibration, plan.example_inputs, batches=random_batches, seed=seed) if needs_data else None
+    if calib is not None and calib.random and eval_data is None:
+        result_warnings.append(RANDOM_WARNING)
+        warnings.warn(RANDOM_WARNING, RandomCalibrationWarning, stacklevel=2)
+    if mode == "dynamic":
+        notes.append("dynamic quantization needs no calibration: activation ranges are measured on every batch")
+    if plan.eager:
+        notes.append(
+            "the model was captured with torch.export (ATen dialect), which FX graph mode cannot quantize: "
+            "Linear/LSTM layers were swapped for dynamic int8 ones in the original module (eager mode)"
+        )
+
+    float_layers = list(float_layers)
+    known = {name for name, _ in quantizable_layers(plan.source, mode)}
+    unknown = [name for name in float_layers if name not in known]
+    if unknown:
+        raise FxforgeError(f"no quantizable layer named {unknown[0]!r}", hint=f"layers: {', '.join(sorted(known))}")
+
+    model = _quantize_once(plan, calib.batches if calib else [], float_layers=float_layers)
+    accuracy = None
+    ranking: list[LayerSensitivity] = []
+    target_text = target_met = None
+    if mode == "qat-prepare":
+        notes.append(
+            "fake-quant model in training mode: train it, then fxforge.quantize.convert(model) gives the int8 model"
+        )
+    else:
+        evaluation = (
+            load_calibration(eval_data, plan.example_inputs, batches=random_batches, seed=seed + 1000)
+            if eval_data is not None
+            else calib
+        )
+        label = "eval data" if eval_data is not None else "calibration data"
+        float_model = copy.deepcopy(plan.source).eval()
+        reference = _run(float_model, evaluation.batches)
+        with quantized_engine(backend):
+            accuracy = _compare(reference, _run(model, evaluation.batches), label)
+        if sensitivity or keep_float_until is not None:
+            with quantized_engine(backend):
+                ranking = _sensitivity(plan, calib.batches, reference, evaluation.batches, label)
+        if keep_float_until is not None:
+            goal = parse_target(keep_float_until)
+            if goal.metric == "agreement" and not accuracy.classifier:
+                raise FxforgeError(
+                    "a top-1 agreement target needs a classifier (2-D logits output)", hint="use rel-err=X"
+                )
+            target_text = str(goal)
+            for layer in (entry.layer for entry in ranking):
+                if goal.met(accuracy):
+                    break
+                if layer in float_layers:
+                    continue
+                float_layers.append(layer)
+                model = _quantize_once(plan, calib.batches, float_layers=float_layers)
+                with quantized_engine(backend):
+                    accuracy = _compare(reference, _run(model, evaluation.batches), label)
+            target_met = goal.met(accuracy)
+            if not target_met:
+                result_warnings.append(f"target {goal} not met even with every ranked layer in float")
+
+    result = QuantizeResult(
+        model=model,
+        mode=mode,
+        backend=backend,
+        machinery=plan.machinery,
+        calibration=calib.describe() if calib else None,
+        accuracy=accuracy,
+        sensitivity=ranking,
+        quantized_layers=_quantized_layers(model, plan.source, mode),
+        float_layers=float_layers,
+        target=target_text,
+        target_met=target_met,
+        warnings=result_warnings,
+        notes=notes,
+    )
+    if output_dir is not None:
+        write_output(result, captured, output_dir, force=force, spec=spec)
+    return result
+
+
+def _quantized_layers(model: nn.Module, source: nn.Module, mode: str) -> list[str]:
+    names = []
+    for name, _ in quantizable_layers(source, mode):
+        try:
+            sub = model.get_submodule(name)
+        except AttributeError:
+            continue
+        if _is_quantized_module(sub) or hasattr(sub, "weight_fake_quant"):
+            names.append(name)
+    return names
+
+
+def _sensitivity(
+    plan: _Plan,
+    calibration: Sequence[tuple[Any, ...]],
+    reference: list[list[torch.Tensor]],
+    batches: Sequence[tuple[Any, ...]],
+    label: str,
+) -> list[LayerSensitivity]:
+    """Quantize each layer alone and rank layers by the error they cause, largest first.
+
+    One-at-a-time (rather than leave-one-out) isolates each layer's own error; ranked by mean abs
+    error, which is continuous where top-1 agreement on a small set ties.
+    """
+    entries = []
+    for name, type_name in quantizable_layers(plan.source, plan.mode):
+        model = _quantize_once(plan, calibration, only=name)
+        report = _compare(reference, _run(model, batches), label)
+        entries.append(
+            LayerSensitivity(name, type_name, report.top1_agreement, report.max_abs_err, report.mean_abs_err, report.rel_err)
+        )
+    entries.sort(key=lambda e: (-e.mean_abs_err, e.top1_agreement if e.top1_agreement is not None else 1.0))
+    return entries
+
+
+# --------------------------------------------------------------------------------------------------
+# output and hooks
+
+
+def write_output(
+    result: QuantizeResult,
+    captured: Captured,
+    output_dir: str | Path,
+    *,
+    force: bool = False,
+    spec: str | None = None,
+) -> list[str]:
+    """Write ``model.pt`` (``torch.save`` of the quantized module), ``inputs.txt`` and ``report.json``
+    into ``output_dir``, atomically (nothing is left behind when a step fails)."""
+    from fxforge.inputs import specs_of
+    from fxforge.optimize import atomic_directory
+
+    output_dir = Path(output_dir)
+    files = [MODEL_FILE, "inputs.txt", "report.json"]
+    with atomic_directory(output_dir, force=force) as staging:
+        torch.save(result.model, staging / MODEL_FILE)
+        tensors = [t for t in captured.example_inputs if isinstance(t, torch.Tensor)]
+        (staging / "inputs.txt").write_text("\n".join(str(s) for s in specs_of(tensors)) + "\n")
+        result.output_dir, result.files = output_dir, files
+        report = {"model": spec, "capture": captured.record.to_dict(), **result.to_dict()}
+        (staging / "report.json").write_text(json.dumps(report, indent=2, default=str))
+    return files
+
+
+def int8_backend(captured: Captured, calibration: Any = None) -> nn.Module:
+    """The int8 model ``fxforge.bench`` times in its "int8" row.
+
+    Static int8 (x86 engine) for torch-dialect graphs; dynamic int8 for models only ``torch.export``
+    could capture (static needs a symbolically traced graph). ``calibration`` as in :func:`quantize`;
+    an ``int`` is read as a batch size and gives random calibration batches of that size (speed does
+    not depend on the calibration data, accuracy does -- the bench does not measure accuracy).
+    """
+    if isinstance(calibration, int) and not isinstance(calibration, bool):
+        from fxforge.inputs import make_inputs, specs_of
+
+        specs = specs_of(captured.example_inputs)
+        calibration = [make_inputs(specs, seed=i, batch=calibration) for i in range(DEFAULT_RANDOM_BATCHES)]
+    mode = "dynamic" if captured.dialect == ATEN else "static"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RandomCalibrationWarning)
+        result = quantize(captured, mode, "x86", calibration)
+    return result.model.eval()

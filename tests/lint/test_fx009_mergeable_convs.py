@@ -1,0 +1,95 @@
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Pair(nn.Module):
+    def __init__(self, first: nn.Module, second: nn.Module, between=None, reuse: bool = False):
+        super().__init__()
+        self.first, self.second = first, second
+        self.between = between
+        self.reuse = reuse
+
+    def forward(self, x):
+        y = self.first(x)
+        z = self.second(self.between(y) if self.between is not None else y)
+        return (z, y) if self.reuse else z
+
+
+def conv(cin, cout, k, **kwargs):
+    return nn.Conv2d(cin, cout, k, **kwargs)
+
+
+X = torch.randn(2, 3, 9, 9)
+
+MERGEABLE = {
+    "kxk then 1x1": (conv(3, 8, 3, stride=2, padding=1), conv(8, 4, 1), "1x1 stride-1 unpadded conv after a 3x3"),
+    "1x1 then unpadded kxk": (conv(3, 8, 1), conv(8, 4, 3), "3x3 unpadded conv after a 1x1"),
+    "bias-free 1x1 then padded kxk": (conv(3, 8, 1, bias=False), conv(8, 4, 3, padding=1), "bias-free 1x1"),
+}
+NOT_MERGEABLE = {
+    "1x1 with bias then padded kxk": (conv(3, 8, 1), conv(8, 4, 3, padding=1)),
+    "kxk then strided 1x1": (conv(3, 8, 3), conv(8, 4, 1, stride=2)),
+    "grouped": (conv(3, 6, 3), conv(6, 4, 1, groups=2)),
+    "kxk then kxk": (conv(3, 8, 3), conv(8, 4, 3)),
+}
+
+
+@pytest.mark.parametrize("dialect", ["torch", "aten"])
+@pytest.mark.parametrize("case", sorted(MERGEABLE))
+def test_exactly_mergeable_convs(capture_as, findings, dialect, case):
+    first, second, reason = MERGEABLE[case]
+    found = findings(capture_as(Pair(first, second).eval(), X, dialect), "FX009")
+    names = {"torch": ("first", "second"), "aten": ("conv2d", "conv2d_1")}[dialect]
+    assert [(f.code, f.node, f.fix) for f in found] == [("FX009", names[1], "merge_convs")]
+    assert found[0].message.startswith(f"{names[0]} and {names[1]} can be merged") and reason in found[0].message
+
+
+@pytest.mark.parametrize("dialect", ["torch", "aten"])
+@pytest.mark.parametrize("case", sorted(NOT_MERGEABLE))
+def test_not_exactly_mergeable(capture_as, findings, dialect, case):
+    first, second = NOT_MERGEABLE[case]
+    assert findings(capture_as(Pair(first, second).eval(), X, dialect), "FX009") == []
+
+
+def test_mergeable_claim_is_exact():
+    """The claim behind the padded case: merged weights W2 @ W1 reproduce the pair exactly."""
+    first, second, _ = MERGEABLE["bias-free 1x1 then padded kxk"]
+    merged = torch.einsum("ockl,ci->oikl", second.weight, first.weight[:, :, 0, 0])
+    with torch.no_grad():
+        torch.testing.assert_close(F.conv2d(X, merged, second.bias, padding=1), second(first(X)))
+
+
+@pytest.mark.parametrize("dialect", ["torch", "aten"])
+def test_linear_then_linear(capture_as, findings, dialect):
+    found = findings(capture_as(Pair(nn.Linear(4, 16), nn.Linear(16, 2)), torch.randn(3, 4), dialect), "FX009")
+    assert len(found) == 1 and "linear after linear" in found[0].message
+    assert "(96 weights now, 8 merged)" in found[0].message
+
+
+@pytest.mark.parametrize("dialect", ["torch", "aten"])
+def test_something_between_or_other_users(capture_as, findings, dialect):
+    first, second, _ = MERGEABLE["kxk then 1x1"]
+    assert findings(capture_as(Pair(first, second, between=nn.ReLU()).eval(), X, dialect), "FX009") == []
+    assert findings(capture_as(Pair(first, second, reuse=True).eval(), X, dialect), "FX009") == []
+
+
+def test_functional_conv_with_stored_weights(capture_as, findings):
+    class Functional(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w1 = nn.Parameter(torch.randn(8, 3, 3, 3))
+            self.w2 = nn.Parameter(torch.randn(4, 8, 1, 1))
+
+        def forward(self, x):
+            return F.conv2d(F.conv2d(x, self.w1, padding=1), self.w2)
+
+    found = findings(capture_as(Functional(), X, "torch"), "FX009")
+    assert [f.node for f in found] == ["conv2d_1"]
+
+
+def test_resnet18_has_none(findings, resnet18_captured):
+    assert findings(resnet18_captured, "FX009") == []

@@ -1,0 +1,311 @@
+"""Quantization on real data: a small CNN, an MLP and an LSTM trained here on scikit-learn's digits
+(8x8 images, 1797 samples), quantized to int8 and measured on a held-out split; QAT preparation that
+trains; torchvision models end to end; the CLI."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import fxforge
+from fxforge.capture import capture
+from fxforge.cli import main
+from fxforge.demo import DemoMLP
+from fxforge.errors import EXIT_OK, EXIT_USAGE, FxforgeError
+from fxforge.quantize import (
+    FX_MACHINERY,
+    RandomCalibrationWarning,
+    convert,
+    int8_backend,
+    load_calibration,
+    parse_target,
+    quantize,
+)
+
+sklearn_datasets = pytest.importorskip("sklearn.datasets")
+model_selection = pytest.importorskip("sklearn.model_selection")
+
+
+@pytest.fixture(scope="module")
+def digits():
+    """Train/test split of the digits, scaled to [0, 1], as (N, 1, 8, 8) images and int64 labels."""
+    data = sklearn_datasets.load_digits()
+    x = torch.tensor(data.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    y = torch.tensor(data.target, dtype=torch.int64)
+    train_idx, test_idx = model_selection.train_test_split(
+        torch.arange(len(y)).numpy(), test_size=0.25, random_state=0, stratify=y.numpy()
+    )
+    return x[train_idx], y[train_idx], x[test_idx], y[test_idx]
+
+
+class DigitsCNN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 16, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(16)
+        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
+        self.bn2 = nn.BatchNorm2d(32)
+        self.relu = nn.ReLU()
+        self.pool = nn.MaxPool2d(2)
+        self.fc1 = nn.Linear(32 * 4 * 4, 64)
+        self.fc2 = nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.relu(self.bn1(self.conv1(x)))
+        x = self.pool(self.relu(self.bn2(self.conv2(x))))
+        return self.fc2(torch.relu(self.fc1(x.flatten(1))))
+
+
+class DigitsLSTM(nn.Module):
+    """Reads a digit row by row: 8 steps of 8 pixels."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(8, 64, batch_first=True)
+        self.head = nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.lstm(x.flatten(1, 2))
+        return self.head(out[:, -1])
+
+
+def _train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, epochs: int, lr: float = 3e-3) -> list[float]:
+    generator = torch.Generator().manual_seed(0)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    losses = []
+    model.train()
+    for _ in range(epochs):
+        order = torch.randperm(len(y), generator=generator)
+        for start in range(0, len(y), 64):
+            idx = order[start : start + 64]
+            loss = nn.functional.cross_entropy(model(x[idx]), y[idx])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(float(loss))
+    return losses
+
+
+def _accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    model.eval()
+    with torch.no_grad():
+        return float((model(x).argmax(1) == y).float().mean())
+
+
+@pytest.fixture(scope="module")
+def trained_cnn(digits):
+    x_train, y_train, x_test, y_test = digits
+    torch.manual_seed(0)
+    model = DigitsCNN()
+    _train(model, x_train, y_train, epochs=8)
+    model.eval()
+    accuracy = _accuracy(model, x_test, y_test)
+    assert accuracy >= 0.95, f"float CNN reached only {accuracy:.3f} on held-out digits"
+    return model, accuracy
+
+
+def _calibration(x: torch.Tensor) -> list[torch.Tensor]:
+    return list(x.split(64))
+
+
+def test_static_int8_cnn_on_digits_keeps_accuracy(digits, trained_cnn):
+    x_train, _, x_test, y_test = digits
+    model, float_accuracy = trained_cnn
+    captured = capture(model, (x_test[:4],))
+    result = quantize(captured, "static", calibration=_calibration(x_train), eval_data=[x_test], sensitivity=True)
+
+    int8_accuracy = _accuracy(result.model, x_test, y_test)
+    assert float_accuracy - int8_accuracy <= 0.01, (float_accuracy, int8_accuracy)
+    assert result.machinery == FX_MACHINERY and result.accuracy_known and not result.warnings
+    assert result.quantized_layers == ["conv1", "conv2", "fc1", "fc2"]
+    assert result.calibration["samples"] == len(x_train) and result.calibration["random"] is False
+    accuracy = result.accuracy
+    assert accuracy.classifier and accuracy.samples == len(x_test)
+    # agreement with float bounds the accuracy drop
+    assert accuracy.top1_agreement >= 0.98
+    assert float_accuracy - int8_accuracy <= 1 - accuracy.top1_agreement + 1e-9
+    # one sensitivity entry per quantizable layer, most harmful first
+    ranking = result.sensitivity
+    assert sorted(s.layer for s in ranking) == ["conv1", "conv2", "fc1", "fc2"]
+    errors = [s.mean_abs_err for s in ranking]
+    assert errors == sorted(errors, reverse=True) and all(e > 0 for e in errors)
+    # each layer alone causes less error than quantizing all of them
+    assert max(errors) <= accuracy.mean_abs_err
+    assert isinstance(result.model, torch.fx.GraphModule)
+    assert result.model(x_test[:2]).shape == (2, 10)
+    assert model.conv1.weight.dtype == torch.float32  # the float model is untouched
+
+
+def test_keep_float_until_keeps_the_most_sensitive_layers(digits, trained_cnn):
+    x_train, _, x_test, _ = digits
+    model, _ = trained_cnn
+    captured = capture(model, (x_test[:4],))
+    full = quantize(captured, "static", calibration=x_train, eval_data=x_test)
+    target = full.accuracy.rel_err / 2
+    result = quantize(captured, "static", calibration=x_train, eval_data=x_test, keep_float_until=f"rel-err={target}")
+    ranked = [s.layer for s in result.sensitivity]
+    assert 1 <= len(result.float_layers) <= len(ranked)
+    assert result.float_layers == ranked[: len(result.float_layers)]  # most sensitive first
+    assert set(result.quantized_layers) == set(ranked) - set(result.float_layers)
+    assert result.target == f"rel_err <= {target:g}"
+    if result.target_met:
+        assert result.accuracy.rel_err <= target
+    else:
+        assert result.warnings
+    for name in result.float_layers:
+        assert not type(result.model.get_submodule(name)).__module__.startswith("torch.ao.nn.quantized")
+
+
+def test_dynamic_int8_mlp_and_lstm_on_digits(digits):
+    x_train, y_train, x_test, y_test = digits
+    for model, epochs in ((DemoMLP(), 6), (DigitsLSTM(), 6)):
+        torch.manual_seed(0)
+        flat = isinstance(model, DemoMLP)
+        train_x, test_x = (x_train.flatten(1), x_test.flatten(1)) if flat else (x_train, x_test)
+        _train(model, train_x, y_train, epochs=epochs, lr=1e-2)
+        float_accuracy = _accuracy(model, test_x, y_test)
+        assert float_accuracy >= 0.9, (type(model).__name__, float_accuracy)
+        result = quantize(capture(model, (test_x[:4],)), "dynamic", eval_data=[test_x])
+        int8_accuracy = _accuracy(result.model, test_x, y_test)
+        assert float_accuracy - int8_accuracy <= 0.01, (type(model).__name__, float_accuracy, int8_accuracy)
+        assert result.quantized_layers, type(model).__name__
+        kinds = {type(m).__module__ for m in result.model.modules()}
+        assert any(k.startswith("torch.ao.nn.quantized.dynamic") for k in kinds)
+        assert result.accuracy.top1_agreement >= 0.98
+
+
+def test_qat_prepare_trains_and_converts(digits):
+    x_train, y_train, x_test, y_test = digits
+    torch.manual_seed(0)
+    model = DigitsCNN()
+    _train(model, x_train, y_train, epochs=2)
+    result = quantize(capture(model.eval(), (x_test[:4],)), "qat-prepare")
+    prepared = result.model
+    assert prepared.training and result.accuracy is None
+    fake_quants = [m for m in prepared.modules() if isinstance(m, torch.ao.quantization.FakeQuantizeBase)]
+    assert len(fake_quants) >= 8  # activations and the weights of 4 layers
+
+    losses = _train(prepared, x_train, y_train, epochs=2, lr=1e-3)
+    assert prepared.conv1.weight.grad is not None and float(prepared.conv1.weight.grad.abs().sum()) > 0
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5  # it learns through the fake-quant nodes
+    int8 = convert(prepared)
+    assert _accuracy(int8, x_test, y_test) >= 0.9
+
+
+def test_random_calibration_warns_and_is_recorded():
+    captured = fxforge.prepare("demo")
+    with pytest.warns(RandomCalibrationWarning):
+        result = quantize(captured, "static", random_batches=2)
+    assert result.calibration["random"] and not result.accuracy_known
+    assert any("random" in w for w in result.warnings)
+
+
+def test_calibration_formats(tmp_path):
+    example = (torch.zeros(1, 3),)
+    data = torch.randn(70, 3)
+    assert [b[0].shape[0] for b in load_calibration(data, example).batches] == [32, 32, 6]
+    torch.save([(data[:5], torch.zeros(5)), (data[5:9], torch.zeros(4))], tmp_path / "c.pt")
+    loaded = load_calibration(str(tmp_path / "c.pt"), example)
+    assert len(loaded.batches) == 2 and len(loaded.batches[0]) == 1  # labels dropped
+    assert loaded.samples == 9
+    (tmp_path / "calib.py").write_text("import torch\ndef batches():\n    return [torch.ones(2, 3)] * 3\n")
+    assert len(load_calibration(f"{tmp_path / 'calib.py'}:batches", example).batches) == 3
+    assert len(load_calibration("random:5", example).batches) == 5
+    assert len(load_calibration(lambda: iter([data[:2]]), example).batches) == 1
+    with pytest.raises(FxforgeError, match="not found"):
+        load_calibration(str(tmp_path / "missing.pt"), example)
+    (tmp_path / "bad.pt").write_text("not a tensor file")
+    with pytest.raises(FxforgeError, match="cannot read calibration file"):
+        load_calibration(str(tmp_path / "bad.pt"), example)
+
+
+def test_parse_target():
+    assert parse_target(0.99).metric == "agreement"
+    assert parse_target("drop=0.01").value == pytest.approx(0.99)
+    assert parse_target("rel-err=0.05").metric == "rel_err"
+    for bad in ("x=1", "agreement=2", "nan"):
+        with pytest.raises(FxforgeError):
+            parse_target(bad)
+
+
+def test_static_needs_a_torch_dialect_graph():
+    class Branchy(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.fc(x) if x.sum() > 0 else -self.fc(x)
+
+    captured = capture(Branchy(), (torch.ones(2, 4),))
+    assert captured.dialect == "aten"
+    with pytest.raises(FxforgeError, match="torch-dialect graph"):
+        quantize(captured, "static", calibration=[torch.ones(2, 4)])
+    # dynamic quantization swaps modules, so it needs no graph
+    result = quantize(captured, "dynamic", calibration=[torch.ones(2, 4)])
+    assert "eager" in result.machinery and result.quantized_layers == ["fc"]
+
+
+def test_int8_backend_hook():
+    captured = fxforge.prepare("demo")
+    model = int8_backend(captured, 2)
+    assert not model.training
+    assert any(type(m).__module__.startswith("torch.ao.nn.quantized") for m in model.modules())
+    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2"])
+def test_torchvision_end_to_end(name):
+    from conftest import randomize_batchnorm
+
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    model = randomize_batchnorm(torchvision.models.get_model(name).eval())
+    captured = capture(model, (torch.randn(1, 3, 64, 64),))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RandomCalibrationWarning)
+        result = quantize(captured, "static", calibration="random:4")
+    assert 0.0 <= result.accuracy.top1_agreement <= 1.0
+    assert result.accuracy.samples == 4 and len(result.quantized_layers) > 10
+    assert result.model(torch.randn(2, 3, 64, 64)).shape == (2, 1000)
+
+
+def test_cli_quantize_demo(tmp_path, capsys):
+    out = tmp_path / "q"
+    code = main(["quantize", "demo", "--mode", "static", "-o", str(out), "--json"])
+    stdout, stderr = capsys.readouterr()
+    assert code == EXIT_OK, stderr
+    data = json.loads(stdout)
+    assert data["mode"] == "static" and data["calibration"]["random"] and data["warnings"]
+    assert 0 <= data["accuracy"]["top1_agreement"] <= 1
+    assert sorted(p.name for p in out.iterdir()) == ["inputs.txt", "model.pt", "report.json"]
+    model = torch.load(out / "model.pt", weights_only=False)
+    assert model(torch.randn(1, 3, 32, 32)).shape == (1, 10)
+    assert json.loads((out / "report.json").read_text())["quantized_layers"] == ["conv1", "conv2", "fc"]
+
+    # the output directory is a model spec: inspect reads the int8 graph
+    code = main(["inspect", str(out), "--json"])
+    stdout, stderr = capsys.readouterr()
+    assert code == EXIT_OK, stderr
+    nodes = {n["name"]: n for n in json.loads(stdout)["nodes"]}
+    quantize_nodes = [n for n in nodes.values() if n["target"] == "torch.quantize_per_tensor"]
+    assert quantize_nodes and quantize_nodes[0]["dtype"] == "quint8"
+
+
+def test_cli_quantize_tables_and_errors(tmp_path, capsys):
+    calib = tmp_path / "calib.pt"
+    torch.save(torch.randn(16, 3, 32, 32), calib)
+    code = main(["quantize", "demo", "--calib", str(calib), "--sensitivity", "-o", str(tmp_path / "a")])
+    stdout, stderr = capsys.readouterr()
+    assert code == EXIT_OK, stderr
+    assert "Sensitivity" in stdout and "conv1" in stdout and "warning" not in stderr
+    code = main(["quantize", "demo", "-o", str(tmp_path / "a")])
+    assert code == EXIT_USAGE and "not empty" in capsys.readouterr().err
+    code = main(["quantize", "demo", "--mode", "qat-prepare", "--sensitivity", "-o", str(tmp_path / "b")])
+    assert code == EXIT_USAGE and "sensitivity" in capsys.readouterr().err
+    assert not (tmp_path / "b").exists()
