@@ -9,6 +9,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from fxforge.inspect import InspectReport
 
@@ -106,21 +107,27 @@ def _shape(shape: Any) -> str:
 
 
 def render_findings(console: Console, spec: str, findings: list[Any]) -> None:
+    if not findings:
+        console.print(f"{spec}: [green]All checks passed![/]")
+        return
+    table = Table(title=f"Lint findings for {spec}", title_justify="left")
+    for column in ("rule", "severity", "node", "module", "message", "fix"):
+        table.add_column(column, overflow="fold")
     for finding in findings:
         style = _SEVERITY_STYLE[finding.severity]
-        where = finding.node or "<graph>"
-        module = f" [dim]({finding.module})[/]" if finding.module else ""
-        fix = f" [dim][fix: {finding.fix}][/]" if finding.fix else ""
-        console.print(
-            f"{spec}:{where}{module}: [{style}]{finding.code}[/] {finding.name}: {finding.message}{fix}",
-            highlight=False,
+        # Text cells, not markup: messages quote user code and module names that may contain "[...]".
+        table.add_row(
+            Text(f"{finding.code} {finding.name}", style=style),
+            Text(finding.severity, style=style),
+            Text(finding.node or "<graph>"),
+            Text(finding.module or ""),
+            Text(finding.message),
+            Text(finding.fix or "", style="dim"),
         )
+    console.print(table)
     counts = {s: sum(1 for f in findings if f.severity == s) for s in ("error", "warning", "info")}
-    if findings:
-        summary = ", ".join(f"{n} {s}{'s' if n != 1 else ''}" for s, n in counts.items() if n)
-        console.print(f"Found {len(findings)} finding{'s' if len(findings) != 1 else ''} ({summary}).")
-    else:
-        console.print("[green]All checks passed![/]")
+    summary = ", ".join(f"{n} {s}{'s' if n != 1 else ''}" for s, n in counts.items() if n)
+    console.print(f"Found {len(findings)} finding{'s' if len(findings) != 1 else ''} ({summary}).")
 
 
 def render_rules(console: Console, rules: list[Any]) -> None:
