@@ -18,7 +18,9 @@ from fxforge.demo import DemoMLP
 from fxforge.errors import EXIT_OK, EXIT_USAGE, FxforgeError
 from fxforge.quantize import (
     FX_MACHINERY,
+    AccuracyReport,
     RandomCalibrationWarning,
+    Target,
     convert,
     int8_backend,
     load_calibration,
@@ -86,7 +88,7 @@ def _train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, epochs: int, lr: 
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-            losses.append(float(loss))
+            losses.append(loss.item())
     return losses
 
 
@@ -116,10 +118,16 @@ def test_static_int8_cnn_on_digits_keeps_accuracy(digits, trained_cnn):
     x_train, _, x_test, y_test = digits
     model, float_accuracy = trained_cnn
     captured = capture(model, (x_test[:4],))
-    result = quantize(captured, "static", calibration=_calibration(x_train), eval_data=[x_test], sensitivity=True)
+    eval_data = (x_test, y_test)  # whole tensors with labels: split into batches, labels kept
+    result = quantize(captured, "static", calibration=_calibration(x_train), eval_data=eval_data, sensitivity=True)
 
     int8_accuracy = _accuracy(result.model, x_test, y_test)
     assert float_accuracy - int8_accuracy <= 0.01, (float_accuracy, int8_accuracy)
+    # the report measured the same accuracies on the labelled eval data
+    assert result.accuracy.float_top1 == pytest.approx(float_accuracy)
+    assert result.accuracy.int8_top1 == pytest.approx(int8_accuracy)
+    assert result.accuracy.top1_drop == pytest.approx(float_accuracy - int8_accuracy)
+    assert result.evaluation["labels"] and result.evaluation["samples"] == len(x_test)
     assert result.machinery == FX_MACHINERY and result.accuracy_known and not result.warnings
     assert result.quantized_layers == ["conv1", "conv2", "fc1", "fc2"]
     assert result.calibration["samples"] == len(x_train) and result.calibration["random"] is False
@@ -131,6 +139,7 @@ def test_static_int8_cnn_on_digits_keeps_accuracy(digits, trained_cnn):
     # one sensitivity entry per quantizable layer, most harmful first
     ranking = result.sensitivity
     assert sorted(s.layer for s in ranking) == ["conv1", "conv2", "fc1", "fc2"]
+    assert all(s.top1_drop is not None for s in ranking)
     errors = [s.mean_abs_err for s in ranking]
     assert errors == sorted(errors, reverse=True) and all(e > 0 for e in errors)
     # each layer alone causes less error than quantizing all of them
@@ -198,10 +207,18 @@ def test_qat_prepare_trains_and_converts(digits):
 
 def test_random_calibration_warns_and_is_recorded():
     captured = fxforge.prepare("demo")
-    with pytest.warns(RandomCalibrationWarning):
+    with pytest.warns(RandomCalibrationWarning, match="calibrated on random inputs"):
         result = quantize(captured, "static", random_batches=2)
-    assert result.calibration["random"] and not result.accuracy_known
+    assert result.calibration["random"] and result.evaluation["random"] and not result.accuracy_known
     assert any("random" in w for w in result.warnings)
+    # dynamic quantization calibrates nothing, but its accuracy on random inputs is unknown all the same
+    with pytest.warns(RandomCalibrationWarning, match="accuracy measured on random inputs"):
+        result = quantize(fxforge.prepare("demo:mlp"), "dynamic", random_batches=2)
+    assert result.calibration is None and not result.accuracy_known
+    # real evaluation data makes the accuracy known, even with random calibration (which is still flagged)
+    with pytest.warns(RandomCalibrationWarning, match="measured on the eval data"):
+        result = quantize(captured, "static", random_batches=2, eval_data=torch.randn(4, 3, 32, 32))
+    assert result.accuracy_known and result.accuracy.samples == 4
 
 
 def test_calibration_formats(tmp_path):
@@ -224,12 +241,24 @@ def test_calibration_formats(tmp_path):
 
 
 def test_parse_target():
-    assert parse_target(0.99).metric == "agreement"
-    assert parse_target("drop=0.01").value == pytest.approx(0.99)
+    assert parse_target(0.99) == Target("agreement", 0.99)
+    assert parse_target("drop=0.01") == Target("drop", 0.01)
     assert parse_target("rel-err=0.05").metric == "rel_err"
-    for bad in ("x=1", "agreement=2", "nan"):
+    for bad in ("x=1", "agreement=2", "drop=1.5", "nan", "rel-err=-1"):
         with pytest.raises(FxforgeError):
             parse_target(bad)
+
+
+def test_drop_target_uses_labels_when_there_are_some():
+    def report(agreement, drop=None):
+        return AccuracyReport(100, True, agreement, 1.0, 0.1, 0.1, top1_drop=drop)
+
+    drop = Target("drop", 0.01)
+    # labelled: the measured drop decides, even where agreement is low (both models wrong differently)
+    assert drop.met(report(0.95, drop=0.005)) and not drop.met(report(1.0, drop=0.02))
+    # unlabelled: 1 - agreement bounds the drop, so it decides
+    assert drop.met(report(0.99)) and not drop.met(report(0.985))
+    assert not Target("agreement", 0.9).met(report(None))
 
 
 def test_static_needs_a_torch_dialect_graph():

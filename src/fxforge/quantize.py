@@ -85,12 +85,16 @@ DEFAULT_SPLIT = 32
 
 
 class RandomCalibrationWarning(UserWarning):
-    """Quantized with random calibration data: the int8 model's accuracy on real data is unknown."""
+    """Calibrated or evaluated on random data: the int8 model's accuracy on real data is unknown."""
 
 
 RANDOM_WARNING = (
     "calibrated on random inputs: the int8 value ranges (and so its accuracy on real data) are unknown; "
     "pass calibration data (--calib FILE.pt or file.py:function) for a model you mean to use"
+)
+RANDOM_EVAL_WARNING = (
+    "accuracy measured on random inputs: the int8 model's accuracy on real data is unknown; "
+    "pass evaluation data (--eval FILE.pt or file.py:function) to measure it"
 )
 
 
@@ -100,11 +104,17 @@ RANDOM_WARNING = (
 
 @dataclass
 class CalibrationData:
-    """Input batches (each a tuple of positional inputs) and where they came from."""
+    """Input batches (each a tuple of positional inputs), where they came from, and the class labels
+    of each batch when the data had them (``(inputs, labels)`` pairs; ``None`` for a batch without)."""
 
     batches: list[tuple[Any, ...]]
     source: str
     random: bool = False
+    labels: list[torch.Tensor | None] = field(default_factory=list)
+
+    @property
+    def labelled(self) -> bool:
+        return bool(self.labels) and len(self.labels) == len(self.batches) and all(y is not None for y in self.labels)
 
     @property
     def samples(self) -> int:
@@ -115,10 +125,24 @@ class CalibrationData:
         return total
 
     def describe(self) -> dict[str, Any]:
-        return {"source": self.source, "batches": len(self.batches), "samples": self.samples, "random": self.random}
+        return {
+            "source": self.source,
+            "batches": len(self.batches),
+            "samples": self.samples,
+            "random": self.random,
+            "labels": self.labelled,
+        }
 
 
-def _as_batch(item: Any, arity: int | None, source: str) -> tuple[Any, ...]:
+def _class_labels(value: Any, batch: tuple[Any, ...]) -> torch.Tensor | None:
+    """``value`` when it looks like one integer class label per sample of ``batch``, else None."""
+    first = next((t for t in batch if isinstance(t, torch.Tensor)), None)
+    if not isinstance(value, torch.Tensor) or value.dim() != 1 or value.is_floating_point() or value.is_complex():
+        return None
+    return value if first is not None and first.dim() > 0 and value.shape[0] == first.shape[0] else None
+
+
+def _as_batch(item: Any, arity: int | None, source: str) -> tuple[tuple[Any, ...], torch.Tensor | None]:
     if isinstance(item, torch.Tensor):
         batch: tuple[Any, ...] = (item,)
     elif isinstance(item, (tuple, list)):
@@ -128,32 +152,49 @@ def _as_batch(item: Any, arity: int | None, source: str) -> tuple[Any, ...]:
             f"calibration data from {source} holds a {type(item).__name__}; expected tensors or tuples of tensors",
             hint="each item is one batch: a tensor, or a tuple with one tensor per model input",
         )
-    # (inputs, labels) pairs from a DataLoader: keep only as many items as the model takes.
+    # (inputs, labels) pairs from a DataLoader: the model takes the leading items; the next one, when
+    # it holds an integer class per sample, lets the accuracy report measure real top-1 accuracy.
+    labels = None
     if arity is not None and len(batch) > arity:
+        labels = _class_labels(batch[arity], batch[:arity])
         batch = batch[:arity]
-    return batch
+    return batch, labels
 
 
-def _batches_of(obj: Any, arity: int | None, source: str, split: int) -> list[tuple[Any, ...]]:
+def _dataset_with_labels(obj: Any, arity: int | None) -> bool:
+    """``(inputs..., labels)`` as whole tensors (samples along dim 0), e.g. ``torch.save((x, y), f)``."""
+    if arity is None or not isinstance(obj, (tuple, list)) or len(obj) != arity + 1:
+        return False
+    if not all(isinstance(t, torch.Tensor) and t.dim() > 0 for t in obj):
+        return False
+    return _class_labels(obj[arity], tuple(obj[:arity])) is not None and obj[0].shape[0] > 0
+
+
+def _batches_of(obj: Any, arity: int | None, source: str, split: int, kind: str) -> CalibrationData:
     if isinstance(obj, torch.Tensor):
         # One tensor holds samples along dim 0 (a dataset), not one giant batch.
-        return [(chunk,) for chunk in obj.split(split)] if obj.dim() > 0 else [(obj,)]
+        chunks = [(chunk,) for chunk in obj.split(split)] if obj.dim() > 0 else [(obj,)]
+        return CalibrationData(chunks, source, labels=[None] * len(chunks))
+    if _dataset_with_labels(obj, arity):
+        columns = [t.split(split) for t in obj]
+        batches = [tuple(column[i] for column in columns[:-1]) for i in range(len(columns[0]))]
+        return CalibrationData(batches, source, labels=list(columns[-1]))
     if isinstance(obj, Mapping) or not isinstance(obj, Iterable):
         raise InputSpecError(
-            f"calibration data from {source} is a {type(obj).__name__}",
-            hint="give a tensor (samples along dim 0), or a list of batches (tensors or tuples of tensors)",
+            f"{kind} data from {source} is a {type(obj).__name__}",
+            hint="give a tensor (samples along dim 0), (inputs, labels) tensors, or a list of batches",
         )
-    batches = [_as_batch(item, arity, source) for item in obj]
-    if not batches:
-        raise InputSpecError(f"calibration data from {source} is empty")
-    return batches
+    pairs = [_as_batch(item, arity, source) for item in obj]
+    if not pairs:
+        raise InputSpecError(f"{kind} data from {source} is empty")
+    return CalibrationData([batch for batch, _ in pairs], source, labels=[labels for _, labels in pairs])
 
 
-def _load_callable(spec: str) -> Callable[..., Any]:
+def _load_callable(spec: str, kind: str) -> Callable[..., Any]:
     file_name, _, attr = spec.rpartition(":")
     path = Path(file_name)
     if not path.exists():
-        raise InputSpecError(f"calibration file not found: {path}")
+        raise InputSpecError(f"{kind} file not found: {path}")
     module_name = f"fxforge_calib_{path.stem}"
     import_spec = importlib.util.spec_from_file_location(module_name, path)
     if import_spec is None or import_spec.loader is None:
@@ -163,11 +204,29 @@ def _load_callable(spec: str) -> Callable[..., Any]:
     try:
         import_spec.loader.exec_module(module)
     except Exception as exc:
-        raise InputSpecError(f"importing {path} failed: {type(exc).__name__}: {exc}") from None
+        raise InputSpecError(f"importing {path} failed: {type(exc).__name__}: {_first_line(exc)}") from None
     function = getattr(module, attr, None)
     if not callable(function):
         raise InputSpecError(f"{path} has no function {attr!r}")
     return function
+
+
+def _call_user(function: Callable[..., Any], name: str, kind: str) -> Any:
+    try:
+        return function()
+    except Exception as exc:
+        raise InputSpecError(
+            f"the {kind} data function {name} failed: {type(exc).__name__}: {_first_line(exc)}"
+        ) from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _is_random_spec(spec: Any) -> bool:
+    return spec is None or (isinstance(spec, str) and (spec == "random" or spec.startswith("random:")))
 
 
 def load_calibration(
@@ -177,8 +236,9 @@ def load_calibration(
     batches: int = DEFAULT_RANDOM_BATCHES,
     seed: int = 0,
     split: int = DEFAULT_SPLIT,
+    kind: str = "calibration",
 ) -> CalibrationData:
-    """Turn the user's calibration data into a list of input batches.
+    """Turn the user's calibration (or evaluation, ``kind="eval"``) data into a list of input batches.
 
     ``spec`` is one of:
 
@@ -186,14 +246,16 @@ def load_calibration(
       ``example_inputs`` -- for a quick look only (:data:`RANDOM_WARNING`);
     * a callable (or ``"file.py:function"``) returning an iterable of batches;
     * a path to a file written by ``torch.save``, or the object itself: a tensor (samples along dim 0,
-      split into batches of ``split``), or a list/tuple whose items are batches (a tensor, or a tuple
-      with one tensor per model input).
+      split into batches of ``split``); a tuple ``(inputs..., labels)`` of whole tensors (samples along
+      dim 0, labels one integer class per sample), split the same way; or a list/tuple whose items
+      are batches (a tensor, or a tuple with one tensor per model input).
 
     Items with more entries than the model has inputs (``(images, labels)`` from a DataLoader) keep
-    only the leading inputs.
+    only the leading inputs; an item right after them that holds one integer class per sample is kept
+    as that batch's labels, so the accuracy report can measure real top-1 accuracy.
     """
     arity = len(example_inputs) if example_inputs else None
-    if spec is None or (isinstance(spec, str) and (spec == "random" or spec.startswith("random:"))):
+    if _is_random_spec(spec):
         count = batches
         if isinstance(spec, str) and spec.startswith("random:"):
             try:
@@ -204,33 +266,39 @@ def load_calibration(
 
         specs = specs_of(example_inputs)
         data = [make_inputs(specs, seed=seed + 1 + i) for i in range(max(count, 1))]
-        return CalibrationData(data, f"random ({max(count, 1)} batches shaped like the example inputs)", random=True)
+        source = f"random ({max(count, 1)} batches shaped like the example inputs)"
+        return CalibrationData(data, source, random=True, labels=[None] * len(data))
+    if isinstance(spec, CalibrationData):
+        return spec
     if isinstance(spec, (str, Path)):
         text = str(spec)
         if ".py:" in text and not Path(text).exists():
-            function = _load_callable(text)
-            return CalibrationData(_batches_of(function(), arity, text, split), f"function {text}")
+            obj = _call_user(_load_callable(text, kind), text, kind)
+            return _described(_batches_of(obj, arity, text, split, kind), f"function {text}")
         path = Path(text)
         if not path.exists():
             raise InputSpecError(
-                f"calibration file not found: {path}",
+                f"{kind} file not found: {path}",
                 hint="give a file written by torch.save, file.py:function, or random[:N]",
             )
         try:
             obj = torch.load(str(path), map_location="cpu", weights_only=True)
         except Exception as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise InputSpecError(
-                f"cannot read calibration file {path}: {first}",
-                hint="save a tensor, or a list of tensors or of tuples of tensors, with torch.save",
+                f"cannot read {kind} file {path}: {_first_line(exc)}",
+                hint="save a tensor, (inputs, labels) tensors, or a list of batches with torch.save",
             ) from None
-        return CalibrationData(_batches_of(obj, arity, str(path), split), f"file {path}")
+        return _described(_batches_of(obj, arity, str(path), split, kind), f"file {path}")
     if callable(spec) and not isinstance(spec, (torch.Tensor, nn.Module)):
         name = getattr(spec, "__qualname__", type(spec).__name__)
-        return CalibrationData(_batches_of(spec(), arity, f"{name}()", split), f"callable {name}")
-    if isinstance(spec, CalibrationData):
-        return spec
-    return CalibrationData(_batches_of(spec, arity, "the given data", split), f"{type(spec).__name__} in memory")
+        obj = _call_user(spec, f"{name}()", kind)
+        return _described(_batches_of(obj, arity, f"{name}()", split, kind), f"callable {name}")
+    return _described(_batches_of(spec, arity, "the given data", split, kind), f"{type(spec).__name__} in memory")
+
+
+def _described(data: CalibrationData, source: str) -> CalibrationData:
+    data.source = source
+    return data
 
 
 # --------------------------------------------------------------------------------------------------
@@ -243,7 +311,9 @@ class AccuracyReport:
 
     ``top1_agreement``: fraction of samples where both models' top-1 class agree (classifiers: the
     first output is 2-D logits); it bounds the top-1 accuracy drop on those samples (drop <= 1 -
-    agreement). ``rel_err`` is ``mean_abs_err`` divided by the float output's mean magnitude.
+    agreement). When the data has labels, ``float_top1``/``int8_top1`` are the two models' top-1
+    accuracies and ``top1_drop`` their difference. ``rel_err`` is ``mean_abs_err`` divided by the float
+    output's mean magnitude.
     """
 
     samples: int
@@ -253,6 +323,9 @@ class AccuracyReport:
     mean_abs_err: float
     rel_err: float
     data: str = ""
+    float_top1: float | None = None
+    int8_top1: float | None = None
+    top1_drop: float | None = None
 
 
 def _leaves(output: Any) -> list[torch.Tensor]:
@@ -280,12 +353,20 @@ def _is_classifier(outputs: list[list[torch.Tensor]]) -> bool:
     return first is not None and first.is_floating_point() and first.dim() == 2 and first.shape[1] >= 2
 
 
-def _compare(reference: list[list[torch.Tensor]], candidate: list[list[torch.Tensor]], data: str) -> AccuracyReport:
+def _compare(
+    reference: list[list[torch.Tensor]],
+    candidate: list[list[torch.Tensor]],
+    data: str,
+    labels: Sequence[torch.Tensor | None] = (),
+) -> AccuracyReport:
+    """Float (``reference``) vs quantized (``candidate``) outputs of the same batches; ``labels`` (one per
+    batch, all present) add both models' real top-1 accuracies for classifiers."""
     classifier = _is_classifier(reference)
-    agree = samples = 0
+    labelled = classifier and len(labels) == len(reference) and all(y is not None for y in labels)
+    agree = samples = float_correct = int8_correct = 0
     max_abs = total_abs = magnitude = 0.0
     count = 0
-    for ref_batch, cand_batch in zip(reference, candidate):
+    for index, (ref_batch, cand_batch) in enumerate(zip(reference, candidate)):
         if len(ref_batch) != len(cand_batch):
             raise FxforgeError("the quantized model returns a different number of outputs than the float model")
         for i, (ref, cand) in enumerate(zip(ref_batch, cand_batch)):
@@ -302,13 +383,20 @@ def _compare(reference: list[list[torch.Tensor]], candidate: list[list[torch.Ten
             if i == 0 and classifier:
                 agree += int((ref.argmax(1) == cand.argmax(1)).sum())
                 samples += ref.shape[0]
+                if labelled:
+                    float_correct += int((ref.argmax(1) == labels[index]).sum())
+                    int8_correct += int((cand.argmax(1) == labels[index]).sum())
         if not classifier:
             first = ref_batch[0] if ref_batch else None
             samples += int(first.shape[0]) if first is not None and first.dim() > 0 else 1
     mean_abs = total_abs / count if count else 0.0
     rel = mean_abs / (magnitude / count) if count and magnitude > 0 else (0.0 if mean_abs == 0 else math.inf)
     agreement = agree / samples if classifier and samples else None
-    return AccuracyReport(samples, classifier, agreement, max_abs, mean_abs, rel, data)
+    report = AccuracyReport(samples, classifier, agreement, max_abs, mean_abs, rel, data)
+    if labelled and samples:
+        report.float_top1, report.int8_top1 = float_correct / samples, int8_correct / samples
+        report.top1_drop = report.float_top1 - report.int8_top1
+    return report
 
 
 # --------------------------------------------------------------------------------------------------
@@ -317,24 +405,37 @@ def _compare(reference: list[list[torch.Tensor]], candidate: list[list[torch.Ten
 
 @dataclass(frozen=True)
 class Target:
-    """What ``keep_float_until`` asks for: ``agreement >= value`` or ``rel_err <= value``."""
+    """What ``keep_float_until`` asks for: ``top1_agreement >= value`` (``agreement``), a top-1 accuracy
+    drop of at most ``value`` (``drop``) or ``rel_err <= value`` (``rel_err``).
+
+    A ``drop`` target is measured on labels when the evaluation data has them; without labels it falls
+    back to the bound ``drop <= 1 - top1_agreement`` (never optimistic).
+    """
 
     metric: str
     value: float
 
     def met(self, accuracy: AccuracyReport) -> bool:
-        if self.metric == "agreement":
-            return accuracy.top1_agreement is not None and accuracy.top1_agreement >= self.value - 1e-12
-        return accuracy.rel_err <= self.value
+        if self.metric == "rel_err":
+            return accuracy.rel_err <= self.value
+        if self.metric == "drop" and accuracy.top1_drop is not None:
+            return accuracy.top1_drop <= self.value + 1e-12
+        if accuracy.top1_agreement is None:
+            return False
+        floor = 1.0 - self.value if self.metric == "drop" else self.value
+        return accuracy.top1_agreement >= floor - 1e-12
 
     def __str__(self) -> str:
-        return f"top-1 agreement >= {self.value:g}" if self.metric == "agreement" else f"rel_err <= {self.value:g}"
+        if self.metric == "agreement":
+            return f"top-1 agreement >= {self.value:g}"
+        return f"top-1 drop <= {self.value:g}" if self.metric == "drop" else f"rel_err <= {self.value:g}"
 
 
 def parse_target(value: float | str | Target) -> Target:
-    """``0.99`` or ``agreement=0.99`` (top-1 agreement with float), ``drop=0.01`` (same as agreement 0.99:
-    top-1 accuracy can drop by at most 1 - agreement), ``rel-err=0.05`` (mean abs error relative to the
-    float output's magnitude; for models that are not classifiers)."""
+    """``0.99`` or ``agreement=0.99`` (top-1 agreement with float), ``drop=0.01`` (top-1 accuracy may drop
+    by at most 0.01: measured on labelled evaluation data, else bounded by 1 - agreement),
+    ``rel-err=0.05`` (mean abs error relative to the float output's magnitude; for models that are not
+    classifiers)."""
     if isinstance(value, Target):
         return value
     key, number = "agreement", value
@@ -347,18 +448,17 @@ def parse_target(value: float | str | Target) -> Target:
             number = float(raw)
         except ValueError:
             number = math.nan
-    number = float(number)
+    try:
+        number = float(number)
+    except (TypeError, ValueError):
+        number = math.nan
     if key not in ("agreement", "drop", "rel-err") or not math.isfinite(number) or number < 0:
         raise FxforgeError(
             f"cannot read keep-float target {value!r}", hint="e.g. 0.99, agreement=0.99, drop=0.01 or rel-err=0.05"
         )
-    if key == "drop":
-        return Target("agreement", 1.0 - number)
-    if key == "agreement":
-        if number > 1:
-            raise FxforgeError(f"top-1 agreement target {number:g} is above 1", hint="e.g. 0.99")
-        return Target("agreement", number)
-    return Target("rel_err", number)
+    if key in ("agreement", "drop") and number > 1:
+        raise FxforgeError(f"top-1 {key} target {number:g} is above 1", hint="e.g. agreement=0.99 or drop=0.01")
+    return Target("rel_err" if key == "rel-err" else key, number)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -375,6 +475,7 @@ class LayerSensitivity:
     max_abs_err: float
     mean_abs_err: float
     rel_err: float
+    top1_drop: float | None = None  # on labelled evaluation data
 
 
 @dataclass
@@ -399,6 +500,7 @@ class QuantizeResult:
     target_met: bool | None = None
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    evaluation: dict[str, Any] | None = None  # the data ``accuracy`` was measured on
     output_dir: Path | None = None
     files: list[str] = field(default_factory=list)
 
@@ -408,7 +510,8 @@ class QuantizeResult:
 
     @property
     def accuracy_known(self) -> bool:
-        return self.calibration is not None and not self.calibration.get("random", False)
+        """True when ``accuracy`` was measured on the user's data rather than on random inputs."""
+        return self.accuracy is not None and self.evaluation is not None and not self.evaluation["random"]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -417,6 +520,7 @@ class QuantizeResult:
             "engine": self.engine,
             "machinery": self.machinery,
             "calibration": self.calibration,
+            "evaluation": self.evaluation,
             "accuracy": asdict(self.accuracy) if self.accuracy else None,
             "accuracy_known": self.accuracy_known,
             "sensitivity": [asdict(s) for s in self.sensitivity],
@@ -458,6 +562,8 @@ def _quiet() -> Iterator[None]:
         warnings.filterwarnings("ignore", message=r"Please use quant_min and quant_max", category=UserWarning)
         warnings.filterwarnings("ignore", message=r"torch\.quantize_per_tensor, torch\.quantize_per_channel and other")
         warnings.filterwarnings("ignore", message=r".*must run observer before calling calculate_qparams")
+        # convert_fx copies LSTM weights with torch.tensor(tensor) inside torch itself
+        warnings.filterwarnings("ignore", message=r"To copy construct", module=r"torch\.ao\.nn\.quantized\.reference")
         yield
 
 
@@ -667,71 +773,57 @@ def quantize(
     _check_options(mode, backend)
     if mode == "qat-prepare" and (sensitivity or keep_float_until is not None):
         raise FxforgeError("sensitivity and keep-float need a quantized model", hint="use --mode static or dynamic")
+    goal = parse_target(keep_float_until) if keep_float_until is not None else None
     captured = _as_captured(target, example_inputs, calibration)
     plan = _plan(captured, mode, backend)
+    float_layers = _checked_float_layers(plan, float_layers)
     result_warnings: list[str] = []
     notes: list[str] = []
-
-    needs_data = mode == "static" or mode == "dynamic"
-    calib = load_calibration(calibration, plan.example_inputs, batches=random_batches, seed=seed) if needs_data else None
-    if calib is not None and calib.random and eval_data is None:
-        result_warnings.append(RANDOM_WARNING)
-        warnings.warn(RANDOM_WARNING, RandomCalibrationWarning, stacklevel=2)
-    if mode == "dynamic":
-        notes.append("dynamic quantization needs no calibration: activation ranges are measured on every batch")
     if plan.eager:
         notes.append(
             "the model was captured with torch.export (ATen dialect), which FX graph mode cannot quantize: "
             "Linear/LSTM layers were swapped for dynamic int8 ones in the original module (eager mode)"
         )
 
-    float_layers = list(float_layers)
-    known = {name for name, _ in quantizable_layers(plan.source, mode)}
-    unknown = [name for name in float_layers if name not in known]
-    if unknown:
-        raise FxforgeError(f"no quantizable layer named {unknown[0]!r}", hint=f"layers: {', '.join(sorted(known))}")
-
+    calib = None
+    if mode == "static":
+        calib = load_calibration(calibration, plan.example_inputs, batches=random_batches, seed=seed)
     model = _quantize_once(plan, calib.batches if calib else [], float_layers=float_layers)
-    accuracy = None
-    ranking: list[LayerSensitivity] = []
-    target_text = target_met = None
     if mode == "qat-prepare":
         notes.append(
             "fake-quant model in training mode: train it, then fxforge.quantize.convert(model) gives the int8 model"
         )
-    else:
-        evaluation = (
-            load_calibration(eval_data, plan.example_inputs, batches=random_batches, seed=seed + 1000)
-            if eval_data is not None
-            else calib
+        result = QuantizeResult(model, mode, backend, plan.machinery, None, None, float_layers=float_layers)
+        result.quantized_layers = _quantized_layers(model, plan.source, mode)
+        result.notes = notes
+        return _finish(result, captured, output_dir, force, spec)
+
+    if mode == "dynamic":
+        notes.append("dynamic quantization needs no calibration: activation ranges are measured on every batch")
+    evaluation, label = _evaluation_data(plan, calib, calibration, eval_data, random_batches, seed)
+    warning = _random_data_warning(calib, evaluation)
+    if warning:
+        result_warnings.append(warning)
+        warnings.warn(warning, RandomCalibrationWarning, stacklevel=2)
+
+    reference = _run(copy.deepcopy(plan.source).eval(), evaluation.batches)
+    with quantized_engine(backend):
+        accuracy = _compare(reference, _run(model, evaluation.batches), label, evaluation.labels)
+    if goal is not None and goal.metric != "rel_err" and not accuracy.classifier:
+        raise FxforgeError(
+            f"a top-1 target ({goal}) needs a classifier (first output: 2-D logits)", hint="use rel-err=X"
         )
-        label = "eval data" if eval_data is not None else "calibration data"
-        float_model = copy.deepcopy(plan.source).eval()
-        reference = _run(float_model, evaluation.batches)
-        with quantized_engine(backend):
-            accuracy = _compare(reference, _run(model, evaluation.batches), label)
-        if sensitivity or keep_float_until is not None:
-            with quantized_engine(backend):
-                ranking = _sensitivity(plan, calib.batches, reference, evaluation.batches, label)
-        if keep_float_until is not None:
-            goal = parse_target(keep_float_until)
-            if goal.metric == "agreement" and not accuracy.classifier:
-                raise FxforgeError(
-                    "a top-1 agreement target needs a classifier (2-D logits output)", hint="use rel-err=X"
-                )
-            target_text = str(goal)
-            for layer in (entry.layer for entry in ranking):
-                if goal.met(accuracy):
-                    break
-                if layer in float_layers:
-                    continue
-                float_layers.append(layer)
-                model = _quantize_once(plan, calib.batches, float_layers=float_layers)
-                with quantized_engine(backend):
-                    accuracy = _compare(reference, _run(model, evaluation.batches), label)
-            target_met = goal.met(accuracy)
-            if not target_met:
-                result_warnings.append(f"target {goal} not met even with every ranked layer in float")
+    ranking: list[LayerSensitivity] = []
+    if sensitivity or goal is not None:
+        ranking = _sensitivity(plan, calib.batches if calib else [], reference, evaluation, label)
+    target_met = None
+    if goal is not None:
+        model, accuracy = _keep_float_until(
+            plan, calib, goal, ranking, float_layers, model, accuracy, reference, evaluation
+        )
+        target_met = goal.met(accuracy)
+        if not target_met:
+            result_warnings.append(f"target {goal} not met even with every ranked layer in float")
 
     result = QuantizeResult(
         model=model,
@@ -743,14 +835,93 @@ def quantize(
         sensitivity=ranking,
         quantized_layers=_quantized_layers(model, plan.source, mode),
         float_layers=float_layers,
-        target=target_text,
+        target=str(goal) if goal is not None else None,
         target_met=target_met,
         warnings=result_warnings,
         notes=notes,
+        evaluation=evaluation.describe(),
     )
+    if not result.quantized_layers:
+        result.warnings.append(f"no layer was quantized: the model has no {_layer_kinds(mode)} outside --float-layer")
+    return _finish(result, captured, output_dir, force, spec)
+
+
+def _finish(
+    result: QuantizeResult, captured: Captured, output_dir: str | Path | None, force: bool, spec: str | None
+) -> QuantizeResult:
     if output_dir is not None:
         write_output(result, captured, output_dir, force=force, spec=spec)
     return result
+
+
+def _layer_kinds(mode: str) -> str:
+    return " or ".join(sorted({t.__name__ for t in _layer_types(mode)}))
+
+
+def _checked_float_layers(plan: _Plan, float_layers: Sequence[str]) -> list[str]:
+    known = {name for name, _ in quantizable_layers(plan.source, plan.mode)}
+    unknown = [name for name in float_layers if name not in known]
+    if unknown:
+        layers = ", ".join(sorted(known)) or "none"
+        raise FxforgeError(f"no quantizable layer named {unknown[0]!r}", hint=f"layers: {layers}")
+    return list(float_layers)
+
+
+def _evaluation_data(
+    plan: _Plan, calib: CalibrationData | None, calibration: Any, eval_data: Any, random_batches: int, seed: int
+) -> tuple[CalibrationData, str]:
+    """The batches float and int8 are compared on: ``eval_data``, else the calibration data (for dynamic
+    quantization, which calibrates nothing, the ``calibration`` argument is only this)."""
+    if eval_data is not None:
+        data = load_calibration(eval_data, plan.example_inputs, batches=random_batches, seed=seed + 1000, kind="eval")
+        return data, "eval data"
+    if calib is not None:
+        return calib, "calibration data"
+    data = load_calibration(calibration, plan.example_inputs, batches=random_batches, seed=seed)
+    return data, "random inputs" if data.random else "the given data"
+
+
+def _random_data_warning(calib: CalibrationData | None, evaluation: CalibrationData) -> str | None:
+    if calib is not None and calib.random:
+        if evaluation.random:
+            return RANDOM_WARNING
+        return (
+            "calibrated on random inputs: the accuracy below is measured on the eval data, but calibrating "
+            "on real data (--calib) usually gives a more accurate int8 model"
+        )
+    if evaluation.random:
+        return RANDOM_EVAL_WARNING
+    return None
+
+
+def _keep_float_until(
+    plan: _Plan,
+    calib: CalibrationData | None,
+    goal: Target,
+    ranking: Sequence[LayerSensitivity],
+    float_layers: list[str],
+    model: nn.Module,
+    accuracy: AccuracyReport,
+    reference: list[list[torch.Tensor]],
+    evaluation: CalibrationData,
+) -> tuple[nn.Module, AccuracyReport]:
+    """Put the most sensitive layers back in float, one more at a time, until ``goal`` is met.
+
+    Greedy in ranking order: each step re-quantizes the model with one more float layer and measures
+    it again (so interactions between layers count), and stops at the first model that meets the goal.
+    ``float_layers`` is extended in place with the layers kept in float.
+    """
+    batches = calib.batches if calib else []
+    for layer in (entry.layer for entry in ranking):
+        if goal.met(accuracy):
+            break
+        if layer in float_layers:
+            continue
+        float_layers.append(layer)
+        model = _quantize_once(plan, batches, float_layers=float_layers)
+        with quantized_engine(plan.backend):
+            accuracy = _compare(reference, _run(model, evaluation.batches), accuracy.data, evaluation.labels)
+    return model, accuracy
 
 
 def _quantized_layers(model: nn.Module, source: nn.Module, mode: str) -> list[str]:
@@ -769,7 +940,7 @@ def _sensitivity(
     plan: _Plan,
     calibration: Sequence[tuple[Any, ...]],
     reference: list[list[torch.Tensor]],
-    batches: Sequence[tuple[Any, ...]],
+    evaluation: CalibrationData,
     label: str,
 ) -> list[LayerSensitivity]:
     """Quantize each layer alone and rank layers by the error they cause, largest first.
@@ -778,12 +949,21 @@ def _sensitivity(
     error, which is continuous where top-1 agreement on a small set ties.
     """
     entries = []
-    for name, type_name in quantizable_layers(plan.source, plan.mode):
-        model = _quantize_once(plan, calibration, only=name)
-        report = _compare(reference, _run(model, batches), label)
-        entries.append(
-            LayerSensitivity(name, type_name, report.top1_agreement, report.max_abs_err, report.mean_abs_err, report.rel_err)
-        )
+    with quantized_engine(plan.backend):
+        for name, type_name in quantizable_layers(plan.source, plan.mode):
+            model = _quantize_once(plan, calibration, only=name)
+            report = _compare(reference, _run(model, evaluation.batches), label, evaluation.labels)
+            entries.append(
+                LayerSensitivity(
+                    name,
+                    type_name,
+                    report.top1_agreement,
+                    report.max_abs_err,
+                    report.mean_abs_err,
+                    report.rel_err,
+                    report.top1_drop,
+                )
+            )
     entries.sort(key=lambda e: (-e.mean_abs_err, e.top1_agreement if e.top1_agreement is not None else 1.0))
     return entries
 
@@ -817,21 +997,38 @@ def write_output(
     return files
 
 
-def int8_backend(captured: Captured, calibration: Any = None) -> nn.Module:
-    """The int8 model ``fxforge.bench`` times in its "int8" row.
+def int8_backend(
+    captured: Captured, calibration: Any = None, *, mode: str | None = None, backend: str = "x86"
+) -> nn.Module:
+    """The int8 model ``fxforge.bench`` times in its "int8" row, in eval mode.
 
-    Static int8 (x86 engine) for torch-dialect graphs; dynamic int8 for models only ``torch.export``
-    could capture (static needs a symbolically traced graph). ``calibration`` as in :func:`quantize`;
-    an ``int`` is read as a batch size and gives random calibration batches of that size (speed does
-    not depend on the calibration data, accuracy does -- the bench does not measure accuracy).
+    ``mode`` ``None`` picks static int8 for torch-dialect graphs and dynamic int8 for models only
+    ``torch.export`` could capture (static needs a symbolically traced graph). ``calibration`` as in
+    :func:`quantize`; an ``int`` is read as a batch size and gives random calibration batches of that
+    size (speed does not depend on the calibration data, accuracy does -- the bench does not measure
+    accuracy, so the random-data warning is not raised). Run the model with
+    ``torch.backends.quantized.engine`` set for ``backend`` (:func:`quantized_engine`; ``x86`` is
+    torch's default on x86 machines).
+
+    Raises:
+        FxforgeError: when nothing in the model could be quantized (timing it would time the float
+            model under an int8 label).
     """
     if isinstance(calibration, int) and not isinstance(calibration, bool):
         from fxforge.inputs import make_inputs, specs_of
 
         specs = specs_of(captured.example_inputs)
         calibration = [make_inputs(specs, seed=i, batch=calibration) for i in range(DEFAULT_RANDOM_BATCHES)]
-    mode = "dynamic" if captured.dialect == ATEN else "static"
+    if mode is None:
+        mode = "dynamic" if captured.dialect == ATEN else "static"
+    if mode == "qat-prepare":
+        raise FxforgeError("the int8 backend needs a quantized model", hint="mode static or dynamic")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RandomCalibrationWarning)
-        result = quantize(captured, mode, "x86", calibration)
+        result = quantize(captured, mode, backend, calibration)
+    if not result.quantized_layers:
+        raise FxforgeError(
+            f"{mode} int8 quantization found no layer to quantize in this model",
+            hint="dynamic int8 quantizes Linear/LSTM/GRU only; static needs a torch-dialect graph (symbolic_trace)",
+        )
     return result.model.eval()
