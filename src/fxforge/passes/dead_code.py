@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from torch import fx
+from torch import fx, nn
 
 from fxforge.graphs import target_name
 from fxforge.passes import PassResult, register_pass
@@ -72,7 +72,11 @@ def dead_code(gm: fx.GraphModule, options: None) -> PassResult:
 def prune_attributes(gm: fx.GraphModule, candidates: Iterable[str]) -> int:
     """Delete the attributes named in ``candidates`` that no node reaches any more, then unused submodules.
 
-    An attribute stays when a remaining ``get_attr`` names it, or a called submodule owns it.
+    An attribute stays when a remaining ``get_attr`` names it, or a called submodule owns it. Tensors are
+    deleted only from ``gm`` itself and from the plain ``nn.Module`` containers fx and torch.export build
+    for attribute paths: any other owner may be the user's own module (``call_module`` targets are shared,
+    not copied), and deleting from it would change their model. Such a module goes as a whole instead,
+    once nothing calls or reads it.
     """
     fetched: set[str] = set()
     fetched_prefixes: set[str] = set()  # every module path some get_attr reaches into
@@ -92,6 +96,8 @@ def prune_attributes(gm: fx.GraphModule, candidates: Iterable[str]) -> int:
         try:
             owner = gm.get_submodule(owner_path) if owner_path else gm
         except AttributeError:
+            continue
+        if owner is not gm and type(owner) is not nn.Module:
             continue
         if attr in owner._parameters:
             del owner._parameters[attr]
@@ -113,4 +119,3 @@ def _prefixes(path: str) -> list[str]:
     """The proper dotted prefixes of ``path``: ``a.b.c`` -> ``a``, ``a.b``."""
     parts = path.split(".")
     return [".".join(parts[:i]) for i in range(1, len(parts))]
-

@@ -71,6 +71,9 @@ def _bn_state(gm: fx.GraphModule, bn_node: fx.Node):
     if args is None:
         return None, "has arguments fxforge cannot read"
     mean_node, var_node, gamma_node, beta_node, training, eps = args
+    if mean_node is None or var_node is None:
+        # checked first: without running stats BN must use batch statistics, so the graph says training=True
+        return None, "has no running statistics (track_running_stats=False)"
     if training:
         return None, "runs in training mode (training=True)"
     values = []
@@ -137,6 +140,9 @@ def fold_bn(gm: fx.GraphModule, options: None) -> PassResult:
             calls[str(node.target)] += 1
         elif node.op == "get_attr":
             fetches[str(node.target)] += 1
+            owner = str(node.target).rpartition(".")[0]
+            if owner:
+                calls[owner] += 1  # reading conv.weight directly sees the folded weight too: a second use
     for bn_node in list(gm.graph.nodes):
         if node_kind(gm, bn_node) != "batch_norm":
             continue
@@ -163,7 +169,7 @@ def fold_bn(gm: fx.GraphModule, options: None) -> PassResult:
         else:
             result.skip(f"{label}: {producer.name} is a {producer.op} node")
     if result.changed:
-        gm.delete_all_unused_submodules()
+        _drop_stale_attributes(gm, set(fetches))
     return result
 
 
@@ -173,7 +179,29 @@ def _replace_bn(gm: fx.GraphModule, producer: fx.Node, bn_node: fx.Node) -> None
     output.replace_all_uses_with(producer)
     if output is not bn_node:
         gm.graph.erase_node(output)
+    stored = [n for n in bn_node.all_input_nodes if n.op == "get_attr"]
     gm.graph.erase_node(bn_node)
+    for node in stored:  # functional/ATen BN: its statistics were get_attr nodes read by it alone
+        if not node.users:
+            gm.graph.erase_node(node)
+
+
+def _drop_stale_attributes(gm: fx.GraphModule, fetched_before: set[str]) -> None:
+    """Delete the tensors and submodules that the folded BNs and replaced weights leave unreferenced.
+
+    torch.export also fetches each BN's ``num_batches_tracked``, which nothing reads: it goes once the BN's
+    other statistics have gone.
+    """
+    from fxforge.passes.dead_code import prune_attributes
+
+    fetched = {str(n.target) for n in gm.graph.nodes if n.op == "get_attr"}
+    for node in list(gm.graph.nodes):
+        owner, _, attr = str(node.target).rpartition(".")
+        if node.op != "get_attr" or attr != "num_batches_tracked" or not owner or node.users:
+            continue
+        if not any(f"{owner}.{name}" in fetched for name in ("running_mean", "running_var")):
+            gm.graph.erase_node(node)
+    prune_attributes(gm, fetched_before - {str(n.target) for n in gm.graph.nodes if n.op == "get_attr"})
 
 
 def _fold_module(gm, producer, bn_node, state, result, label, calls: Counter[str]) -> None:
@@ -183,7 +211,10 @@ def _fold_module(gm, producer, bn_node, state, result, label, calls: Counter[str
         result.skip(f"{label}: {type(module).__name__} is not a plain conv/linear module")
         return
     if calls[target] > 1:
-        result.skip(f"{label}: module {target} is called from more than one place; folding would change the others")
+        result.skip(
+            f"{label}: module {target} is called, or its parameters read, from more than one place; "
+            "folding would change the others"
+        )
         return
     mean, var, eps, gamma, beta = state
     out_channels = module.out_features if isinstance(module, nn.Linear) else module.out_channels

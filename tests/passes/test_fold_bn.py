@@ -1,0 +1,292 @@
+"""fold_bn: every conv/linear form it folds, in both dialects, and every refusal with its reason.
+
+BatchNorm statistics and affine parameters are randomised throughout: with the defaults (mean 0, var 1,
+gamma 1, beta 0) BN is the identity, and a pass that drops it instead of folding it would pass.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.fx.passes.shape_prop import ShapeProp
+
+from fxforge.capture import Captured, placeholder_values
+from fxforge.graphs import node_kind
+from fxforge.passes import apply_pass
+from fxforge.passes.fold_bn import fold_weights
+from fxforge.verify import compare_outputs
+
+DIALECTS = ["torch", "aten"]
+
+
+def random_stats(model: nn.Module, seed: int = 0) -> nn.Module:
+    """Random running statistics and affine parameters for every BN; returns the model in eval mode."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.running_mean is not None:
+                n = module.num_features
+                module.running_mean.copy_(torch.randn(n, generator=generator))
+                module.running_var.copy_(torch.rand(n, generator=generator) + 0.25)
+                if module.affine:
+                    module.weight.copy_(torch.randn(n, generator=generator))
+                    module.bias.copy_(torch.randn(n, generator=generator))
+    return model.eval()
+
+
+def with_shapes(captured: Captured) -> Captured:
+    """Record tensor_meta on the torch-dialect graph (Pipeline does this; a bare apply_pass does not)."""
+    if captured.dialect == "torch":
+        gm = captured.graph_module
+        ShapeProp(gm).propagate(*placeholder_values(gm, captured.example_inputs, {}))
+    return captured
+
+
+def batch_norms(gm) -> list[str]:
+    return [n.name for n in gm.graph.nodes if node_kind(gm, n) == "batch_norm"]
+
+
+def bn_leftovers(gm) -> list[str]:
+    """Stored BN state still referenced or held by the graph module after folding."""
+    fetched = [str(n.target) for n in gm.graph.nodes if n.op == "get_attr" and str(n.target).startswith("bn")]
+    held = [name for name, _ in gm.named_buffers() if "running_" in name or "num_batches" in name]
+    return fetched + held
+
+
+class ConvBn(nn.Module):
+    def __init__(self, conv: nn.Module, bn: nn.Module):
+        super().__init__()
+        self.conv = conv
+        self.bn = bn
+
+    def forward(self, x):
+        return self.bn(self.conv(x))
+
+
+# (conv, BN, input shape): every conv kind, with and without bias, grouped, dilated, strided
+FOLDABLE = {
+    "conv1d-nobias": (lambda: nn.Conv1d(4, 6, 3, bias=False), nn.BatchNorm1d, (2, 4, 9)),
+    "conv1d-groups-dilation": (lambda: nn.Conv1d(4, 6, 3, groups=2, dilation=2), nn.BatchNorm1d, (2, 4, 11)),
+    "conv2d": (lambda: nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.BatchNorm2d, (2, 3, 9, 9)),
+    "conv2d-depthwise-nobias": (lambda: nn.Conv2d(6, 6, 3, groups=6, bias=False), nn.BatchNorm2d, (2, 6, 7, 7)),
+    "conv3d-dilation": (lambda: nn.Conv3d(2, 4, 3, dilation=(1, 2, 1), padding=1), nn.BatchNorm3d, (1, 2, 5, 7, 5)),
+    "convtranspose1d-nobias": (lambda: nn.ConvTranspose1d(4, 6, 3, stride=2, bias=False), nn.BatchNorm1d, (2, 4, 5)),
+    "convtranspose2d-groups": (lambda: nn.ConvTranspose2d(4, 6, 3, groups=2, stride=2), nn.BatchNorm2d, (2, 4, 4, 4)),
+    "convtranspose2d-groups3-dilation": (
+        lambda: nn.ConvTranspose2d(6, 9, 2, groups=3, dilation=2, bias=False),
+        nn.BatchNorm2d,
+        (1, 6, 4, 4),
+    ),
+    "convtranspose3d": (lambda: nn.ConvTranspose3d(2, 4, 2, groups=2), nn.BatchNorm3d, (1, 2, 3, 3, 3)),
+    "linear-2d": (lambda: nn.Linear(5, 7), nn.BatchNorm1d, (3, 5)),
+    "linear-2d-nobias": (lambda: nn.Linear(5, 7, bias=False), nn.BatchNorm1d, (3, 5)),
+}
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+@pytest.mark.parametrize("case", FOLDABLE)
+def test_folds_every_conv_kind(case, dialect, capture_as, run_verified):
+    make_conv, bn_type, shape = FOLDABLE[case]
+    torch.manual_seed(0)
+    conv = make_conv()
+    channels = conv.out_features if isinstance(conv, nn.Linear) else conv.out_channels
+    model = random_stats(ConvBn(conv, bn_type(channels)))
+    captured = with_shapes(capture_as(model, torch.randn(shape), dialect))
+
+    result = run_verified(captured, "fold_bn")
+
+    assert result.changed and result.removed == 1, result.skipped
+    assert result.folded_params == conv.weight.numel() + channels  # the new weight and the (new) bias
+    assert batch_norms(result.graph_module) == []
+    assert bn_leftovers(result.graph_module) == []
+    assert batch_norms(captured.graph_module) != []
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_affine_false_folds_with_a_zero_shift(dialect, capture_as, run_verified):
+    # without affine parameters BN is (z - mean) / sqrt(var + eps): gamma 1 and beta 0, not 1
+    model = random_stats(ConvBn(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4, affine=False)))
+    result = run_verified(capture_as(model, torch.randn(2, 3, 8, 8), dialect), "fold_bn")
+    assert result.changed and batch_norms(result.graph_module) == []
+
+
+def test_fold_weights_matches_batchnorm_for_every_layout():
+    # the folding arithmetic on its own, against eager BN, for a plain and a grouped transposed weight
+    torch.manual_seed(0)
+    for conv in (nn.Conv2d(4, 6, 3, groups=2), nn.ConvTranspose2d(4, 6, 3, groups=2)):
+        bn = random_stats(nn.BatchNorm2d(6, eps=1e-3), seed=3)
+        transposed = isinstance(conv, nn.ConvTranspose2d)
+        weight, bias = fold_weights(
+            conv.weight, conv.bias, bn.running_mean, bn.running_var, bn.eps, bn.weight, bn.bias, transposed, 2
+        )
+        x = torch.randn(1, 4, 6, 6)
+        folded = (F.conv_transpose2d if transposed else F.conv2d)(x, weight, bias, groups=2)
+        assert compare_outputs(bn(conv(x)), folded).ok
+
+
+class FunctionalBn(nn.Module):
+    """F.batch_norm after an nn.Conv2d and after an F.conv2d with a stored weight and no bias."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(4, 3, 3, 3))
+        self.conv = nn.Conv2d(4, 5, 1, bias=False)
+        for name, n in (("a", 4), ("b", 5)):
+            self.register_buffer(f"mean_{name}", torch.randn(n))
+            self.register_buffer(f"var_{name}", torch.rand(n) + 0.25)
+        self.gamma = nn.Parameter(torch.randn(4))
+        self.beta = nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        y = F.conv2d(x, self.weight, stride=2)
+        y = F.batch_norm(y, self.mean_a, self.var_a, self.gamma, self.beta, False, 0.1, 1e-3)
+        return F.batch_norm(self.conv(y), self.mean_b, self.var_b, training=self.training, eps=1e-4)
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_folds_functional_batch_norm(dialect, capture_as, run_verified):
+    torch.manual_seed(0)
+    captured = capture_as(FunctionalBn().eval(), torch.randn(2, 3, 9, 9), dialect)
+    result = run_verified(captured, "fold_bn")
+    assert result.removed == 2 and batch_norms(result.graph_module) == []
+    # the statistics were only read by the folded BNs: they are gone from the graph module too
+    stored = {name for name, _ in result.graph_module.named_buffers()} | {
+        name for name, _ in result.graph_module.named_parameters()
+    }
+    assert not any(name.endswith(("mean_a", "var_b", "gamma", "beta")) for name in stored), stored
+
+
+def test_folds_decomposed_aten_batch_norm():
+    # after run_decompositions BN is _native_batch_norm_legit_no_training (a tuple and a getitem) after aten.convolution
+    torch.manual_seed(0)
+    model = random_stats(ConvBn(nn.ConvTranspose2d(4, 6, 3, groups=2), nn.BatchNorm2d(6)))
+    x = torch.randn(2, 4, 5, 5)
+    gm = torch.export.export(model, (x,)).run_decompositions().module()
+    before = gm.code
+    result = apply_pass(gm, "fold_bn")
+    assert result.changed and gm.code == before
+    assert not any("batch_norm" in str(n.target) for n in result.graph_module.graph.nodes)
+    assert compare_outputs(model(x), result.graph_module(x)).ok
+
+
+# --------------------------------------------------------------------------------------------------
+# refusals: each leaves the graph alone and says why
+
+
+class ConvOutputReused(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.bn = nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return self.bn(y) + y
+
+
+class SharedConv(nn.Module):
+    """The conv module is called twice; only one call feeds the BN (pytorch issue 104593)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(4, 4, 3, padding=1)
+        self.bn = nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        return self.bn(self.conv(x)) + self.conv(x * 2)
+
+
+class ConvWeightRead(nn.Module):
+    """The conv's weight is also read directly: folding would change what that read sees."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.bn = nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        return self.bn(self.conv(x)) + self.conv.weight.sum()
+
+
+class LinearBn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 6)
+        self.bn = nn.BatchNorm1d(6)
+
+    def forward(self, x):
+        return self.bn(self.fc(x))
+
+
+REFUSALS = {
+    # name: (model, input shape, reason fragment per dialect (torch, aten))
+    "conv-output-has-other-users": (ConvOutputReused, (1, 3, 8, 8), ("2 users", "2 users")),
+    "conv-module-called-twice": (SharedConv, (1, 4, 8, 8), ("more than one place", "used elsewhere")),
+    "conv-weight-read-directly": (ConvWeightRead, (1, 3, 8, 8), ("parameters read", "used elsewhere")),
+    # BN1d on (N, C, L) normalises C, the Linear's L-sized last axis is not the channel axis
+    "linear-on-3d-input": (LinearBn, (3, 6, 4), ("2-D", "2-D")),
+    "no-running-stats": (
+        lambda: ConvBn(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4, track_running_stats=False)),
+        (2, 3, 8, 8),
+        ("no running statistics", "no running statistics"),
+    ),
+}
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+@pytest.mark.parametrize("case", REFUSALS)
+def test_refuses_with_reason(case, dialect, capture_as, run_verified):
+    make, shape, reasons = REFUSALS[case]
+    torch.manual_seed(0)
+    captured = with_shapes(capture_as(random_stats(make()), torch.randn(shape), dialect))
+    result = run_verified(captured, "fold_bn")
+    assert not result.changed
+    assert len(result.skipped) == 1 and reasons[DIALECTS.index(dialect)] in result.skipped[0], result.skipped
+    assert len(batch_norms(result.graph_module)) == 1
+
+
+def test_peer_fuser_gets_the_shared_conv_wrong():
+    # torch.fx.experimental.optimization.fuse folds BN into a conv that another call also uses (pytorch issue
+    # 104593); fold_bn refuses (test_refuses_with_reason). If torch ever fixes fuse, this test says so.
+    from torch.fx.experimental.optimization import fuse
+
+    torch.manual_seed(0)
+    model = random_stats(SharedConv())
+    x = torch.randn(1, 4, 8, 8)
+    with torch.no_grad():
+        assert not compare_outputs(model(x), fuse(model)(x)).ok
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_refuses_batch_norm_in_training_mode(dialect, capture_as):
+    model = random_stats(ConvBn(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)))
+    model.bn.train()
+    captured = capture_as(model, torch.randn(2, 3, 8, 8), dialect)
+    result = apply_pass(captured.graph_module, "fold_bn")
+    assert not result.changed and result.graph_module.code == captured.graph_module.code
+    assert "training mode" in result.skipped[0]
+
+
+# --------------------------------------------------------------------------------------------------
+# real models
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2", "efficientnet_b0"])
+def test_no_batch_norm_left_in_torchvision_models(name, dialect, capture_as, run_verified):
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    model = random_stats(getattr(torchvision.models, name)(), seed=1)
+    conv_weight = next(m for m in model.modules() if isinstance(m, nn.Conv2d)).weight.detach().clone()
+    captured = capture_as(model, torch.randn(1, 3, 64, 64), dialect)
+    had = len(batch_norms(captured.graph_module))
+
+    result = run_verified(captured, "fold_bn", seeds=(0,))
+
+    assert had > 0 and result.removed == had and result.skipped == []
+    assert batch_norms(result.graph_module) == []
+    assert not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in result.graph_module.modules())
+    # the user's model keeps its own weights
+    assert torch.equal(next(m for m in model.modules() if isinstance(m, nn.Conv2d)).weight, conv_weight)
