@@ -75,8 +75,11 @@ def remove_dropout(gm: fx.GraphModule, options: None) -> PassResult:
             continue
         training, form = _training_flag(gm, node)
         if training is True:
+            owner = _dropout_module_path(node) if form == "aten" else None
             if form == "module":
                 result.skip(f"{node.name}: module {node.target} is in training mode; call model.eval() first")
+            elif owner is not None:
+                result.skip(f"{node.name}: module {owner} was in training mode at capture; call model.eval() first")
             else:
                 result.skip(
                     f"{node.name}: traced with training=True frozen into the graph, so it drops values even in "
@@ -102,21 +105,35 @@ def remove_dropout(gm: fx.GraphModule, options: None) -> PassResult:
     return result
 
 
+def _dropout_module_path(node: fx.Node) -> str | None:
+    """The path of the nn.Dropout module an ATen dropout came from (torch.export records it), else None.
+
+    A module captured in training mode needs model.eval(), not the functional call's training=self.training fix.
+    """
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return None
+    path, type_name = list(stack.values())[-1]
+    return str(path) if str(type_name).startswith("torch.nn.modules.dropout.") else None
+
+
 def _remove_native_dropout(
     gm: fx.GraphModule, node: fx.Node, source: fx.Node, aliases: AliasClasses, result: PassResult
 ) -> bool:
     # native_dropout(train=False) returns (a copy of the input, a mask of ones): only the copy can go,
     # and only where nothing writes into either tensor or hands the input back to the caller.
     users = list(node.users)
-    if any(u.target is not operator.getitem or u.args[1] != 0 for u in users):
+    # torch.export also unpacks the mask, usually into a getitem nothing reads: that is no use of the mask
+    if any(u.target is not operator.getitem or (u.args[1] != 0 and u.users) for u in users):
         result.skip(f"{node.name}: its dropout mask is used")
         return False
     if aliases.written(node) or aliases.written(source) or (aliases.escapes(node) and aliases.external(source)):
         result.skip(f"{node.name}: its output is a copy that in-place ops or the caller could tell apart")
         return False
     for user in users:
-        _carry_origin(source, user)
-        user.replace_all_uses_with(source)
+        if user.args[1] == 0:
+            _carry_origin(source, user)
+            user.replace_all_uses_with(source)
         gm.graph.erase_node(user)
     gm.graph.erase_node(node)
     return True
