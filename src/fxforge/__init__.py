@@ -21,6 +21,7 @@ from fxforge.models import LoadedModel, load_model
 from fxforge.optimize import optimize
 from fxforge.passes import PassResult, apply_pass, register_pass
 from fxforge.passes.pipeline import Pipeline
+from fxforge.quantize import QuantizeResult, quantize
 from fxforge.verify import VerifyResult, compare_outputs, verify
 
 __version__ = "0.1.0"
@@ -38,6 +39,7 @@ __all__ = [
     "ModelSpecError",
     "PassResult",
     "Pipeline",
+    "QuantizeResult",
     "VerifyResult",
     "__version__",
     "apply_pass",
@@ -50,6 +52,7 @@ __all__ = [
     "optimize",
     "parse_input_spec",
     "prepare",
+    "quantize",
     "register_pass",
     "verify",
     "verify_specs",

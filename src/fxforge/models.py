@@ -9,7 +9,7 @@ Spec forms (every command takes the same ones):
 * ``path/to/file.py:factory`` -- a function, class or module instance in a Python file
 * ``package.module:attr`` -- the same, imported from an installed package
 * ``model.pt`` -- a whole module saved with ``torch.save``; ``model.pt2`` -- a ``torch.export`` program
-* ``OUTDIR`` -- a directory written by ``fxforge optimize`` (loads its ``model.pt``)
+* ``OUTDIR`` -- a directory written by ``fxforge optimize`` or ``fxforge quantize`` (loads its ``model.pt``)
 
 Models are built under a fixed seed (so two runs see the same random weights), put in eval mode, and
 can be built on the ``meta`` device so that no weight memory is allocated.
@@ -22,6 +22,7 @@ import importlib
 import importlib.util
 import inspect as pyinspect
 import sys
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -283,7 +284,11 @@ def _load_pickled_module(path: Path, spec: str) -> LoadedModel:
         raise ModelSpecError(f"file not found: {spec}")
     try:
         # weights_only=False: a whole module is pickled code, so only load files you trust (documented).
-        obj = torch.load(str(path), map_location="cpu", weights_only=False)
+        with warnings.catch_warnings():
+            # int8 models (fxforge quantize): torch's own rebuild of quantized tensors uses APIs it deprecates
+            warnings.filterwarnings("ignore", message=r"TypedStorage is deprecated")
+            warnings.filterwarnings("ignore", message=r"torch\.quantize_per_tensor, torch\.quantize_per_channel")
+            obj = torch.load(str(path), map_location="cpu", weights_only=False)
     except (AttributeError, ImportError) as exc:
         raise ModelSpecError(
             f"cannot read {spec}: {_first_line(exc)}",

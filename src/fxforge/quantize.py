@@ -561,6 +561,7 @@ def _quiet() -> Iterator[None]:
         warnings.filterwarnings("ignore", message=r"torch\.ao\.quantization is deprecated", category=DeprecationWarning)
         warnings.filterwarnings("ignore", message=r"Please use quant_min and quant_max", category=UserWarning)
         warnings.filterwarnings("ignore", message=r"torch\.quantize_per_tensor, torch\.quantize_per_channel and other")
+        warnings.filterwarnings("ignore", message=r"TypedStorage is deprecated")  # torch.load of int8 tensors
         warnings.filterwarnings("ignore", message=r".*must run observer before calling calculate_qparams")
         # convert_fx copies LSTM weights with torch.tensor(tensor) inside torch itself
         warnings.filterwarnings("ignore", message=r"To copy construct", module=r"torch\.ao\.nn\.quantized\.reference")
@@ -791,7 +792,7 @@ def quantize(
     model = _quantize_once(plan, calib.batches if calib else [], float_layers=float_layers)
     if mode == "qat-prepare":
         notes.append(
-            "fake-quant model in training mode: train it, then fxforge.quantize.convert(model) gives the int8 model"
+            "fake-quant model in training mode: train it, then fxforge.quantize's convert(model) makes it int8"
         )
         result = QuantizeResult(model, mode, backend, plan.machinery, None, None, float_layers=float_layers)
         result.quantized_layers = _quantized_layers(model, plan.source, mode)
@@ -981,20 +982,80 @@ def write_output(
     spec: str | None = None,
 ) -> list[str]:
     """Write ``model.pt`` (``torch.save`` of the quantized module), ``inputs.txt`` and ``report.json``
-    into ``output_dir``, atomically (nothing is left behind when a step fails)."""
+    into ``output_dir``, atomically (nothing is left behind when a step fails).
+
+    ``model.pt`` loads with ``torch.load(path, weights_only=False)`` and torch alone; before the
+    directory is moved into place the file is loaded back and must give the same outputs as
+    ``result.model`` on the example inputs.
+    """
     from fxforge.inputs import specs_of
     from fxforge.optimize import atomic_directory
 
     output_dir = Path(output_dir)
     files = [MODEL_FILE, "inputs.txt", "report.json"]
+    inputs = tuple(captured.flat_inputs()) if isinstance(result.model, fx.GraphModule) else captured.example_inputs
     with atomic_directory(output_dir, force=force) as staging:
-        torch.save(result.model, staging / MODEL_FILE)
+        with _picklable_quantized_modules(result.model):
+            torch.save(result.model, staging / MODEL_FILE)
+        _check_reload(result, staging / MODEL_FILE, inputs)
         tensors = [t for t in captured.example_inputs if isinstance(t, torch.Tensor)]
         (staging / "inputs.txt").write_text("\n".join(str(s) for s in specs_of(tensors)) + "\n")
         result.output_dir, result.files = output_dir, files
         report = {"model": spec, "capture": captured.record.to_dict(), **result.to_dict()}
         (staging / "report.json").write_text(json.dumps(report, indent=2, default=str))
     return files
+
+
+def _breaks_pickling(module: nn.Module) -> bool:
+    """torch's quantized conv modules (``torch.ao.nn.quantized`` ``_ConvNd`` and the fused conv-relu
+    ones built on it) define a ``__setstate__`` written for TorchScript that never runs
+    ``nn.Module.__init__``: unpickled, such a module has no ``_modules``, and a pickled GraphModule
+    holding one fails to load (torch 2.14.1). Their ``__copy__`` does build a whole module."""
+    cls = type(module)
+    return (
+        cls.__module__.startswith("torch.ao.nn.")
+        and getattr(cls, "__setstate__", None) not in (None, nn.Module.__setstate__)
+        and getattr(cls, "__copy__", None) is not None
+    )
+
+
+@contextlib.contextmanager
+def _picklable_quantized_modules(model: nn.Module) -> Iterator[None]:
+    """While in the block, each module that :func:`_breaks_pickling` pickles as ``copy.copy(bare)``:
+    ``bare`` (a copy of the module) loads the broken way but keeps every field its class's
+    ``__copy__`` needs, and ``copy.copy`` then rebuilds the whole module. Loading needs only torch and
+    the standard library. The instance-level ``__reduce_ex__`` is removed again on the way out."""
+    patched = []
+    try:
+        for module in model.modules():
+            if _breaks_pickling(module):
+                bare = copy.copy(module)
+                object.__setattr__(module, "__reduce_ex__", lambda protocol, bare=bare: (copy.copy, (bare,)))
+                patched.append(module)
+        yield
+    finally:
+        for module in patched:
+            object.__delattr__(module, "__reduce_ex__")
+
+
+def _check_reload(result: QuantizeResult, path: Path, inputs: Sequence[Any]) -> None:
+    """Load ``path`` back and require bitwise-equal outputs: same int8 kernels on the same inputs."""
+    try:
+        with _quiet():
+            loaded = torch.load(str(path), map_location="cpu", weights_only=False)
+    except Exception as exc:
+        raise FxforgeError(
+            f"the saved {result.mode} model does not load back: {type(exc).__name__}: {_first_line(exc)}",
+            hint="please report it; meanwhile save result.model's state_dict yourself",
+        ) from exc
+    # Copies: a QAT model's fake-quant observers update their statistics on every forward.
+    expected, actual = copy.deepcopy(result.model), loaded
+    with quantized_engine(result.backend):
+        (want,), (got,) = _run(expected, [tuple(inputs)]), _run(actual, [tuple(inputs)])
+    if len(want) != len(got) or not all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(want, got)):
+        raise FxforgeError(
+            f"the saved {result.mode} model computes something else after loading", hint="please report it"
+        )
 
 
 def int8_backend(

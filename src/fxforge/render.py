@@ -204,3 +204,69 @@ def render_passes(console: Console, specs: list[Any]) -> None:
         options = ", ".join(f.name for f in spec.option_fields()) or "-"
         table.add_row(spec.name, ",".join(spec.dialects), options, f"{spec.summary}\n[dim]{spec.guarantees}[/]")
     console.print(table)
+
+
+def render_quantize(console: Console, spec: str, result: Any) -> None:
+    """The quantize report: what ran, the accuracy against float, the sensitivity ranking, the layers."""
+    mode = {"static": "static int8", "dynamic": "dynamic int8", "qat-prepare": "QAT preparation"}[result.mode]
+    console.print(f"[bold]{spec}[/]: {mode} ({result.backend} backend) with {result.machinery}")
+    for name, data in (("calibration", result.calibration), ("evaluation", result.evaluation)):
+        if data is not None and not (name == "evaluation" and data == result.calibration):
+            labels = ", with labels" if data.get("labels") else ""
+            console.print(f"  {name}: {data['source']}: {data['samples']} samples in {data['batches']} batches{labels}")
+    accuracy = result.accuracy
+    if accuracy is not None:
+        table = Table(title="int8 vs float", title_justify="left")
+        table.add_column("metric")
+        table.add_column("value", justify="right")
+        table.add_row("samples", f"{accuracy.samples} ({accuracy.data})")
+        if accuracy.top1_agreement is not None:
+            table.add_row("top-1 agreement", f"{accuracy.top1_agreement:.2%}")
+        if accuracy.top1_drop is not None:
+            table.add_row("float top-1 accuracy", f"{accuracy.float_top1:.2%}")
+            table.add_row("int8 top-1 accuracy", f"{accuracy.int8_top1:.2%}")
+            table.add_row("top-1 accuracy drop", f"{accuracy.top1_drop * 100:+.2f} pp")
+        table.add_row("max abs error", f"{accuracy.max_abs_err:.4g}")
+        table.add_row("mean abs error", f"{accuracy.mean_abs_err:.4g}")
+        table.add_row("relative error", f"{accuracy.rel_err:.2%}")
+        console.print(table)
+    if result.sensitivity:
+        _render_sensitivity(console, result)
+    quantized = ", ".join(result.quantized_layers) or "none"
+    console.print(f"  quantized ({len(result.quantized_layers)}): {quantized}")
+    if result.float_layers:
+        console.print(f"  kept in float ({len(result.float_layers)}): {', '.join(result.float_layers)}")
+    if result.target is not None:
+        verdict = "[green]met[/]" if result.target_met else "[bold red]not met[/]"
+        console.print(f"  target {result.target}: {verdict}")
+    for note in result.notes:
+        console.print(f"  [dim]{note}[/]")
+    if result.output_dir is not None:
+        console.print(f"wrote {result.output_dir}/: {', '.join(result.files)}")
+
+
+def _render_sensitivity(console: Console, result: Any) -> None:
+    table = Table(title="Sensitivity: each layer quantized alone, most harmful first", title_justify="left")
+    labelled = any(entry.top1_drop is not None for entry in result.sensitivity)
+    classifier = any(entry.top1_agreement is not None for entry in result.sensitivity)
+    table.add_column("rank", justify="right")
+    table.add_column("layer")
+    table.add_column("type")
+    for column in ("mean abs err", "max abs err", "rel err"):
+        table.add_column(column, justify="right")
+    if classifier:
+        table.add_column("top-1 agreement", justify="right")
+    if labelled:
+        table.add_column("top-1 drop", justify="right")
+    table.add_column("kept float")
+    floats = set(result.float_layers)
+    for rank, entry in enumerate(result.sensitivity, 1):
+        row = [str(rank), entry.layer, entry.type, f"{entry.mean_abs_err:.3g}", f"{entry.max_abs_err:.3g}"]
+        row.append(f"{entry.rel_err:.2%}")
+        if classifier:
+            row.append(f"{entry.top1_agreement:.2%}" if entry.top1_agreement is not None else "")
+        if labelled:
+            row.append(f"{entry.top1_drop * 100:+.2f} pp" if entry.top1_drop is not None else "")
+        row.append("yes" if entry.layer in floats else "")
+        table.add_row(*row)
+    console.print(table)
