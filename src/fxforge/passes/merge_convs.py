@@ -1,0 +1,480 @@
+"""merge_convs: fold two back-to-back linear layers (conv -> conv, linear -> linear) into one.
+
+With nothing between them, ``B(A(x))`` is one linear map of ``x``. It is one *layer* of the same kind
+exactly in these cases, and only these are merged:
+
+* linear -> linear: ``W = W2 @ W1``, ``b = W2 @ b1 + b2``;
+* any conv A (kernel, stride, padding, dilation, padding mode, groups) -> a 1x1 conv B with stride 1
+  and no padding: B only mixes channels at each position, so one conv with A's geometry and weights
+  ``W[o, i, k] = sum_m B[o, m] A[m, i, k]`` computes both;
+* a 1x1 conv A with stride 1 and no padding -> any conv B: A maps each pixel on its own, so one conv
+  with B's geometry and weights ``W[o, i, k] = sum_m B[o, m, k] A[m, i]`` computes both -- as long as
+  B's padding does not see A's bias. B's zero padding pads A's *output* with zeros where the merged
+  conv would produce ``A(0) = bias``: exact only when A has no bias (or B does not pad). Reflect,
+  replicate and circular padding copy pixels, which commutes with the per-pixel A: always exact.
+
+The bias becomes ``sum_k B[:, :, k] @ b_A + b_B``. Groups: the 1x1 conv must be ungrouped or have the
+other conv's groups (the merged conv then has those groups, else 1). Everything is computed in float64
+and cast back, so results differ from the pair by float round-off only.
+
+The same detection (:func:`plan_merge`) drives lint rule FX009, so the rule reports exactly the pairs
+this pass merges (and the larger-merged pairs it leaves alone unless ``allow_larger``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+
+from fxforge.graphs import aten_packet, get_attr_value, node_arg, node_kind, submodule
+from fxforge.passes import PassResult, mark, register_pass
+from fxforge.passes.dead_code import prune_attributes
+
+NAME = "merge_convs"
+_CONV_FUNCTIONS = (F.conv1d, F.conv2d, F.conv3d)
+_LAYER_KINDS = ("conv", "linear")
+
+
+@dataclass
+class MergeConvsOptions:
+    # A low-rank bottleneck (512 -> 64 -> 512) has fewer weights than its product: merging it is exact but
+    # makes the model bigger and slower, so by default such pairs are skipped with their weight counts.
+    allow_larger: bool = False
+
+
+@dataclass
+class Layer:
+    """A conv or linear call in any form (module, functional, ATen), read from the graph."""
+
+    node: fx.Node
+    kind: str  # "conv" or "linear"
+    form: str  # "module" (call_module) or "function" (F.conv2d / aten.conv2d with get_attr weights)
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    owners: tuple[str, ...]  # the module path, or the get_attr targets of weight and bias: merging rewrites them
+    stride: tuple[int, ...] = ()
+    padding: tuple[int, ...] | str = ()
+    dilation: tuple[int, ...] = ()
+    groups: int = 1
+    padding_mode: str = "zeros"
+
+    @property
+    def kernel(self) -> tuple[int, ...]:
+        return tuple(self.weight.shape[2:])
+
+    @property
+    def in_channels(self) -> int:
+        return self.weight.shape[1] * self.groups
+
+    @property
+    def out_channels(self) -> int:
+        return self.weight.shape[0]
+
+    def pads(self) -> bool:
+        if isinstance(self.padding, str):
+            # "same" pads dilation * (kernel - 1) in total along each dimension
+            return self.padding == "same" and any(d * (k - 1) for d, k in zip(self.dilation, self.kernel))
+        return any(p != 0 for p in self.padding)
+
+    def is_pointwise(self) -> bool:
+        """A 1x1 conv with stride 1 and no padding: it maps every pixel on its own."""
+        return all(k == 1 for k in self.kernel) and all(s == 1 for s in self.stride) and not self.pads()
+
+
+@dataclass
+class MergePlan:
+    """Two layers that one layer computes exactly, and how."""
+
+    first: Layer
+    second: Layer
+    reason: str  # why one layer computes both, for logs and FX009
+    geometry: Layer  # the layer whose kernel, stride, padding, dilation and padding mode the merged one keeps
+    groups: int
+
+    @property
+    def separate_weights(self) -> int:
+        return self.first.weight.numel() + self.second.weight.numel()
+
+    @property
+    def merged_weights(self) -> int:
+        kernel = 1
+        for k in self.geometry.kernel:
+            kernel *= k
+        return self.second.out_channels * (self.first.in_channels // self.groups) * kernel
+
+
+def count_uses(graph: fx.Graph) -> Counter[str]:
+    """How often each module is called and each stored tensor read, counted once for the whole graph.
+
+    A ``get_attr`` of a module's parameter counts as a use of that module too: merging replaces the
+    module, and the direct read would then see the merged weights.
+    """
+    uses: Counter[str] = Counter()
+    for node in graph.nodes:
+        if node.op == "call_module":
+            uses[str(node.target)] += 1
+        elif node.op == "get_attr":
+            target = str(node.target)
+            uses[target] += len(node.users)
+            owner = target.rpartition(".")[0]
+            if owner:
+                uses[owner] += len(node.users)
+    return uses
+
+
+def _ints(value: object, n: int) -> tuple[int, ...] | None:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (value,) * n
+    if isinstance(value, (tuple, list)) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        if len(value) == 1:
+            return tuple(value) * n
+        return tuple(value) if len(value) == n else None
+    return None
+
+
+def _stored(gm: nn.Module, value: object) -> torch.Tensor | str | None:
+    """The tensor a ``get_attr`` argument names; None for None; a reason string for anything else."""
+    if value is None:
+        return None
+    if isinstance(value, fx.Node) and value.op == "get_attr":
+        tensor = get_attr_value(gm, str(value.target))
+        if isinstance(tensor, torch.Tensor):
+            return tensor
+    return "is computed in the graph, not a stored tensor"
+
+
+def read_layer(gm: nn.Module, node: fx.Node) -> Layer | str | None:
+    """The conv/linear ``node`` computes; None when it is neither, a reason string when it cannot be read."""
+    kind = node_kind(gm, node)
+    if kind not in _LAYER_KINDS:
+        return None
+    if node.op == "call_module":
+        return _read_module(gm, node, kind)
+    return _read_function(gm, node, kind)
+
+
+def _read_module(gm: nn.Module, node: fx.Node, kind: str) -> Layer | str:
+    module = submodule(gm, node)
+    if len(node.args) != 1 or node.kwargs:
+        return f"{node.name} is called with more than its input"
+    owners = (str(node.target),)
+    if kind == "linear":
+        return Layer(node, kind, "module", module.weight, module.bias, owners)
+    padding = module.padding if isinstance(module.padding, str) else tuple(module.padding)
+    return Layer(
+        node,
+        kind,
+        "module",
+        module.weight,
+        module.bias,
+        owners,
+        tuple(module.stride),
+        padding,
+        tuple(module.dilation),
+        module.groups,
+        module.padding_mode,
+    )
+
+
+def _read_function(gm: nn.Module, node: fx.Node, kind: str) -> Layer | str:
+    weight_arg, bias_arg = node_arg(node, 1, "weight"), node_arg(node, 2, "bias")
+    weight, bias = _stored(gm, weight_arg), _stored(gm, bias_arg)
+    if not isinstance(weight, torch.Tensor):
+        return f"the weight of {node.name} {weight or 'is missing'}"
+    if isinstance(bias, str):
+        return f"the bias of {node.name} {bias}"
+    owners = tuple(str(arg.target) for arg in (weight_arg, bias_arg) if arg is not None)
+    if kind == "linear":
+        return Layer(node, kind, "function", weight, bias, owners)
+    n = weight.dim() - 2
+    if aten_packet(node) == "convolution":
+        if len(node.args) != 9:
+            return f"{node.name} has arguments fxforge cannot read"
+        stride, padding, dilation, groups = node.args[3], node.args[4], node.args[5], node.args[8]
+    elif aten_packet(node) in ("conv1d", "conv2d", "conv3d") or node.target in _CONV_FUNCTIONS:
+        stride = node_arg(node, 3, "stride", 1)
+        padding = node_arg(node, 4, "padding", 0)
+        dilation = node_arg(node, 5, "dilation", 1)
+        groups = node_arg(node, 6, "groups", 1)
+    else:
+        return f"{node.name} is a convolution form fxforge cannot read"
+    stride_t, dilation_t = _ints(stride, n), _ints(dilation, n)
+    padding_t = padding if isinstance(padding, str) else _ints(padding, n)
+    if stride_t is None or dilation_t is None or padding_t is None or not isinstance(groups, int):
+        return f"{node.name} has stride, padding, dilation or groups computed in the graph"
+    return Layer(node, kind, "function", weight, bias, owners, stride_t, padding_t, dilation_t, groups)
+
+
+def _kernel_text(layer: Layer) -> str:
+    if len(layer.kernel) == 1:
+        return f"size-{layer.kernel[0]}"
+    return "x".join(str(k) for k in layer.kernel)
+
+
+def plan_merge(gm: nn.Module, node: fx.Node, uses: Counter[str]) -> MergePlan | str | None:
+    """How to merge ``node`` with the layer feeding it; None when ``node`` is not a conv/linear fed by one
+    of the same kind, a reason string when they are such a pair but cannot be merged exactly.
+
+    ``uses`` is :func:`count_uses` of the graph, computed once by the caller to keep scans linear.
+    """
+    producer = node_arg(node, 0, "input")
+    if not isinstance(producer, fx.Node) or node_kind(gm, node) not in _LAYER_KINDS:
+        return None
+    if node_kind(gm, producer) != node_kind(gm, node):
+        return None
+    second, first = read_layer(gm, node), read_layer(gm, producer)
+    for layer in (first, second):
+        if isinstance(layer, str):
+            return layer
+    if len(producer.users) > 1:
+        return f"{producer.name}'s output has {len(producer.users)} users, not only {node.name}"
+    if first.form != second.form:
+        return "one is a module call and the other a function call"
+    for layer in (first, second):
+        shared = [owner for owner in layer.owners if uses[owner] > 1]
+        if shared:
+            what = "module" if layer.form == "module" else "stored tensor"
+            return f"{what} {shared[0]} is used from more than one place; merging would change the others"
+    if first.weight.dtype != second.weight.dtype:
+        return f"the layers have different dtypes ({first.weight.dtype} and {second.weight.dtype})"
+    if first.kind == "linear":
+        return MergePlan(first, second, "linear after linear is one linear map (W2 @ W1, W2 @ b1 + b2)", second, 1)
+    if first.weight.dim() != second.weight.dim():
+        return "the convolutions have different dimensionality"
+    return _plan_convs(first, second)
+
+
+def _plan_convs(first: Layer, second: Layer) -> MergePlan | str:
+    groups_refusal = None
+    if second.is_pointwise():
+        if second.groups in (1, first.groups):
+            reason = (
+                f"a 1x1 stride-1 unpadded conv after a {_kernel_text(first)} conv mixes channels only: "
+                f"one {_kernel_text(first)} conv with weights W2 @ W1 computes both"
+            )
+            return MergePlan(first, second, reason, first, second.groups)
+        groups_refusal = f"the 1x1 conv has groups={second.groups}, the one before it groups={first.groups}"
+    if first.is_pointwise():
+        if first.groups not in (1, second.groups):
+            return f"the 1x1 conv has groups={first.groups}, the one after it groups={second.groups}"
+        k = _kernel_text(second)
+        if not second.pads():
+            reason = f"a {k} unpadded conv after a 1x1 stride-1 unpadded conv: one {k} conv with weights W2 @ W1"
+        elif second.padding_mode != "zeros":
+            reason = (
+                f"a {k} conv with {second.padding_mode} padding after a 1x1 stride-1 unpadded conv (the padding "
+                f"copies pixels, which commutes with the 1x1): one {k} conv with weights W2 @ W1"
+            )
+        elif first.bias is None:
+            reason = (
+                f"a zero-padded {k} conv after a bias-free 1x1 stride-1 conv (which maps the zero padding "
+                f"to zeros): one {k} conv with weights W2 @ W1"
+            )
+        else:
+            return (
+                f"{second.node.name} zero-pads the output of {first.node.name}, whose bias would then show "
+                f"where the padding was"
+            )
+        return MergePlan(first, second, f"{reason} computes both", second, first.groups)
+    if groups_refusal:
+        return f"{groups_refusal}: a grouped 1x1 merges only with a conv of the same groups"
+    return "neither is a 1x1 conv with stride 1 and no padding"
+
+
+def merged_parameters(plan: MergePlan) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The merged layer's (weight, bias), computed in float64 and cast back to the layers' dtype."""
+    dtype = plan.second.weight.dtype
+    a = plan.first.weight.detach().double()
+    b = plan.second.weight.detach().double()
+    mid, out_channels = a.shape[0], b.shape[0]
+    # kernels flattened to one axis; one of the two is 1x1 (or both are linear, with no kernel)
+    a = a.reshape(mid, a.shape[1], -1)
+    b = b.reshape(out_channels, b.shape[1], -1)
+    ga, gb = plan.first.groups, plan.second.groups
+    if ga == gb:
+        # block-diagonal times block-diagonal: per group, (out_g, mid_g) @ (mid_g, in_g)
+        w = torch.einsum(
+            "gomb,gmia->goiab", b.reshape(gb, out_channels // gb, *b.shape[1:]), a.reshape(ga, -1, *a.shape[1:])
+        )
+    elif gb == 1:
+        # grouped first, dense 1x1 second: every output reads every group of the middle channels
+        b_by_group = b.reshape(out_channels, ga, mid // ga, b.shape[2])
+        w = torch.einsum("ogmb,gmia->ogiab", b_by_group, a.reshape(ga, mid // ga, *a.shape[1:]))
+    else:
+        # dense 1x1 first, grouped second: each output group reads its middle group, which reads every input
+        w = torch.einsum(
+            "gomb,gmia->goiab", b.reshape(gb, out_channels // gb, *b.shape[1:]), a.reshape(gb, mid // gb, *a.shape[1:])
+        )
+    kernel = plan.geometry.kernel
+    weight = w.reshape(out_channels, -1, *kernel)
+    bias = _merged_bias(plan, b)
+    return weight.to(dtype), None if bias is None else bias.to(dtype)
+
+
+def _merged_bias(plan: MergePlan, b: torch.Tensor) -> torch.Tensor | None:
+    bias_a, bias_b = plan.first.bias, plan.second.bias
+    if bias_a is None:
+        return None if bias_b is None else bias_b.detach().double()
+    # B's taps all read A's bias (B does not zero-pad it, or the plan was refused): sum over the kernel
+    taps = b.sum(dim=2)
+    groups, out_channels = plan.second.groups, taps.shape[0]
+    grouped = torch.einsum(
+        "gom,gm->go", taps.reshape(groups, out_channels // groups, -1), bias_a.detach().double().reshape(groups, -1)
+    )
+    merged = grouped.reshape(out_channels)
+    return merged if bias_b is None else merged + bias_b.detach().double()
+
+
+def _apply(gm: fx.GraphModule, plan: MergePlan, uses: Counter[str]) -> set[str]:
+    """Make ``plan.second``'s node compute the merged layer from ``plan.first``'s input; returns the targets
+    of the stored tensors no node reads any more."""
+    weight, bias = merged_parameters(plan)
+    first, second = plan.first.node, plan.second.node
+    source = node_arg(first, 0, "input")
+    old_weight_nodes = [n for n in (*first.all_input_nodes, *second.all_input_nodes) if n.op == "get_attr"]
+    if plan.first.form == "module":
+        _install_module(gm, plan, weight, bias)
+        second.args = (source,)
+    else:
+        _rewrite_call(gm, plan, weight, bias, source, uses)
+    # the merged node computes what the second layer computed, so it keeps its name and origin
+    mark(second, NAME, origin_of=second)
+    gm.graph.erase_node(first)
+    stale = set()
+    for node in old_weight_nodes:
+        if not node.users:
+            stale.add(str(node.target))
+            gm.graph.erase_node(node)
+    return stale
+
+
+def _install_module(gm: fx.GraphModule, plan: MergePlan, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    """A new module (the old ones may be shared with the user's model) at the second layer's path."""
+    geometry, second_module = plan.geometry, submodule(gm, plan.second.node)
+    factory = {"device": weight.device, "dtype": weight.dtype}
+    if plan.first.kind == "linear":
+        merged = nn.utils.skip_init(nn.Linear, weight.shape[1], weight.shape[0], bias=bias is not None, **factory)
+    else:
+        merged = nn.utils.skip_init(
+            type(second_module),
+            plan.first.in_channels,
+            plan.second.out_channels,
+            geometry.kernel,
+            stride=geometry.stride,
+            padding=geometry.padding,
+            dilation=geometry.dilation,
+            groups=plan.groups,
+            bias=bias is not None,
+            padding_mode=geometry.padding_mode,
+            **factory,
+        )
+    requires_grad = second_module.weight.requires_grad
+    merged.weight = nn.Parameter(weight, requires_grad=requires_grad)
+    if bias is not None:
+        merged.bias = nn.Parameter(bias, requires_grad=requires_grad)
+    merged.train(second_module.training)
+    parent, _, child = str(plan.second.node.target).rpartition(".")
+    setattr(gm.get_submodule(parent) if parent else gm, child, merged)
+
+
+def _rewrite_call(
+    gm: fx.GraphModule,
+    plan: MergePlan,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    source: fx.Node,
+    uses: Counter[str],
+) -> None:
+    """Point the second call at new stored tensors and, for convs, the geometry's call form and arguments."""
+    second = plan.second.node
+    names = [_register(gm, f"{second.name}_merged_weight", weight)]
+    if bias is not None:
+        names.append(_register(gm, f"{second.name}_merged_bias", bias))
+    with gm.graph.inserting_before(second):
+        weight_node, *bias_node = [gm.graph.get_attr(name) for name in names]
+    for name in names:
+        uses[name] = 1
+    bias_value = bias_node[0] if bias_node else None
+    if plan.first.kind == "linear":
+        second.args, second.kwargs = (source, weight_node, bias_value), {}
+        return
+    geometry = plan.geometry
+    padding = geometry.padding if isinstance(geometry.padding, str) else list(geometry.padding)
+    geometry_args = [list(geometry.stride), padding, list(geometry.dilation)]
+    if aten_packet(geometry.node) == "convolution":
+        output_padding = geometry.node.args[7]
+        args = (source, weight_node, bias_value, *geometry_args, False, output_padding, plan.groups)
+    else:
+        args = (source, weight_node, bias_value, *geometry_args, plan.groups)
+    second.target, second.args, second.kwargs = geometry.node.target, args, {}
+
+
+def _register(gm: fx.GraphModule, base: str, value: torch.Tensor) -> str:
+    name, i = base, 0
+    while hasattr(gm, name):
+        i += 1
+        name = f"{base}_{i}"
+    gm.register_parameter(name, nn.Parameter(value, requires_grad=False))
+    return name
+
+
+def _label(node: fx.Node) -> str:
+    producer = node_arg(node, 0, "input")
+    return f"{producer.name} -> {node.name}"
+
+
+@register_pass(
+    NAME,
+    summary="Merge back-to-back convs (kxk then 1x1, 1x1 then kxk) or linears with nothing between into one layer.",
+    guarantees=(
+        "Outputs equal up to float round-off (merged weights computed in float64). Merges linear -> linear, any conv "
+        "-> 1x1 stride-1 unpadded conv, and 1x1 stride-1 unpadded conv -> any conv unless that conv zero-pads the "
+        "output of a biased 1x1 (the padding would become the bias). Conv1d/2d/3d; groups when the 1x1 conv is "
+        "ungrouped or has the other's groups. Never merges when the first layer's output has other users, a "
+        "module or weight is used from more than one place, the layers differ in form (module vs function), "
+        "dtype or dimensionality, or, unless allow_larger, the merged layer has more weights than the two "
+        "together (a low-rank bottleneck). Each refusal is listed with its reason. Torch and ATen dialects."
+    ),
+    options=MergeConvsOptions,
+    ensures=lambda gm, result: _smaller_pair_left(gm),
+)
+def merge_convs(gm: fx.GraphModule, options: MergeConvsOptions) -> PassResult:
+    result = PassResult(NAME, gm)
+    uses = count_uses(gm.graph)  # once: per-pair scans would make the pass quadratic
+    stale: set[str] = set()
+    for node in list(gm.graph.nodes):
+        # a merged node reads the first layer's input, which may itself be a layer it now merges with
+        while True:
+            plan = plan_merge(gm, node, uses)
+            if plan is None:
+                break
+            if isinstance(plan, str):
+                result.skip(f"{_label(node)}: {plan}")
+                break
+            if plan.merged_weights > plan.separate_weights and not options.allow_larger:
+                result.skip(
+                    f"{_label(node)}: the merged layer would have {plan.merged_weights:,} weights, the two "
+                    f"together have {plan.separate_weights:,} (set allow_larger to merge anyway)"
+                )
+                break
+            message = f"merged {plan.first.node.name} into {node.name}: {plan.reason}"
+            separate, merged = plan.separate_weights, plan.merged_weights
+            stale |= _apply(gm, plan, uses)
+            result.note(f"{message} ({separate:,} weights -> {merged:,})", removed=1, folded=merged)
+    if result.changed:
+        prune_attributes(gm, stale)
+    return result
+
+
+def _smaller_pair_left(gm: fx.GraphModule) -> str | None:
+    """Postcondition: no pair is left whose merged layer would be no larger (those are always merged)."""
+    uses = count_uses(gm.graph)
+    for node in gm.graph.nodes:
+        plan = plan_merge(gm, node, uses)
+        if isinstance(plan, MergePlan) and plan.merged_weights <= plan.separate_weights:
+            return f"{_label(node)} can still be merged"
+    return None
