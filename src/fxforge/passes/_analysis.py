@@ -315,7 +315,9 @@ def _is_real_cast(node: fx.Node) -> bool:
 class AliasClasses:
     """Which nodes may share storage with each other, with in-place writes, graph outputs and inputs."""
 
-    def __init__(self, gm: fx.GraphModule) -> None:
+    def __init__(self, gm: fx.GraphModule, *, opaque_calls_write: bool = False) -> None:
+        """With ``opaque_calls_write``, a function or method fxforge cannot see into (:func:`is_opaque`, e.g. a
+        user helper captured as one call) may write into what it is given, as a user leaf module may."""
         self._parent: dict[fx.Node, fx.Node] = {}
         written_roots: list[fx.Node] = []
         external_roots: list[fx.Node] = []
@@ -330,6 +332,8 @@ class AliasClasses:
                 for source in _aliased_inputs(gm, node):
                     self._union(node, source)
                 written_roots += written_args(gm, node)
+                if opaque_calls_write and is_opaque(node):
+                    written_roots += node.all_input_nodes
         self._written = {self._find(n) for n in written_roots}
         self._external = {self._find(n) for n in external_roots}
         self._escaping = {self._find(n) for n in escaping_roots}
@@ -402,3 +406,253 @@ def tensor_facts(node: Any, gm: nn.Module | None = None) -> dict[str, Any] | Non
         contiguous = getattr(meta, "memory_format", None) == torch.contiguous_format
         return {"dtype": meta.dtype, "shape": tuple(meta.shape), "device": None, "contiguous": contiguous}
     return None
+
+
+# --------------------------------------------------------------------------------------------------
+# pure calls: values that depend on the arguments alone. CSE merges two pure calls with equal arguments;
+# constant folding runs a pure call once at pass time. Both need the same answer, so it lives here.
+
+_DROPOUT_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
+_NORMS_WITH_RUNNING_STATS = (
+    nn.BatchNorm1d,
+    nn.BatchNorm2d,
+    nn.BatchNorm3d,
+    nn.SyncBatchNorm,
+    nn.InstanceNorm1d,
+    nn.InstanceNorm2d,
+    nn.InstanceNorm3d,
+)
+# Exact types (a subclass may override forward). Pure in any mode: stateless layers, and layers whose only
+# state is their parameters. Loss modules, RNNs, attention and containers are left out on purpose.
+_PURE_MODULES: frozenset[type] = frozenset(
+    {
+        *_FRESH_MODULES,
+        nn.Identity,
+        nn.Flatten,
+        nn.Unflatten,
+        nn.PReLU,
+        nn.GLU,
+        nn.LogSigmoid,
+        nn.Softmin,
+        nn.Softmax2d,
+        nn.Softsign,
+        nn.Softshrink,
+        nn.Hardshrink,
+        nn.Tanhshrink,
+        nn.Threshold,
+        nn.RMSNorm,
+        nn.LocalResponseNorm,
+        nn.LPPool1d,
+        nn.LPPool2d,
+        nn.LPPool3d,
+        nn.EmbeddingBag,
+        nn.Upsample,
+        nn.UpsamplingNearest2d,
+        nn.UpsamplingBilinear2d,
+        nn.PixelShuffle,
+        nn.PixelUnshuffle,
+        nn.ChannelShuffle,
+        nn.ZeroPad1d,
+        nn.ZeroPad2d,
+        nn.ZeroPad3d,
+        nn.ConstantPad1d,
+        nn.ConstantPad2d,
+        nn.ConstantPad3d,
+        nn.ReflectionPad1d,
+        nn.ReflectionPad2d,
+        nn.ReflectionPad3d,
+        nn.ReplicationPad1d,
+        nn.ReplicationPad2d,
+        nn.ReplicationPad3d,
+        nn.CircularPad1d,
+        nn.CircularPad2d,
+        nn.CircularPad3d,
+        nn.Fold,
+        nn.Unfold,
+        nn.CosineSimilarity,
+        nn.PairwiseDistance,
+    }
+)
+# Python modules whose functions are pure unless named as random, in-place or global-state calls below.
+_PURE_FUNCTION_HOMES = frozenset(
+    {
+        "torch",
+        "torch.functional",
+        "torch.nn.functional",
+        "torch._C._nn",
+        "torch._C._linalg",
+        "torch._C._fft",
+        "torch._C._special",
+        "torch._C._VariableFunctions",
+        "torch.linalg",
+        "torch.fft",
+        "torch.special",
+        "math",
+        "_operator",
+        "operator",
+    }
+)
+_PURE_BUILTINS = frozenset(
+    {getattr, hasattr, isinstance, len, abs, min, max, int, float, bool, round, divmod, pow, tuple, range, slice}
+)
+_IMPURE_OPERATORS = {"setitem", "delitem"}
+_IMPURE_METHODS = frozenset(
+    {"register_hook", "register_post_accumulate_grad_hook", "retain_grad", "backward", "record_stream", "data_ptr"}
+    | {"storage", "untyped_storage"}
+)
+# The value of these is whatever was in memory: two calls need not agree.
+_UNINITIALISED = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "empty_permuted"})
+# Random Python-level calls with no ATen op of the same name to read the nondeterministic_seeded tag from.
+_RANDOM_NAMES = frozenset(
+    {
+        "gumbel_softmax",
+        "dropout1d",
+        "dropout2d",
+        "dropout3d",
+        "fractional_max_pool2d",
+        "fractional_max_pool3d",
+        "fractional_max_pool2d_with_indices",
+        "fractional_max_pool3d_with_indices",
+    }
+)
+_SEEDED_ATEN_NAMES: dict[str, bool] = {}
+_MODE_SWITCH_NAMES = {
+    "_enter_autocast",
+    "_exit_autocast",
+    "_set_grad_enabled",
+    "_enter_dual_level",
+    "_exit_dual_level",
+    "_jvp_increment_nesting",
+    "_jvp_decrement_nesting",
+}
+_MODE_SWITCHES = frozenset(f for f in _FX_EFFECTFUL if getattr(f, "__name__", "") in _MODE_SWITCH_NAMES)
+
+
+def _seeded_aten_name(name: str) -> bool:
+    """Is some overload of ``aten.<name>`` tagged ``nondeterministic_seeded`` (draws from the RNG)?"""
+    if name.startswith("_") or not name.isidentifier():
+        return False
+    if name not in _SEEDED_ATEN_NAMES:
+        try:
+            packet = getattr(torch.ops.aten, name)
+            seeded = any(torch.Tag.nondeterministic_seeded in getattr(packet, o).tags for o in packet.overloads())
+        except Exception:  # no such ATen op
+            seeded = False
+        _SEEDED_ATEN_NAMES[name] = seeded
+    return _SEEDED_ATEN_NAMES[name]
+
+
+def random_reason(node: fx.Node) -> str | None:
+    """Why ``node`` may return a different value on each run with the same arguments (RNG, uninitialised memory)."""
+    if node.op == "call_function":
+        target = node.target
+        if isinstance(target, torch._ops.OpOverload):
+            if torch.Tag.nondeterministic_seeded in target.tags:
+                return "random op"
+            name = target._overloadpacket.__name__
+        else:
+            name = getattr(target, "__name__", "")
+    elif node.op == "call_method":
+        name = str(node.target)
+    else:
+        return None  # modules: see _module_impurity
+    if name in _UNINITIALISED:
+        return "returns uninitialised memory"
+    if name in _RANDOM_NAMES or _seeded_aten_name(name):
+        return "random op"
+    return None
+
+
+def _reads_global_state(name: str) -> bool:
+    # torch.is_grad_enabled(), torch.get_default_dtype(), torch.initial_seed()...: same arguments, other answers
+    return name.endswith("_enabled") or name.startswith(("get_", "set_")) or name in ("seed", "initial_seed")
+
+
+def _known_function(target: Any) -> bool:
+    """A Python-level function fxforge knows the effects of (torch, F, math, operator, a few builtins)."""
+    try:
+        if target in _PURE_BUILTINS:
+            return True
+    except TypeError:  # unhashable callable
+        return False
+    owner = getattr(target, "__objclass__", None)
+    if isinstance(owner, type) and issubclass(owner, torch._C.TensorBase):
+        return True  # torch.Tensor.add and friends, called as functions
+    return getattr(target, "__module__", None) in _PURE_FUNCTION_HOMES
+
+
+def is_opaque(node: fx.Node) -> bool:
+    """A function or method call fxforge cannot see into: a user helper captured as one call, a method that
+    ``torch.Tensor`` does not have, a higher-order op. (User leaf modules are handled by :func:`written_args`.)"""
+    if node.op == "call_function":
+        return not isinstance(node.target, torch._ops.OpOverload) and not _known_function(node.target)
+    if node.op == "call_method":
+        return not hasattr(torch.Tensor, str(node.target))
+    return False
+
+
+def is_mode_switch(node: fx.Node) -> bool:
+    """Enters or leaves autocast, grad mode or forward-AD levels: identical calls on either side may differ."""
+    if node.op != "call_function":
+        return False
+    try:
+        return node.target in _MODE_SWITCHES
+    except TypeError:
+        return False
+
+
+def _module_impurity(module: nn.Module) -> str | None:
+    kind = type(module)
+    if kind in _DROPOUT_MODULES or kind is nn.RReLU:
+        return f"{kind.__name__} in training mode is random" if module.training else None
+    if kind in _NORMS_WITH_RUNNING_STATS:
+        if module.training and module.track_running_stats:
+            return f"{kind.__name__} in training mode updates its running statistics"
+        return None
+    if kind in (nn.Embedding, nn.EmbeddingBag) and module.max_norm is not None:
+        return f"{kind.__name__} with max_norm renormalises its weight in place"
+    if kind in _PURE_MODULES:
+        return None
+    return f"module {kind.__name__} is not on fxforge's list of pure modules"
+
+
+def impure_reason(gm: nn.Module, node: fx.Node) -> str | None:
+    """Why ``node``'s value may not be a function of its arguments alone; None when it is.
+
+    Pure calls with equal arguments give equal values (CSE may merge them) and may run at pass time
+    (constant folding). Impure: random ops and uninitialised memory, in-place writes, effects (asserts,
+    prints, mode switches), reads of global state, modules not on the known-pure list or in a stateful
+    training mode, and functions or methods fxforge cannot see into. ``get_attr`` reads are pure.
+    """
+    if node.op in ("placeholder", "output"):
+        return f"a graph {node.op}"
+    if node.op == "get_attr":
+        return None
+    random = random_reason(node)
+    if random is not None:
+        return random
+    if written_args(gm, node):
+        return "writes its input in place"
+    if node.op == "call_module":
+        return _module_impurity(submodule(gm, node))
+    if is_effectful(gm, node):
+        return "has side effects"
+    if node.op == "call_function":
+        target = node.target
+        if isinstance(target, torch._ops.OpOverload):
+            return None  # is_effectful refused mutable, custom-namespace and assert ops
+        name = getattr(target, "__name__", "")
+        if not _known_function(target):
+            where = getattr(target, "__module__", None) or "?"
+            return f"calls {where}.{name or target!r}, which fxforge cannot see into"
+        if name in _IMPURE_OPERATORS or _reads_global_state(name):
+            return f"{name} reads or changes state outside its arguments"
+        return None
+    if node.op == "call_method":
+        name = str(node.target)
+        if not hasattr(torch.Tensor, name):
+            return f"calls method .{name}(), which fxforge cannot see into"
+        if name in _IMPURE_METHODS or _reads_global_state(name):
+            return f".{name}() reads or changes state outside its arguments"
+        return None
+    return f"unknown node kind {node.op}"
