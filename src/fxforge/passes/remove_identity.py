@@ -70,7 +70,9 @@ _PRESERVE = (None, torch.preserve_format)
 
 @register_pass(
     NAME,
-    summary="Remove no-op calls: nn.Identity, x*1, x+0, x-0, x/1, no-op .contiguous()/.to()/.float(), aten.alias/clone.",
+    summary=(
+        "Remove no-op calls: nn.Identity, x*1, x+0, x-0, x/1, no-op .contiguous()/.to()/.float(), aten.alias/clone."
+    ),
     guarantees=(
         "Exact: each removed call returns a value equal to its input with the same dtype, shape and device. Casts, "
         "contiguous and arithmetic go only when node metadata proves the dtype (and device, where one is named) "
@@ -193,7 +195,8 @@ def _classify_aten(node: fx.Node, packet: str) -> tuple[str, Any, str] | None:
             return None
         return "copy", source, f"aten.{packet}"
     if packet in _NEUTRAL and overload in ("Tensor", "Scalar"):
-        return _classify_arithmetic(node, packet, method=True)
+        # torch.export keeps torch.add(0, x) as aten.add.Tensor(0, x): a literal first operand is possible here
+        return _classify_arithmetic(node, packet, method=False)
     return None
 
 
@@ -302,4 +305,3 @@ def _arithmetic_operation(node: fx.Node) -> str:
     if node.op == "call_method":
         return _ARITHMETIC_METHODS[str(node.target)]
     return _ARITHMETIC[node.target]
-
