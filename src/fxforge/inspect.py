@@ -6,6 +6,12 @@ elementwise ops as zero, the convention torchvision's published figures use) and
 The numbers come from one run of the graph under an Interpreter, on real or ``meta`` tensors, so a
 model built on the meta device is inspected without allocating its weights. Work is linear in the
 number of nodes.
+
+Quantized graphs (``fxforge quantize`` output, prepared or QAT models) are read too: each node's
+``quant`` kind (observer, fake_quant, qat, quantize, dequantize, int8; see
+:data:`fxforge.quantize.QUANT_KINDS`) is reported and counted in the totals, an int8 layer's packed
+weights count as its parameters (at their int8 size), and its FLOPs are counted by the float layer's
+formula (torch's FLOP counter does not know the quantized kernels).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from fxforge.capture import Captured, _buffers_snapshot, _restore_buffers, quiet_torch_logs
 from fxforge.errors import InputSpecError
 from fxforge.graphs import get_attr_value, module_path, submodule, target_name
+from fxforge.quantize import QUANT_KINDS, int8_flops, int8_weights, module_quant_kind, quant_kind
 
 
 @dataclass
@@ -36,6 +43,7 @@ class NodeInfo:
     params: int
     flops: int
     activation_bytes: int
+    quant: str = ""  # a fxforge.quantize.QUANT_KINDS entry for nodes of quantized graphs
 
 
 @dataclass
@@ -81,7 +89,7 @@ def _describe(value: Any) -> tuple[Any, str | None, int]:
 def _node_params(gm: nn.Module, node: fx.Node) -> int:
     if node.op == "call_module":
         module = submodule(gm, node)
-        return sum(p.numel() for p in module.parameters()) if module is not None else 0
+        return _param_count(module) if module is not None else 0
     if node.op == "get_attr":
         value = get_attr_value(gm, str(node.target))
         return value.numel() if isinstance(value, nn.Parameter) else 0
@@ -110,7 +118,11 @@ class _Profiler(fx.Interpreter):
                 hint="check --input: the example inputs may not have the shape or dtype the model expects",
             ) from None
         shape, dtype, nbytes = _describe(result)
-        self.infos[n] = (shape, dtype, nbytes, self.counter.get_total_flops() - before)
+        flops = self.counter.get_total_flops() - before
+        if n.op == "call_module":
+            args, _ = self.fetch_args_kwargs_from_env(n)
+            flops += int8_flops(submodule(self.module, n), args, result)
+        self.infos[n] = (shape, dtype, nbytes, flops)
         return result
 
 
@@ -201,9 +213,9 @@ def inspect_graph(
         params = _node_params(gm, node)
         if node.op == "output":
             nbytes = 0  # the output node only forwards values computed elsewhere
-        nodes.append(
-            NodeInfo(node.name, node.op, target_name(node), module_path(node), shape, dtype, params, flops, nbytes)
-        )
+        info = NodeInfo(node.name, node.op, target_name(node), module_path(node), shape, dtype, params, flops, nbytes)
+        info.quant = quant_kind(gm, node) or ""
+        nodes.append(info)
         for path, type_name in _module_chain(node):
             summary = modules.get(path)
             if summary is None:
@@ -216,8 +228,10 @@ def inspect_graph(
                 summary.type = type(submodule(gm, node)).__name__
     for path, summary in modules.items():
         summary.params = module_params[path] if module_params[path] >= 0 else _sum_node_params(nodes, path)
+        summary.type = _quantized_type_name(gm, path) or summary.type
 
     unique_params = {id(p): p for p in gm.parameters()}
+    unique_params.update({id(t): t for module in gm.modules() for t in int8_weights(module)})
     total_params = sum(p.numel() for p in unique_params.values())
     total_flops = sum(n.flops for n in nodes)
     totals = {
@@ -228,6 +242,7 @@ def inspect_graph(
         "nodes": len(nodes),
         "activation_bytes": sum(n.activation_bytes for n in nodes if n.op not in ("placeholder", "get_attr")),
     }
+    totals.update({f"{kind}_nodes": sum(1 for n in nodes if n.quant == kind) for kind in QUANT_KINDS})
     return InspectReport(
         dialect=captured.dialect,
         nodes=nodes,
@@ -239,13 +254,29 @@ def inspect_graph(
     )
 
 
+def _quantized_type_name(gm: nn.Module, path: str) -> str | None:
+    """torch's own name for a quantized module (``QuantizedConvReLU2d``), whose class name is the float one's."""
+    try:
+        module = gm.get_submodule(path)
+    except AttributeError:
+        return None
+    return module._get_name() if module_quant_kind(module) is not None else None
+
+
 def _module_param_count(gm: nn.Module, path: str) -> int:
     """Unique parameter count of the submodule at ``path``; -1 when the graph has no such submodule."""
     try:
         module = gm.get_submodule(path)
     except AttributeError:
         return -1
-    return sum(p.numel() for p in module.parameters())
+    return _param_count(module)
+
+
+def _param_count(module: nn.Module) -> int:
+    """Parameters of ``module`` and its children, counting int8 layers' packed weights."""
+    return sum(p.numel() for p in module.parameters()) + sum(
+        t.numel() for sub in module.modules() for t in int8_weights(sub)
+    )
 
 
 def _sum_node_params(nodes: list[NodeInfo], path: str) -> int:

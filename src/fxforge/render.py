@@ -14,6 +14,15 @@ from rich.text import Text
 from fxforge.inspect import InspectReport
 
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+# inspect's quant column, in fxforge.quantize.QUANT_KINDS order: what is left of calibration stands out
+_QUANT_STYLE = {
+    "observer": "yellow",
+    "fake_quant": "yellow",
+    "qat": "yellow",
+    "quantize": "cyan",
+    "dequantize": "cyan",
+    "int8": "green",
+}
 
 
 def human_count(value: float, unit: str = "") -> str:
@@ -52,9 +61,10 @@ def render_capture(console: Console, spec: str, capture: dict[str, Any]) -> None
 
 def render_inspect(console: Console, spec: str, report: InspectReport, show_nodes: bool, show_code: bool) -> None:
     render_capture(console, spec, report.capture)
+    quantized = any(node.quant for node in report.nodes)
     if show_nodes:
         table = Table(title="Nodes", show_lines=False)
-        for column in ("name", "op", "target", "module", "shape", "dtype"):
+        for column in ("name", "op", "target", "module", "shape", "dtype") + (("quant",) if quantized else ()):
             table.add_column(column)
         for column in ("params", "FLOPs", "act."):
             table.add_column(column, justify="right")
@@ -66,6 +76,7 @@ def render_inspect(console: Console, spec: str, report: InspectReport, show_node
                 node.module,
                 _shape(node.shape),
                 node.dtype or "",
+                *((_quant_cell(node.quant),) if quantized else ()),
                 human_count(node.params) if node.params else "",
                 human_count(node.flops) if node.flops else "",
                 human_bytes(node.activation_bytes) if node.activation_bytes else "",
@@ -94,8 +105,15 @@ def render_inspect(console: Console, spec: str, report: InspectReport, show_node
         f"({human_bytes(totals['param_bytes'])}), {human_count(totals['flops'], ' FLOPs')} "
         f"({human_count(totals['macs'], ' MACs')}), activations {human_bytes(totals['activation_bytes'])}"
     )
+    if quantized:
+        counts = [(kind, totals.get(f"{kind}_nodes", 0)) for kind in _QUANT_STYLE]
+        console.print("[bold]Quantization[/]: " + ", ".join(f"{n} {kind}" for kind, n in counts if n) + " nodes")
     if show_code:
         console.print(report.code, markup=False, highlight=False)
+
+
+def _quant_cell(kind: str) -> str:
+    return f"[{_QUANT_STYLE[kind]}]{kind}[/]" if kind in _QUANT_STYLE else ""
 
 
 def _shape(shape: Any) -> str:

@@ -1,0 +1,121 @@
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import fx, nn
+
+from fxforge.capture import capture
+from fxforge.lint import lint
+from fxforge.quantize import RandomCalibrationWarning, quantize
+
+X = torch.randn(2, 3, 8, 8)
+
+
+class MethodFlatten(nn.Module):
+    """``x.flatten(1)`` has no int8 form in FX graph mode: it runs in float between two int8 layers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.fc(self.pool(self.conv(x)).flatten(1))
+
+
+class FunctionFlatten(MethodFlatten):
+    """``torch.flatten`` stays int8."""
+
+    def forward(self, x):
+        return self.fc(torch.flatten(self.pool(self.conv(x)), 1))
+
+
+class ThreeConvs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1, self.conv2, self.conv3 = nn.Conv2d(3, 4, 3), nn.Conv2d(4, 4, 3), nn.Conv2d(4, 4, 3)
+
+    def forward(self, x):
+        return self.conv3(self.conv2(self.conv1(x)))
+
+
+def _int8(model: nn.Module, float_layers=()) -> fx.GraphModule:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RandomCalibrationWarning)
+        return quantize(capture(model.eval(), (X,)), "static", calibration="random:2", float_layers=float_layers).model
+
+
+def _by_hand(build) -> fx.GraphModule:
+    """A graph written node by node: x -> quantize_per_tensor, then whatever ``build`` adds."""
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    q = graph.call_function(torch.quantize_per_tensor, (x, 0.1, 0, torch.quint8))
+    graph.output(build(graph, q))
+    return fx.GraphModule(nn.Module(), graph)
+
+
+def _requantize(graph: fx.Graph, value: fx.Node) -> fx.Node:
+    return graph.call_function(torch.quantize_per_tensor, (value, 0.05, 0, torch.quint8))
+
+
+def test_method_flatten_between_int8_layers(findings):
+    found = findings(_int8(MethodFlatten()), "FX013")
+    assert len(found) == 1
+    assert found[0].severity == "info" and found[0].node.startswith("quantize_per_tensor")
+    message = found[0].message
+    assert "-> flatten ->" in message and "round trip" in message and "torch.flatten(x, 1)" in message
+
+
+def test_function_flatten_stays_int8(findings):
+    assert findings(_int8(FunctionFlatten()), "FX013") == []
+
+
+def test_direct_dequantize_quantize(findings):
+    def build(graph, q):
+        return graph.call_method("dequantize", (_requantize(graph, graph.call_method("dequantize", (q,))),))
+
+    found = findings(_by_hand(build), "FX013")
+    assert [f.node for f in found] == ["quantize_per_tensor_1"]
+    assert "feeds quantize_per_tensor_1 directly" in found[0].message
+
+
+def test_float_layer_kept_on_purpose_is_not_a_round_trip(findings):
+    gm = _int8(ThreeConvs(), float_layers=["conv2"])
+    assert type(gm.get_submodule("conv2")) is nn.Conv2d  # float, between two int8 convs
+    assert findings(gm, "FX013") == []
+
+
+def test_float_value_used_elsewhere(findings):
+    def build(graph, q):
+        relu = graph.call_function(torch.relu, (graph.call_method("dequantize", (q,)),))
+        return (graph.call_method("dequantize", (_requantize(graph, relu),)), relu)  # relu also an output
+
+    assert findings(_by_hand(build), "FX013") == []
+
+
+def test_other_float_input_enters_the_region(findings):
+    def build(graph, q):
+        y = graph.placeholder("y")
+        total = graph.call_function(torch.add, (graph.call_method("dequantize", (q,)), y))
+        return graph.call_method("dequantize", (_requantize(graph, total),))
+
+    assert findings(_by_hand(build), "FX013") == []
+
+
+def test_float_resnet18_has_none(findings, resnet18_captured):
+    if resnet18_captured.dialect == "torch":
+        assert findings(resnet18_captured, "FX013") == []
+    else:  # torch dialect only
+        assert lint(resnet18_captured, select=["FX013"]).rules_run == []
+
+
+def test_int8_resnet18_has_none(findings, resnet18_model):
+    assert findings(_int8(resnet18_model), "FX013") == []
+
+
+def test_not_run_on_aten_graphs():
+    captured = capture(MethodFlatten().eval(), (X,), method="export")
+    report = lint(captured, select=["FX013"])
+    assert captured.dialect == "aten" and report.rules_run == [] and report.findings == []
