@@ -12,8 +12,10 @@ view of its inputs.
 
 from __future__ import annotations
 
+import heapq
 import inspect
 import operator
+from bisect import bisect_left, bisect_right
 from typing import Any
 
 import torch
@@ -319,11 +321,13 @@ class AliasClasses:
         """With ``opaque_calls_write``, a function or method fxforge cannot see into (:func:`is_opaque`, e.g. a
         user helper captured as one call) may write into what it is given, as a user leaf module may."""
         self._parent: dict[fx.Node, fx.Node] = {}
-        written_roots: list[fx.Node] = []
+        self._position: dict[fx.Node, int] = {}
+        writes: list[tuple[fx.Node, int]] = []  # (written node, position of the writer), in graph order
         external_roots: list[fx.Node] = []
         escaping_roots: list[fx.Node] = []
-        for node in gm.graph.nodes:
+        for position, node in enumerate(gm.graph.nodes):
             self._parent[node] = node
+            self._position[node] = position
             if node.op in ("placeholder", "get_attr"):
                 external_roots.append(node)
             elif node.op == "output":
@@ -331,10 +335,14 @@ class AliasClasses:
             else:
                 for source in _aliased_inputs(gm, node):
                     self._union(node, source)
-                written_roots += written_args(gm, node)
+                written = written_args(gm, node)
                 if opaque_calls_write and is_opaque(node):
-                    written_roots += node.all_input_nodes
-        self._written = {self._find(n) for n in written_roots}
+                    written = written + node.all_input_nodes
+                writes += [(target, position) for target in written]
+        self._writes: dict[fx.Node, list[int]] = {}  # class root -> ascending positions of writes into it
+        for target, position in writes:
+            self._writes.setdefault(self._find(target), []).append(position)
+        self._written = set(self._writes)
         self._external = {self._find(n) for n in external_roots}
         self._escaping = {self._find(n) for n in escaping_roots}
 
@@ -360,6 +368,8 @@ class AliasClasses:
         for flags in (self._written, self._external, self._escaping):
             if root_a in flags:
                 flags.add(root_b)
+        if root_a in self._writes:
+            self._writes[root_b] = list(heapq.merge(self._writes.pop(root_a), self._writes.get(root_b, [])))
 
     def same(self, a: fx.Node, b: fx.Node) -> bool:
         return self._find(a) is self._find(b)
@@ -367,6 +377,14 @@ class AliasClasses:
     def written(self, node: fx.Node) -> bool:
         """May some in-place op in the graph write the storage ``node`` reads or returns?"""
         return self._find(node) in self._written
+
+    def written_between(self, node: fx.Node, start: fx.Node | None, end: fx.Node | None) -> bool:
+        """May an in-place op placed strictly between ``start`` and ``end`` (None: the graph's beginning or end)
+        write the storage ``node`` reads or returns? Both bounds must be nodes of the analysed graph."""
+        positions = self._writes.get(self._find(node), [])
+        low = bisect_right(positions, self._position[start]) if start is not None else 0
+        high = bisect_left(positions, self._position[end]) if end is not None else len(positions)
+        return low < high
 
     def escapes(self, node: fx.Node) -> bool:
         """May ``node`` share storage with a value the graph returns?"""
@@ -631,10 +649,14 @@ def impure_reason(gm: nn.Module, node: fx.Node) -> str | None:
     random = random_reason(node)
     if random is not None:
         return random
+    if node.op == "call_module":
+        unknown = _module_impurity(submodule(gm, node))
+        if unknown is not None:
+            return unknown
     if written_args(gm, node):
         return "writes its input in place"
     if node.op == "call_module":
-        return _module_impurity(submodule(gm, node))
+        return None
     if is_effectful(gm, node):
         return "has side effects"
     if node.op == "call_function":

@@ -7,9 +7,10 @@ class of equals, so chains of duplicates (``x.sin().cos()`` twice) merge in one 
 lookup per node. ``FX007`` (duplicate-subexpression) reports exactly the merges :func:`find_duplicates` proposes,
 so after ``cse`` the rule finds nothing.
 
-Equal calls are still kept apart when merging could be observed: an in-place op (anywhere in the graph) may
-write into either value or into one of their inputs, both values are returned by the graph (the caller would
-get one tensor twice), or an autocast/grad-mode switch lies between them.
+Equal calls are still kept apart when merging could be observed: an in-place op may write into either value
+once the first is computed, or into one of their inputs between the two calls (writes before the first call
+are seen by both), both values are returned by the graph (the caller would get one tensor twice), or an
+autocast/grad-mode switch lies between them.
 """
 
 from __future__ import annotations
@@ -106,28 +107,29 @@ class _Checks:
         return self._reasons[node]
 
     def _reason(self, node: fx.Node) -> str | None:
-        if node.op == "get_attr":
-            return None  # two reads of one attribute are the same object, writes or not
-        impure = impure_reason(self.gm, node)
-        if impure is not None:
-            return impure
-        if self.aliases.written(node):
-            return "an in-place op may write into its value"
-        if any(self.aliases.written(source) for source in node.all_input_nodes):
-            return "an in-place op may write into one of its inputs between the two calls"
-        return None
+        return None if node.op == "get_attr" else impure_reason(self.gm, node)
 
-    def pair(self, node: fx.Node, first: fx.Node) -> str | None:
+    def pair(self, node: fx.Node, first: fx.Node) -> tuple[str | None, bool]:
+        """(why ``node`` must not be merged into ``first``, whether the problem lies with ``first``)."""
         own = self.reason(node)
         if own is not None:
-            return own
+            return own, False
         earlier = self.reason(first)
         if earlier is not None:
-            return f"{first.name}: {earlier}"
+            return f"{first.name}: {earlier}", True
+        if node.op == "get_attr":
+            return None, False  # two reads of one attribute are the same object, writes or not
         aliases = self.aliases
+        # Writes before ``first`` are seen by both calls; from ``first`` on they could tell the two apart.
+        if aliases.written_between(first, first, None):
+            return f"an in-place op may write into the value of {first.name} after it is computed", True
+        if aliases.written_between(node, first, None):
+            return "an in-place op may write into its value", False
+        if any(aliases.written_between(source, first, node) for source in node.all_input_nodes):
+            return "an in-place op may write into one of its inputs between the two calls", False
         if aliases.escapes(node) and aliases.escapes(first) and not aliases.same(node, first):
-            return "both are returned by the graph; merging would hand the caller one tensor twice"
-        return None
+            return "both are returned by the graph; merging would hand the caller one tensor twice", False
+        return None, False
 
 
 def find_duplicates(gm: fx.GraphModule) -> Iterator[Duplicate]:
@@ -151,9 +153,9 @@ def find_duplicates(gm: fx.GraphModule) -> Iterator[Duplicate]:
         if first is None:
             seen[key] = node
             continue
-        refused = checks.pair(node, first)
+        refused, first_is_the_problem = checks.pair(node, first)
         if refused is not None:
-            if checks.reason(first) is not None and checks.reason(node) is None:
+            if first_is_the_problem and checks.reason(node) is None:
                 seen[key] = node  # a clean twin can stand for the ones after it
             yield Duplicate(node, first, refused)
             continue
@@ -178,9 +180,10 @@ def _no_duplicates_left(gm: fx.GraphModule, result: PassResult) -> str | None:
         "same values. Never merges placeholders, random ops (rand*, randn*, bernoulli, dropout in training, "
         "native_dropout...), in-place ops or other calls with effects, calls to functions or modules fxforge cannot "
         "see into (user helpers; modules other than stateless torch.nn layers, conv/linear, pooling, norms outside "
-        "a stats-updating training mode, Identity/Flatten...), nodes whose value or inputs an in-place op may write, "
-        "two values that are both returned, or calls on opposite sides of an autocast/grad-mode switch. Two reads "
-        "of one attribute merge. Linear in graph size; afterwards FX007 finds nothing. Torch and ATen dialects."
+        "a stats-updating training mode, Identity/Flatten...), values an in-place op may write once the first is "
+        "computed, calls whose inputs may be written between them, two values that are both returned, or calls on "
+        "opposite sides of an autocast/grad-mode switch. Two reads of one attribute merge. Linear in graph size; "
+        "afterwards FX007 finds nothing. Torch and ATen dialects."
     ),
     ensures=_no_duplicates_left,
 )
