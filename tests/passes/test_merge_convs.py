@@ -157,7 +157,8 @@ def test_merged_weights_are_computed_in_float64():
 def test_biased_1x1_then_zero_padded_conv_is_skipped(capture_as, run_verified, dialect):
     """Zero padding of a biased 1x1's output is zeros, not the bias the merged conv would give there."""
     for second in (nn.Conv2d(8, 3, 3, padding=1), nn.Conv2d(8, 3, 3, padding="same")):
-        model = seeded(lambda: Pair(nn.Conv2d(4, 8, 1), second).eval())  # noqa: B023
+        torch.manual_seed(0)
+        model = Pair(nn.Conv2d(4, 8, 1), second).eval()
         captured = capture_as(model, torch.randn(*X2), dialect)
         result = run_verified(captured, NAME)
         assert not result.changed
@@ -168,7 +169,8 @@ def test_biased_1x1_then_zero_padded_conv_is_skipped(capture_as, run_verified, d
 def test_reflect_padding_commutes_with_a_biased_1x1(capture_as, run_verified):
     """Reflect/replicate padding copies pixels, so it commutes with the per-pixel 1x1, bias included."""
     for mode in ("reflect", "replicate", "circular"):
-        model = seeded(lambda: Pair(nn.Conv2d(4, 8, 1), nn.Conv2d(8, 3, 3, padding=1, padding_mode=mode)).eval())  # noqa: B023
+        torch.manual_seed(0)
+        model = Pair(nn.Conv2d(4, 8, 1), nn.Conv2d(8, 3, 3, padding=1, padding_mode=mode)).eval()
         result = run_verified(capture_as(model, torch.randn(*X2), "torch"), NAME)
         assert result.changed and merged_module(result).padding_mode == mode
 
@@ -405,3 +407,41 @@ def test_mobilenet_v2_bottleneck_pairs_after_fold_bn(capture_as, run_verified, d
     allowed = run_verified(after_fold_bn, NAME, {"allow_larger": True})
     assert allowed.changed and allowed.removed == 2 and fx009(allowed.graph_module) == []
     assert verify(captured, allowed.graph_module).ok  # and against the graph before fold_bn
+
+
+def _pick(rng: torch.Generator, options: list):
+    return options[int(torch.randint(len(options), (1,), generator=rng))]
+
+
+def _random_conv(rng: torch.Generator, cin: int, cout: int, pointwise: bool) -> nn.Conv2d:
+    """A random conv; ``pointwise`` makes it 1x1 with stride 1 and no padding (groups, bias, dilation random)."""
+    kernel, stride, padding = (1, 1, 0) if pointwise else (_pick(rng, [1, 3]), _pick(rng, [1, 2]), _pick(rng, [0, 1]))
+    return nn.Conv2d(
+        cin,
+        cout,
+        kernel,
+        stride=stride,
+        padding=padding,
+        dilation=_pick(rng, [1, 2]),
+        groups=_pick(rng, [g for g in (1, 2, 4) if cin % g == 0 and cout % g == 0]),
+        bias=_pick(rng, [True, False]),
+        padding_mode=_pick(rng, ["zeros", "zeros", "reflect", "circular"]) if padding else "zeros",
+    )
+
+
+def test_every_merge_of_random_geometries_is_exact(capture_as, run_verified):
+    """Random conv pairs (kernel, stride, padding, dilation, groups, bias, padding mode): whatever the pass
+    merges verifies equal, and it merges exactly the pairs FX009 reports."""
+    rng = torch.Generator().manual_seed(0)
+    merged = 0
+    for _ in range(80):
+        torch.manual_seed(int(torch.randint(1 << 30, (1,), generator=rng)))
+        pointwise = _pick(rng, ["first", "second", "neither"])
+        first = _random_conv(rng, 4, 8, pointwise == "first")
+        model = Pair(first, _random_conv(rng, 8, 4, pointwise == "second")).eval()
+        captured = capture_as(model, torch.randn(*X2), "torch")
+        reported = len(fx009(captured))
+        result = run_verified(captured, NAME, {"allow_larger": True}, seeds=(0,))
+        assert result.removed == reported, (model, result.skipped)
+        merged += result.removed
+    assert merged >= 20  # the sample exercises the merge, not only the refusals

@@ -295,20 +295,15 @@ def merged_parameters(plan: MergePlan) -> tuple[torch.Tensor, torch.Tensor | Non
     a = a.reshape(mid, a.shape[1], -1)
     b = b.reshape(out_channels, b.shape[1], -1)
     ga, gb = plan.first.groups, plan.second.groups
-    if ga == gb:
-        # block-diagonal times block-diagonal: per group, (out_g, mid_g) @ (mid_g, in_g)
-        w = torch.einsum(
-            "gomb,gmia->goiab", b.reshape(gb, out_channels // gb, *b.shape[1:]), a.reshape(ga, -1, *a.shape[1:])
-        )
-    elif gb == 1:
+    if ga > 1 and gb == 1:
         # grouped first, dense 1x1 second: every output reads every group of the middle channels
         b_by_group = b.reshape(out_channels, ga, mid // ga, b.shape[2])
         w = torch.einsum("ogmb,gmia->ogiab", b_by_group, a.reshape(ga, mid // ga, *a.shape[1:]))
     else:
-        # dense 1x1 first, grouped second: each output group reads its middle group, which reads every input
-        w = torch.einsum(
-            "gomb,gmia->goiab", b.reshape(gb, out_channels // gb, *b.shape[1:]), a.reshape(gb, mid // gb, *a.shape[1:])
-        )
+        # same groups (block-diagonal times block-diagonal), or a dense first layer: output group g reads
+        # middle group g, which reads input group g (or every input)
+        b_by_group = b.reshape(gb, out_channels // gb, *b.shape[1:])
+        w = torch.einsum("gomb,gmia->goiab", b_by_group, a.reshape(gb, mid // gb, *a.shape[1:]))
     kernel = plan.geometry.kernel
     weight = w.reshape(out_channels, -1, *kernel)
     bias = _merged_bias(plan, b)
