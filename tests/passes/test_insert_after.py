@@ -22,6 +22,7 @@ from fxforge.errors import EXIT_OK, FxforgeError
 from fxforge.passes import PassError, apply_pass
 from fxforge.passes.insert_after import (
     GaussianNoise,
+    InsertAfterError,
     NonFiniteError,
     StatsRecorder,
     collect_stats,
@@ -298,8 +299,10 @@ def test_noise_is_reproducible_per_seed_and_verify_blames_the_inserted_node(resn
 def test_noise_has_the_asked_sigma_and_independent_sites(capture_as):
     captured = capture_as(nn.Sequential(nn.Identity(), nn.ReLU(), nn.ReLU()).eval(), torch.randn(4, 8), "torch")
     result = apply_pass(captured.graph_module, NAME, {"select": "type:ReLU", "insert": "noise", "sigma": 0.1})
-    assert any("drawn at random" in line for line in result.log)  # no seed given: one is drawn and logged
+    assert any("drawn at random" in line for line in result.log)  # no seed given: one is drawn (not logged)
     modules = [m for m in result.graph_module.modules() if isinstance(m, GaussianNoise)]
+    assert all(m.fxforge_insert["seed"] == result.artifacts["seed"] for m in modules)
+    assert str(result.artifacts["seed"]) not in " ".join(result.log)
     zeros = torch.zeros(1000, 1000)
     with torch.no_grad():
         first, second = (m(zeros) for m in modules)
@@ -312,6 +315,20 @@ def test_noise_skips_integer_values(capture_as):
     result = apply_pass(captured.graph_module, NAME, {"select": "op:call_function", "insert": "noise", "sigma": 1.0})
     assert result.inserted == 1  # tanh only
     assert any("argmax" in s and "needs floating point values" in s and "torch.int64" in s for s in result.skipped)
+
+
+class Flatten(nn.Module):
+    def forward(self, x):
+        return x.view(x.size(0), -1).tanh()
+
+
+def test_non_tensor_values_are_refused(capture_as):
+    captured = capture_as(Flatten(), torch.randn(2, 3, 4), "torch")
+    result = apply_pass(captured.graph_module, NAME, {"select": "op:call_method", "insert": "nan_guard"})
+    assert result.inserted == 2  # view and tanh
+    assert result.skipped == ["size: it produces a size value, not a tensor"]
+    with pytest.raises(InsertAfterError, match="stats after node n got int, not a tensor"):
+        StatsRecorder("n")(3)
 
 
 def test_clamp_bounds(capture_as):

@@ -252,12 +252,12 @@ class GaussianNoise(InsertedModule):
     def __init__(self, node: str, path: str = "", sigma: float = 1.0, seed: int = 0) -> None:
         super().__init__(node, path, sigma=sigma, seed=seed)
         self.sigma = sigma
-        self.seed = site_seed(seed, node)
+        self.generator_seed = site_seed(seed, node)
         self._generator: torch.Generator | None = None
 
     def _generator_for(self, device: torch.device) -> torch.Generator:
         if self._generator is None or self._generator.device != device:
-            self._generator = torch.Generator(device=device).manual_seed(self.seed)
+            self._generator = torch.Generator(device=device).manual_seed(self.generator_seed)
         return self._generator
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -269,6 +269,7 @@ class GaussianNoise(InsertedModule):
 
     def __getstate__(self) -> dict[str, Any]:
         # torch.Generator does not pickle; its state (a byte tensor) does, so a copy continues the same stream.
+        # (A generator on an accelerator is not carried: the copy restarts that site's stream from its seed.)
         state = self.__dict__.copy()
         generator = state.pop("_generator")
         state["_generator_state"] = None
@@ -277,8 +278,9 @@ class GaussianNoise(InsertedModule):
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        state = dict(state)
         generator_state = state.pop("_generator_state", None)
-        self.__dict__.update(state)
+        super().__setstate__(state)
         self._generator = None
         if generator_state is not None:
             self._generator = torch.Generator()
@@ -338,7 +340,7 @@ class CallableModule(InsertedModule):
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
+        super().__setstate__(state)
         if self.function is None:
             self.function = resolve_callable(self.reference)
 
@@ -485,12 +487,20 @@ def _number(name: str, value: Any, kind: type) -> Any:
         raise PassError(f"option {NAME}.{name} must be a number, got {value!r}") from None
     if kind is int and isinstance(value, float) and value != number:
         raise PassError(f"option {NAME}.{name} must be a whole number, got {value!r}")
+    if number != number:
+        raise PassError(f"option {NAME}.{name} is NaN")
     return number
 
 
 @dataclass
 class InsertAfterOptions:
-    """``select``: selector(s); ``insert``: what to insert; the rest are settings of one kind each."""
+    """Options of ``insert_after``; the settings after ``insert`` each belong to one kind.
+
+    ``select``: a selector or a list (a node matching any is selected): ``type:Conv2d``, ``name:layer1.*``,
+    ``target:relu``, ``op:call_function``, ``kind:relu``. ``insert``: ``stats``, ``nan_guard``, ``noise`` (needs
+    ``sigma``; ``seed`` makes it reproducible), ``clamp`` (``min`` and/or ``max``) or ``callable`` (``fn``: a Python
+    callable, or ``"pkg.module:function"`` from YAML and the CLI). Numbers may be given as strings (``"1e-3"``).
+    """
 
     select: str | list[str]
     insert: str = "stats"
@@ -647,7 +657,7 @@ class _StaleReaders:
     def reader(self, node: fx.Node) -> fx.Node | None:
         if not self.aliases.written(node):
             return None
-        if self._earlier_by_class is None:
+        if self._earlier_by_class is None:  # built on first need: most graphs have no written classes
             self._earlier_by_class = {}
             for other in self.position:
                 self._earlier_by_class.setdefault(self.aliases._find(other), []).append(other)
@@ -704,9 +714,12 @@ def _insertion_point(gm: fx.GraphModule, node: fx.Node) -> fx.Node:
 )
 def insert_after(gm: fx.GraphModule, options: InsertAfterOptions) -> PassResult:
     result = PassResult(NAME, gm)
-    if options.insert == "noise" and options.seed is None:
-        options = dataclasses.replace(options, seed=int.from_bytes(os.urandom(4), "little"))
-        result.log.append(f"noise seed {options.seed} drawn at random; pass seed={options.seed} to reproduce")
+    if options.insert == "noise":
+        if options.seed is None:
+            # not written to the log: whoever knows the seed can subtract the noise again
+            options = dataclasses.replace(options, seed=int.from_bytes(os.urandom(8), "little") >> 1)
+            result.log.append("noise seed drawn at random; it is in result.artifacts['seed'] and on each noise module")
+        result.artifacts["seed"] = options.seed
     if options.insert == "callable" and reference_of(options.fn) is None and not isinstance(options.fn, str):
         result.skip(f"fn {options.fn!r} has no importable name: the result runs but cannot be saved with torch.save")
     dialect = dialect_of(gm)
