@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from fxforge.graphs import aten_packet, get_attr_value, has_side_effects, submodule
+from fxforge.graphs import aten_packet, get_attr_value, has_side_effects, node_arg, submodule
 
 # fx's own list of calls with effects beyond their value (asserts, autocast and grad-mode switches,
 # profiler ranges); `has_side_effects` misses some of them, e.g. aten._assert_tensor_metadata.
@@ -102,9 +102,41 @@ def _nodes_in(value: Any) -> list[fx.Node]:
     return found
 
 
+# Norm calls that update their running statistics in place when training, which their schemas do not say:
+# (positions of running_mean/running_var, position and name of the training flag, the flag's default).
+_ATEN_STATS_UPDATES = {
+    name: ((3, 4), 5, "training", True)
+    for name in ("batch_norm", "native_batch_norm", "_batch_norm_impl_index", "cudnn_batch_norm", "miopen_batch_norm")
+}
+_ATEN_STATS_UPDATES["instance_norm"] = ((3, 4), 5, "use_input_stats", True)
+_FUNCTION_STATS_UPDATES: dict[Any, tuple[tuple[int, int], int, str, bool]] = {
+    F.batch_norm: ((1, 2), 5, "training", False),
+    F.instance_norm: ((1, 2), 5, "use_input_stats", True),
+    torch.batch_norm: _ATEN_STATS_UPDATES["batch_norm"],
+    torch.instance_norm: _ATEN_STATS_UPDATES["instance_norm"],
+}
+
+
+def _updated_running_stats(node: fx.Node) -> list[fx.Node]:
+    """The running_mean/running_var nodes a training-mode norm call updates in place."""
+    if node.op != "call_function":
+        return []
+    packet = aten_packet(node)
+    try:
+        spec = _ATEN_STATS_UPDATES.get(packet) if packet is not None else _FUNCTION_STATS_UPDATES.get(node.target)
+    except TypeError:  # an unhashable callable
+        return []
+    if spec is None:
+        return []
+    (mean_at, var_at), flag_at, flag_name, default = spec
+    if node_arg(node, flag_at, flag_name, default) is False:
+        return []
+    return _nodes_in(node_arg(node, mean_at, "running_mean")) + _nodes_in(node_arg(node, var_at, "running_var"))
+
+
 def written_args(gm: nn.Module, node: fx.Node) -> list[fx.Node]:
     """The input nodes whose storage ``node`` writes in place (empty for a pure call)."""
-    written: list[fx.Node] = []
+    written: list[fx.Node] = _updated_running_stats(node)
     if "out" in node.kwargs:
         written += _nodes_in(node.kwargs["out"])
     first = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None

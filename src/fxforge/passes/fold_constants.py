@@ -8,7 +8,8 @@ compute). Each *root* -- a constant node read by a non-constant node or by the o
 
 * a tensor by a ``get_attr`` of a new buffer holding it (a view of a stored tensor stays a view of it, so
   ``self.weight.t()`` costs no memory; a call that returns a stored tensor itself becomes a read of it);
-* an ``int``/``bool``/finite ``float`` (``self.weight.shape[0]``, ``.item()``) by the literal in its users.
+* an ``int``/``bool``/finite ``float``/``torch.Size`` (``self.weight.shape[0]``, ``.item()``) by the literal
+  in its users.
 
 The constant nodes only the roots needed are erased, and stored tensors nothing reads any more are deleted.
 Folded values are buffers, not parameters: a parameter-derived value is frozen (no gradient reaches the
@@ -63,15 +64,16 @@ def _requires(gm: fx.GraphModule, options: FoldConstantsOptions) -> str | None:
     NAME,
     summary="Compute subgraphs that depend only on parameters, buffers and literals once; store the results.",
     guarantees=(
-        "Bit-identical: each folded value is the graph's own computation on the same stored tensors, run once at pass "
-        "time, then read from a buffer (tensors) or written as a literal (int/bool/finite float). Never folds "
-        "anything that reads a graph input, random ops (rand*, randn*, bernoulli, dropout...), uninitialised memory "
-        "(empty*), calls with effects or that fxforge cannot see into, values or stored tensors an in-place op in "
-        "the graph (or a module that updates its state, e.g. BatchNorm in training) may write, fresh values the graph "
-        "returns, anything after an autocast/grad-mode switch, or a constant needing more than max_bytes of new "
-        "memory (views of stored tensors need none); weights on the meta device are skipped with a reason. Folded "
-        "values become buffers, not parameters: a parameter-derived value is frozen for training, and parameters "
-        "only the folded values read are deleted. Torch and ATen dialects."
+        "Bit-identical: each folded value is the graph's own computation on the same stored tensors, run once at "
+        "pass time, then read from a buffer (tensors) or written as a literal (int/bool/finite float/torch.Size). "
+        "Never folds anything that reads a graph input, random ops (rand*, randn*, bernoulli, dropout...), "
+        "uninitialised memory (empty*), calls with effects or that fxforge cannot see into, values or stored tensors "
+        "an in-place op in the graph (or a module that updates its state, e.g. BatchNorm in training) may write, "
+        "fresh values the graph returns, anything after an autocast/grad-mode switch, or a constant needing more "
+        "than max_bytes of new memory (views of stored tensors need none); weights on the meta device are skipped "
+        "with a reason. Folded values become buffers, not parameters: a parameter-derived value is frozen for "
+        "training, and parameters only the folded values read are deleted. Buffers follow .to()/.half() like any "
+        "buffer, which is not bit-identical to recomputing them in the new dtype. Torch and ATen dialects."
     ),
     options=FoldConstantsOptions,
     requires=_requires,
@@ -257,6 +259,8 @@ def _fold(
 def _is_literal(value: Any) -> bool:
     if type(value) in (bool, int):
         return True
+    if type(value) is torch.Size:  # self.weight.shape: sizes do not change when the module is moved or cast
+        return all(type(size) is int for size in value)
     return type(value) is float and math.isfinite(value)
 
 
