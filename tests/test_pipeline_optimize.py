@@ -116,6 +116,19 @@ def test_optimize_writes_reloadable_output_with_torch_alone(resnet18, tmp_path):
     with torch.no_grad():
         expected = resnet18(X[0])
     assert fxforge.compare_outputs(expected, torch.load(tmp_path / "y.pt")).ok
+    # The optimized_model/ package imports as plain Python from wherever the directory ends up.
+    moved = tmp_path / "elsewhere"
+    out.rename(moved)
+    script = (
+        "import sys, torch\n"
+        f"sys.path.insert(0, {str(moved)!r})\n"
+        "from optimized_model import OptimizedModel\n"
+        f"x = torch.load({str(tmp_path / 'x.pt')!r})\n"
+        f"torch.save(OptimizedModel().eval()(x), {str(tmp_path / 'z.pt')!r})\n"
+        "assert not [k for k in sys.modules if k.startswith('fxforge')], 'fxforge was imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, cwd=tmp_path)
+    assert fxforge.compare_outputs(expected, torch.load(tmp_path / "z.pt")).ok
 
 
 def test_optimize_aten_dialect_writes_pt2(resnet18, tmp_path):

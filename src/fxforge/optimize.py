@@ -5,7 +5,7 @@ The output directory holds everything needed to use the result with torch alone:
 * ``model.pt`` -- the rewritten GraphModule, ``torch.save``d (torch dialect); reload with
   ``torch.load("model.pt", weights_only=False)``; or ``model.pt2`` -- a ``torch.export`` program
   (ATen dialect); reload with ``torch.export.load("model.pt2").module()``;
-* ``code/`` -- ``GraphModule.to_folder`` source plus weights (torch dialect, when every submodule is
+* ``optimized_model/`` -- ``GraphModule.to_folder`` source plus weights (torch dialect, when every submodule is
   serialisable that way), importable as a plain Python package;
 * ``report.json`` -- capture record, change log per pass and the verification result;
 * ``inputs.txt`` -- the example input specs, so ``fxforge verify`` and ``bench`` can reuse them;
@@ -40,6 +40,7 @@ from fxforge.passes.pipeline import Pipeline, PipelineResult
 
 MODEL_FILE = "model.pt"
 PROGRAM_FILE = "model.pt2"
+PACKAGE_DIR = "optimized_model"  # not "code": that would shadow the standard library module on import
 
 
 @dataclass
@@ -104,16 +105,30 @@ def save_graph_module(
             with warnings.catch_warnings():
                 # to_folder warns for every child it pickles instead of printing as source: expected here
                 warnings.simplefilter("ignore")
-                gm.to_folder(directory / "code", "OptimizedModel")
-            files.append("code/")
+                gm.to_folder(directory / PACKAGE_DIR, "OptimizedModel")
+            _make_folder_relocatable(directory / PACKAGE_DIR)
+            files.append(f"{PACKAGE_DIR}/")
         except Exception:  # modules to_folder cannot write as source: model.pt still holds everything
-            shutil.rmtree(directory / "code", ignore_errors=True)
+            shutil.rmtree(directory / PACKAGE_DIR, ignore_errors=True)
     provenance = {node.name: {"origin": node.meta.get(ORIGIN), "pass": node.meta.get(PASS)} for node in gm.graph.nodes}
     (directory / "provenance.json").write_text(json.dumps(provenance, indent=1))
     specs = specs_of([t for t in example_inputs if isinstance(t, torch.Tensor)])
     (directory / "inputs.txt").write_text("\n".join(str(s) for s in specs) + "\n")
     files += ["provenance.json", "inputs.txt"]
     return files
+
+
+def _make_folder_relocatable(folder: Path) -> None:
+    """Point ``to_folder``'s weight loads at the package's own directory.
+
+    ``to_folder`` writes ``torch.load(r'<folder>/x.pt')`` with the path it was given -- here the staging
+    directory, renamed away once the output is complete -- so the package would only import from there.
+    """
+    module = folder / "module.py"
+    source = module.read_text()
+    source = source.replace(f"r'{folder}/", "_HERE / r'")
+    header = "import pathlib\n_HERE = pathlib.Path(__file__).resolve().parent\n"
+    module.write_text(header + source)
 
 
 def optimize(
