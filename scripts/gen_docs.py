@@ -36,13 +36,15 @@ def passes_markdown() -> str:
         lines.append(f"**Dialects:** {', '.join(spec.dialects)}.")
         fields = spec.option_fields()
         if fields:
+            lines += _options_doc(spec.options)
             lines += ["", "| option | type | default |", "|---|---|---|"]
             for field in fields:
                 default = field.default if field.default is not dataclasses.MISSING else "required"
                 if field.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
                     default = repr(field.default_factory())  # type: ignore[misc]
                 type_name = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", field.type)
-                lines.append(f"| `{field.name}` | `{type_name}` | `{default}` |")
+                cells = [field.name, str(type_name), str(default)]
+                lines.append("| " + " | ".join(f"`{_cell(c)}`" for c in cells) + " |")
         else:
             lines += ["", "No options."]
     lines += [
@@ -61,6 +63,21 @@ def passes_markdown() -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _cell(text: str) -> str:
+    # A bare "|" ends a markdown table cell, even inside backticks (e.g. the type "float | None").
+    return text.replace("|", "\\|")
+
+
+def _options_doc(options: type) -> list[str]:
+    """The options dataclass's own docstring, when it has one (dataclasses invent "Name(field: type, ...)")."""
+    import inspect
+
+    doc = inspect.getdoc(options) or ""
+    if not doc or doc.startswith(f"{options.__name__}("):
+        return []
+    return ["", doc]
 
 
 def rules_markdown() -> str:
