@@ -9,11 +9,15 @@ Public API (everything the CLI does is reachable from here)::
     findings = fxforge.lint(captured)                          # rule-based findings
     result = fxforge.optimize(captured, ["fold_bn"], verify=True, output_dir="out/")
     check = fxforge.verify(captured, result.pipeline.graph_module)
+    exported = fxforge.export_model(captured, to="onnx", path="out/model.onnx")  # reloaded and verified
+    timings = fxforge.bench(captured, ["eager", "onnxruntime"])                 # .rows: median_ms, p90_ms, ...
 """
 
 from fxforge.api import prepare, verify_specs
+from fxforge.bench import BenchReport, bench, register_backend
 from fxforge.capture import Captured, CaptureRecord, capture
 from fxforge.errors import CaptureError, FxforgeError, InputSpecError, MissingExtraError, ModelSpecError
+from fxforge.export import ExportError, ExportResult, export_model, load_exported
 from fxforge.inputs import InputSpec, make_inputs, parse_input_spec
 from fxforge.inspect import InspectReport, inspect_graph
 from fxforge.lint import lint
@@ -27,9 +31,12 @@ from fxforge.verify import VerifyResult, compare_outputs, verify
 __version__ = "0.1.0"
 
 __all__ = [
+    "BenchReport",
     "CaptureError",
     "CaptureRecord",
     "Captured",
+    "ExportError",
+    "ExportResult",
     "FxforgeError",
     "InputSpec",
     "InputSpecError",
@@ -43,16 +50,20 @@ __all__ = [
     "VerifyResult",
     "__version__",
     "apply_pass",
+    "bench",
     "capture",
     "compare_outputs",
+    "export_model",
     "inspect_graph",
     "lint",
+    "load_exported",
     "load_model",
     "make_inputs",
     "optimize",
     "parse_input_spec",
     "prepare",
     "quantize",
+    "register_backend",
     "register_pass",
     "verify",
     "verify_specs",

@@ -316,7 +316,7 @@ def _parse_pass_options(values: tuple[str, ...]) -> dict[str, dict[str, Any]]:
         pass_name, dot, option = key.partition(".")
         if not sep or not dot or not pass_name or not option:
             raise FxforgeError(
-                f"--option {item!r} is not PASS.KEY=VALUE", hint="e.g. --option insert_after.action=stats"
+                f"--option {item!r} is not PASS.KEY=VALUE", hint="e.g. --option insert_after.insert=stats"
             )
         options.setdefault(pass_name.strip(), {})[option.strip()] = yaml.safe_load(raw)
     return options
@@ -489,6 +489,175 @@ def list_passes(as_json):
         )
     else:
         render_passes(stdout, specs)
+
+
+@cli.command(
+    epilog="""\b
+Examples:
+  fxforge export torchvision:resnet18 --to onnx --dynamic-batch -o out/resnet18.onnx
+  fxforge export torchvision:resnet18 --to torchscript -o out/resnet18.pt
+  fxforge export out/resnet18 --to pt2 -o out/resnet18.pt2 --json
+  fxforge export my_model.py:Net --input 1x3x32x32 --to torchscript --script -o net.pt
+Exit code: 1 when the reloaded export differs from the model (nothing is written then);
+3 when the exporter fails (the message names the operator or construct).
+"""
+)
+@model_options
+@click.option(
+    "--to",
+    "to_format",
+    type=click.Choice(["torchscript", "onnx", "pt2"]),
+    default=None,
+    help="Format (default: from the -o suffix: .pt, .onnx, .pt2).",
+)
+@click.option("--output", "-o", type=click.Path(path_type=str), required=True, help="File to write.")
+@click.option("--script", is_flag=True, help="TorchScript by torch.jit.script instead of tracing.")
+@click.option("--no-freeze", is_flag=True, help="TorchScript: skip torch.jit.freeze (and optimize_for_inference).")
+@click.option("--no-optimize", is_flag=True, help="TorchScript: skip torch.jit.optimize_for_inference.")
+@click.option(
+    "--exporter",
+    type=click.Choice(["auto", "dynamo", "legacy"]),
+    default="auto",
+    show_default=True,
+    help="ONNX exporter; auto tries dynamo, then the legacy exporter.",
+)
+@click.option("--opset", type=int, default=None, help="ONNX opset version (default: the exporter's).")
+@click.option("--dynamic-batch", is_flag=True, help="ONNX/pt2: keep the batch dimension dynamic (verified).")
+@click.option("--no-verify", is_flag=True, help="Do not reload and verify the export.")
+@click.option("--seeds", default=3, show_default=True, help="Random input batches to verify on.")
+@click.option("--rtol", type=float, default=None, help="Relative tolerance (default: per dtype).")
+@click.option("--atol", type=float, default=None, help="Absolute tolerance (default: per dtype).")
+@click.option("--force", is_flag=True, help="Replace an existing file.")
+def export(
+    model,
+    inputs,
+    seed,
+    device,
+    model_args,
+    leaves,
+    method,
+    check_batch,
+    as_json,
+    to_format,
+    output,
+    script,
+    no_freeze,
+    no_optimize,
+    exporter,
+    opset,
+    dynamic_batch,
+    no_verify,
+    seeds,
+    rtol,
+    atol,
+    force,
+):
+    """Export to TorchScript, ONNX or a torch.export program; reload it and verify it against the model."""
+    from fxforge.export import SUFFIXES, export_model, render_export
+
+    to_format = to_format or next((f for f, suffix in SUFFIXES.items() if output.endswith(suffix)), None)
+    if to_format is None:
+        raise FxforgeError(f"cannot tell the format from {output!r}", hint="pass --to torchscript, onnx or pt2")
+    captured = _prepare(model, inputs, seed, device, model_args, leaves, method, check_batch, as_json)
+    with _status(f"exporting to {to_format}", as_json):
+        result = export_model(
+            captured,
+            to_format,
+            output,
+            script=script,
+            freeze=not no_freeze,
+            optimize=not (no_optimize or no_freeze),
+            exporter=exporter,
+            opset=opset,
+            dynamic_batch=dynamic_batch,
+            verify_export=not no_verify,
+            seeds=range(seed, seed + seeds),
+            rtol=rtol,
+            atol=atol,
+            force=force,
+        )
+    if as_json:
+        _emit_json(result.to_dict())
+    else:
+        render_export(stdout, model, result)
+    if not result.ok:
+        raise SystemExit(EXIT_FINDINGS)
+
+
+@cli.command(
+    epilog="""\b
+Examples:
+  fxforge bench torchvision:resnet18 --input 1x3x224x224
+  fxforge bench torchvision:mobilenet_v2 --backends eager,onnxruntime,int8 --batch 1,8 --threads 2
+  fxforge bench out/resnet18 --backends eager,torchscript --repeats 50 --json
+Backends: eager, fx, torchscript, onnxruntime, compile, int8 (default: all).
+"""
+)
+@model_options
+@click.option("--backends", "-b", default="", metavar="NAMES", help="Comma-separated backends (default: all).")
+@click.option("--batch", "batch_sizes", multiple=True, metavar="N[,N]", help="Batch sizes (default: the input's).")
+@click.option("--threads", type=int, default=None, help="Intra-op threads for torch and ONNX Runtime.")
+@click.option("--warmup", default=3, show_default=True, help="Untimed calls per backend before timing.")
+@click.option("--repeats", default=20, show_default=True, help="Timed calls per backend (interleaved rounds).")
+@click.option("--passes", "-p", "pass_names", default=None, metavar="NAMES", help="Passes for the fx backend.")
+def bench(
+    model,
+    inputs,
+    seed,
+    device,
+    model_args,
+    leaves,
+    method,
+    check_batch,
+    as_json,
+    backends,
+    batch_sizes,
+    threads,
+    warmup,
+    repeats,
+    pass_names,
+):
+    """Median/p90 latency, throughput, peak memory and max error vs eager, per backend, side by side."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from fxforge.bench import bench as run_bench
+    from fxforge.bench import get_backend, render_bench
+
+    if device == "meta":
+        raise FxforgeError("bench needs real weights", hint="drop --device meta")
+    for name in _split(backends):
+        get_backend(name)  # an unknown name fails before the model is loaded
+    try:
+        batches = [int(b) for group in batch_sizes for b in _split(group)]
+    except ValueError:
+        raise FxforgeError(f"--batch takes integers, got {' '.join(batch_sizes)!r}", hint="e.g. --batch 1,8") from None
+    if any(b < 1 for b in batches):
+        raise FxforgeError("--batch sizes must be at least 1")
+    if threads is not None and threads < 1:
+        raise FxforgeError("--threads must be at least 1")
+    captured = _prepare(model, inputs, seed, device, model_args, leaves, method, check_batch, as_json)
+    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"))
+    with Progress(*columns, TimeElapsedColumn(), console=stderr, transient=True, disable=as_json) as progress:
+        task = progress.add_task("benchmarking", total=None)
+
+        def advance(done: int, total: int, description: str) -> None:
+            progress.update(task, completed=done, total=total, description=description or "benchmarking")
+
+        report = run_bench(
+            captured,
+            _split(backends) or None,
+            batches=batches or None,
+            threads=threads,
+            warmup=warmup,
+            repeats=repeats,
+            seed=seed,
+            passes=None if pass_names is None else _split(pass_names),
+            progress=advance,
+        )
+    if as_json:
+        _emit_json({"model": model, **report.to_dict()})
+    else:
+        render_bench(stdout, model, report)
 
 
 def _split(text: str) -> list[str]:

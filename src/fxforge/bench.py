@@ -1,0 +1,494 @@
+"""Bench: latency, throughput and peak memory of one model on several backends, side by side.
+
+Owns the backend registry -- named candidates ``name -> builder(captured, settings) -> callable``,
+shared with ``optimize --auto`` -- and the measurement:
+
+* every backend is built once per batch size (its build time, for ``compile`` the compilation on
+  the first call, is reported as ``build_s`` and kept out of the latencies);
+* each then runs ``warmup`` untimed calls; its first output is compared with eager's on the same
+  inputs (``max_abs_err``, and ``within_tolerance`` with the per-dtype tolerances of
+  :mod:`fxforge.verify`);
+* then ``repeats`` rounds, each calling every backend once, timed individually; the order rotates
+  by one each round. Interleaving means a burst of machine noise hits all backends alike instead
+  of the one that happened to be running;
+* median and p90 latency over the timed calls, throughput = batch / median.
+
+Peak memory (``peak_mem_mib``) is the growth of the process's resident set while the backend runs
+its warm-up calls: the kernel's high-water mark (``VmHWM`` in ``/proc/self/status``) is reset
+(``/proc/self/clear_refs``) after returning freed heap memory to the OS (``malloc_trim``), and read
+after the calls, minus the resident set before them. It counts every allocator (torch's, ONNX
+Runtime's arenas, oneDNN's scratch pads) including one-time workspaces allocated on the first call;
+it does not count weights loaded while building (those are the model's size, not the run's). Where
+``/proc`` cannot be reset (not Linux) it is ``None``. tracemalloc would see none of torch's
+allocations; the allocator counters of ``torch.profiler`` would miss ONNX Runtime.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import dataclasses
+import gc
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fxforge.capture import Captured, capture, quiet_torch_logs, run_reference
+from fxforge.errors import FxforgeError
+from fxforge.graphs import ATEN
+from fxforge.inputs import make_inputs, specs_of
+from fxforge.verify import compare_outputs
+
+Runner = Callable[..., Any]
+ProgressHook = Callable[[int, int, str], None]  # (steps done, total steps, what is running)
+
+
+@dataclass
+class BuildSettings:
+    """What a builder gets besides the captured model."""
+
+    threads: int
+    workdir: Path  # a private temporary directory for exported files
+    output_like: Any  # eager's output on the bench inputs (ONNX Runtime restores its structure)
+    passes: Sequence[str] | None = None  # for "fx": passes to run (None: the exact passes)
+    notes: list[str] = field(default_factory=list)  # builders add what the row should say
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A named way of running a captured model: ``build(captured, settings)`` returns the callable to time."""
+
+    name: str
+    summary: str
+    build: Callable[[Captured, BuildSettings], Runner]
+
+
+BACKENDS: dict[str, Backend] = {}
+
+
+def register_backend(name: str, summary: str) -> Callable[[Callable[[Captured, BuildSettings], Runner]], Any]:
+    """Register a backend builder under ``name`` (``bench`` and ``optimize --auto`` share the registry)."""
+
+    def decorate(build: Callable[[Captured, BuildSettings], Runner]) -> Callable[[Captured, BuildSettings], Runner]:
+        BACKENDS[name] = Backend(name, summary, build)
+        return build
+
+    return decorate
+
+
+def get_backend(name: str) -> Backend:
+    try:
+        return BACKENDS[name]
+    except KeyError:
+        raise FxforgeError(f"unknown backend {name!r}", hint=f"one of {', '.join(BACKENDS)}") from None
+
+
+# --------------------------------------------------------------------------------------------------
+# the backends
+
+
+@register_backend("eager", "the model itself, called in Python")
+def _eager(captured: Captured, settings: BuildSettings) -> Runner:
+    return captured.original
+
+
+@register_backend("fx", "the captured GraphModule rewritten with the exact passes (or --passes)")
+def _fx(captured: Captured, settings: BuildSettings) -> Runner:
+    from fxforge.passes.pipeline import Pipeline
+
+    names = exact_passes() if settings.passes is None else list(settings.passes)
+    if not names:
+        return captured.graph_module
+    result = Pipeline(names, lint_between=False).run(captured)
+    changed = [step.result.name for step in result.steps if step.result.changed]
+    settings.notes.append(f"passes that changed the graph: {', '.join(changed) or 'none'}")
+    return result.graph_module
+
+
+@register_backend("torchscript", "fxforge export --to torchscript (trace, freeze, optimize_for_inference)")
+def _torchscript(captured: Captured, settings: BuildSettings) -> Runner:
+    from fxforge.export import export_model, load_exported
+
+    path = settings.workdir / "model.pt"
+    result = export_model(captured, "torchscript", path, verify_export=False, force=True)
+    settings.notes.extend(result.notes)
+    return load_exported(path, "torchscript")
+
+
+@register_backend("onnxruntime", "fxforge export --to onnx, run by ONNX Runtime (CPU)")
+def _onnxruntime(captured: Captured, settings: BuildSettings) -> Runner:
+    from fxforge.export import export_model, load_exported
+
+    path = settings.workdir / "model.onnx"
+    result = export_model(captured, "onnx", path, verify_export=False, force=True)
+    settings.notes.append(f"{result.exporter} exporter, opset {result.opset}")
+    return load_exported(path, "onnx", output_like=settings.output_like, threads=settings.threads)
+
+
+@register_backend("compile", "torch.compile (Inductor); build_s is the compilation on the first call")
+def _compile(captured: Captured, settings: BuildSettings) -> Runner:
+    compiled = torch.compile(captured.original, dynamic=False)
+    with torch.no_grad():
+        compiled(*captured.example_inputs)  # compiles now, so that build_s holds the compile time
+    return compiled
+
+
+@register_backend("int8", "fxforge.quantize int8 (static for traced graphs, dynamic for exported ones)")
+def _int8(captured: Captured, settings: BuildSettings) -> Runner:
+    from fxforge.quantize import int8_backend
+
+    return int8_backend(captured)
+
+
+def exact_passes() -> list[str]:
+    """The registered exact passes, in the order ``lint --fix`` runs them."""
+    from fxforge.lint import _FIX_ORDER
+    from fxforge.passes import PASSES, all_passes
+
+    all_passes()
+    return [name for name in _FIX_ORDER if name in PASSES]
+
+
+# --------------------------------------------------------------------------------------------------
+# results
+
+
+@dataclass
+class BenchRow:
+    """One backend at one batch size; ``error`` is set when it could not be built or run."""
+
+    backend: str
+    batch: int
+    error: str | None = None
+    median_ms: float | None = None
+    p90_ms: float | None = None
+    min_ms: float | None = None
+    mean_ms: float | None = None
+    throughput: float | None = None  # samples per second: batch / median
+    speedup: float | None = None  # eager's median / this median, same batch
+    peak_mem_mib: float | None = None
+    max_abs_err: float | None = None  # vs eager on the same inputs
+    within_tolerance: bool | None = None
+    build_s: float | None = None
+    samples: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["ok"] = self.ok
+        return data
+
+
+@dataclass
+class BenchReport:
+    rows: list[BenchRow]
+    threads: int
+    warmup: int
+    repeats: int
+    inputs: list[str]
+    memory: str  # how peak memory was measured
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "threads": self.threads,
+            "warmup": self.warmup,
+            "repeats": self.repeats,
+            "inputs": self.inputs,
+            "memory": self.memory,
+            "rows": [row.to_dict() for row in self.rows],
+        }
+
+
+# --------------------------------------------------------------------------------------------------
+# peak memory
+
+
+class ResidentPeak:
+    """Growth of the resident set during a block (see the module docstring); ``mib`` is None if unknown."""
+
+    def __init__(self) -> None:
+        self.mib: float | None = None
+        self._base_kib = 0
+
+    @staticmethod
+    def available() -> bool:
+        return Path("/proc/self/clear_refs").exists() and _status_kib("VmHWM") is not None
+
+    def __enter__(self) -> ResidentPeak:
+        if not self.available():
+            return self
+        gc.collect()
+        _malloc_trim()
+        try:
+            Path("/proc/self/clear_refs").write_text("5")  # 5: reset the peak RSS to the current RSS
+        except OSError:
+            return self
+        self._base_kib = _status_kib("VmRSS") or 0
+        self.mib = 0.0
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        if self.mib is not None:
+            self.mib = max(0, (_status_kib("VmHWM") or 0) - self._base_kib) / 1024
+
+
+def _status_kib(key: str) -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _malloc_trim() -> None:
+    name = ctypes.util.find_library("c")
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(name).malloc_trim(0)
+
+
+MEMORY_METHOD = (
+    "resident-set growth (VmHWM reset via /proc/self/clear_refs, after malloc_trim) during the warm-up calls"
+)
+
+
+# --------------------------------------------------------------------------------------------------
+# the benchmark
+
+
+@contextlib.contextmanager
+def _threads(count: int) -> Iterator[None]:
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _at_batch(captured: Captured, batch: int, seed: int) -> Captured:
+    """``captured`` with seeded inputs of ``batch``; ATen graphs are re-exported (they fix the batch)."""
+    inputs = make_inputs(specs_of(captured.example_inputs), seed=seed, batch=batch)
+    if captured.dialect == ATEN and batch != captured.example_inputs[0].shape[0]:
+        return capture(captured.original, inputs, method="export", check=False)
+    return dataclasses.replace(captured, example_inputs=inputs)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = getattr(exc, "message", None) or str(exc).strip()
+    first = text.splitlines()[0] if text else ""
+    return f"{type(exc).__name__}: {first}"[:300] if not isinstance(exc, FxforgeError) else first[:300]
+
+
+def _percentile(samples: Sequence[float], q: float) -> float:
+    ordered = sorted(samples)
+    if len(ordered) == 1:
+        return ordered[0]
+    position = q * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def bench(
+    captured: Captured,
+    backends: Sequence[str | Backend] | None = None,
+    *,
+    batches: Sequence[int] | None = None,
+    threads: int | None = None,
+    warmup: int = 3,
+    repeats: int = 20,
+    seed: int = 0,
+    passes: Sequence[str] | None = None,
+    progress: ProgressHook | None = None,
+) -> BenchReport:
+    """Time ``captured`` on ``backends`` (names or :class:`Backend` objects; default: all registered).
+
+    ``batches``: batch sizes to run (default: the example inputs'). ``threads``: intra-op threads for
+    torch and ONNX Runtime (default: torch's current setting). ``passes``: for the ``fx`` backend
+    (default: the exact passes). A backend that fails to build or run gives a row with its ``error``;
+    the others are still measured. See the module docstring for what is measured and how.
+    """
+    if warmup < 1 or repeats < 1:
+        raise FxforgeError("bench needs at least one warm-up run and one repeat")
+    if not captured.example_inputs or captured.example_kwargs:
+        raise FxforgeError("bench needs positional example inputs", hint="pass --input, e.g. --input 1x3x224x224")
+    chosen = [b if isinstance(b, Backend) else get_backend(b) for b in (backends or list(BACKENDS))]
+    example_batch = captured.example_inputs[0].shape[0] if captured.example_inputs[0].dim() else 1
+    batches = list(batches or [example_batch])
+    threads = threads or torch.get_num_threads()
+    steps_per_batch = 2 * len(chosen) + repeats
+    counter = _Progress(progress, steps_per_batch * len(batches))
+    rows: list[BenchRow] = []
+    with _threads(threads), tempfile.TemporaryDirectory(prefix="fxforge-bench-") as workdir:
+        plan = _Plan(seed, threads, warmup, repeats, passes, Path(workdir), counter)
+        for batch in batches:
+            rows += _bench_batch(captured, chosen, batch, plan)
+    memory = MEMORY_METHOD if ResidentPeak.available() else "not measured (needs Linux /proc)"
+    return BenchReport(rows, threads, warmup, repeats, [str(s) for s in specs_of(captured.example_inputs)], memory)
+
+
+class _Progress:
+    def __init__(self, hook: ProgressHook | None, total: int) -> None:
+        self.hook, self.total, self.done = hook, total, 0
+
+    def step(self, description: str, count: int = 1) -> None:
+        self.done += count
+        if self.hook is not None:
+            self.hook(self.done, self.total, description)
+
+
+@dataclass
+class _Plan:
+    seed: int
+    threads: int
+    warmup: int
+    repeats: int
+    passes: Sequence[str] | None
+    workdir: Path
+    counter: _Progress
+
+
+def _bench_batch(captured: Captured, chosen: Sequence[Backend], batch: int, plan: _Plan) -> list[BenchRow]:
+    at_batch = _at_batch(captured, batch, plan.seed)
+    inputs = at_batch.example_inputs
+    expected = run_reference(at_batch.original, inputs, {})
+    rows = {backend.name: BenchRow(backend.name, batch) for backend in chosen}
+    runners: dict[str, Runner] = {}
+    for backend in chosen:
+        row = rows[backend.name]
+        settings = BuildSettings(plan.threads, plan.workdir / f"{backend.name}-{batch}", expected, plan.passes)
+        settings.workdir.mkdir()
+        start = time.perf_counter()
+        try:
+            with quiet_torch_logs():
+                runners[backend.name] = backend.build(at_batch, settings)
+        except Exception as exc:
+            row.error = f"build failed: {_first_line(exc)}"
+        row.build_s = time.perf_counter() - start
+        row.notes = settings.notes
+        plan.counter.step(f"built {backend.name} (batch {batch})")
+
+    for backend in chosen:
+        runner = runners.get(backend.name)
+        if runner is not None:
+            try:
+                _warm_up(runner, inputs, plan.warmup, rows[backend.name], expected)
+            except Exception as exc:
+                rows[backend.name].error = f"run failed: {_first_line(exc)}"
+                del runners[backend.name]
+        plan.counter.step(f"warmed up {backend.name} (batch {batch})")
+
+    samples = _timed_rounds(runners, inputs, plan.repeats, rows, batch, plan.counter)
+    for name, times in samples.items():
+        row = rows[name]
+        if row.error or not times:
+            continue
+        row.samples = len(times)
+        row.median_ms = statistics.median(times) * 1e3
+        row.p90_ms = _percentile(times, 0.9) * 1e3
+        row.min_ms = min(times) * 1e3
+        row.mean_ms = statistics.fmean(times) * 1e3
+        row.throughput = batch / statistics.median(times)
+    eager = rows.get("eager")
+    for row in rows.values():
+        if eager is not None and eager.median_ms and row.median_ms:
+            row.speedup = eager.median_ms / row.median_ms
+    return list(rows.values())
+
+
+def _warm_up(runner: Runner, inputs: tuple[Any, ...], warmup: int, row: BenchRow, expected: Any) -> None:
+    peak = ResidentPeak()
+    with torch.no_grad(), quiet_torch_logs(), peak:
+        output = runner(*inputs)
+        for _ in range(warmup - 1):
+            runner(*inputs)
+    row.peak_mem_mib = peak.mib
+    comparison = compare_outputs(expected, output)
+    row.max_abs_err = comparison.max_abs_err
+    row.within_tolerance = comparison.ok
+
+
+def _timed_rounds(
+    runners: dict[str, Runner],
+    inputs: tuple[Any, ...],
+    repeats: int,
+    rows: dict[str, BenchRow],
+    batch: int,
+    counter: _Progress,
+) -> dict[str, list[float]]:
+    """``repeats`` rounds; each calls every backend once, the order rotated by one per round."""
+    order = list(runners)
+    samples: dict[str, list[float]] = {name: [] for name in order}
+    with torch.no_grad(), quiet_torch_logs():
+        for round_index in range(repeats):
+            shift = round_index % len(order) if order else 0
+            for name in order[shift:] + order[:shift]:
+                if rows[name].error:
+                    continue
+                runner = runners[name]
+                try:
+                    start = time.perf_counter()
+                    runner(*inputs)
+                    samples[name].append(time.perf_counter() - start)
+                except Exception as exc:
+                    rows[name].error = f"run failed: {_first_line(exc)}"
+            counter.step(f"round {round_index + 1}/{repeats} (batch {batch})")
+    return samples
+
+
+def describe_backends() -> list[tuple[str, str]]:
+    """(name, summary) of every registered backend."""
+    return [(b.name, b.summary) for b in BACKENDS.values()]
+
+
+def render_bench(console: Any, spec: str, report: BenchReport) -> None:
+    """Print a bench report as a rich table (the CLI's human output)."""
+    from rich.table import Table
+
+    table = Table(title=f"{spec}  inputs {', '.join(report.inputs)}  threads {report.threads}")
+    table.add_column("backend")
+    for column in ("batch", "median ms", "p90 ms", "samples/s", "speedup", "peak MiB", "max abs err", "build s"):
+        table.add_column(column, justify="right")
+    table.add_column("status")
+    for row in report.rows:
+        if not row.ok:
+            table.add_row(row.backend, str(row.batch), *["-"] * 7, f"[red]{row.error}[/]")
+            continue
+        verdict = "[green]ok[/]" if row.within_tolerance else "[yellow]beyond tol[/]"
+        table.add_row(
+            row.backend,
+            str(row.batch),
+            _fmt(row.median_ms, ".2f"),
+            _fmt(row.p90_ms, ".2f"),
+            _fmt(row.throughput, ".1f"),
+            _fmt(row.speedup, ".2f", "x"),
+            _fmt(row.peak_mem_mib, ".1f"),
+            _fmt(row.max_abs_err, ".2g"),
+            _fmt(row.build_s, ".1f"),
+            verdict,
+        )
+    console.print(table)
+    console.print(
+        f"[dim]{report.repeats} timed calls per backend after {report.warmup} warm-up calls, interleaved "
+        f"round-robin; max abs err vs eager on the same inputs; peak MiB: {report.memory}[/]"
+    )
+    for row in report.rows:
+        for note in row.notes:
+            console.print(f"[dim]{row.backend}: {note}[/]")
+
+
+def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"

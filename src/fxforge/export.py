@@ -1,0 +1,690 @@
+"""Export: write a model as TorchScript, ONNX or a ``torch.export`` program, reload it and prove it.
+
+Owns the three static formats, their reload (:func:`load_exported`), the verification of every
+export against the original model, and the atomic write of the result:
+
+* ``torchscript`` -- ``torch.jit.trace`` (or ``torch.jit.script`` with ``script=True``), then
+  ``torch.jit.freeze`` and ``torch.jit.optimize_for_inference`` unless told not to. The optimised
+  module embeds MKLDNN weight tensors for convolutions, which ``torch.jit.save`` writes but
+  ``torch.jit.load`` cannot read back (torch 2.14: "required keyword attribute 'value' is
+  undefined"). fxforge therefore tries the optimised module first and, when it does not reload,
+  saves the frozen module with a flag in the archive (``fxforge.json``) telling
+  :func:`load_exported` to re-apply ``optimize_for_inference`` after loading.
+* ``onnx`` -- ``torch.onnx.export`` with the dynamo exporter, falling back to the legacy
+  (TorchScript-based) exporter when it fails; checked with ``onnx.checker`` and run with ONNX
+  Runtime.
+* ``pt2`` -- ``torch.export`` (non-strict), saved with ``torch.export.save``.
+
+What is exported: for a :class:`~fxforge.capture.Captured` in the torch dialect, its GraphModule
+(equal to the model, checked at capture; straight-line code, so ``script`` succeeds where the
+model's own Python might not); in the ATen dialect, the model itself (torch.export's unlifted module
+is an export *result*, not a good export source). The reference for verification is always the
+original model.
+
+Every export is written into a staging directory beside the target, reloaded from there, verified
+on random inputs (and, with a dynamic batch, on a second batch size), and only then moved into
+place. A failed export or verification leaves nothing behind; a failed export raises
+:class:`ExportError` naming the operator or construct that failed and where.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import fx, nn
+from torch.utils import _pytree as pytree
+
+from fxforge.capture import Captured, quiet_torch_logs, run_reference, user_location
+from fxforge.errors import EXIT_CAPTURE, FxforgeError, require
+from fxforge.graphs import ATEN
+from fxforge.inputs import specs_of
+from fxforge.verify import VerifyResult, verify
+
+FORMATS = ("torchscript", "onnx", "pt2")
+SUFFIXES = {"torchscript": ".pt", "onnx": ".onnx", "pt2": ".pt2"}
+ONNX_EXPORTERS = ("auto", "dynamo", "legacy")
+METADATA_FILE = "fxforge.json"  # inside TorchScript archives, read by load_exported
+
+
+class ExportError(FxforgeError):
+    """A model could not be written in the requested format (the message names what failed, and where)."""
+
+    exit_code = EXIT_CAPTURE
+
+    def __init__(
+        self, message: str, hint: str | None = None, construct: str | None = None, location: str | None = None
+    ) -> None:
+        super().__init__(message, hint)
+        self.construct = construct  # the operator or language construct that failed, when known
+        self.location = location  # "file.py:42 `source`" of the user's line, when known
+
+
+@dataclass
+class ExportResult:
+    """What :func:`export_model` wrote and how the reloaded export compares with the original."""
+
+    format: str
+    path: Path | None  # None when nothing was written (verification failed)
+    ok: bool
+    exporter: str  # trace, script, dynamo, legacy or torch.export
+    files: list[str] = field(default_factory=list)
+    verification: VerifyResult | None = None
+    verified_batches: list[int] = field(default_factory=list)
+    dynamic_batch: bool = False
+    opset: int | None = None
+    size_bytes: int = 0
+    export_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": self.format,
+            "path": str(self.path) if self.path else None,
+            "ok": self.ok,
+            "exporter": self.exporter,
+            "files": self.files,
+            "verify": self.verification.to_dict() if self.verification else None,
+            "verified_batches": self.verified_batches,
+            "dynamic_batch": self.dynamic_batch,
+            "opset": self.opset,
+            "size_bytes": self.size_bytes,
+            "export_s": round(self.export_s, 3),
+            "notes": self.notes,
+        }
+
+
+# --------------------------------------------------------------------------------------------------
+# atomic output
+
+
+class StagedOutput:
+    """A staging directory beside ``target``; :meth:`commit` moves what was written there into place.
+
+    Leaving the ``with`` block without committing (an exception, a failed verification) removes the
+    staging directory and any parent directories it had to create, so nothing is left behind.
+    ``optimize.atomic_directory`` does the same for output directories; an export is one file (plus,
+    for ONNX models over 2 GB, its external-data file), placed beside other files the user keeps.
+    """
+
+    def __init__(self, target: str | Path, *, force: bool = False) -> None:
+        self.target = Path(target)
+        self.force = force
+        self.directory: Path | None = None
+        self.files: list[str] = []
+        self._created: list[Path] = []
+
+    @property
+    def path(self) -> Path:
+        """Where the exporter writes the main file."""
+        assert self.directory is not None
+        return self.directory / self.target.name
+
+    def __enter__(self) -> StagedOutput:
+        if self.target.is_dir():
+            raise FxforgeError(f"{self.target} is a directory", hint="give a file name, e.g. -o out/model.onnx")
+        if self.target.exists() and not self.force:
+            raise FxforgeError(f"{self.target} exists", hint="pass --force to replace it")
+        try:
+            missing = [p for p in [*reversed(self.target.parent.parents), self.target.parent] if not p.exists()]
+            for directory in missing:
+                directory.mkdir()
+                self._created.append(directory)
+            self.directory = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.partial-", dir=self.target.parent))
+        except OSError as exc:
+            self._remove_created()
+            raise FxforgeError(f"cannot write to {self.target.parent}: {exc.strerror}") from None
+        return self
+
+    def commit(self) -> list[str]:
+        """Move the staged files into place, the main file last (so it never appears half-complete)."""
+        assert self.directory is not None
+        staged = sorted(p.name for p in self.directory.iterdir())
+        main = self.target.name
+        for name in [n for n in staged if n != main] + [main]:
+            os.replace(self.directory / name, self.target.parent / name)
+        self.files = staged
+        self._created = []
+        return staged
+
+    def __exit__(self, *exc_info: Any) -> None:
+        if self.directory is not None:
+            shutil.rmtree(self.directory, ignore_errors=True)
+        self._remove_created()
+
+    def _remove_created(self) -> None:
+        for directory in reversed(self._created):
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+        self._created = []
+
+
+# --------------------------------------------------------------------------------------------------
+# public entry point
+
+
+def export_model(
+    target: Captured | nn.Module,
+    to: str,
+    path: str | Path,
+    *,
+    example_inputs: Sequence[Any] | None = None,
+    script: bool = False,
+    freeze: bool = True,
+    optimize: bool = True,
+    exporter: str = "auto",
+    opset: int | None = None,
+    dynamic_batch: bool = False,
+    verify_export: bool = True,
+    seeds: Sequence[int] = (0, 1, 2),
+    rtol: float | None = None,
+    atol: float | None = None,
+    force: bool = False,
+) -> ExportResult:
+    """Export ``target`` to ``to`` (torchscript, onnx or pt2) at ``path``, reload it and verify it.
+
+    Args:
+        target: a :class:`~fxforge.capture.Captured` (from :func:`fxforge.prepare`) or a module, in
+            which case ``example_inputs`` are required.
+        script: TorchScript by ``torch.jit.script`` instead of tracing.
+        freeze / optimize: TorchScript ``torch.jit.freeze`` / ``optimize_for_inference``.
+        exporter: ONNX exporter: ``auto`` (dynamo, then legacy on failure), ``dynamo`` or ``legacy``.
+        opset: ONNX opset version (default: the exporter's).
+        dynamic_batch: keep the batch dimension symbolic (ONNX and pt2); verified on a second batch.
+        verify_export: reload and compare with the original on random inputs for each of ``seeds``,
+            with per-dtype tolerances unless ``rtol``/``atol`` are given.
+        force: replace an existing file.
+
+    Returns an :class:`ExportResult`; when verification fails, ``ok`` is False and nothing is written.
+
+    Raises:
+        ExportError: the exporter failed; the message names the operator or construct and where.
+    """
+    if to not in FORMATS:
+        raise FxforgeError(f"unknown export format {to!r}", hint=f"one of {', '.join(FORMATS)}")
+    if exporter not in ONNX_EXPORTERS:
+        raise FxforgeError(f"unknown ONNX exporter {exporter!r}", hint=f"one of {', '.join(ONNX_EXPORTERS)}")
+    if dynamic_batch and to == "torchscript":
+        raise FxforgeError(
+            "a dynamic batch applies to onnx and pt2",
+            hint="a TorchScript module runs any batch size its code allows: leave the option out",
+        )
+    if to == "onnx":
+        _require_onnx(exporter)
+    source, reference, inputs = _export_source(target, example_inputs)
+    start = time.perf_counter()
+    with StagedOutput(path, force=force) as staged:
+        if to == "torchscript":
+            result = _export_torchscript(source, inputs, staged.path, script=script, freeze=freeze, optimize=optimize)
+        elif to == "onnx":
+            result = _export_onnx(source, reference, inputs, staged.path, exporter, opset, dynamic_batch)
+        else:
+            result = _export_pt2(source, inputs, staged.path, dynamic_batch)
+        result.export_s = time.perf_counter() - start
+        if verify_export:
+            loaded = load_exported(staged.path, to, output_like=run_reference(reference, inputs, {}))
+            result.verification, result.verified_batches = _verify(
+                reference, loaded, inputs, dynamic_batch, seeds, rtol, atol
+            )
+            result.ok = result.verification.ok
+        if result.ok:
+            result.size_bytes = sum(p.stat().st_size for p in staged.directory.iterdir())  # type: ignore[union-attr]
+            result.files = staged.commit()
+            result.path = Path(path)
+    return result
+
+
+def _export_source(target: Captured | nn.Module, example_inputs: Sequence[Any] | None):
+    """(module to export, reference module, example inputs)."""
+    if isinstance(target, Captured):
+        if target.example_kwargs:
+            raise FxforgeError("export supports positional inputs only", hint="pass every input positionally")
+        inputs = tuple(example_inputs) if example_inputs is not None else target.example_inputs
+        source = target.original if target.dialect == ATEN else target.graph_module
+        reference = target.original
+    else:
+        if example_inputs is None:
+            raise FxforgeError("exporting a module needs example inputs", hint="pass example_inputs=(x,)")
+        inputs = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+        source = reference = target
+    if not inputs:
+        raise FxforgeError("export needs example inputs", hint="pass --input, e.g. --input 1x3x224x224")
+    specs_of(inputs)  # every input must be a tensor: raises a clear InputSpecError otherwise
+    if any(t.device.type == "meta" for t in inputs) or any(p.device.type == "meta" for p in source.parameters()):
+        raise FxforgeError("export needs real weights", hint="drop --device meta")
+    return source, reference, inputs
+
+
+def _require_onnx(exporter: str) -> None:
+    require("onnx", "onnx", "ONNX export")
+    require("onnxruntime", "onnx", "verifying an ONNX export")
+    if exporter != "legacy":
+        require("onnxscript", "onnx", "the dynamo ONNX exporter")
+
+
+def _verify(
+    reference: nn.Module,
+    loaded: nn.Module,
+    inputs: tuple[Any, ...],
+    dynamic_batch: bool,
+    seeds: Sequence[int],
+    rtol: float | None,
+    atol: float | None,
+) -> tuple[VerifyResult, list[int]]:
+    specs = specs_of(inputs)
+    batch = specs[0].shape[0] if specs[0].shape else 1
+    result = verify(reference, loaded, input_specs=specs, seeds=seeds, rtol=rtol, atol=atol, bisect=False)
+    batches = [batch]
+    if dynamic_batch and result.ok:
+        other = batch + 2  # not 1, and not the example's: both would hide a batch baked in as a constant
+        again = verify(
+            reference,
+            loaded,
+            input_specs=[s.with_batch(other) for s in specs],
+            seeds=seeds[:1] or (0,),
+            rtol=rtol,
+            atol=atol,
+            bisect=False,
+        )
+        batches.append(other)
+        problems = [f"batch {other}: {p}" for p in again.problems]
+        if any("failed to run" in p for p in again.problems):
+            problems.append(
+                f"the export does not run at batch {other}: the model's code fixes the batch size "
+                f"(e.g. a loop over it); export without a dynamic batch"
+            )
+        result = VerifyResult(
+            again.ok,
+            max(result.max_abs_err, again.max_abs_err),
+            max(result.max_rel_err, again.max_rel_err),
+            result.trials + again.trials,
+            problems,
+        )
+    return result, batches
+
+
+# --------------------------------------------------------------------------------------------------
+# TorchScript
+
+
+def _export_torchscript(
+    module: nn.Module, inputs: tuple[Any, ...], path: Path, *, script: bool, freeze: bool, optimize: bool
+) -> ExportResult:
+    method = "script" if script else "trace"
+    notes: list[str] = []
+    with _exporting(f"{type(module).__name__} to TorchScript ({method})", notes):
+        if script:
+            scripted = torch.jit.script(_scriptable(module))
+        else:
+            scripted = torch.jit.trace(module, inputs, strict=False, check_trace=False)
+        scripted = scripted.eval()
+        if optimize:
+            # freeze returns a copy, and optimize_for_inference rewrites that copy in place
+            if _saves_and_reloads(torch.jit.optimize_for_inference(torch.jit.freeze(scripted)), path):
+                notes.append("frozen, optimize_for_inference applied, and the result reloads: saved as is")
+                return ExportResult("torchscript", None, True, method, notes=notes)
+            notes.append(
+                "optimize_for_inference's MKLDNN weights cannot be reloaded by torch.jit.load: the file holds the "
+                "frozen module, and fxforge.load_exported re-applies optimize_for_inference after loading"
+            )
+        if freeze or optimize:
+            scripted = torch.jit.freeze(scripted)
+        metadata = {"optimize_at_load": optimize}
+        torch.jit.save(scripted, str(path), _extra_files={METADATA_FILE: json.dumps(metadata)})
+    return ExportResult("torchscript", None, True, method, notes=notes)
+
+
+def _scriptable(module: nn.Module) -> nn.Module:
+    """A GraphModule's code annotates inputs with mangled type names (``_torch_Tensor_``) that TorchScript
+    cannot resolve: script a copy without annotations (TorchScript then assumes Tensor, which they are)."""
+    if not isinstance(module, fx.GraphModule):
+        return module
+    untyped = copy.deepcopy(module)
+    for node in untyped.graph.nodes:
+        node.type = None
+    untyped.recompile()
+    return untyped
+
+
+def _saves_and_reloads(scripted: torch.jit.ScriptModule, path: Path) -> bool:
+    try:
+        torch.jit.save(scripted, str(path), _extra_files={METADATA_FILE: json.dumps({"optimize_at_load": False})})
+        torch.jit.load(str(path))
+        return True
+    except Exception:  # the MKLDNN constants: see the module docstring
+        path.unlink(missing_ok=True)
+        return False
+
+
+# --------------------------------------------------------------------------------------------------
+# ONNX
+
+
+def _export_onnx(
+    module: nn.Module,
+    reference: nn.Module,
+    inputs: tuple[Any, ...],
+    path: Path,
+    exporter: str,
+    opset: int | None,
+    dynamic_batch: bool,
+) -> ExportResult:
+    import onnx
+
+    notes: list[str] = []
+    used = exporter
+    if exporter in ("auto", "dynamo"):
+        try:
+            with _exporting(f"{type(module).__name__} to ONNX (dynamo exporter)", notes):
+                _onnx_dynamo(module, inputs, path, opset, dynamic_batch)
+            used = "dynamo"
+        except ExportError as dynamo_error:
+            if exporter == "dynamo":
+                raise
+            for partial in path.parent.iterdir():  # the staging directory: whatever dynamo left there
+                partial.unlink()
+            notes.append(f"dynamo exporter failed ({dynamo_error.message}); used the legacy exporter")
+            try:
+                with _exporting(f"{type(module).__name__} to ONNX (legacy exporter)", notes):
+                    _onnx_legacy(module, reference, inputs, path, opset, dynamic_batch)
+            except ExportError as legacy_error:
+                same = legacy_error.construct == dynamo_error.construct
+                also = "on it too" if same else f"too: {_after_colon(legacy_error.message)}"
+                raise ExportError(
+                    f"{dynamo_error.message}; the legacy exporter fails {also}",
+                    dynamo_error.hint,
+                    dynamo_error.construct or legacy_error.construct,
+                    dynamo_error.location or legacy_error.location,
+                ) from None
+            used = "legacy"
+    else:
+        with _exporting(f"{type(module).__name__} to ONNX (legacy exporter)", notes):
+            _onnx_legacy(module, reference, inputs, path, opset, dynamic_batch)
+    try:
+        onnx.checker.check_model(str(path))
+    except Exception as exc:
+        raise ExportError(f"the ONNX model written by the {used} exporter is invalid: {_first_line(exc)}") from None
+    model = onnx.load(str(path), load_external_data=False)
+    written_opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    return ExportResult("onnx", None, True, used, opset=written_opset, dynamic_batch=dynamic_batch, notes=notes)
+
+
+def _onnx_dynamo(
+    module: nn.Module, inputs: tuple[Any, ...], path: Path, opset: int | None, dynamic_batch: bool
+) -> None:
+    dynamic_shapes = None
+    if dynamic_batch:
+        batch = torch.export.Dim("batch")
+        dynamic_shapes = tuple({0: batch} if t.dim() > 0 else None for t in inputs)
+    program = torch.onnx.export(
+        module, inputs, dynamo=True, opset_version=opset, dynamic_shapes=dynamic_shapes, verbose=False
+    )
+    program.save(str(path))  # external data only for models over 2 GB
+
+
+def _onnx_legacy(
+    module: nn.Module,
+    reference: nn.Module,
+    inputs: tuple[Any, ...],
+    path: Path,
+    opset: int | None,
+    dynamic_batch: bool,
+) -> None:
+    input_names = [f"input_{i}" for i in range(len(inputs))]
+    outputs = [v for v in pytree.tree_leaves(run_reference(reference, inputs, {})) if isinstance(v, torch.Tensor)]
+    output_names = [f"output_{i}" for i in range(len(outputs))]
+    dynamic_axes = None
+    if dynamic_batch:
+        dynamic_axes = {name: {0: "batch"} for name, t in zip(input_names, inputs) if t.dim() > 0}
+        dynamic_axes.update({name: {0: "batch"} for name, t in zip(output_names, outputs) if t.dim() > 0})
+    torch.onnx.export(
+        module,
+        inputs,
+        str(path),
+        dynamo=False,
+        opset_version=opset,
+        input_names=input_names,
+        output_names=output_names,
+        dynamic_axes=dynamic_axes,
+    )
+
+
+class OnnxRuntimeModule(nn.Module):
+    """An ONNX Runtime session behind ``nn.Module``'s call interface (tensors in, tensors out).
+
+    ``output_like`` (an output of the original model) restores the output's structure (tuples,
+    dicts, model outputs) from ONNX's flat list; its non-tensor leaves are constants in an ONNX graph
+    and are taken from it. Without it, one output is returned as a tensor and several as a tuple.
+    ``threads`` defaults to torch's intra-op thread count, so that both run on the same cores.
+    """
+
+    def __init__(self, path: str | Path, output_like: Any = None, threads: int | None = None) -> None:
+        super().__init__()
+        ort = require("onnxruntime", "onnx", "running an ONNX model")
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads or torch.get_num_threads()
+        options.inter_op_num_threads = 1
+        options.log_severity_level = 3  # errors only
+        self.path = str(path)
+        self.session = ort.InferenceSession(self.path, options, providers=["CPUExecutionProvider"])
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        self.output_like = output_like
+
+    def forward(self, *args: Any) -> Any:
+        flat = [t for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor)]
+        if len(flat) != len(self.input_names):
+            raise ValueError(f"the ONNX model takes {len(self.input_names)} inputs, got {len(flat)}")
+        feeds = {name: t.detach().cpu().contiguous().numpy() for name, t in zip(self.input_names, flat)}
+        results = [torch.from_numpy(array) for array in self.session.run(None, feeds)]
+        if self.output_like is None:
+            return results[0] if len(results) == 1 else tuple(results)
+        leaves, spec = pytree.tree_flatten(self.output_like)
+        tensors = iter(results)
+        return pytree.tree_unflatten([next(tensors) if isinstance(v, torch.Tensor) else v for v in leaves], spec)
+
+
+# --------------------------------------------------------------------------------------------------
+# torch.export
+
+
+def _export_pt2(module: nn.Module, inputs: tuple[Any, ...], path: Path, dynamic_batch: bool) -> ExportResult:
+    from fxforge.capture import _export
+
+    notes: list[str] = []
+    with _exporting(f"{type(module).__name__} with torch.export", notes):
+        program = _export(module, inputs, {}, dynamic_batch=dynamic_batch)
+        torch.export.save(program, str(path))
+    return ExportResult("pt2", None, True, "torch.export", dynamic_batch=dynamic_batch, notes=notes)
+
+
+# --------------------------------------------------------------------------------------------------
+# reload
+
+
+def load_exported(
+    path: str | Path, format: str | None = None, *, output_like: Any = None, threads: int | None = None
+) -> nn.Module:
+    """Load a file written by :func:`export_model` as a callable module.
+
+    ``format`` defaults to the one the suffix names (.pt TorchScript, .onnx, .pt2). TorchScript files
+    flagged at export get ``optimize_for_inference`` re-applied (see the module docstring); ONNX
+    files run in ONNX Runtime (:class:`OnnxRuntimeModule`); ``.pt2`` programs as ``.module()``.
+    """
+    path = Path(path)
+    format = format or next((f for f, suffix in SUFFIXES.items() if path.suffix == suffix), None)
+    if format not in FORMATS:
+        raise FxforgeError(f"cannot tell the format of {path}", hint="name it .pt, .onnx or .pt2, or pass the format")
+    with quiet_torch_logs():
+        if format == "torchscript":
+            extra = {METADATA_FILE: ""}
+            module = torch.jit.load(str(path), map_location="cpu", _extra_files=extra)
+            metadata = json.loads(extra[METADATA_FILE] or "{}")
+            if metadata.get("optimize_at_load"):
+                module = torch.jit.optimize_for_inference(module)
+            return module
+        if format == "onnx":
+            return OnnxRuntimeModule(path, output_like, threads)
+        return torch.export.load(str(path)).module()
+
+
+# --------------------------------------------------------------------------------------------------
+# failures: name the operator or construct, and the user's line
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m|\[\d+m")
+_OPERATOR_PATTERNS = [
+    re.compile(r"No ONNX function found for <OpOverload\(op='([\w.:]+)'"),
+    re.compile(r"target=torch\.ops\.([\w.]+?)(?:\.default)?\]"),
+    re.compile(r"Exporting the operator '([\w:.]+)' to ONNX opset version \d+ is not supported"),
+    re.compile(r"unrecognized namespace ([\w:.]+)"),
+]
+
+
+@contextlib.contextmanager
+def _exporting(what: str, notes: list[str]) -> Iterator[None]:
+    """Run an exporter quietly (they print progress and warnings) and turn its failure into an ExportError.
+
+    Tracer warnings say where a trace specialised a data-dependent value: they are kept as notes.
+    """
+    sink = io.StringIO()
+    try:
+        with (
+            warnings.catch_warnings(record=True) as caught,
+            quiet_torch_logs(),
+            contextlib.redirect_stdout(sink),
+            contextlib.redirect_stderr(sink),
+            _native_output_silenced(),
+            torch.no_grad(),
+        ):
+            warnings.simplefilter("always", torch.jit.TracerWarning)
+            yield
+    except ExportError:
+        raise
+    except Exception as exc:
+        raise _export_error(what, exc) from None
+    for warning in caught:
+        if issubclass(warning.category, torch.jit.TracerWarning):
+            first_sentence = _first_line(warning.message).split(". ")[0].rstrip(".")
+            note = f"trace: {first_sentence} ({Path(warning.filename).name}:{warning.lineno})"
+            if note not in notes:
+                notes.append(note)
+
+
+@contextlib.contextmanager
+def _native_output_silenced() -> Iterator[None]:
+    """Point file descriptors 1 and 2 at /dev/null: the legacy ONNX exporter prints its IR from C++."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, devnull):
+            os.close(fd)
+
+
+def _export_error(what: str, exc: BaseException) -> ExportError:
+    chain = _chain(exc)
+    text = _ANSI.sub("", "\n".join(str(e) for e in chain))
+    location = user_location(exc) or _script_location(text)
+    construct = next((m.group(1) for p in _OPERATOR_PATTERNS if (m := p.search(text))), None)
+    where = f" at {location}" if location else ""
+    if construct:
+        return ExportError(
+            f"cannot export {what}: operator {construct} has no translation{where}",
+            hint="rewrite that call with supported ops, register a translation (torch.onnx custom_translation_table), "
+            "or export to another format",
+            construct=construct,
+            location=location,
+        )
+    lowered = text.lower()
+    if "data-dependent" in lowered or "data dependent" in lowered or "guardondatadependent" in lowered:
+        return ExportError(
+            f"cannot export {what}: data-dependent control flow{where}",
+            hint="express the branch with torch.where or torch.cond, or export to torchscript with --script",
+            construct="data-dependent control flow",
+            location=location,
+        )
+    innermost = chain[-1]
+    reason = f"{type(innermost).__name__}: {_first_line(innermost)}"
+    hint = "export with trace (the default) instead" if "script" in what else "try another format or exporter"
+    construct = type(innermost).__name__
+    return ExportError(f"cannot export {what}: {reason}{where}", hint=hint, construct=construct, location=location)
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    chain: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in chain:
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    return chain
+
+
+def _script_location(text: str) -> str | None:
+    # torch.jit.script errors quote the source as 'File "x.py", line 12' followed by the line itself
+    match = re.search(r'File "([^"]+)", line (\d+)', text)
+    if not match or match.group(1).startswith("<"):
+        return None
+    filename = os.path.relpath(match.group(1))
+    return f"{match.group(1) if filename.startswith('..') else filename}:{match.group(2)}"
+
+
+def _first_line(value: Any) -> str:
+    lines = [line.strip() for line in _ANSI.sub("", str(value)).strip().splitlines() if line.strip()]
+    return lines[0][:300] if lines else ""
+
+
+def _after_colon(message: str) -> str:
+    return message.split(": ", 1)[1] if ": " in message else message
+
+
+def render_export(console: Any, spec: str, result: ExportResult) -> None:
+    """Print an export result on a rich console (the CLI's human output)."""
+    from fxforge.render import human_bytes
+
+    check = result.verification
+    batches = ", ".join(str(b) for b in result.verified_batches)
+    opset = f", opset {result.opset}" if result.opset else ""
+    if result.ok:
+        console.print(
+            f"[green]exported[/] {spec} to {result.path} ({result.format} via {result.exporter}{opset}, "
+            f"{human_bytes(result.size_bytes)}, {result.export_s:.1f} s)"
+        )
+        if check is not None:
+            console.print(
+                f"  [green]verified[/]: reloaded file matches the model on {check.trials} random batches "
+                f"(batch {batches}; max abs err {check.max_abs_err:.3g}, max rel err {check.max_rel_err:.3g})"
+            )
+        else:
+            console.print("  [yellow]not verified[/] (--no-verify)")
+    else:
+        console.print(
+            f"[bold red]MISMATCH[/]: the {result.format} export of {spec} (via {result.exporter}) computes "
+            "something else; nothing was written"
+        )
+        for problem in (check.problems if check else [])[:5]:
+            console.print(f"  {problem}")
+        if any(note.startswith("trace:") for note in result.notes):
+            console.print("  [dim]hint:[/] the trace fixed a data-dependent value (see the notes); try --script")
+    for note in result.notes:
+        console.print(f"  [dim]note: {note}[/]")

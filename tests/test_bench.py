@@ -1,0 +1,211 @@
+"""Bench: the JSON contract, interleaved timing, errors as rows, honest peak memory, and real backends
+(eager, fx, TorchScript, ONNX Runtime, torch.compile, int8) on small models."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import fxforge
+from conftest import randomize_batchnorm
+from fxforge.bench import BACKENDS, Backend, ResidentPeak, bench
+from fxforge.capture import capture
+from fxforge.cli import main
+from fxforge.errors import EXIT_OK, EXIT_USAGE, FxforgeError
+
+TRICKY = str(Path(__file__).parent / "tricky_models.py")
+ROW_KEYS = {
+    "backend",
+    "batch",
+    "ok",
+    "error",
+    "median_ms",
+    "p90_ms",
+    "min_ms",
+    "mean_ms",
+    "throughput",
+    "speedup",
+    "peak_mem_mib",
+    "max_abs_err",
+    "within_tolerance",
+    "build_s",
+    "samples",
+    "notes",
+}
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).eval()
+    return capture(model, (torch.randn(2, 16),))
+
+
+def _fake(name: str, calls: list[str], *, scale: float = 1.0, fail_build: bool = False) -> Backend:
+    def build(captured, settings):
+        if fail_build:
+            raise RuntimeError("no compiler for this backend")
+
+        def run(*args):
+            calls.append(name)
+            return captured.original(*args) * scale
+
+        return run
+
+    return Backend(name, "test double", build)
+
+
+def test_rounds_are_interleaved_and_rotated(mlp):
+    calls: list[str] = []
+    backends = [_fake(n, calls) for n in ("a", "b", "c")]
+    report = bench(mlp, backends, warmup=2, repeats=6)
+    warmups, timed = calls[:6], calls[6:]
+    assert warmups == ["a", "a", "b", "b", "c", "c"]  # warm-up is per backend, untimed
+    rounds = [timed[i : i + 3] for i in range(0, len(timed), 3)]
+    assert len(rounds) == 6 and all(sorted(r) == ["a", "b", "c"] for r in rounds)  # each round runs all
+    assert [r[0] for r in rounds] == ["a", "b", "c", "a", "b", "c"]  # and the order rotates
+    assert all(row.samples == 6 for row in report.rows)
+
+
+def test_failed_build_is_a_row_and_the_rest_still_run(mlp):
+    calls: list[str] = []
+    report = bench(mlp, ["eager", _fake("broken", calls, fail_build=True), _fake("wrong", calls, scale=1.5)], repeats=3)
+    rows = {row.backend: row for row in report.rows}
+    assert rows["broken"].error == "build failed: RuntimeError: no compiler for this backend"
+    assert rows["broken"].median_ms is None and not rows["broken"].ok
+    # a backend computing something else is measured, and its error against eager says so
+    assert rows["wrong"].ok and rows["wrong"].within_tolerance is False and rows["wrong"].max_abs_err > 0.01
+    assert rows["eager"].ok and rows["eager"].max_abs_err == 0 and rows["eager"].speedup == 1.0
+
+
+def test_statistics_and_batches(mlp):
+    report = bench(mlp, ["eager", "fx"], batches=[1, 4], warmup=1, repeats=5)
+    assert [(row.backend, row.batch) for row in report.rows] == [("eager", 1), ("fx", 1), ("eager", 4), ("fx", 4)]
+    for row in report.rows:
+        assert row.ok and row.samples == 5 and row.within_tolerance
+        assert row.min_ms <= row.median_ms <= row.p90_ms
+        assert row.throughput == pytest.approx(row.batch / (row.median_ms / 1e3))
+    assert report.threads == torch.get_num_threads()
+
+
+def test_peak_memory_sees_what_a_backend_allocates(mlp):
+    if not ResidentPeak.available():
+        pytest.skip("needs Linux /proc")
+
+    def hungry(captured, settings):
+        def run(*args):
+            torch.ones(64 << 18).sum()  # 64 MiB of float32, touched and freed on every call
+            return captured.original(*args)
+
+        return run
+
+    report = bench(mlp, ["eager", Backend("hungry", "allocates 64 MiB", hungry)], warmup=2, repeats=2)
+    rows = {row.backend: row for row in report.rows}
+    assert rows["hungry"].peak_mem_mib >= 60
+    assert rows["eager"].peak_mem_mib < 16
+    assert "VmHWM" in report.memory
+
+
+def test_progress_reaches_the_total(mlp):
+    seen: list[tuple[int, int]] = []
+    bench(mlp, ["eager", "fx"], warmup=1, repeats=4, progress=lambda done, total, _: seen.append((done, total)))
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen) and seen[-1][0] == seen[-1][1] == 2 * 2 + 4
+
+
+def test_threads_are_set_for_the_run_and_restored(mlp):
+    before = torch.get_num_threads()
+    observed: list[int] = []
+
+    def spy(captured, settings):
+        observed.append(torch.get_num_threads())
+        return captured.original
+
+    report = bench(mlp, [Backend("spy", "records threads", spy)], threads=1, repeats=1)
+    assert observed == [1] and report.threads == 1 and torch.get_num_threads() == before
+
+
+def test_bad_arguments(mlp):
+    with pytest.raises(FxforgeError, match="unknown backend 'tensorrt'"):
+        bench(mlp, ["tensorrt"])
+    with pytest.raises(FxforgeError, match="at least one"):
+        bench(mlp, ["eager"], repeats=0)
+
+
+# --------------------------------------------------------------------------------------------------
+# real backends
+
+
+def test_real_backends_on_resnet18():
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    model = randomize_batchnorm(torchvision.models.resnet18().eval())
+    captured = capture(model, (torch.randn(1, 3, 64, 64),))
+    report = bench(captured, ["eager", "fx", "torchscript", "int8"], warmup=1, repeats=3)
+    rows = {row.backend: row for row in report.rows}
+    assert all(row.ok for row in rows.values()), [row.error for row in rows.values()]
+    for name in ("fx", "torchscript"):  # exact rewrites: eager's numbers up to fp32 round-off
+        assert rows[name].within_tolerance and rows[name].max_abs_err < 1e-3
+    assert any("fold_bn" in note for note in rows["fx"].notes)
+    # int8 is measured and its error stated; it is not fp32-exact
+    assert rows["int8"].max_abs_err > 0 and rows["int8"].within_tolerance is False
+
+
+def test_onnxruntime_backend():
+    pytest.importorskip("onnxruntime")
+    captured = fxforge.prepare(f"{TRICKY}:TupleOut", ["2x8"])
+    report = bench(captured, ["eager", "onnxruntime"], warmup=1, repeats=3)
+    ort_row = report.rows[1]
+    assert ort_row.ok and ort_row.within_tolerance and "dynamo exporter" in ort_row.notes[0]
+
+
+def test_compile_time_is_kept_out_of_latency(mlp):
+    report = bench(mlp, ["compile"], warmup=1, repeats=3)
+    (row,) = report.rows
+    assert row.ok and row.within_tolerance, row.error
+    assert row.build_s > 10 * row.median_ms / 1e3  # compilation happened in the build, not in the timed calls
+
+
+def test_aten_dialect_models_are_re_exported_per_batch():
+    captured = fxforge.prepare(f"{TRICKY}:BatchLoop", ["2x8"])  # torch.export bakes the loop's batch in
+    assert captured.dialect == "aten"
+    report = bench(captured, ["eager", "fx"], batches=[2, 3], warmup=1, repeats=2)
+    assert all(row.ok and row.within_tolerance for row in report.rows), [row.error for row in report.rows]
+
+
+def test_registry_lists_every_backend_the_docs_name():
+    assert list(BACKENDS)[:6] == ["eager", "fx", "torchscript", "onnxruntime", "compile", "int8"]
+
+
+# --------------------------------------------------------------------------------------------------
+# CLI
+
+
+def run(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_bench_json_contract(capsys):
+    code, out, _ = run(capsys, "bench", "demo", "-b", "eager,fx,torchscript", "--repeats", "3", "--json")
+    assert code == EXIT_OK
+    data = json.loads(out)  # stdout holds JSON and nothing else (no progress bar)
+    assert set(data) >= {"model", "threads", "warmup", "repeats", "inputs", "memory", "rows"}
+    assert [row["backend"] for row in data["rows"]] == ["eager", "fx", "torchscript"]
+    for row in data["rows"]:
+        assert set(row) >= ROW_KEYS and row["ok"] and row["samples"] == 3 and row["within_tolerance"]
+        assert row["median_ms"] > 0 and row["p90_ms"] >= row["median_ms"] and row["throughput"] > 0
+
+
+def test_cli_bench_table_and_errors(capsys):
+    code, out, _ = run(capsys, "bench", "demo", "-b", "eager,fx", "--batch", "1,2", "--repeats", "2", "--threads", "1")
+    assert code == EXIT_OK and "median ms" in out and "interleaved round-robin" in out
+    assert out.count("eager") >= 2  # one row per batch
+    code, _, err = run(capsys, "bench", "demo", "-b", "eager,tensorrt")
+    assert code == EXIT_USAGE and "unknown backend 'tensorrt'" in err
+    code, _, err = run(capsys, "bench", "demo", "--batch", "one")
+    assert code == EXIT_USAGE and "--batch takes integers" in err

@@ -1,0 +1,294 @@
+"""Export: every format round-trips (reloaded with torch/ONNX Runtime alone and verified) on torchvision
+models and on the tricky-model suite, and every failure says what failed and leaves no file behind."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import fxforge
+from conftest import randomize_batchnorm
+from fxforge.capture import capture
+from fxforge.cli import main
+from fxforge.errors import EXIT_CAPTURE, EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, FxforgeError, MissingExtraError
+from fxforge.export import ExportError, export_model, load_exported
+from fxforge.verify import compare_outputs
+
+TRICKY = str(Path(__file__).parent / "tricky_models.py")
+
+
+def _files(directory: Path) -> list[str]:
+    """Everything in ``directory``, hidden staging directories included."""
+    return sorted(p.name for p in directory.iterdir())
+
+
+@pytest.fixture(scope="module")
+def resnet18_captured():
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    model = randomize_batchnorm(torchvision.models.resnet18().eval())
+    return capture(model, (torch.randn(1, 3, 64, 64),))
+
+
+# --------------------------------------------------------------------------------------------------
+# round trips on torchvision models
+
+
+def test_torchscript_round_trip_resnet18(resnet18_captured, tmp_path):
+    path = tmp_path / "resnet18.pt"
+    result = export_model(resnet18_captured, "torchscript", path)
+    assert result.ok and result.verification.ok and result.verification.trials == 3
+    assert result.verification.max_abs_err < 1e-3
+    assert result.path == path and _files(tmp_path) == ["resnet18.pt"]
+    # torch alone reloads it, and it computes what the model computes on a fresh input
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        plain = torch.jit.load(str(path))(x)
+        assert compare_outputs(resnet18_captured.original(x), plain).ok
+        assert compare_outputs(resnet18_captured.original(x), load_exported(path)(x)).ok
+
+
+def test_onnx_round_trip_with_dynamic_batch(resnet18_captured, tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    path = tmp_path / "resnet18.onnx"
+    result = export_model(resnet18_captured, "onnx", path, dynamic_batch=True)
+    assert result.ok and result.exporter == "dynamo" and result.opset >= 18
+    assert result.verified_batches == [1, 3]  # verified on a second batch size, too
+    assert _files(tmp_path) == ["resnet18.onnx"]
+    import onnx
+
+    onnx.checker.check_model(str(path))
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    x = torch.randn(5, 3, 64, 64)  # a batch the export never saw
+    (actual,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    with torch.no_grad():
+        assert compare_outputs(resnet18_captured.original(x), torch.from_numpy(actual)).ok
+
+
+def test_pt2_round_trip_with_dynamic_batch(resnet18_captured, tmp_path):
+    path = tmp_path / "resnet18.pt2"
+    result = export_model(resnet18_captured, "pt2", path, dynamic_batch=True)
+    assert result.ok and result.exporter == "torch.export" and result.verified_batches == [1, 3]
+    program = torch.export.load(str(path))
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        assert compare_outputs(resnet18_captured.original(x), program.module()(x)).ok
+
+
+def test_mobilenet_v2_legacy_onnx_and_scripted_torchscript(tmp_path):
+    pytest.importorskip("onnxruntime")
+    captured = fxforge.prepare("torchvision:mobilenet_v2", ["1x3x64x64"])
+    randomize_batchnorm(captured.original)  # the graph shares the model's modules
+    onnx_result = export_model(captured, "onnx", tmp_path / "m.onnx", exporter="legacy", opset=17)
+    assert onnx_result.ok and onnx_result.exporter == "legacy" and onnx_result.opset == 17
+    script_result = export_model(captured, "torchscript", tmp_path / "m.pt", script=True)
+    assert script_result.ok and script_result.exporter == "script"
+    assert _files(tmp_path) == ["m.onnx", "m.pt"]
+
+
+def test_export_leaves_the_model_untouched(resnet18_captured, tmp_path):
+    model = resnet18_captured.original
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    export_model(resnet18_captured, "torchscript", tmp_path / "m.pt")
+    assert not model.training
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+# --------------------------------------------------------------------------------------------------
+# the tricky-model suite
+
+
+# Models every format handles; the rest are covered by the cases below.
+EXPORTABLE = ["ShapeArithmetic", "TupleOut", "SharedBlock", "InPlace", "NaNBuffer", "CustomFunction", "TwoBlocks"]
+
+
+@pytest.mark.parametrize("name", EXPORTABLE)
+def test_tricky_models_round_trip_torchscript_and_pt2(name, tmp_path):
+    captured = fxforge.prepare(f"{TRICKY}:{name}", ["2x8"])
+    for fmt, options in [("torchscript", {}), ("torchscript", {"script": True}), ("pt2", {})]:
+        result = export_model(captured, fmt, tmp_path / f"m.{fmt}", force=True, **options)
+        assert result.ok, (fmt, options, result.verification.problems)
+
+
+@pytest.mark.parametrize("name,inputs", [("TupleOut", ["2x8"]), ("MultiheadSelfAttention", ["2x5x32"])])
+def test_tricky_models_round_trip_onnx(name, inputs, tmp_path):
+    pytest.importorskip("onnxruntime")
+    captured = fxforge.prepare(f"{TRICKY}:{name}", inputs)
+    result = export_model(captured, "onnx", tmp_path / "m.onnx")
+    assert result.ok and result.exporter == "dynamo"
+    # ONNX's flat outputs come back in the model's structure (a tuple for TupleOut)
+    loaded = load_exported(tmp_path / "m.onnx", output_like=captured.original(*captured.example_inputs))
+    x = torch.randn(*captured.example_inputs[0].shape)
+    with torch.no_grad():
+        assert compare_outputs(captured.original(x), loaded(x)).ok
+
+
+def test_data_dependent_branch_trace_is_caught_script_is_exact(tmp_path):
+    """A data-dependent branch in a leaf: tracing records one side and verification rejects the file;
+    scripting the captured graph keeps the branch and passes; torch.export names the line."""
+    captured = fxforge.prepare(f"{TRICKY}:SubmoduleBranch", ["2x8"])
+    traced = export_model(captured, "torchscript", tmp_path / "traced.pt")
+    assert not traced.ok and traced.path is None and traced.verification.problems
+    assert any("trace:" in note and "tricky_models.py:21" in note for note in traced.notes)
+    scripted = export_model(captured, "torchscript", tmp_path / "scripted.pt", script=True)
+    assert scripted.ok
+    with pytest.raises(ExportError) as info:
+        export_model(captured, "pt2", tmp_path / "m.pt2")
+    assert info.value.construct == "data-dependent control flow"
+    assert "tricky_models.py:21" in info.value.message and "x.mean() > 0" in info.value.message
+    assert _files(tmp_path) == ["scripted.pt"]
+
+
+def test_dynamic_batch_refused_for_a_model_that_fixes_the_batch(tmp_path):
+    captured = fxforge.prepare(f"{TRICKY}:BatchLoop", ["2x8"])
+    result = export_model(captured, "pt2", tmp_path / "m.pt2", dynamic_batch=True)
+    assert not result.ok and "fixes the batch size" in result.verification.problems[-1]
+    assert _files(tmp_path) == []
+    assert export_model(captured, "pt2", tmp_path / "m.pt2").ok  # the fixed-batch export is fine
+
+
+# --------------------------------------------------------------------------------------------------
+# failures: a clear error and no file
+
+
+@torch.library.custom_op("fxforge_test::mystery", mutates_args=())
+def _mystery(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+@_mystery.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+class CustomOp(nn.Module):
+    """Calls an operator with no ONNX translation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.fxforge_test.mystery(self.lin(x)) + 1
+
+
+class ItemScale(nn.Module):
+    """``.item()`` becomes a constant in a trace: the trace is right only for the example input."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * x.sum().item()
+
+
+class VarArgs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, *xs: torch.Tensor) -> torch.Tensor:
+        return self.lin(xs[0])
+
+
+def test_unsupported_onnx_operator_is_named_and_nothing_is_left(tmp_path):
+    pytest.importorskip("onnxruntime")
+    target = tmp_path / "new" / "dir" / "m.onnx"
+    with pytest.raises(ExportError) as info:
+        export_model(CustomOp(), "onnx", target, example_inputs=(torch.randn(2, 4),))
+    assert info.value.construct == "fxforge_test.mystery"
+    assert "operator fxforge_test.mystery has no translation" in info.value.message
+    assert "legacy exporter fails on it too" in info.value.message
+    assert _files(tmp_path) == []  # the parent directories it created are gone too
+    # torch.export and TorchScript handle a registered custom op
+    assert export_model(CustomOp(), "pt2", tmp_path / "m.pt2", example_inputs=(torch.randn(2, 4),)).ok
+
+
+def test_failed_verification_writes_nothing(tmp_path):
+    result = export_model(ItemScale(), "torchscript", tmp_path / "m.pt", example_inputs=(torch.randn(3),))
+    assert not result.ok and result.path is None and result.files == []
+    assert "exceeds" in result.verification.problems[0]
+    assert _files(tmp_path) == []
+
+
+def test_script_failure_names_the_construct(tmp_path):
+    with pytest.raises(ExportError) as info:
+        export_model(VarArgs(), "torchscript", tmp_path / "m.pt", example_inputs=(torch.randn(2, 4),), script=True)
+    assert "variable number of arguments" in info.value.message and "test_export.py" in info.value.message
+    assert info.value.hint == "export with trace (the default) instead"
+    assert _files(tmp_path) == []
+
+
+def test_unwritable_destination(tmp_path):
+    blocker = tmp_path / "file.txt"
+    blocker.write_text("not a directory")
+    with pytest.raises(FxforgeError, match="cannot write to"):
+        export_model(ItemScale(), "pt2", blocker / "m.pt2", example_inputs=(torch.randn(3),))
+    assert _files(tmp_path) == ["file.txt"]
+
+
+def test_existing_file_needs_force(tmp_path):
+    path = tmp_path / "m.pt2"
+    path.write_text("old")
+    model, x = nn.Linear(3, 3), (torch.randn(2, 3),)
+    with pytest.raises(FxforgeError, match="exists"):
+        export_model(model, "pt2", path, example_inputs=x)
+    assert path.read_text() == "old"
+    assert export_model(model, "pt2", path, example_inputs=x, force=True).ok
+    assert torch.export.load(str(path)) is not None and _files(tmp_path) == ["m.pt2"]
+
+
+def test_missing_onnx_extra_is_one_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # makes `import onnxruntime` fail
+    with pytest.raises(MissingExtraError) as info:
+        export_model(nn.Linear(3, 3), "onnx", tmp_path / "m.onnx", example_inputs=(torch.randn(1, 3),))
+    assert "fxforge[onnx]" in info.value.hint and "onnxruntime" in info.value.message
+    assert _files(tmp_path) == []
+
+
+def test_bad_options(tmp_path):
+    x = (torch.randn(1, 3),)
+    with pytest.raises(FxforgeError, match="unknown export format"):
+        export_model(nn.Linear(3, 3), "tflite", tmp_path / "m", example_inputs=x)
+    with pytest.raises(FxforgeError, match="dynamic batch applies to onnx and pt2"):
+        export_model(nn.Linear(3, 3), "torchscript", tmp_path / "m.pt", example_inputs=x, dynamic_batch=True)
+    with pytest.raises(FxforgeError, match="needs example inputs"):
+        export_model(nn.Linear(3, 3), "pt2", tmp_path / "m.pt2")
+
+
+# --------------------------------------------------------------------------------------------------
+# CLI
+
+
+def run(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_export_json_contract(capsys, tmp_path):
+    path = tmp_path / "demo.pt2"
+    code, out, _ = run(capsys, "export", "demo", "-o", str(path), "--json")  # format from the suffix
+    data = json.loads(out)
+    assert code == EXIT_OK and data["ok"] and data["format"] == "pt2" and data["path"] == str(path)
+    assert data["verify"]["ok"] and data["verify"]["trials"] == 3 and data["size_bytes"] == path.stat().st_size
+    assert set(data) >= {"exporter", "files", "verified_batches", "dynamic_batch", "opset", "notes", "export_s"}
+
+
+def test_cli_export_human_output(capsys, tmp_path):
+    code, out, _ = run(capsys, "export", "demo", "--to", "torchscript", "-o", str(tmp_path / "d.pt"))
+    assert code == EXIT_OK and "exported demo" in out and "verified" in out
+
+
+def test_cli_export_failures_exit_codes(capsys, tmp_path):
+    model = f"{TRICKY}:SubmoduleBranch"
+    code, out, _ = run(capsys, "export", model, "-i", "2x8", "-o", str(tmp_path / "m.pt"))
+    assert code == EXIT_FINDINGS and "MISMATCH" in out and "nothing was written" in out
+    code, _, err = run(capsys, "export", model, "-i", "2x8", "-o", str(tmp_path / "m.pt2"))
+    assert code == EXIT_CAPTURE and "data-dependent control flow at" in err and "Traceback" not in err
+    assert len([line for line in err.splitlines() if line.startswith("error:")]) == 1
+    code, _, err = run(capsys, "export", "demo", "-o", str(tmp_path / "m.bin"))
+    assert code == EXIT_USAGE and "cannot tell the format" in err
+    assert _files(tmp_path) == []
