@@ -176,6 +176,23 @@ def test_in_place_call_keeps_an_in_place_replacement(capture_as):
     assert torch.equal(gm(x), 2 * F.relu6(x * 2))
 
 
+class InplaceOnInput(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu_(x) * 2
+
+
+def test_in_place_call_on_a_graph_input_still_writes_the_callers_tensor(capture_as):
+    captured = capture_as(InplaceOnInput(), large_inputs((3, 5), 2.0), "torch", check=False)
+
+    result = apply_pass(captured.graph_module, "replace_modules", {"mapping": {nn.ReLU: nn.GELU}})
+
+    x = large_inputs((3, 5), 2.0)[0]
+    given = x.clone()
+    out = result.graph_module(given)
+    assert torch.equal(given, F.gelu(x))  # the caller sees the write, as with relu_
+    assert torch.equal(out, 2 * F.gelu(x))
+
+
 class TwoReaders(nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -216,15 +216,19 @@ def _checked(build: Builder, label: str) -> Builder:
 
 @dataclass
 class ReplaceModulesOptions:
-    """``mapping`` {old class: new}, and/or ``predicate(name, module) -> bool`` with ``replacement``.
-
-    With both, the predicate narrows where the mapping applies. ``functional=False`` leaves functional
-    calls (``F.relu``, ``x.relu()``) alone. Strings are accepted for classes, replacements and the
-    predicate (``pkg.module:function``), so YAML and the CLI can name them.
+    """``mapping`` {old module class: new module}: replaces the calls of modules of exactly that class, and the
+    functional calls of the same activation (``F.relu``, ``torch.relu``, ``x.relu()``, ``relu_``). A new module
+    is given as a class, an instance (deep-copied per call site), a factory ``f(old_module) -> nn.Module``, or a
+    string: ``ReLU6``, ``"GELU(approximate='tanh')"`` (torch.nn names, literal arguments), ``pkg.module:Class``
+    or ``path/to/file.py:Class``; classes are built with the old module's ``inplace`` flag when they take one.
+    ``predicate(name, module) -> bool`` (a callable, or ``pkg.module:function``) narrows the mapping to the call
+    sites it accepts, or alone, with ``replacement``, selects the sites to replace; ``name`` is the module path,
+    or for a functional call its owner's path and node name, and ``module`` the module equivalent to the call.
+    ``functional: false`` leaves functional calls alone.
     """
 
-    mapping: Mapping[Any, Any] | None = None
-    predicate: Any = None
+    mapping: Mapping[type | str, Any] | None = None
+    predicate: Callable[[str, nn.Module], bool] | str | None = None
     replacement: Any = None
     functional: bool = True
 
