@@ -12,10 +12,12 @@ import torch
 from torch import nn
 
 import fxforge
+from conftest import randomize_batchnorm
 from fxforge.capture import capture
 from fxforge.cli import main
 from fxforge.demo import DemoMLP
-from fxforge.errors import EXIT_OK, EXIT_USAGE, FxforgeError
+from fxforge.errors import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, FxforgeError
+from fxforge.inspect import inspect_graph
 from fxforge.quantize import (
     FX_MACHINERY,
     AccuracyReport,
@@ -24,7 +26,9 @@ from fxforge.quantize import (
     convert,
     int8_backend,
     load_calibration,
+    op_quant_kind,
     parse_target,
+    quant_kind,
     quantize,
 )
 
@@ -287,13 +291,21 @@ def test_int8_backend_hook():
     assert not model.training
     assert any(type(m).__module__.startswith("torch.ao.nn.quantized") for m in model.modules())
     assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+    assert captured.original.conv1.weight.dtype == torch.float32  # the float model is untouched
+    # dynamic int8 on request, and for models only torch.export could capture
+    dynamic = int8_backend(fxforge.prepare("demo:mlp"), mode="dynamic")
+    assert {type(m).__module__ for m in dynamic.modules()} >= {"torch.ao.nn.quantized.dynamic.modules.linear"}
+    exported = capture(DemoMLP(), (torch.randn(2, 64),), method="export")
+    assert int8_backend(exported).get_submodule("layers.0")._get_name() == "DynamicQuantizedLinear"
+    # nothing to quantize: refused, rather than timing the float model under an int8 label
+    convs_only = capture(nn.Sequential(nn.Conv2d(3, 4, 3)).eval(), (torch.randn(1, 3, 8, 8),), method="export")
+    with pytest.raises(FxforgeError, match="no layer to quantize"):
+        int8_backend(convs_only)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2"])
 def test_torchvision_end_to_end(name):
-    from conftest import randomize_batchnorm
-
     torchvision = pytest.importorskip("torchvision")
     torch.manual_seed(0)
     model = randomize_batchnorm(torchvision.models.get_model(name).eval())
@@ -304,6 +316,57 @@ def test_torchvision_end_to_end(name):
     assert 0.0 <= result.accuracy.top1_agreement <= 1.0
     assert result.accuracy.samples == 4 and len(result.quantized_layers) > 10
     assert result.model(torch.randn(2, 3, 64, 64)).shape == (2, 1000)
+
+    # inspect reads the int8 graph: same FLOPs as float, and the conv weights with the biases that
+    # BatchNorm folded into them, at one byte per int8 weight
+    int8 = inspect_graph(capture(result.model, captured.example_inputs))
+    float_report = inspect_graph(captured)
+    assert int8.totals["flops"] == float_report.totals["flops"] > 0
+    convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    weights = sum(m.weight.numel() for m in convs + linears)
+    biases = sum(m.out_channels for m in convs) + sum(m.out_features for m in linears)
+    assert int8.totals["params"] == weights + biases
+    assert int8.totals["param_bytes"] == weights + 4 * biases
+    assert int8.totals["int8_nodes"] >= len(result.quantized_layers)
+    assert int8.totals["quantize_nodes"] >= 1 and int8.totals["dequantize_nodes"] >= 1
+    assert int8.totals["observer_nodes"] == int8.totals["fake_quant_nodes"] == 0
+    layers = set(result.quantized_layers)
+    assert {n.quant for n in int8.nodes if n.op == "call_module" and n.target in layers} == {"int8"}
+
+
+def test_inspect_shows_observers_and_fake_quant():
+    from torch.ao.quantization.qconfig_mapping import get_default_qconfig_mapping
+    from torch.ao.quantization.quantize_fx import prepare_fx
+
+    captured = fxforge.prepare("demo")
+    qat = quantize(captured, "qat-prepare").model
+    report = inspect_graph(capture(qat, captured.example_inputs))
+    kinds = {n.name: n.quant for n in report.nodes}
+    assert report.totals["fake_quant_nodes"] == 8 and report.totals["qat_nodes"] == 3  # conv1, conv2, fc
+    assert kinds["conv1"] == "qat" and kinds["activation_post_process_0"] == "fake_quant"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        prepared = prepare_fx(captured.original.eval(), get_default_qconfig_mapping("x86"), captured.example_inputs)
+    report = inspect_graph(capture(prepared, captured.example_inputs))
+    assert report.totals["observer_nodes"] == 8 and report.totals["int8_nodes"] == 0
+    # a float graph has no quantization nodes at all
+    assert all(not n.quant for n in inspect_graph(captured).nodes)
+
+
+def test_quant_kinds_of_aten_ops():
+    assert op_quant_kind("aten::quantize_per_tensor") == "quantize"
+    assert op_quant_kind("quantized_decomposed::quantize_per_channel") == "quantize"
+    assert op_quant_kind("quantized_decomposed::dequantize_per_tensor") == "dequantize"
+    assert op_quant_kind("aten::fake_quantize_per_tensor_affine") == "fake_quant"
+    assert op_quant_kind("quantized::conv2d_relu") == "int8"
+    assert op_quant_kind("aten::add") is None and op_quant_kind("mylib::quantize_per_tensor") is None
+    graph = torch.fx.Graph()  # an ATen-dialect graph written by hand: quantize, dequantize
+    x = graph.placeholder("x")
+    q = graph.call_function(torch.ops.aten.quantize_per_tensor.default, (x, 0.1, 0, torch.quint8))
+    graph.output(graph.call_function(torch.ops.aten.dequantize.self, (q,)))
+    gm = torch.fx.GraphModule(nn.Module(), graph)
+    assert [quant_kind(gm, n) for n in gm.graph.nodes] == [None, "quantize", "dequantize", None]
 
 
 def test_cli_quantize_demo(tmp_path, capsys):
@@ -323,9 +386,21 @@ def test_cli_quantize_demo(tmp_path, capsys):
     code = main(["inspect", str(out), "--json"])
     stdout, stderr = capsys.readouterr()
     assert code == EXIT_OK, stderr
-    nodes = {n["name"]: n for n in json.loads(stdout)["nodes"]}
+    report = json.loads(stdout)
+    nodes = {n["name"]: n for n in report["nodes"]}
     quantize_nodes = [n for n in nodes.values() if n["target"] == "torch.quantize_per_tensor"]
-    assert quantize_nodes and quantize_nodes[0]["dtype"] == "quint8"
+    assert quantize_nodes and quantize_nodes[0]["dtype"] == "quint8" and quantize_nodes[0]["quant"] == "quantize"
+    assert nodes["conv1"]["quant"] == "int8" and report["totals"]["int8_nodes"] == 4  # conv1, conv2, dropout, fc
+    assert report["totals"]["quantize_nodes"] == report["totals"]["dequantize_nodes"] == 3
+    code = main(["inspect", str(out), "--nodes"])
+    stdout, stderr = capsys.readouterr()
+    assert code == EXIT_OK and stderr == ""  # no deprecation noise from loading int8 tensors
+    assert "quant" in stdout and "Quantization: 3 quantize, 3 dequantize, 4 int8 nodes" in stdout
+    assert "QuantizedConvReLU2d" in stdout
+    # lint names the int8 -> float -> int8 round trips (torch.relu and Tensor.flatten in the demo)
+    code = main(["lint", str(out), "--select", "FX013", "--json"])
+    findings = json.loads(capsys.readouterr().out)["findings"]
+    assert code == EXIT_OK and len(findings) == 2  # info findings do not fail lint
 
 
 def test_cli_quantize_tables_and_errors(tmp_path, capsys):
@@ -340,3 +415,60 @@ def test_cli_quantize_tables_and_errors(tmp_path, capsys):
     code = main(["quantize", "demo", "--mode", "qat-prepare", "--sensitivity", "-o", str(tmp_path / "b")])
     assert code == EXIT_USAGE and "sensitivity" in capsys.readouterr().err
     assert not (tmp_path / "b").exists()
+    code = main(["quantize", "demo", "--calib", str(tmp_path / "missing.pt")])
+    err = capsys.readouterr().err
+    assert code == EXIT_USAGE and "calibration file not found" in err and len(err.splitlines()) == 2  # error, hint
+    # an unreachable target: exit 1, the model is written all the same, with the verdict in the report
+    code = main(
+        ["quantize", "demo", "--calib", str(calib), "--keep-float-until", "rel-err=0", "-o", str(tmp_path / "c")]
+    )
+    stdout, stderr = capsys.readouterr()
+    assert code == EXIT_FINDINGS and "not met" in stdout and "not met" in stderr
+    assert json.loads((tmp_path / "c" / "report.json").read_text())["target_met"] is False
+
+
+TORCH_ALONE = """
+import sys, torch
+from torch.ao.quantization.quantize_fx import convert_fx
+int8 = torch.load(sys.argv[1], weights_only=False)
+assert int8(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+qat = torch.load(sys.argv[2], weights_only=False)
+optimizer = torch.optim.SGD(qat.parameters(), lr=0.01)
+loss = qat(torch.randn(4, 3, 32, 32)).square().mean()
+loss.backward()
+optimizer.step()
+converted = convert_fx(qat.eval())
+assert any(type(m).__module__.startswith("torch.ao.nn.intrinsic.quantized") for m in converted.modules())
+assert converted(torch.randn(1, 3, 32, 32)).shape == (1, 10)
+assert not [name for name in sys.modules if name.startswith("fxforge")]
+print("ok")
+"""
+
+
+def test_outputs_load_train_and_convert_with_torch_alone(tmp_path):
+    """model.pt of a static int8 model and of a QAT model: torch.load in a fresh interpreter without
+    fxforge, the int8 model runs, the QAT model takes a training step and converts to int8."""
+    import subprocess
+    import sys
+
+    captured = fxforge.prepare("demo")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RandomCalibrationWarning)
+        quantize(captured, "static", random_batches=2, output_dir=tmp_path / "int8")
+    quantize(captured, "qat-prepare", output_dir=tmp_path / "qat")
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-W",
+            "ignore",
+            "-c",
+            TORCH_ALONE,
+            str(tmp_path / "int8/model.pt"),
+            str(tmp_path / "qat/model.pt"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]

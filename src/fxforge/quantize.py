@@ -41,9 +41,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import importlib.util
+import io
 import json
 import math
+import pickle
 import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -680,7 +683,8 @@ def _quantize_once(
     try:
         with _quiet(), quantized_engine(plan.backend):
             if plan.mode == "qat-prepare":
-                return prepare_qat_fx(model.train(), mapping, plan.example_inputs, prepare_custom_config=custom)
+                prepared = prepare_qat_fx(model.train(), mapping, plan.example_inputs, prepare_custom_config=custom)
+                return _presize_per_channel_fake_quant(prepared)
             prepared = prepare_fx(model.eval(), mapping, plan.example_inputs, prepare_custom_config=custom)
             if plan.mode == "static":
                 with torch.no_grad():
@@ -695,6 +699,34 @@ def _quantize_once(
             f"FX graph-mode quantization failed: {type(exc).__name__}: {first}",
             hint="keep the offending submodule in float with --leaf NAME, or try --mode dynamic",
         ) from exc
+
+
+def _presize_per_channel_fake_quant(model: nn.Module) -> nn.Module:
+    """Give each per-channel weight fake-quant of a fresh QAT model its statistics at full size.
+
+    ``FusedMovingAvgObsFakeQuantize`` starts per-channel with empty min/max and a 1-element scale and
+    resizes them on its first forward. Tensors loaded by ``torch.load`` cannot be resized, so a saved
+    QAT model would fail on its first training step; and fxforge's capture check would see buffers
+    change shape. Sized ``C`` and holding +inf/-inf (min/max) and 1/0 (scale/zero point), they give
+    bitwise the same statistics and outputs from the first step on: the fused kernel takes an infinite
+    running min/max as "nothing observed yet".
+    """
+    from torch.ao.quantization.fake_quantize import FusedMovingAvgObsFakeQuantize
+
+    for module in model.modules():
+        fake_quant = module.__dict__.get("_modules", {}).get("weight_fake_quant")
+        weight = getattr(module, "weight", None)
+        if not isinstance(fake_quant, FusedMovingAvgObsFakeQuantize) or not isinstance(weight, torch.Tensor):
+            continue
+        observer = fake_quant.activation_post_process
+        if fake_quant.ch_axis < 0 or observer.min_val.numel() != 0:
+            continue
+        channels = weight.shape[fake_quant.ch_axis]
+        observer.min_val = torch.full((channels,), math.inf)
+        observer.max_val = torch.full((channels,), -math.inf)
+        fake_quant.scale = torch.ones(channels, dtype=fake_quant.scale.dtype)
+        fake_quant.zero_point = torch.zeros(channels, dtype=fake_quant.zero_point.dtype)
+    return model
 
 
 def convert(prepared: nn.Module, backend: str = "x86") -> nn.Module:
@@ -843,7 +875,8 @@ def quantize(
         evaluation=evaluation.describe(),
     )
     if not result.quantized_layers:
-        result.warnings.append(f"no layer was quantized: the model has no {_layer_kinds(mode)} outside --float-layer")
+        why = "every quantizable layer is kept in float" if float_layers else f"the model has no {_layer_kinds(mode)}"
+        result.warnings.append(f"no layer was quantized: {why}")
     return _finish(result, captured, output_dir, force, spec)
 
 
@@ -856,7 +889,7 @@ def _finish(
 
 
 def _layer_kinds(mode: str) -> str:
-    return " or ".join(sorted({t.__name__ for t in _layer_types(mode)}))
+    return "/".join(sorted({t.__name__ for t in _layer_types(mode)})) + " layer"
 
 
 def _checked_float_layers(plan: _Plan, float_layers: Sequence[str]) -> list[str]:
@@ -1021,21 +1054,102 @@ def _breaks_pickling(module: nn.Module) -> bool:
 
 @contextlib.contextmanager
 def _picklable_quantized_modules(model: nn.Module) -> Iterator[None]:
-    """While in the block, each module that :func:`_breaks_pickling` pickles as ``copy.copy(bare)``:
-    ``bare`` (a copy of the module) loads the broken way but keeps every field its class's
-    ``__copy__`` needs, and ``copy.copy`` then rebuilds the whole module. Loading needs only torch and
-    the standard library. The instance-level ``__reduce_ex__`` is removed again on the way out."""
-    patched = []
+    """While in the block, ``model`` pickles (torch 2.14.1 cannot pickle FX-quantized models as they are):
+
+    * each module that :func:`_breaks_pickling` pickles as ``copy.copy(bare)``: ``bare`` (a copy of
+      the module) loads the broken way but keeps every field its class's ``__copy__`` needs, and
+      ``copy.copy`` then rebuilds the whole module;
+    * the qconfigs a prepared (QAT) model keeps on its modules and in its graph's metadata, which
+      ``convert_fx`` reads, lose the device-check closure ``prepare`` adds to their observer
+      factories (a local function, so unpicklable; it only picks the device for new observers,
+      and the model is on the CPU).
+
+    Loading needs only torch and the standard library. Everything is put back on the way out.
+    """
+    undo: list[Callable[[], None]] = []
     try:
         for module in model.modules():
             if _breaks_pickling(module):
                 bare = copy.copy(module)
                 object.__setattr__(module, "__reduce_ex__", lambda protocol, bare=bare: (copy.copy, (bare,)))
-                patched.append(module)
+                undo.append(lambda module=module: object.__delattr__(module, "__reduce_ex__"))
+            qconfig = module.__dict__.get("qconfig")
+            if qconfig is not None and not _pickles(qconfig):
+                module.__dict__["qconfig"] = _without_device_check(qconfig)
+                undo.append(lambda module=module, qconfig=qconfig: module.__dict__.__setitem__("qconfig", qconfig))
+        attrs = getattr(model, "meta", {}).get("_observed_graph_module_attrs")
+        qconfigs = getattr(attrs, "node_name_to_qconfig", None)
+        if qconfigs is not None and not _pickles(qconfigs):
+            attrs.node_name_to_qconfig = {name: _without_device_check(q) for name, q in qconfigs.items()}
+            undo.append(lambda: setattr(attrs, "node_name_to_qconfig", qconfigs))
+        if attrs is not None and isinstance(model, fx.GraphModule):
+            state = {"meta": _meta_for_reloaded_graph(model)}
+            object.__setattr__(model, "__reduce_ex__", lambda protocol: (*_reduce_graph_module(model), state))
+            undo.append(lambda: object.__delattr__(model, "__reduce_ex__"))
         yield
     finally:
-        for module in patched:
-            object.__delattr__(module, "__reduce_ex__")
+        for step in reversed(undo):
+            step()
+
+
+def _reduce_graph_module(gm: fx.GraphModule) -> tuple[Any, tuple[Any, ...]]:
+    function, (body, import_block) = fx.GraphModule.__reduce__(gm)
+    return function, ({key: value for key, value in body.items() if key != "__reduce_ex__"}, import_block)
+
+
+def _meta_for_reloaded_graph(gm: fx.GraphModule) -> dict[str, Any]:
+    """``gm.meta`` as the model will need it once reloaded, so that ``convert_fx`` accepts it.
+
+    A pickled GraphModule keeps its code, not its graph or ``meta``: loading re-traces the code, which
+    renames some nodes, and leaves ``meta`` empty; ``convert_fx`` then refuses the model ("must be
+    produced by prepare_fx") and its per-node qconfigs would name nodes that no longer exist. The
+    metadata saved as pickle state (restored by ``nn.Module.__setstate__``) has its node names mapped
+    to the re-traced graph's, found by loading a copy here: the re-trace keeps the node order.
+    """
+    buffer = io.BytesIO()
+    torch.save(gm, buffer)
+    buffer.seek(0)
+    with _quiet():
+        reloaded = torch.load(buffer, weights_only=False)
+    before, after = list(gm.graph.nodes), list(reloaded.graph.nodes)
+    if len(before) != len(after) or any(a.op != b.op for a, b in zip(before, after)):
+        raise FxforgeError("cannot save the prepared model: its graph changes when torch reloads it")
+    names = {a.name: b.name for a, b in zip(before, after)}
+
+    def renamed(mapping: dict[str, Any]) -> dict[str, Any]:
+        return {names.get(name, name): value for name, value in mapping.items()}
+
+    attrs = gm.meta["_observed_graph_module_attrs"]
+    attrs = dataclasses.replace(
+        attrs,
+        node_name_to_qconfig=renamed(attrs.node_name_to_qconfig),
+        node_name_to_scope=renamed(attrs.node_name_to_scope),
+        equalization_node_name_to_qconfig=renamed(attrs.equalization_node_name_to_qconfig),
+        observed_node_names={names.get(name, name) for name in attrs.observed_node_names},
+    )
+    return {**gm.meta, "_observed_graph_module_attrs": attrs}
+
+
+def _pickles(value: Any) -> bool:
+    try:
+        pickle.dumps(value)
+    except Exception:
+        return False
+    return True
+
+
+def _without_device_check(qconfig: Any) -> Any:
+    """``qconfig`` (a QConfig named tuple, or None) with its factories' ``callable_args`` dropped."""
+    if qconfig is None or not hasattr(qconfig, "_replace"):
+        return qconfig
+
+    def strip(factory: Any) -> Any:
+        if getattr(factory, "callable_args", None):
+            factory = copy.copy(factory)
+            factory.callable_args = {}
+        return factory
+
+    return qconfig._replace(**{name: strip(value) for name, value in qconfig._asdict().items()})
 
 
 def _check_reload(result: QuantizeResult, path: Path, inputs: Sequence[Any]) -> None:
@@ -1048,8 +1162,9 @@ def _check_reload(result: QuantizeResult, path: Path, inputs: Sequence[Any]) -> 
             f"the saved {result.mode} model does not load back: {type(exc).__name__}: {_first_line(exc)}",
             hint="please report it; meanwhile save result.model's state_dict yourself",
         ) from exc
-    # Copies: a QAT model's fake-quant observers update their statistics on every forward.
-    expected, actual = copy.deepcopy(result.model), loaded
+    # Copies, as a QAT model's fake-quant observers update their statistics on every forward; in eval
+    # mode, as a QAT model in training mode has active dropout.
+    expected, actual = copy.deepcopy(result.model).eval(), loaded.eval()
     with quantized_engine(result.backend):
         (want,), (got,) = _run(expected, [tuple(inputs)]), _run(actual, [tuple(inputs)])
     if len(want) != len(got) or not all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(want, got)):

@@ -251,7 +251,8 @@ def render_quantize(console: Console, spec: str, result: Any) -> None:
     if result.sensitivity:
         _render_sensitivity(console, result)
     quantized = ", ".join(result.quantized_layers) or "none"
-    console.print(f"  quantized ({len(result.quantized_layers)}): {quantized}")
+    done = "fake-quantized" if result.mode == "qat-prepare" else "quantized"
+    console.print(f"  {done} ({len(result.quantized_layers)}): {quantized}")
     if result.float_layers:
         console.print(f"  kept in float ({len(result.float_layers)}): {', '.join(result.float_layers)}")
     if result.target is not None:
