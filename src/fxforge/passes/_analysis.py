@@ -12,6 +12,7 @@ view of its inputs.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import inspect
 import operator
@@ -75,10 +76,8 @@ def _signature(target: Any) -> inspect.Signature | None:
         signature = inspect.signature(target)
     except (TypeError, ValueError):
         signature = None
-    try:
+    with contextlib.suppress(TypeError):  # an unhashable callable: not cached
         _SIGNATURES[target] = signature
-    except TypeError:
-        pass
     return signature
 
 
@@ -142,9 +141,7 @@ def written_args(gm: nn.Module, node: fx.Node) -> list[fx.Node]:
     first = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
     if node.op == "call_method":
         name = str(node.target)
-        if name.endswith("_") and not name.endswith("__") and first is not None:
-            written.append(first)
-        elif name == "__setitem__" and first is not None:
+        if first is not None and ((name.endswith("_") and not name.endswith("__")) or name == "__setitem__"):
             written.append(first)
     elif node.op == "call_function":
         target = node.target

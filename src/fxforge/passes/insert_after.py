@@ -27,9 +27,9 @@ Selectors (option ``select``: one string or a list; a node matching any of them 
 * ``kind:relu`` -- what the node computes, in any form and dialect (:func:`fxforge.graphs.node_kind`).
 
 Saving (``fxforge optimize`` writes ``torch.save`` and ``GraphModule.to_folder`` output): stats recorders, NaN
-guards and clamps pickle as plain ``torch.fx.GraphModule`` s of their own forward (see :class:`_SavedAsGraph`), so
-``model.pt`` and ``optimized_model/`` load and run with torch alone, without fxforge installed. A reloaded recorder keeps
-counting in its buffers (``calls count mean m2 min max nan_count inf_count``; ``std = sqrt(m2 / count)``), which
+guards and clamps pickle as plain ``torch.fx.GraphModule`` s of their own forward (see :class:`_SavedAsGraph`),
+so ``model.pt`` and ``optimized_model/`` load and run with torch alone, without fxforge installed. A reloaded
+recorder keeps counting in its buffers (``calls count mean m2 min max nan_count inf_count``; ``std = sqrt(m2 / count)``), which
 :func:`collect_stats` still reads; a reloaded guard raises a plain ``RuntimeError`` with the same message (a
 torch-only graph cannot raise fxforge's error class, nor count). Noise and callable modules pickle by reference to
 their class: reloading them needs fxforge (and the callable's module) importable, because a seeded generator and an
