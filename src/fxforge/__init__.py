@@ -14,6 +14,7 @@ Public API (everything the CLI does is reachable from here)::
 """
 
 from fxforge.api import prepare, verify_specs
+from fxforge.auto import AutoResult, Budget, auto_optimize
 from fxforge.bench import BenchReport, bench, register_backend
 from fxforge.capture import Captured, CaptureRecord, capture
 from fxforge.errors import CaptureError, FxforgeError, InputSpecError, MissingExtraError, ModelSpecError
@@ -31,7 +32,9 @@ from fxforge.verify import VerifyResult, compare_outputs, verify
 __version__ = "0.1.0"
 
 __all__ = [
+    "AutoResult",
     "BenchReport",
+    "Budget",
     "CaptureError",
     "CaptureRecord",
     "Captured",
@@ -50,6 +53,7 @@ __all__ = [
     "VerifyResult",
     "__version__",
     "apply_pass",
+    "auto_optimize",
     "bench",
     "capture",
     "compare_outputs",

@@ -26,6 +26,7 @@ allocations; the allocator counters of ``torch.profiler`` would miss ONNX Runtim
 from __future__ import annotations
 
 import contextlib
+import copy
 import ctypes
 import ctypes.util
 import dataclasses
@@ -39,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import fx, nn
 
 from fxforge.capture import Captured, capture, quiet_torch_logs, run_reference
 from fxforge.errors import FxforgeError
@@ -58,6 +60,7 @@ class BuildSettings:
     workdir: Path  # a private temporary directory for exported files
     output_like: Any  # eager's output on the bench inputs (ONNX Runtime restores its structure)
     passes: Sequence[str] | None = None  # for "fx": passes to run (None: the exact passes)
+    calibration: Any = None  # for "int8": calibration data as fxforge.quantize takes it (None: random)
     notes: list[str] = field(default_factory=list)  # builders add what the row should say
 
 
@@ -144,7 +147,44 @@ def _compile(captured: Captured, settings: BuildSettings) -> Runner:
 def _int8(captured: Captured, settings: BuildSettings) -> Runner:
     from fxforge.quantize import int8_backend
 
-    return int8_backend(captured)
+    return int8_backend(captured, settings.calibration)
+
+
+@register_backend("bf16", "the captured graph in bfloat16 (weights and activations), float32 in and out")
+def _bf16(captured: Captured, settings: BuildSettings) -> Runner:
+    return bfloat16_graph(captured.graph_module, captured.example_inputs, settings.output_like)
+
+
+def bfloat16_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], output_like: Any) -> fx.GraphModule:
+    """A GraphModule running a bfloat16 copy of ``gm``: float inputs are cast to bfloat16 on the way in
+    and float outputs back to their dtype on the way out, so it is a drop-in replacement that loads
+    with torch alone. ``output_like`` (an output of ``gm``) gives the output structure."""
+    import operator
+
+    from torch.utils import _pytree as pytree
+
+    root = nn.Module()
+    root.add_module("model", copy.deepcopy(gm).to(torch.bfloat16))
+    graph = fx.Graph()
+    args = []
+    for index, value in enumerate(example_inputs):
+        node = graph.placeholder(f"input_{index}")
+        floating = isinstance(value, torch.Tensor) and value.is_floating_point()
+        args.append(graph.call_method("to", (node, torch.bfloat16)) if floating else node)
+    result = graph.call_module("model", tuple(args))
+    leaves, spec = pytree.tree_flatten_with_path(output_like)
+    outputs = []
+    for path, leaf in leaves:
+        node = result
+        for key in path:
+            if not isinstance(key, (pytree.SequenceKey, pytree.MappingKey)):
+                raise FxforgeError("the bf16 backend handles tensor, tuple, list and dict outputs")
+            node = graph.call_function(operator.getitem, (node, key.idx if hasattr(key, "idx") else key.key))
+        if isinstance(leaf, torch.Tensor) and leaf.is_floating_point():
+            node = graph.call_method("to", (node, leaf.dtype))
+        outputs.append(node)
+    graph.output(pytree.tree_unflatten(outputs, spec))
+    return fx.GraphModule(root, graph, class_name="Bfloat16Model").eval()
 
 
 def exact_passes() -> list[str]:

@@ -253,6 +253,8 @@ Examples:
   fxforge optimize torchvision:resnet18 -p fold_bn,remove_dropout --verify -o out/resnet18
   fxforge optimize demo -p fold_bn -p replace_modules --option replace_modules.mapping='{ReLU: ReLU6}' -o out/demo
   fxforge optimize my_model.py:Net --input 1x3x32x32 --pipeline pipeline.yaml --verify -o out/net
+  fxforge optimize torchvision:resnet18 --auto -o out/fastest
+  fxforge optimize torchvision:resnet18 --auto --min-agreement 0.99 --data val.pt -o out/fastest
 Exit code: 1 when --verify finds a mismatch (nothing is written then).
 """
 )
@@ -263,6 +265,12 @@ Exit code: 1 when --verify finds a mismatch (nothing is written then).
 @click.option("--verify", "do_verify", is_flag=True, help="Verify after every pass; stop at the first mismatch.")
 @click.option("--output", "-o", type=click.Path(path_type=str), default=None, help="Directory to write.")
 @click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
+@click.option("--auto", is_flag=True, help="Try every backend, verify, time the survivors, write the fastest.")
+@click.option("--tolerance", type=float, default=1e-4, show_default=True, help="--auto: normwise relative tolerance.")
+@click.option("--min-agreement", type=float, default=None, help="--auto: allow bf16/int8 at this top-1 agreement.")
+@click.option("--data", default=None, metavar="FILE|file.py:fn", help="--auto: inputs to judge bf16/int8 on.")
+@click.option("--backends", "-b", "auto_backends", default="", metavar="NAMES", help="--auto: candidates to try.")
+@click.option("--repeats", default=20, show_default=True, help="--auto: timed calls per candidate.")
 def optimize(
     model,
     inputs,
@@ -279,10 +287,28 @@ def optimize(
     do_verify,
     output,
     force,
+    auto,
+    tolerance,
+    min_agreement,
+    data,
+    auto_backends,
+    repeats,
 ):
     """Rewrite a model with passes, verify it, and write the result (loadable with torch alone)."""
     from fxforge.optimize import optimize as run_optimize
     from fxforge.passes.pipeline import Pipeline
+
+    if auto:
+        from fxforge.auto import Budget
+
+        if pass_names or pipeline or pass_options:
+            raise FxforgeError("--auto picks the passes itself", hint="drop --passes/--pipeline/--option")
+        if device == "meta":
+            raise FxforgeError("optimize needs real weights", hint="drop --device meta")
+        budget = Budget(tolerance, min_agreement)
+        captured = _prepare(model, inputs, seed, device, model_args, leaves, method, check_batch, as_json)
+        _optimize_auto(captured, model, output, force, budget, data, auto_backends, repeats, as_json)
+        return
 
     names = [n for group in pass_names for n in _split(group)]
     options = _parse_pass_options(pass_options)
@@ -590,7 +616,7 @@ Examples:
   fxforge bench torchvision:resnet18 --input 1x3x224x224
   fxforge bench torchvision:mobilenet_v2 --backends eager,onnxruntime,int8 --batch 1,8 --threads 2
   fxforge bench out/resnet18 --backends eager,torchscript --repeats 50 --json
-Backends: eager, fx, torchscript, onnxruntime, compile, int8 (default: all).
+Backends: eager, fx, torchscript, onnxruntime, compile, int8, bf16 (default: all).
 """
 )
 @model_options
@@ -658,6 +684,31 @@ def bench(
         _emit_json({"model": model, **report.to_dict()})
     else:
         render_bench(stdout, model, report)
+
+
+def _optimize_auto(captured, spec, output, force, budget, data, backends, repeats, as_json):
+    import warnings
+
+    from fxforge.auto import AutoWarning, auto_optimize, render_auto
+
+    with _status("trying every backend", as_json), warnings.catch_warnings():
+        warnings.simplefilter("ignore", AutoWarning)  # printed below as one line, from result.warnings
+        result = auto_optimize(
+            captured,
+            output,
+            budget=budget,
+            backends=_split(backends) or None,
+            data=data,
+            repeats=repeats,
+            force=force,
+            spec=spec,
+        )
+    for warning in result.warnings:
+        stderr.print(f"[yellow]warning:[/] {warning}")
+    if as_json:
+        _emit_json(result.to_dict())
+    else:
+        render_auto(stdout, spec, result)
 
 
 def _split(text: str) -> list[str]:

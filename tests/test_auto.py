@@ -1,0 +1,188 @@
+"""optimize --auto: candidates that fail verification are rejected and never chosen, the fastest verified
+one is written with a report of every candidate, and reduced precision needs an explicit budget."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import fxforge
+from conftest import randomize_batchnorm
+from fxforge.auto import AutoWarning, Budget, auto_optimize
+from fxforge.bench import Backend
+from fxforge.capture import capture
+from fxforge.cli import main
+from fxforge.errors import EXIT_OK, EXIT_USAGE, FxforgeError
+from fxforge.passes import PASSES, PassResult, register_pass
+from fxforge.verify import compare_outputs
+
+
+@pytest.fixture(scope="module")
+def classifier():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Dropout(0.1), nn.Linear(64, 10)).eval()
+    return capture(model, (torch.randn(4, 16),))
+
+
+def _backend(name: str, *, scale: float = 1.0, delay: float = 0.0, cheat: bool = False) -> Backend:
+    """A test candidate: correct (``scale`` 1), perturbed, slowed down, or answering from a cache."""
+
+    def build(captured, settings):
+        cached = captured.original(*captured.example_inputs).detach() * 1.5
+
+        def run(*args):
+            if cheat:
+                return cached  # instant, and wrong for every input but none
+            if delay:
+                time.sleep(delay)
+            return captured.original(*args) * scale
+
+        return run
+
+    return Backend(name, "test candidate", build)
+
+
+def test_a_wrong_fast_candidate_is_rejected_and_never_chosen(classifier, tmp_path):
+    candidates = [
+        _backend("cached", cheat=True),  # the fastest by far, and wrong
+        _backend("perturbed", scale=1.001),  # as fast as eager, off by 1e-3 relative
+        _backend("slow", delay=0.02),  # right, and slower than eager
+    ]
+    result = auto_optimize(classifier, tmp_path / "out", backends=candidates, repeats=5)
+    by_name = {c.name: c for c in result.candidates}
+    assert by_name["cached"].status == "rejected" and by_name["cached"].reason.startswith("verification failed")
+    assert by_name["perturbed"].status == "rejected"
+    assert by_name["cached"].median_ms is None  # rejected candidates are not even timed
+    assert by_name["slow"].status == "accepted" and "slower than eager" in by_name["slow"].reason
+    assert result.chosen == "eager" and by_name["eager"].status == "chosen"
+    # the report lists every candidate with its verdict; the artifact is the model itself
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert {c["name"]: c["status"] for c in report["candidates"]} == {
+        "eager": "chosen",
+        "cached": "rejected",
+        "perturbed": "rejected",
+        "slow": "accepted",
+    }
+    loaded = torch.load(tmp_path / "out" / "model.pt", weights_only=False)
+    x = torch.randn(4, 16)
+    assert compare_outputs(classifier.original(x), loaded(x)).ok
+
+
+def test_tolerance_decides_what_counts_as_right(classifier):
+    loose = auto_optimize(classifier, backends=[_backend("perturbed", scale=1.001)], budget=Budget(1e-2), repeats=3)
+    perturbed = next(c for c in loose.candidates if c.name == "perturbed")
+    assert perturbed.status in ("accepted", "chosen") and perturbed.max_abs_err > 0
+    assert loose.output_dir is None and loose.files == []  # nothing written without an output directory
+
+
+def test_the_fastest_verified_candidate_wins(classifier):
+    result = auto_optimize(classifier, backends=[_backend("slow", delay=0.02), "fx"], repeats=5)
+    timed = {c.name: c.median_ms for c in result.candidates}
+    assert result.chosen == min(timed, key=timed.get) and result.chosen != "slow"
+    assert result.passes == ["remove_dropout"]  # the exact passes that changed the graph
+
+
+def test_a_pass_that_breaks_the_model_is_dropped(classifier, monkeypatch):
+    @register_pass("test_auto_breaks", summary="test only", guarantees="none (deliberately wrong)")
+    def breaks(gm, options):
+        result = PassResult("test_auto_breaks", gm)
+        output = next(n for n in gm.graph.nodes if n.op == "output")
+        with gm.graph.inserting_before(output):
+            doubled = gm.graph.call_function(torch.mul, (output.args[0], 2.0))
+        output.args = (doubled,)
+        result.note("doubled the output", inserted=1)
+        return result
+
+    try:
+        monkeypatch.setattr("fxforge.auto.exact_passes", lambda: ["remove_dropout", "test_auto_breaks"])
+        result = auto_optimize(classifier, backends=["fx"], repeats=2)
+    finally:
+        PASSES.pop("test_auto_breaks")
+    assert "test_auto_breaks" in result.rejected_passes and result.passes == ["remove_dropout"]
+    fx_candidate = next(c for c in result.candidates if c.name == "fx")
+    assert fx_candidate.status in ("accepted", "chosen")  # built without the broken pass
+
+
+def test_reduced_precision_needs_a_budget(classifier):
+    with pytest.raises(FxforgeError, match="cannot meet fp32 round-off"):
+        auto_optimize(classifier, backends=["bf16"])
+    with pytest.raises(FxforgeError, match="fraction"):
+        Budget(min_agreement=1.5)
+
+
+def test_reduced_precision_judged_on_random_data_warns(classifier):
+    with pytest.warns(AutoWarning, match="random inputs"):
+        result = auto_optimize(classifier, backends=["bf16", "int8"], budget=Budget(min_agreement=0.5), repeats=2)
+    by_name = {c.name: c for c in result.candidates}
+    for name in ("bf16", "int8"):
+        assert not by_name[name].exact and by_name[name].top1_agreement is not None
+        assert "random" in by_name[name].verified_on
+    assert result.warnings and "--data" in result.warnings[0]
+
+
+def test_reduced_precision_on_the_users_data(classifier, tmp_path):
+    data = tmp_path / "val.pt"
+    torch.save(torch.randn(64, 16), data)
+    result = auto_optimize(classifier, backends=["bf16"], budget=Budget(min_agreement=1.0), data=str(data), repeats=2)
+    bf16 = next(c for c in result.candidates if c.name == "bf16")
+    assert str(data) in bf16.verified_on and not result.warnings
+    if bf16.top1_agreement < 1.0:  # the budget is enforced exactly
+        assert bf16.status == "rejected" and "top-1 agreement" in bf16.reason
+    else:
+        assert bf16.status in ("accepted", "chosen")
+
+
+def test_real_backends_on_resnet18_write_a_loadable_artifact(tmp_path):
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    model = randomize_batchnorm(torchvision.models.resnet18().eval())
+    captured = capture(model, (torch.randn(1, 3, 64, 64),))
+    result = auto_optimize(captured, tmp_path / "out", backends=["eager", "fx", "torchscript"], repeats=5)
+    assert all(c.status in ("accepted", "chosen") for c in result.candidates), [c.reason for c in result.candidates]
+    assert "fold_bn" in result.passes
+    artifact = {"eager": "model.pt", "fx": "model.pt", "torchscript": "model.torchscript.pt"}[result.chosen]
+    assert artifact in result.files and "report.json" in result.files
+    path = tmp_path / "out" / artifact
+    loaded = torch.jit.load(str(path)) if result.chosen == "torchscript" else torch.load(path, weights_only=False)
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        assert compare_outputs(model(x), loaded(x)).ok
+
+
+def test_onnxruntime_candidate_and_its_artifact(tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    captured = fxforge.prepare(f"{Path(__file__).parent / 'tricky_models.py'}:SharedBlock", ["2x8"])
+    slow = _backend("slow", delay=0.05)  # something slower, so that both real candidates beat it
+    result = auto_optimize(captured, tmp_path / "out", backends=["onnxruntime", slow], repeats=3)
+    onnx_candidate = next(c for c in result.candidates if c.name == "onnxruntime")
+    assert onnx_candidate.status in ("accepted", "chosen") and onnx_candidate.max_abs_err < 1e-4
+    if result.chosen == "onnxruntime":
+        session = ort.InferenceSession(str(tmp_path / "out" / "model.onnx"), providers=["CPUExecutionProvider"])
+        x = torch.randn(2, 8)
+        (y,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+        assert compare_outputs(captured.original(x), torch.from_numpy(y)).ok
+
+
+def run(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_optimize_auto(capsys, tmp_path):
+    out_dir = tmp_path / "demo"
+    code, out, _ = run(capsys, "optimize", "demo", "--auto", "-b", "eager,fx", "--repeats", "3", "-o", str(out_dir))
+    assert code == EXIT_OK and "chosen:" in out and "candidates" in out
+    data = json.loads((out_dir / "report.json").read_text())
+    assert data["chosen"] in ("eager", "fx") and {c["name"] for c in data["candidates"]} == {"eager", "fx"}
+    code, out, _ = run(capsys, "optimize", "demo", "--auto", "-b", "fx", "--repeats", "2", "--json")
+    assert code == EXIT_OK and json.loads(out)["candidates"][0]["name"] == "eager"
+    code, _, err = run(capsys, "optimize", "demo", "--auto", "-p", "fold_bn")
+    assert code == EXIT_USAGE and "--auto picks the passes itself" in err
+    code, _, err = run(capsys, "optimize", "demo", "--auto", "-b", "int8")
+    assert code == EXIT_USAGE and "--min-agreement" in err
