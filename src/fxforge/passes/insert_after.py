@@ -27,16 +27,16 @@ Selectors (option ``select``: one string or a list; a node matching any of them 
 * ``kind:relu`` -- what the node computes, in any form and dialect (:func:`fxforge.graphs.node_kind`).
 
 Saving (``fxforge optimize`` writes ``torch.save`` and ``GraphModule.to_folder`` output): stats recorders, NaN
-guards and clamps pickle as plain ``torch.fx.GraphModule`` s of their own forward (see :class:`_SavedAsGraph`),
-so ``model.pt`` and ``optimized_model/`` load and run with torch alone, without fxforge installed. A reloaded
-recorder keeps counting in its buffers (``calls count mean m2 min max nan_count inf_count``; ``std = sqrt(m2 / count)``), which
-:func:`collect_stats` still reads; a reloaded guard raises a plain ``RuntimeError`` with the same message (a
+guards and clamps pickle as plain ``torch.fx.GraphModule`` s of their own forward (see :class:`_SavedAsGraph`), so
+``model.pt`` and ``optimized_model/`` load and run with torch alone, without fxforge installed. A reloaded recorder
+keeps counting in its buffers (``calls count mean m2 min max nan_count inf_count``; ``std = sqrt(m2 / count)``),
+which :func:`collect_stats` still reads; a reloaded guard raises a plain ``RuntimeError`` with the same message (a
 torch-only graph cannot raise fxforge's error class, nor count). Noise and callable modules pickle by reference to
 their class: reloading them needs fxforge (and the callable's module) importable, because a seeded generator and an
 arbitrary Python function have no torch-only form. ATen-dialect results are saved by re-exporting the graph
-(``model.pt2``): torch.export traces through every inserted module (the guard becomes an ``aten._assert_async``, the
-recorder's updates buffer mutations, the noise generator a lifted object), so the program runs with torch alone;
-:func:`collect_stats` also reads the recorders of ``torch.export.load(...).module()``, by their buffers.
+(``model.pt2``): torch.export traces through every inserted module (the guard becomes an ``aten._assert_async``,
+the recorder's updates buffer mutations, the noise generator a lifted object), so the program runs with torch
+alone; :func:`collect_stats` also reads the recorders of ``torch.export.load(...).module()``, by their buffers.
 """
 
 from __future__ import annotations
