@@ -428,3 +428,17 @@ def test_meta_device_model_captures_without_check():
     assert captured.record.checks == []
     assert any("meta device" in note for note in captured.record.notes)
     assert all(p.device.type == "meta" for p in captured.graph_module.parameters())
+
+
+def test_quiet_torch_logs_silences_torch_loggers_and_restores_their_levels():
+    import logging
+
+    from fxforge.capture import quiet_torch_logs
+
+    dynamo = logging.getLogger("torch._dynamo")
+    user = logging.getLogger("my_app")
+    before = dynamo.getEffectiveLevel(), user.getEffectiveLevel()
+    with quiet_torch_logs():
+        assert dynamo.getEffectiveLevel() == logging.ERROR
+        assert user.getEffectiveLevel() == before[1]  # only torch's loggers are touched
+    assert (dynamo.getEffectiveLevel(), user.getEffectiveLevel()) == before
