@@ -32,6 +32,18 @@ class FunctionFlatten(MethodFlatten):
         return self.fc(torch.flatten(self.pool(self.conv(x)), 1))
 
 
+class TorchReluAfterBatchNorm(nn.Module):
+    """``torch.relu`` does not fuse into the conv-BN before it (``F.relu`` and ``nn.ReLU`` do)."""
+
+    def __init__(self, relu=torch.relu) -> None:
+        super().__init__()
+        self.conv, self.bn, self.relu = nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), relu
+        self.head = nn.Conv2d(8, 4, 1)
+
+    def forward(self, x):
+        return self.head(self.relu(self.bn(self.conv(x))))
+
+
 class ThreeConvs(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -70,6 +82,12 @@ def test_method_flatten_between_int8_layers(findings):
 
 def test_function_flatten_stays_int8(findings):
     assert findings(_int8(FunctionFlatten()), "FX013") == []
+
+
+def test_torch_relu_that_does_not_fuse(findings):
+    found = findings(_int8(TorchReluAfterBatchNorm()), "FX013")
+    assert len(found) == 1 and "(torch.relu)" in found[0].message and "F.relu or nn.ReLU" in found[0].message
+    assert findings(_int8(TorchReluAfterBatchNorm(nn.ReLU())), "FX013") == []  # fused: ConvReLU2d
 
 
 def test_direct_dequantize_quantize(findings):

@@ -8,6 +8,7 @@ and a second rounding to a new scale, for ops that int8 could often run directly
 
 from __future__ import annotations
 
+import torch
 from torch import fx, nn
 
 from fxforge.graphs import submodule, target_name
@@ -16,6 +17,18 @@ from fxforge.quantize import int8_weights, quant_kind
 
 # A float region larger than this is a deliberate float section, not a conversion left by accident.
 MAX_REGION = 16
+
+# Spellings FX graph mode leaves in float, and the ones it quantizes (checked with torch 2.14.1).
+_HINTS = (
+    (
+        lambda n: n.op == "call_method" and n.target == "flatten",
+        "torch.flatten(x, 1) stays int8 where x.flatten(1) does not",
+    ),
+    (
+        lambda n: n.op == "call_function" and n.target is torch.relu,
+        "F.relu or nn.ReLU after a conv fuses into it, torch.relu does not",
+    ),
+)
 
 
 def _float_region(gm: nn.Module, quantize: fx.Node) -> tuple[list[fx.Node], list[fx.Node]] | None:
@@ -87,9 +100,7 @@ def check(ctx: LintContext):
             yield node, f"{sources} feeds {node.name} directly: two conversions that only round again to a new scale"
             continue
         ops = ", ".join(_describe(n) for n in region)
-        hint = ""
-        if any(n.op == "call_method" and n.target == "flatten" for n in region):
-            hint = "; torch.flatten(x, 1) stays int8 where x.flatten(1) does not"
+        hint = "".join(f"; {text}" for matches, text in _HINTS if any(matches(n) for n in region))
         yield (
             node,
             f"{sources} -> {ops} -> {node.name}: int8 -> float -> int8 round trip, "
