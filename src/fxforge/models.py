@@ -21,7 +21,6 @@ import contextlib
 import importlib
 import importlib.util
 import inspect as pyinspect
-import sys
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from torch import nn
 
 from fxforge.errors import ModelSpecError, require
 from fxforge.inputs import InputSpec, parse_input_spec
+from fxforge.references import import_file
 
 # torchvision classification models that need more than the default 224x224 input.
 _TORCHVISION_INPUT_SIZE = {"inception_v3": 299}
@@ -314,25 +314,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _load_from_file(file: Path, attr: str, spec: str, kwargs: dict[str, Any]) -> LoadedModel:
-    if not file.exists():
-        raise ModelSpecError(f"file not found: {file}")
-    module_name = f"fxforge_user_{file.stem}"
-    import_spec = importlib.util.spec_from_file_location(module_name, file)
-    if import_spec is None or import_spec.loader is None:
-        raise ModelSpecError(f"cannot import {file}")
-    module = importlib.util.module_from_spec(import_spec)
-    # Registered so that pickling, inspect.getsource and tracebacks can find the user's code.
-    sys.modules[module_name] = module
-    sys.path.insert(0, str(file.resolve().parent))
-    try:
-        import_spec.loader.exec_module(module)
-    except SyntaxError as exc:
-        raise ModelSpecError(f"{file}:{exc.lineno}: syntax error: {exc.msg}") from None
-    except Exception as exc:
-        raise ModelSpecError(f"importing {file} failed: {type(exc).__name__}: {_first_line(exc)}") from None
-    finally:
-        sys.path.remove(str(file.resolve().parent))
-    return _from_attribute(module, attr, spec, kwargs)
+    return _from_attribute(import_file(file, error=ModelSpecError), attr, spec, kwargs)
 
 
 def _load_from_import(module_path: str, attr: str, spec: str, kwargs: dict[str, Any]) -> LoadedModel:

@@ -563,7 +563,7 @@ def test_cli_optimize_and_to_folder_outputs_load_without_fxforge(capsys, capture
             "cannot import 'nowhere.at_all'",
             None,
         ),
-        ({"select": "type:ReLU", "insert": "callable", "fn": "torch"}, "is not 'module:function'", "e.g. fn:"),
+        ({"select": "type:ReLU", "insert": "callable", "fn": "torch"}, "is not of the form module:name", "e.g. fn:"),
         ({"select": "type:ReLU", "insert": "callable", "fn": 3}, "fn must be callable", None),
         ({"insert": "stats"}, "select", None),
     ],

@@ -46,7 +46,6 @@ import dataclasses
 import difflib
 import fnmatch
 import hashlib
-import importlib
 import math
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -57,6 +56,7 @@ import torch
 from torch import fx, nn
 from torch.fx.passes.shape_prop import TensorMetadata
 
+from fxforge import references
 from fxforge.errors import FxforgeError
 from fxforge.graphs import _KINDS, ATEN, aten_packet, dialect_of, module_path, node_kind, node_value, target_name
 from fxforge.passes import PassError, PassResult, mark, register_pass
@@ -288,18 +288,8 @@ class GaussianNoise(InsertedModule):
 
 
 def resolve_callable(reference: str) -> Callable[..., Any]:
-    """Import ``"pkg.mod:fn"`` (``fn`` may be dotted: ``"pkg.mod:Class.method"``)."""
-    module_name, sep, attribute = reference.partition(":")
-    if not sep or not module_name or not attribute:
-        raise PassError(f"fn {reference!r} is not 'module:function'", hint="e.g. fn: torch.nn.functional:gelu")
-    try:
-        value: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise PassError(f"fn {reference!r}: cannot import {module_name!r} ({exc})") from None
-    for part in attribute.split("."):
-        if not hasattr(value, part):
-            raise PassError(f"fn {reference!r}: {module_name} has no attribute {attribute!r}")
-        value = getattr(value, part)
+    """Import ``"pkg.mod:fn"`` or ``"path/file.py:fn"`` (``fn`` may be dotted: ``"pkg.mod:Class.method"``)."""
+    value = references.import_reference(reference, what="fn", error=PassError, hint="e.g. fn: torch.nn.functional:gelu")
     if not callable(value):
         raise PassError(f"fn {reference!r} is a {type(value).__name__}, not callable")
     return value

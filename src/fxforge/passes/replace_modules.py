@@ -24,19 +24,17 @@ import ast
 import copy
 import difflib
 import importlib
-import importlib.util
 import inspect
-import sys
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
+from fxforge import references
 from fxforge.graphs import module_path, submodule, target_name
 from fxforge.passes import PassError, PassResult, mark, register_pass
 from fxforge.passes._analysis import AliasClasses
@@ -57,41 +55,10 @@ Builder = Callable[[nn.Module], nn.Module]
 
 
 def import_reference(reference: str, what: str, pass_name: str) -> Any:
-    """The object named by ``pkg.module:attr`` or ``path/to/file.py:attr`` (attr may be dotted)."""
-    module_name, sep, attr = reference.partition(":")
-    if not sep or not module_name or not attr:
-        raise PassError(
-            f"{pass_name}: {what} {reference!r} is not of the form module:name", hint="e.g. my_package.patterns:fuse"
-        )
-    module = _import_file(module_name, reference, what, pass_name) if module_name.endswith(".py") else None
-    if module is None:
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as exc:
-            raise PassError(f"{pass_name}: cannot import {module_name!r} for {what} {reference!r}: {exc}") from None
-    value: Any = module
-    for part in attr.split("."):
-        if not hasattr(value, part):
-            raise PassError(f"{pass_name}: {what} {reference!r}: {module_name} has no attribute {attr!r}")
-        value = getattr(value, part)
-    return value
-
-
-def _import_file(file_name: str, reference: str, what: str, pass_name: str) -> Any:
-    path = Path(file_name)
-    if not path.is_file():
-        raise PassError(f"{pass_name}: {what} {reference!r}: file not found: {path}")
-    module_name = f"fxforge_user_{path.stem}"
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise PassError(f"{pass_name}: cannot import {path} for {what} {reference!r}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module  # pickling the rewritten model needs to find the user's code again
-    try:
-        spec.loader.exec_module(module)
-    except Exception as exc:
-        raise PassError(f"{pass_name}: importing {path} failed: {type(exc).__name__}: {exc}") from None
-    return module
+    """The object named by ``pkg.module:attr`` or ``path/to/file.py:attr``, as a PassError when it can't be found."""
+    return references.import_reference(
+        reference, what=f"{pass_name}: {what}", error=PassError, hint="e.g. my_package.patterns:fuse"
+    )
 
 
 def _resolve_class_name(name: str, text: str) -> Any:

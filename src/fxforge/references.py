@@ -1,0 +1,75 @@
+"""References: turning ``path/to/file.py:attr`` and ``package.module:attr`` strings into Python objects.
+
+Model specs, pass options given on the command line or in a pipeline file (a replacement class, a
+pattern function, a callable to insert) and calibration data all name user code this way; this
+module is the one place that imports it. Errors are raised as the caller's error class, so a bad
+model spec stays a ``ModelSpecError`` and a bad pass option a ``PassError``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from fxforge.errors import FxforgeError
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+def import_file(path: str | Path, *, error: type[FxforgeError] = FxforgeError, what: str = "") -> ModuleType:
+    """Import a Python file as module ``fxforge_user_<stem>``.
+
+    The module is registered in ``sys.modules`` so that pickling a model built from it, ``inspect.getsource``
+    and tracebacks (which capture uses to name the user's line) find the user's code again; the file's own
+    folder is on ``sys.path`` while it runs, so its sibling imports work.
+    """
+    path = Path(path)
+    context = f" for {what}" if what else ""
+    if not path.is_file():
+        raise error(f"file not found{context}: {path}")
+    module_name = f"fxforge_user_{path.stem}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise error(f"cannot import {path}{context}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    folder = str(path.resolve().parent)
+    sys.path.insert(0, folder)
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as exc:
+        raise error(f"{path}:{exc.lineno}: syntax error: {exc.msg}") from None
+    except Exception as exc:
+        raise error(f"importing {path} failed: {type(exc).__name__}: {_first_line(exc)}") from None
+    finally:
+        sys.path.remove(folder)
+    return module
+
+
+def import_reference(
+    reference: str, *, what: str = "reference", error: type[FxforgeError] = FxforgeError, hint: str | None = None
+) -> Any:
+    """The object named by ``pkg.module:attr`` or ``path/to/file.py:attr``; ``attr`` may be dotted."""
+    module_name, sep, attr = reference.rpartition(":")  # rpartition: a Windows path has a colon of its own
+    if not sep or not module_name or not attr:
+        raise error(f"{what} {reference!r} is not of the form module:name", hint=hint or "e.g. my_package.models:build")
+    if module_name.endswith(".py"):
+        module: Any = import_file(module_name, error=error, what=f"{what} {reference!r}")
+    else:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise error(f"cannot import {module_name!r} for {what} {reference!r}: {exc}", hint=hint) from None
+    value = module
+    for part in attr.split("."):
+        if not hasattr(value, part):
+            raise error(f"{what} {reference!r}: {module_name} has no attribute {attr!r}", hint=hint)
+        value = getattr(value, part)
+    return value
