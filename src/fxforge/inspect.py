@@ -255,12 +255,17 @@ def inspect_graph(
 
 
 def _quantized_type_name(gm: nn.Module, path: str) -> str | None:
-    """torch's own name for a quantized module (``QuantizedConvReLU2d``), whose class name is the float one's."""
+    """torch's own name for a quantized module (``QuantizedConvReLU2d``), whose class name is the float
+    one's; QAT layers, which torch names like float ones, get a ``QAT`` prefix (``QATLinear``)."""
     try:
         module = gm.get_submodule(path)
     except AttributeError:
         return None
-    return module._get_name() if module_quant_kind(module) is not None else None
+    kind = module_quant_kind(module)
+    if kind is None:
+        return None
+    name = module._get_name()
+    return f"QAT{name}" if kind == "qat" and not name.startswith("QAT") else name
 
 
 def _module_param_count(gm: nn.Module, path: str) -> int:
