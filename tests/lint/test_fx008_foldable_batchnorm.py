@@ -4,6 +4,8 @@ import pytest
 import torch
 from torch import nn
 
+from fxforge.passes import apply_pass
+
 
 class ConvBn(nn.Module):
     def __init__(self, residual: bool = False):
@@ -26,6 +28,42 @@ class SharedConv(nn.Module):
 
     def forward(self, x):
         return self.bn(self.conv(x)) + self.conv(x * 2)
+
+
+class ConvWeightRead(nn.Module):
+    """The conv's weight is also read directly: folding would change what that read sees."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 3, 3, padding=1)
+        self.bn = nn.BatchNorm2d(3)
+
+    def forward(self, x):
+        return self.bn(self.conv(x)) + self.conv.weight.sum()
+
+
+class Mixed(nn.Module):
+    """Two foldable BNs and three that fold_bn refuses, each for another reason."""
+
+    def __init__(self):
+        super().__init__()
+        names = ("good", "read", "shared", "updating", "last")
+        self.convs = nn.ModuleDict({name: nn.Conv2d(3, 3, 1) for name in names})
+        self.bns = nn.ModuleDict({name: nn.BatchNorm2d(3) for name in names})
+
+    def forward(self, x):
+        a = self.bns["good"](self.convs["good"](x))
+        b = self.bns["read"](self.convs["read"](a)) * self.convs["read"].bias.mean()  # a direct parameter read
+        c = self.bns["shared"](self.convs["shared"](b)) + self.convs["shared"](x)  # the conv is called twice
+        d = self.bns["updating"](self.convs["updating"](c))
+        return self.bns["last"](self.convs["last"](d))
+
+
+def mixed() -> Mixed:
+    torch.manual_seed(0)
+    model = Mixed().eval()
+    model.bns["updating"].train()
+    return model
 
 
 class LinearBn(nn.Module):
@@ -64,6 +102,16 @@ def test_shared_conv(capture_as, findings, dialect):
     assert findings(capture_as(SharedConv().eval(), X, dialect), "FX008") == []
 
 
+@pytest.mark.parametrize("dialect", ["torch", "aten"])
+def test_conv_weight_read_directly(capture_as, findings, dialect):
+    # fold_bn refuses (the direct read would see the folded weight), so the rule must stay silent too,
+    # or `lint --fix` could never clear the finding
+    captured = capture_as(ConvWeightRead().eval(), X, dialect)
+    assert findings(captured, "FX008") == []
+    result = apply_pass(captured.graph_module, "fold_bn")
+    assert not result.changed and len(result.skipped) == 1
+
+
 def test_linear_bn_needs_a_known_rank(capture_as, findings):
     inputs = torch.randn(5, 4)
     # torch.export records the linear output's shape (2-D): foldable
@@ -77,3 +125,26 @@ def test_resnet18_every_bn(findings, resnet18_captured):
     assert len(found) == 20  # every BatchNorm follows its conv directly
     first = "bn1" if resnet18_captured.dialect == "torch" else "batch_norm"
     assert found[0].node == first and found[0].module == "bn1"
+
+
+@pytest.mark.parametrize("dialect", ["torch", "aten"])
+def test_rule_reports_exactly_what_fold_bn_folds(capture_as, findings, dialect):
+    captured = capture_as(mixed(), X, dialect)
+    found = findings(captured, "FX008")
+    result = apply_pass(captured.graph_module, "fold_bn")
+    folded = [line.split()[1] for line in result.log if line.startswith("folded ")]
+    assert [f.node for f in found] == folded and len(folded) == 2
+    assert len(result.skipped) == 3, result.skipped
+    assert findings(result.graph_module, "FX008") == []  # `lint --fix` clears every finding
+
+
+@pytest.mark.parametrize("dialect", ["torch", "aten"])
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2"])
+def test_rule_and_pass_agree_on_torchvision(capture_as, findings, name, dialect):
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    captured = capture_as(getattr(torchvision.models, name)().eval(), torch.randn(1, 3, 64, 64), dialect)
+    found = findings(captured, "FX008")
+    result = apply_pass(captured.graph_module, "fold_bn")
+    assert len(found) == result.removed > 0, result.skipped
+    assert findings(result.graph_module, "FX008") == []

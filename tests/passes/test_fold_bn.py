@@ -6,6 +6,8 @@ gamma 1, beta 0) BN is the identity, and a pass that drops it instead of folding
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -14,8 +16,9 @@ from torch.fx.passes.shape_prop import ShapeProp
 
 from fxforge.capture import Captured, placeholder_values
 from fxforge.graphs import node_kind
-from fxforge.passes import apply_pass
-from fxforge.passes.fold_bn import fold_weights
+from fxforge.passes import apply_pass, get_pass
+from fxforge.passes.fold_bn import FoldPlan, fold_weights, plan_fold
+from fxforge.passes.merge_convs import count_uses
 from fxforge.verify import compare_outputs
 
 DIALECTS = ["torch", "aten"]
@@ -171,6 +174,74 @@ def test_folds_decomposed_aten_batch_norm():
     assert compare_outputs(model(x), result.graph_module(x)).ok
 
 
+class BiasFreeFunctionalConv(nn.Module):
+    """F.conv_transpose2d / F.conv2d without a bias, the weight given by position or by keyword: the fold
+    must add the bias argument in the same style (fold_bn once dropped it for conv_transpose)."""
+
+    def __init__(self, function, by_keyword: bool):
+        super().__init__()
+        transposed = function is F.conv_transpose2d
+        self.weight = nn.Parameter(torch.randn(4, 6, 3, 3) if transposed else torch.randn(6, 4, 3, 3))
+        self.function, self.by_keyword = function, by_keyword
+        self.bn = nn.BatchNorm2d(6)
+
+    def forward(self, x):
+        y = self.function(x, weight=self.weight) if self.by_keyword else self.function(x, self.weight, None, 2)
+        return self.bn(y)
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+@pytest.mark.parametrize("by_keyword", [False, True], ids=["positional", "keyword"])
+@pytest.mark.parametrize("function", [F.conv_transpose2d, F.conv2d], ids=["conv_transpose2d", "conv2d"])
+def test_folds_into_a_bias_free_functional_conv(function, by_keyword, dialect, capture_as, run_verified):
+    torch.manual_seed(0)
+    model = random_stats(BiasFreeFunctionalConv(function, by_keyword))
+    result = run_verified(capture_as(model, torch.randn(1, 4, 5, 5), dialect), "fold_bn")
+    assert result.removed == 1 and batch_norms(result.graph_module) == []
+
+
+class ConvBnBn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.bn1 = nn.BatchNorm2d(4)
+        self.bn2 = nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        return self.bn2(self.bn1(self.conv(x)))
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_folds_a_chain_of_batch_norms(dialect, capture_as, run_verified):
+    # once bn1 is folded, the conv feeds bn2 alone: the same sweep folds it too
+    captured = capture_as(random_stats(ConvBnBn()), torch.randn(2, 3, 8, 8), dialect)
+    result = run_verified(captured, "fold_bn")
+    assert result.removed == 2 and batch_norms(result.graph_module) == []
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_postcondition_finds_nothing_left_to_fold(dialect, capture_as):
+    # the ensures check is plan_fold (FX008's detection too): it flags the BN before the pass, nothing after
+    ensures = get_pass("fold_bn").ensures
+    assert ensures is not None
+    captured = capture_as(random_stats(ConvBn(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))), torch.randn(1, 3, 8, 8), dialect)
+    assert "can still be folded" in ensures(captured.graph_module, None)
+    result = apply_pass(captured.graph_module, "fold_bn")
+    assert result.removed == 1 and ensures(result.graph_module, result) is None
+
+
+def test_plan_fold_names_the_reason_or_the_plan(capture_as):
+    captured = capture_as(random_stats(ConvWeightRead()), torch.randn(1, 3, 8, 8), "torch")
+    gm = captured.graph_module
+    uses = count_uses(gm.graph)
+    plans = {n.name: plan_fold(gm, n, uses) for n in gm.graph.nodes}
+    assert "parameters read" in plans["bn"]
+    assert all(plan is None for name, plan in plans.items() if name != "bn")  # only BNs after a layer
+    plain = capture_as(random_stats(ConvBn(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))), torch.randn(1, 3, 8, 8), "torch")
+    plan = plan_fold(plain.graph_module, next(n for n in plain.graph_module.graph.nodes if n.name == "bn"), Counter())
+    assert isinstance(plan, FoldPlan) and plan.producer.name == "conv" and plan.kind == "conv"
+
+
 # --------------------------------------------------------------------------------------------------
 # refusals: each leaves the graph alone and says why
 
@@ -210,6 +281,18 @@ class ConvWeightRead(nn.Module):
         return self.bn(self.conv(x)) + self.conv.weight.sum()
 
 
+class ConvBiasRead(nn.Module):
+    """The conv's bias is read directly: the fold rewrites the bias too."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.bn = nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        return self.bn(self.conv(x)) * self.conv.bias.mean()
+
+
 class LinearBn(nn.Module):
     def __init__(self):
         super().__init__()
@@ -225,6 +308,7 @@ REFUSALS = {
     "conv-output-has-other-users": (ConvOutputReused, (1, 3, 8, 8), ("2 users", "2 users")),
     "conv-module-called-twice": (SharedConv, (1, 4, 8, 8), ("more than one place", "used elsewhere")),
     "conv-weight-read-directly": (ConvWeightRead, (1, 3, 8, 8), ("parameters read", "used elsewhere")),
+    "conv-bias-read-directly": (ConvBiasRead, (1, 3, 8, 8), ("parameters read", "used elsewhere")),
     # BN1d on (N, C, L) normalises C, the Linear's L-sized last axis is not the channel axis
     "linear-on-3d-input": (LinearBn, (3, 6, 4), ("2-D", "2-D")),
     "no-running-stats": (
