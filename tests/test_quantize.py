@@ -346,7 +346,7 @@ def test_inspect_shows_observers_and_fake_quant():
     assert report.totals["fake_quant_nodes"] == 8 and report.totals["qat_nodes"] == 3  # conv1, conv2, fc
     assert kinds["conv1"] == "qat" and kinds["activation_post_process_0"] == "fake_quant"
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore")  # FX graph mode's deprecation and reduce_range notices
         prepared = prepare_fx(captured.original.eval(), get_default_qconfig_mapping("x86"), captured.example_inputs)
     report = inspect_graph(capture(prepared, captured.example_inputs))
     assert report.totals["observer_nodes"] == 8 and report.totals["int8_nodes"] == 0

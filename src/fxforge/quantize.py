@@ -4,8 +4,11 @@ ranking.
 
 This module owns the fxforge interface (:func:`quantize`, :class:`QuantizeResult`), the calibration
 data formats (:func:`load_calibration`), the accuracy and sensitivity measurements, the
-"keep the most sensitive layers in float until a target is met" search, the output directory, and
-the :func:`int8_backend` hook that ``fxforge.bench`` uses for its int8 row.
+"keep the most sensitive layers in float until a target is met" search, the output directory (and
+the work-arounds that let torch 2.14.1 pickle and reload FX-quantized and QAT models, see
+:func:`write_output`), the :func:`int8_backend` hook that ``fxforge.bench`` uses for its int8 row,
+and what a node of a quantized graph is (:func:`quant_kind`, :func:`int8_weights`,
+:func:`int8_flops`), which inspect and lint rule FX013 read.
 
 Machinery: PyTorch's **FX graph-mode quantization**, ``torch.ao.quantization.quantize_fx``
 (``prepare_fx`` / ``prepare_qat_fx`` -> calibrate -> ``convert_fx``), run on the torch-dialect
