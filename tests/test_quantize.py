@@ -12,7 +12,6 @@ import torch
 from torch import nn
 
 import fxforge
-from conftest import randomize_batchnorm
 from fxforge.capture import capture
 from fxforge.cli import main
 from fxforge.demo import DemoMLP
@@ -31,6 +30,7 @@ from fxforge.quantize import (
     quant_kind,
     quantize,
 )
+from model_helpers import randomize_batchnorm
 
 sklearn_datasets = pytest.importorskip("sklearn.datasets")
 model_selection = pytest.importorskip("sklearn.model_selection")
