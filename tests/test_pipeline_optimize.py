@@ -184,3 +184,16 @@ def test_optimize_with_failing_verification_writes_nothing(resnet18, tmp_path):
     assert not result.pipeline.ok and result.pipeline.failed_pass == "test_bias_shift"
     assert result.pipeline.verification.divergence.pass_name == "test_bias_shift"
     assert not (tmp_path / "o").exists()
+
+
+def test_atomic_directory_gets_ordinary_permissions(tmp_path):
+    import os
+    import stat
+
+    umask = os.umask(0o022)
+    try:
+        with atomic_directory(tmp_path / "out") as staging:
+            (staging / "f").write_text("x")
+    finally:
+        os.umask(umask)
+    assert stat.S_IMODE((tmp_path / "out").stat().st_mode) == 0o755

@@ -68,6 +68,10 @@ def atomic_directory(target: Path, *, force: bool = False) -> Iterator[Path]:
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
+        # mkdtemp makes it private (0700); the output should get the permissions of any directory the user makes.
+        umask = os.umask(0)
+        os.umask(umask)
+        staging.chmod(0o777 & ~umask)
     except OSError as exc:
         raise FxforgeError(f"cannot write to {target.parent}: {exc.strerror}") from None
     try:
