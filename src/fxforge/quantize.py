@@ -45,12 +45,10 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import importlib.util
 import io
 import json
 import math
 import pickle
-import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -60,6 +58,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from fxforge import references
 from fxforge.capture import Captured, capture
 from fxforge.errors import DialectError, FxforgeError, InputSpecError
 from fxforge.graphs import ATEN
@@ -197,23 +196,9 @@ def _batches_of(obj: Any, arity: int | None, source: str, split: int, kind: str)
 
 
 def _load_callable(spec: str, kind: str) -> Callable[..., Any]:
-    file_name, _, attr = spec.rpartition(":")
-    path = Path(file_name)
-    if not path.exists():
-        raise InputSpecError(f"{kind} file not found: {path}")
-    module_name = f"fxforge_calib_{path.stem}"
-    import_spec = importlib.util.spec_from_file_location(module_name, path)
-    if import_spec is None or import_spec.loader is None:
-        raise InputSpecError(f"cannot import {path}")
-    module = importlib.util.module_from_spec(import_spec)
-    sys.modules[module_name] = module
-    try:
-        import_spec.loader.exec_module(module)
-    except Exception as exc:
-        raise InputSpecError(f"importing {path} failed: {type(exc).__name__}: {_first_line(exc)}") from None
-    function = getattr(module, attr, None)
+    function = references.import_reference(spec, what=f"{kind} data function", error=InputSpecError)
     if not callable(function):
-        raise InputSpecError(f"{path} has no function {attr!r}")
+        raise InputSpecError(f"{kind} data function {spec!r} is a {type(function).__name__}, not callable")
     return function
 
 
