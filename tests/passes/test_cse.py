@@ -284,3 +284,24 @@ def test_dynamic_batch_sym_sizes_merged(capture_as, run_verified):
     left = [n for n in result.graph_module.graph.nodes if "sym_size" in str(n.target)]
     assert len(left) <= 1 <= len(sizes)
     assert result.graph_module(torch.randn(5, 4, 2)).shape == (5, 8)
+
+
+class EmbeddingWithMaxNormTwice(nn.Module):
+    """F.embedding with max_norm renormalises the looked-up rows of its weight in place: not a pure lookup."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(10, 4))
+
+    def forward(self, idx):
+        return F.embedding(idx, self.weight, max_norm=1.0) + F.embedding(idx, self.weight, max_norm=1.0)
+
+
+@pytest.mark.parametrize("dialect", ["torch", "aten"])
+def test_embedding_with_max_norm_not_merged(capture_as, dialect):
+    captured = capture_as(EmbeddingWithMaxNormTwice(), torch.tensor([1, 2, 3]), dialect)
+    result = apply_pass(captured.graph_module, "cse")
+    assert result.removed == 0
+    assert count(result.graph_module, "embedding") == (2 if dialect == "torch" else 4)  # aten: 2 renorm_ + 2 lookups
+    if dialect == "torch":
+        assert any("writes its input in place" in s for s in result.skipped), result.skipped

@@ -6,7 +6,8 @@ import copy
 
 import pytest
 import torch
-from torch import nn
+import torch.nn.functional as F
+from torch import fx, nn
 
 from fxforge.passes import apply_pass
 from fxforge.verify import compare_outputs
@@ -153,6 +154,106 @@ def test_keeps_unused_random_op(dialect, capture_as, run_verified):
     captured = capture_as(UnusedRandom(), torch.randn(2, 3), dialect)
     result = run_verified(captured, "dead_code")
     assert any("randn" in str(n.target) for n in result.graph_module.graph.nodes)
+
+
+# --------------------------------------------------------------------------------------------------
+# writes that neither the call's name nor its schema shows (fxforge.passes._analysis.written_args)
+
+
+class UnusedTrainingBatchNorm(nn.Module):
+    """A training-mode batch norm whose output nothing reads: it still updates the running statistics."""
+
+    def __init__(self, functional: bool):
+        super().__init__()
+        self.functional = functional
+        self.bn = nn.BatchNorm2d(3)
+        self.register_buffer("mean", torch.zeros(3))
+        self.register_buffer("var", torch.ones(3))
+
+    def forward(self, x):
+        if self.functional:
+            F.batch_norm(x, self.mean, self.var, training=True, momentum=0.5)
+        else:
+            self.bn(x)
+        return x * 2
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+@pytest.mark.parametrize("functional", [True, False], ids=["F.batch_norm", "module"])
+def test_keeps_unused_training_batch_norm(functional, dialect, capture_as):
+    captured = capture_as(UnusedTrainingBatchNorm(functional).train(), torch.randn(2, 3, 4, 4), dialect)
+    result = apply_pass(captured.graph_module, "dead_code")
+    gm = result.graph_module
+    assert any("batch_norm" in str(n.target) or n.target == "bn" for n in gm.graph.nodes), gm.code
+    stats = "mean" if functional else "bn.running_mean"
+    before = gm.get_buffer(stats).clone()
+    gm(torch.randn(2, 3, 4, 4) + 5)  # a batch mean near 5 moves the running mean (from 0) by momentum * 5
+    assert not torch.equal(gm.get_buffer(stats), before)
+    assert float(gm.get_buffer(stats).min()) > 0.4
+
+
+class UnusedModuleOutput(nn.Module):
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        self.inner(x)
+        return x + 1
+
+
+def test_keeps_unused_training_instance_norm_with_running_stats(capture_as):
+    # torch dialect: the module call hides the write to its own running statistics
+    model = UnusedModuleOutput(nn.InstanceNorm2d(3, track_running_stats=True)).train()
+    gm = apply_pass(capture_as(model, torch.randn(2, 3, 4, 4), "torch").graph_module, "dead_code").graph_module
+    assert "inner" in names(gm)
+    gm(torch.randn(2, 3, 4, 4) + 5)
+    assert float(gm.get_buffer("inner.running_mean").min()) > 0.4
+
+
+def test_keeps_relu_with_inplace_given_by_position():
+    # symbolic_trace records F.relu(y, True) as inplace=True; a graph built by hand (or by another tool)
+    # passes it by position, and only the signature says the call writes y
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    y = graph.call_method("clone", (x,))
+    graph.call_function(F.relu, (y, True))
+    graph.output(y)
+    gm = fx.GraphModule(nn.Module(), graph)
+    result = apply_pass(gm, "dead_code")
+    assert not result.changed and any(n.target is F.relu for n in result.graph_module.graph.nodes)
+    x = torch.randn(4, 4)
+    assert torch.equal(result.graph_module(x), x.relu())
+
+
+class UnusedRenormalisingEmbedding(nn.Module):
+    """An embedding lookup with max_norm whose result is unused: it still shrinks the looked-up rows."""
+
+    def __init__(self, functional: bool):
+        super().__init__()
+        self.functional = functional
+        self.embedding = nn.Embedding(10, 4, max_norm=1.0)
+
+    def forward(self, idx):
+        if self.functional:
+            F.embedding(idx, self.embedding.weight, max_norm=1.0)
+        else:
+            self.embedding(idx)
+        return self.embedding.weight.norm(dim=1)
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+@pytest.mark.parametrize("functional", [True, False], ids=["F.embedding", "module"])
+def test_keeps_unused_embedding_with_max_norm(functional, dialect, capture_as):
+    idx = torch.tensor([1, 2, 3])
+    captured = capture_as(UnusedRenormalisingEmbedding(functional), idx, dialect)
+    result = apply_pass(captured.graph_module, "dead_code")
+    with torch.no_grad():  # capture ran the model, which renormalised rows 1-3 already: lengthen every row again
+        weight = result.graph_module.get_parameter("embedding.weight")
+        weight.copy_(F.normalize(weight, dim=1) * 5)
+    norms = result.graph_module(idx).detach()
+    assert float(norms[1:4].max()) <= 1.0 + 1e-5  # renormalised in place before the read
+    assert float(norms[4:].min()) > 1.0  # rows not looked up keep their length
 
 
 class ReadsWeightOfUnusedLayer(nn.Module):

@@ -133,9 +133,27 @@ def _updated_running_stats(node: fx.Node) -> list[fx.Node]:
     return _nodes_in(node_arg(node, mean_at, "running_mean")) + _nodes_in(node_arg(node, var_at, "running_var"))
 
 
+# Functional embeddings that renormalise the looked-up rows of their weight in place when given max_norm,
+# which neither their names nor an inplace flag say: function -> position of max_norm (weight is second).
+_WEIGHT_RENORMS: dict[Any, int] = {F.embedding: 3, F.embedding_bag: 3}
+
+
+def _renormalised_weights(node: fx.Node) -> list[fx.Node]:
+    """The weight node that ``F.embedding``/``F.embedding_bag`` with ``max_norm`` rewrites in place."""
+    if node.op != "call_function":
+        return []
+    try:
+        max_norm_at = _WEIGHT_RENORMS.get(node.target)
+    except TypeError:  # an unhashable callable
+        return []
+    if max_norm_at is None or node_arg(node, max_norm_at, "max_norm") is None:
+        return []
+    return _nodes_in(node_arg(node, 1, "weight"))
+
+
 def written_args(gm: nn.Module, node: fx.Node) -> list[fx.Node]:
     """The input nodes whose storage ``node`` writes in place (empty for a pure call)."""
-    written: list[fx.Node] = _updated_running_stats(node)
+    written: list[fx.Node] = _updated_running_stats(node) + _renormalised_weights(node)
     if "out" in node.kwargs:
         written += _nodes_in(node.kwargs["out"])
     first = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
@@ -648,16 +666,27 @@ def is_mode_switch(node: fx.Node) -> bool:
         return False
 
 
+def module_state_write(module: nn.Module) -> str | None:
+    """How calling a torch.nn ``module`` writes its own stored tensors (a training-mode norm's running
+    statistics, an embedding's max_norm renormalisation), or None. The tensors are the module's, not
+    inputs of the call node, so :func:`written_args` cannot name them."""
+    kind = type(module)
+    if kind in _NORMS_WITH_RUNNING_STATS and module.training and module.track_running_stats:
+        return f"{kind.__name__} in training mode updates its running statistics"
+    if kind in (nn.Embedding, nn.EmbeddingBag) and module.max_norm is not None:
+        return f"{kind.__name__} with max_norm renormalises its weight in place"
+    return None
+
+
 def _module_impurity(module: nn.Module) -> str | None:
     kind = type(module)
     if kind in _DROPOUT_MODULES or kind is nn.RReLU:
         return f"{kind.__name__} in training mode is random" if module.training else None
+    state_write = module_state_write(module)
+    if state_write is not None:
+        return state_write
     if kind in _NORMS_WITH_RUNNING_STATS:
-        if module.training and module.track_running_stats:
-            return f"{kind.__name__} in training mode updates its running statistics"
         return None
-    if kind in (nn.Embedding, nn.EmbeddingBag) and module.max_norm is not None:
-        return f"{kind.__name__} with max_norm renormalises its weight in place"
     if kind in _PURE_MODULES:
         return None
     return f"module {kind.__name__} is not on fxforge's list of pure modules"

@@ -4,7 +4,12 @@
 call whose result is unused -- ``y = x.clone(); y.mul_(2); return y`` loses the ``mul_``
 (pytorch/pytorch#68301). Here a node is live when its value reaches the output *or* it has an
 effect: in-place ops and buffer writes, ``out=`` calls, asserts, prints, random ops (they advance the
-generator) and calls into modules fxforge cannot see through. Everything a live node reads is live.
+generator) and calls into modules fxforge cannot see through. Writes are those of
+:func:`~fxforge.passes._analysis.written_args` too, which knows the ones a call's name or schema does not
+show: a training-mode ``batch_norm`` updating its running statistics, ``F.relu(x, True)`` with ``inplace``
+given by position, ``F.embedding`` with ``max_norm`` renormalising its weight; and the torch.nn modules
+that write their own state (:func:`~fxforge.passes._analysis.module_state_write`). Everything a live node
+reads is live.
 One reverse sweep decides liveness, a second erases, so the pass is linear in the graph size.
 
 Stored tensors and submodules only the removed nodes used are deleted from the GraphModule too.
@@ -16,19 +21,27 @@ from collections.abc import Iterable
 
 from torch import fx, nn
 
-from fxforge.graphs import target_name
+from fxforge.graphs import submodule, target_name
 from fxforge.passes import PassResult, register_pass
-from fxforge.passes._analysis import is_effectful
+from fxforge.passes._analysis import is_effectful, module_state_write, written_args
 
 NAME = "dead_code"
 _LOG_LIMIT = 200  # a 100k-node graph can lose most of its nodes: keep the log readable
+
+
+def has_effect(gm: nn.Module, node: fx.Node) -> bool:
+    """Does running ``node`` matter even when nothing uses its value? Effects, any in-place write into an
+    argument, and torch.nn modules that update their own state (training-mode norms, max_norm embeddings)."""
+    if is_effectful(gm, node) or written_args(gm, node):
+        return True
+    return node.op == "call_module" and module_state_write(submodule(gm, node)) is not None
 
 
 def live_nodes(gm: fx.GraphModule) -> set[fx.Node]:
     """Nodes whose value reaches the output or an effectful node, and the effectful nodes themselves."""
     live: set[fx.Node] = set()
     for node in reversed(gm.graph.nodes):
-        if node in live or node.op == "output" or is_effectful(gm, node):
+        if node in live or node.op == "output" or has_effect(gm, node):
             live.add(node)
             live.update(node.all_input_nodes)
     return live
@@ -39,9 +52,11 @@ def live_nodes(gm: fx.GraphModule) -> set[fx.Node]:
     summary="Remove nodes whose values never reach the output; never removes calls with side effects.",
     guarantees=(
         "Exact: only nodes that cannot influence the outputs or any side effect go. Never removes placeholders, "
-        "in-place ops (even with an unused result), buffer writes, out= calls, asserts, prints, random ops or "
-        "calls into user leaf modules. Unused get_attr nodes go, then the parameters, buffers and submodules "
-        "that nothing references any more. Linear in graph size. Torch and ATen dialects."
+        "in-place ops (even with an unused result; inplace=True given by position too), buffer writes (the "
+        "running statistics of training-mode norms and the max_norm renormalisation of embeddings, module or "
+        "functional), out= calls, asserts, prints, random ops or calls into user leaf modules. Unused get_attr "
+        "nodes go, then the parameters, buffers and submodules that nothing references any more. Linear in "
+        "graph size. Torch and ATen dialects."
     ),
 )
 def dead_code(gm: fx.GraphModule, options: None) -> PassResult:
