@@ -121,6 +121,7 @@ class AutoResult:
     load: str  # how to load the artifact
     warnings: list[str] = field(default_factory=list)
     bench: BenchReport | None = None
+    runner: Any = field(default=None, repr=False)  # the chosen callable, built and verified, in memory
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -189,6 +190,7 @@ def auto_optimize(
             load,
             result_warnings,
             report,
+            runners[chosen],
         )
         if output_dir is not None:
             result.output_dir = Path(output_dir)

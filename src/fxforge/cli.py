@@ -271,6 +271,7 @@ Exit code: 1 when --verify finds a mismatch (nothing is written then).
 @click.option("--data", default=None, metavar="FILE|file.py:fn", help="--auto: inputs to judge bf16/int8 on.")
 @click.option("--backends", "-b", "auto_backends", default="", metavar="NAMES", help="--auto: candidates to try.")
 @click.option("--repeats", default=20, show_default=True, help="--auto: timed calls per candidate.")
+@click.option("--threads", type=int, default=None, help="--auto: intra-op threads while timing.")
 def optimize(
     model,
     inputs,
@@ -293,6 +294,7 @@ def optimize(
     data,
     auto_backends,
     repeats,
+    threads,
 ):
     """Rewrite a model with passes, verify it, and write the result (loadable with torch alone)."""
     from fxforge.optimize import optimize as run_optimize
@@ -307,7 +309,7 @@ def optimize(
             raise FxforgeError("optimize needs real weights", hint="drop --device meta")
         budget = Budget(tolerance, min_agreement)
         captured = _prepare(model, inputs, seed, device, model_args, leaves, method, check_batch, as_json)
-        _optimize_auto(captured, model, output, force, budget, data, auto_backends, repeats, as_json)
+        _optimize_auto(captured, model, output, force, budget, data, auto_backends, repeats, threads, as_json)
         return
 
     names = [n for group in pass_names for n in _split(group)]
@@ -686,7 +688,7 @@ def bench(
         render_bench(stdout, model, report)
 
 
-def _optimize_auto(captured, spec, output, force, budget, data, backends, repeats, as_json):
+def _optimize_auto(captured, spec, output, force, budget, data, backends, repeats, threads, as_json):
     import warnings
 
     from fxforge.auto import AutoWarning, auto_optimize, render_auto
@@ -700,6 +702,7 @@ def _optimize_auto(captured, spec, output, force, budget, data, backends, repeat
             backends=_split(backends) or None,
             data=data,
             repeats=repeats,
+            threads=threads,
             force=force,
             spec=spec,
         )
