@@ -12,7 +12,6 @@ import torch
 from torch import nn
 
 import fxforge
-from conftest import randomize_batchnorm
 from fxforge.auto import AutoWarning, Budget, auto_optimize
 from fxforge.bench import Backend
 from fxforge.capture import capture
@@ -20,6 +19,7 @@ from fxforge.cli import main
 from fxforge.errors import EXIT_OK, EXIT_USAGE, FxforgeError
 from fxforge.passes import PASSES, PassResult, register_pass
 from fxforge.verify import compare_outputs
+from model_helpers import randomize_batchnorm
 
 
 @pytest.fixture(scope="module")

@@ -11,11 +11,11 @@ import torch
 from torch import nn
 
 import fxforge
-from conftest import randomize_batchnorm
 from fxforge.bench import BACKENDS, Backend, ResidentPeak, bench
 from fxforge.capture import capture
 from fxforge.cli import main
 from fxforge.errors import EXIT_OK, EXIT_USAGE, FxforgeError
+from model_helpers import randomize_batchnorm
 
 TRICKY = str(Path(__file__).parent / "tricky_models.py")
 ROW_KEYS = {

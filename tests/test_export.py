@@ -12,12 +12,12 @@ import torch
 from torch import nn
 
 import fxforge
-from conftest import randomize_batchnorm
 from fxforge.capture import capture
 from fxforge.cli import main
 from fxforge.errors import EXIT_CAPTURE, EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, FxforgeError, MissingExtraError
 from fxforge.export import ExportError, export_model, load_exported
 from fxforge.verify import compare_outputs
+from model_helpers import randomize_batchnorm
 
 TRICKY = str(Path(__file__).parent / "tricky_models.py")
 
