@@ -236,20 +236,6 @@ def has_side_effects(gm: nn.Module, node: fx.Node) -> bool:
     return True
 
 
-def users_reach_output(graph: fx.Graph) -> set[fx.Node]:
-    """The nodes whose value flows (directly or indirectly) into the graph output or an effectful node.
-
-    One reverse pass over the graph, linear in its size.
-    """
-    live: set[fx.Node] = set()
-    owning = graph.owning_module
-    for node in reversed(graph.nodes):
-        if node in live or node.op == "output" or (owning is not None and has_side_effects(owning, node)):
-            live.add(node)
-            live.update(node.all_input_nodes)
-    return live
-
-
 def tensor_inputs(node: fx.Node) -> Iterable[fx.Node]:
     return node.all_input_nodes
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -31,3 +32,24 @@ def test_silent_on_unused_in_place_write(findings, capture_as):
 
 def test_silent_on_resnet18(findings, resnet18_captured):
     assert findings(resnet18_captured, "FX001") == []
+
+
+class TrainingBatchNormUnused(nn.Module):
+    """The BN's output is unused, but in training mode the call updates the running statistics."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(3))
+        self.register_buffer("var", torch.ones(3))
+
+    def forward(self, x):
+        torch.nn.functional.batch_norm(x, self.mean, self.var, training=True)
+        return x * 2
+
+
+@pytest.mark.parametrize("dialect", ["torch", "aten"])
+def test_silent_on_a_call_that_updates_state(findings, capture_as, dialect):
+    # Agrees with the dead_code pass, which must keep it: a finding lint --fix could never clear would be noise.
+    captured = capture_as(TrainingBatchNormUnused(), torch.randn(4, 3), dialect)
+    assert findings(captured, "FX001") == []
+    assert findings(captured, "FX002") == []

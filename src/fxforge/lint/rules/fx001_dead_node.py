@@ -1,16 +1,21 @@
-"""FX001 dead-node: a node whose value nobody uses and whose call has no side effect."""
+"""FX001 dead-node: a node whose value nobody uses and whose call has no side effect.
+
+Liveness is the ``dead_code`` pass's own (:func:`fxforge.passes.dead_code.live_nodes`), so every finding is one
+that ``lint --fix`` can remove and nothing the pass must keep (a training-mode BatchNorm updating its running
+statistics, an in-place write) is reported.
+"""
 
 from __future__ import annotations
 
-from fxforge.graphs import has_side_effects, target_name
+from fxforge.graphs import target_name
 from fxforge.lint import LintContext, rule
+from fxforge.passes.dead_code import live_nodes
 
 
 @rule("FX001", "dead-node", "warning", "node computes a value that nothing uses", fix="dead_code")
 def check(ctx: LintContext):
+    live = live_nodes(ctx.gm)
     for node in ctx.graph.nodes:
-        if node.users or node.op in ("placeholder", "output", "get_attr"):
-            continue
-        if has_side_effects(ctx.gm, node):
+        if node.users or node in live or node.op in ("placeholder", "output", "get_attr"):
             continue
         yield node, f"{node.name} ({target_name(node)}) is computed but never used"

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from fxforge.graphs import target_name, users_reach_output
+from fxforge.graphs import target_name
 from fxforge.lint import LintContext, rule
+from fxforge.passes.dead_code import live_nodes
 
 _NOT_COMPUTE = ("placeholder", "output", "get_attr")
 
@@ -22,7 +23,7 @@ def check(ctx: LintContext):
     nodes has users, and then only once, however many nodes it has.
     """
     graph = ctx.graph
-    live = users_reach_output(graph)
+    live = live_nodes(ctx.gm)  # the dead_code pass's own liveness, so lint --fix clears every finding
     order = {node: i for i, node in enumerate(graph.nodes)}
     # Union-find over the dead compute nodes, joined along their data edges: linear in graph size.
     parent: dict = {}
