@@ -6,7 +6,7 @@ rounds, same inputs, same threads):
 * ``eager`` -- the model as built (the baseline: every number is eager's median / that median);
 * ``fx-fuse`` -- ``torch.fx.experimental.optimization.fuse`` (conv-BN folding by symbolic tracing);
 * ``jit`` -- ``torch.jit.trace``, ``torch.jit.freeze``, ``torch.jit.optimize_for_inference``, in memory;
-* ``compile`` -- ``torch.compile`` (Inductor, static shapes);
+* ``compile`` -- ``torch.compile`` (Inductor, static shapes, freezing on: fxforge's compile backend);
 * ``ort`` -- ``torch.onnx.export`` (dynamo) as a user would call it, run by ONNX Runtime with the
   same thread count and non-spinning pool threads as fxforge's (spinning threads would slow down
   whatever the interleaved rounds run next);

@@ -388,7 +388,8 @@ _LOAD = {
     "fx": "torch.load('model.pt', weights_only=False)  # or torch.export.load('model.pt2').module()",
     "torchscript": "torch.jit.optimize_for_inference(torch.jit.load('model.torchscript.pt'))",
     "onnxruntime": "onnxruntime.InferenceSession('model.onnx')",
-    "compile": "torch.compile(torch.load('model.pt', weights_only=False))  # compiled code is not saved",
+    "compile": "torch.compile(torch.load('model.pt', weights_only=False)), first call under "
+    "torch._inductor.config.patch(freezing=True)  # compiled code is not saved",
     "int8": "torch.load('model.pt', weights_only=False)",
     "bf16": "torch.load('model.pt', weights_only=False)",
 }

