@@ -9,12 +9,12 @@ Models (random weights, batch 1):
 * a small BERT (transformers ``BertModel``: hidden 256, 4 layers, 4 heads, intermediate 1024), dynamic
   int8: ``fxforge.quantize(mode="dynamic")`` against ``torch.ao.quantization.quantize_dynamic``.
 
-For each model the three variants (float eager, fxforge int8, direct-API int8) are timed interleaved:
-every repeat times one call of each variant in turn, so machine noise hits all three alike, and the
-table reports medians. Speed-ups are float median / int8 median; "fxforge / direct" is fxforge's int8
-median over the direct API's (1.00 = no overhead: both are the same kind of module, and the script
-checks that they compute the same outputs). Build times are reported too; fxforge's includes its
-accuracy report (the float and int8 models run on the calibration batches).
+For each model the variants (float eager, fxforge int8, direct-API int8, and a second direct-API int8 build as
+a noise control) are timed interleaved: every repeat times one call of each variant in a shuffled order, so
+machine noise hits all alike, and the table reports medians. Speed-ups are float median / int8 median;
+"fxforge / direct" is fxforge's int8 median over the direct API's (1.00 = no overhead: both are the same kind
+of module, and the script checks that they compute the same outputs). Build times are reported too; fxforge's
+includes its accuracy report (the float and int8 models run on the calibration batches).
 
     .venv/bin/python benchmarks/quantize_speed.py [--quick] [--threads N] [--repeats N] [--json]
 
@@ -28,6 +28,7 @@ import argparse
 import copy
 import json
 import platform
+import random
 import statistics
 import sys
 import time
@@ -68,6 +69,7 @@ class Row:
     direct_speedup: float
     fxforge_over_direct: float
     fxforge_over_direct_best: float  # the same ratio of the fastest calls: steadier on a busy machine
+    direct_again_over_direct: float  # a second direct build of the same model: the noise floor of the ratio
     same_outputs: bool
     fxforge_build_s: float
     direct_build_s: float
@@ -126,15 +128,23 @@ def _weight_mib(model: nn.Module) -> float:
 
 
 def interleaved_samples(runners: dict[str, Callable[[], Any]], repeats: int, warmup: int) -> dict[str, list[float]]:
-    """Seconds per call of each runner; each repeat calls every runner once, in turn."""
+    """Seconds per call of each runner; each repeat calls every runner once, in a freshly shuffled order.
+
+    Shuffled, not rotated: a rotation keeps the cyclic order, so the int8 model placed after the float
+    one always ran right after it and paid for the float weights having evicted the caches (10% on
+    resnet18, while two identical direct builds timed equal). Seeded, so runs repeat.
+    """
     for run in runners.values():
         for _ in range(warmup):
             run()
+    names = list(runners)
+    shuffler = random.Random(0)
     samples: dict[str, list[float]] = {name: [] for name in runners}
     for _ in range(repeats):
-        for name, run in runners.items():
+        shuffler.shuffle(names)
+        for name in names:
             start = time.perf_counter()
-            run()
+            runners[name]()
             samples[name].append(time.perf_counter() - start)
     return samples
 
@@ -148,8 +158,10 @@ def measure(case: Case, repeats: int, warmup: int) -> Row:
     ours, ours_build = _timed(lambda: quantize(captured, case.mode, "x86", calibration).model.eval())
     if case.mode == "static":
         theirs, theirs_build = _timed(lambda: direct_static(captured.original, example, calibration))
+        again = direct_static(captured.original, example, calibration)
     else:
         theirs, theirs_build = _timed(lambda: direct_dynamic(captured.original))
+        again = direct_dynamic(captured.original)
 
     inputs = make_inputs(specs_of(example), seed=1000)
     with torch.no_grad(), quantized_engine("x86"):
@@ -159,7 +171,9 @@ def measure(case: Case, repeats: int, warmup: int) -> Row:
             return lambda: model(*inputs)
 
         samples = interleaved_samples(
-            {"float": call(float_model), "fxforge": call(ours), "direct": call(theirs)}, repeats, warmup
+            {"float": call(float_model), "fxforge": call(ours), "direct": call(theirs), "again": call(again)},
+            repeats,
+            warmup,
         )
     ms = {name: statistics.median(times) * 1e3 for name, times in samples.items()}
     best = {name: min(times) * 1e3 for name, times in samples.items()}
@@ -174,6 +188,7 @@ def measure(case: Case, repeats: int, warmup: int) -> Row:
         direct_speedup=ms["float"] / ms["direct"],
         fxforge_over_direct=ms["fxforge"] / ms["direct"],
         fxforge_over_direct_best=best["fxforge"] / best["direct"],
+        direct_again_over_direct=ms["again"] / ms["direct"],
         same_outputs=same,
         fxforge_build_s=ours_build,
         direct_build_s=theirs_build,
@@ -186,14 +201,15 @@ def measure(case: Case, repeats: int, warmup: int) -> Row:
 def render(rows: list[Row], threads: int) -> str:
     header = (
         "| model | int8 mode | input | float ms | fxforge int8 ms | direct int8 ms | speed-up fxforge | "
-        "speed-up direct | fxforge / direct (median, best) | same outputs | build s fxforge / direct | weights MiB |"
+        "speed-up direct | fxforge / direct (median, best) | direct again / direct | same outputs | "
+        "build s fxforge / direct | weights MiB |"
     )
-    lines = [header, "|" + "---|" * 12]
+    lines = [header, "|" + "---|" * 13]
     for r in rows:
         lines.append(
             f"| {r.model} | {r.mode} | {r.input} | {r.float_ms:.2f} | {r.fxforge_ms:.2f} | {r.direct_ms:.2f} | "
             f"{r.fxforge_speedup:.2f}x | {r.direct_speedup:.2f}x | "
-            f"{r.fxforge_over_direct:.2f}, {r.fxforge_over_direct_best:.2f} | "
+            f"{r.fxforge_over_direct:.2f}, {r.fxforge_over_direct_best:.2f} | {r.direct_again_over_direct:.2f} | "
             f"{'yes' if r.same_outputs else 'NO'} | {r.fxforge_build_s:.1f} / {r.direct_build_s:.1f} | "
             f"{r.float_weight_mib:.1f} -> {r.int8_weight_mib:.1f} |"
         )

@@ -8,9 +8,11 @@ shared with ``optimize --auto`` -- and the measurement:
 * each then runs ``warmup`` untimed calls; its first output is compared with eager's on the same
   inputs (``max_abs_err``, and ``within_tolerance`` with the per-dtype tolerances of
   :mod:`fxforge.verify`);
-* then ``repeats`` rounds, each calling every backend once, timed individually; the order rotates
-  by one each round. Interleaving means a burst of machine noise hits all backends alike instead
-  of the one that happened to be running;
+* then ``repeats`` rounds, each calling every backend once, timed individually, in an order shuffled
+  afresh each round (seeded, so runs repeat). Interleaving means a burst of machine noise hits all
+  backends alike instead of the one that happened to be running; shuffling (not rotating) means no
+  backend always runs right after the same other one, which would charge it that one's after-effects
+  (a float model's weights evicting the caches made the int8 model timed after it 10% slower);
 * median and p90 latency over the timed calls, throughput = batch / median.
 
 Peak memory (``peak_mem_mib``) is the growth of the process's resident set while the backend runs
@@ -31,6 +33,7 @@ import ctypes
 import ctypes.util
 import dataclasses
 import gc
+import random
 import statistics
 import tempfile
 import time
@@ -43,7 +46,7 @@ import torch
 from torch import fx, nn
 
 from fxforge.capture import Captured, capture, quiet_torch_logs, run_reference
-from fxforge.errors import FxforgeError
+from fxforge.errors import FxforgeError, one_line_reason
 from fxforge.graphs import ATEN
 from fxforge.inputs import make_inputs, specs_of
 from fxforge.verify import compare_outputs
@@ -330,12 +333,6 @@ def _at_batch(captured: Captured, batch: int, seed: int) -> Captured:
     return dataclasses.replace(captured, example_inputs=inputs)
 
 
-def _first_line(exc: BaseException) -> str:
-    text = getattr(exc, "message", None) or str(exc).strip()
-    first = text.splitlines()[0] if text else ""
-    return f"{type(exc).__name__}: {first}"[:300] if not isinstance(exc, FxforgeError) else first[:300]
-
-
 def _percentile(samples: Sequence[float], q: float) -> float:
     ordered = sorted(samples)
     if len(ordered) == 1:
@@ -420,7 +417,7 @@ def _bench_batch(captured: Captured, chosen: Sequence[Backend], batch: int, plan
             with quiet_torch_logs():
                 runners[backend.name] = backend.build(at_batch, settings)
         except Exception as exc:
-            row.error = f"build failed: {_first_line(exc)}"
+            row.error = f"build failed: {one_line_reason(exc)}"
         row.build_s = time.perf_counter() - start
         row.notes = settings.notes
         plan.counter.step(f"built {backend.name} (batch {batch})")
@@ -431,7 +428,7 @@ def _bench_batch(captured: Captured, chosen: Sequence[Backend], batch: int, plan
             try:
                 _warm_up(runner, inputs, plan.warmup, rows[backend.name], expected)
             except Exception as exc:
-                rows[backend.name].error = f"run failed: {_first_line(exc)}"
+                rows[backend.name].error = f"run failed: {one_line_reason(exc)}"
                 del runners[backend.name]
         plan.counter.step(f"warmed up {backend.name} (batch {batch})")
 
@@ -473,13 +470,14 @@ def _timed_rounds(
     batch: int,
     counter: _Progress,
 ) -> dict[str, list[float]]:
-    """``repeats`` rounds; each calls every backend once, the order rotated by one per round."""
+    """``repeats`` rounds; each calls every backend once, in a freshly shuffled order (see the module docstring)."""
     order = list(runners)
+    shuffler = random.Random(0)
     samples: dict[str, list[float]] = {name: [] for name in order}
     with torch.no_grad(), quiet_torch_logs():
         for round_index in range(repeats):
-            shift = round_index % len(order) if order else 0
-            for name in order[shift:] + order[:shift]:
+            shuffler.shuffle(order)
+            for name in order:
                 if rows[name].error:
                     continue
                 runner = runners[name]
@@ -488,7 +486,7 @@ def _timed_rounds(
                     runner(*inputs)
                     samples[name].append(time.perf_counter() - start)
                 except Exception as exc:
-                    rows[name].error = f"run failed: {_first_line(exc)}"
+                    rows[name].error = f"run failed: {one_line_reason(exc)}"
             counter.step(f"round {round_index + 1}/{repeats} (batch {batch})")
     return samples
 
