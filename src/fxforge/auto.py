@@ -38,7 +38,7 @@ from torch import nn
 
 from fxforge.bench import Backend, BenchReport, BuildSettings, Runner, bench, exact_passes, get_backend
 from fxforge.capture import Captured, quiet_torch_logs, run_reference
-from fxforge.errors import FxforgeError
+from fxforge.errors import FxforgeError, one_line_reason
 from fxforge.inputs import specs_of
 from fxforge.verify import TOLERANCES, compare_outputs, verify
 
@@ -278,7 +278,7 @@ def _build(
             with quiet_torch_logs():
                 runners[backend.name] = backend.build(rewritten, settings)
         except Exception as exc:
-            candidate.status, candidate.reason = "failed", f"build failed: {_first_line(exc)}"
+            candidate.status, candidate.reason = "failed", f"build failed: {one_line_reason(exc)}"
         candidate.build_s = time.perf_counter() - start
         candidate.notes = settings.notes
     return runners
@@ -310,7 +310,7 @@ def _verify_candidate(
         else:
             ok, reason = _verify_reduced(captured, candidate, module, budget, eval_data)
     except Exception as exc:
-        ok, reason = False, f"failed to run: {_first_line(exc)}"
+        ok, reason = False, f"failed to run: {one_line_reason(exc)}"
     candidate.status = "accepted" if ok else "rejected"
     candidate.reason = None if ok else reason
     return ok
@@ -438,12 +438,6 @@ def _save_module(name: str, module: Any, path: Path, rewritten: Captured) -> Non
     comparison = compare_outputs(run_reference(module, inputs, {}), run_reference(loaded, inputs, {}))
     if not comparison.ok:
         raise FxforgeError(f"the saved {name} model does not reload to the same outputs: {comparison.problems[0]}")
-
-
-def _first_line(exc: BaseException) -> str:
-    text = getattr(exc, "message", None) or str(exc).strip()
-    first = text.splitlines()[0] if text else ""
-    return first[:300] if isinstance(exc, FxforgeError) else f"{type(exc).__name__}: {first}"[:300]
 
 
 def render_auto(console: Any, spec: str, result: AutoResult) -> None:

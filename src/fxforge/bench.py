@@ -525,7 +525,7 @@ def render_bench(console: Any, spec: str, report: BenchReport) -> None:
     console.print(table)
     console.print(
         f"[dim]{report.repeats} timed calls per backend after {report.warmup} warm-up calls, interleaved "
-        f"round-robin; max abs err vs eager on the same inputs; peak MiB: {report.memory}[/]"
+        f"in a shuffled order each round; max abs err vs eager on the same inputs; peak MiB: {report.memory}[/]"
     )
     for row in report.rows:
         for note in row.notes:

@@ -70,6 +70,20 @@ class DialectError(FxforgeError):
     """A feature was asked of a graph dialect it does not support."""
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message, or its type name when it has none: torch's errors run to
+    dozens of lines, and a user-facing message quotes one."""
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+def one_line_reason(exc: BaseException, limit: int = 300) -> str:
+    """Why something failed, in one line for a report row: fxforge's own message, else ``Type: first line``."""
+    if isinstance(exc, FxforgeError):
+        return first_line(Exception(exc.message))[:limit]
+    return f"{type(exc).__name__}: {first_line(exc)}"[:limit]
+
+
 def require(module_name: str, extra: str, feature: str):
     """Import an optional dependency or raise :class:`MissingExtraError` naming the extra to install."""
     import importlib

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fxforge.errors import ModelSpecError, require
+from fxforge.errors import ModelSpecError, first_line, require
 from fxforge.inputs import InputSpec, parse_input_spec
 from fxforge.references import import_file
 
@@ -270,7 +270,7 @@ def _load_pt2(path: Path, spec: str) -> LoadedModel:
         program = torch.export.load(str(path))
     except Exception as exc:  # torch raises a wide variety of errors for damaged archives
         raise ModelSpecError(
-            f"cannot read exported program {spec}: {_first_line(exc)}", hint="is the file corrupt?"
+            f"cannot read exported program {spec}: {first_line(exc)}", hint="is the file corrupt?"
         ) from None
     inputs = []
     for value in program.example_inputs[0] if program.example_inputs else ():
@@ -291,12 +291,12 @@ def _load_pickled_module(path: Path, spec: str) -> LoadedModel:
             obj = torch.load(str(path), map_location="cpu", weights_only=False)
     except (AttributeError, ImportError) as exc:
         raise ModelSpecError(
-            f"cannot read {spec}: {_first_line(exc)}",
+            f"cannot read {spec}: {first_line(exc)}",
             hint="the code of the pickled module's classes must be importable (check PYTHONPATH)",
         ) from None
     except Exception as exc:  # damaged files raise UnpicklingError, ValueError, UnicodeDecodeError, ...
         raise ModelSpecError(
-            f"cannot read {spec}: {_first_line(exc)}", hint="is the file corrupt or truncated?"
+            f"cannot read {spec}: {first_line(exc)}", hint="is the file corrupt or truncated?"
         ) from None
     if isinstance(obj, nn.Module):
         return LoadedModel(obj, spec)
@@ -306,11 +306,6 @@ def _load_pickled_module(path: Path, spec: str) -> LoadedModel:
             hint="point fxforge at the code that builds the model (file.py:factory) instead",
         )
     raise ModelSpecError(f"{spec} holds a {type(obj).__name__}, not an nn.Module")
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
 
 
 def _load_from_file(file: Path, attr: str, spec: str, kwargs: dict[str, Any]) -> LoadedModel:

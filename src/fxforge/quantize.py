@@ -60,7 +60,7 @@ from torch import fx, nn
 
 from fxforge import references
 from fxforge.capture import Captured, capture
-from fxforge.errors import DialectError, FxforgeError, InputSpecError
+from fxforge.errors import DialectError, FxforgeError, InputSpecError, first_line
 from fxforge.graphs import ATEN
 
 MODES = ("static", "dynamic", "qat-prepare")
@@ -207,13 +207,8 @@ def _call_user(function: Callable[..., Any], name: str, kind: str) -> Any:
         return function()
     except Exception as exc:
         raise InputSpecError(
-            f"the {kind} data function {name} failed: {type(exc).__name__}: {_first_line(exc)}"
+            f"the {kind} data function {name} failed: {type(exc).__name__}: {first_line(exc)}"
         ) from None
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _is_random_spec(spec: Any) -> bool:
@@ -276,7 +271,7 @@ def load_calibration(
             obj = torch.load(str(path), map_location="cpu", weights_only=True)
         except Exception as exc:
             raise InputSpecError(
-                f"cannot read {kind} file {path}: {_first_line(exc)}",
+                f"cannot read {kind} file {path}: {first_line(exc)}",
                 hint="save a tensor, (inputs, labels) tensors, or a list of batches with torch.save",
             ) from None
         return _described(_batches_of(obj, arity, str(path), split, kind), f"file {path}")
@@ -1147,7 +1142,7 @@ def _check_reload(result: QuantizeResult, path: Path, inputs: Sequence[Any]) -> 
             loaded = torch.load(str(path), map_location="cpu", weights_only=False)
     except Exception as exc:
         raise FxforgeError(
-            f"the saved {result.mode} model does not load back: {type(exc).__name__}: {_first_line(exc)}",
+            f"the saved {result.mode} model does not load back: {type(exc).__name__}: {first_line(exc)}",
             hint="please report it; meanwhile save result.model's state_dict yourself",
         ) from exc
     # Copies, as a QAT model's fake-quant observers update their statistics on every forward; in eval

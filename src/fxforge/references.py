@@ -15,12 +15,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from fxforge.errors import FxforgeError
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__
+from fxforge.errors import FxforgeError, first_line
 
 
 def import_file(path: str | Path, *, error: type[FxforgeError] = FxforgeError, what: str = "") -> ModuleType:
@@ -47,7 +42,7 @@ def import_file(path: str | Path, *, error: type[FxforgeError] = FxforgeError, w
     except SyntaxError as exc:
         raise error(f"{path}:{exc.lineno}: syntax error: {exc.msg}") from None
     except Exception as exc:
-        raise error(f"importing {path} failed: {type(exc).__name__}: {_first_line(exc)}") from None
+        raise error(f"importing {path} failed: {type(exc).__name__}: {first_line(exc)}") from None
     finally:
         sys.path.remove(folder)
     return module
