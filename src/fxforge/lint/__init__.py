@@ -215,6 +215,9 @@ def fix(
     wanted = {f.fix for f in before.findings if f.fix and f.fix in PASSES}
     names = [name for name in _FIX_ORDER if name in wanted] + sorted(wanted - set(_FIX_ORDER))
     optimized = optimize(captured, names, output_dir=output_dir if names else None, verify=True, force=force, spec=spec)
-    fixed = dataclasses.replace(captured, graph_module=optimized.pipeline.graph_module)
+    # The rewritten graph is the model now: rules that compare the graph with its model (FX006 unused
+    # parameters) must not count the BatchNorms that fold_bn folded away as unused weight.
+    rewritten = optimized.pipeline.graph_module
+    fixed = dataclasses.replace(captured, graph_module=rewritten, original=rewritten)
     after = lint(fixed, select=select, ignore=ignore)
     return FixResult(before, after, names, optimized)

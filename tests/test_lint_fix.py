@@ -1,0 +1,58 @@
+"""`lint --fix`: the passes named by the findings run as a verified pipeline, the output is written, and what
+the fixable rules reported is gone afterwards."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import fxforge
+from fxforge.cli import main
+from fxforge.errors import EXIT_FINDINGS, EXIT_USAGE
+from fxforge.lint import fix
+from fxforge.verify import verify
+from model_helpers import randomize_batchnorm
+
+
+def _codes(report) -> set[str]:
+    return {f.code for f in report.findings}
+
+
+def test_fix_demo_removes_what_its_passes_can_and_writes_a_verified_model(tmp_path):
+    captured = fxforge.prepare("demo")
+    randomize_batchnorm(captured.original)  # the graph shares the model's modules: folding sees these stats
+    result = fix(captured, str(tmp_path / "out"))
+    assert {"FX004", "FX008"} <= _codes(result.before)
+    assert result.passes[:2] == ["remove_dropout", "fold_bn"]  # removals first, then folds
+    assert not {"FX004", "FX008"} & _codes(result.after)
+    assert "FX003" in _codes(result.after)  # a redundant relu has no fix pass: it stays, and is still reported
+    assert result.optimized.pipeline.ok
+    written = torch.load(tmp_path / "out" / "model.pt", weights_only=False)
+    assert verify(captured, written).ok
+
+
+@pytest.mark.parametrize("method", ["symbolic_trace", "export"])
+def test_fix_resnet18_leaves_no_foldable_batchnorm(tmp_path, resnet18, method):
+    captured = fxforge.capture(resnet18, (torch.randn(1, 3, 64, 64),), method=method)
+    result = fix(captured, str(tmp_path / "out"))
+    assert "fold_bn" in result.passes
+    assert "FX008" in _codes(result.before) and "FX008" not in _codes(result.after)
+    assert verify(captured, result.optimized.pipeline.graph_module).ok
+
+
+def test_fix_cli_json_and_exit_code(tmp_path, capsys):
+    out_dir = tmp_path / "fixed"
+    code = main(["lint", "demo", "--fix", "-o", str(out_dir), "--json"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == EXIT_FINDINGS  # the redundant-activation warning has no fix and remains
+    assert data["fixed"]["passes"][:2] == ["remove_dropout", "fold_bn"]
+    assert data["fixed"]["after"]["warning"] < data["fixed"]["before"]["warning"]
+    assert (out_dir / "model.pt").exists()
+
+
+def test_fix_needs_an_output_directory(capsys):
+    code = main(["lint", "demo", "--fix"])
+    err = capsys.readouterr().err
+    assert code == EXIT_USAGE and "add -o OUTDIR" in err and "Traceback" not in err
