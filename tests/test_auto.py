@@ -186,3 +186,23 @@ def test_cli_optimize_auto(capsys, tmp_path):
     assert code == EXIT_USAGE and "--auto picks the passes itself" in err
     code, _, err = run(capsys, "optimize", "demo", "--auto", "-b", "int8")
     assert code == EXIT_USAGE and "--min-agreement" in err
+
+
+@pytest.mark.parametrize(("form", "file"), [("torchscript", "model.torchscript.pt"), ("onnx", "model.onnx")])
+def test_auto_output_directory_is_a_model_spec_verify_can_check(tmp_path, capsys, form, file):
+    # The files --auto writes when it picks TorchScript or ONNX Runtime (eager wins on a model this small,
+    # so the directory is laid out with export_model, as auto's own build does).
+    if form == "onnx":
+        pytest.importorskip("onnxruntime")
+    spec = f"{Path(__file__).parent / 'tricky_models.py'}:SharedBlock"
+    captured = fxforge.prepare(spec, ["2x8"])
+    out = tmp_path / "out"
+    out.mkdir()
+    fxforge.export_model(captured, to=form, path=out / file)
+    (out / "inputs.txt").write_text("2x8\n")
+    loaded = fxforge.load_model(str(out))
+    assert [str(s) for s in loaded.default_inputs] == ["2x8"]
+    x = torch.randn(2, 8)
+    assert compare_outputs(captured.original(x), loaded.module(x)).ok
+    code, out_text, _ = run(capsys, "verify", spec, str(out))
+    assert code == EXIT_OK and out_text.startswith("OK")

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fxforge.errors import ModelSpecError, first_line, require
+from fxforge.errors import FxforgeError, ModelSpecError, first_line, require
 from fxforge.inputs import InputSpec, parse_input_spec
 from fxforge.references import import_file
 
@@ -247,10 +247,15 @@ def _load_transformers(class_name: str, spec: str, kwargs: dict[str, Any]) -> Lo
 def _load_output_dir(path: Path, spec: str) -> LoadedModel:
     model_file = path / OPTIMIZED_MODEL_FILE
     program_file = path / "model.pt2"
+    # What `optimize --auto` writes when it picks TorchScript or ONNX Runtime: runnable (verify, bench's
+    # eager row), though not capturable as an fx graph.
+    exported = [(path / name, form) for name, form in (("model.torchscript.pt", "torchscript"), ("model.onnx", "onnx"))]
     if model_file.exists():
         loaded = _load_pickled_module(model_file, spec)
     elif program_file.exists():
         loaded = _load_pt2(program_file, spec)
+    elif any(file.exists() for file, _ in exported):
+        loaded = _load_exported_file(*next((f, form) for f, form in exported if f.exists()), spec)
     else:
         raise ModelSpecError(f"directory {spec!r} has no {OPTIMIZED_MODEL_FILE}", hint="is it an fxforge output?")
     if isinstance(loaded.module, torch.fx.GraphModule):
@@ -261,6 +266,19 @@ def _load_output_dir(path: Path, spec: str) -> LoadedModel:
     if inputs_file.exists():
         loaded.default_inputs = [parse_input_spec(line) for line in inputs_file.read_text().split() if line]
     return loaded
+
+
+def _load_exported_file(path: Path, form: str, spec: str) -> LoadedModel:
+    from fxforge.export import load_exported
+
+    if form == "onnx":
+        require("onnxruntime", "onnx", f"loading {spec}")
+    try:
+        return LoadedModel(load_exported(path, form), spec)
+    except FxforgeError:
+        raise
+    except Exception as exc:  # the runtimes raise their own error types for damaged files
+        raise ModelSpecError(f"cannot read {path}: {first_line(exc)}", hint="is the file corrupt?") from None
 
 
 def _load_pt2(path: Path, spec: str) -> LoadedModel:
