@@ -442,3 +442,10 @@ def test_quiet_torch_logs_silences_torch_loggers_and_restores_their_levels():
         assert dynamo.getEffectiveLevel() == logging.ERROR
         assert user.getEffectiveLevel() == before[1]  # only torch's loggers are touched
     assert (dynamo.getEffectiveLevel(), user.getEffectiveLevel()) == before
+
+
+def test_torchscript_module_is_refused_with_a_plain_reason():
+    scripted = torch.jit.trace(torch.nn.Linear(4, 2).eval(), torch.randn(1, 4))
+    with pytest.raises(CaptureError, match="cannot capture a TorchScript module") as caught:
+        capture(scripted, (torch.randn(1, 4),))
+    assert "verify" in caught.value.hint

@@ -393,6 +393,26 @@ def check_capture(captured: Captured, batch: int | None = None, expected: Any = 
 # public entry point
 
 
+def _refuse_compiled_forms(model: nn.Module) -> None:
+    """A TorchScript module or an ONNX Runtime session has no Python forward to trace: say so plainly, instead
+    of reporting whatever tracing trips over first inside it."""
+    from fxforge.export import OnnxRuntimeModule
+
+    kind = (
+        "a TorchScript module"
+        if isinstance(model, torch.jit.ScriptModule)
+        else "an ONNX model (run by ONNX Runtime)"
+        if isinstance(model, OnnxRuntimeModule)
+        else None
+    )
+    if kind is not None:
+        raise CaptureError(
+            f"cannot capture {kind} as an fx graph: it has no Python code to trace",
+            hint="inspect, lint or optimize the PyTorch model it was made from; verify can still compare it with "
+            "that model (fxforge verify MODEL DIR)",
+        )
+
+
 def capture(
     model: nn.Module | LoadedModel,
     example_inputs: Sequence[Any] | torch.Tensor = (),
@@ -430,6 +450,7 @@ def capture(
     kwargs = dict(example_kwargs or {})
     if method not in ("auto", SYMBOLIC_TRACE, "export", EXPORT):
         raise CaptureError(f"unknown capture method {method!r}", hint="auto, symbolic_trace or export")
+    _refuse_compiled_forms(model)
 
     if exported_program is not None or isinstance(model, fx.GraphModule):
         from fxforge.graphs import dialect_of
