@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model_helpers import randomize_batchnorm
+from fxforge.capture import Captured, capture
+from model_helpers import CAPTURE_METHOD, randomize_batchnorm
 
 torch.set_num_threads(1)
 
@@ -17,3 +18,17 @@ def resnet18():
     torchvision = pytest.importorskip("torchvision")
     torch.manual_seed(0)
     return randomize_batchnorm(torchvision.models.resnet18().eval())
+
+
+@pytest.fixture
+def capture_as():
+    """``capture_as(model, inputs, dialect)`` with ``dialect`` "torch" (symbolic_trace) or "aten" (export)."""
+
+    def run(model: torch.nn.Module, inputs, dialect: str, **kwargs) -> Captured:
+        if isinstance(inputs, torch.Tensor):
+            inputs = (inputs,)
+        captured = capture(model, inputs, method=CAPTURE_METHOD[dialect], **kwargs)
+        assert captured.dialect == dialect
+        return captured
+
+    return run

@@ -5,6 +5,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+# capture method per graph dialect: torch-level graphs from symbolic_trace, ATen-level from torch.export
+CAPTURE_METHOD = {"torch": "symbolic_trace", "aten": "export"}
+
 
 def randomize_batchnorm(model: nn.Module, seed: int = 0) -> nn.Module:
     """Give every BatchNorm random running statistics and affine parameters.

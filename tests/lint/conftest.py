@@ -10,8 +10,7 @@ from torch import nn
 
 from fxforge.capture import Captured, capture
 from fxforge.lint import Finding, lint
-
-DIALECTS = {"torch": "symbolic_trace", "aten": "export"}
+from model_helpers import CAPTURE_METHOD
 
 
 def _findings(target, code: str) -> list[Finding]:
@@ -24,20 +23,6 @@ def _findings(target, code: str) -> list[Finding]:
 def findings() -> Callable[..., list[Finding]]:
     """``findings(captured_or_gm, "FX002")``: that one rule's findings (and a check that it ran)."""
     return _findings
-
-
-@pytest.fixture
-def capture_as() -> Callable[..., Captured]:
-    """``capture_as(model, inputs, dialect)`` with ``dialect`` "torch" (symbolic_trace) or "aten" (export)."""
-
-    def run(model: nn.Module, inputs, dialect: str, **kwargs) -> Captured:
-        if isinstance(inputs, torch.Tensor):
-            inputs = (inputs,)
-        captured = capture(model, inputs, method=DIALECTS[dialect], **kwargs)
-        assert captured.dialect == dialect
-        return captured
-
-    return run
 
 
 def _torchvision(name: str, **kwargs) -> nn.Module:
@@ -54,9 +39,9 @@ def resnet18_model() -> nn.Module:
 @pytest.fixture(scope="session", params=["torch", "aten"])
 def resnet18_captured(request, resnet18_model) -> Captured:
     """resnet18 (random weights, eval) on a 2x3x64x64 input, in each dialect; shared: rules must not mutate it."""
-    return capture(resnet18_model, (torch.randn(2, 3, 64, 64),), method=DIALECTS[request.param])
+    return capture(resnet18_model, (torch.randn(2, 3, 64, 64),), method=CAPTURE_METHOD[request.param])
 
 
 @pytest.fixture(scope="session", params=["torch", "aten"])
 def mobilenet_v2_captured(request) -> Captured:
-    return capture(_torchvision("mobilenet_v2"), (torch.randn(1, 3, 64, 64),), method=DIALECTS[request.param])
+    return capture(_torchvision("mobilenet_v2"), (torch.randn(1, 3, 64, 64),), method=CAPTURE_METHOD[request.param])

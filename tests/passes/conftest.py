@@ -1,32 +1,14 @@
-"""Fixtures for the per-pass tests: capture in either dialect, and a run-verify helper."""
+"""Fixtures for the per-pass tests: a run-and-verify helper (capture_as comes from tests/conftest.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 import pytest
-import torch
-from torch import nn
 
-from fxforge.capture import Captured, capture
+from fxforge.capture import Captured
 from fxforge.passes import PassResult, apply_pass
 from fxforge.verify import verify
-
-DIALECTS = {"torch": "symbolic_trace", "aten": "export"}
-
-
-@pytest.fixture
-def capture_as() -> Callable[..., Captured]:
-    """``capture_as(model, inputs, dialect)`` with ``dialect`` "torch" (symbolic_trace) or "aten" (export)."""
-
-    def run(model: nn.Module, inputs, dialect: str, **kwargs) -> Captured:
-        if isinstance(inputs, torch.Tensor):
-            inputs = (inputs,)
-        captured = capture(model, inputs, method=DIALECTS[dialect], **kwargs)
-        assert captured.dialect == dialect
-        return captured
-
-    return run
 
 
 @pytest.fixture

@@ -25,7 +25,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from torch import fx
+import torch
+from torch import fx, nn
 
 from fxforge.errors import FxforgeError
 from fxforge.graphs import dialect_of
@@ -193,6 +194,23 @@ def mark(node: fx.Node, pass_name: str, origin_of: fx.Node | None = None) -> Non
     node.meta[PASS] = pass_name
     if origin_of is not None:
         node.meta[ORIGIN] = origin_of.meta.get(ORIGIN, origin_of.name)
+
+
+def store_tensor(gm: fx.GraphModule, base: str, value: torch.Tensor, *, parameter: bool = True) -> str:
+    """Register ``value`` on ``gm`` under a free name derived from ``base`` (``base``, ``base_1``, ...).
+
+    Passes store what they compute (folded weights, constants) as new attributes rather than overwrite the
+    old ones, which the user's model may share. ``parameter=False`` stores a buffer (e.g. a folded constant).
+    """
+    name, i = base, 0
+    while hasattr(gm, name):
+        i += 1
+        name = f"{base}_{i}"
+    if parameter:
+        gm.register_parameter(name, nn.Parameter(value, requires_grad=False))
+    else:
+        gm.register_buffer(name, value)
+    return name
 
 
 def apply_pass(gm: fx.GraphModule, name: str | PassSpec, options: Any = None, *, inplace: bool = False) -> PassResult:

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from fxforge.graphs import aten_packet, get_attr_value, node_kind, node_value, submodule
-from fxforge.passes import PassResult, mark, register_pass
+from fxforge.passes import PassResult, mark, register_pass, store_tensor
 from fxforge.passes.merge_convs import count_uses
 
 _CONV_TYPES = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
@@ -352,8 +352,8 @@ def _fold_function(gm: fx.GraphModule, plan: FoldPlan, result: PassResult) -> No
     new_weight, new_bias = fold_weights(
         weight, bias, plan.mean, plan.var, plan.eps, plan.gamma, plan.beta, transposed, groups
     )
-    weight_name = _register(gm, f"{producer.name}_folded_weight", new_weight)
-    bias_name = _register(gm, f"{producer.name}_folded_bias", new_bias)
+    weight_name = store_tensor(gm, f"{producer.name}_folded_weight", new_weight)
+    bias_name = store_tensor(gm, f"{producer.name}_folded_bias", new_bias)
     with gm.graph.inserting_before(producer):
         new_weight_node = gm.graph.get_attr(weight_name)
         new_bias_node = gm.graph.get_attr(bias_name)
@@ -380,12 +380,3 @@ def _set_missing_bias(producer: fx.Node, bias: fx.Node) -> None:
         producer.kwargs = {**producer.kwargs, "bias": bias}
     else:
         producer.args = (*args[:2], bias, *args[3:])
-
-
-def _register(gm: fx.GraphModule, base: str, value: torch.Tensor) -> str:
-    name, i = base, 0
-    while hasattr(gm, name):
-        i += 1
-        name = f"{base}_{i}"
-    gm.register_parameter(name, nn.Parameter(value, requires_grad=False))
-    return name

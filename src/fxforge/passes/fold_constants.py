@@ -28,7 +28,7 @@ import torch
 from torch import fx
 
 from fxforge.graphs import get_attr_value, target_name
-from fxforge.passes import PassResult, mark, register_pass
+from fxforge.passes import PassResult, mark, register_pass, store_tensor
 from fxforge.passes._analysis import AliasClasses, impure_reason, is_mode_switch, returns_fresh, tensor_facts
 from fxforge.passes.dead_code import prune_attributes
 
@@ -231,7 +231,11 @@ def _fold(
         if aliases.escapes(root) and not aliases.external(root):
             return "the graph returns this fresh value; a stored buffer handed out could be changed by the caller"
         existing = stored.get(id(value))
-        target = existing if existing is not None else _register(gm, f"{root.name}_folded", value.detach())
+        target = (
+            existing
+            if existing is not None
+            else store_tensor(gm, f"{root.name}_folded", value.detach(), parameter=False)
+        )
         with gm.graph.inserting_before(root):
             read = gm.graph.get_attr(target)
         for key in ("val", "tensor_meta"):
@@ -270,15 +274,6 @@ def _redirect(root: fx.Node, replacement: Any) -> None:
         mark(user, NAME)
         user.args = fx.node.map_arg(user.args, lambda n: replacement if n is root else n)
         user.kwargs = fx.node.map_arg(user.kwargs, lambda n: replacement if n is root else n)
-
-
-def _register(gm: fx.GraphModule, base: str, value: torch.Tensor) -> str:
-    name, i = base, 0
-    while hasattr(gm, name):
-        i += 1
-        name = f"{base}_{i}"
-    gm.register_buffer(name, value)
-    return name
 
 
 def _erase_unused(gm: fx.GraphModule, candidates: Iterable[fx.Node]) -> tuple[int, set[str]]:

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from fxforge.graphs import aten_packet, get_attr_value, node_arg, node_kind, submodule
-from fxforge.passes import PassResult, mark, register_pass
+from fxforge.passes import PassResult, mark, register_pass, store_tensor
 from fxforge.passes.dead_code import prune_attributes
 
 NAME = "merge_convs"
@@ -386,9 +386,9 @@ def _rewrite_call(
 ) -> None:
     """Point the second call at new stored tensors and, for convs, the geometry's call form and arguments."""
     second = plan.second.node
-    names = [_register(gm, f"{second.name}_merged_weight", weight)]
+    names = [store_tensor(gm, f"{second.name}_merged_weight", weight)]
     if bias is not None:
-        names.append(_register(gm, f"{second.name}_merged_bias", bias))
+        names.append(store_tensor(gm, f"{second.name}_merged_bias", bias))
     with gm.graph.inserting_before(second):
         weight_node, *bias_node = [gm.graph.get_attr(name) for name in names]
     for name in names:
@@ -406,15 +406,6 @@ def _rewrite_call(
     else:
         args = (source, weight_node, bias_value, *geometry_args, plan.groups)
     second.target, second.args, second.kwargs = geometry.node.target, args, {}
-
-
-def _register(gm: fx.GraphModule, base: str, value: torch.Tensor) -> str:
-    name, i = base, 0
-    while hasattr(gm, name):
-        i += 1
-        name = f"{base}_{i}"
-    gm.register_parameter(name, nn.Parameter(value, requires_grad=False))
-    return name
 
 
 def _label(node: fx.Node) -> str:
