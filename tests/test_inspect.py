@@ -177,6 +177,10 @@ def test_aten_dialect_totals_equal_torch_dialect(resnet18, resnet18_report: Insp
         assert modules[path].params == torch_modules[path].params
         assert modules[path].flops == torch_modules[path].flops
         assert modules[path].nodes == torch_modules[path].nodes  # one ATen op per module call here
+    # torch.export drops parameter-less submodules (every ReLU): their rows are counted from the graph's nodes
+    assert "relu" in modules and not hasattr(exported.graph_module, "relu")
+    for path in modules.keys() & torch_modules.keys():
+        assert modules[path].params == torch_modules[path].params, path
 
 
 @pytest.mark.parametrize("method", ["auto", "export"])
