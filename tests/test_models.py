@@ -527,3 +527,15 @@ def test_file_example_inputs_with_bad_spec(tmp_path: Path):
     )
     with pytest.raises(InputSpecError, match="cannot parse input spec '4xx'"):
         load_model(f"{path}:model")
+
+
+def test_transformers_kv_cache_is_off_by_default_so_llama_captures_on_meta():
+    pytest.importorskip("transformers")
+    tiny = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 2,
+            "num_key_value_heads": 2, "vocab_size": 100}  # fmt: skip
+    loaded = load_model("transformers:LlamaForCausalLM", model_kwargs=tiny, device="meta")
+    assert loaded.module.config.use_cache is False  # a DynamicCache output is not a pytree torch.export flattens
+    captured = capture(loaded, (torch.zeros(1, 16, dtype=torch.int64, device="meta"),), check=False)
+    assert captured.record.method == "torch.export"
+    asked = load_model("transformers:LlamaForCausalLM", model_kwargs={**tiny, "use_cache": True}, device="meta")
+    assert asked.module.config.use_cache is True  # the user's explicit choice wins

@@ -229,6 +229,11 @@ def _load_transformers(class_name: str, spec: str, kwargs: dict[str, Any]) -> Lo
         config = config_class(**kwargs)
     except (TypeError, ValueError) as exc:
         raise ModelSpecError(f"{spec}: bad config value: {exc}") from None
+    # A graph of one forward pass has no use for a KV cache, and the DynamicCache object transformers returns
+    # with use_cache=True is not a pytree torch.export can flatten (Llama fails to capture with it). Off unless
+    # the user asks (--model-arg use_cache=true).
+    if "use_cache" not in kwargs and hasattr(config, "use_cache"):
+        config.use_cache = False
     # eager attention: the SDPA path has data-dependent branches that no capture method can keep.
     with contextlib.suppress(AttributeError, ValueError):
         config._attn_implementation = "eager"
