@@ -327,10 +327,10 @@ def _verify_exact(captured: Captured, candidate: Candidate, module: nn.Module, b
 
 
 def _verify_reduced(captured: Captured, candidate: Candidate, module: nn.Module, budget: Budget, eval_data: Any):
-    from fxforge.quantize import _compare, _run
+    from fxforge.quantize import compare_batches, run_batches
 
-    reference, actual = _run(captured.original, eval_data.batches), _run(module, eval_data.batches)
-    accuracy = _compare(reference, actual, eval_data.source)
+    reference, actual = run_batches(captured.original, eval_data.batches), run_batches(module, eval_data.batches)
+    accuracy = compare_batches(reference, actual, eval_data.source)
     candidate.max_abs_err, candidate.top1_agreement = accuracy.max_abs_err, accuracy.top1_agreement
     candidate.max_rel_err = accuracy.rel_err
     candidate.verified_on = eval_data.source
@@ -427,9 +427,9 @@ def _save_module(name: str, module: Any, path: Path, rewritten: Captured) -> Non
 
     saving = contextlib.nullcontext()
     if name == "int8":
-        from fxforge.quantize import _picklable_quantized_modules
+        from fxforge.quantize import picklable_quantized_modules
 
-        saving = _picklable_quantized_modules(module)
+        saving = picklable_quantized_modules(module)
     with saving, quiet_torch_logs():
         torch.save(module, path)
     with quiet_torch_logs():

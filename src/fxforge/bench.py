@@ -196,11 +196,11 @@ def bfloat16_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], output_lik
 
 def exact_passes() -> list[str]:
     """The registered exact passes, in the order ``lint --fix`` runs them."""
-    from fxforge.lint import _FIX_ORDER
+    from fxforge.lint import FIX_ORDER
     from fxforge.passes import PASSES, all_passes
 
     all_passes()
-    return [name for name in _FIX_ORDER if name in PASSES]
+    return [name for name in FIX_ORDER if name in PASSES]
 
 
 # --------------------------------------------------------------------------------------------------

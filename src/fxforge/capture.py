@@ -197,7 +197,7 @@ def _symbolic_trace(
 ) -> fx.GraphModule:
     tracer = _LeafTracer(leaf_names, leaf_types)
     tracer.proxy_buffer_attributes = proxy_buffers
-    snapshot = _buffers_snapshot(model)
+    snapshot = buffers_snapshot(model)
     try:
         with _patched(wraps):
             graph = tracer.trace(model, concrete_args=concrete_args)
@@ -205,7 +205,7 @@ def _symbolic_trace(
         # Tracing runs ops on real (non-proxy) tensors eagerly: a buffer written in place in forward
         # (a call counter) is changed in the model and the write is missing from the graph. Undo it.
         changed = _changed_buffers(model, snapshot)
-        _restore_buffers(model, snapshot)
+        restore_buffers(model, snapshot)
     if changed:
         if not proxy_buffers:  # trace again with buffers as proxies, so that the write is recorded
             return _symbolic_trace(model, leaf_names, leaf_types, wraps, concrete_args, proxy_buffers=True)
@@ -301,7 +301,8 @@ def _short_error(exc: BaseException) -> str:
 # checks
 
 
-def _buffers_snapshot(module: nn.Module) -> dict[str, torch.Tensor]:
+def buffers_snapshot(module: nn.Module) -> dict[str, torch.Tensor]:
+    """Copies of the module's (non-meta) buffers, so a check run that mutates them can be undone."""
     return {name: buf.detach().clone() for name, buf in module.named_buffers() if buf.device.type != "meta"}
 
 
@@ -319,7 +320,8 @@ def _changed_buffers(module: nn.Module, snapshot: dict[str, torch.Tensor]) -> li
     return [name for name, value in snapshot.items() if not same(buffers.get(name), value)]
 
 
-def _restore_buffers(module: nn.Module, snapshot: dict[str, torch.Tensor]) -> None:
+def restore_buffers(module: nn.Module, snapshot: dict[str, torch.Tensor]) -> None:
+    """Put back the buffer values saved by :func:`buffers_snapshot`."""
     buffers = dict(module.named_buffers())
     with torch.no_grad():
         for name, value in snapshot.items():
@@ -328,7 +330,7 @@ def _restore_buffers(module: nn.Module, snapshot: dict[str, torch.Tensor]) -> No
 
 def _run_isolated(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *others: nn.Module) -> Any:
     """Call ``module`` without letting buffer (or input) writes in forward leak into later runs."""
-    snapshots = [(m, _buffers_snapshot(m)) for m in (module, *others)]
+    snapshots = [(m, buffers_snapshot(m)) for m in (module, *others)]
     # Fresh copies of the inputs: a model that writes into its input would otherwise feed the next run
     # (and the caller) changed values.
     args, kwargs = torch.utils._pytree.tree_map_only(torch.Tensor, torch.clone, (args, kwargs))
@@ -337,7 +339,7 @@ def _run_isolated(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, An
             return module(*args, **kwargs)
     finally:
         for owner, snap in snapshots:
-            _restore_buffers(owner, snap)
+            restore_buffers(owner, snap)
 
 
 def _on_meta(model: nn.Module, inputs: Sequence[Any]) -> bool:
@@ -549,7 +551,7 @@ def _capture_module(
 
     if method in ("auto", "export", EXPORT):
         try:
-            program = _export(model, inputs, kwargs, dynamic_batch=check_batch is not None)
+            program = export_program(model, inputs, kwargs, dynamic_batch=check_batch is not None)
         except Exception as exc:
             attempts.append(Attempt(EXPORT, _short_error(exc), user_location(exc)))
             raise _capture_error(model, attempts, trace_error, exc) from None
@@ -563,7 +565,10 @@ def _capture_module(
     raise _capture_error(model, attempts, trace_error, None)
 
 
-def _export(model: nn.Module, inputs: tuple[Any, ...], kwargs: dict[str, Any], dynamic_batch: bool):
+def export_program(
+    model: nn.Module, inputs: tuple[Any, ...], kwargs: dict[str, Any], dynamic_batch: bool
+) -> torch.export.ExportedProgram:
+    """``torch.export.export`` (non-strict) as capture uses it, optionally with a dynamic batch dimension."""
     dynamic_shapes = None
     if dynamic_batch and hasattr(torch.export.Dim, "AUTO"):
         # AUTO: keep the batch dimension symbolic where the model allows, specialise silently otherwise.

@@ -506,11 +506,11 @@ class OnnxRuntimeModule(nn.Module):
 
 
 def _export_pt2(module: nn.Module, inputs: tuple[Any, ...], path: Path, dynamic_batch: bool) -> ExportResult:
-    from fxforge.capture import _export
+    from fxforge.capture import export_program
 
     notes: list[str] = []
     with _exporting(f"{type(module).__name__} with torch.export", notes):
-        program = _export(module, inputs, {}, dynamic_batch=dynamic_batch)
+        program = export_program(module, inputs, {}, dynamic_batch=dynamic_batch)
         torch.export.save(program, str(path))
     return ExportResult("pt2", None, True, "torch.export", dynamic_batch=dynamic_batch, notes=notes)
 

@@ -26,7 +26,7 @@ from torch import fx, nn
 from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
-from fxforge.capture import Captured, _buffers_snapshot, _restore_buffers, quiet_torch_logs
+from fxforge.capture import Captured, buffers_snapshot, quiet_torch_logs, restore_buffers
 from fxforge.errors import InputSpecError
 from fxforge.graphs import get_attr_value, module_path, submodule, target_name
 from fxforge.quantize import QUANT_KINDS, int8_flops, int8_weights, module_quant_kind, quant_kind
@@ -197,13 +197,13 @@ def inspect_graph(
     profiler = _Profiler(gm, counter)
     # Inspecting must not change anything: run on copies of the inputs and undo buffer writes
     # (graphs of models that update a buffer in forward write into the original model's buffers).
-    snapshots = [(m, _buffers_snapshot(m)) for m in (gm, captured.original)]
+    snapshots = [(m, buffers_snapshot(m)) for m in (gm, captured.original)]
     try:
         with torch.no_grad(), counter, quiet_torch_logs(), _countable_attention():
             profiler.run(*[v.clone() if isinstance(v, torch.Tensor) else v for v in values])
     finally:
         for owner, snapshot in snapshots:
-            _restore_buffers(owner, snapshot)
+            restore_buffers(owner, snapshot)
 
     nodes: list[NodeInfo] = []
     modules: dict[str, ModuleSummary] = {}

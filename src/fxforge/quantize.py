@@ -315,9 +315,9 @@ class AccuracyReport:
 
 
 def _leaves(output: Any) -> list[torch.Tensor]:
-    from fxforge.verify import _as_structure
+    from fxforge.verify import as_structure
 
-    output = _as_structure(output)
+    output = as_structure(output)
     leaves = torch.utils._pytree.tree_leaves(output, is_leaf=lambda v: hasattr(v, "to_tuple"))
     tensors = []
     for value in leaves:
@@ -329,7 +329,8 @@ def _leaves(output: Any) -> list[torch.Tensor]:
     return tensors
 
 
-def _run(model: nn.Module, batches: Sequence[tuple[Any, ...]]) -> list[list[torch.Tensor]]:
+def run_batches(model: nn.Module, batches: Sequence[tuple[Any, ...]]) -> list[list[torch.Tensor]]:
+    """The model's output tensors (flattened, dequantized) for each batch, without gradients."""
     with torch.no_grad(), _quiet():
         return [_leaves(model(*batch)) for batch in batches]
 
@@ -339,7 +340,7 @@ def _is_classifier(outputs: list[list[torch.Tensor]]) -> bool:
     return first is not None and first.is_floating_point() and first.dim() == 2 and first.shape[1] >= 2
 
 
-def _compare(
+def compare_batches(
     reference: list[list[torch.Tensor]],
     candidate: list[list[torch.Tensor]],
     data: str,
@@ -822,9 +823,9 @@ def quantize(
         result_warnings.append(warning)
         warnings.warn(warning, RandomCalibrationWarning, stacklevel=2)
 
-    reference = _run(copy.deepcopy(plan.source).eval(), evaluation.batches)
+    reference = run_batches(copy.deepcopy(plan.source).eval(), evaluation.batches)
     with quantized_engine(backend):
-        accuracy = _compare(reference, _run(model, evaluation.batches), label, evaluation.labels)
+        accuracy = compare_batches(reference, run_batches(model, evaluation.batches), label, evaluation.labels)
     if goal is not None and goal.metric != "rel_err" and not accuracy.classifier:
         raise FxforgeError(
             f"a top-1 target ({goal}) needs a classifier (first output: 2-D logits)", hint="use rel-err=X"
@@ -937,7 +938,9 @@ def _keep_float_until(
         float_layers.append(layer)
         model = _quantize_once(plan, batches, float_layers=float_layers)
         with quantized_engine(plan.backend):
-            accuracy = _compare(reference, _run(model, evaluation.batches), accuracy.data, evaluation.labels)
+            accuracy = compare_batches(
+                reference, run_batches(model, evaluation.batches), accuracy.data, evaluation.labels
+            )
     return model, accuracy
 
 
@@ -969,7 +972,7 @@ def _sensitivity(
     with quantized_engine(plan.backend):
         for name, type_name in quantizable_layers(plan.source, plan.mode):
             model = _quantize_once(plan, calibration, only=name)
-            report = _compare(reference, _run(model, evaluation.batches), label, evaluation.labels)
+            report = compare_batches(reference, run_batches(model, evaluation.batches), label, evaluation.labels)
             entries.append(
                 LayerSensitivity(
                     name,
@@ -1011,7 +1014,7 @@ def write_output(
     files = [MODEL_FILE, "inputs.txt", "report.json"]
     inputs = tuple(captured.flat_inputs()) if isinstance(result.model, fx.GraphModule) else captured.example_inputs
     with atomic_directory(output_dir, force=force) as staging:
-        with _picklable_quantized_modules(result.model):
+        with picklable_quantized_modules(result.model):
             torch.save(result.model, staging / MODEL_FILE)
         _check_reload(result, staging / MODEL_FILE, inputs)
         tensors = [t for t in captured.example_inputs if isinstance(t, torch.Tensor)]
@@ -1036,7 +1039,7 @@ def _breaks_pickling(module: nn.Module) -> bool:
 
 
 @contextlib.contextmanager
-def _picklable_quantized_modules(model: nn.Module) -> Iterator[None]:
+def picklable_quantized_modules(model: nn.Module) -> Iterator[None]:
     """While in the block, ``model`` pickles (torch 2.14.1 cannot pickle FX-quantized models as they are):
 
     * each module that :func:`_breaks_pickling` pickles as ``copy.copy(bare)``: ``bare`` (a copy of
@@ -1149,7 +1152,7 @@ def _check_reload(result: QuantizeResult, path: Path, inputs: Sequence[Any]) -> 
     # mode, as a QAT model in training mode has active dropout.
     expected, actual = copy.deepcopy(result.model).eval(), loaded.eval()
     with quantized_engine(result.backend):
-        (want,), (got,) = _run(expected, [tuple(inputs)]), _run(actual, [tuple(inputs)])
+        (want,), (got,) = run_batches(expected, [tuple(inputs)]), run_batches(actual, [tuple(inputs)])
     if len(want) != len(got) or not all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(want, got)):
         raise FxforgeError(
             f"the saved {result.mode} model computes something else after loading", hint="please report it"

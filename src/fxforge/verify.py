@@ -45,7 +45,7 @@ class Comparison:
         self.problems.extend(other.problems)
 
 
-def _as_structure(value: Any) -> Any:
+def as_structure(value: Any) -> Any:
     """Turn model outputs with attributes (transformers ModelOutput, namedtuples) into dicts/tuples."""
     if isinstance(value, Mapping):
         return dict(value)
@@ -62,7 +62,7 @@ def compare_outputs(
     path: str = "output",
 ) -> Comparison:
     """Compare nested outputs leaf by leaf; tolerances default to :data:`TOLERANCES` per dtype."""
-    reference, candidate = _as_structure(reference), _as_structure(candidate)
+    reference, candidate = as_structure(reference), as_structure(candidate)
     if isinstance(reference, torch.Tensor):
         if not isinstance(candidate, torch.Tensor):
             return Comparison(False, math.inf, math.inf, [f"{path}: expected a tensor, got {type(candidate).__name__}"])

@@ -176,7 +176,7 @@ def _load_rules() -> None:
 
 
 # Fix passes run in this order: removals first so that folding sees the simplified graph, dead code last.
-_FIX_ORDER = ("remove_dropout", "remove_identity", "fold_bn", "merge_convs", "cse", "fold_constants", "dead_code")
+FIX_ORDER = ("remove_dropout", "remove_identity", "fold_bn", "merge_convs", "cse", "fold_constants", "dead_code")
 
 
 @dataclass
@@ -213,7 +213,7 @@ def fix(
     all_passes()
     before = lint(captured, select=select, ignore=ignore)
     wanted = {f.fix for f in before.findings if f.fix and f.fix in PASSES}
-    names = [name for name in _FIX_ORDER if name in wanted] + sorted(wanted - set(_FIX_ORDER))
+    names = [name for name in FIX_ORDER if name in wanted] + sorted(wanted - set(FIX_ORDER))
     optimized = optimize(captured, names, output_dir=output_dir if names else None, verify=True, force=force, spec=spec)
     # The rewritten graph is the model now: rules that compare the graph with its model (FX006 unused
     # parameters) must not count the BatchNorms that fold_bn folded away as unused weight.
