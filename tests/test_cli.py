@@ -60,6 +60,7 @@ def test_inspect_user_file_with_leaf(capsys):
         (["inspect", "torchvision:resnet1800"], EXIT_USAGE, "torchvision has no model named 'resnet1800'"),
         (["inspect", "torchvision:resnet18", "-i", "1x4x64x64"], EXIT_USAGE, "rejected the example inputs"),
         (["inspect", "demo", "-i", "1xx3"], EXIT_USAGE, "cannot parse input spec"),
+        (["inspect", "demo", "-i", "1x4x32x32"], EXIT_USAGE, "demo takes --input 1x3x32x32 by default"),
         (["inspect", "missing_file.py:f"], EXIT_USAGE, "file not found"),
         (["inspect", "nonsense-spec"], EXIT_USAGE, "unknown model spec"),
         (["optimize", "demo", "-p", "fold_bm", "-o", "unused"], EXIT_USAGE, "unknown pass 'fold_bm'"),

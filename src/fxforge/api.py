@@ -42,14 +42,21 @@ def prepare(
     loaded = load_model(model, seed=seed, device=device, model_kwargs=model_kwargs)
     specs = resolve_inputs(loaded, inputs)
     example = make_inputs(specs, seed=seed, device=device or "cpu")
-    return capture(
-        loaded,
-        example,
-        method=method,
-        leaf_modules=leaf_modules,
-        check=check,
-        check_batch=check_batch,
-    )
+    try:
+        return capture(
+            loaded,
+            example,
+            method=method,
+            leaf_modules=leaf_modules,
+            check=check,
+            check_batch=check_batch,
+        )
+    except InputSpecError as exc:
+        if inputs and loaded.default_inputs and specs != loaded.default_inputs:
+            # Better than a generic example: the shape this model is known to take.
+            defaults = " ".join(f"--input {spec}" for spec in loaded.default_inputs)
+            exc.hint = f"{loaded.spec} takes {defaults} by default (leave out --input to use it)"
+        raise
 
 
 def verify_specs(
