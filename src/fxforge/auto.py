@@ -26,7 +26,6 @@ import dataclasses
 import json
 import shutil
 import tempfile
-import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -36,7 +35,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from fxforge.bench import Backend, BenchReport, BuildSettings, Runner, bench, exact_passes, get_backend
+from fxforge.bench import (
+    Backend,
+    BenchReport,
+    BuildSettings,
+    Runner,
+    bench,
+    build_backend,
+    exact_passes,
+    get_backend,
+)
 from fxforge.capture import Captured, quiet_torch_logs, run_reference
 from fxforge.errors import FxforgeError, one_line_reason
 from fxforge.inputs import specs_of
@@ -272,15 +280,12 @@ def _build(
         candidate = candidates[backend.name]
         settings = BuildSettings(threads or torch.get_num_threads(), workdir / backend.name, expected)
         settings.calibration = calibration
-        settings.workdir.mkdir()
-        start = time.perf_counter()
-        try:
-            with quiet_torch_logs():
-                runners[backend.name] = backend.build(rewritten, settings)
-        except Exception as exc:
-            candidate.status, candidate.reason = "failed", f"build failed: {one_line_reason(exc)}"
-        candidate.build_s = time.perf_counter() - start
+        runner, error, candidate.build_s = build_backend(backend, rewritten, settings)
         candidate.notes = settings.notes
+        if runner is None:
+            candidate.status, candidate.reason = "failed", error
+        else:
+            runners[backend.name] = runner
     return runners
 
 

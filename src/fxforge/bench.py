@@ -402,6 +402,23 @@ class _Plan:
     counter: _Progress
 
 
+def build_backend(
+    backend: Backend, captured: Captured, settings: BuildSettings
+) -> tuple[Runner | None, str | None, float]:
+    """(runner, None, seconds) when ``backend`` builds, else (None, "build failed: <reason>", seconds).
+
+    A failed build is a result to report, never an exception: bench and auto show it as a row with its reason.
+    ``settings.workdir`` is created here; for ``compile`` the seconds include the compilation.
+    """
+    settings.workdir.mkdir(parents=True)
+    start = time.perf_counter()
+    try:
+        with quiet_torch_logs():
+            return backend.build(captured, settings), None, time.perf_counter() - start
+    except Exception as exc:
+        return None, f"build failed: {one_line_reason(exc)}", time.perf_counter() - start
+
+
 def _bench_batch(captured: Captured, chosen: Sequence[Backend], batch: int, plan: _Plan) -> list[BenchRow]:
     at_batch = _at_batch(captured, batch, plan.seed)
     inputs = at_batch.example_inputs
@@ -411,15 +428,10 @@ def _bench_batch(captured: Captured, chosen: Sequence[Backend], batch: int, plan
     for backend in chosen:
         row = rows[backend.name]
         settings = BuildSettings(plan.threads, plan.workdir / f"{backend.name}-{batch}", expected, plan.passes)
-        settings.workdir.mkdir()
-        start = time.perf_counter()
-        try:
-            with quiet_torch_logs():
-                runners[backend.name] = backend.build(at_batch, settings)
-        except Exception as exc:
-            row.error = f"build failed: {one_line_reason(exc)}"
-        row.build_s = time.perf_counter() - start
+        runner, row.error, row.build_s = build_backend(backend, at_batch, settings)
         row.notes = settings.notes
+        if runner is not None:
+            runners[backend.name] = runner
         plan.counter.step(f"built {backend.name} (batch {batch})")
 
     for backend in chosen:
