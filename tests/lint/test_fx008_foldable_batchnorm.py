@@ -92,8 +92,13 @@ def test_conv_output_with_other_users(capture_as, findings, dialect):
 
 
 @pytest.mark.parametrize("dialect", ["torch", "aten"])
-def test_training_mode_bn(capture_as, findings, dialect):
-    assert findings(capture_as(ConvBn().train(), X, dialect), "FX008") == []
+def test_training_mode_bn_is_reported_with_the_fix(capture_as, findings, dialect):
+    # not foldable, but model.eval() would make it so: the rule says how, as fold_bn's skip reason does
+    captured = capture_as(ConvBn().train(), X, dialect)
+    (found,) = findings(captured, "FX008")
+    assert "cannot be folded" in found.message and "call model.eval() before capture" in found.message
+    result = apply_pass(captured.graph_module, "fold_bn")
+    assert not result.changed and "call model.eval() before capture" in result.skipped[0]
 
 
 @pytest.mark.parametrize("dialect", ["torch", "aten"])
@@ -133,9 +138,13 @@ def test_rule_reports_exactly_what_fold_bn_folds(capture_as, findings, dialect):
     found = findings(captured, "FX008")
     result = apply_pass(captured.graph_module, "fold_bn")
     folded = [line.split()[1] for line in result.log if line.startswith("folded ")]
-    assert [f.node for f in found] == folded and len(folded) == 2
+    foldable = [f.node for f in found if "can be folded" in f.message]
+    assert foldable == folded and len(folded) == 2
     assert len(result.skipped) == 3, result.skipped
-    assert findings(result.graph_module, "FX008") == []  # `lint --fix` clears every finding
+    # the training-mode BN is reported with its fix (model.eval()), which fold_bn cannot apply
+    (training,) = [f for f in found if "can be folded" not in f.message]
+    assert "call model.eval() before capture" in training.message
+    assert [f.node for f in findings(result.graph_module, "FX008")] == [training.node]
 
 
 @pytest.mark.parametrize("dialect", ["torch", "aten"])

@@ -374,3 +374,110 @@ def test_no_batch_norm_left_in_torchvision_models(name, dialect, capture_as, run
     assert not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in result.graph_module.modules())
     # the user's model keeps its own weights
     assert torch.equal(next(m for m in model.modules() if isinstance(m, nn.Conv2d)).weight, conv_weight)
+
+
+# --------------------------------------------------------------------------------------------------
+# shape reads, BatchNorm subclasses and batch norms inside module calls
+
+
+class ShapeChecked(nn.Module):
+    """timm's norm layers assert the input rank first: reads of the conv output's metadata, not its value."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.bn = nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        y = self.conv(x)
+        torch._assert(y.ndim == 4, "expected 4-D")
+        return self.bn(y) * y.shape[1]
+
+
+def test_shape_reads_of_the_conv_output_do_not_block_folding(capture_as, run_verified):
+    captured = capture_as(random_stats(ShapeChecked()), torch.randn(2, 3, 8, 8), "torch")
+    assert len(captured.graph_module.graph.find_nodes(op="call_module", target="conv")[0].users) == 3
+    result = run_verified(captured, "fold_bn")
+    assert result.removed == 1 and batch_norms(result.graph_module) == []
+
+
+class SubclassBn(nn.BatchNorm2d):
+    """A BatchNorm subclass that keeps BatchNorm's forward: a BatchNorm module."""
+
+
+class NormAct(nn.BatchNorm2d):
+    """timm's BatchNormAct2d in miniature: a BatchNorm subclass whose forward is batch norm, then an act."""
+
+    def __init__(self, channels: int):
+        super().__init__(channels)
+        self.act = nn.ReLU()
+
+    def forward(self, x):
+        x = F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, self.training, 0.1, self.eps)
+        return self.act(x)
+
+
+class Branchy(nn.Module):
+    """A norm layer whose forward branches on its input's values: fx cannot trace it."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.bn = nn.BatchNorm2d(channels)
+
+    def forward(self, x):
+        return self.bn(x) if x.sum() > 0 else x
+
+
+class ConvThen(nn.Module):
+    def __init__(self, norm: nn.Module, twice: bool = False):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.norm = norm
+        self.twice = twice
+
+    def forward(self, x):
+        y = self.norm(self.conv(x))
+        return self.norm(y) if self.twice else y
+
+
+def test_batch_norm_subclass_folds_as_a_module(capture_as, run_verified):
+    captured = capture_as(random_stats(ConvThen(SubclassBn(4))), torch.randn(2, 3, 8, 8), "torch")
+    result = run_verified(captured, "fold_bn")
+    assert result.log == ["folded norm into conv"]
+
+
+def test_norm_act_called_as_one_node_is_inlined_and_folded(capture_as, run_verified):
+    captured = capture_as(random_stats(ConvThen(NormAct(4))), torch.randn(2, 3, 8, 8), "torch", leaf_modules=[NormAct])
+    assert [n.op for n in captured.graph_module.graph.nodes].count("call_module") == 2
+    result = run_verified(captured, "fold_bn")
+    assert result.log == ["folded norm into conv"]
+    gm = result.graph_module
+    assert [str(n.target) for n in gm.graph.nodes if n.op == "call_module"] == ["conv", "norm.act"]
+    assert type(gm.norm) is nn.Module and not hasattr(gm.norm, "running_mean")  # a container of act now
+    assert type(captured.graph_module.norm) is NormAct  # the captured graph is untouched
+
+
+COMPOSITE_REFUSALS = {
+    # name: (model, leaf type, reason fragment)
+    "called twice": (lambda: ConvThen(NormAct(4), twice=True), NormAct, "more than one place"),
+    "untraceable": (lambda: ConvThen(Branchy(4)), Branchy, "cannot be traced"),
+}
+
+
+@pytest.mark.parametrize("case", COMPOSITE_REFUSALS)
+def test_module_call_that_cannot_be_inlined_is_refused(case, capture_as, run_verified):
+    make, leaf, reason = COMPOSITE_REFUSALS[case]
+    captured = capture_as(random_stats(make()), torch.randn(2, 3, 8, 8), "torch", leaf_modules=[leaf])
+    result = run_verified(captured, "fold_bn")
+    assert not result.changed and result.graph_module.code == captured.graph_module.code
+    assert len(result.skipped) >= 1 and reason in result.skipped[0], result.skipped
+
+
+def test_norm_act_in_training_mode_is_refused_with_the_fix(capture_as):
+    model = random_stats(ConvThen(NormAct(4)))
+    model.norm.train()
+    captured = capture_as(model, torch.randn(2, 3, 8, 8), "torch", leaf_modules=[NormAct], check=False)
+    result = apply_pass(captured.graph_module, "fold_bn")
+    assert not result.changed and result.skipped == [
+        "norm after conv: the BatchNorm runs in training mode (training=True): call model.eval() before capture"
+    ]

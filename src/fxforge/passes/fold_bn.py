@@ -1,34 +1,96 @@
-"""fold_bn: fold an inference-mode BatchNorm into the Conv/ConvTranspose/Linear that feeds it.
+"""fold_bn: fold an inference-mode batch norm into the Conv/ConvTranspose/Linear that feeds it.
 
-For ``y = BN(conv(x))`` with running statistics, ``BN(z) = z * s + (beta - mean * s)`` where
-``s = gamma / sqrt(var + eps)`` per channel, so the conv's weight is scaled by ``s`` along its
-output channels and its bias becomes ``(b - mean) * s + beta`` (``gamma = 1, beta = 0`` for
-``affine=False``). The folded values are computed in float64 and cast back, so the result differs
-from the original only by float round-off.
+For ``y = BN(conv(x))`` with running statistics, ``BN(z) = z * s + t`` per channel, with
+``s = gamma / sqrt(var + eps)`` and ``t = beta - mean * s`` (``gamma = 1, beta = 0`` for ``affine=False``),
+so the conv's weight is scaled by ``s`` along its output channels and its bias becomes ``b * s + t``. The
+folded values are computed in float64 and cast back, so the result differs from the original only by float
+round-off.
 
-The same detection (:func:`plan_fold`) drives lint rule FX008, so the rule reports exactly the
-BatchNorms this pass folds.
+What is folded is found by one detection, :func:`find_folds` (per node: :func:`plan_fold`), which lint rule
+FX008 runs too, so the rule reports exactly what this pass folds. It reads real-world forms, not a list of
+classes:
+
+* batch norms: ``nn.BatchNorm1d/2d/3d`` (and subclasses that keep ``_BatchNorm.forward``), ``F.batch_norm``
+  and the ATen ops (``batch_norm``, the tuple-returning ``_native_batch_norm_legit_no_training``; the training
+  forms are refused), with statistics that are stored tensors or computed from stored tensors alone;
+* frozen batch norms: ``x * scale + shift`` where ``scale`` and ``shift`` are per-channel values computed from
+  stored tensors alone (torchvision's ``FrozenBatchNorm2d``, timm's): the arithmetic is run at pass time;
+* a batch norm inside a module that the graph calls as one node (a leaf, e.g. timm's ``BatchNormAct2d`` --
+  a ``BatchNorm2d`` subclass whose forward is batch norm, drop, activation -- or ``ConvNormAct``): the module
+  is traced and its graph inlined in place of the call, keeping its submodules under their qualified names,
+  but only when that lets one of its batch norms fold;
+* producers: conv/conv-transpose/linear modules, ``F.conv*``/``F.linear`` and their ATen ops with stored
+  weights, and the decomposed ATen linear ``addmm(b, x, W.t())``, ``mm(x, W.t())`` and ``mm(x, W.t()) + b``.
+
+Reads of the producer's rank, shape or dtype (timm's ``assert x.ndim == 4``) are not users of its value:
+folding keeps them.
 """
 
 from __future__ import annotations
 
 import copy
+import inspect
 import operator
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import fx, nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from fxforge.graphs import aten_packet, get_attr_value, node_kind, node_value, submodule
-from fxforge.passes import PassResult, mark, register_pass, store_tensor
-from fxforge.passes.merge_convs import count_uses
+from fxforge.passes import ORIGIN, PassResult, mark, register_pass, store_tensor
+from fxforge.passes._analysis import impure_reason, written_args
+from fxforge.passes.merge_convs import count_uses, value_users
 
 _CONV_TYPES = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 _TRANSPOSE_TYPES = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
 _LAYER_KINDS = ("conv", "conv_transpose", "linear")
 NAME = "fold_bn"
+TRAINING_HINT = "call model.eval() before capture"
+INLINED = "fxforge_inlined_from"  # node meta: the module call an inlined node came from
+
+
+# --------------------------------------------------------------------------------------------------
+# arithmetic
+
+
+def bn_affine(
+    mean: torch.Tensor, var: torch.Tensor, eps: float, gamma: torch.Tensor | None, beta: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The per-channel (scale, shift) of an inference batch norm, in float64."""
+    channels = mean.numel()
+    gamma64 = gamma.detach().double() if gamma is not None else torch.ones(channels, dtype=torch.float64)
+    beta64 = beta.detach().double() if beta is not None else torch.zeros(channels, dtype=torch.float64)
+    scale = gamma64 / torch.sqrt(var.detach().double() + eps)
+    return scale, beta64 - mean.detach().double() * scale
+
+
+def fold_affine(
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    scale: torch.Tensor,
+    shift: torch.Tensor,
+    transposed: bool = False,
+    groups: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Folded (weight, bias) for a conv/linear whose output channels are then mapped to ``y * scale + shift``."""
+    dtype = weight.dtype
+    w = weight.detach().double()
+    scale, shift = scale.double(), shift.double()
+    b = bias.detach().double() if bias is not None else torch.zeros_like(scale)
+    if transposed:
+        # ConvTranspose weight is (in, out/groups, *k): output channel g*out_g + j lives at [g-block, j]
+        in_channels, out_per_group = w.shape[0], w.shape[1]
+        kernel = w.shape[2:]
+        w = w.reshape(groups, in_channels // groups, out_per_group, *kernel)
+        w = w * scale.reshape(groups, 1, out_per_group, *([1] * len(kernel)))
+        w = w.reshape(in_channels, out_per_group, *kernel)
+    else:
+        w = w * scale.reshape(-1, *([1] * (w.dim() - 1)))
+    return w.to(dtype), (b * scale + shift).to(dtype)
 
 
 def fold_weights(
@@ -43,195 +105,376 @@ def fold_weights(
     groups: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Folded (weight, bias) for a conv/linear followed by BN; computed in float64."""
-    dtype = weight.dtype
-    w = weight.detach().double()
-    channels = mean.numel()
-    gamma64 = gamma.detach().double() if gamma is not None else torch.ones(channels, dtype=torch.float64)
-    beta64 = beta.detach().double() if beta is not None else torch.zeros(channels, dtype=torch.float64)
-    scale = gamma64 / torch.sqrt(var.detach().double() + eps)
-    b = bias.detach().double() if bias is not None else torch.zeros(channels, dtype=torch.float64)
-    if transposed:
-        # ConvTranspose weight is (in, out/groups, *k): output channel g*out_g + j lives at [g-block, j]
-        in_channels, out_per_group = w.shape[0], w.shape[1]
-        kernel = w.shape[2:]
-        w = w.reshape(groups, in_channels // groups, out_per_group, *kernel)
-        w = w * scale.reshape(groups, 1, out_per_group, *([1] * len(kernel)))
-        w = w.reshape(in_channels, out_per_group, *kernel)
-    else:
-        w = w * scale.reshape(-1, *([1] * (w.dim() - 1)))
-    new_bias = (b - mean.detach().double()) * scale + beta64
-    return w.to(dtype), new_bias.to(dtype)
+    scale, shift = bn_affine(mean, var, eps, gamma, beta)
+    return fold_affine(weight, bias, scale, shift, transposed, groups)
 
 
 # --------------------------------------------------------------------------------------------------
 # detection, shared with lint rule FX008
 
 
+class Refusal(str):
+    """Why a batch norm after a conv/linear is not folded. ``training``: it would fold after ``model.eval()``;
+    ``label``: "bn after conv", for the pass's skip list."""
+
+    training: bool = False
+    label: str = ""
+
+
+def _refusal(text: str, label: str = "", training: bool = False) -> Refusal:
+    refusal = Refusal(text)
+    refusal.training, refusal.label = training, label
+    return refusal
+
+
+@dataclass
+class Norm:
+    """A per-channel affine map read from the graph: a batch norm in any form, or a frozen one (x * s + t)."""
+
+    node: fx.Node  # the node reported and removed: the BN call, or the add of x * scale + shift
+    input: fx.Node  # the value it maps
+    output: fx.Node  # the node carrying its result (getitem 0 of a tuple-returning ATen batch norm)
+    frozen: bool = False  # x * scale + shift rather than a batch norm
+    # the nodes only this map reads (itself, its statistics), erased once folded if nothing else reads them
+    consumed: list[fx.Node] = field(default_factory=list)
+    scale_arg: Any = None  # frozen form: the scale and shift operands
+    shift_arg: Any = None
+
+    @property
+    def what(self) -> str:
+        return "frozen batch norm" if self.frozen else "batch norm"
+
+
+@dataclass
+class Layer:
+    """The conv/linear feeding a batch norm, read from the graph, with what the fold rewrites."""
+
+    node: fx.Node
+    kind: str  # "conv", "conv_transpose" or "linear"
+    form: str  # "module", "function" (F.conv2d / aten.conv2d / aten.linear) or "matmul" (aten addmm / mm)
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    channels: int
+    transposed: bool = False
+    groups: int = 1
+    weight_node: fx.Node | None = None  # function and matmul forms: the stored weight and bias the fold replaces
+    bias_node: fx.Node | None = None
+
+
 @dataclass
 class FoldPlan:
-    """A BatchNorm that folds into the layer feeding it, with everything the fold reads."""
+    """A batch norm that folds into the layer feeding it, with the per-channel map the fold applies."""
 
     bn: fx.Node
     producer: fx.Node
     kind: str  # the producer's kind: "conv", "conv_transpose" or "linear"
-    mean: torch.Tensor
-    var: torch.Tensor
-    eps: float
-    gamma: torch.Tensor | None
-    beta: torch.Tensor | None
-    weight_node: fx.Node | None = None  # function form: the stored weight and bias the fold replaces
-    bias_node: fx.Node | None = None
+    scale: torch.Tensor  # float64, one per output channel
+    shift: torch.Tensor
+    norm: Norm
+    layer: Layer
 
     @property
     def label(self) -> str:
         return _label(self.bn, self.producer)
 
 
+def display_name(node: fx.Node) -> str:
+    """The node's name, or for a node inlined from a module call, that call's name (what the user's graph has)."""
+    return node.meta.get(INLINED, node.name)
+
+
 def _label(bn_node: fx.Node, producer: fx.Node) -> str:
-    return f"{bn_node.name} after {producer.name}"
+    return f"{display_name(bn_node)} after {display_name(producer)}"
 
 
-def plan_fold(gm: nn.Module, bn_node: fx.Node, uses: Counter[str]) -> FoldPlan | str | None:
-    """How to fold ``bn_node`` into the layer feeding it; None when it is not a BatchNorm fed by a
-    conv/conv-transpose/linear, a reason string when it is but cannot be folded exactly.
+def plan_fold(
+    gm: nn.Module, node: fx.Node, uses: Counter[str], folded: dict[fx.Node, fx.Node] | None = None
+) -> FoldPlan | Refusal | None:
+    """How to fold ``node`` into the layer feeding it; None when it is not a batch norm (or frozen one) fed by
+    a conv/conv-transpose/linear, a :class:`Refusal` when it is but cannot be folded exactly.
 
     ``uses`` is :func:`~fxforge.passes.merge_convs.count_uses` of the graph (module calls and stored-tensor
-    reads, a parameter read counting as a use of its module too), computed once by the caller so that
-    scanning every BN stays linear in the graph size.
+    reads, a parameter read counting as a use of its module too), computed once by the caller so that scanning
+    every node stays linear in the graph size. ``folded`` maps the outputs of batch norms planned to fold to
+    their producers, so a scan without rewriting sees ``conv -> bn -> bn`` fold twice, as the pass does.
     """
-    if node_kind(gm, bn_node) != "batch_norm" or not bn_node.args:
+    folded = folded or {}
+
+    def is_source(candidate: Any) -> bool:
+        return isinstance(candidate, fx.Node) and _layer_kind(gm, folded.get(candidate, candidate)) is not None
+
+    norm = _match_norm(gm, node, is_source)
+    if norm is None or not is_source(norm.input):
         return None
-    producer = bn_node.args[0]
-    if not isinstance(producer, fx.Node):
-        return None
-    kind = node_kind(gm, producer)
-    if kind not in _LAYER_KINDS:
-        return None
-    if len(producer.users) > 1:
-        return f"{producer.name}'s output has {len(producer.users)} users, not only the BN"
-    stats, reason = _bn_state(gm, bn_node)
-    if stats is None:
-        return f"the BatchNorm {reason}"
-    reason = _tuple_result_reason(bn_node)
-    if reason is not None:
-        return reason
-    plan = FoldPlan(bn_node, producer, kind, *stats)
-    if producer.op == "call_module":
-        reason = _module_reason(gm, plan, uses)
-    elif producer.op == "call_function":
-        reason = _function_reason(gm, plan, uses)
-    else:
-        reason = f"{producer.name} is a {producer.op} node"
-    return plan if reason is None else reason
+    producer = folded.get(norm.input, norm.input)
+    label = _label(node, producer)
+    readers = value_users(norm.input)
+    if len(readers) > 1:
+        return _refusal(f"{producer.name}'s output has {len(readers)} users, not only the {norm.what}", label)
+    state = _norm_state(gm, norm)
+    if isinstance(state, str):
+        return _refusal(state, label, training=TRAINING_HINT in state)
+    layer = _read_layer(gm, producer, uses)
+    if isinstance(layer, str):
+        return _refusal(layer, label)
+    vectors = _per_channel(norm, state, layer)
+    if isinstance(vectors, str):
+        return _refusal(vectors, label)
+    return FoldPlan(node, producer, layer.kind, *vectors, norm, layer)
 
 
-def _bn_state(gm: nn.Module, bn_node: fx.Node):
-    """((mean, var, eps, gamma, beta), None) for a BN node in any form, or (None, why it can't fold)."""
-    if bn_node.op == "call_module":
-        bn = submodule(gm, bn_node)
-        if bn.training:
-            return None, "is in training mode (its statistics change with every batch)"
+def _layer_kind(gm: nn.Module, node: fx.Node) -> str | None:
+    kind = node_kind(gm, node)
+    if kind in _LAYER_KINDS:
+        return kind
+    return "linear" if _matmul_parts(node) is not None else None
+
+
+# ---- the batch norm side
+
+
+# ATen batch norms: packet -> (weight, bias, running mean, running var, training, eps) positions (None: absent)
+_ATEN_BATCH_NORMS = {
+    "batch_norm": (1, 2, 3, 4, 5, 7),
+    "native_batch_norm": (1, 2, 3, 4, 5, 7),
+    "_native_batch_norm_legit": (1, 2, 3, 4, 5, 7),
+    "_native_batch_norm_legit_functional": (1, 2, 3, 4, 5, 7),
+    "_native_batch_norm_legit_no_training": (1, 2, 3, 4, None, 6),
+}
+_NO_STATS = (1, 2, None, None, 3, 5)  # _native_batch_norm_legit.no_stats
+_TUPLE_RESULTS = {name for name in _ATEN_BATCH_NORMS if name != "batch_norm"}
+
+
+def _plain_batch_norm_module(module: nn.Module | None) -> bool:
+    """A BatchNorm module: a torch.nn one, or a subclass that keeps its forward (anything else may do more)."""
+    return isinstance(module, _BatchNorm) and type(module).forward is _BatchNorm.forward
+
+
+def _match_norm(gm: nn.Module, node: fx.Node, is_source) -> Norm | None:
+    """The per-channel map ``node`` computes, read from the graph's structure alone (no statistics yet)."""
+    if node.op == "call_module":
+        if node_kind(gm, node) == "batch_norm" or _plain_batch_norm_module(submodule(gm, node)):
+            return Norm(node, node.args[0], node, consumed=[node]) if node.args else None
+        return None
+    if node.op == "call_method":
+        return _match_frozen(gm, node, is_source)
+    if node.op != "call_function":
+        return None
+    if node.target is F.batch_norm or aten_packet(node) in _ATEN_BATCH_NORMS:
+        if not node.args:
+            return None
+        output = _tuple_output(node) or node
+        return Norm(node, node.args[0], output, consumed=[output, node] if output is not node else [node])
+    return _match_frozen(gm, node, is_source)
+
+
+def _tuple_output(node: fx.Node) -> fx.Node | None:
+    """The lone ``getitem 0`` of a tuple-returning ATen batch norm; None for other forms or other reads."""
+    if aten_packet(node) not in _TUPLE_RESULTS or len(node.users) != 1:
+        return None
+    (user,) = node.users
+    return user if user.target is operator.getitem and user.args[1] == 0 else None
+
+
+_ADD_FUNCTIONS = (operator.add, torch.add)
+_MUL_FUNCTIONS = (operator.mul, torch.mul)
+
+
+def _binary(node: fx.Node, functions: tuple, method: str, packet: str) -> tuple[Any, Any] | None:
+    """The two operands of an out-of-place ``a + b`` / ``a * b`` in any form (no alpha, no out=)."""
+    if node.kwargs or len(node.args) != 2:
+        return None
+    if node.op == "call_method" and node.target == method:
+        return node.args
+    if node.op != "call_function":
+        return None
+    if aten_packet(node) == packet or any(node.target is f for f in functions):
+        return node.args
+    return None
+
+
+def _match_frozen(gm: nn.Module, node: fx.Node, is_source) -> Norm | None:
+    """``x * scale + shift`` (either operand order) with ``x`` a layer output: a frozen batch norm's form."""
+    operands = _binary(node, _ADD_FUNCTIONS, "add", "add")
+    if operands is None:
+        return None
+    for product, shift in (operands, operands[::-1]):
+        if not isinstance(product, fx.Node) or len(product.users) != 1:
+            continue
+        factors = _binary(product, _MUL_FUNCTIONS, "mul", "mul")
+        if factors is None:
+            continue
+        for source, scale in (factors, factors[::-1]):
+            if is_source(source) and not is_source(scale):
+                return Norm(node, source, node, True, [node, product], scale, shift)
+    return None
+
+
+def _norm_state(gm: nn.Module, norm: Norm):
+    """``(kind, values)`` -- ``("bn", (mean, var, eps, gamma, beta))`` or ``("frozen", (scale, shift))`` --
+    or why the map cannot fold. Reads statistics; constant subgraphs it evaluates join ``norm.consumed``."""
+    node = norm.node
+    if norm.frozen:
+        values = []
+        for arg in (norm.scale_arg, norm.shift_arg):
+            value = _constant_or_literal(gm, arg, norm)
+            if value is None:
+                return "its scale or shift is computed from graph inputs or by calls fxforge cannot run at pass time"
+            values.append(value)
+        return "frozen", tuple(values)
+    if node.op == "call_module":
+        bn = submodule(gm, node)
         if bn.running_mean is None or bn.running_var is None:
-            return None, "has no running statistics (track_running_stats=False)"
-        return (bn.running_mean, bn.running_var, bn.eps, bn.weight, bn.bias), None
-    args = _bn_call_args(bn_node)
+            return "the BatchNorm has no running statistics (track_running_stats=False)"
+        if bn.training:
+            return f"the BatchNorm is in training mode (its statistics change with every batch): {TRAINING_HINT}"
+        return "bn", (bn.running_mean, bn.running_var, bn.eps, bn.weight, bn.bias)
+    args = _bn_call_args(node)
     if args is None:
-        return None, "has arguments fxforge cannot read"
-    mean_node, var_node, gamma_node, beta_node, training, eps = args
-    if mean_node is None or var_node is None:
+        return "the BatchNorm has arguments fxforge cannot read"
+    mean_arg, var_arg, gamma_arg, beta_arg, training, eps = args
+    if mean_arg is None or var_arg is None:
         # checked first: without running stats BN must use batch statistics, so the graph says training=True
-        return None, "has no running statistics (track_running_stats=False)"
-    if training:
-        return None, "runs in training mode (training=True)"
+        return "the BatchNorm has no running statistics (track_running_stats=False)"
+    if training is not False:
+        return f"the BatchNorm runs in training mode (training={training}): {TRAINING_HINT}"
+    if aten_packet(node) in _TUPLE_RESULTS and norm.output is node:
+        return "the BatchNorm's tuple result is read other than through one getitem 0"
     values = []
-    for arg in (mean_node, var_node, gamma_node, beta_node):
-        if arg is None:
-            values.append(None)
-        elif isinstance(arg, fx.Node) and arg.op == "get_attr":
-            values.append(get_attr_value(gm, str(arg.target)))
-        else:
-            return None, "takes statistics computed in the graph, not stored tensors"
-    if values[0] is None or values[1] is None:
-        return None, "has no running statistics"
-    return (values[0], values[1], eps, values[2], values[3]), None
+    for arg in (mean_arg, var_arg, gamma_arg, beta_arg):
+        value = None if arg is None else _constant_or_literal(gm, arg, norm)
+        if arg is not None and not isinstance(value, torch.Tensor):
+            return "the BatchNorm takes statistics computed in the graph from its inputs, not stored tensors"
+        values.append(value)
+    mean, var, gamma, beta = values
+    return "bn", (mean, var, eps, gamma, beta)
 
 
 def _bn_call_args(node: fx.Node):
     """(mean, var, weight, bias, training, eps) of a functional or ATen batch norm call."""
-    packet = aten_packet(node)
     if node.target is F.batch_norm:
         names = ["input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps"]
         defaults = {"weight": None, "bias": None, "training": False, "momentum": 0.1, "eps": 1e-5}
         bound = {**defaults, **dict(zip(names, node.args)), **node.kwargs}
-        return (
-            bound["running_mean"],
-            bound["running_var"],
-            bound["weight"],
-            bound["bias"],
-            bound["training"],
-            bound["eps"],
-        )
-    if packet == "batch_norm":  # (input, weight, bias, mean, var, training, momentum, eps, cudnn)
-        a = node.args
-        return a[3], a[4], a[1], a[2], a[5], a[7]
-    if packet == "_native_batch_norm_legit_no_training":  # (input, weight, bias, mean, var, momentum, eps)
-        a = node.args
-        return a[3], a[4], a[1], a[2], False, a[6]
-    return None
-
-
-def _tuple_result_reason(bn_node: fx.Node) -> str | None:
-    """The decomposed ATen BN returns (out, save_mean, save_invstd): only a lone ``getitem 0`` can be rewired."""
-    if aten_packet(bn_node) != "_native_batch_norm_legit_no_training":
+        keys = ("running_mean", "running_var", "weight", "bias", "training", "eps")
+        return tuple(bound.get(key) for key in keys)
+    packet = aten_packet(node)
+    layout = _NO_STATS if getattr(node.target, "_overloadname", "") == "no_stats" else _ATEN_BATCH_NORMS.get(packet)
+    if layout is None or node.kwargs or len(node.args) <= max(i for i in layout if i is not None):
         return None
-    outputs = [u for u in bn_node.users if u.target is operator.getitem and u.args[1] == 0]
-    if len(outputs) != 1 or len(bn_node.users) != 1:
-        return "the BatchNorm's tuple result is read other than through one getitem 0"
-    return None
+    weight, bias, mean, var, training, eps = (None if i is None else node.args[i] for i in layout)
+    return mean, var, weight, bias, False if layout[4] is None else training, eps
 
 
-def _bn_output(node: fx.Node) -> fx.Node:
-    """The node carrying BN's value: the BN itself, or getitem 0 of the tuple-returning ATen form."""
-    if aten_packet(node) == "_native_batch_norm_legit_no_training":
-        (user,) = node.users
-        return user
-    return node
+def _constant_or_literal(gm: nn.Module, arg: Any, norm: Norm) -> Any:
+    """A number as is; a node's value when stored tensors alone compute it (its nodes join ``norm.consumed``)."""
+    if isinstance(arg, (int, float)) and not isinstance(arg, bool):
+        return arg
+    if not isinstance(arg, fx.Node):
+        return None
+    found = constant_value(gm, arg)
+    if found is None:
+        return None
+    value, nodes = found
+    norm.consumed.extend(n for n in reversed(nodes) if n not in norm.consumed)
+    return value
 
 
-def _module_reason(gm: nn.Module, plan: FoldPlan, uses: Counter[str]) -> str | None:
-    module = submodule(gm, plan.producer)
-    target = str(plan.producer.target)
-    if type(module) not in (*_CONV_TYPES, *_TRANSPOSE_TYPES, nn.Linear):
-        return f"{type(module).__name__} is not a plain conv/linear module"
-    if uses[target] > 1:
-        return (
-            f"module {target} is called, or its parameters read, from more than one place; "
-            "folding would change the others"
-        )
-    out_channels = module.out_features if isinstance(module, nn.Linear) else module.out_channels
-    if plan.mean.numel() != out_channels:
-        return f"BN has {plan.mean.numel()} channels, {target} produces {out_channels}"
-    if plan.kind == "linear" and not _known_2d(plan.producer):
-        return "cannot prove the Linear output is 2-D, where BatchNorm1d normalises its features"
-    return None
+_CONSTANT_LIMIT = 64  # nodes: a frozen batch norm needs about a dozen; more is not a per-channel constant
 
 
-def _function_reason(gm: nn.Module, plan: FoldPlan, uses: Counter[str]) -> str | None:
-    """Functional conv/linear (torch dialect F.conv2d or ATen aten.conv2d): its weights must be stored, unshared."""
-    producer = plan.producer
-    args, kwargs = producer.args, producer.kwargs
-    weight_node = args[1] if len(args) > 1 else kwargs.get("weight")
-    bias_node = args[2] if len(args) > 2 else kwargs.get("bias")
-    if not (isinstance(weight_node, fx.Node) and weight_node.op == "get_attr"):
-        return f"the weight of {producer.name} is not a stored parameter"
-    if bias_node is not None and not (isinstance(bias_node, fx.Node) and bias_node.op == "get_attr"):
-        return f"the bias of {producer.name} is not a stored parameter"
-    if any(uses[str(n.target)] > 1 for n in (weight_node, bias_node) if n is not None):
-        return f"the weights of {producer.name} are used elsewhere; folding would change the others"
-    if plan.kind == "linear" and not _known_2d(producer):
-        return "cannot prove the linear output is 2-D, where BatchNorm1d normalises its features"
-    plan.weight_node, plan.bias_node = weight_node, bias_node
-    return None
+def constant_value(gm: nn.Module, node: fx.Node) -> tuple[Any, list[fx.Node]] | None:
+    """``node``'s value when it depends only on stored tensors and literals, through pure calls, with the nodes
+    computing it in graph order; None otherwise.
+
+    Frozen batch norms compute their scale and shift from buffers in the graph; running that arithmetic at
+    pass time (the same calls on the same tensors) is what lets them fold. Nothing in the chain may be
+    written in place by the graph: its value at run time would differ from the one read now.
+    """
+    order: list[fx.Node] = []
+    seen: set[fx.Node] = set()
+
+    def visit(current: fx.Node) -> bool:
+        if current in seen:
+            return True
+        seen.add(current)
+        if len(seen) > _CONSTANT_LIMIT or current.op not in ("get_attr", "call_function", "call_method"):
+            return False
+        if impure_reason(gm, current) is not None:
+            return False
+        if any(current in written_args(gm, user) for user in current.users):
+            return False
+        if not all(visit(source) for source in current.all_input_nodes):
+            return False
+        order.append(current)
+        return True
+
+    if not visit(node):
+        return None
+    values: dict[fx.Node, Any] = {}
+    try:
+        with torch.no_grad():
+            for current in order:
+                values[current] = _run(gm, current, values)
+    except Exception:  # a call that fails at pass time is not folded; the graph would raise at run time too
+        return None
+    value = values[node]
+    if isinstance(value, torch.Tensor) and value.device.type == "meta":
+        return None
+    return value, order
+
+
+def _run(gm: nn.Module, node: fx.Node, values: dict[fx.Node, Any]) -> Any:
+    if node.op == "get_attr":
+        return get_attr_value(gm, str(node.target))
+    args = fx.node.map_arg(node.args, values.__getitem__)
+    kwargs = fx.node.map_arg(node.kwargs, values.__getitem__)
+    if node.op == "call_method":
+        return getattr(args[0], str(node.target))(*args[1:], **kwargs)
+    return node.target(*args, **kwargs)
+
+
+def _per_channel(norm: Norm, state, layer: Layer) -> tuple[torch.Tensor, torch.Tensor] | str:
+    """The float64 (scale, shift) per output channel of ``layer``, or why the map is not per-channel."""
+    kind, values = state
+    if kind == "bn":
+        mean, var, eps, gamma, beta = values
+        if mean.numel() != layer.channels:
+            return f"BN has {mean.numel()} channels, {layer.node.name} produces {layer.channels}"
+        if layer.kind == "linear" and layer.form != "matmul" and not _known_2d(layer.node):
+            return "cannot prove the linear output is 2-D, where BatchNorm1d normalises its features"
+        return bn_affine(mean, var, eps, gamma, beta)
+    vectors = []
+    for value in values:
+        vector = _channel_vector(value, layer)
+        if isinstance(vector, str):
+            return vector
+        vectors.append(vector)
+    return vectors[0], vectors[1]
+
+
+def _channel_vector(value: Any, layer: Layer) -> torch.Tensor | str:
+    """``value`` as one number per output channel, when broadcasting it against the layer output is exactly
+    that (and cannot change the output's shape or dtype); else why not."""
+    channels = layer.channels
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return torch.full((channels,), float(value), dtype=torch.float64)
+    if not isinstance(value, torch.Tensor):
+        return f"its scale or shift is a {type(value).__name__}, not a tensor or a number"
+    if value.dtype != layer.weight.dtype:
+        return f"its scale or shift is {value.dtype}, the layer computes in {layer.weight.dtype} (type promotion)"
+    # the channel axis, counted from the right: (N, C, *spatial) for convs, (..., features) for linears
+    axis = layer.weight.dim() - 1 if layer.kind != "linear" else 1
+    shape = tuple(value.shape)
+    output = getattr(node_value(layer.node), "shape", None)
+    if len(shape) > axis and (output is None or len(shape) > len(output)):
+        # (1, C, 1, 1) against an unbatched (C, H, W) conv output would add a dimension
+        return f"cannot prove its {len(shape)}-D scale or shift keeps the shape of the layer output"
+    for position, size in enumerate(reversed(shape), start=1):
+        if size != 1 and not (position == axis and size == channels):
+            return f"its scale or shift has shape {list(shape)}, not one value per output channel"
+    vector = value.detach().double().reshape(-1)
+    return vector.expand(channels).clone() if vector.numel() == 1 else vector
 
 
 def _known_2d(node: fx.Node) -> bool:
@@ -240,11 +483,339 @@ def _known_2d(node: fx.Node) -> bool:
     return shape is not None and len(shape) == 2
 
 
-def _nothing_left_to_fold(gm: fx.GraphModule) -> str | None:
-    """Postcondition: the shared detection finds no foldable BatchNorm (each was folded or refused)."""
-    uses = count_uses(gm.graph)
+# ---- the layer side
+
+
+def _read_layer(gm: nn.Module, node: fx.Node, uses: Counter[str]) -> Layer | str:
+    if node.op == "call_module":
+        return _read_module(gm, node, uses)
+    if _matmul_parts(node) is not None:
+        return _read_matmul(gm, node, uses)
+    if node.op == "call_function":
+        return _read_function(gm, node, uses)
+    return f"{node.name} is a {node.op} node"
+
+
+def _read_module(gm: nn.Module, node: fx.Node, uses: Counter[str]) -> Layer | str:
+    module = submodule(gm, node)
+    target = str(node.target)
+    if type(module) not in (*_CONV_TYPES, *_TRANSPOSE_TYPES, nn.Linear):
+        return f"{type(module).__name__} is not a plain conv/linear module"
+    if uses[target] > 1:
+        return (
+            f"module {target} is called, or its parameters read, from more than one place; "
+            "folding would change the others"
+        )
+    kind = node_kind(gm, node)
+    channels = module.out_features if isinstance(module, nn.Linear) else module.out_channels
+    transposed = isinstance(module, _TRANSPOSE_TYPES)
+    groups = getattr(module, "groups", 1)
+    return Layer(node, kind, "module", module.weight, module.bias, channels, transposed, groups)
+
+
+def _read_function(gm: nn.Module, node: fx.Node, uses: Counter[str]) -> Layer | str:
+    """Functional conv/linear (torch dialect F.conv2d or ATen aten.conv2d): its weights must be stored, unshared."""
+    args, kwargs = node.args, node.kwargs
+    weight_node = args[1] if len(args) > 1 else kwargs.get("weight")
+    bias_node = args[2] if len(args) > 2 else kwargs.get("bias")
+    if not (isinstance(weight_node, fx.Node) and weight_node.op == "get_attr"):
+        return f"the weight of {node.name} is not a stored parameter"
+    if bias_node is not None and not (isinstance(bias_node, fx.Node) and bias_node.op == "get_attr"):
+        return f"the bias of {node.name} is not a stored parameter"
+    if any(uses[str(n.target)] > 1 for n in (weight_node, bias_node) if n is not None):
+        return f"the weights of {node.name} are used elsewhere; folding would change the others"
+    kind = node_kind(gm, node)
+    weight = get_attr_value(gm, str(weight_node.target))
+    bias = get_attr_value(gm, str(bias_node.target)) if bias_node is not None else None
+    transposed, groups = kind == "conv_transpose", 1
+    if aten_packet(node) == "convolution":
+        transposed, groups = bool(args[6]), int(args[8])
+    elif kind in ("conv", "conv_transpose"):
+        groups = int(args[6]) if len(args) > 6 else int(kwargs.get("groups", 1))
+    channels = weight.shape[1] * groups if transposed else weight.shape[0]
+    return Layer(node, kind, "function", weight, bias, channels, transposed, groups, weight_node, bias_node)
+
+
+def _matmul_parts(node: fx.Node) -> tuple[fx.Node, fx.Node | None, fx.Node] | None:
+    """(transposed-weight node, bias node or None, the mm/addmm node) of a decomposed ATen linear:
+    ``addmm(b, x, W.t())``, ``mm(x, W.t())`` or ``mm(x, W.t()) + b``; None for anything else."""
+    if node.op != "call_function":
+        return None
+    bias = None
+    matmul = node
+    if node.target is torch.ops.aten.add.Tensor and len(node.args) == 2 and not node.kwargs:
+        matmul, bias = node.args if _is_mm(node.args[0]) else node.args[::-1]
+        if not (_is_mm(matmul) and len(matmul.users) == 1):
+            return None
+    if matmul.target is torch.ops.aten.addmm.default and not matmul.kwargs:
+        bias, transposed = matmul.args[0], matmul.args[2]
+    elif matmul.target is torch.ops.aten.mm.default:
+        transposed = matmul.args[1]
+    else:
+        return None
+    if not (isinstance(transposed, fx.Node) and _is_weight_transpose(transposed)):
+        return None
+    return transposed, bias, matmul
+
+
+def _is_mm(node: Any) -> bool:
+    return isinstance(node, fx.Node) and node.target is torch.ops.aten.mm.default
+
+
+def _is_weight_transpose(node: fx.Node) -> bool:
+    """``W.t()`` of a stored 2-D weight, in the spellings torch.export uses."""
+    args = node.args
+    if not (args and isinstance(args[0], fx.Node) and args[0].op == "get_attr"):
+        return False
+    if node.target is torch.ops.aten.t.default:
+        return True
+    if node.target is torch.ops.aten.permute.default:
+        return list(args[1]) == [1, 0]
+    if node.target is torch.ops.aten.transpose.int:
+        return sorted(d % 2 for d in args[1:3]) == [0, 1]
+    return False
+
+
+def _read_matmul(gm: nn.Module, node: fx.Node, uses: Counter[str]) -> Layer | str:
+    transposed, bias_node, _ = _matmul_parts(node)
+    weight_node = transposed.args[0]
+    if len(transposed.users) != 1:
+        return f"the transposed weight of {node.name} has other users"
+    if bias_node is not None and not (isinstance(bias_node, fx.Node) and bias_node.op == "get_attr"):
+        return f"the bias of {node.name} is not a stored parameter"
+    if any(uses[str(n.target)] > 1 for n in (weight_node, bias_node) if n is not None):
+        return f"the weights of {node.name} are used elsewhere; folding would change the others"
+    weight = get_attr_value(gm, str(weight_node.target))
+    bias = get_attr_value(gm, str(bias_node.target)) if bias_node is not None else None
+    if weight.dim() != 2 or (bias is not None and tuple(bias.shape) != (weight.shape[0],)):
+        return f"{node.name} is not a linear layer's (out, in) weight and (out,) bias"
+    return Layer(node, "linear", "matmul", weight, bias, weight.shape[0], weight_node=weight_node, bias_node=bias_node)
+
+
+# ---- modules the graph calls as one node
+
+
+class _ComputedConstant(Exception):
+    """The traced module computes a tensor at trace time that is none of its stored tensors."""
+
+
+class _CompositeTracer(fx.Tracer):
+    """fx's default tracer, except that buffers read as attributes become ``get_attr`` nodes (a frozen batch
+    norm computes its scale from buffers) and a tensor computed at trace time is refused: fx would store it
+    on the traced module, and lint must not change the user's model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proxy_buffer_attributes = True
+
+    def create_arg(self, a: Any) -> Any:
+        if isinstance(a, torch.Tensor) and not self._stored(a):
+            raise _ComputedConstant
+        return super().create_arg(a)
+
+    def _stored(self, tensor: torch.Tensor) -> bool:
+        if isinstance(tensor, nn.Parameter) or self.tensor_attrs.get(tensor) is not None:
+            return True
+        return any(tensor is buffer for buffer in self.root.buffers())
+
+
+def _bears_batch_norm(module: nn.Module) -> bool:
+    """Holds a batch norm: a _BatchNorm, or a module with running statistics (a frozen batch norm)."""
+    for inner in module.modules():
+        if isinstance(inner, _BatchNorm) or {"running_mean", "running_var"} <= set(inner._buffers):
+            return True
+    return False
+
+
+def _is_composite(gm: nn.Module, node: fx.Node) -> bool:
+    """A call of a module fxforge does not read directly but that holds a batch norm."""
+    if node.op != "call_module" or node_kind(gm, node) is not None:
+        return False
+    module = submodule(gm, node)
+    return not _plain_batch_norm_module(module) and _bears_batch_norm(module)
+
+
+def _trace_composite(gm: nn.Module, node: fx.Node, uses: Counter[str]) -> fx.Graph | Refusal:
+    """The graph of the module ``node`` calls, ready to inline in its place, or why it cannot be inlined."""
+    module, target = submodule(gm, node), str(node.target)
+    label = f"{node.name} (a {type(module).__name__} call)"
+    if uses[target] > 1:
+        return _refusal(f"module {target} is called, or its tensors read, from more than one place", label)
+    if node.kwargs or not all(isinstance(arg, fx.Node) for arg in node.args):
+        return _refusal("it is called with more than tensors by position", label)
+    try:
+        parameters = list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):
+        return _refusal("fxforge cannot read its forward's signature", label)
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    if len(parameters) != len(node.args) or any(p.kind not in positional for p in parameters):
+        # a defaulted argument would be traced as a tensor, not as its default value
+        return _refusal("its forward takes other arguments than the call passes", label)
+    try:
+        graph = _CompositeTracer().trace(module)
+    except _ComputedConstant:
+        return _refusal("it computes tensors at trace time that fxforge cannot keep", label)
+    except Exception as exc:
+        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return _refusal(f"it cannot be traced to reach its batch norm ({first_line[:160]})", label)
+    (output,) = [n for n in graph.nodes if n.op == "output"]
+    if not isinstance(output.args[0], fx.Node):
+        return _refusal("it returns a structure, not one tensor", label)
+    return graph
+
+
+def _inline_into(graph: fx.Graph, call: fx.Node, traced: fx.Graph, args: tuple) -> tuple[fx.Node, list[fx.Node]]:
+    """Copy ``traced`` into ``graph`` at its insertion point for the module call ``call`` with ``args``;
+    returns the node carrying the call's value and the new nodes.
+
+    Attribute and module targets get the call's qualified path (``drop`` -> ``bn1.drop``), so the inlined
+    nodes read the very tensors and submodules the call used. Provenance: the node carrying the call's value
+    computes what ``call`` computed; the others compute values the captured graph never had, so their origin
+    names no node there (verify's bisection skips them).
+    """
+    origin = call.meta.get(ORIGIN, call.name)
+    placeholders = [n for n in traced.nodes if n.op == "placeholder"]
+    env: dict[fx.Node, Any] = dict(zip(placeholders, args))
+    created = []
+    for inner in traced.nodes:
+        if inner.op == "placeholder":
+            continue
+        if inner.op == "output":
+            break
+        target = f"{call.target}.{inner.target}" if inner.op in ("get_attr", "call_module") else inner.target
+        new = graph.create_node(
+            inner.op,
+            target,
+            fx.node.map_arg(inner.args, env.__getitem__),
+            fx.node.map_arg(inner.kwargs, env.__getitem__),
+            name=f"{call.name}_{inner.name}",
+        )
+        new.meta[ORIGIN] = f"{origin}/{inner.name}"
+        new.meta[INLINED] = call.meta.get(INLINED, call.name)
+        env[inner] = new
+        created.append(new)
+    output = env[inner.args[0]]
+    if output in created:
+        mark(output, NAME, origin_of=call)
+    return output, created
+
+
+def _scratch(gm: nn.Module, inline: dict[fx.Node, fx.Graph]) -> tuple[fx.Graph, dict[fx.Node, fx.Node]]:
+    """A copy of ``gm.graph`` with the ``inline`` calls inlined, and each copied node's node in ``gm.graph``
+    (the call, for inlined nodes). Targets stay qualified from ``gm``, so ``gm`` is the copy's root too."""
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    owner: dict[fx.Node, fx.Node] = {}
     for node in gm.graph.nodes:
-        plan = plan_fold(gm, node, uses)
+        if node in inline:
+            env[node], created = _inline_into(graph, node, inline[node], tuple(env[a] for a in node.args))
+            owner.update(dict.fromkeys(created, node))
+        else:
+            env[node] = graph.node_copy(node, env.__getitem__)
+            owner[env[node]] = node
+    return graph, owner
+
+
+def _inline_in_place(gm: fx.GraphModule, call: fx.Node, traced: fx.Graph) -> None:
+    """Replace the module call by its inlined graph. The module, and every module inside it that the inlined
+    graph does not call, become plain containers of the same submodules and tensors: they are no longer
+    called, and once the fold leaves their statistics unread those can go (a BatchNorm subclass holding
+    only ``drop`` and ``act`` would still look like a BatchNorm)."""
+    with gm.graph.inserting_before(call):
+        output, _ = _inline_into(gm.graph, call, traced, call.args)
+    call.replace_all_uses_with(output)
+    gm.graph.erase_node(call)
+    module, path = submodule(gm, call), str(call.target)
+    called = {str(node.target) for node in traced.nodes if node.op == "call_module"}
+    container = _containers(module, called, "")
+    for node in traced.nodes:  # plain tensor attributes (not parameters or buffers) the inlined graph reads
+        if node.op == "get_attr":
+            owner_path, _, name = str(node.target).rpartition(".")
+            owner = container.get_submodule(owner_path)
+            if not hasattr(owner, name):
+                setattr(owner, name, get_attr_value(module, str(node.target)))
+    parent, _, child = path.rpartition(".")
+    setattr(gm.get_submodule(parent) if parent else gm, child, container)
+
+
+def _containers(module: nn.Module, called: set[str], path: str) -> nn.Module:
+    """``module`` with itself and its descendants that are not in ``called`` turned into plain nn.Modules."""
+    if path in called:
+        return module
+    container = nn.Module()
+    for name, child in module.named_children():
+        container.add_module(name, _containers(child, called, f"{path}.{name}" if path else name))
+    for name, parameter in module._parameters.items():
+        container.register_parameter(name, parameter)
+    for name, buffer in module._buffers.items():
+        container.register_buffer(name, buffer, persistent=name not in module._non_persistent_buffers_set)
+    return container
+
+
+# ---- the whole graph
+
+
+@dataclass
+class _Scan:
+    decisions: list[tuple[fx.Node, FoldPlan | Refusal]]  # per node of the scanned graph, in graph order
+    inline: dict[fx.Node, fx.Graph]  # module calls whose inlining lets a batch norm fold
+    composites: set[fx.Node]
+
+
+def _plans(gm: nn.Module, graph: fx.Graph, uses: Counter[str]) -> list[tuple[fx.Node, FoldPlan | Refusal]]:
+    folded: dict[fx.Node, fx.Node] = {}
+    plans = []
+    for node in graph.nodes:
+        plan = plan_fold(gm, node, uses, folded)
+        if plan is None:
+            continue
+        if isinstance(plan, FoldPlan):
+            folded[plan.norm.output] = plan.producer
+        plans.append((node, plan))
+    return plans
+
+
+def _scan(gm: fx.GraphModule) -> _Scan:
+    """Every batch norm after a conv/linear: its plan or why not, including those inside module calls.
+
+    Module calls that hold a batch norm are inlined into a scratch copy of the graph (the graph itself is
+    not touched: lint runs this too) and planned there. A call is kept for inlining when one of its batch
+    norms folds; dropping one can stop another from folding (its conv came from the dropped call), so the
+    choice is repeated until it is stable.
+    """
+    uses = count_uses(gm.graph)
+    traces = {node: _trace_composite(gm, node, uses) for node in gm.graph.nodes if _is_composite(gm, node)}
+    if not traces:
+        return _Scan(_plans(gm, gm.graph, uses), {}, set())
+    refused: dict[fx.Node, Refusal] = {n: t for n, t in traces.items() if isinstance(t, Refusal)}
+    inline = {n: t for n, t in traces.items() if isinstance(t, fx.Graph)}
+    while True:
+        graph, owner = _scratch(gm, inline)
+        plans = [(owner[node], plan) for node, plan in _plans(gm, graph, count_uses(graph))]
+        folding = {node for node, plan in plans if node in inline and isinstance(plan, FoldPlan)}
+        for node, plan in plans:
+            if node in inline and node not in folding:
+                refused.setdefault(node, plan)
+        if folding == set(inline):
+            break
+        inline = {node: inline[node] for node in folding}
+    decisions = [(node, plan) for node, plan in plans if node not in refused or node in inline]
+    order = {node: i for i, node in enumerate(gm.graph.nodes)}
+    decisions += [(node, plan) for node, plan in refused.items() if node not in inline]
+    decisions.sort(key=lambda item: order[item[0]])
+    return _Scan(decisions, inline, set(traces))
+
+
+def find_folds(gm: fx.GraphModule) -> list[tuple[fx.Node, FoldPlan | Refusal]]:
+    """Each batch norm (or frozen one) after a conv/linear, in graph order, with its :class:`FoldPlan` or the
+    :class:`Refusal` saying why it stays. Nodes are ``gm``'s own: for a batch norm inside a module call, the
+    call (the plan then describes the batch norm the pass inlines). Lint rule FX008 reports these."""
+    return _scan(gm).decisions
+
+
+def _nothing_left_to_fold(gm: fx.GraphModule) -> str | None:
+    """Postcondition: the shared detection finds no foldable batch norm (each was folded or refused)."""
+    for _, plan in find_folds(gm):
         if isinstance(plan, FoldPlan):
             return f"{plan.label} can still be folded"
     return None
@@ -258,46 +829,81 @@ def _nothing_left_to_fold(gm: fx.GraphModule) -> str | None:
     NAME,
     summary="Fold inference BatchNorm into the preceding Conv1d/2d/3d, ConvTranspose1d/2d/3d or Linear.",
     guarantees=(
-        "Outputs equal up to fp32 round-off (weights folded in float64). Never folds a BN in training mode, "
-        "without running statistics or with statistics computed in the graph; a conv/linear whose output has "
-        "other users; a conv module called from more than one place or whose weight or bias the graph also "
-        "reads directly; a functional/ATen conv whose weights are not stored tensors or are read elsewhere; "
-        "a Linear whose output is not known to be 2-D. Each refusal is listed in the result with its reason. "
-        "Torch and ATen dialects."
+        "Outputs equal up to fp32 round-off (weights folded in float64). Folds BatchNorm modules, F.batch_norm and "
+        "ATen batch norms (batch_norm, _native_batch_norm_legit_no_training), frozen batch norms (x * scale + "
+        "shift with per-channel scale and shift computed from stored tensors, e.g. torchvision/timm "
+        "FrozenBatchNorm2d) and batch norms inside a module called as one node (e.g. timm BatchNormAct2d, "
+        "ConvNormAct: the module is inlined, keeping its other parts, only when that lets a batch norm fold), "
+        "into conv/conv-transpose/linear modules, F.conv*/F.linear and ATen convolutions/linear with stored "
+        "weights, and ATen addmm/mm (+ add) linears. Reads of the layer output's shape, rank or dtype do not "
+        "block a fold. Never folds a BN in training mode (the reason says: call model.eval() before capture), "
+        "without running statistics, or with statistics or scale/shift computed from graph inputs, from stored "
+        "tensors read elsewhere or by calls fxforge cannot run; a conv/linear whose output has other users; a "
+        "conv module called from more than one place or whose weight or bias the graph also reads directly; a "
+        "functional/ATen layer whose weights are not stored tensors or are read elsewhere; a Linear whose output "
+        "is not known to be 2-D; a scale or shift that is not one value per output channel, has another dtype, "
+        "or may change the output's shape; a module call that is made more than once, passes more than "
+        "tensors, cannot be traced or computes tensors at trace time. Each refusal is listed in the result with "
+        "its reason. Torch and ATen dialects."
     ),
     ensures=lambda gm, result: _nothing_left_to_fold(gm),
 )
 def fold_bn(gm: fx.GraphModule, options: None) -> PassResult:
     result = PassResult(NAME, gm)
+    scan = _scan(gm)
+    for node, plan in scan.decisions:
+        if node in scan.composites and node not in scan.inline:
+            result.skip(f"{plan.label or node.name}: {plan}")
+    for call, traced in scan.inline.items():
+        _inline_in_place(gm, call, traced)
+    fetched_before = {str(n.target) for n in gm.graph.nodes if n.op == "get_attr"}  # inlined reads included
     uses = count_uses(gm.graph)  # once: per-candidate scans would make the pass quadratic in graph size
-    fetched_before = {str(n.target) for n in gm.graph.nodes if n.op == "get_attr"}
+    erased: set[fx.Node] = set()  # by earlier folds (a frozen batch norm's arithmetic comes before it)
     # in graph order, so a BN after a folded BN (conv -> bn -> bn) sees the conv and folds too
-    for bn_node in list(gm.graph.nodes):
-        plan = plan_fold(gm, bn_node, uses)
-        if plan is None:
+    for node in list(gm.graph.nodes):
+        if node in erased:
             continue
-        if isinstance(plan, str):
-            result.skip(f"{_label(bn_node, bn_node.args[0])}: {plan}")
-        elif plan.producer.op == "call_module":
-            _fold_module(gm, plan, result)
-        else:
-            _fold_function(gm, plan, result)
+        plan = plan_fold(gm, node, uses)
+        if isinstance(plan, Refusal):
+            result.skip(f"{plan.label}: {plan}")
+        elif plan is not None:
+            erased |= _fold(gm, plan, result)
     if result.changed:
         _drop_stale_attributes(gm, fetched_before)
     return result
 
 
-def _replace_bn(gm: fx.GraphModule, producer: fx.Node, bn_node: fx.Node) -> None:
-    output = _bn_output(bn_node)
-    mark(producer, NAME, origin_of=output)
-    output.replace_all_uses_with(producer)
-    if output is not bn_node:
-        gm.graph.erase_node(output)
-    stored = [n for n in bn_node.all_input_nodes if n.op == "get_attr"]
-    gm.graph.erase_node(bn_node)
-    for node in stored:  # functional/ATen BN: its statistics were get_attr nodes read by it alone
-        if not node.users:
+def _fold(gm: fx.GraphModule, plan: FoldPlan, result: PassResult) -> set[fx.Node]:
+    """Fold ``plan`` and log it; returns the nodes it erased."""
+    layer = plan.layer
+    if layer.form == "module":
+        weight, bias = _fold_module(gm, plan)
+    elif layer.form == "function":
+        weight, bias = _fold_function(gm, plan)
+    else:
+        weight, bias = _fold_matmul(gm, plan)
+    erased = _replace_norm(gm, plan)
+    into = str(plan.producer.target) if layer.form == "module" else plan.producer.name
+    what = f" ({plan.bn.name}: x * scale + shift, a frozen batch norm)" if plan.norm.frozen else ""
+    result.note(f"folded {display_name(plan.bn)} into {into}{what}", removed=1, folded=weight.numel() + bias.numel())
+    return erased
+
+
+def _replace_norm(gm: fx.GraphModule, plan: FoldPlan) -> set[fx.Node]:
+    """Make the producer compute the map's value; erase the map and what only it read (returned)."""
+    output = plan.norm.output
+    mark(plan.producer, NAME, origin_of=output)
+    output.replace_all_uses_with(plan.producer)
+    erased: set[fx.Node] = set()
+    left = list(plan.norm.consumed)
+    while True:  # the scale feeds the shift's arithmetic too: erase until nothing more goes
+        unused = [node for node in left if not node.users]
+        if not unused:
+            return erased
+        for node in unused:
             gm.graph.erase_node(node)
+        erased.update(unused)
+        left = [node for node in left if node not in erased]
 
 
 def _drop_stale_attributes(gm: fx.GraphModule, fetched_before: set[str]) -> None:
@@ -318,55 +924,71 @@ def _drop_stale_attributes(gm: fx.GraphModule, fetched_before: set[str]) -> None
     prune_attributes(gm, fetched_before - {str(n.target) for n in gm.graph.nodes if n.op == "get_attr"})
 
 
-def _fold_module(gm: fx.GraphModule, plan: FoldPlan, result: PassResult) -> None:
-    producer, target = plan.producer, str(plan.producer.target)
-    module = submodule(gm, producer)
-    transposed = isinstance(module, _TRANSPOSE_TYPES)
-    groups = getattr(module, "groups", 1)
-    weight, bias = fold_weights(
-        module.weight, module.bias, plan.mean, plan.var, plan.eps, plan.gamma, plan.beta, transposed, groups
-    )
+def _folded(plan: FoldPlan) -> tuple[torch.Tensor, torch.Tensor]:
+    layer = plan.layer
+    return fold_affine(layer.weight, layer.bias, plan.scale, plan.shift, layer.transposed, layer.groups)
+
+
+def _fold_module(gm: fx.GraphModule, plan: FoldPlan) -> tuple[torch.Tensor, torch.Tensor]:
+    module = submodule(gm, plan.producer)
+    weight, bias = _folded(plan)
     # A new module with new Parameters: the old ones may be shared with the user's model.
     fused = copy.deepcopy(module)
     fused.weight = nn.Parameter(weight, requires_grad=module.weight.requires_grad)
     fused.bias = nn.Parameter(bias, requires_grad=module.weight.requires_grad)
-    parent_name, _, child = target.rpartition(".")
+    parent_name, _, child = str(plan.producer.target).rpartition(".")
     setattr(gm.get_submodule(parent_name) if parent_name else gm, child, fused)
-    _replace_bn(gm, producer, plan.bn)
-    result.note(f"folded {plan.bn.name} into {target}", removed=1, folded=bias.numel() + weight.numel())
+    return weight, bias
 
 
-def _fold_function(gm: fx.GraphModule, plan: FoldPlan, result: PassResult) -> None:
-    """Functional conv/linear (torch dialect F.conv2d or ATen aten.conv2d) with stored weights."""
-    producer, weight_node, bias_node = plan.producer, plan.weight_node, plan.bias_node
-    packet = aten_packet(producer)
-    args, kwargs = producer.args, producer.kwargs
-    transposed = plan.kind == "conv_transpose"
-    groups = 1
-    if packet == "convolution":
-        transposed, groups = bool(args[6]), int(args[8])
-    elif plan.kind in ("conv", "conv_transpose"):
-        groups = int(args[6]) if len(args) > 6 else int(kwargs.get("groups", 1))
-    weight = get_attr_value(gm, str(weight_node.target))
-    bias = get_attr_value(gm, str(bias_node.target)) if bias_node is not None else None
-    new_weight, new_bias = fold_weights(
-        weight, bias, plan.mean, plan.var, plan.eps, plan.gamma, plan.beta, transposed, groups
-    )
-    weight_name = store_tensor(gm, f"{producer.name}_folded_weight", new_weight)
-    bias_name = store_tensor(gm, f"{producer.name}_folded_bias", new_bias)
+def _store_pair(gm: fx.GraphModule, plan: FoldPlan, weight: torch.Tensor, bias: torch.Tensor, reader: fx.Node):
+    """New stored tensors for the folded weight and bias, read by new get_attr nodes placed before ``reader``
+    (the node that reads the weight) and the producer."""
+    producer = plan.producer
+    weight_name = store_tensor(gm, f"{producer.name}_folded_weight", weight)
+    bias_name = store_tensor(gm, f"{producer.name}_folded_bias", bias)
+    with gm.graph.inserting_before(reader):
+        weight_node = gm.graph.get_attr(weight_name)
     with gm.graph.inserting_before(producer):
-        new_weight_node = gm.graph.get_attr(weight_name)
-        new_bias_node = gm.graph.get_attr(bias_name)
-    producer.replace_input_with(weight_node, new_weight_node)
-    if bias_node is not None:
-        producer.replace_input_with(bias_node, new_bias_node)
+        bias_node = gm.graph.get_attr(bias_name)
+    return weight_node, bias_node
+
+
+def _erase_if_unused(gm: fx.GraphModule, *nodes: fx.Node | None) -> None:
+    for node in nodes:
+        if node is not None and not node.users:
+            gm.graph.erase_node(node)
+
+
+def _fold_function(gm: fx.GraphModule, plan: FoldPlan) -> tuple[torch.Tensor, torch.Tensor]:
+    """Functional conv/linear (torch dialect F.conv2d or ATen aten.conv2d) with stored weights."""
+    producer, layer = plan.producer, plan.layer
+    weight, bias = _folded(plan)
+    weight_node, bias_node = _store_pair(gm, plan, weight, bias, producer)
+    producer.replace_input_with(layer.weight_node, weight_node)
+    if layer.bias_node is not None:
+        producer.replace_input_with(layer.bias_node, bias_node)
     else:
-        _set_missing_bias(producer, new_bias_node)
-    _replace_bn(gm, producer, plan.bn)
-    for stale in (weight_node, bias_node):
-        if stale is not None and not stale.users:
-            gm.graph.erase_node(stale)
-    result.note(f"folded {plan.bn.name} into {producer.name}", removed=1, folded=new_weight.numel() + new_bias.numel())
+        _set_missing_bias(producer, bias_node)
+    _erase_if_unused(gm, layer.weight_node, layer.bias_node)
+    return weight, bias
+
+
+def _fold_matmul(gm: fx.GraphModule, plan: FoldPlan) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decomposed ATen linear: the stored ``W`` behind ``W.t()`` is scaled row by row, and the bias is
+    replaced -- ``mm(x, W.t())`` becomes ``addmm(b, x, W.t())`` to take one."""
+    layer = plan.layer
+    transposed, _, matmul = _matmul_parts(plan.producer)
+    weight, bias = _folded(plan)
+    weight_node, bias_node = _store_pair(gm, plan, weight, bias, transposed)
+    transposed.replace_input_with(layer.weight_node, weight_node)
+    if layer.bias_node is not None:  # addmm's first argument, or the add after mm
+        plan.producer.replace_input_with(layer.bias_node, bias_node)
+    else:
+        matmul.target = torch.ops.aten.addmm.default
+        matmul.args = (bias_node, *matmul.args)
+    _erase_if_unused(gm, layer.weight_node, layer.bias_node)
+    return weight, bias
 
 
 def _set_missing_bias(producer: fx.Node, bias: fx.Node) -> None:

@@ -126,6 +126,28 @@ def count_uses(graph: fx.Graph) -> Counter[str]:
     return uses
 
 
+# Reads of a tensor's metadata only: rewriting how the tensor is computed (same shape and dtype) keeps them right.
+_METADATA_ATTRIBUTES = frozenset({"ndim", "shape", "dtype", "device", "is_cuda", "layout"})
+_METADATA_METHODS = frozenset({"dim", "ndimension", "size", "numel", "nelement", "get_device"})
+_METADATA_ATEN = frozenset({"sym_size", "sym_numel", "_assert_tensor_metadata"})
+
+
+def reads_metadata_only(user: fx.Node, node: fx.Node) -> bool:
+    """Does ``user`` read only the shape, rank, dtype or device of ``node`` (timm's ``assert x.ndim == 4``)?"""
+    if not user.args or user.args[0] is not node or node in user.args[1:] or node in user.kwargs.values():
+        return False
+    if user.op == "call_function" and user.target is getattr:
+        return user.args[1] in _METADATA_ATTRIBUTES
+    if user.op == "call_method":
+        return user.target in _METADATA_METHODS
+    return aten_packet(user) in _METADATA_ATEN
+
+
+def value_users(node: fx.Node) -> list[fx.Node]:
+    """The users of ``node`` that read its value, not only its metadata."""
+    return [user for user in node.users if not reads_metadata_only(user, node)]
+
+
 def _ints(value: object, n: int) -> tuple[int, ...] | None:
     if isinstance(value, int) and not isinstance(value, bool):
         return (value,) * n
