@@ -29,12 +29,19 @@ MERGEABLE = {
     "kxk then 1x1": (conv(3, 8, 3, stride=2, padding=1), conv(8, 4, 1), "1x1 stride-1 unpadded conv after a 3x3"),
     "1x1 then unpadded kxk": (conv(3, 8, 1), conv(8, 4, 3), "3x3 unpadded conv after a 1x1"),
     "bias-free 1x1 then padded kxk": (conv(3, 8, 1, bias=False), conv(8, 4, 3, padding=1), "bias-free 1x1"),
+    # a strided 1x1 keeps every other output of the kxk: the kxk with twice its stride
+    "kxk then strided 1x1": (conv(3, 8, 3), conv(8, 4, 1, stride=2), "one 3x3 conv with stride 2x2"),
+    # each output group of the 1x1 reads its middle block, which reads every input: one dense conv
+    "grouped 1x1 after ungrouped kxk": (conv(3, 6, 3), conv(6, 4, 1, groups=2), "1x1 stride-1 unpadded"),
+    # an unpadded second conv reads the first's (padded) input through both kernels: one 5x5 conv
+    "kxk then unpadded kxk": (conv(3, 8, 3, padding=1), conv(8, 4, 3), "one 5x5 conv (the kernels composed"),
 }
 NOT_MERGEABLE = {
     "1x1 with bias then padded kxk": (conv(3, 8, 1), conv(8, 4, 3, padding=1)),
-    "kxk then strided 1x1": (conv(3, 8, 3), conv(8, 4, 1, stride=2)),
-    "grouped": (conv(3, 6, 3), conv(6, 4, 1, groups=2)),
-    "kxk then kxk": (conv(3, 8, 3), conv(8, 4, 3)),
+    # the second conv's zero padding is not the first conv of anything: no conv of the input computes it
+    "kxk then padded kxk": (conv(3, 8, 3), conv(8, 4, 3, padding=1)),
+    "kxk then reflect-padded kxk": (conv(3, 8, 3), conv(8, 4, 3, padding=1, padding_mode="reflect")),
+    "strided 1x1 then padded kxk": (conv(3, 8, 1, stride=2, bias=False), conv(8, 4, 3, padding=1)),
 }
 
 
@@ -61,6 +68,19 @@ def test_mergeable_claim_is_exact():
     merged = torch.einsum("ockl,ci->oikl", second.weight, first.weight[:, :, 0, 0])
     with torch.no_grad():
         torch.testing.assert_close(F.conv2d(X, merged, second.bias, padding=1), second(first(X)))
+
+
+def test_composed_kernel_claim_is_exact():
+    """The claim behind kxk then kxk: the second kernel's tap t and the first's tap a land at t + a of a 5x5
+    conv with the first conv's padding; every tap reads the first conv's bias."""
+    first, second, _ = MERGEABLE["kxk then unpadded kxk"]
+    merged = torch.zeros(4, 3, 5, 5)
+    for t in range(3):
+        for u in range(3):
+            merged[:, :, t : t + 3, u : u + 3] += torch.einsum("om,mikl->oikl", second.weight[:, :, t, u], first.weight)
+    bias = second.weight.sum(dim=(2, 3)) @ first.bias + second.bias
+    with torch.no_grad():
+        torch.testing.assert_close(F.conv2d(X, merged, bias, padding=1), second(first(X)))
 
 
 @pytest.mark.parametrize("dialect", ["torch", "aten"])

@@ -4,18 +4,24 @@ With nothing between them, ``B(A(x))`` is one linear map of ``x``. It is one *la
 exactly in these cases, and only these are merged:
 
 * linear -> linear: ``W = W2 @ W1``, ``b = W2 @ b1 + b2``;
-* any conv A (kernel, stride, padding, dilation, padding mode, groups) -> a 1x1 conv B with stride 1
-  and no padding: B only mixes channels at each position, so one conv with A's geometry and weights
-  ``W[o, i, k] = sum_m B[o, m] A[m, i, k]`` computes both;
-* a 1x1 conv A with stride 1 and no padding -> any conv B: A maps each pixel on its own, so one conv
-  with B's geometry and weights ``W[o, i, k] = sum_m B[o, m, k] A[m, i]`` computes both -- as long as
-  B's padding does not see A's bias. B's zero padding pads A's *output* with zeros where the merged
-  conv would produce ``A(0) = bias``: exact only when A has no bias (or B does not pad). Reflect,
-  replicate and circular padding copy pixels, which commutes with the per-pixel A: always exact.
+* any conv A -> a conv B that does not pad: B's tap ``t`` at output ``i`` reads A's output at
+  ``sB * i + dB * t``, which reads A's (padded) input at ``sA * (sB * i + dB * t) + dA * a``. That is one conv
+  of the input with A's padding and padding mode, stride ``sA * sB`` and the two kernels composed: tap
+  ``(t, a)`` lands at offset ``sA * dB * t + dA * a``, written as a kernel of dilation
+  ``gcd(sA * dB, dA)``. Its output size is B's (the floors nest). Special cases: a 1x1 B (strided or
+  not) keeps A's kernel; a 1x1 A keeps B's kernel, dilated by A's stride. A's padding pads the *input*,
+  which the merged conv pads alike, so A's bias at the border is computed as before;
+* a 1x1 conv A with stride 1 and no padding -> a conv B that pads: A maps each pixel on its own, so one conv
+  with B's geometry computes both -- as long as B's padding does not see A's bias. B's zero padding pads A's
+  *output* with zeros where the merged conv would produce ``A(0) = bias``: exact only when A has no bias.
+  Reflect, replicate and circular padding copy pixels, which commutes with the per-pixel A: always exact.
 
-The bias becomes ``sum_k B[:, :, k] @ b_A + b_B``. Groups: the 1x1 conv must be ungrouped or have the
-other conv's groups (the merged conv then has those groups, else 1). Everything is computed in float64
-and cast back, so results differ from the pair by float round-off only.
+Any other padded B is refused: it pads A's output with values no conv of the input produces there.
+
+The bias becomes ``sum_t B[:, :, t] @ b_A + b_B``. Groups: output group ``g`` of B reads a block of the middle
+channels, each of which reads one block of A's inputs, so the merged conv has ``gcd(groups_A, groups_B)``
+groups (a dense conv when one of them is ungrouped). Everything is computed in float64 and cast back, so
+results differ from the pair by float round-off only.
 
 The same detection (:func:`plan_merge`) drives lint rule FX009, so the rule reports exactly the pairs
 this pass merges (and the larger-merged pairs it leaves alone unless ``allow_larger``).
@@ -23,6 +29,8 @@ this pass merges (and the larger-merged pairs it leaves alone unless ``allow_lar
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections import Counter
 from dataclasses import dataclass
 
@@ -80,9 +88,29 @@ class Layer:
             return self.padding == "same" and any(d * (k - 1) for d, k in zip(self.dilation, self.kernel))
         return any(p != 0 for p in self.padding)
 
+    def explicit_padding(self) -> tuple[int, ...] | None:
+        """The padding as one int per side and dimension; None for an asymmetric ``"same"``."""
+        if not isinstance(self.padding, str):
+            return tuple(self.padding)
+        if self.padding == "valid":
+            return (0,) * len(self.kernel)
+        totals = [d * (k - 1) for d, k in zip(self.dilation, self.kernel)]
+        return None if any(t % 2 for t in totals) else tuple(t // 2 for t in totals)
+
     def is_pointwise(self) -> bool:
         """A 1x1 conv with stride 1 and no padding: it maps every pixel on its own."""
         return all(k == 1 for k in self.kernel) and all(s == 1 for s in self.stride) and not self.pads()
+
+
+@dataclass
+class Geometry:
+    """The merged conv's kernel size, stride, padding, dilation and padding mode."""
+
+    kernel: tuple[int, ...]
+    stride: tuple[int, ...]
+    padding: tuple[int, ...] | str
+    dilation: tuple[int, ...]
+    padding_mode: str = "zeros"
 
 
 @dataclass
@@ -92,8 +120,11 @@ class MergePlan:
     first: Layer
     second: Layer
     reason: str  # why one layer computes both, for logs and FX009
-    geometry: Layer  # the layer whose kernel, stride, padding, dilation and padding mode the merged one keeps
+    geometry: Geometry  # of the merged layer (empty tuples for linears)
     groups: int
+    # per spatial dimension, where the taps land in the merged kernel: second's tap t and first's tap a at
+    # t * steps[d][0] + a * steps[d][1]
+    steps: tuple[tuple[int, int], ...] = ()
 
     @property
     def separate_weights(self) -> int:
@@ -101,10 +132,7 @@ class MergePlan:
 
     @property
     def merged_weights(self) -> int:
-        kernel = 1
-        for k in self.geometry.kernel:
-            kernel *= k
-        return self.second.out_channels * (self.first.in_channels // self.groups) * kernel
+        return self.second.out_channels * (self.first.in_channels // self.groups) * math.prod(self.geometry.kernel)
 
 
 def count_uses(graph: fx.Graph) -> Counter[str]:
@@ -232,9 +260,13 @@ def _read_function(gm: nn.Module, node: fx.Node, kind: str) -> Layer | str:
 
 
 def _kernel_text(layer: Layer) -> str:
-    if len(layer.kernel) == 1:
-        return f"size-{layer.kernel[0]}"
-    return "x".join(str(k) for k in layer.kernel)
+    return _size_text(layer.kernel)
+
+
+def _size_text(kernel: tuple[int, ...]) -> str:
+    if len(kernel) == 1:
+        return f"size-{kernel[0]}"
+    return "x".join(str(k) for k in kernel)
 
 
 def plan_merge(gm: nn.Module, node: fx.Node, uses: Counter[str]) -> MergePlan | str | None:
@@ -264,85 +296,132 @@ def plan_merge(gm: nn.Module, node: fx.Node, uses: Counter[str]) -> MergePlan | 
     if first.weight.dtype != second.weight.dtype:
         return f"the layers have different dtypes ({first.weight.dtype} and {second.weight.dtype})"
     if first.kind == "linear":
-        return MergePlan(first, second, "linear after linear is one linear map (W2 @ W1, W2 @ b1 + b2)", second, 1)
+        reason = "linear after linear is one linear map (W2 @ W1, W2 @ b1 + b2)"
+        return MergePlan(first, second, reason, Geometry((), (), (), ()), 1)
     if first.weight.dim() != second.weight.dim():
         return "the convolutions have different dimensionality"
     return _plan_convs(first, second)
 
 
 def _plan_convs(first: Layer, second: Layer) -> MergePlan | str:
-    groups_refusal = None
-    if second.is_pointwise():
-        if second.groups in (1, first.groups):
-            reason = (
-                f"a 1x1 stride-1 unpadded conv after a {_kernel_text(first)} conv mixes channels only: "
-                f"one {_kernel_text(first)} conv with weights W2 @ W1 computes both"
-            )
-            return MergePlan(first, second, reason, first, second.groups)
-        groups_refusal = f"the 1x1 conv has groups={second.groups}, the one before it groups={first.groups}"
-    if first.is_pointwise():
-        if first.groups not in (1, second.groups):
-            return f"the 1x1 conv has groups={first.groups}, the one after it groups={second.groups}"
-        k = _kernel_text(second)
-        if not second.pads():
-            reason = f"a {k} unpadded conv after a 1x1 stride-1 unpadded conv: one {k} conv with weights W2 @ W1"
-        elif second.padding_mode != "zeros":
-            reason = (
-                f"a {k} conv with {second.padding_mode} padding after a 1x1 stride-1 unpadded conv (the padding "
-                f"copies pixels, which commutes with the 1x1): one {k} conv with weights W2 @ W1"
-            )
-        elif first.bias is None:
-            reason = (
-                f"a zero-padded {k} conv after a bias-free 1x1 stride-1 conv (which maps the zero padding "
-                f"to zeros): one {k} conv with weights W2 @ W1"
-            )
+    groups = math.gcd(first.groups, second.groups)
+    if not second.pads():
+        composed = _compose(first, second)
+        if isinstance(composed, str):
+            return composed
+        geometry, steps = composed
+        return MergePlan(first, second, _composed_reason(first, second, geometry), geometry, groups, steps)
+    k = _kernel_text(second)
+    if not first.is_pointwise():
+        return (
+            f"{second.node.name} pads the output of the {_kernel_text(first)} conv {first.node.name}; no conv of "
+            f"the input computes what that padding holds (only a 1x1 stride-1 unpadded first conv allows it)"
+        )
+    if second.padding_mode != "zeros":
+        reason = (
+            f"a {k} conv with {second.padding_mode} padding after a 1x1 stride-1 unpadded conv (the padding "
+            f"copies pixels, which commutes with the 1x1): one {k} conv with weights W2 @ W1"
+        )
+    elif first.bias is None:
+        reason = (
+            f"a zero-padded {k} conv after a bias-free 1x1 stride-1 conv (which maps the zero padding "
+            f"to zeros): one {k} conv with weights W2 @ W1"
+        )
+    else:
+        return (
+            f"{second.node.name} zero-pads the output of {first.node.name}, whose bias would then show "
+            f"where the padding was"
+        )
+    geometry = Geometry(second.kernel, second.stride, second.padding, second.dilation, second.padding_mode)
+    return MergePlan(first, second, f"{reason} computes both", geometry, groups, ((1, 0),) * len(second.kernel))
+
+
+def _compose(first: Layer, second: Layer) -> tuple[Geometry, tuple[tuple[int, int], ...]] | str:
+    """The one conv of the input that computes an unpadded ``second`` after ``first`` (see the module doc)."""
+    kernel, dilation, steps = [], [], []
+    for k_a, s_a, d_a, k_b, d_b in zip(first.kernel, first.stride, first.dilation, second.kernel, second.dilation):
+        if k_b == 1:  # the second conv only picks positions: the first's kernel as it is
+            kernel.append(k_a), dilation.append(d_a), steps.append((0, 1))
+        elif k_a == 1:  # the first conv only picks positions: the second's kernel, spread by the first's stride
+            kernel.append(k_b), dilation.append(s_a * d_b), steps.append((1, 0))
         else:
-            return (
-                f"{second.node.name} zero-pads the output of {first.node.name}, whose bias would then show "
-                f"where the padding was"
-            )
-        return MergePlan(first, second, f"{reason} computes both", second, first.groups)
-    if groups_refusal:
-        return f"{groups_refusal}: a grouped 1x1 merges only with a conv of the same groups"
-    return "neither is a 1x1 conv with stride 1 and no padding"
+            unit = math.gcd(s_a * d_b, d_a)
+            step_b, step_a = s_a * d_b // unit, d_a // unit
+            kernel.append(step_b * (k_b - 1) + step_a * (k_a - 1) + 1), dilation.append(unit)
+            steps.append((step_b, step_a))
+    stride = tuple(a * b for a, b in zip(first.stride, second.stride))
+    padding: tuple[int, ...] | str | None = first.padding
+    keeps_first = tuple(kernel) == first.kernel and stride == first.stride and tuple(dilation) == first.dilation
+    if isinstance(padding, str) and not keeps_first:
+        padding = first.explicit_padding()
+        if padding is None:
+            return f'{first.node.name} pads asymmetrically (padding="same", even kernel): a strided conv cannot'
+    return Geometry(tuple(kernel), stride, padding, tuple(dilation), first.padding_mode), tuple(steps)
+
+
+def _composed_reason(first: Layer, second: Layer, geometry: Geometry) -> str:
+    k_first, k_second = _kernel_text(first), _kernel_text(second)
+    if second.is_pointwise():
+        return (
+            f"a 1x1 stride-1 unpadded conv after a {k_first} conv mixes channels only: "
+            f"one {k_first} conv with weights W2 @ W1 computes both"
+        )
+    if all(k == 1 for k in second.kernel):
+        stride = "x".join(str(s) for s in geometry.stride)
+        return (
+            f"a strided unpadded 1x1 conv after a {k_first} conv keeps some of its outputs: "
+            f"one {k_first} conv with stride {stride} and weights W2 @ W1 computes both"
+        )
+    if first.is_pointwise():
+        return (
+            f"a {k_second} unpadded conv after a 1x1 stride-1 unpadded conv: "
+            f"one {k_second} conv with weights W2 @ W1 computes both"
+        )
+    return (
+        f"an unpadded {k_second} conv after a {k_first} conv reads the input through both kernels: one "
+        f"{_size_text(geometry.kernel)} conv (the kernels composed, stride {list(geometry.stride)}, dilation "
+        f"{list(geometry.dilation)}, the first conv's padding) computes both"
+    )
 
 
 def merged_parameters(plan: MergePlan) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The merged layer's (weight, bias), computed in float64 and cast back to the layers' dtype."""
-    dtype = plan.second.weight.dtype
-    a = plan.first.weight.detach().double()
-    b = plan.second.weight.detach().double()
-    mid, out_channels = a.shape[0], b.shape[0]
-    # kernels flattened to one axis; one of the two is 1x1 (or both are linear, with no kernel)
-    a = a.reshape(mid, a.shape[1], -1)
-    b = b.reshape(out_channels, b.shape[1], -1)
-    ga, gb = plan.first.groups, plan.second.groups
-    if ga > 1 and gb == 1:
-        # grouped first, dense 1x1 second: every output reads every group of the middle channels
-        b_by_group = b.reshape(out_channels, ga, mid // ga, b.shape[2])
-        w = torch.einsum("ogmb,gmia->ogiab", b_by_group, a.reshape(ga, mid // ga, *a.shape[1:]))
-    else:
-        # same groups (block-diagonal times block-diagonal), or a dense first layer: output group g reads
-        # middle group g, which reads input group g (or every input)
-        b_by_group = b.reshape(gb, out_channels // gb, *b.shape[1:])
-        w = torch.einsum("gomb,gmia->goiab", b_by_group, a.reshape(gb, mid // gb, *a.shape[1:]))
-    kernel = plan.geometry.kernel
-    weight = w.reshape(out_channels, -1, *kernel)
+    dtype, groups = plan.second.weight.dtype, plan.groups
+    a = _dense_within(plan.first.weight.detach().double(), plan.first.groups, groups)  # (g, mid, in, *k_a)
+    b = _dense_within(plan.second.weight.detach().double(), plan.second.groups, groups)  # (g, out, mid, *k_b)
+    kernel_a, kernel_b = a.shape[3:], b.shape[3:]
+    weight = a.new_zeros(groups, b.shape[1], a.shape[2], *plan.geometry.kernel)
+    for tap in itertools.product(*(range(k) for k in kernel_b)):
+        # second's tap t sees all of first's taps, at t * step_b + a * step_a in the merged kernel
+        window = tuple(
+            slice(t * step_b, t * step_b + step_a * (k - 1) + 1, max(step_a, 1))
+            for t, k, (step_b, step_a) in zip(tap, kernel_a, plan.steps)
+        )
+        weight[(slice(None),) * 3 + window] += torch.einsum("gom,gmi...->goi...", b[(..., *tap)], a)
+    weight = weight.reshape(plan.second.out_channels, -1, *plan.geometry.kernel)
     bias = _merged_bias(plan, b)
     return weight.to(dtype), None if bias is None else bias.to(dtype)
+
+
+def _dense_within(weight: torch.Tensor, groups: int, merged_groups: int) -> torch.Tensor:
+    """A conv weight ``(out, in / groups, *k)`` as ``merged_groups`` dense blocks ``(g, out / g, in / g, *k)``,
+    zero where the layer's finer groups do not connect an output to an input."""
+    sub = groups // merged_groups
+    out_per, in_per, kernel = weight.shape[0] // groups, weight.shape[1], weight.shape[2:]
+    blocks = weight.reshape(merged_groups, sub, out_per, in_per, *kernel)
+    if sub > 1:  # block-diagonal within each merged group
+        eye = torch.eye(sub, dtype=weight.dtype, device=weight.device)
+        blocks = torch.einsum("gsoi...,st->gsoti...", blocks, eye)
+    return blocks.reshape(merged_groups, sub * out_per, sub * in_per, *kernel)
 
 
 def _merged_bias(plan: MergePlan, b: torch.Tensor) -> torch.Tensor | None:
     bias_a, bias_b = plan.first.bias, plan.second.bias
     if bias_a is None:
         return None if bias_b is None else bias_b.detach().double()
-    # B's taps all read A's bias (B does not zero-pad it, or the plan was refused): sum over the kernel
-    taps = b.sum(dim=2)
-    groups, out_channels = plan.second.groups, taps.shape[0]
-    grouped = torch.einsum(
-        "gom,gm->go", taps.reshape(groups, out_channels // groups, -1), bias_a.detach().double().reshape(groups, -1)
-    )
-    merged = grouped.reshape(out_channels)
+    # every tap of the second layer reads the first's bias (it does not zero-pad it, or the plan was refused)
+    taps = b.flatten(3).sum(dim=3) if b.dim() > 3 else b  # (g, out, mid); sum(dim=()) would sum everything
+    merged = torch.einsum("gom,gm->go", taps, bias_a.detach().double().reshape(plan.groups, -1)).reshape(-1)
     return merged if bias_b is None else merged + bias_b.detach().double()
 
 
@@ -422,12 +501,26 @@ def _rewrite_call(
     geometry = plan.geometry
     padding = geometry.padding if isinstance(geometry.padding, str) else list(geometry.padding)
     geometry_args = [list(geometry.stride), padding, list(geometry.dilation)]
-    if aten_packet(geometry.node) == "convolution":
-        output_padding = geometry.node.args[7]
+    target, packet = _call_target(plan, isinstance(padding, str))
+    if packet == "convolution":
+        output_padding = [0] * len(geometry.kernel)
         args = (source, weight_node, bias_value, *geometry_args, False, output_padding, plan.groups)
     else:
         args = (source, weight_node, bias_value, *geometry_args, plan.groups)
-    second.target, second.args, second.kwargs = geometry.node.target, args, {}
+    second.target, second.args, second.kwargs = target, args, {}
+
+
+def _call_target(plan: MergePlan, string_padding: bool):
+    """The call that takes the merged conv's arguments: the second layer's, in the overload that takes the
+    padding as given (ATen has one for ``"same"``/``"valid"`` strings and one for ints)."""
+    if string_padding:  # the merged conv pads as one of the two does, string and all: take that one's call
+        layer = plan.first if plan.first.padding == plan.geometry.padding else plan.second
+        return layer.node.target, aten_packet(layer.node)
+    node = plan.second.node
+    packet = aten_packet(node)
+    if packet in ("conv1d", "conv2d", "conv3d"):
+        return getattr(torch.ops.aten, packet).default, packet
+    return node.target, packet
 
 
 def _label(node: fx.Node) -> str:
@@ -437,15 +530,19 @@ def _label(node: fx.Node) -> str:
 
 @register_pass(
     NAME,
-    summary="Merge back-to-back convs (kxk then 1x1, 1x1 then kxk) or linears with nothing between into one layer.",
+    summary="Merge back-to-back convs or linears with nothing between them into one layer, where one layer is exact.",
     guarantees=(
-        "Outputs equal up to float round-off (merged weights computed in float64). Merges linear -> linear, any conv "
-        "-> 1x1 stride-1 unpadded conv, and 1x1 stride-1 unpadded conv -> any conv unless that conv zero-pads the "
-        "output of a biased 1x1 (the padding would become the bias). Conv1d/2d/3d; groups when the 1x1 conv is "
-        "ungrouped or has the other's groups. Never merges when the first layer's output has other users, a "
-        "module or weight is used from more than one place, the layers differ in form (module vs function), "
-        "dtype or dimensionality, or, unless allow_larger, the merged layer has more weights than the two "
-        "together (a low-rank bottleneck). Each refusal is listed with its reason. Torch and ATen dialects."
+        "Outputs equal up to float round-off (merged weights computed in float64). Merges linear -> linear; any conv "
+        "-> a conv that does not pad (one conv of the input with the first conv's padding and padding mode, the "
+        "strides multiplied and the kernels composed: kxk then 1x1, kxk then strided 1x1, 1x1 then kxk, kxk then "
+        "kxk); and a 1x1 stride-1 unpadded conv -> a padded conv, unless that conv zero-pads the output of a biased "
+        "1x1 (the padding would become the bias). Conv1d/2d/3d; any groups (the merged conv has gcd(groups) "
+        "groups). Never merges a conv that pads the output of any other first conv (its padding is no conv of the "
+        "input), a first conv with asymmetric 'same' padding whose geometry the merge changes, a pair whose first "
+        "output has other users, a module or weight used from more than one place, layers that differ in form "
+        "(module vs function), dtype or dimensionality, or, unless allow_larger, a merged layer with more weights "
+        "than the two together (a low-rank bottleneck, two 3x3s becoming a 5x5). Each refusal is listed with its "
+        "reason. Torch and ATen dialects."
     ),
     options=MergeConvsOptions,
     ensures=lambda gm, result: _smaller_pair_left(gm),

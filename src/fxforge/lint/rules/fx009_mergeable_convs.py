@@ -15,20 +15,24 @@ from fxforge.passes.merge_convs import MergePlan, count_uses, plan_merge
 )
 def check(ctx: LintContext):
     """Conv then conv (same dimensionality) or linear then linear, where the first one's output goes only
-    to the second and merging is exact (the detection is ``merge_convs``'s own, so the two agree):
+    to the second and one layer computes both exactly (the detection is ``merge_convs``'s own, so the two
+    agree):
 
     * linear -> linear, always;
-    * kxk conv (any stride/padding/dilation) -> 1x1 conv with stride 1 and no padding;
-    * 1x1 conv with stride 1 and no padding -> kxk conv with no padding, with reflect/replicate/circular
-      padding, or with zero padding when the first conv has no bias (otherwise the bias would show up
-      where the second conv pads with zeros);
-    * grouped convs when the 1x1 conv is ungrouped or has the other's groups.
+    * any conv -> a conv that does not pad: one conv of the input with the first conv's padding, the strides
+      multiplied and the two kernels composed (kxk then 1x1, kxk then strided 1x1, 1x1 then kxk, kxk then kxk);
+    * a 1x1 conv with stride 1 and no padding -> a padded conv, with reflect/replicate/circular padding, or
+      with zero padding when the first conv has no bias (otherwise the bias would show up where the second
+      conv pads with zeros);
+    * any groups: the merged conv has gcd(groups) groups.
 
+    A conv that pads another conv's output is never reported: that padding is no conv of the input.
     Modules, ``F.conv*``/``F.linear`` with stored weights, and ATen ``conv1d/2d/3d``, ``convolution`` and
     ``linear`` (arguments read from the call, weights from the ``get_attr`` nodes). Layers whose
     module or weights are used elsewhere are skipped: merging would change the other use. The merged
-    layer is not always cheaper (a bottleneck pair has fewer weights than its product); the message
-    gives both weight counts, and ``merge_convs`` merges such a pair only with ``allow_larger``.
+    layer is not always cheaper (a bottleneck pair has fewer weights than its product, two 3x3 convs become
+    a 5x5); the message gives both weight counts, and ``merge_convs`` merges such a pair only with
+    ``allow_larger``.
     """
     uses = count_uses(ctx.graph)
     for node in ctx.graph.nodes:
