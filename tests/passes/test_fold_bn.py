@@ -481,3 +481,25 @@ def test_norm_act_in_training_mode_is_refused_with_the_fix(capture_as):
     assert not result.changed and result.skipped == [
         "norm after conv: the BatchNorm runs in training mode (training=True): call model.eval() before capture"
     ]
+
+
+class Block(nn.Module):
+    """A user block kept as a leaf, holding a conv and a SyncBatchNorm (a torch.nn BatchNorm with its own
+    forward): traced through to the end, or refused, but never half inlined."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.bn = nn.SyncBatchNorm(4)
+
+    def forward(self, x):
+        return self.bn(self.conv(x)).relu()
+
+
+def test_nested_module_calls_are_inlined_or_refused_whole(capture_as, run_verified):
+    model = random_stats(nn.Sequential(Block()))
+    captured = capture_as(model, torch.randn(2, 3, 8, 8), "torch", leaf_modules=[Block])
+    assert [n.target for n in captured.graph_module.graph.nodes if n.op == "call_module"] == ["0"]
+    result = run_verified(captured, "fold_bn")  # the postcondition would fail on a half-inlined block
+    # SyncBatchNorm's forward checks its input's rank in Python: fx cannot trace through it
+    assert not result.changed and result.skipped[0].startswith("_0 (a Block call): it cannot be traced")

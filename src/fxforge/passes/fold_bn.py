@@ -608,6 +608,11 @@ class _CompositeTracer(fx.Tracer):
         super().__init__()
         self.proxy_buffer_attributes = True
 
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        # a torch.nn module that hides a batch norm (SyncBatchNorm) is traced through too: a leaf inside the
+        # inlined graph would be one more module call to inline after this one
+        return not _hides_batch_norm(m) and super().is_leaf_module(m, module_qualified_name)
+
     def create_arg(self, a: Any) -> Any:
         if isinstance(a, torch.Tensor) and not self._stored(a):
             raise _ComputedConstant
@@ -627,12 +632,14 @@ def _bears_batch_norm(module: nn.Module) -> bool:
     return False
 
 
+def _hides_batch_norm(module: nn.Module) -> bool:
+    """Holds a batch norm that fold_bn cannot read from a call of it: not a BatchNorm module itself."""
+    return not _plain_batch_norm_module(module) and _bears_batch_norm(module)
+
+
 def _is_composite(gm: nn.Module, node: fx.Node) -> bool:
     """A call of a module fxforge does not read directly but that holds a batch norm."""
-    if node.op != "call_module" or node_kind(gm, node) is not None:
-        return False
-    module = submodule(gm, node)
-    return not _plain_batch_norm_module(module) and _bears_batch_norm(module)
+    return node.op == "call_module" and node_kind(gm, node) is None and _hides_batch_norm(submodule(gm, node))
 
 
 def _trace_composite(gm: nn.Module, node: fx.Node, uses: Counter[str]) -> fx.Graph | Refusal:
@@ -850,12 +857,13 @@ def _nothing_left_to_fold(gm: fx.GraphModule) -> str | None:
 )
 def fold_bn(gm: fx.GraphModule, options: None) -> PassResult:
     result = PassResult(NAME, gm)
-    scan = _scan(gm)
-    for node, plan in scan.decisions:
-        if node in scan.composites and node not in scan.inline:
-            result.skip(f"{plan.label or node.name}: {plan}")
-    for call, traced in scan.inline.items():
-        _inline_in_place(gm, call, traced)
+    if any(_is_composite(gm, node) for node in gm.graph.nodes):  # else the sweep below sees everything
+        scan = _scan(gm)
+        for node, plan in scan.decisions:
+            if node in scan.composites and node not in scan.inline:
+                result.skip(f"{plan.label or node.name}: {plan}")
+        for call, traced in scan.inline.items():
+            _inline_in_place(gm, call, traced)
     fetched_before = {str(n.target) for n in gm.graph.nodes if n.op == "get_attr"}  # inlined reads included
     uses = count_uses(gm.graph)  # once: per-candidate scans would make the pass quadratic in graph size
     erased: set[fx.Node] = set()  # by earlier folds (a frozen batch norm's arithmetic comes before it)
