@@ -306,13 +306,54 @@ _FRESH_MODULES: tuple[type, ...] = (
 )
 
 
+# ATen ops whose schema promises new tensors although they may return an input itself or a view of it:
+# dropout with train=False (as torch.export records eval-mode dropout), a no-op type_as/to_dense/sum_to_size/
+# _cast_*/conj_physical/lift, atleast_*d, einsum of a plain permutation, broadcast_tensors/meshgrid (expands),
+# and the unsafe_* splits and _unsafe_view, which leave the annotation out on purpose. set_ makes its first
+# argument share the second's storage. Checked by comparing storages (data_ptr) on the running kernels.
+_UNANNOTATED_ALIASES = frozenset(
+    {
+        "dropout",
+        "feature_dropout",
+        "alpha_dropout",
+        "feature_alpha_dropout",
+        "_unsafe_view",
+        "_reshape_from_tensor",
+        "type_as",
+        "to_dense",
+        "sum_to_size",
+        "conj_physical",
+        "lift",
+        "data",
+        "atleast_1d",
+        "atleast_2d",
+        "atleast_3d",
+        "einsum",
+        "broadcast_tensors",
+        "meshgrid",
+        "cartesian_prod",
+        "flatten_dense_tensors",
+        "unsafe_split",
+        "unsafe_split_with_sizes",
+        "unsafe_chunk",
+        "_to_cpu",
+        "set_",
+    }
+)
+
+
+def _unannotated_alias(target: torch._ops.OpOverload) -> bool:
+    name = target._overloadpacket.__name__
+    return name in _UNANNOTATED_ALIASES or name.startswith("_cast_")
+
+
 def returns_fresh(gm: nn.Module, node: fx.Node) -> bool:
     """True when ``node`` is known to return a newly allocated tensor, never a view of an input."""
     if node.op == "call_function":
         target = node.target
         if isinstance(target, torch._ops.OpOverload):
             returns = target._schema.returns
-            return bool(returns) and all(r.alias_info is None for r in returns)
+            return bool(returns) and all(r.alias_info is None for r in returns) and not _unannotated_alias(target)
         try:
             known = target in _FRESH_FUNCTIONS or target in _FRESH_F
         except TypeError:
@@ -333,6 +374,8 @@ def _aliased_inputs(gm: nn.Module, node: fx.Node) -> list[fx.Node]:
     if _is_real_cast(node):
         return []
     if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+        if _unannotated_alias(node.target):
+            return list(node.all_input_nodes)
         aliased: list[fx.Node] = []
         for i, arg in enumerate(node.target._schema.arguments):
             if arg.alias_info is not None:
@@ -361,6 +404,54 @@ def _is_real_cast(node: fx.Node) -> bool:
     return before is not None and after is not None and before["dtype"] != after["dtype"]
 
 
+# In-place ops that change a tensor object's shape or strides rather than its values (the inplace_view tag
+# marks most of them). They act on the one tensor object they are given, not on every view of its storage.
+_METADATA_WRITES = frozenset(
+    {"t_", "transpose_", "swapdims_", "swapaxes_", "squeeze_", "unsqueeze_", "as_strided_"}
+    | {"resize_", "resize_as_", "_resize_output_", "set_"}
+)
+
+
+def writes_metadata(node: fx.Node) -> bool:
+    """Does ``node`` change the shape or strides of a tensor in place (``t_``, ``unsqueeze_``, ``resize_``...)?"""
+    if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+        target = node.target
+        return torch.Tag.inplace_view in target.tags or target._overloadpacket.__name__ in _METADATA_WRITES
+    if node.op == "call_method":
+        return str(node.target) in _METADATA_WRITES
+    return False
+
+
+def storage_of(tensor: torch.Tensor) -> tuple[str, int] | None:
+    """(device, address) of the memory ``tensor`` views, or None when it has none to share (meta, empty, sparse)."""
+    try:
+        if tensor.device.type == "meta" or tensor.untyped_storage().nbytes() == 0:
+            return None
+        return str(tensor.device), tensor.untyped_storage().data_ptr()
+    except Exception:  # sparse, nested or other tensors without a plain storage
+        return None
+
+
+def overlaps_itself(tensor: torch.Tensor) -> bool:
+    """May two elements of ``tensor`` share memory (an ``expand``, a stride-0 or overlapping ``as_strided``)?
+
+    Such a tensor cannot be written in place: ``copy_``, ``add_``, ``load_state_dict`` into it all fail
+    ("more than one element of the written-to tensor refers to a single memory location"). Unsure is yes.
+    """
+    try:
+        return torch._debug_has_internal_overlap(tensor) != 0  # 0: no overlap, 1: overlap, 2: too hard to tell
+    except Exception:
+        return any(stride == 0 and size > 1 for size, stride in zip(tensor.shape, tensor.stride()))
+
+
+def _stored_tensor(gm: nn.Module, node: fx.Node) -> torch.Tensor | None:
+    try:
+        value = get_attr_value(gm, str(node.target))
+    except AttributeError:
+        return None
+    return value if isinstance(value, torch.Tensor) else None
+
+
 class AliasClasses:
     """Which nodes may share storage with each other, with in-place writes, graph outputs and inputs."""
 
@@ -370,13 +461,17 @@ class AliasClasses:
         self._parent: dict[fx.Node, fx.Node] = {}
         self._position: dict[fx.Node, int] = {}
         writes: list[tuple[fx.Node, int]] = []  # (written node, position of the writer), in graph order
+        metadata_writes: list[fx.Node] = []
         external_roots: list[fx.Node] = []
         escaping_roots: list[fx.Node] = []
+        stored: dict[tuple[str, int], fx.Node] = {}  # storage -> the first get_attr reading it
         for position, node in enumerate(gm.graph.nodes):
             self._parent[node] = node
             self._position[node] = position
             if node.op in ("placeholder", "get_attr"):
                 external_roots.append(node)
+                if node.op == "get_attr":
+                    self._union_stored(gm, node, stored)
             elif node.op == "output":
                 escaping_roots += node.all_input_nodes
             else:
@@ -386,12 +481,23 @@ class AliasClasses:
                 if opaque_calls_write and is_opaque(node):
                     written = written + node.all_input_nodes
                 writes += [(target, position) for target in written]
+                if writes_metadata(node):
+                    metadata_writes += written
         self._writes: dict[fx.Node, list[int]] = {}  # class root -> ascending positions of writes into it
         for target, position in writes:
             self._writes.setdefault(self._find(target), []).append(position)
         self._written = set(self._writes)
+        self._reshaped = {self._find(n) for n in metadata_writes}
         self._external = {self._find(n) for n in external_roots}
         self._escaping = {self._find(n) for n in escaping_roots}
+
+    def _union_stored(self, gm: nn.Module, node: fx.Node, stored: dict[tuple[str, int], fx.Node]) -> None:
+        """Two stored tensors can share memory (one buffer a view of another, tied weights under two names):
+        a write through one is a write into the other, so their reads join one class."""
+        tensor = _stored_tensor(gm, node)
+        address = storage_of(tensor) if tensor is not None else None
+        if address is not None:
+            self._union(node, stored.setdefault(address, node))
 
     def _find(self, node: fx.Node) -> fx.Node:
         parent = self._parent.setdefault(node, node)
@@ -412,7 +518,7 @@ class AliasClasses:
         if root_a is root_b:
             return
         self._parent[root_a] = root_b
-        for flags in (self._written, self._external, self._escaping):
+        for flags in (self._written, self._reshaped, self._external, self._escaping):
             if root_a in flags:
                 flags.add(root_b)
         if root_a in self._writes:
@@ -432,6 +538,12 @@ class AliasClasses:
         low = bisect_right(positions, self._position[start]) if start is not None else 0
         high = bisect_left(positions, self._position[end]) if end is not None else len(positions)
         return low < high
+
+    def reshaped(self, node: fx.Node) -> bool:
+        """May an in-place view op (``t_``, ``unsqueeze_``, ``resize_``...) change the shape or strides of some
+        tensor object sharing ``node``'s storage? Such an op changes only the object it is given, so making
+        two objects one (removing an ``aten.alias``) is observable there."""
+        return self._find(node) in self._reshaped
 
     def escapes(self, node: fx.Node) -> bool:
         """May ``node`` share storage with a value the graph returns?"""
@@ -470,6 +582,38 @@ def tensor_facts(node: Any, gm: nn.Module | None = None) -> dict[str, Any] | Non
     if meta is not None and hasattr(meta, "dtype") and hasattr(meta, "shape"):
         contiguous = getattr(meta, "memory_format", None) == torch.contiguous_format
         return {"dtype": meta.dtype, "shape": tuple(meta.shape), "device": None, "contiguous": contiguous}
+    return None
+
+
+def _layout(node: fx.Node, gm: nn.Module | None) -> list[tuple[str, str]] | None:
+    """(size, stride) per dimension, as text so symbolic sizes compare too; None when not recorded."""
+    value = node.meta.get("val", node.meta.get("tensor_meta"))
+    if value is None and gm is not None and node.op == "get_attr":
+        value = _stored_tensor(gm, node)
+    if isinstance(value, torch.Tensor):
+        if value.layout != torch.strided:
+            return None
+        shape, stride = value.shape, value.stride()
+    else:
+        shape, stride = getattr(value, "shape", None), getattr(value, "stride", None)
+    if shape is None or stride is None or len(shape) != len(stride):
+        return None
+    return [(str(size), str(step)) for size, step in zip(shape, stride)]
+
+
+def copy_layout_problem(copy: fx.Node, source: fx.Node, gm: nn.Module | None = None) -> str | None:
+    """Why ``copy`` (``clone``, ``x * 1``...) may be laid out differently from ``source``; None when the recorded
+    strides agree. A copy of an expanded tensor, or of a slice with gaps, is dense: a ``view`` that works on the
+    copy (torch.export records reshapes as views where the layout allowed it) can fail on the source, and
+    ``.stride()`` tells them apart. Strides of size-1 dimensions are ignored: they never matter."""
+    own, theirs = _layout(copy, None), _layout(source, gm)
+    if own is None or theirs is None:
+        return "the memory layout of the input or the copy is unknown (no stride metadata)"
+    if [size for size, _ in own] != [size for size, _ in theirs]:
+        return "its recorded shape differs from the input's"
+    if any(size != "1" and mine != other for (size, mine), (_, other) in zip(own, theirs)):
+        strides = ", ".join(step for _, step in own), ", ".join(step for _, step in theirs)
+        return f"the copy is laid out differently (strides ({strides[0]}) vs the input's ({strides[1]}))"
     return None
 
 

@@ -8,6 +8,9 @@ compute). Each *root* -- a constant node read by a non-constant node or by the o
 
 * a tensor by a ``get_attr`` of a new buffer holding it (a view of a stored tensor stays a view of it, so
   ``self.weight.t()`` costs no memory; a call that returns a stored tensor itself becomes a read of it);
+  a value whose elements share memory (``self.cls_token.expand(batch, -1, -1)``) is not stored: anything that
+  writes a stored tensor in place (``load_state_dict``, the buffer restore after a check run) fails on it, so
+  it stays in the graph, a free view of its folded or stored input (:func:`_kept_views`);
 * an ``int``/``bool``/finite ``float``/``torch.Size`` (``self.weight.shape[0]``, ``.item()``) by the literal
   in its users.
 
@@ -29,7 +32,15 @@ from torch import fx
 
 from fxforge.graphs import get_attr_value, target_name
 from fxforge.passes import PassResult, mark, register_pass, store_tensor
-from fxforge.passes._analysis import AliasClasses, impure_reason, is_mode_switch, returns_fresh, tensor_facts
+from fxforge.passes._analysis import (
+    AliasClasses,
+    impure_reason,
+    is_mode_switch,
+    overlaps_itself,
+    returns_fresh,
+    storage_of,
+    tensor_facts,
+)
 from fxforge.passes.dead_code import prune_attributes
 
 NAME = "fold_constants"
@@ -65,15 +76,18 @@ def _requires(gm: fx.GraphModule, options: FoldConstantsOptions) -> str | None:
     summary="Compute subgraphs that depend only on parameters, buffers and literals once; store the results.",
     guarantees=(
         "Bit-identical: each folded value is the graph's own computation on the same stored tensors, run once at "
-        "pass time, then read from a buffer (tensors) or written as a literal (int/bool/finite float/torch.Size). "
-        "Never folds anything that reads a graph input, random ops (rand*, randn*, bernoulli, dropout...), "
-        "uninitialised memory (empty*), calls with effects or that fxforge cannot see into, values or stored tensors "
-        "an in-place op in the graph (or a module that updates its state, e.g. BatchNorm in training) may write, "
+        "pass time, then read from a buffer (tensors, with the strides the graph computed) or written as a literal "
+        "(int/bool/finite float/torch.Size). Never folds anything that reads a graph input, random ops (rand*, "
+        "randn*, bernoulli, dropout...), uninitialised memory (empty*), calls with effects or that fxforge cannot "
+        "see into, values or stored tensors an in-place op in the graph (or a module that updates its state, e.g. "
+        "BatchNorm in training) may write, through any view or any other stored tensor sharing their memory, "
         "fresh values the graph returns, anything after an autocast/grad-mode switch, or a constant needing more "
         "than max_bytes of new memory (views of stored tensors need none); weights on the meta device are skipped "
-        "with a reason. Folded values become buffers, not parameters: a parameter-derived value is frozen for "
-        "training, and parameters only the folded values read are deleted. Buffers follow .to()/.half() like any "
-        "buffer, which is not bit-identical to recomputing them in the new dtype. Torch and ATen dialects."
+        "with a reason. Never stores a tensor whose elements share memory (an expand): it stays in the graph as a "
+        "view of its folded input, so writing the stored tensors (load_state_dict) keeps working. Folded values "
+        "become buffers, not parameters: a parameter-derived value is frozen for training, and parameters only the "
+        "folded values read are deleted. Buffers follow .to()/.half() like any buffer, which is not bit-identical "
+        "to recomputing them in the new dtype. Torch and ATen dialects."
     ),
     options=FoldConstantsOptions,
     requires=_requires,
@@ -87,7 +101,13 @@ def fold_constants(gm: fx.GraphModule, options: FoldConstantsOptions) -> PassRes
         result.skip(f"nothing after {switch.name} ({target_name(switch)}) is folded: values may depend on the mode")
     had_users = {node for node in constants.values if node.users}
     stored = {id(tensor): name for name, tensor in reversed(_stored_tensors(gm))}  # first name wins
-    for root in [node for node in gm.graph.nodes if _is_root(node, constants)]:
+    kept = _kept_views(gm, constants)
+    for node in kept:
+        result.skip(
+            f"{node.name} ({target_name(node)}): kept as a view in the graph, its inputs folded: its elements share "
+            "memory (an expand), and a stored tensor like that breaks writes into it (load_state_dict)"
+        )
+    for root in [node for node in gm.graph.nodes if _is_root(node, constants, kept)]:
         label = f"{root.name} ({target_name(root)})"
         if root in constants.blocked:
             origin, problem = constants.blocked[root]
@@ -117,7 +137,7 @@ def _sweep(gm: fx.GraphModule, aliases: AliasClasses, max_bytes: int) -> _Consta
         reason = impure_reason(gm, node) if node.op == "call_module" else None
         if reason is not None:
             stateful[str(node.target)] = reason
-    stored_storages = {_storage_of(tensor) for _, tensor in _stored_tensors(gm)} - {None}
+    stored_storages = {storage_of(tensor) for _, tensor in _stored_tensors(gm)} - {None}
     interpreter = fx.Interpreter(gm, garbage_collect_values=False)
     for node in gm.graph.nodes:
         if is_mode_switch(node):
@@ -189,12 +209,12 @@ def _problem(
     return None
 
 
-def _value_problem(value: Any, stored_storages: set[int], max_bytes: int) -> str | None:
+def _value_problem(value: Any, stored_storages: set[tuple[str, int]], max_bytes: int) -> str | None:
     if not isinstance(value, torch.Tensor):
         return None
     if value.device.type == "meta":
         return "is on the meta device (no data to store)"
-    storage = _storage_of(value)
+    storage = storage_of(value)
     if storage is not None and storage in stored_storages:
         return None  # a view of a stored tensor: no new memory
     size = _nbytes(value)
@@ -203,13 +223,30 @@ def _value_problem(value: Any, stored_storages: set[int], max_bytes: int) -> str
     return None
 
 
-def _is_root(node: fx.Node, constants: _Constants) -> bool:
-    """A constant call the rest of the graph reads. A stored tensor read directly is as folded as it gets;
-    a blocked node is reported where its problem leaves the constant part, not along the whole chain."""
-    if node.op not in _CALLS:
+def _kept_views(gm: fx.GraphModule, constants: _Constants) -> set[fx.Node]:
+    """Constant calls whose elements share memory (expands) that the rest of the graph reads, directly or
+    through another kept one. Stored as a buffer such a value breaks every later write into it -- in the
+    graph, by ``load_state_dict`` or by fxforge's own buffer restore after a check run ("more than one
+    element of the written-to tensor refers to a single memory location"). Materialising it would cost
+    memory and change the strides later ops see; left in the graph it stays a free view of its inputs,
+    which fold as roots of their own. Constants computed *from* a kept value still fold."""
+    kept: set[fx.Node] = set()
+    for node in reversed(gm.graph.nodes):
+        value = constants.values.get(node)
+        if node.op not in _CALLS or not isinstance(value, torch.Tensor) or not overlaps_itself(value):
+            continue
+        if any(user not in constants.values or user in kept for user in node.users):
+            kept.add(node)
+    return kept
+
+
+def _is_root(node: fx.Node, constants: _Constants, kept: set[fx.Node]) -> bool:
+    """A constant call the rest of the graph (or a kept view) reads. A stored tensor read directly is as folded
+    as it gets; a blocked node is reported where its problem leaves the constant part, not along the whole chain."""
+    if node.op not in _CALLS or node in kept:
         return False
     if node in constants.values:
-        return any(user not in constants.values for user in node.users)
+        return any(user not in constants.values or user in kept for user in node.users)
     return node in constants.blocked and any(user not in constants for user in node.users)
 
 
@@ -306,15 +343,6 @@ def _stored_tensors(gm: fx.GraphModule) -> list[tuple[str, torch.Tensor]]:
             if isinstance(value, torch.Tensor):
                 stored.append((str(node.target), value))
     return stored
-
-
-def _storage_of(tensor: torch.Tensor) -> int | None:
-    try:
-        if tensor.device.type == "meta" or tensor.untyped_storage().nbytes() == 0:
-            return None
-        return tensor.untyped_storage().data_ptr()
-    except Exception:  # sparse, nested or other tensors without a plain storage
-        return None
 
 
 def _nbytes(tensor: torch.Tensor) -> int:

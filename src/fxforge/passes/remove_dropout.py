@@ -19,7 +19,7 @@ from torch import fx
 
 from fxforge.graphs import aten_packet, node_kind, submodule
 from fxforge.passes import PassResult, mark, register_pass
-from fxforge.passes._analysis import AliasClasses
+from fxforge.passes._analysis import AliasClasses, copy_layout_problem
 
 NAME = "remove_dropout"
 
@@ -57,7 +57,9 @@ def _training_flag(gm: fx.GraphModule, node: fx.Node) -> tuple[Any, str]:
     NAME,
     summary="Remove inactive dropout (eval-mode modules, training=False calls, ATen dropout with train=False).",
     guarantees=(
-        "Exact: an inactive dropout returns its input tensor itself, so outputs are bit-identical. Never removes "
+        "Exact: an inactive dropout returns its input tensor itself, so outputs are bit-identical (ATen "
+        "native_dropout returns a copy: removed only where no in-place op or caller could tell the copy from its "
+        "input and the copy has the input's strides). Never removes "
         "an active dropout: a module in training mode, or a call whose training flag is True (a flag frozen at "
         "capture: reported with the reason) or computed in the graph. Torch and ATen dialects."
     ),
@@ -129,6 +131,11 @@ def _remove_native_dropout(
         return False
     if aliases.written(node) or aliases.written(source) or (aliases.escapes(node) and aliases.external(source)):
         result.skip(f"{node.name}: its output is a copy that in-place ops or the caller could tell apart")
+        return False
+    output = next((u for u in users if u.args[1] == 0), None)
+    layout = copy_layout_problem(output, source, gm) if output is not None else None
+    if layout is not None:
+        result.skip(f"{node.name}: {layout}")
         return False
     for user in users:
         if user.args[1] == 0:

@@ -4,13 +4,17 @@ Two families, with different proofs:
 
 * calls that return the input tensor itself when they are no-ops -- ``nn.Identity``, ``.contiguous()`` on a
   contiguous tensor, ``.to(dtype)``/``.float()``... to the dtype (and device) it already has, ``aten.alias``.
-  Their users can read the input directly; values and aliasing are unchanged.
+  Their users can read the input directly; values and aliasing are unchanged. (``aten.alias`` returns a new
+  tensor object on the same memory: it stays when an in-place view op such as ``t_`` or ``unsqueeze_``,
+  which changes only the object it is given, may reshape either.)
 * arithmetic with a neutral literal scalar -- ``x * 1``, ``1 * x``, ``x + 0``, ``0 + x``, ``x - 0``,
   ``x / 1`` -- and copies (``aten.clone``, a no-op ``aten._to_copy``). These return a *new* tensor equal to
   the input, so they go only when (a) the input's dtype is known and the literal cannot promote it
-  (``bool_tensor * 1`` is int64, ``int_tensor / 1`` and ``int_tensor * 1.0`` are float), and (b) no
+  (``bool_tensor * 1`` is int64, ``int_tensor / 1`` and ``int_tensor * 1.0`` are float), (b) no
   in-place op in the graph writes into either tensor and the result is not returned next to its input or
-  as a graph input/parameter itself, where the caller could see they became one tensor.
+  as a graph input/parameter itself, where the caller could see they became one tensor, and (c) the copy has
+  the input's strides: a copy of an expanded tensor or of a slice with gaps is dense, and a ``view`` recorded
+  on the copy may not work on the input (:func:`~fxforge.passes._analysis.copy_layout_problem`).
 
 Dtype, device and layout facts come from ``node.meta`` (``tensor_meta`` from shape propagation, which
 ``Pipeline`` runs on the example inputs, or torch.export's ``val``); without them the call is kept.
@@ -27,7 +31,7 @@ from torch import fx
 
 from fxforge.graphs import ATEN, aten_packet, dialect_of, node_kind
 from fxforge.passes import PassResult, mark, register_pass
-from fxforge.passes._analysis import AliasClasses, tensor_facts
+from fxforge.passes._analysis import AliasClasses, copy_layout_problem, tensor_facts
 
 NAME = "remove_identity"
 
@@ -77,8 +81,10 @@ _PRESERVE = (None, torch.preserve_format)
         "Exact: each removed call returns a value equal to its input with the same dtype, shape and device. Casts, "
         "contiguous and arithmetic go only when node metadata proves the dtype (and device, where one is named) "
         "unchanged and the literal cannot promote it; only literal int/float scalars count (a tensor 0 could "
-        "broadcast). Calls that return a copy (x*1, clone) stay when an in-place op could write into either tensor "
-        "or when the caller would get an input, a parameter or another output back. x + 0 on floats maps -0.0 to "
+        "broadcast). Calls that return a copy (x*1, clone) stay when an in-place op could write into either tensor, "
+        "when the caller would get an input, a parameter or another output back, or when the copy's strides differ "
+        "from the input's (an expanded or gapped input; a later view could fail). aten.alias stays when an in-place "
+        "view op (t_, unsqueeze_, resize_...) may reshape it or its input. x + 0 on floats maps -0.0 to "
         "+0.0: kept with signed_zeros=True. Layout facts in the torch dialect come from the example inputs. "
         "Torch and ATen dialects."
     ),
@@ -98,10 +104,12 @@ def remove_identity(gm: fx.GraphModule, options: RemoveIdentityOptions) -> PassR
         kind, source, describe = found
         if not isinstance(source, fx.Node):
             continue
+        if aliases is None and (kind == "copy" or aten_packet(node) == "alias"):
+            aliases = AliasClasses(gm)
         if kind == "copy":
-            if aliases is None:
-                aliases = AliasClasses(gm)
             reason = _copy_check(gm, node, source, options, aliases)
+        elif aten_packet(node) == "alias":
+            reason = _alias_check(node, aliases)
         elif kind == "layout":
             reason = _contiguous_check(source, static_shapes)
         elif kind == "cast":
@@ -216,6 +224,14 @@ def _contiguous_check(source: fx.Node, static_shapes: bool) -> str | None:
     return None
 
 
+def _alias_check(node: fx.Node, aliases: AliasClasses) -> str | None:
+    # aten.alias is a second tensor object on the same memory: values written through either are shared, but
+    # t_/unsqueeze_/resize_ change only the object they are given, so merging the two objects could be seen
+    if aliases.reshaped(node):
+        return "an in-place view op (t_, unsqueeze_...) may reshape it or its input, which would then be one tensor"
+    return None
+
+
 def _cast_check(gm: fx.GraphModule, node: fx.Node, source: fx.Node) -> str | None:
     wanted = _cast_target(node)
     if isinstance(wanted, str):
@@ -295,7 +311,7 @@ def _copy_check(
         return "it returns a copy and an in-place op writes into the copy or its input"
     if aliases.escapes(node) and (aliases.external(source) or aliases.escapes(source)):
         return "it returns a copy that the graph returns, and the input is a graph input, a parameter or an output"
-    return None
+    return copy_layout_problem(node, source, gm)
 
 
 def _arithmetic_operation(node: fx.Node) -> str:
