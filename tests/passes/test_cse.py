@@ -109,6 +109,23 @@ def test_in_place_ops_and_written_values_not_merged(capture_as, run_verified, di
         assert "one of its inputs between the two calls" in reasons
 
 
+class WrittenThroughEvalDropout(nn.Module):
+    def forward(self, x):
+        a = x.relu()
+        b = x.relu()
+        # torch.export records aten.dropout(a, 0.5, False): its schema promises a new tensor, but it returns a
+        F.dropout(a, 0.5, training=False).add_(1)
+        return a + b
+
+
+@pytest.mark.parametrize("dialect", ["torch", "aten"])
+def test_value_written_through_a_no_op_dropout_not_merged(capture_as, run_verified, dialect):
+    captured = capture_as(WrittenThroughEvalDropout().eval(), X, dialect)
+    result = run_verified(captured, "cse")
+    assert result.removed == 0 and count(result.graph_module, "relu") == 2
+    assert "may write into the value of relu after it is computed" in result.skipped[0], result.skipped
+
+
 class ReturnedTwice(nn.Module):
     def forward(self, x):
         return x.sin(), x.sin()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import fx, nn
 
 from fxforge.passes import PASS, PassError, apply_pass
@@ -172,6 +173,81 @@ def test_value_of_a_written_tensor_not_folded(capture_as, dialect):
     assert "may be written in place" in result.skipped[0]
     gm = result.graph_module
     assert torch.equal(gm(X), X + 2) and torch.equal(gm(X), X + 4)  # still counts up
+
+
+class SharedStorageBuffers(nn.Module):
+    """Two buffers on one memory: the graph writes one, so a value computed from the other changes too."""
+
+    def __init__(self):
+        super().__init__()
+        table = torch.zeros(2, 4)
+        self.register_buffer("table", table)
+        self.register_buffer("first_row", table[0])
+
+    def forward(self, x):
+        doubled = self.table * 2
+        self.first_row.add_(1)
+        return x + doubled
+
+
+@pytest.mark.parametrize("dialect", ["torch", "aten"])
+def test_value_of_a_buffer_sharing_memory_with_a_written_one_not_folded(capture_as, dialect):
+    captured = capture_as(SharedStorageBuffers(), X, dialect, check=False)
+    result = apply_pass(captured.graph_module, "fold_constants")
+    assert not result.changed and "table, may be written in place" in result.skipped[0], result.skipped
+    gm = result.graph_module
+    assert torch.equal(gm(X)[0], X[0]) and torch.equal(gm(X)[0], X[0] + 2)  # still counts up
+
+
+class WritesThroughEvalDropout(nn.Module):
+    """torch.export records eval-mode dropout as aten.dropout(x, p, False), whose schema promises a new
+    tensor although it returns x itself: the add_ writes the constant w * 2."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        scaled = self.w * 2
+        F.dropout(scaled, 0.5, training=False).add_(x.sum(0))
+        return x + scaled
+
+
+@pytest.mark.parametrize("dialect", ["torch", "aten"])
+def test_constant_written_through_a_no_op_dropout_not_folded(capture_as, run_verified, dialect):
+    captured = capture_as(WritesThroughEvalDropout().eval(), X, dialect)
+    result = run_verified(captured, "fold_constants")
+    assert not new_buffers(captured.graph_module, result.graph_module), result.log
+    gm = result.graph_module
+    assert torch.equal(gm(X), gm(X))  # a folded w * 2 would grow by x.sum(0) on every call
+
+
+class ExpandedConstants(nn.Module):
+    """A class token expanded over the batch (ViT, CLIP) and an expanded fresh constant: stride-0 views."""
+
+    def __init__(self):
+        super().__init__()
+        self.cls = nn.Parameter(torch.randn(1, 1, 4))
+
+    def forward(self, x):
+        tokens = torch.cat([self.cls.expand(2, -1, -1), x.unsqueeze(1)], 1)
+        # arange of a traced size: symbolic_trace would store a literal torch.arange(4.0) as a tensor constant
+        return tokens.sum(1) + torch.arange(self.cls.shape[-1], dtype=torch.float32).expand(2, -1)
+
+
+@pytest.mark.parametrize("dialect", ["torch", "aten"])
+def test_expanded_constants_stay_views_in_the_graph(capture_as, run_verified, dialect):
+    captured = capture_as(ExpandedConstants(), X, dialect)
+    result = run_verified(captured, "fold_constants", rtol=0, atol=0)
+    gm = result.graph_module
+    # stored, a stride-0 tensor breaks every write into it: load_state_dict, the buffer restore after a check run
+    assert [s.split(" (")[0] for s in result.skipped] == ["expand", "expand_1"], result.skipped
+    assert all("kept as a view" in line for line in result.skipped)
+    assert len([c for c in calls(gm) if "expand" in c]) == 2
+    (folded,) = new_buffers(captured.graph_module, gm).values()  # the arange, which the expand now reads
+    assert torch.equal(folded, torch.arange(4.0)) and folded.stride() == (1,)
+    gm.load_state_dict(gm.state_dict())
+    assert torch.equal(gm(X), captured.graph_module(X))
 
 
 class Counter(nn.Module):

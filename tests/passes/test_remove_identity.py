@@ -194,6 +194,45 @@ def test_keeps_copies_that_aliasing_could_tell_apart(case, dialect, capture_as, 
     assert not any("x * 1" in line for line in result.log)
 
 
+class CopiesThenViews(nn.Module):
+    """Copies whose layout differs from their input's: a copy of an expanded tensor and of a slice with gaps are
+    dense, and ``view(-1)`` works on the copy only (torch.export records the view it saw work)."""
+
+    def __init__(self):
+        super().__init__()
+        self.v = nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        expanded = self.v.expand(2, 4).clone()
+        gapped = x[:, ::2] * 1
+        return expanded.view(-1) + x.reshape(-1), gapped.view(-1) * 2
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_keeps_copies_laid_out_differently_from_their_input(dialect, capture_as, run_verified):
+    captured = with_shapes(capture_as(CopiesThenViews(), torch.randn(2, 4), dialect))
+    result = run_verified(captured, "remove_identity")
+    kept = [s.split(": ")[0] for s in result.skipped if "laid out differently" in s]
+    # a torch-dialect .clone() is not a candidate at all; torch.export records it as aten.clone
+    assert kept == (["mul (x * 1)"] if dialect == "torch" else ["clone (aten.clone)", "mul (x * 1)"]), result.skipped
+    assert not result.changed
+
+
+class AliasTransposedInPlace(nn.Module):
+    def forward(self, x):
+        a = x + torch.arange(4.0).view(2, 2)
+        b = a[:, :]  # torch.export records aten.alias: a second tensor object on a's memory
+        b.t_()  # transposes b only
+        return a + 2 * b
+
+
+def test_keeps_aten_alias_reshaped_in_place(capture_as, run_verified):
+    captured = capture_as(AliasTransposedInPlace(), torch.randn(2, 2), "aten")
+    assert any("alias" in str(n.target) for n in captured.graph_module.graph.nodes)
+    result = run_verified(captured, "remove_identity")  # without the alias, t_ would transpose a as well
+    assert not result.changed and "in-place view op" in result.skipped[0], result.skipped
+
+
 class AddsZero(nn.Module):
     def forward(self, x):
         return x.relu().neg() + 0  # relu(-0.0).neg() is -0.0; + 0 makes it +0.0

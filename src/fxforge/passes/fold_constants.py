@@ -102,7 +102,7 @@ def fold_constants(gm: fx.GraphModule, options: FoldConstantsOptions) -> PassRes
     had_users = {node for node in constants.values if node.users}
     stored = {id(tensor): name for name, tensor in reversed(_stored_tensors(gm))}  # first name wins
     kept = _kept_views(gm, constants)
-    for node in kept:
+    for node in [n for n in gm.graph.nodes if n in kept]:  # graph order: the report reads the same every run
         result.skip(
             f"{node.name} ({target_name(node)}): kept as a view in the graph, its inputs folded: its elements share "
             "memory (an expand), and a stored tensor like that breaks writes into it (load_state_dict)"
