@@ -41,7 +41,8 @@ from torch import nn
 import fxforge
 from fxforge.auto import Budget, auto_optimize
 from fxforge.bench import Backend, bench, get_backend
-from fxforge.capture import Captured, quiet_torch_logs
+from fxforge.capture import Captured
+from fxforge.runtime import quiet_torch_logs
 
 MODELS: dict[str, tuple[str, list[str], dict[str, Any]]] = {
     "resnet18": ("torchvision:resnet18", ["{b}x3x224x224"], {}),

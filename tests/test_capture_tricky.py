@@ -234,7 +234,8 @@ def test_keyword_inputs(method: str):
     assert captured.record.method == (SYMBOLIC_TRACE if method == "auto" else EXPORT)
     assert captured.record.ok, captured.record.checks  # the mask is resized to batch 3 with x
     assert [c.batch for c in captured.record.checks] == [None, 3]
-    assert captured.example_kwargs == kwargs
+    assert captured.example_kwargs.keys() == kwargs.keys() and torch.equal(captured.example_kwargs["mask"], mask)
+    assert captured.example_kwargs["mask"] is not mask  # a copy: nothing fxforge runs can write into the caller's
     assert_same_outputs(model, captured, x(), mask=mask)
     with torch.no_grad():
         out = captured.graph_module(x(), mask=mask)
@@ -246,7 +247,7 @@ def test_keyword_inputs_map_onto_placeholders():
     mask = torch.zeros(2, 8, dtype=torch.bool)
     captured = capture(model, x(), example_kwargs={"mask": mask})
     values = captured.flat_inputs()
-    assert values[0] is captured.example_inputs[0] and values[1] is mask
+    assert values[0] is captured.example_inputs[0] and values[1] is captured.example_kwargs["mask"]
     assert values[2] == 1.0  # `scale` takes its default
     with pytest.raises(InputSpecError):
         captured.flat_inputs(args=(), kwargs={})  # no value for x
@@ -433,7 +434,7 @@ def test_meta_device_model_captures_without_check():
 def test_quiet_torch_logs_silences_torch_loggers_and_restores_their_levels():
     import logging
 
-    from fxforge.capture import quiet_torch_logs
+    from fxforge.runtime import quiet_torch_logs
 
     dynamo = logging.getLogger("torch._dynamo")
     user = logging.getLogger("my_app")

@@ -383,7 +383,7 @@ def test_cli_quantize_demo(tmp_path, capsys):
     assert json.loads((out / "report.json").read_text())["quantized_layers"] == ["conv1", "conv2", "fc"]
 
     # the output directory is a model spec: inspect reads the int8 graph
-    code = main(["inspect", str(out), "--json"])
+    code = main(["inspect", str(out), "--json", "--trust-pickle"])  # a pickled int8 module: the user opts in
     stdout, stderr = capsys.readouterr()
     assert code == EXIT_OK, stderr
     report = json.loads(stdout)
@@ -392,13 +392,13 @@ def test_cli_quantize_demo(tmp_path, capsys):
     assert quantize_nodes and quantize_nodes[0]["dtype"] == "quint8" and quantize_nodes[0]["quant"] == "quantize"
     assert nodes["conv1"]["quant"] == "int8" and report["totals"]["int8_nodes"] == 4  # conv1, conv2, dropout, fc
     assert report["totals"]["quantize_nodes"] == report["totals"]["dequantize_nodes"] == 3
-    code = main(["inspect", str(out), "--nodes"])
+    code = main(["inspect", str(out), "--nodes", "--trust-pickle"])
     stdout, stderr = capsys.readouterr()
     assert code == EXIT_OK and stderr == ""  # no deprecation noise from loading int8 tensors
     assert "quant" in stdout and "Quantization: 3 quantize, 3 dequantize, 4 int8 nodes" in stdout
     assert "QuantizedConvReLU2d" in stdout
     # lint names the int8 -> float -> int8 round trips (torch.relu and Tensor.flatten in the demo)
-    code = main(["lint", str(out), "--select", "FX013", "--json"])
+    code = main(["lint", str(out), "--select", "FX013", "--json", "--trust-pickle"])
     findings = json.loads(capsys.readouterr().out)["findings"]
     assert code == EXIT_OK and len(findings) == 2  # info findings do not fail lint
 

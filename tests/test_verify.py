@@ -96,7 +96,7 @@ def test_verify_passes_for_exact_rewrite_and_reports_errors(resnet18):
     captured = fxforge.capture(resnet18, X)
     folded = apply_pass(captured.graph_module, "fold_bn").graph_module
     result = verify(captured, folded, seeds=(0, 1))
-    assert result.ok and result.trials == 2
+    assert result.ok and result.trials == 16  # at least DEFAULT_CASES, whatever the seeds
     assert 0 < result.max_abs_err < 1e-3
     assert result.divergence is None
 

@@ -11,25 +11,62 @@ Public API (everything the CLI does is reachable from here)::
     check = fxforge.verify(captured, result.pipeline.graph_module)
     exported = fxforge.export_model(captured, to="onnx", path="out/model.onnx")  # reloaded and verified
     timings = fxforge.bench(captured, ["eager", "onnxruntime"])                 # .rows: median_ms, p90_ms, ...
+
+The names are loaded on first use (PEP 562): ``import fxforge`` does not import torch, so the command line
+starts fast and can be interrupted cleanly while torch loads.
 """
 
-from fxforge.api import prepare, verify_specs
-from fxforge.auto import AutoResult, Budget, auto_optimize
-from fxforge.bench import BenchReport, bench, register_backend
-from fxforge.capture import Captured, CaptureRecord, capture
-from fxforge.errors import CaptureError, FxforgeError, InputSpecError, MissingExtraError, ModelSpecError
-from fxforge.export import ExportError, ExportResult, export_model, load_exported
-from fxforge.inputs import InputSpec, make_inputs, parse_input_spec
-from fxforge.inspect import InspectReport, inspect_graph
-from fxforge.lint import lint
-from fxforge.models import LoadedModel, load_model
-from fxforge.optimize import optimize
-from fxforge.passes import PassResult, apply_pass, register_pass
-from fxforge.passes.pipeline import Pipeline
-from fxforge.quantize import QuantizeResult, quantize
-from fxforge.verify import VerifyResult, compare_outputs, verify
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+# public name -> the module that defines it
+_EXPORTS = {
+    "prepare": "fxforge.api",
+    "verify_specs": "fxforge.api",
+    "AutoResult": "fxforge.auto",
+    "Budget": "fxforge.auto",
+    "auto_optimize": "fxforge.auto",
+    "BenchReport": "fxforge.bench",
+    "bench": "fxforge.bench",
+    "register_backend": "fxforge.bench",
+    "Captured": "fxforge.capture",
+    "CaptureRecord": "fxforge.capture",
+    "capture": "fxforge.capture",
+    "CaptureError": "fxforge.errors",
+    "FxforgeError": "fxforge.errors",
+    "InputSpecError": "fxforge.errors",
+    "MissingExtraError": "fxforge.errors",
+    "ModelSpecError": "fxforge.errors",
+    "ExportError": "fxforge.export",
+    "ExportResult": "fxforge.export",
+    "export_model": "fxforge.export",
+    "load_exported": "fxforge.artifacts",
+    "InputSpec": "fxforge.inputs",
+    "make_inputs": "fxforge.inputs",
+    "parse_input_spec": "fxforge.inputs",
+    "InspectReport": "fxforge.inspect",
+    "inspect_graph": "fxforge.inspect",
+    "lint": "fxforge.lint",
+    "LoadedModel": "fxforge.models",
+    "load_model": "fxforge.models",
+    "optimize": "fxforge.optimize",
+    "PassResult": "fxforge.passes",
+    "apply_pass": "fxforge.passes",
+    "register_pass": "fxforge.passes",
+    "Pipeline": "fxforge.passes.pipeline",
+    "QuantizeResult": "fxforge.quantize",
+    "quantize": "fxforge.quantize",
+    "VerifyResult": "fxforge.verify",
+    "Verifier": "fxforge.verify",
+    "compare_outputs": "fxforge.compare",
+    "verify": "fxforge.verify",
+}
 
 __all__ = [
     "AutoResult",
@@ -50,6 +87,7 @@ __all__ = [
     "PassResult",
     "Pipeline",
     "QuantizeResult",
+    "Verifier",
     "VerifyResult",
     "__version__",
     "apply_pass",
@@ -72,3 +110,49 @@ __all__ = [
     "verify",
     "verify_specs",
 ]
+
+
+class _Package(types.ModuleType):
+    """The package's module type: importing a submodule named like a public function (``fxforge.capture``,
+    ``fxforge.verify``) must not replace the function with the module, as the import system's ``setattr`` would."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _EXPORTS and isinstance(value, types.ModuleType) and value.__name__ == f"{__name__}.{name}":
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fxforge' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
+
+if TYPE_CHECKING:  # static type checkers and IDEs see the names without the lazy loading
+    from fxforge.api import prepare, verify_specs
+    from fxforge.artifacts import load_exported
+    from fxforge.auto import AutoResult, Budget, auto_optimize
+    from fxforge.bench import BenchReport, bench, register_backend
+    from fxforge.capture import Captured, CaptureRecord, capture
+    from fxforge.compare import compare_outputs
+    from fxforge.errors import CaptureError, FxforgeError, InputSpecError, MissingExtraError, ModelSpecError
+    from fxforge.export import ExportError, ExportResult, export_model
+    from fxforge.inputs import InputSpec, make_inputs, parse_input_spec
+    from fxforge.inspect import InspectReport, inspect_graph
+    from fxforge.lint import lint
+    from fxforge.models import LoadedModel, load_model
+    from fxforge.optimize import optimize
+    from fxforge.passes import PassResult, apply_pass, register_pass
+    from fxforge.passes.pipeline import Pipeline
+    from fxforge.quantize import QuantizeResult, quantize
+    from fxforge.verify import Verifier, VerifyResult, verify

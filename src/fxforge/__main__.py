@@ -1,7 +1,5 @@
-"""``python -m fxforge`` runs the CLI."""
+"""``python -m fxforge`` runs the CLI (with the console script's Ctrl-C handling)."""
 
-import sys
+from fxforge.cli import run
 
-from fxforge.cli import main
-
-sys.exit(main())
+run()

@@ -3,15 +3,17 @@ captured graph. Kept here so that the Python API does exactly what the CLI does.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from torch import nn
 
 from fxforge.capture import Captured, capture
-from fxforge.errors import InputSpecError
+from fxforge.errors import CaptureError, InputSpecError
 from fxforge.inputs import InputSpec, make_inputs, parse_input_spec
 from fxforge.models import LoadedModel, load_model
+from fxforge.verify import DEFAULT_CASES, VerifyResult, verify
 
 
 def resolve_inputs(loaded: LoadedModel, inputs: Sequence[str | InputSpec] | None) -> list[InputSpec]:
@@ -37,9 +39,17 @@ def prepare(
     method: str = "auto",
     check: bool = True,
     check_batch: int | None = None,
+    trust_pickle: bool | None = None,
 ) -> Captured:
-    """Load ``model`` (a spec string or module), make seeded example inputs and capture it."""
-    loaded = load_model(model, seed=seed, device=device, model_kwargs=model_kwargs)
+    """Load ``model`` (a spec string or module), make seeded example inputs and capture it.
+
+    ``trust_pickle``: allow loading a pickled module (a ``.pt`` file), which runs code from the file; default:
+    the ``FXFORGE_TRUST_PICKLE`` environment variable. A module passed in is captured as it is (its training
+    mode included) and never changed.
+    """
+    if check_batch is not None and check_batch < 1:
+        raise InputSpecError(f"--check-batch must be at least 1, got {check_batch}", hint="e.g. --check-batch 2")
+    loaded = load_model(model, seed=seed, device=device, model_kwargs=model_kwargs, trust_pickle=trust_pickle)
     specs = resolve_inputs(loaded, inputs)
     example = make_inputs(specs, seed=seed, device=device or "cpu")
     try:
@@ -65,22 +75,41 @@ def verify_specs(
     inputs: Sequence[str | InputSpec] | None = None,
     *,
     seed: int = 0,
-    seeds: int = 3,
+    cases: int = DEFAULT_CASES,
+    seeds: int | None = None,
     rtol: float | None = None,
     atol: float | None = None,
     model_kwargs: Mapping[str, Any] | None = None,
-):
-    """``fxforge verify A B``: load both specs, capture the reference, and compare on random inputs.
+    trust_pickle: bool | None = None,
+    allow_dtype_change: bool = False,
+) -> VerifyResult:
+    """``fxforge verify A B``: load both specs and compare them on at least ``cases`` varied inputs.
 
-    The reference is captured so that a mismatch can be bisected to the first diverging node.
+    The reference is captured when it can be, so that a mismatch can be bisected to the first diverging node;
+    a reference that cannot be captured is still compared, without bisection. ``seeds`` (older API) raises
+    the case count to at least that many.
     """
-    from fxforge.verify import verify
-
-    ref_loaded = load_model(reference, seed=seed, model_kwargs=model_kwargs)
-    cand_loaded = load_model(candidate, seed=seed)
-    specs_source = ref_loaded if (inputs or ref_loaded.default_inputs) else cand_loaded
+    if cases < 1 or (seeds is not None and seeds < 1):
+        raise InputSpecError("verify needs at least one case", hint="e.g. --cases 16")
+    ref_loaded = load_model(reference, seed=seed, model_kwargs=model_kwargs, trust_pickle=trust_pickle)
+    cand_loaded = load_model(candidate, seed=seed, trust_pickle=trust_pickle)
+    # The candidate's own example shapes first: a saved program or an output directory records what it was built
+    # (and possibly specialised) for; then the reference's defaults.
+    specs_source = cand_loaded if (inputs or cand_loaded.default_inputs) else ref_loaded
     specs = resolve_inputs(specs_source, inputs)
     example = make_inputs(specs, seed=seed)
-    ref_captured = capture(ref_loaded, example, check=False)
-    candidate_model: Any = cand_loaded.module
-    return verify(ref_captured, candidate_model, input_specs=specs, seeds=range(seeds), rtol=rtol, atol=atol)
+    ref: Any = ref_loaded.module
+    with contextlib.suppress(CaptureError):  # compared all the same; only the bisection to a node needs the graph
+        ref = capture(ref_loaded, example, check=False)
+    return verify(
+        ref,
+        cand_loaded.module,
+        input_specs=specs,
+        cases=max(cases, seeds or 0),
+        seed=seed,
+        rtol=rtol,
+        atol=atol,
+        allow_dtype_change=allow_dtype_change,
+        # a saved program or ONNX file may be fixed to the example's batch size: compare what it can run, and say so
+        candidate_may_fix_batch=True,
+    )

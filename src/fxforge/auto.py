@@ -45,9 +45,10 @@ from fxforge.bench import (
     exact_passes,
     get_backend,
 )
-from fxforge.capture import Captured, quiet_torch_logs, run_reference
+from fxforge.capture import Captured, require_real_weights
 from fxforge.errors import FxforgeError, one_line_reason
 from fxforge.inputs import specs_of
+from fxforge.runtime import quiet_torch_logs, run_reference
 from fxforge.verify import TOLERANCES, compare_outputs, verify
 
 FP32_TOLERANCE = TOLERANCES[torch.float32][0]  # fp32 round-off: what the exact candidates are held to
@@ -167,10 +168,11 @@ def auto_optimize(
     reduced precision (and calibrating int8), in any form :func:`fxforge.quantize.load_calibration`
     reads. Without ``output_dir`` nothing is written.
     """
+    require_real_weights(captured, "optimize --auto")
     budget = budget or Budget()
     chosen_backends = _candidate_backends(backends, budget)
     result_warnings: list[str] = []
-    passes, rejected_passes, graph = _apply_exact_passes(captured, budget, seeds)
+    passes, rejected_passes, graph = _apply_exact_passes(captured, budget)
     rewritten = dataclasses.replace(captured, graph_module=graph)
     eval_data = _evaluation_data(captured, data, budget, chosen_backends, result_warnings)
 
@@ -230,25 +232,19 @@ def _candidate_backends(backends: Sequence[str | Backend] | None, budget: Budget
     return chosen
 
 
-def _apply_exact_passes(captured: Captured, budget: Budget, seeds: Sequence[int]):
-    """Run the exact passes as a verified pipeline, dropping any pass whose result fails verification."""
+def _apply_exact_passes(captured: Captured, budget: Budget):
+    """Run the exact passes as a verified pipeline; a pass that fails verification (or crashes) is rolled back
+    and reported, and the others still run."""
     from fxforge.passes.pipeline import Pipeline
 
-    names = exact_passes()
-    rejected: dict[str, str] = {}
     rtol, atol = budget.rtol_atol
-    while True:
-        pipeline = Pipeline(names, verify_each=True, lint_between=False, rtol=rtol, atol=atol)
-        result = pipeline.run(captured)
-        if result.ok:
-            applied = [step.result.name for step in result.steps if step.result.changed]
-            return applied, rejected, result.graph_module
-        check = result.verification
-        reason = "; ".join(check.problems[:2]) if check else "verification failed"
-        if check and check.divergence:
-            reason = check.divergence.describe()
-        rejected[result.failed_pass] = reason
-        names = [n for n in names if n != result.failed_pass]
+    pipeline = Pipeline(exact_passes(), verify_each=True, lint_between=False, keep_going=True, rtol=rtol, atol=atol)
+    result = pipeline.run(captured)
+    if result.problem:
+        raise FxforgeError(result.problem, hint="call model.eval() for inference, or remove the randomness")
+    rejected = {step.result.name: step.rolled_back or "" for step in result.rolled_back}
+    applied = [step.result.name for step in result.steps if step.result.changed and not step.rolled_back]
+    return applied, rejected, result.graph_module
 
 
 def _evaluation_data(
@@ -323,10 +319,19 @@ def _verify_candidate(
 
 def _verify_exact(captured: Captured, candidate: Candidate, module: nn.Module, budget: Budget, seeds: Sequence[int]):
     rtol, atol = budget.rtol_atol
-    specs = specs_of(captured.example_inputs)
-    check = verify(captured.original, module, input_specs=specs, seeds=seeds, rtol=rtol, atol=atol, bisect=False)
+    # At the example's batch size only: exported and compiled candidates are built for the batch they are timed at.
+    check = verify(
+        captured.original,
+        module,
+        example=(captured.example_inputs, captured.example_kwargs),
+        batch_sizes=[None],
+        seed=seeds[0] if seeds else 0,
+        rtol=rtol,
+        atol=atol,
+        bisect=False,
+    )
     candidate.max_abs_err, candidate.max_rel_err = check.max_abs_err, check.max_rel_err
-    candidate.verified_on = f"{check.trials} random batches"
+    candidate.verified_on = check.describe_inputs()
     reason = "verification failed: " + "; ".join(check.problems[:2]) if not check.ok else None
     return check.ok, reason
 
@@ -403,7 +408,7 @@ _LOAD = {
 def _write(
     result: AutoResult, rewritten: Captured, runner: Runner, built_dir: Path, force: bool, spec: str | None
 ) -> list[str]:
-    from fxforge.optimize import atomic_directory, save_graph_module
+    from fxforge.artifacts import atomic_directory, save_graph_module
 
     assert result.output_dir is not None
     chosen = result.chosen
@@ -414,7 +419,13 @@ def _write(
             for file in built_dir.iterdir():  # the model and, over 2 GB, its external data
                 shutil.copy(file, staging / file.name)
         elif chosen in ("fx", "compile"):
-            save_graph_module(rewritten.graph_module, staging, rewritten.example_inputs, rewritten.dialect)
+            save_graph_module(
+                rewritten.graph_module,
+                staging,
+                rewritten.example_inputs,
+                rewritten.dialect,
+                rewritten.example_kwargs,
+            )
         else:
             _save_module(chosen, runner if chosen != "eager" else rewritten.original, staging / "model.pt", rewritten)
         if not (staging / "inputs.txt").exists():
@@ -443,42 +454,3 @@ def _save_module(name: str, module: Any, path: Path, rewritten: Captured) -> Non
     comparison = compare_outputs(run_reference(module, inputs, {}), run_reference(loaded, inputs, {}))
     if not comparison.ok:
         raise FxforgeError(f"the saved {name} model does not reload to the same outputs: {comparison.problems[0]}")
-
-
-def render_auto(console: Any, spec: str, result: AutoResult) -> None:
-    """Print an auto-optimize result on a rich console (the CLI's human output)."""
-    from rich.table import Table
-
-    passes = ", ".join(result.passes) or "none changed the graph"
-    console.print(f"[bold]{spec}[/]  exact passes: {passes}")
-    for name, reason in result.rejected_passes.items():
-        console.print(f"  [yellow]pass {name} rejected[/]: {reason}")
-    table = Table(title=f"candidates (tolerance {result.budget.tolerance:g}" + _agreement(result.budget) + ")")
-    table.add_column("candidate")
-    for column in ("median ms", "p90 ms", "speedup", "max abs err", "top-1 agr."):
-        table.add_column(column, justify="right")
-    table.add_column("verdict")
-    styles = {"chosen": "bold green", "accepted": "green", "rejected": "red", "failed": "red"}
-    for c in result.candidates:
-        verdict = f"[{styles.get(c.status, '')}]{c.status}[/]" + (f": {c.reason}" if c.reason else "")
-        table.add_row(
-            c.name,
-            _fmt(c.median_ms, ".2f"),
-            _fmt(c.p90_ms, ".2f"),
-            _fmt(c.speedup, ".2f", "x"),
-            _fmt(c.max_abs_err, ".2g"),
-            _fmt(c.top1_agreement, ".4f"),
-            verdict,
-        )
-    console.print(table)
-    where = f"wrote {result.output_dir} ({', '.join(result.files)})" if result.output_dir else "nothing written"
-    console.print(f"chosen: [bold green]{result.chosen}[/]; {where}")
-    console.print(f"  load: {result.load}")
-
-
-def _agreement(budget: Budget) -> str:
-    return f", top-1 agreement >= {budget.min_agreement:g}" if budget.min_agreement is not None else ""
-
-
-def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
-    return "-" if value is None else f"{value:{spec}}{suffix}"

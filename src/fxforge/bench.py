@@ -45,10 +45,11 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from fxforge.capture import Captured, capture, quiet_torch_logs, run_reference
+from fxforge.capture import Captured, capture, require_real_weights
 from fxforge.errors import FxforgeError, one_line_reason
 from fxforge.graphs import ATEN
 from fxforge.inputs import make_inputs, specs_of
+from fxforge.runtime import quiet_torch_logs, run_reference
 from fxforge.verify import compare_outputs
 
 Runner = Callable[..., Any]
@@ -120,7 +121,8 @@ def _fx(captured: Captured, settings: BuildSettings) -> Runner:
 
 @register_backend("torchscript", "fxforge export --to torchscript (trace, freeze, optimize_for_inference)")
 def _torchscript(captured: Captured, settings: BuildSettings) -> Runner:
-    from fxforge.export import export_model, load_exported
+    from fxforge.artifacts import load_exported
+    from fxforge.export import export_model
 
     path = settings.workdir / "model.pt"
     result = export_model(captured, "torchscript", path, verify_export=False, force=True)
@@ -130,7 +132,8 @@ def _torchscript(captured: Captured, settings: BuildSettings) -> Runner:
 
 @register_backend("onnxruntime", "fxforge export --to onnx, run by ONNX Runtime (CPU)")
 def _onnxruntime(captured: Captured, settings: BuildSettings) -> Runner:
-    from fxforge.export import export_model, load_exported
+    from fxforge.artifacts import load_exported
+    from fxforge.export import export_model
 
     path = settings.workdir / "model.onnx"
     result = export_model(captured, "onnx", path, verify_export=False, force=True)
@@ -364,6 +367,11 @@ def bench(
     """
     if warmup < 1 or repeats < 1:
         raise FxforgeError("bench needs at least one warm-up run and one repeat")
+    require_real_weights(captured, "bench")
+    if threads is not None and threads < 1:
+        raise FxforgeError("--threads must be at least 1")
+    if batches is not None and any(b < 1 for b in batches):
+        raise FxforgeError("--batch sizes must be at least 1")
     if not captured.example_inputs or captured.example_kwargs:
         raise FxforgeError("bench needs positional example inputs", hint="pass --input, e.g. --input 1x3x224x224")
     chosen = [b if isinstance(b, Backend) else get_backend(b) for b in (backends or list(BACKENDS))]
@@ -506,43 +514,3 @@ def _timed_rounds(
 def describe_backends() -> list[tuple[str, str]]:
     """(name, summary) of every registered backend."""
     return [(b.name, b.summary) for b in BACKENDS.values()]
-
-
-def render_bench(console: Any, spec: str, report: BenchReport) -> None:
-    """Print a bench report as a rich table (the CLI's human output)."""
-    from rich.table import Table
-
-    table = Table(title=f"{spec}  inputs {', '.join(report.inputs)}  threads {report.threads}")
-    table.add_column("backend")
-    for column in ("batch", "median ms", "p90 ms", "samples/s", "speedup", "peak MiB", "max abs err", "build s"):
-        table.add_column(column, justify="right")
-    table.add_column("status")
-    for row in report.rows:
-        if not row.ok:
-            table.add_row(row.backend, str(row.batch), *["-"] * 7, f"[red]{row.error}[/]")
-            continue
-        verdict = "[green]ok[/]" if row.within_tolerance else "[yellow]beyond tol[/]"
-        table.add_row(
-            row.backend,
-            str(row.batch),
-            _fmt(row.median_ms, ".2f"),
-            _fmt(row.p90_ms, ".2f"),
-            _fmt(row.throughput, ".1f"),
-            _fmt(row.speedup, ".2f", "x"),
-            _fmt(row.peak_mem_mib, ".1f"),
-            _fmt(row.max_abs_err, ".2g"),
-            _fmt(row.build_s, ".1f"),
-            verdict,
-        )
-    console.print(table)
-    console.print(
-        f"[dim]{report.repeats} timed calls per backend after {report.warmup} warm-up calls, interleaved "
-        f"in a shuffled order each round; max abs err vs eager on the same inputs; peak MiB: {report.memory}[/]"
-    )
-    for row in report.rows:
-        for note in row.notes:
-            console.print(f"[dim]{row.backend}: {note}[/]")
-
-
-def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
-    return "-" if value is None else f"{value:{spec}}{suffix}"

@@ -20,34 +20,36 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import io
-import linecache
-import logging
-import os
-import sysconfig
+import inspect as pyinspect
 import traceback
-import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import torch
 from torch import fx, nn
 
-from fxforge.errors import CaptureError, InputSpecError
+from fxforge.artifacts import OnnxRuntimeModule
+from fxforge.compare import compare_outputs
+from fxforge.errors import CaptureError, FxforgeError, InputSpecError, caller_location, is_user_file, user_location
 from fxforge.graphs import ATEN, TORCH
 from fxforge.models import LoadedModel
-from fxforge.verify import compare_outputs
+from fxforge.runtime import (
+    buffers_snapshot,
+    changed_buffers,
+    cloned,
+    export_program,
+    preserved_state,
+    quiet_torch_logs,
+    run_isolated,
+    run_reference,
+    with_batch,
+)
 
 SYMBOLIC_TRACE = "symbolic_trace"
 EXPORT = "torch.export"
 LOADED = "loaded"  # the model was already a graph (a .pt2 program or a saved GraphModule)
 
-_TORCH_DIR = str(Path(torch.__file__).parent)
-_FXFORGE_DIR = str(Path(__file__).parent)
-_STDLIB_DIR = sysconfig.get_paths()["stdlib"]
 
 
 @dataclass
@@ -187,6 +189,39 @@ def _patched(wraps: Iterable[_Wrap]):
             wrap.caller_globals[wrap.name] = original
 
 
+class BufferWriteError(RuntimeError):
+    """``forward`` assigns a traced value to a buffer (``self.count += 1``): symbolic tracing records the
+    arithmetic but not the assignment, so the graph would silently stop updating the buffer."""
+
+    def __init__(self, buffer: str, location: str | None) -> None:
+        where = f" at {location}" if location else ""
+        super().__init__(
+            f"forward assigns buffer {buffer!r}{where}, a write symbolic tracing cannot record "
+            "(torch.export records it)"
+        )
+        self.buffer = buffer
+        self.location = location
+
+
+@contextlib.contextmanager
+def _buffer_assignments_refused(model: nn.Module) -> Iterator[None]:
+    """While tracing with proxied buffers, turn ``self.<buffer> = <Proxy>`` into :class:`BufferWriteError`."""
+    names = {id(m): name for name, m in model.named_modules()}
+    original_setattr = nn.Module.__setattr__
+
+    def guarded_setattr(module: nn.Module, name: str, value: Any) -> None:
+        if isinstance(value, fx.Proxy) and name in module.__dict__.get("_buffers", {}) and id(module) in names:
+            qualified = f"{names[id(module)]}.{name}".lstrip(".")
+            raise BufferWriteError(qualified, caller_location())
+        original_setattr(module, name, value)
+
+    nn.Module.__setattr__ = guarded_setattr  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        nn.Module.__setattr__ = original_setattr  # type: ignore[method-assign]
+
+
 def _symbolic_trace(
     model: nn.Module,
     leaf_names: set[str],
@@ -198,76 +233,68 @@ def _symbolic_trace(
     tracer = _LeafTracer(leaf_names, leaf_types)
     tracer.proxy_buffer_attributes = proxy_buffers
     snapshot = buffers_snapshot(model)
-    try:
-        with _patched(wraps):
+    refuse_buffer_writes = _buffer_assignments_refused(model) if proxy_buffers else contextlib.nullcontext()
+    # preserved_state: a failed trace must leave the user's module as it was (a leaked Proxy in a buffer
+    # made every later model(x) return a Proxy), and tracing runs ops on real buffers eagerly.
+    with preserved_state(model):
+        with _patched(wraps), refuse_buffer_writes:
             graph = tracer.trace(model, concrete_args=concrete_args)
-    finally:
-        # Tracing runs ops on real (non-proxy) tensors eagerly: a buffer written in place in forward
-        # (a call counter) is changed in the model and the write is missing from the graph. Undo it.
-        changed = _changed_buffers(model, snapshot)
-        restore_buffers(model, snapshot)
+        # a buffer written in place in forward (a call counter) changed, and the write is missing from the graph
+        changed = changed_buffers(model, snapshot)
+        if not changed:
+            # Forget our tracer class: GraphModule pickles it and would need fxforge (and its arguments) to reload.
+            graph._tracer_cls = None
+            graph._tracer_extras = None
+            # Built before the state is restored: tracing stores tensor constants (``_tensor_constant0``) on the
+            # root, and the GraphModule takes them from there.
+            gm = fx.GraphModule(tracer.root, graph, model.__class__.__name__)
     if changed:
         if not proxy_buffers:  # trace again with buffers as proxies, so that the write is recorded
             return _symbolic_trace(model, leaf_names, leaf_types, wraps, concrete_args, proxy_buffers=True)
-        raise RuntimeError(f"tracing wrote into buffer {changed[0]} instead of recording the write")
-    name = model.__class__.__name__
-    # Forget our tracer class: GraphModule pickles it and would need fxforge (and its arguments) to reload.
-    graph._tracer_cls = None
-    graph._tracer_extras = None
-    return fx.GraphModule(tracer.root, graph, name)
+        raise BufferWriteError(changed[0], None)
+    if concrete_args:
+        _name_concrete_placeholders(gm, model, concrete_args)
+    return gm
 
 
-def _is_user_file(filename: str) -> bool:
-    return not (
-        filename.startswith(_TORCH_DIR)
-        or filename.startswith(_FXFORGE_DIR)
-        or filename.startswith(_STDLIB_DIR)
-        or filename.startswith("<")
-    )
+def _unprovided_defaults(model: nn.Module, inputs: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``forward``'s parameters that the example inputs leave out and whose default is a plain constant."""
+    try:
+        parameters = list(pyinspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError):  # a forward without a readable signature: trace as before
+        return {}
+    defaults = {}
+    for index, parameter in enumerate(parameters):
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD) or index < len(inputs):
+            continue
+        if parameter.name in kwargs or parameter.default is parameter.empty:
+            continue
+        if parameter.default is None or isinstance(parameter.default, (bool, int, float, str)):
+            defaults[parameter.name] = parameter.default
+    return defaults
 
 
-def _frames(exc: BaseException) -> list[FrameType]:
-    return [frame for frame, _ in traceback.walk_tb(exc.__traceback__)]
+def _name_concrete_placeholders(gm: fx.GraphModule, model: nn.Module, concrete_args: dict[str, Any]) -> None:
+    """Give the placeholders of concrete args their parameter's name back, with the concrete value as default.
 
-
-def _frame_lines(exc: BaseException) -> list[tuple[FrameType, int]]:
-    return list(traceback.walk_tb(exc.__traceback__))
-
-
-def user_location(exc: BaseException) -> str | None:
-    """``file:line: source`` of the innermost frame of the user's (model's) code in ``exc``'s traceback."""
-    location = None
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    # torch.export re-raises with the original error chained: search the chain, innermost first.
-    chain = []
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        chain.append(current)
-        current = current.__cause__ or current.__context__
-    for error in chain:
-        for frame, lineno in _frame_lines(error):
-            if _is_user_file(frame.f_code.co_filename):
-                location = _format_location(frame.f_code.co_filename, lineno)
-        if location:
-            return location
-    return location
-
-
-def _format_location(filename: str, lineno: int) -> str:
-    with contextlib.suppress(ValueError):
-        relative = os.path.relpath(filename)
-        if not relative.startswith(".."):
-            filename = relative
-    source = linecache.getline(filename, lineno).strip() or linecache.getline(os.path.abspath(filename), lineno).strip()
-    return f"{filename}:{lineno} `{source}`" if source else f"{filename}:{lineno}"
+    ``symbolic_trace`` renames them (``flag`` becomes ``flag_1``, defaulting to the original default) and asserts
+    the concrete value, so the graph rejected ``gm(x, flag=False)`` and, called as ``gm(x)``, failed its own
+    assertion. fxforge passes concrete args as keywords to the model and the graph alike.
+    """
+    parameters = list(pyinspect.signature(model.forward).parameters)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for parameter, node in zip(parameters, placeholders):
+        if parameter in concrete_args and str(node.target) != parameter:
+            node.target = parameter
+            node.args = (concrete_args[parameter],)
+    gm.recompile()
 
 
 def _find_culprit(
     exc: BaseException, root: nn.Module, module_names: dict[int, str], leaf_names: set[str], wraps: list[_Wrap]
 ) -> str | _Wrap | None:
     """The submodule name or helper function whose code raised ``exc``, innermost first."""
-    frames = _frame_lines(exc)
+    frames = list(traceback.walk_tb(exc.__traceback__))
     wrapped_functions = {id(w.function) for w in wraps}
     for index in range(len(frames) - 1, -1, -1):
         frame, _ = frames[index]
@@ -280,7 +307,7 @@ def _find_culprit(
                 return None  # the failure is in the root's own forward: no leaf can help
             continue
         code = frame.f_code
-        if not _is_user_file(code.co_filename) or index == 0:
+        if not is_user_file(code.co_filename) or index == 0:
             continue
         function = frame.f_globals.get(code.co_name)
         if getattr(function, "__code__", None) is not code or id(function) in wrapped_functions:
@@ -301,90 +328,22 @@ def _short_error(exc: BaseException) -> str:
 # checks
 
 
-def buffers_snapshot(module: nn.Module) -> dict[str, torch.Tensor]:
-    """Copies of the module's (non-meta) buffers, so a check run that mutates them can be undone."""
-    return {name: buf.detach().clone() for name, buf in module.named_buffers() if buf.device.type != "meta"}
-
-
-def _changed_buffers(module: nn.Module, snapshot: dict[str, torch.Tensor]) -> list[str]:
-    buffers = dict(module.named_buffers())
-
-    def same(now: torch.Tensor | None, before: torch.Tensor) -> bool:
-        if now is None or now.shape != before.shape or now.dtype != before.dtype:
-            return False
-        # equal_nan: buffers made with torch.empty may hold NaN, which torch.equal never calls equal
-        return torch.equal(now, before) or (
-            now.is_floating_point() and torch.allclose(now, before, rtol=0.0, atol=0.0, equal_nan=True)
-        )
-
-    return [name for name, value in snapshot.items() if not same(buffers.get(name), value)]
-
-
-def restore_buffers(module: nn.Module, snapshot: dict[str, torch.Tensor]) -> None:
-    """Put back the buffer values saved by :func:`buffers_snapshot`."""
-    buffers = dict(module.named_buffers())
-    with torch.no_grad():
-        for name, value in snapshot.items():
-            buffers[name].copy_(value)
-
-
-def _run_isolated(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *others: nn.Module) -> Any:
-    """Call ``module`` without letting buffer (or input) writes in forward leak into later runs."""
-    snapshots = [(m, buffers_snapshot(m)) for m in (module, *others)]
-    # Fresh copies of the inputs: a model that writes into its input would otherwise feed the next run
-    # (and the caller) changed values.
-    args, kwargs = torch.utils._pytree.tree_map_only(torch.Tensor, torch.clone, (args, kwargs))
-    try:
-        with torch.no_grad():
-            return module(*args, **kwargs)
-    finally:
-        for owner, snap in snapshots:
-            restore_buffers(owner, snap)
-
-
 def _on_meta(model: nn.Module, inputs: Sequence[Any]) -> bool:
     tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
     tensors += [p for p in model.parameters()][:1]
     return any(t.device.type == "meta" for t in tensors)
 
 
-def _with_batch(inputs: tuple[Any, ...], batch: int) -> tuple[Any, ...]:
-    def resize(value: Any) -> Any:
-        if isinstance(value, torch.Tensor) and value.dim() > 0:
-            reps = [1] * value.dim()
-            reps[0] = -(-batch // value.shape[0])
-            return value.repeat(*reps)[:batch].clone()
-        return value
-
-    # pytree, not fx's map_aggregate: that turns dicts and lists into fx's immutable containers.
-    return tuple(torch.utils._pytree.tree_map(resize, value) for value in inputs)
-
-
-def run_reference(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *others: nn.Module) -> Any:
-    """Run the user's model eagerly; a failure here means the inputs do not fit the model."""
-    try:
-        with quiet_torch_logs():
-            return _run_isolated(model, args, kwargs, *others)
-    except Exception as exc:
-        shapes = ", ".join(
-            "x".join(map(str, a.shape)) if isinstance(a, torch.Tensor) else type(a).__name__ for a in args
-        )
-        raise InputSpecError(
-            f"the model rejected the example inputs ({shapes or 'none'}): {_short_error(exc)}",
-            hint="pass --input with the shape and dtype the model expects, e.g. --input 1x3x224x224",
-        ) from None
-
-
 def check_capture(captured: Captured, batch: int | None = None, expected: Any = None) -> OutputCheck:
     """Run original and captured module on the example inputs (resized to ``batch``) and compare."""
-    args = captured.example_inputs if batch is None else _with_batch(captured.example_inputs, batch)
+    args = captured.example_inputs if batch is None else with_batch(captured.example_inputs, batch)
     kwargs = captured.example_kwargs
     if batch is not None:  # keyword tensors (masks) share the batch dimension, as torch.export assumes too
-        kwargs = dict(zip(kwargs, _with_batch(tuple(kwargs.values()), batch)))
+        kwargs = dict(zip(kwargs, with_batch(tuple(kwargs.values()), batch)))
     if expected is None:
         expected = run_reference(captured.original, args, kwargs, captured.graph_module)
     try:
-        actual = _run_isolated(captured.graph_module, args, kwargs, captured.original)
+        actual = run_isolated(captured.graph_module, args, kwargs, captured.original)
     except Exception as exc:
         return OutputCheck(batch, False, float("inf"), f"captured graph failed to run: {_short_error(exc)}")
     comparison = compare_outputs(expected, actual)
@@ -398,8 +357,6 @@ def check_capture(captured: Captured, batch: int | None = None, expected: Any = 
 def _refuse_compiled_forms(model: nn.Module) -> None:
     """A TorchScript module or an ONNX Runtime session has no Python forward to trace: say so plainly, instead
     of reporting whatever tracing trips over first inside it."""
-    from fxforge.export import OnnxRuntimeModule
-
     kind = (
         "a TorchScript module"
         if isinstance(model, torch.jit.ScriptModule)
@@ -448,8 +405,9 @@ def capture(
         model = model.module
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
-    inputs = tuple(example_inputs)
-    kwargs = dict(example_kwargs or {})
+    # Copies: nothing fxforge runs later (shape propagation, checks, verification) can write into the caller's tensors.
+    inputs = cloned(tuple(example_inputs))
+    kwargs = cloned(dict(example_kwargs or {}))
     if method not in ("auto", SYMBOLIC_TRACE, "export", EXPORT):
         raise CaptureError(f"unknown capture method {method!r}", hint="auto, symbolic_trace or export")
     _refuse_compiled_forms(model)
@@ -473,6 +431,11 @@ def capture(
             check_batch,
             max_retries,
         )
+    if getattr(model, "training", False) and any(m.training for m in model.modules() if _has_mode(m)):
+        captured.record.notes.append(
+            "the model is in training mode (dropout and batch statistics active, BatchNorms not foldable); "
+            "call model.eval() before capture for inference"
+        )
     if check and not captured.record.checks:
         if _on_meta(model, inputs):
             captured.record.notes.append("output check skipped: the model is on the meta device")
@@ -481,6 +444,19 @@ def capture(
             if check_batch is not None:
                 captured.record.checks.append(check_capture(captured, check_batch))
     return captured
+
+
+def require_real_weights(captured: Captured, what: str) -> None:
+    """Raise a clear error when ``captured`` lives on the meta device: ``what`` needs values, not just shapes."""
+    if _on_meta(captured.original, captured.example_inputs) or _on_meta(captured.graph_module, ()):
+        raise FxforgeError(
+            f"{what} needs real weights, and this model is on the meta device", hint="drop --device meta"
+        )
+
+
+def _has_mode(module: nn.Module) -> bool:
+    """Whether ``module`` behaves differently in training mode (dropout, batch norm, instance norm with stats)."""
+    return isinstance(module, (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._NormBase))
 
 
 def _capture_module(
@@ -501,6 +477,12 @@ def _capture_module(
     user_leaves = set(leaf_names)
     wraps = [_Wrap(vars(__import__(f.__module__, fromlist=["_"])), f.__name__, f) for f in autowrap_functions]
     module_names = {id(m): name for name, m in model.named_modules()}
+    # Concrete args are passed as keywords to the model and the graph alike, on every capture path, so that
+    # checks and every later run compute the branch the user chose (torch.export guards on their values).
+    kwargs = {**kwargs, **(concrete_args or {})}
+    # Parameters the example leaves out run with their defaults (``mask=None``): tracing them as inputs would
+    # record the branch for a tensor the model never gets, so they are traced as the constants they are.
+    traced_constants = {**_unprovided_defaults(model, inputs, kwargs), **(concrete_args or {})}
     can_check = check and (inputs or kwargs) and not _on_meta(model, inputs)
     # Run the model once first: inputs it rejects are the user's error, not a capture failure.
     reference = run_reference(model, inputs, kwargs) if can_check else None
@@ -510,11 +492,12 @@ def _capture_module(
         for _ in range(max_retries):
             try:
                 with quiet_torch_logs():
-                    gm = _symbolic_trace(model, leaf_names, leaf_types, wraps, concrete_args)
+                    gm = _symbolic_trace(model, leaf_names, leaf_types, wraps, traced_constants)
             except Exception as exc:
                 trace_error = exc
                 culprit = _find_culprit(exc, model, module_names, leaf_names, wraps)
-                attempt = Attempt(SYMBOLIC_TRACE, _short_error(exc), user_location(exc))
+                location = exc.location if isinstance(exc, BufferWriteError) else user_location(exc)
+                attempt = Attempt(SYMBOLIC_TRACE, _short_error(exc), location)
                 attempts.append(attempt)
                 if isinstance(culprit, str):
                     leaf_names.add(culprit)
@@ -551,7 +534,8 @@ def _capture_module(
 
     if method in ("auto", "export", EXPORT):
         try:
-            program = export_program(model, inputs, kwargs, dynamic_batch=check_batch is not None)
+            with preserved_state(model):
+                program = export_program(model, inputs, kwargs, dynamic_batch=check_batch is not None)
         except Exception as exc:
             attempts.append(Attempt(EXPORT, _short_error(exc), user_location(exc)))
             raise _capture_error(model, attempts, trace_error, exc) from None
@@ -563,74 +547,6 @@ def _capture_module(
                 record.checks.append(check_capture(captured, check_batch))
         return captured
     raise _capture_error(model, attempts, trace_error, None)
-
-
-def export_program(
-    model: nn.Module, inputs: tuple[Any, ...], kwargs: dict[str, Any], dynamic_batch: bool
-) -> torch.export.ExportedProgram:
-    """``torch.export.export`` (non-strict) as capture uses it, optionally with a dynamic batch dimension."""
-    dynamic_shapes = None
-    if dynamic_batch and hasattr(torch.export.Dim, "AUTO"):
-        # AUTO: keep the batch dimension symbolic where the model allows, specialise silently otherwise.
-        def batch_dim(value: Any) -> Any:
-            return {0: torch.export.Dim.AUTO} if isinstance(value, torch.Tensor) and value.dim() > 0 else None
-
-        dynamic_shapes = {
-            "args": tuple(torch.utils._pytree.tree_map(batch_dim, v) for v in inputs),
-            "kwargs": {k: torch.utils._pytree.tree_map(batch_dim, v) for k, v in kwargs.items()},
-        }
-        dynamic_shapes = _dynamic_shapes_by_name(model, dynamic_shapes)
-    from torch.fx.experimental import _config as fx_config
-
-    oblivious = contextlib.nullcontext()
-    if dynamic_batch and hasattr(fx_config, "backed_size_oblivious"):
-        # Without it a batch of 1 is specialised (0/1 specialisation) and the program rejects any
-        # other batch size, although the model itself is batch-size agnostic.
-        oblivious = fx_config.patch(backed_size_oblivious=True)
-    # torch.export prints the partial graph of a failed export straight to stderr; we report errors ourselves.
-    with torch.no_grad(), quiet_torch_logs(), contextlib.redirect_stderr(io.StringIO()), oblivious:
-        return torch.export.export(model, inputs, kwargs=kwargs or None, dynamic_shapes=dynamic_shapes, strict=False)
-
-
-@contextlib.contextmanager
-def quiet_torch_logs():
-    """Silence torch's own warnings (graph dumps on export failures): fxforge reports errors itself."""
-    loggers = [logging.getLogger(name) for name in list(logging.root.manager.loggerDict) if name.startswith("torch")]
-    loggers.append(logging.getLogger("torch"))
-    levels = [logger.level for logger in loggers]
-    _set_levels(loggers, [logging.ERROR] * len(loggers))
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        _set_levels(loggers, levels)
-
-
-def _set_levels(loggers: list[logging.Logger], levels: list[int]) -> None:
-    # Logger.setLevel clears the level cache of every logger in the process on each call: for torch's
-    # hundreds of loggers that cost ~6 ms per quiet block and dominated verify-heavy pipelines.
-    # Assign the levels, then clear the cache once.
-    for logger, level in zip(loggers, levels):
-        logger.level = level
-    clear = getattr(logging.root.manager, "_clear_cache", None)
-    if clear is not None:
-        clear()
-    else:  # pragma: no cover - every CPython since 3.7 has it; fall back to the public, slower path
-        for logger, level in zip(loggers, levels):
-            logger.setLevel(level)
-
-
-def _dynamic_shapes_by_name(model: nn.Module, shapes: dict[str, Any]) -> dict[str, Any]:
-    # torch.export wants dynamic_shapes keyed by forward's parameter names.
-    import inspect as pyinspect
-
-    params = [p for p in pyinspect.signature(model.forward).parameters.values() if p.kind != p.VAR_KEYWORD]
-    by_name: dict[str, Any] = {}
-    for param, shape in zip(params, shapes["args"]):
-        by_name[param.name] = shape
-    by_name.update(shapes["kwargs"])
-    return by_name
 
 
 def _capture_error(

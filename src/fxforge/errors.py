@@ -7,6 +7,14 @@ Library code raises these instead of letting torch's long tracebacks reach the u
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import importlib.util
+import linecache
+import os
+import sysconfig
+import traceback
+
 # Exit codes, documented in docs/commands/index.md.
 EXIT_OK = 0
 EXIT_FINDINGS = 1  # lint found problems / verify found a mismatch
@@ -84,10 +92,67 @@ def one_line_reason(exc: BaseException, limit: int = 300) -> str:
     return f"{type(exc).__name__}: {first_line(exc)}"[:limit]
 
 
+# --------------------------------------------------------------------------------------------------
+# the user's line: where in their code something failed
+
+
+def _package_dir(name: str) -> str | None:
+    spec = importlib.util.find_spec(name)
+    return os.path.dirname(spec.origin) if spec is not None and spec.origin else None
+
+
+# Not the user's code: torch, fxforge itself and the standard library. A library the model comes from
+# (timm, transformers) counts as the user's: its line is the model's code.
+_NOT_USER_DIRS = tuple(
+    d for d in (_package_dir("torch"), os.path.dirname(__file__), sysconfig.get_paths()["stdlib"]) if d
+)
+
+
+def is_user_file(filename: str) -> bool:
+    """Whether ``filename`` holds the user's (model's) code rather than torch's, fxforge's or Python's."""
+    return not (filename.startswith(_NOT_USER_DIRS) or filename.startswith("<"))
+
+
+def format_location(filename: str, lineno: int) -> str:
+    """``path:line `source``` with the path relative to the working directory when it is below it."""
+    with contextlib.suppress(ValueError):
+        relative = os.path.relpath(filename)
+        if not relative.startswith(".."):
+            filename = relative
+    source = linecache.getline(filename, lineno).strip() or linecache.getline(os.path.abspath(filename), lineno).strip()
+    return f"{filename}:{lineno} `{source}`" if source else f"{filename}:{lineno}"
+
+
+def user_location(exc: BaseException) -> str | None:
+    """``file:line `source``` of the innermost frame of the user's code in ``exc``'s traceback (or in the
+    errors it was raised from: torch.export re-raises with the original error chained)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    chain = []
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    for error in chain:
+        location = None
+        for frame, lineno in traceback.walk_tb(error.__traceback__):
+            if is_user_file(frame.f_code.co_filename):
+                location = format_location(frame.f_code.co_filename, lineno)
+        if location:
+            return location
+    return None
+
+
+def caller_location() -> str | None:
+    """``file:line `source``` of the innermost user frame on the current stack."""
+    for frame in reversed(traceback.extract_stack()):
+        if is_user_file(frame.filename):
+            return format_location(frame.filename, frame.lineno or 0)
+    return None
+
+
 def require(module_name: str, extra: str, feature: str):
     """Import an optional dependency or raise :class:`MissingExtraError` naming the extra to install."""
-    import importlib
-
     try:
         return importlib.import_module(module_name)
     except ImportError as exc:

@@ -35,9 +35,7 @@ import io
 import json
 import os
 import re
-import shutil
 import sys
-import tempfile
 import time
 import warnings
 from collections.abc import Iterator, Sequence
@@ -49,16 +47,15 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
-from fxforge.capture import Captured, quiet_torch_logs, run_reference, user_location
-from fxforge.errors import EXIT_CAPTURE, FxforgeError, require
+from fxforge.artifacts import FORMATS, METADATA_FILE, StagedOutput, format_for, load_exported
+from fxforge.capture import Captured
+from fxforge.errors import EXIT_CAPTURE, FxforgeError, format_location, require, user_location
 from fxforge.graphs import ATEN
 from fxforge.inputs import specs_of
-from fxforge.verify import VerifyResult, verify
+from fxforge.runtime import quiet_torch_logs, run_reference
+from fxforge.verify import DEFAULT_CASES, VerifyResult, verify
 
-FORMATS = ("torchscript", "onnx", "pt2")
-SUFFIXES = {"torchscript": ".pt", "onnx": ".onnx", "pt2": ".pt2"}
 ONNX_EXPORTERS = ("auto", "dynamo", "legacy")
-METADATA_FILE = "fxforge.json"  # inside TorchScript archives, read by load_exported
 
 
 class ExportError(FxforgeError):
@@ -112,74 +109,13 @@ class ExportResult:
 # atomic output
 
 
-class StagedOutput:
-    """A staging directory beside ``target``; :meth:`commit` moves what was written there into place.
-
-    Leaving the ``with`` block without committing (an exception, a failed verification) removes the
-    staging directory and any parent directories it had to create, so nothing is left behind.
-    ``optimize.atomic_directory`` does the same for output directories; an export is one file (plus,
-    for ONNX models over 2 GB, its external-data file), placed beside other files the user keeps.
-    """
-
-    def __init__(self, target: str | Path, *, force: bool = False) -> None:
-        self.target = Path(target)
-        self.force = force
-        self.directory: Path | None = None
-        self.files: list[str] = []
-        self._created: list[Path] = []
-
-    @property
-    def path(self) -> Path:
-        """Where the exporter writes the main file."""
-        assert self.directory is not None
-        return self.directory / self.target.name
-
-    def __enter__(self) -> StagedOutput:
-        if self.target.is_dir():
-            raise FxforgeError(f"{self.target} is a directory", hint="give a file name, e.g. -o out/model.onnx")
-        if self.target.exists() and not self.force:
-            raise FxforgeError(f"{self.target} exists", hint="pass --force to replace it")
-        try:
-            missing = [p for p in [*reversed(self.target.parent.parents), self.target.parent] if not p.exists()]
-            for directory in missing:
-                directory.mkdir()
-                self._created.append(directory)
-            self.directory = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.partial-", dir=self.target.parent))
-        except OSError as exc:
-            self._remove_created()
-            raise FxforgeError(f"cannot write to {self.target.parent}: {exc.strerror}") from None
-        return self
-
-    def commit(self) -> list[str]:
-        """Move the staged files into place, the main file last (so it never appears half-complete)."""
-        assert self.directory is not None
-        staged = sorted(p.name for p in self.directory.iterdir())
-        main = self.target.name
-        for name in [n for n in staged if n != main] + [main]:
-            os.replace(self.directory / name, self.target.parent / name)
-        self.files = staged
-        self._created = []
-        return staged
-
-    def __exit__(self, *exc_info: Any) -> None:
-        if self.directory is not None:
-            shutil.rmtree(self.directory, ignore_errors=True)
-        self._remove_created()
-
-    def _remove_created(self) -> None:
-        for directory in reversed(self._created):
-            with contextlib.suppress(OSError):
-                directory.rmdir()
-        self._created = []
-
-
 # --------------------------------------------------------------------------------------------------
 # public entry point
 
 
 def export_model(
     target: Captured | nn.Module,
-    to: str,
+    to: str | None,
     path: str | Path,
     *,
     example_inputs: Sequence[Any] | None = None,
@@ -190,12 +126,16 @@ def export_model(
     opset: int | None = None,
     dynamic_batch: bool = False,
     verify_export: bool = True,
-    seeds: Sequence[int] = (0, 1, 2),
+    cases: int = DEFAULT_CASES,
+    seed: int = 0,
+    seeds: Sequence[int] | None = None,
     rtol: float | None = None,
     atol: float | None = None,
+    allow_trace_warnings: bool = False,
     force: bool = False,
 ) -> ExportResult:
-    """Export ``target`` to ``to`` (torchscript, onnx or pt2) at ``path``, reload it and verify it.
+    """Export ``target`` to ``to`` (torchscript, onnx or pt2; None: from the suffix of ``path``), reload it and
+    verify it.
 
     Args:
         target: a :class:`~fxforge.capture.Captured` (from :func:`fxforge.prepare`) or a module, in
@@ -205,8 +145,12 @@ def export_model(
         exporter: ONNX exporter: ``auto`` (dynamo, then legacy on failure), ``dynamo`` or ``legacy``.
         opset: ONNX opset version (default: the exporter's).
         dynamic_batch: keep the batch dimension symbolic (ONNX and pt2); verified on a second batch.
-        verify_export: reload and compare with the original on random inputs for each of ``seeds``,
-            with per-dtype tolerances unless ``rtol``/``atol`` are given.
+        verify_export: reload and compare with the original on at least ``cases`` varied inputs (see
+            :mod:`fxforge.verify`; at several batch sizes for TorchScript and dynamic-batch exports), with
+            per-dtype tolerances unless ``rtol``/``atol`` are given. ``seeds`` (older API): see ``verify``.
+        allow_trace_warnings: accept a TorchScript trace (or legacy ONNX export) during which torch warned
+            that the trace fixed a value computed from the input (``if x.mean() > 0``): by default that is
+            an :class:`ExportError`, because the file would compute one branch for every input.
         force: replace an existing file.
 
     Returns an :class:`ExportResult`; when verification fails, ``ok`` is False and nothing is written.
@@ -214,6 +158,9 @@ def export_model(
     Raises:
         ExportError: the exporter failed; the message names the operator or construct and where.
     """
+    to = to or format_for(path)
+    if to is None:
+        raise FxforgeError(f"cannot tell the format from {str(path)!r}", hint="pass --to torchscript, onnx or pt2")
     if to not in FORMATS:
         raise FxforgeError(f"unknown export format {to!r}", hint=f"one of {', '.join(FORMATS)}")
     if exporter not in ONNX_EXPORTERS:
@@ -229,18 +176,40 @@ def export_model(
     start = time.perf_counter()
     with StagedOutput(path, force=force) as staged:
         if to == "torchscript":
-            result = _export_torchscript(source, inputs, staged.path, script=script, freeze=freeze, optimize=optimize)
+            result = _export_torchscript(
+                source, inputs, staged.path, script=script, freeze=freeze, optimize=optimize, allow=allow_trace_warnings
+            )
         elif to == "onnx":
-            result = _export_onnx(source, reference, inputs, staged.path, exporter, opset, dynamic_batch)
+            result = _export_onnx(
+                source, reference, inputs, staged.path, exporter, opset, dynamic_batch, allow_trace_warnings
+            )
         else:
             result = _export_pt2(source, inputs, staged.path, dynamic_batch)
         result.export_s = time.perf_counter() - start
         if verify_export:
             loaded = load_exported(staged.path, to, output_like=run_reference(reference, inputs, {}))
-            result.verification, result.verified_batches = _verify(
-                reference, loaded, inputs, dynamic_batch, seeds, rtol, atol
+            # A traced TorchScript module runs any batch size its code allows, a dynamic-batch export any batch
+            # size: prove that; a static ONNX/pt2 file takes the example's batch only.
+            any_batch = to == "torchscript" or dynamic_batch
+            result.verification = verify(
+                reference,
+                loaded,
+                input_specs=specs_of(inputs),
+                cases=cases,
+                seed=seed,
+                seeds=seeds,
+                batch_sizes=None if any_batch else [None],
+                rtol=rtol,
+                atol=atol,
+                bisect=False,
             )
+            result.verified_batches = list(result.verification.batch_sizes)
             result.ok = result.verification.ok
+            if dynamic_batch and any("failed to run on batch" in p for p in result.verification.problems):
+                result.verification.problems.append(
+                    "the export does not run at every batch size: the model's code fixes the batch size "
+                    "(e.g. a loop over it); export without a dynamic batch"
+                )
         if result.ok:
             result.size_bytes = sum(p.stat().st_size for p in staged.directory.iterdir())  # type: ignore[union-attr]
             result.files = staged.commit()
@@ -276,57 +245,16 @@ def _require_onnx(exporter: str) -> None:
         require("onnxscript", "onnx", "the dynamo ONNX exporter")
 
 
-def _verify(
-    reference: nn.Module,
-    loaded: nn.Module,
-    inputs: tuple[Any, ...],
-    dynamic_batch: bool,
-    seeds: Sequence[int],
-    rtol: float | None,
-    atol: float | None,
-) -> tuple[VerifyResult, list[int]]:
-    specs = specs_of(inputs)
-    batch = specs[0].shape[0] if specs[0].shape else 1
-    result = verify(reference, loaded, input_specs=specs, seeds=seeds, rtol=rtol, atol=atol, bisect=False)
-    batches = [batch]
-    if dynamic_batch and result.ok:
-        other = batch + 2  # not 1, and not the example's: both would hide a batch baked in as a constant
-        again = verify(
-            reference,
-            loaded,
-            input_specs=[s.with_batch(other) for s in specs],
-            seeds=seeds[:1] or (0,),
-            rtol=rtol,
-            atol=atol,
-            bisect=False,
-        )
-        batches.append(other)
-        problems = [f"batch {other}: {p}" for p in again.problems]
-        if any("failed to run" in p for p in again.problems):
-            problems.append(
-                f"the export does not run at batch {other}: the model's code fixes the batch size "
-                f"(e.g. a loop over it); export without a dynamic batch"
-            )
-        result = VerifyResult(
-            again.ok,
-            max(result.max_abs_err, again.max_abs_err),
-            max(result.max_rel_err, again.max_rel_err),
-            result.trials + again.trials,
-            problems,
-        )
-    return result, batches
-
-
 # --------------------------------------------------------------------------------------------------
 # TorchScript
 
 
 def _export_torchscript(
-    module: nn.Module, inputs: tuple[Any, ...], path: Path, *, script: bool, freeze: bool, optimize: bool
+    module: nn.Module, inputs: tuple[Any, ...], path: Path, *, script: bool, freeze: bool, optimize: bool, allow: bool
 ) -> ExportResult:
     method = "script" if script else "trace"
     notes: list[str] = []
-    with _exporting(f"{type(module).__name__} to TorchScript ({method})", notes):
+    with _exporting(f"{type(module).__name__} to TorchScript ({method})", notes, allow):
         if script:
             scripted = torch.jit.script(_scriptable(module))
         else:
@@ -382,6 +310,7 @@ def _export_onnx(
     exporter: str,
     opset: int | None,
     dynamic_batch: bool,
+    allow_trace_warnings: bool,
 ) -> ExportResult:
     import onnx
 
@@ -399,7 +328,7 @@ def _export_onnx(
                 partial.unlink()
             notes.append(f"dynamo exporter failed ({dynamo_error.message}); used the legacy exporter")
             try:
-                with _exporting(f"{type(module).__name__} to ONNX (legacy exporter)", notes):
+                with _exporting(f"{type(module).__name__} to ONNX (legacy exporter)", notes, allow_trace_warnings):
                     _onnx_legacy(module, reference, inputs, path, opset, dynamic_batch)
             except ExportError as legacy_error:
                 same = legacy_error.construct == dynamo_error.construct
@@ -412,7 +341,7 @@ def _export_onnx(
                 ) from None
             used = "legacy"
     else:
-        with _exporting(f"{type(module).__name__} to ONNX (legacy exporter)", notes):
+        with _exporting(f"{type(module).__name__} to ONNX (legacy exporter)", notes, allow_trace_warnings):
             _onnx_legacy(module, reference, inputs, path, opset, dynamic_batch)
     try:
         onnx.checker.check_model(str(path))
@@ -463,44 +392,6 @@ def _onnx_legacy(
     )
 
 
-class OnnxRuntimeModule(nn.Module):
-    """An ONNX Runtime session behind ``nn.Module``'s call interface (tensors in, tensors out).
-
-    ``output_like`` (an output of the original model) restores the output's structure (tuples,
-    dicts, model outputs) from ONNX's flat list; its non-tensor leaves are constants in an ONNX graph
-    and are taken from it. Without it, one output is returned as a tensor and several as a tuple.
-    ``threads`` defaults to torch's intra-op thread count, so that both run on the same cores; idle
-    pool threads sleep instead of spinning, so that they leave the cores to the next thing that runs.
-    """
-
-    def __init__(self, path: str | Path, output_like: Any = None, threads: int | None = None) -> None:
-        super().__init__()
-        ort = require("onnxruntime", "onnx", "running an ONNX model")
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads or torch.get_num_threads()
-        options.inter_op_num_threads = 1
-        options.log_severity_level = 3  # errors only
-        # ONNX Runtime's pool threads spin for a while after each run, taking the cores from whatever
-        # runs next (torch, in a benchmark's interleaved rounds): on 2 cores eager resnet18 ran 40x slower.
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self.path = str(path)
-        self.session = ort.InferenceSession(self.path, options, providers=["CPUExecutionProvider"])
-        self.input_names = [i.name for i in self.session.get_inputs()]
-        self.output_like = output_like
-
-    def forward(self, *args: Any) -> Any:
-        flat = [t for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor)]
-        if len(flat) != len(self.input_names):
-            raise ValueError(f"the ONNX model takes {len(self.input_names)} inputs, got {len(flat)}")
-        feeds = {name: t.detach().cpu().contiguous().numpy() for name, t in zip(self.input_names, flat)}
-        results = [torch.from_numpy(array) for array in self.session.run(None, feeds)]
-        if self.output_like is None:
-            return results[0] if len(results) == 1 else tuple(results)
-        leaves, spec = pytree.tree_flatten(self.output_like)
-        tensors = iter(results)
-        return pytree.tree_unflatten([next(tensors) if isinstance(v, torch.Tensor) else v for v in leaves], spec)
-
-
 # --------------------------------------------------------------------------------------------------
 # torch.export
 
@@ -519,32 +410,6 @@ def _export_pt2(module: nn.Module, inputs: tuple[Any, ...], path: Path, dynamic_
 # reload
 
 
-def load_exported(
-    path: str | Path, format: str | None = None, *, output_like: Any = None, threads: int | None = None
-) -> nn.Module:
-    """Load a file written by :func:`export_model` as a callable module.
-
-    ``format`` defaults to the one the suffix names (.pt TorchScript, .onnx, .pt2). TorchScript files
-    flagged at export get ``optimize_for_inference`` re-applied (see the module docstring); ONNX
-    files run in ONNX Runtime (:class:`OnnxRuntimeModule`); ``.pt2`` programs as ``.module()``.
-    """
-    path = Path(path)
-    format = format or next((f for f, suffix in SUFFIXES.items() if path.suffix == suffix), None)
-    if format not in FORMATS:
-        raise FxforgeError(f"cannot tell the format of {path}", hint="name it .pt, .onnx or .pt2, or pass the format")
-    with quiet_torch_logs():
-        if format == "torchscript":
-            extra = {METADATA_FILE: ""}
-            module = torch.jit.load(str(path), map_location="cpu", _extra_files=extra)
-            metadata = json.loads(extra[METADATA_FILE] or "{}")
-            if metadata.get("optimize_at_load"):
-                module = torch.jit.optimize_for_inference(module)
-            return module
-        if format == "onnx":
-            return OnnxRuntimeModule(path, output_like, threads)
-        return torch.export.load(str(path)).module()
-
-
 # --------------------------------------------------------------------------------------------------
 # failures: name the operator or construct, and the user's line
 
@@ -559,10 +424,13 @@ _OPERATOR_PATTERNS = [
 
 
 @contextlib.contextmanager
-def _exporting(what: str, notes: list[str]) -> Iterator[None]:
+def _exporting(what: str, notes: list[str], allow_trace_warnings: bool = False) -> Iterator[None]:
     """Run an exporter quietly (they print progress and warnings) and turn its failure into an ExportError.
 
-    Tracer warnings say where a trace specialised a data-dependent value: they are kept as notes.
+    Tracer warnings say where a trace fixed a value computed from the input (a Python bool, int or float of a
+    tensor, a loop over one): the file would then compute what that one example computed, for every input.
+    They are an :class:`ExportError` naming the user's line unless ``allow_trace_warnings``, which keeps them
+    as notes.
     """
     sink = io.StringIO()
     try:
@@ -580,12 +448,24 @@ def _exporting(what: str, notes: list[str]) -> Iterator[None]:
         raise
     except Exception as exc:
         raise _export_error(what, exc) from None
-    for warning in caught:
-        if issubclass(warning.category, torch.jit.TracerWarning):
-            first_sentence = _first_line(warning.message).split(". ")[0].rstrip(".")
-            note = f"trace: {first_sentence} ({Path(warning.filename).name}:{warning.lineno})"
-            if note not in notes:
-                notes.append(note)
+    traced = [w for w in caught if issubclass(w.category, torch.jit.TracerWarning)]
+    for warning in traced:
+        first_sentence = _first_line(warning.message).split(". ")[0].rstrip(".")
+        note = f"trace: {first_sentence} ({Path(warning.filename).name}:{warning.lineno})"
+        if note not in notes:
+            notes.append(note)
+    if traced and not allow_trace_warnings:
+        warning = traced[0]
+        first_sentence = _first_line(warning.message).split(". ")[0].rstrip(".")
+        where = format_location(warning.filename, warning.lineno)
+        raise ExportError(
+            f"cannot export {what}: the trace fixed a value computed from the input at {where} ({first_sentence}); "
+            "the file would compute what the example computed, for every input",
+            hint="export with --script, or to onnx (dynamo) or pt2; if that value cannot change with the input, "
+            "pass --allow-trace-warnings",
+            construct="data-dependent value in a trace",
+            location=where,
+        )
 
 
 @contextlib.contextmanager
@@ -660,35 +540,3 @@ def _first_line(value: Any) -> str:
 
 def _after_colon(message: str) -> str:
     return message.split(": ", 1)[1] if ": " in message else message
-
-
-def render_export(console: Any, spec: str, result: ExportResult) -> None:
-    """Print an export result on a rich console (the CLI's human output)."""
-    from fxforge.render import human_bytes
-
-    check = result.verification
-    batches = ", ".join(str(b) for b in result.verified_batches)
-    opset = f", opset {result.opset}" if result.opset else ""
-    if result.ok:
-        console.print(
-            f"[green]exported[/] {spec} to {result.path} ({result.format} via {result.exporter}{opset}, "
-            f"{human_bytes(result.size_bytes)}, {result.export_s:.1f} s)"
-        )
-        if check is not None:
-            console.print(
-                f"  [green]verified[/]: reloaded file matches the model on {check.trials} random batches "
-                f"(batch {batches}; max abs err {check.max_abs_err:.3g}, max rel err {check.max_rel_err:.3g})"
-            )
-        else:
-            console.print("  [yellow]not verified[/] (--no-verify)")
-    else:
-        console.print(
-            f"[bold red]MISMATCH[/]: the {result.format} export of {spec} (via {result.exporter}) computes "
-            "something else; nothing was written"
-        )
-        for problem in (check.problems if check else [])[:5]:
-            console.print(f"  {problem}")
-        if any(note.startswith("trace:") for note in result.notes):
-            console.print("  [dim]hint:[/] the trace fixed a data-dependent value (see the notes); try --script")
-    for note in result.notes:
-        console.print(f"  [dim]note: {note}[/]")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -34,6 +35,9 @@ _DTYPES: dict[str, torch.dtype] = {
 # Integer inputs are drawn from [0, INT_HIGH): small enough to be valid indices for any embedding
 # table or class count of 10 or more, which covers token ids for every model we know.
 INT_HIGH = 10
+
+# Larger dimensions cannot be real inputs (and overflow torch's int64 sizes once multiplied).
+MAX_DIMENSION = 2**31 - 1
 
 # "scalar" is how str(InputSpec) writes a 0-d shape (e.g. in an output directory's inputs.txt).
 _SPEC_RE = re.compile(r"^\s*(scalar|\d+(?:\s*[xX,]\s*\d+)*)?\s*(?::\s*([A-Za-z0-9_]+))?\s*$")
@@ -78,6 +82,8 @@ def parse_input_spec(text: str) -> InputSpec:
         )
     dims_text, dtype_text = match.groups()
     shape = tuple(int(d) for d in re.split(r"\s*[xX,]\s*", dims_text)) if dims_text not in (None, "scalar") else ()
+    if any(d > MAX_DIMENSION for d in shape):
+        raise InputSpecError(f"input spec {text!r} has a dimension over {MAX_DIMENSION:,}", hint="is it a typo?")
     if any(d <= 0 for d in shape):
         raise InputSpecError(f"input spec {text!r} has a dimension of size 0", hint="every dimension must be >= 1")
     dtype = torch.float32
@@ -99,7 +105,28 @@ def make_inputs(
     generator = torch.Generator().manual_seed(seed)
     if batch is not None:
         specs = [s.with_batch(batch) for s in specs]
+    if torch.device(device).type != "meta":
+        _check_fits_in_memory(specs)
     return tuple(spec.make(generator, device) for spec in specs)
+
+
+def _check_fits_in_memory(specs: Sequence[InputSpec]) -> None:
+    """Refuse inputs larger than this machine's memory with one line, not an allocator error."""
+    import math
+    import os
+
+    needed = sum(math.prod(spec.shape) * torch.empty((), dtype=spec.dtype).element_size() for spec in specs)
+    try:
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # not POSIX: let the allocator decide
+        return
+    if needed > physical:
+        shapes = " ".join(str(spec) for spec in specs)
+        raise InputSpecError(
+            f"example inputs {shapes} need {needed / 2**30:,.1f} GiB, more than this machine's "
+            f"{physical / 2**30:,.1f} GiB",
+            hint="use a smaller --input (or --device meta to inspect shapes without data)",
+        )
 
 
 def specs_of(inputs: Sequence[object]) -> list[InputSpec]:
@@ -110,3 +137,104 @@ def specs_of(inputs: Sequence[object]) -> list[InputSpec]:
             raise InputSpecError(f"example input of type {type(value).__name__} cannot be described by a spec")
         specs.append(InputSpec(tuple(value.shape), value.dtype))
     return specs
+
+
+# --------------------------------------------------------------------------------------------------
+# verification cases: varied inputs shaped like the example
+
+
+# What verification draws for floating-point inputs. Different signs, scales and sparsity exercise
+# different branches (``if x.mean() > 0``), saturations and rounding; none is large enough to overflow
+# a float32 model that handles N(0, 1) inputs.
+FLOAT_DISTRIBUTIONS: dict[str, str] = {
+    "normal": "N(0, 1)",
+    "positive": "U[0, 1)",
+    "negative": "-U[0, 1)",
+    "wide": "N(0, 1) x 8",
+    "narrow": "N(0, 1) x 0.01",
+    "sparse": "N(0, 1), 70% zeros",
+}
+DISTRIBUTIONS = tuple(FLOAT_DISTRIBUTIONS)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One set of inputs a verification runs both models on."""
+
+    batch: int | None  # None: the example's batch size (or the inputs have none)
+    distribution: str  # a key of FLOAT_DISTRIBUTIONS, or "given" for inputs the caller passed
+    seed: int
+    args: tuple
+    kwargs: dict
+
+    @property
+    def label(self) -> str:
+        batch = f"batch {self.batch}, " if self.batch is not None else ""
+        return f"{batch}{self.distribution}, seed {self.seed}"
+
+
+def _float_like(shape: tuple[int, ...], dtype: torch.dtype, distribution: str, g: torch.Generator) -> torch.Tensor:
+    if distribution == "positive":
+        value = torch.rand(shape, generator=g)
+    elif distribution == "negative":
+        value = -torch.rand(shape, generator=g)
+    elif distribution == "wide":
+        value = torch.randn(shape, generator=g) * 8
+    elif distribution == "narrow":
+        value = torch.randn(shape, generator=g) * 0.01
+    elif distribution == "sparse":
+        value = torch.randn(shape, generator=g) * (torch.rand(shape, generator=g) > 0.7)
+    else:
+        value = torch.randn(shape, generator=g)
+    return value.to(dtype)
+
+
+def _integers_like(
+    example: torch.Tensor, shape: tuple[int, ...], distribution: str, g: torch.Generator
+) -> torch.Tensor:
+    """Integers within the example's own range (token ids stay valid ids): uniform, or all at one end."""
+    low, high = (int(example.min()), int(example.max())) if example.numel() else (0, INT_HIGH - 1)
+    if distribution == "negative":
+        value = torch.full(shape, low)
+    elif distribution == "wide":
+        value = torch.full(shape, high)
+    else:
+        value = torch.randint(low, high + 1, shape, generator=g)
+    return value.to(example.dtype)
+
+
+def draw_like(example: Any, distribution: str, seed: int, batch: int | None) -> Any:
+    """A pytree shaped like ``example`` (args or kwargs), every tensor redrawn from ``distribution``.
+
+    Tensors of one or more dimensions get ``batch`` rows when it is given; non-tensor leaves are kept.
+    Booleans are random; integers stay within the example tensor's range.
+    """
+    from torch.utils import _pytree as pytree
+
+    generator = torch.Generator().manual_seed(seed)
+
+    def redraw(value: Any) -> Any:
+        if not isinstance(value, torch.Tensor) or value.device.type == "meta":
+            return value
+        shape = tuple(value.shape)
+        if batch is not None and shape:
+            shape = (batch, *shape[1:])
+        if value.dtype == torch.bool:
+            density = 0.9 if distribution in ("positive", "wide") else 0.5
+            return torch.rand(shape, generator=generator) < density
+        if value.is_floating_point():
+            return _float_like(shape, value.dtype, distribution, generator)
+        if value.is_complex():
+            return torch.randn(shape, dtype=value.dtype, generator=generator)
+        return _integers_like(value, shape, distribution, generator)
+
+    return pytree.tree_map(redraw, example)
+
+
+def case_plan(batches: Sequence[int | None], count: int, seed: int = 0) -> list[tuple[int | None, str, int]]:
+    """(batch, distribution, seed) for at least ``count`` cases: every batch size with every distribution,
+    then again with new seeds until ``count`` is reached."""
+    batches = list(batches) or [None]
+    combos = [(batch, distribution) for distribution in DISTRIBUTIONS for batch in batches]
+    total = max(count, len(combos))
+    return [(*combos[i % len(combos)], seed + i) for i in range(total)]

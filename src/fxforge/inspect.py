@@ -24,12 +24,14 @@ from typing import Any
 import torch
 from torch import fx, nn
 from torch.utils import flop_counter
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from fxforge.capture import Captured, buffers_snapshot, quiet_torch_logs, restore_buffers
+from fxforge.capture import Captured
 from fxforge.errors import InputSpecError
 from fxforge.graphs import get_attr_value, module_path, submodule, target_name
 from fxforge.quantize import QUANT_KINDS, int8_flops, int8_weights, module_quant_kind, quant_kind
+from fxforge.runtime import buffers_snapshot, quiet_torch_logs, restore_buffers
 
 
 @dataclass
@@ -44,6 +46,7 @@ class NodeInfo:
     flops: int
     activation_bytes: int
     quant: str = ""  # a fxforge.quantize.QUANT_KINDS entry for nodes of quantized graphs
+    flops_unknown: list[str] = field(default_factory=list)  # ops this node ran that have no FLOP formula
 
 
 @dataclass
@@ -62,7 +65,7 @@ class InspectReport:
     dialect: str
     nodes: list[NodeInfo]
     modules: list[ModuleSummary]
-    totals: dict[str, int]
+    totals: dict[str, Any]
     capture: dict[str, Any]
     code: str = ""
     input_shapes: list[Any] = field(default_factory=list)
@@ -96,16 +99,76 @@ def _node_params(gm: nn.Module, node: fx.Node) -> int:
     return 0
 
 
-class _Profiler(fx.Interpreter):
-    """Runs the graph once, recording each node's output description and FLOPs."""
+# Ops counted as 0 FLOPs by the convention of published figures (torchvision, papers): data movement,
+# creation, indexing, normalisation, softmax, pooling, resampling and activations. Pointwise ops, reductions
+# and views are recognised by torch's own tags. Any other op that torch's counter has no formula for (cdist,
+# FFTs, linalg, custom ops) is listed as unknown instead of silently counting as zero.
+ZERO_BY_CONVENTION = frozenset(
+    """_local_scalar_dense _softmax softmax _log_softmax log_softmax _safe_softmax _to_copy copy clone contiguous
+    _unsafe_view as_strided cat stack split split_with_sizes chunk unbind constant_pad_nd pad reflection_pad1d
+    reflection_pad2d reflection_pad3d replication_pad1d replication_pad2d replication_pad3d cumsum cumprod embedding
+    empty empty_like empty_strided new_empty new_empty_strided fill full full_like new_full zeros zeros_like
+    new_zeros ones ones_like new_ones scalar_tensor arange linspace logspace eye lift_fresh lift_fresh_copy detach
+    alias gather scatter scatter_add scatter_reduce index index_select index_put index_add index_copy masked_fill
+    masked_scatter masked_select where roll flip repeat repeat_interleave expand tile tril triu topk sort argsort
+    max_pool1d max_pool2d max_pool3d max_pool2d_with_indices max_pool3d_with_indices avg_pool1d avg_pool2d
+    avg_pool3d adaptive_avg_pool1d adaptive_avg_pool2d _adaptive_avg_pool2d adaptive_avg_pool3d
+    _adaptive_avg_pool3d adaptive_max_pool1d adaptive_max_pool2d adaptive_max_pool3d native_batch_norm
+    _native_batch_norm_legit _native_batch_norm_legit_no_training _native_batch_norm_legit_functional batch_norm
+    native_layer_norm layer_norm native_group_norm group_norm instance_norm rms_norm _fused_rms_norm
+    upsample_nearest1d upsample_nearest2d upsample_nearest3d _upsample_nearest_exact1d _upsample_nearest_exact2d
+    upsample_linear1d upsample_bilinear2d upsample_bicubic2d upsample_trilinear3d pixel_shuffle pixel_unshuffle
+    one_hot nonzero unique _unique2 bernoulli rand randn randint rand_like randn_like randint_like dropout
+    native_dropout hardswish hardsigmoid gelu silu relu relu6 sigmoid tanh hardtanh leaky_relu elu mish softplus
+    clamp clamp_min clamp_max set_ resize_ _assert_async _assert_scalar sym_size sym_numel item slice_scatter
+    select_scatter diagonal sign isinf isnan all any bucketize searchsorted quantize_per_tensor
+    quantize_per_channel dequantize _make_per_tensor_quantized_tensor _make_per_channel_quantized_tensor
+    q_scale q_zero_point q_per_channel_scales q_per_channel_zero_points int_repr _linalg_check_errors""".split()
+)
 
-    def __init__(self, gm: fx.GraphModule, counter: FlopCounterMode) -> None:
+
+def _has_no_formula(func: Any, registry: Any) -> bool:
+    """Whether an executed op is real work torch's FLOP counter cannot count (see :data:`ZERO_BY_CONVENTION`)."""
+    packet = func._overloadpacket
+    if packet in registry:
+        return False
+    if func.is_view or torch.Tag.pointwise in func.tags or torch.Tag.reduction in func.tags:
+        return False
+    name = packet.__name__
+    return name not in ZERO_BY_CONVENTION and name.rstrip("_") not in ZERO_BY_CONVENTION
+
+
+class _OpRecorder(TorchDispatchMode):
+    """Records every op a node runs, so that inspect can list those it cannot count."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[Any] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.ops.append(func)
+        return func(*args, **(kwargs or {}))
+
+
+def _op_label(func: Any) -> str:
+    packet = func._overloadpacket
+    namespace = getattr(func, "namespace", "aten")
+    return f"{namespace}.{packet.__name__}"
+
+
+class _Profiler(fx.Interpreter):
+    """Runs the graph once, recording each node's output description, FLOPs and the ops it has no formula for."""
+
+    def __init__(self, gm: fx.GraphModule, counter: FlopCounterMode, recorder: _OpRecorder) -> None:
         super().__init__(gm)
         self.counter = counter
+        self.recorder = recorder
         self.infos: dict[fx.Node, tuple[Any, str | None, int, int]] = {}
+        self.unknown: dict[fx.Node, list[str]] = {}
 
     def run_node(self, n: fx.Node) -> Any:
         before = self.counter.get_total_flops()
+        first_op = len(self.recorder.ops)
         try:
             result = super().run_node(n)
         except Exception as exc:
@@ -119,10 +182,17 @@ class _Profiler(fx.Interpreter):
             ) from None
         shape, dtype, nbytes = _describe(result)
         flops = self.counter.get_total_flops() - before
+        int8 = 0
         if n.op == "call_module":
             args, _ = self.fetch_args_kwargs_from_env(n)
-            flops += int8_flops(submodule(self.module, n), args, result)
-        self.infos[n] = (shape, dtype, nbytes, flops)
+            int8 = int8_flops(submodule(self.module, n), args, result)
+        ran = self.recorder.ops[first_op:]
+        del self.recorder.ops[first_op:]  # only this node's ops are kept: memory stays flat on 10k-node graphs
+        if not int8:  # an int8 layer's kernels are counted by the float layer's formula
+            unknown = sorted({_op_label(op) for op in ran if _has_no_formula(op, self.counter.flop_registry)})
+            if unknown:
+                self.unknown[n] = unknown
+        self.infos[n] = (shape, dtype, nbytes, flops + int8)
         return result
 
 
@@ -194,12 +264,13 @@ def inspect_graph(
     gm = captured.graph_module
     values = captured.flat_inputs(inputs)
     counter = _flop_counter()
-    profiler = _Profiler(gm, counter)
+    recorder = _OpRecorder()
+    profiler = _Profiler(gm, counter, recorder)
     # Inspecting must not change anything: run on copies of the inputs and undo buffer writes
     # (graphs of models that update a buffer in forward write into the original model's buffers).
     snapshots = [(m, buffers_snapshot(m)) for m in (gm, captured.original)]
     try:
-        with torch.no_grad(), counter, quiet_torch_logs(), _countable_attention():
+        with torch.no_grad(), counter, recorder, quiet_torch_logs(), _countable_attention():
             profiler.run(*[v.clone() if isinstance(v, torch.Tensor) else v for v in values])
     finally:
         for owner, snapshot in snapshots:
@@ -215,6 +286,7 @@ def inspect_graph(
             nbytes = 0  # the output node only forwards values computed elsewhere
         info = NodeInfo(node.name, node.op, target_name(node), module_path(node), shape, dtype, params, flops, nbytes)
         info.quant = quant_kind(gm, node) or ""
+        info.flops_unknown = profiler.unknown.get(node, [])
         nodes.append(info)
         for path, type_name in _module_chain(node):
             summary = modules.get(path)
@@ -242,6 +314,8 @@ def inspect_graph(
         "macs": total_flops // 2,
         "nodes": len(nodes),
         "activation_bytes": sum(n.activation_bytes for n in nodes if n.op not in ("placeholder", "get_attr")),
+        # every op whose FLOPs are unknown (counted as 0); each node's own list is its ``flops_unknown``
+        "flops_unknown_ops": sorted({op for n in nodes for op in n.flops_unknown}),
     }
     totals.update({f"{kind}_nodes": sum(1 for n in nodes if n.quant == kind) for kind in QUANT_KINDS})
     return InspectReport(

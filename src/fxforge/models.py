@@ -21,6 +21,9 @@ import contextlib
 import importlib
 import importlib.util
 import inspect as pyinspect
+import io
+import os
+import pickle
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -30,14 +33,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from fxforge.errors import FxforgeError, ModelSpecError, first_line, require
+from fxforge.artifacts import MODEL_FILE, load_exported, load_provenance
+from fxforge.errors import FxforgeError, ModelSpecError, first_line, require, user_location
 from fxforge.inputs import InputSpec, parse_input_spec
 from fxforge.references import import_file
+from fxforge.runtime import quiet_torch_logs
 
 # torchvision classification models that need more than the default 224x224 input.
 _TORCHVISION_INPUT_SIZE = {"inception_v3": 299}
 # File name inside an `fxforge optimize` output directory that holds the whole pickled module.
-OPTIMIZED_MODEL_FILE = "model.pt"
 
 
 @dataclass
@@ -97,35 +101,54 @@ def load_model(
     device: str | torch.device | None = None,
     model_kwargs: Mapping[str, Any] | None = None,
     train: bool = False,
+    trust_pickle: bool | None = None,
 ) -> LoadedModel:
     """Load ``spec`` (see the module docstring) with random weights drawn from ``seed``.
 
     ``device="meta"`` builds the model without allocating weights; ``model_kwargs`` go to the model
-    constructor (torchvision/timm/file factories) or into the transformers config.
+    constructor (torchvision/timm/file factories) or into the transformers config. Models built from a spec
+    are put in eval mode (``train=True`` for training mode); a module passed in keeps its mode: fxforge never
+    changes the caller's objects. ``trust_pickle``: allow unpickling a whole module from a ``.pt`` file, which
+    can run arbitrary code (default: the ``FXFORGE_TRUST_PICKLE`` environment variable, else no).
     """
+    if not 0 <= seed < 2**63:  # torch.manual_seed's range
+        raise ModelSpecError(f"seed {seed} is out of range", hint="a seed is an integer from 0 to 2**63 - 1")
     if isinstance(spec, nn.Module):
-        with contextlib.suppress(NotImplementedError):  # torch.export modules refuse .train()/.eval()
-            spec.train(train)
         return LoadedModel(spec, type(spec).__name__)
+    if not isinstance(spec, str):
+        raise ModelSpecError(f"a model is a spec string or an nn.Module, not a {type(spec).__name__}")
     kwargs = dict(model_kwargs or {})
+    trusted = pickle_trusted(trust_pickle)
     try:
         with _seeded(seed), _build_context(device):
-            loaded = _dispatch(spec.strip(), dict(kwargs))
-    except NotImplementedError:
+            loaded = _dispatch(spec.strip(), dict(kwargs), trusted)
+    except NotImplementedError as exc:
         if device is None or torch.device(device).type != "meta":
-            raise
+            raise _factory_error(spec, exc) from None
         # The constructor needed tensor data (e.g. `.tolist()`), which meta tensors do not have.
         with _seeded(seed), _parameters_on_meta():
-            loaded = _dispatch(spec.strip(), dict(kwargs))
+            loaded = _dispatch(spec.strip(), dict(kwargs), trusted)
     # torch.export modules refuse .eval()/.train(): their mode was fixed when they were exported.
     with contextlib.suppress(NotImplementedError):
         loaded.module.train(train)
     return loaded
 
 
-def _dispatch(spec: str, kwargs: dict[str, Any]) -> LoadedModel:
+TRUST_PICKLE_ENV = "FXFORGE_TRUST_PICKLE"
+
+
+def pickle_trusted(trust_pickle: bool | None = None) -> bool:
+    """The caller's explicit choice, else the ``FXFORGE_TRUST_PICKLE`` environment variable (1/true/yes)."""
+    if trust_pickle is not None:
+        return trust_pickle
+    return os.environ.get(TRUST_PICKLE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _dispatch(spec: str, kwargs: dict[str, Any], trusted: bool) -> LoadedModel:
     if not spec:
         raise ModelSpecError("empty model spec", hint=_SPEC_HINT)
+    if "\x00" in spec:
+        raise ModelSpecError("the model spec contains a NUL character", hint=_SPEC_HINT)
     prefix, _, name = spec.partition(":")
     if prefix == "demo":
         return _load_demo(name or "convnet", spec, kwargs)
@@ -137,11 +160,11 @@ def _dispatch(spec: str, kwargs: dict[str, Any]) -> LoadedModel:
         return _load_transformers(name, spec, kwargs)
     path = Path(spec)
     if path.is_dir():
-        return _load_output_dir(path, spec)
+        return _load_output_dir(path, spec, trusted)
     if path.suffix == ".pt2":
-        return _load_pt2(path, spec)
+        return _load_pt2(path, spec, trusted)
     if path.suffix in {".pt", ".pth", ".bin", ".pkl"}:
-        return _load_pickled_module(path, spec)
+        return _load_pickled_module(path, spec, trusted)
     file_part, sep, attr = spec.rpartition(":")
     if sep and file_part.endswith(".py"):
         return _load_from_file(Path(file_part), attr, spec, kwargs)
@@ -170,10 +193,34 @@ def _load_demo(name: str, spec: str, kwargs: dict[str, Any]) -> LoadedModel:
 def _construct(factory: Callable[..., Any], kwargs: dict[str, Any], spec: str) -> Any:
     try:
         return factory(**kwargs)
+    except (FxforgeError, NotImplementedError):  # NotImplementedError: load_model retries a meta build its own way
+        raise
     except TypeError as exc:
-        if kwargs:
-            raise ModelSpecError(f"{spec}: constructor rejected --model-arg values: {exc}") from None
-        raise ModelSpecError(f"{spec}: cannot be called without arguments: {exc}") from None
+        if _raised_by_call(exc):
+            if kwargs:
+                raise ModelSpecError(f"{spec}: constructor rejected --model-arg values: {exc}") from None
+            raise ModelSpecError(f"{spec}: cannot be called without arguments: {exc}") from None
+        raise _factory_error(spec, exc) from None
+    except Exception as exc:  # the user's factory (or the library's constructor) failed: name it and its line
+        raise _factory_error(spec, exc) from None
+    except SystemExit as exc:
+        raise ModelSpecError(f"{spec}: the factory called sys.exit({exc.code!r})") from None
+
+
+def _raised_by_call(exc: TypeError) -> bool:
+    """Whether a TypeError says a call got arguments it does not take (ours to the factory, or the factory's own
+    pass-through to a constructor) rather than being a bug inside the factory."""
+    text = str(exc)
+    return any(
+        phrase in text
+        for phrase in ("unexpected keyword argument", "required positional argument", "positional argument but")
+    )
+
+
+def _factory_error(spec: str, exc: BaseException) -> ModelSpecError:
+    where = user_location(exc)
+    at = f" at {where}" if where else ""
+    return ModelSpecError(f"{spec}: building the model raised {type(exc).__name__}: {first_line(exc)}{at}")
 
 
 def torchvision_classification_models() -> list[str]:
@@ -249,33 +296,34 @@ def _load_transformers(class_name: str, spec: str, kwargs: dict[str, Any]) -> Lo
     return LoadedModel(model, spec, inputs)
 
 
-def _load_output_dir(path: Path, spec: str) -> LoadedModel:
-    model_file = path / OPTIMIZED_MODEL_FILE
+def _load_output_dir(path: Path, spec: str, trusted: bool) -> LoadedModel:
+    """An fxforge output directory: its pickle-free ``model.pt2`` unless pickles are trusted and a
+    ``model.pt`` (the torch-dialect graph, with provenance for bisection) is there too."""
+    model_file = path / MODEL_FILE
     program_file = path / "model.pt2"
     # What `optimize --auto` writes when it picks TorchScript or ONNX Runtime: runnable (verify, bench's
     # eager row), though not capturable as an fx graph.
     exported = [(path / name, form) for name, form in (("model.torchscript.pt", "torchscript"), ("model.onnx", "onnx"))]
-    if model_file.exists():
-        loaded = _load_pickled_module(model_file, spec)
+    if model_file.exists() and (trusted or not program_file.exists()):
+        loaded = _load_pickled_module(model_file, spec, trusted)
     elif program_file.exists():
-        loaded = _load_pt2(program_file, spec)
+        loaded = _load_pt2(program_file, spec, trusted)
     elif any(file.exists() for file, _ in exported):
         loaded = _load_exported_file(*next((f, form) for f, form in exported if f.exists()), spec)
     else:
-        raise ModelSpecError(f"directory {spec!r} has no {OPTIMIZED_MODEL_FILE}", hint="is it an fxforge output?")
+        raise ModelSpecError(f"directory {spec!r} has no {MODEL_FILE}", hint="is it an fxforge output?")
     if isinstance(loaded.module, torch.fx.GraphModule):
-        from fxforge.optimize import load_provenance
-
         load_provenance(loaded.module, path)
     inputs_file = path / "inputs.txt"
     if inputs_file.exists():
-        loaded.default_inputs = [parse_input_spec(line) for line in inputs_file.read_text().split() if line]
+        try:
+            loaded.default_inputs = [parse_input_spec(line) for line in inputs_file.read_text().split() if line]
+        except (FxforgeError, OSError, UnicodeDecodeError) as exc:
+            raise ModelSpecError(f"{inputs_file} is corrupt: {first_line(exc)}", hint="pass --input instead") from None
     return loaded
 
 
 def _load_exported_file(path: Path, form: str, spec: str) -> LoadedModel:
-    from fxforge.export import load_exported
-
     if form == "onnx":
         require("onnxruntime", "onnx", f"loading {spec}")
     try:
@@ -286,11 +334,18 @@ def _load_exported_file(path: Path, form: str, spec: str) -> LoadedModel:
         raise ModelSpecError(f"cannot read {path}: {first_line(exc)}", hint="is the file corrupt?") from None
 
 
-def _load_pt2(path: Path, spec: str) -> LoadedModel:
+def _load_pt2(path: Path, spec: str, trusted: bool) -> LoadedModel:
     if not path.exists():
         raise ModelSpecError(f"file not found: {spec}")
     try:
-        program = torch.export.load(str(path))
+        # torch logs the whole failure (a traceback) before raising it: fxforge reports it in one line
+        with quiet_torch_logs(), contextlib.redirect_stderr(io.StringIO()), _pickled_payloads_refused(trusted):
+            program = torch.export.load(str(path))
+    except PickleRefused:
+        raise ModelSpecError(
+            f"{spec} holds pickled Python objects, and unpickling can run arbitrary code",
+            hint=f"if you trust this file, pass --trust-pickle (or set {TRUST_PICKLE_ENV}=1)",
+        ) from None
     except Exception as exc:  # torch raises a wide variety of errors for damaged archives
         raise ModelSpecError(
             f"cannot read exported program {spec}: {first_line(exc)}", hint="is the file corrupt?"
@@ -302,16 +357,87 @@ def _load_pt2(path: Path, spec: str) -> LoadedModel:
     return LoadedModel(program.module(), spec, inputs, exported_program=program)
 
 
-def _load_pickled_module(path: Path, spec: str) -> LoadedModel:
+class PickleRefused(Exception):
+    """A loader tried to unpickle arbitrary objects while pickles are not trusted."""
+
+
+@contextlib.contextmanager
+def _pickled_payloads_refused(trusted: bool) -> Iterator[None]:
+    """Make ``torch.export.load`` refuse the payloads it would unpickle with ``weights_only=False``.
+
+    A ``.pt2`` archive stores weights as raw bytes, but the archive itself can flag a payload as pickled, and
+    torch 2.14 then loads it with ``torch.load(weights_only=False)`` or ``pickle.loads``: a crafted file would run
+    code. While the block runs, ``torch.load`` is held to ``weights_only=True`` and ``pickle.loads`` refuses.
+    """
+    if trusted:
+        yield
+        return
+    import pickle
+
+    original_load, original_loads = torch.load, pickle.loads
+
+    def weights_only_load(*args: Any, **kwargs: Any) -> Any:
+        kwargs["weights_only"] = True
+        try:
+            return original_load(*args, **kwargs)
+        except pickle.UnpicklingError as exc:
+            raise PickleRefused(str(exc)) from None
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise PickleRefused("pickle.loads")
+
+    torch.load, pickle.loads = weights_only_load, refuse  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        torch.load, pickle.loads = original_load, original_loads  # type: ignore[assignment]
+
+
+def _is_torchscript_archive(path: Path) -> bool:
+    """TorchScript archives (torch.jit.save) hold code run by the TorchScript interpreter, not pickled Python."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return any(name.endswith("/constants.pkl") or "/code/" in name for name in archive.namelist())
+    except (zipfile.BadZipFile, OSError):
+        return False
+
+
+def _is_bare_pickle(path: Path) -> bool:
+    """A pickle stream written by ``pickle.dump`` (protocol 2 and up begin with the PROTO opcode, 0x80)."""
+    with path.open("rb") as file:
+        head = file.read(2)
+    return len(head) == 2 and head[0] == 0x80 and 2 <= head[1] <= 5
+
+
+def _load_pickled_module(path: Path, spec: str, trusted: bool) -> LoadedModel:
     if not path.exists():
         raise ModelSpecError(f"file not found: {spec}")
+    if _is_torchscript_archive(path):
+        return _load_exported_file(path, "torchscript", spec)
     try:
-        # weights_only=False: a whole module is pickled code, so only load files you trust (documented).
         with warnings.catch_warnings():
             # int8 models (fxforge quantize): torch's own rebuild of quantized tensors uses APIs it deprecates
             warnings.filterwarnings("ignore", message=r"TypedStorage is deprecated")
             warnings.filterwarnings("ignore", message=r"torch\.quantize_per_tensor, torch\.quantize_per_channel")
-            obj = torch.load(str(path), map_location="cpu", weights_only=False)
+            try:
+                obj = torch.load(str(path), map_location="cpu", weights_only=True)
+            except pickle.UnpicklingError as exc:
+                # "Unsupported global": the file names Python classes to rebuild, i.e. it holds pickled objects
+                # (a whole module); so does a bare pickle stream the safe loader cannot read. Anything else is a
+                # damaged file, reported as such below.
+                if "unsupported global" not in str(exc).lower() and not _is_bare_pickle(path):
+                    raise
+                if not trusted:
+                    raise ModelSpecError(
+                        f"{spec} holds a pickled module: unpickling it can run arbitrary code",
+                        hint=f"if you trust this file, pass --trust-pickle (or set {TRUST_PICKLE_ENV}=1); "
+                        "to share models, prefer .pt2, TorchScript or ONNX files",
+                    ) from None
+                obj = torch.load(str(path), map_location="cpu", weights_only=False)
+    except FxforgeError:
+        raise
     except (AttributeError, ImportError) as exc:
         raise ModelSpecError(
             f"cannot read {spec}: {first_line(exc)}",
@@ -340,6 +466,10 @@ def _load_from_import(module_path: str, attr: str, spec: str, kwargs: dict[str, 
         module = importlib.import_module(module_path)
     except ImportError as exc:
         raise ModelSpecError(f"cannot import {module_path!r}: {exc}", hint=_SPEC_HINT) from None
+    except Exception as exc:
+        raise _factory_error(spec, exc) from None
+    except SystemExit as exc:
+        raise ModelSpecError(f"importing {module_path!r} called sys.exit({exc.code!r})") from None
     return _from_attribute(module, attr, spec, kwargs)
 
 

@@ -59,13 +59,13 @@ import torch
 from torch import fx, nn
 
 from fxforge import references
-from fxforge.capture import Captured, capture
+from fxforge.artifacts import MODEL_FILE, atomic_directory
+from fxforge.capture import Captured, capture, require_real_weights
 from fxforge.errors import DialectError, FxforgeError, InputSpecError, first_line
 from fxforge.graphs import ATEN
 
 MODES = ("static", "dynamic", "qat-prepare")
 BACKENDS = ("x86", "qnnpack")
-MODEL_FILE = "model.pt"
 
 FX_MACHINERY = "torch.ao.quantization.quantize_fx (FX graph mode)"
 EAGER_DYNAMIC_MACHINERY = "torch.ao.quantization.quantize_dynamic (eager module swap)"
@@ -248,11 +248,14 @@ def load_calibration(
                 count = int(spec.split(":", 1)[1])
             except ValueError:
                 raise InputSpecError(f"cannot read {spec!r}", hint="random or random:N (N batches)") from None
+        if count < 1:
+            # zero batches would calibrate (or judge) nothing: a vacuous check, not a quick one
+            raise InputSpecError(f"{spec!r} asks for {count} batches", hint="random:N needs N >= 1")
         from fxforge.inputs import make_inputs, specs_of
 
         specs = specs_of(example_inputs)
-        data = [make_inputs(specs, seed=seed + 1 + i) for i in range(max(count, 1))]
-        source = f"random ({max(count, 1)} batches shaped like the example inputs)"
+        data = [make_inputs(specs, seed=seed + 1 + i) for i in range(count)]
+        source = f"random ({count} batches shaped like the example inputs)"
         return CalibrationData(data, source, random=True, labels=[None] * len(data))
     if isinstance(spec, CalibrationData):
         return spec
@@ -792,6 +795,9 @@ def quantize(
         raise FxforgeError("sensitivity and keep-float need a quantized model", hint="use --mode static or dynamic")
     goal = parse_target(keep_float_until) if keep_float_until is not None else None
     captured = _as_captured(target, example_inputs, calibration)
+    require_real_weights(captured, "quantize")
+    if random_batches < 1:
+        raise InputSpecError(f"--random-batches must be at least 1, got {random_batches}")
     plan = _plan(captured, mode, backend)
     float_layers = _checked_float_layers(plan, float_layers)
     result_warnings: list[str] = []
@@ -1008,7 +1014,6 @@ def write_output(
     ``result.model`` on the example inputs.
     """
     from fxforge.inputs import specs_of
-    from fxforge.optimize import atomic_directory
 
     output_dir = Path(output_dir)
     files = [MODEL_FILE, "inputs.txt", "report.json"]

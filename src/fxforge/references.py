@@ -15,7 +15,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from fxforge.errors import FxforgeError, first_line
+from fxforge.errors import FxforgeError, first_line, user_location
 
 
 def import_file(path: str | Path, *, error: type[FxforgeError] = FxforgeError, what: str = "") -> ModuleType:
@@ -41,8 +41,17 @@ def import_file(path: str | Path, *, error: type[FxforgeError] = FxforgeError, w
         spec.loader.exec_module(module)
     except SyntaxError as exc:
         raise error(f"{path}:{exc.lineno}: syntax error: {exc.msg}") from None
+    except FxforgeError:
+        raise
     except Exception as exc:
-        raise error(f"importing {path} failed: {type(exc).__name__}: {first_line(exc)}") from None
+        where = user_location(exc)
+        at = f" at {where}" if where else ""
+        raise error(f"importing {path} failed: {type(exc).__name__}: {first_line(exc)}{at}") from None
+    except SystemExit as exc:  # a script's `sys.exit()` at import time must not end fxforge with exit code 0
+        raise error(
+            f"importing {path} called sys.exit({exc.code!r})",
+            hint="guard script code with `if __name__ == '__main__':`",
+        ) from None
     finally:
         sys.path.remove(folder)
     return module
@@ -62,9 +71,26 @@ def import_reference(
             module = importlib.import_module(module_name)
         except ImportError as exc:
             raise error(f"cannot import {module_name!r} for {what} {reference!r}: {exc}", hint=hint) from None
+        except Exception as exc:
+            raise error(f"importing {module_name!r} failed: {type(exc).__name__}: {first_line(exc)}") from None
+        except SystemExit as exc:
+            raise error(f"importing {module_name!r} called sys.exit({exc.code!r})") from None
     value = module
     for part in attr.split("."):
         if not hasattr(value, part):
             raise error(f"{what} {reference!r}: {module_name} has no attribute {attr!r}", hint=hint)
         value = getattr(value, part)
     return value
+
+
+def parse_value(raw: str, what: str) -> Any:
+    """A YAML scalar or flow collection from the command line (``10``, ``0.5``, ``true``, ``[1, 2]``,
+    ``{ReLU: ReLU6}``); a clear error naming ``what`` when it does not parse."""
+    import yaml
+
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        raise FxforgeError(
+            f"{what}: the value is not valid YAML ({first_line(exc)})", hint="quote it, e.g. KEY='[1, 2]'"
+        ) from None

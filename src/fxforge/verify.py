@@ -1,149 +1,55 @@
-"""Numerical comparison of models and graphs: the proof that a capture or a rewrite changed nothing.
+"""Verify: prove that a candidate computes what a reference computes, and name where it does not.
 
-Owns the dtype-aware tolerances, the nested-output comparison (tensors, tuples, lists, dicts,
-dataclass-like model outputs) and :func:`verify`, which compares two models on the same inputs.
+Owns :class:`Verifier` (the reference side of a proof, computed once: the cases and the reference's
+outputs on them), :func:`verify`, and the bisection that names the first diverging node. What
+"verified" means -- which inputs are tried, with which tolerances, and what no finite test can prove --
+is documented in docs/verified.md; in short:
+
+* at least :data:`DEFAULT_CASES` cases: every distribution of :data:`fxforge.inputs.FLOAT_DISTRIBUTIONS`
+  (signs, scales, sparsity) at the example's batch size and at a second batch size where the model (and
+  the captured graph) accepts one, with a new seed for every case;
+* the reference is the user's model itself, run twice on the first case: a model whose output is
+  random (dropout in training mode) cannot be verified, and is reported as such;
+* outputs must agree in structure, dtype and shape, and in value within the per-dtype tolerances of
+  :mod:`fxforge.compare`; a reference that is entirely NaN/Inf proves nothing and is a failure.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
+from torch import fx, nn
+from torch.utils import _pytree as pytree
 
-# Tolerances per dtype: (rtol, atol). fp32 rewrites such as BatchNorm folding reorder floating
-# point sums, so they are exact only up to a few ulps amplified by depth; 1e-4 relative covers a
-# 50-layer network while still catching any real change (a wrong bias is off by O(1)).
-TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
-    torch.float64: (1e-7, 1e-9),
-    torch.float32: (1e-4, 1e-5),
-    torch.float16: (1e-2, 1e-3),
-    torch.bfloat16: (2e-2, 1e-2),
-}
+from fxforge.capture import Captured, placeholder_values
+from fxforge.compare import TOLERANCES, Comparison, as_structure, compare_outputs, diverges, tolerance_for
+from fxforge.errors import FxforgeError, InputSpecError, one_line_reason
+from fxforge.graphs import target_name
+from fxforge.inputs import Case, case_plan, draw_like, make_inputs
+from fxforge.runtime import cloned, preserved_state, quiet_torch_logs, run_isolated
+from fxforge.vocabulary import ORIGIN, PASS
 
+__all__ = [
+    "DEFAULT_CASES",
+    "TOLERANCES",
+    "Comparison",
+    "Divergence",
+    "Verifier",
+    "VerifyResult",
+    "as_structure",
+    "bisect_graphs",
+    "compare_outputs",
+    "tolerance_for",
+    "verify",
+]
 
-def tolerance_for(dtype: torch.dtype) -> tuple[float, float]:
-    """(rtol, atol) for comparing tensors of ``dtype``; integer and bool tensors must match exactly."""
-    return TOLERANCES.get(dtype, (0.0, 0.0))
-
-
-@dataclass
-class Comparison:
-    """How two (possibly nested) outputs differ."""
-
-    ok: bool
-    max_abs_err: float = 0.0
-    max_rel_err: float = 0.0
-    problems: list[str] = field(default_factory=list)
-
-    def merge(self, other: Comparison) -> None:
-        self.ok = self.ok and other.ok
-        self.max_abs_err = max(self.max_abs_err, other.max_abs_err)
-        self.max_rel_err = max(self.max_rel_err, other.max_rel_err)
-        self.problems.extend(other.problems)
-
-
-def as_structure(value: Any) -> Any:
-    """Turn model outputs with attributes (transformers ModelOutput, namedtuples) into dicts/tuples."""
-    if isinstance(value, Mapping):
-        return dict(value)
-    if hasattr(value, "to_tuple") and callable(value.to_tuple):
-        return value.to_tuple()
-    return value
-
-
-def compare_outputs(
-    reference: Any,
-    candidate: Any,
-    rtol: float | None = None,
-    atol: float | None = None,
-    path: str = "output",
-) -> Comparison:
-    """Compare nested outputs leaf by leaf; tolerances default to :data:`TOLERANCES` per dtype."""
-    reference, candidate = as_structure(reference), as_structure(candidate)
-    if isinstance(reference, torch.Tensor):
-        if not isinstance(candidate, torch.Tensor):
-            return Comparison(False, math.inf, math.inf, [f"{path}: expected a tensor, got {type(candidate).__name__}"])
-        return _compare_tensors(reference, candidate, rtol, atol, path)
-    if isinstance(reference, Mapping):
-        if not isinstance(candidate, Mapping) or set(reference) != set(candidate):
-            return Comparison(False, math.inf, math.inf, [f"{path}: keys differ"])
-        result = Comparison(True)
-        for key in reference:
-            result.merge(compare_outputs(reference[key], candidate[key], rtol, atol, f"{path}[{key!r}]"))
-        return result
-    if isinstance(reference, Sequence) and not isinstance(reference, str):
-        if not isinstance(candidate, Sequence) or len(reference) != len(candidate):
-            return Comparison(False, math.inf, math.inf, [f"{path}: lengths differ"])
-        result = Comparison(True)
-        for i, (ref, cand) in enumerate(zip(reference, candidate)):
-            result.merge(compare_outputs(ref, cand, rtol, atol, f"{path}[{i}]"))
-        return result
-    if reference == candidate or (isinstance(reference, float) and math.isclose(reference, candidate)):
-        return Comparison(True)
-    return Comparison(False, math.inf, math.inf, [f"{path}: {reference!r} != {candidate!r}"])
-
-
-def _compare_tensors(
-    reference: torch.Tensor, candidate: torch.Tensor, rtol: float | None, atol: float | None, path: str
-) -> Comparison:
-    if reference.shape != candidate.shape:
-        return Comparison(
-            False, math.inf, math.inf, [f"{path}: shape {tuple(candidate.shape)} != {tuple(reference.shape)}"]
-        )
-    if reference.numel() == 0:
-        return Comparison(True)
-    rtol, atol = _tolerances(reference.dtype, rtol, atol)
-    max_abs, scale = _error_and_scale(reference, candidate)
-    max_rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else math.inf)
-    ok = max_abs <= atol + rtol * scale
-    problems = (
-        []
-        if ok
-        else [
-            f"{path}: max abs error {max_abs:.3g} exceeds atol={atol:g} + rtol={rtol:g} * max|reference| ({scale:.3g})"
-        ]
-    )
-    return Comparison(ok, max_abs, max_rel, problems)
-
-
-def _tolerances(dtype: torch.dtype, rtol: float | None, atol: float | None) -> tuple[float, float]:
-    default_rtol, default_atol = tolerance_for(dtype)
-    return (default_rtol if rtol is None else rtol), (default_atol if atol is None else atol)
-
-
-def _error_and_scale(reference: torch.Tensor, candidate: torch.Tensor) -> tuple[float, float]:
-    """(max abs error, max |reference|) over the tensor, comparing in float64.
-
-    The tolerance is normwise -- ``max|a - b| <= atol + rtol * max|a|`` -- not elementwise (``allclose``):
-    a float32 sum of many terms is accurate relative to the size of its terms, not of its result, so an
-    output element that cancels to near zero carries the round-off of the whole tensor's scale. Seen on
-    resnet34 with random BatchNorm statistics: eager fp32 itself is 1e-4 away from fp64 on logits of
-    magnitude 250, and an exact BN fold lands just as close, yet fails an elementwise 1e-4 check at
-    the near-zero logits. A real rewrite bug (a wrong bias or scale) is off by a fraction of the scale.
-    NaN matches NaN, +-inf matches the same inf; NaN or inf against a number is an infinite error.
-    """
-    if reference.is_quantized:
-        reference = reference.dequantize()
-    if candidate.is_quantized:
-        candidate = candidate.dequantize()
-    ref = reference.detach().to(torch.float64)
-    cand = candidate.detach().to(torch.float64)
-    if not ref.is_floating_point() and not ref.is_complex():
-        ref, cand = ref.double(), cand.double()
-    both_nan = torch.isnan(ref) & torch.isnan(cand)
-    same_inf = torch.isinf(ref) & (ref == cand)
-    diff = (ref - cand).abs().masked_fill(both_nan | same_inf, 0.0)
-    diff = diff.masked_fill(torch.isnan(diff), math.inf)
-    finite = torch.isfinite(ref)
-    scale = float(ref[finite].abs().max()) if finite.any() else 0.0
-    return float(diff.max()), scale
-
-
-# --------------------------------------------------------------------------------------------------
-# verify: two models on the same inputs, and bisection to the first diverging node
+# Enough to cover every distribution at two batch sizes with seeds to spare, and still fast: the
+# reference runs once per case for a whole pipeline, a candidate once per case per changed pass.
+DEFAULT_CASES = 16
 
 
 @dataclass
@@ -166,33 +72,297 @@ class Divergence:
 
 @dataclass
 class VerifyResult:
+    """The outcome of a verification and exactly what it tried.
+
+    ``trials`` counts the cases compared; ``cases`` labels them; ``skipped`` says which batch sizes or
+    cases were left out and why; ``warnings`` carries non-finite reference values and similar doubts.
+    ``nondeterministic`` is True when the reference gave two different outputs for one input.
+    """
+
     ok: bool
     max_abs_err: float
     max_rel_err: float
     trials: int
     problems: list[str] = field(default_factory=list)
     divergence: Divergence | None = None
+    cases: list[str] = field(default_factory=list)
+    batch_sizes: list[int] = field(default_factory=list)
+    distributions: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    nondeterministic: bool = False
+    capture_differs: bool = False  # the captured graph itself differs from the model on a failing case
+
+    def describe_inputs(self) -> str:
+        """One line: what was tried (``16 cases: batch 1, 2; N(0, 1), U[0, 1), ...``)."""
+        parts = [f"{self.trials} case{'s' if self.trials != 1 else ''}"]
+        details = []
+        if self.batch_sizes:
+            details.append("batch " + ", ".join(str(b) for b in self.batch_sizes))
+        if self.distributions:
+            details.append(", ".join(self.distributions))
+        return parts[0] + (f" ({'; '.join(details)})" if details else "")
 
     def to_dict(self) -> dict[str, Any]:
-        from dataclasses import asdict
-
-        return asdict(self)
-
-
-def _graph_of(model: Any):
-    from torch import fx
-
-    from fxforge.capture import Captured
-
-    if isinstance(model, Captured):
-        return model.graph_module
-    return model if isinstance(model, fx.GraphModule) else None
+        data = asdict(self)
+        data["tried"] = self.describe_inputs()
+        return data
 
 
-def _module_of(model: Any):
-    from fxforge.capture import Captured
+# --------------------------------------------------------------------------------------------------
+# the reference side
 
-    return model.graph_module if isinstance(model, Captured) else model
+
+def _example_batch(template: Any) -> int | None:
+    sizes = {t.shape[0] for t in pytree.tree_leaves(template) if isinstance(t, torch.Tensor) and t.dim() > 0}
+    return sizes.pop() if len(sizes) == 1 else None
+
+
+def default_batch_sizes(example_batch: int | None) -> list[int | None]:
+    """The example's batch size and one other (a batch size baked into a graph shows up at any other)."""
+    if example_batch is None:
+        return [None]
+    return [example_batch, 2 if example_batch == 1 else 1]
+
+
+def _on_meta(values: Any, *modules: Any) -> bool:
+    tensors = [t for t in pytree.tree_leaves(values) if isinstance(t, torch.Tensor)]
+    for module in modules:
+        if isinstance(module, nn.Module):
+            tensors += [p for p in module.parameters()][:1]
+    return any(t.device.type == "meta" for t in tensors)
+
+
+class Verifier:
+    """The reference side of a verification: the cases and the reference's outputs on them, computed once.
+
+    ``reference`` is a module or a :class:`~fxforge.capture.Captured` (then the user's model is the
+    reference, its captured graph is used to bisect a mismatch, and the cases are shaped like its example
+    inputs). Inputs, in order of precedence: ``inputs`` (exactly these positional inputs, one case);
+    ``example`` (``(args, kwargs)`` to shape the cases like); ``input_specs``; the Captured's examples.
+    ``batch_sizes`` defaults to :func:`default_batch_sizes`; ``None`` entries mean "as the example".
+    """
+
+    def __init__(
+        self,
+        reference: Any,
+        inputs: Sequence[Any] | None = None,
+        *,
+        example: tuple[Sequence[Any], Mapping[str, Any]] | None = None,
+        input_specs: Sequence[Any] | None = None,
+        cases: int = DEFAULT_CASES,
+        seed: int = 0,
+        batch_sizes: Sequence[int | None] | None = None,
+        rtol: float | None = None,
+        atol: float | None = None,
+        allow_dtype_change: bool = False,
+        allow_nonfinite: bool = False,
+    ) -> None:
+        if cases < 1:
+            raise FxforgeError(f"verification needs at least one case, got {cases}")
+        self.captured = reference if isinstance(reference, Captured) else None
+        self.module = reference.original if isinstance(reference, Captured) else reference
+        self.rtol, self.atol = rtol, atol
+        self.allow_dtype_change, self.allow_nonfinite = allow_dtype_change, allow_nonfinite
+        self.skipped: list[str] = []
+        self.warnings: list[str] = []
+        self.problems: list[str] = []
+        self.nondeterministic = False
+        if inputs is not None:
+            args = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+            self.cases = [Case(None, "given", seed, args, dict(example[1]) if example else {})]
+            self.batch_sizes: list[int] = []
+            self.example_batch: int | None = None
+        else:
+            template = self._template(example, input_specs, seed)
+            if _on_meta(template, self.module):
+                raise FxforgeError("cannot verify on the meta device: there are no values to compare")
+            self.example_batch = _example_batch(template)
+            batches = self._usable_batches(template, batch_sizes)
+            self.batch_sizes = [b for b in batches if b is not None]
+            self.cases = [
+                Case(batch, distribution, case_seed, *draw_like(template, distribution, case_seed, batch))
+                for batch, distribution, case_seed in case_plan(batches, cases, seed)
+            ]
+        self.expected = self._reference_outputs()
+
+    # -- setup
+
+    def _template(self, example: Any, input_specs: Sequence[Any] | None, seed: int) -> tuple[tuple, dict]:
+        if example is not None:
+            return tuple(example[0]), dict(example[1])
+        if input_specs is not None:
+            return make_inputs(list(input_specs), seed=seed), {}
+        if self.captured is not None:
+            return self.captured.example_inputs, dict(self.captured.example_kwargs)
+        raise InputSpecError("verify needs inputs or input shapes", hint="pass --input, e.g. --input 1x3x224x224")
+
+    def _usable_batches(self, template: tuple[tuple, dict], batch_sizes: Sequence[int | None] | None) -> list:
+        """The batch sizes to try: those the model (and the captured graph) accept; the others are skipped."""
+        example_batch = _example_batch(template)
+        wanted = list(batch_sizes) if batch_sizes is not None else default_batch_sizes(example_batch)
+        usable = []
+        for batch in dict.fromkeys(example_batch if b is None else b for b in wanted):
+            if batch == example_batch or example_batch is None:
+                usable.append(example_batch)
+                continue
+            args, kwargs = draw_like(template, "normal", 0, batch)
+            reason = self._rejects(self.module, args, kwargs, "the model")
+            if reason is None and self.captured is not None:
+                reason = self._rejects(self.captured.graph_module, args, kwargs, "the captured graph")
+                if reason is not None:
+                    reason += f" (fixed to batch {example_batch}; capture with --check-batch for a dynamic one)"
+            if reason is None:
+                usable.append(batch)
+            else:
+                self.skipped.append(f"batch {batch}: {reason}")
+        return list(dict.fromkeys(usable)) or [None]
+
+    @staticmethod
+    def _rejects(module: Any, args: tuple, kwargs: dict, what: str) -> str | None:
+        try:
+            with quiet_torch_logs():
+                run_isolated(module, args, kwargs)
+        except Exception as exc:
+            return f"{what} rejects it ({one_line_reason(exc, 160)})"
+        return None
+
+    def _reference_outputs(self) -> list[Any]:
+        expected: list[Any] = []
+        kept: list[Case] = []
+        for index, case in enumerate(self.cases):
+            try:
+                with quiet_torch_logs():
+                    output = run_isolated(self.module, case.args, case.kwargs)
+            except Exception as exc:
+                if index == 0:
+                    raise InputSpecError(
+                        f"the model rejected the verification inputs ({case.label}): {one_line_reason(exc)}",
+                        hint="pass --input with the shape and dtype the model expects",
+                    ) from None
+                self.skipped.append(f"{case.label}: the model rejects it ({one_line_reason(exc, 160)})")
+                continue
+            if index == 0:
+                self._check_determinism(case, output)
+            nonfinite = compare_outputs(output, output, allow_nonfinite=True)
+            if nonfinite.reference_values and nonfinite.reference_nonfinite == nonfinite.reference_values:
+                self.skipped.append(f"{case.label}: every reference value is NaN or Inf, nothing to compare")
+                continue
+            self.warnings.extend(w for w in nonfinite.warnings if w not in self.warnings)
+            kept.append(case)
+            expected.append(output)
+        if not kept and not self.allow_nonfinite:
+            self.problems.append(
+                "every floating-point value of the reference is NaN or Inf on every case tried: nothing to compare"
+            )
+        self.cases = kept if kept else self.cases[:0]
+        return expected
+
+    def _check_determinism(self, case: Case, first: Any) -> None:
+        with quiet_torch_logs():
+            second = run_isolated(self.module, case.args, case.kwargs)
+        again = compare_outputs(first, second, self.rtol, self.atol, allow_nonfinite=True)
+        if not again.ok:
+            self.nondeterministic = True
+            self.problems.append(
+                f"the reference is not deterministic: two runs on the same inputs differ (max abs err "
+                f"{again.max_abs_err:.3g}); random ops (dropout in training mode, torch.rand) make its outputs "
+                "unprovable -- call model.eval() or remove the randomness"
+            )
+
+    # -- the candidate side
+
+    def check(self, candidate: Any, *, bisect: bool = True, candidate_may_fix_batch: bool = False) -> VerifyResult:
+        """Run ``candidate`` (a module, GraphModule, Captured or callable) on every case and compare.
+
+        ``candidate_may_fix_batch``: a candidate that refuses a batch size other than the example's (a static
+        torch.export or ONNX file) is not a mismatch: those cases are skipped and the result says so. Off for
+        rewrites, where a graph that stopped taking other batch sizes is a broken rewrite.
+        """
+        module = candidate.graph_module if isinstance(candidate, Captured) else candidate
+        result = VerifyResult(
+            True,
+            0.0,
+            0.0,
+            len(self.cases),
+            cases=[case.label for case in self.cases],
+            batch_sizes=list(self.batch_sizes),
+            distributions=list(dict.fromkeys(case.distribution for case in self.cases)),
+            skipped=list(self.skipped),
+            warnings=list(self.warnings),
+            nondeterministic=self.nondeterministic,
+        )
+        if self.problems:
+            result.ok = False
+            result.problems.extend(self.problems)
+            return result
+        failing: Case | None = None
+        refused: set[int | None] = set()
+        for case, expected in zip(self.cases, self.expected):
+            if case.batch in refused:
+                continue
+            try:
+                with quiet_torch_logs():
+                    actual = run_isolated(module, case.args, case.kwargs)
+            except Exception as exc:
+                if candidate_may_fix_batch and case.batch not in (None, self.example_batch):
+                    refused.add(case.batch)
+                    result.skipped.append(f"batch {case.batch}: the candidate rejects it ({one_line_reason(exc, 120)})")
+                    continue
+                result.ok = False
+                result.max_abs_err = result.max_rel_err = math.inf
+                result.problems.append(f"candidate failed to run on {case.label}: {one_line_reason(exc)}")
+                failing = failing or case
+                break
+            comparison = compare_outputs(
+                expected,
+                actual,
+                self.rtol,
+                self.atol,
+                allow_dtype_change=self.allow_dtype_change,
+                allow_nonfinite=True,
+            )
+            result.max_abs_err = max(result.max_abs_err, comparison.max_abs_err)
+            result.max_rel_err = max(result.max_rel_err, comparison.max_rel_err)
+            if not comparison.ok:
+                result.ok = False
+                result.problems.extend(f"{case.label}: {problem}" for problem in comparison.problems[:3])
+                failing = failing or case
+        result.cases = [case.label for case in self.cases if case.batch not in refused]
+        result.trials = len(result.cases)
+        result.batch_sizes = [b for b in result.batch_sizes if b not in refused]
+        if failing is not None and self.captured is not None:
+            self._blame_capture(failing, result)
+            graph = module if isinstance(module, fx.GraphModule) else None
+            if bisect and graph is not None and not result.capture_differs:
+                result.divergence = _bisect_or_none(
+                    self.captured.graph_module,
+                    graph,
+                    placeholder_values(self.captured.graph_module, failing.args, failing.kwargs),
+                    placeholder_values(graph, failing.args, failing.kwargs),
+                    self.rtol,
+                    self.atol,
+                )
+        return result
+
+    def _blame_capture(self, case: Case, result: VerifyResult) -> None:
+        """When the captured graph itself differs from the model on ``case``, the candidate is not to blame."""
+        assert self.captured is not None
+        index = self.cases.index(case)
+        try:
+            with quiet_torch_logs():
+                graph_output = run_isolated(self.captured.graph_module, case.args, case.kwargs, self.module)
+        except Exception as exc:
+            result.capture_differs = True
+            result.problems.append(f"the captured graph itself fails on {case.label}: {one_line_reason(exc)}")
+            return
+        comparison = compare_outputs(self.expected[index], graph_output, self.rtol, self.atol, allow_nonfinite=True)
+        if not comparison.ok:
+            result.capture_differs = True
+            result.problems.append(
+                f"the captured graph itself differs from the model on {case.label} (a capture problem, not the "
+                f"candidate's): {comparison.problems[0]}"
+            )
 
 
 def verify(
@@ -200,72 +370,52 @@ def verify(
     candidate: Any,
     inputs: Sequence[Any] | None = None,
     *,
+    candidate_may_fix_batch: bool = False,
     input_specs: Sequence[Any] | None = None,
-    seeds: Sequence[int] = (0, 1, 2),
+    example: tuple[Sequence[Any], Mapping[str, Any]] | None = None,
+    cases: int = DEFAULT_CASES,
+    seed: int = 0,
+    seeds: Sequence[int] | None = None,
+    batch_sizes: Sequence[int | None] | None = None,
     rtol: float | None = None,
     atol: float | None = None,
     bisect: bool = True,
+    allow_dtype_change: bool = False,
+    allow_nonfinite: bool = False,
 ) -> VerifyResult:
-    """Check that ``candidate`` computes what ``reference`` computes.
+    """Check that ``candidate`` computes what ``reference`` computes (see the module docstring).
 
-    ``reference``/``candidate`` are modules, GraphModules or :class:`~fxforge.capture.Captured`.
-    Inputs: ``inputs`` (one tuple of example inputs) if given, else random inputs for each seed in
-    ``seeds`` with the shapes of ``input_specs`` or of the reference's captured example inputs.
-    Tolerances default to the per-dtype values in :data:`TOLERANCES`. On a mismatch between two
-    graphs, ``bisect`` reruns both node by node and names the first candidate node that diverges
-    from the reference node it was derived from (see ``fxforge.passes`` provenance).
+    ``reference``/``candidate`` are modules, GraphModules or :class:`~fxforge.capture.Captured`. With
+    ``inputs`` exactly those inputs are compared; otherwise at least ``cases`` varied cases shaped like
+    ``example``, ``input_specs`` or the Captured's example inputs. ``seeds`` (older API) sets the first
+    seed and raises the case count to its length. Tolerances default to the per-dtype values of
+    :data:`TOLERANCES`. On a mismatch between two graphs, ``bisect`` reruns both node by node and names
+    the first candidate node that diverges from the reference node it was derived from (provenance).
     """
-    from fxforge.capture import Captured, placeholder_values, run_reference
-    from fxforge.errors import InputSpecError
-    from fxforge.inputs import make_inputs, specs_of
-
-    trials: list[tuple[Any, ...]]
-    if inputs is not None:
-        trials = [tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)]
-    else:
-        specs = list(input_specs) if input_specs is not None else None
-        if specs is None and isinstance(reference, Captured):
-            specs = specs_of(reference.example_inputs)
-        if specs is None and isinstance(candidate, Captured):
-            specs = specs_of(candidate.example_inputs)
-        if not specs:
-            raise InputSpecError("verify needs inputs or input shapes", hint="pass --input, e.g. --input 1x3x224x224")
-        trials = [make_inputs(specs, seed=seed) for seed in seeds]
-
-    ref_module, cand_module = _module_of(reference), _module_of(candidate)
-    result = VerifyResult(True, 0.0, 0.0, len(trials))
-    failing: tuple[Any, ...] | None = None
-    for args in trials:
-        expected = run_reference(ref_module, args, {})
-        try:
-            actual = run_reference(cand_module, args, {})
-        except InputSpecError as exc:
-            result.ok = False
-            result.problems.append(f"candidate failed to run: {exc.message}")
-            return result
-        comparison = compare_outputs(expected, actual, rtol, atol)
-        result.max_abs_err = max(result.max_abs_err, comparison.max_abs_err)
-        result.max_rel_err = max(result.max_rel_err, comparison.max_rel_err)
-        if not comparison.ok:
-            result.ok = False
-            result.problems.extend(comparison.problems)
-            failing = failing or args
-    ref_graph, cand_graph = _graph_of(reference), _graph_of(candidate)
-    if not result.ok and bisect and failing is not None and ref_graph is not None and cand_graph is not None:
-        result.divergence = bisect_graphs(
-            ref_graph,
-            cand_graph,
-            placeholder_values(ref_graph, failing, {}),
-            placeholder_values(cand_graph, failing, {}),
-            rtol,
-            atol,
-        )
-    return result
+    if seeds is not None:
+        seeds = list(seeds)
+        seed, cases = (seeds[0] if seeds else seed), max(cases, len(seeds))
+    verifier = Verifier(
+        reference,
+        inputs,
+        example=example,
+        input_specs=input_specs,
+        cases=cases,
+        seed=seed,
+        batch_sizes=batch_sizes,
+        rtol=rtol,
+        atol=atol,
+        allow_dtype_change=allow_dtype_change,
+        allow_nonfinite=allow_nonfinite,
+    )
+    return verifier.check(candidate, bisect=bisect, candidate_may_fix_batch=candidate_may_fix_batch)
 
 
-def _record_values(gm: Any, flat_inputs: Sequence[Any]) -> dict[str, Any]:
-    from torch import fx
+# --------------------------------------------------------------------------------------------------
+# bisection
 
+
+def _record_values(gm: fx.GraphModule, flat_inputs: Sequence[Any]) -> dict[str, Any]:
     values: dict[str, Any] = {}
 
     class Recorder(fx.Interpreter):
@@ -275,23 +425,29 @@ def _record_values(gm: Any, flat_inputs: Sequence[Any]) -> dict[str, Any]:
             values[n.name] = out.detach().clone() if isinstance(out, torch.Tensor) else out
             return out
 
-    with torch.no_grad():
-        Recorder(gm, garbage_collect_values=True).run(*flat_inputs)
+    # preserved_state: a training-mode BatchNorm in the graph would update the user's running statistics
+    with torch.no_grad(), quiet_torch_logs(), preserved_state(gm):
+        Recorder(gm, garbage_collect_values=True).run(*cloned(list(flat_inputs)))
     return values
 
 
+def _bisect_or_none(*args: Any) -> Divergence | None:
+    """:func:`bisect_graphs`, or None when a graph cannot be run node by node on the failing case."""
+    try:
+        return bisect_graphs(*args)
+    except Exception:  # the candidate already failed to run on that case: the problem says so
+        return None
+
+
 def bisect_graphs(
-    reference: Any,
-    candidate: Any,
+    reference: fx.GraphModule,
+    candidate: fx.GraphModule,
     reference_inputs: Sequence[Any],
     candidate_inputs: Sequence[Any],
     rtol: float | None = None,
     atol: float | None = None,
 ) -> Divergence | None:
     """Run both graphs node by node; return the first candidate node that differs from its origin."""
-    from fxforge.graphs import target_name
-    from fxforge.passes import ORIGIN, PASS
-
     ref_values = _record_values(reference, reference_inputs)
     cand_values = _record_values(candidate, candidate_inputs)
     for node in candidate.graph.nodes:
@@ -301,18 +457,7 @@ def bisect_graphs(
         expected, actual = ref_values.get(origin), cand_values.get(node.name)
         if not isinstance(expected, torch.Tensor) or not isinstance(actual, torch.Tensor):
             continue
-        if _diverges(expected, actual, rtol, atol):
-            error = compare_outputs(expected, actual, rtol, atol).max_abs_err
+        if diverges(expected, actual, rtol, atol):
+            error = compare_outputs(expected, actual, rtol, atol, allow_nonfinite=True).max_abs_err
             return Divergence(node.name, origin, target_name(node), node.meta.get(PASS), error)
     return None
-
-
-def _diverges(expected: torch.Tensor, actual: torch.Tensor, rtol: float | None, atol: float | None) -> bool:
-    """Whether an intermediate value differs beyond tolerance: the same normwise rule as the outputs."""
-    if expected.shape != actual.shape:
-        return True
-    if expected.numel() == 0:
-        return False
-    rtol, atol = _tolerances(expected.dtype, rtol, atol)
-    error, scale = _error_and_scale(expected, actual)
-    return error > atol + rtol * scale

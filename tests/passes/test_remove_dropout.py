@@ -11,6 +11,7 @@ from torch import nn
 
 from fxforge.graphs import node_kind
 from fxforge.passes import apply_pass
+from fxforge.verify import verify
 
 DIALECTS = ["torch", "aten"]
 
@@ -116,9 +117,15 @@ class NativeDropoutThenInPlace(nn.Module):
         return y, z
 
 
-def test_keeps_native_dropout_copy_written_in_place(capture_as, run_verified):
-    result = run_verified(capture_as(NativeDropoutThenInPlace().eval(), torch.randn(2, 3), "aten"), "remove_dropout")
+def test_keeps_native_dropout_copy_written_in_place(capture_as):
+    captured = capture_as(NativeDropoutThenInPlace().eval(), torch.randn(2, 3), "aten")
+    # torch.export (2.14.1) mis-captures this model -- its graph returns the written copy twice -- and verify says
+    # so rather than blaming a pass; the pass itself must still leave the graph's own semantics alone.
+    assert not captured.record.ok
+    result = apply_pass(captured.graph_module, "remove_dropout")
     assert not result.changed and "in-place" in result.skipped[0]
+    check = verify(captured, result.graph_module)
+    assert not check.ok and check.capture_differs
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)

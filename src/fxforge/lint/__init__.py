@@ -77,6 +77,16 @@ class Rule:
     fix: str | None = None  # name of the pass that removes this finding
     dialects: tuple[str, ...] = ("torch", "aten")
 
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "code": self.code,
+            "name": self.name,
+            "severity": self.severity,
+            "summary": self.summary,
+            "fix": self.fix,
+            "dialects": list(self.dialects),
+        }
+
 
 RULES: dict[str, Rule] = {}
 
@@ -214,7 +224,10 @@ def fix(
     before = lint(captured, select=select, ignore=ignore)
     wanted = {f.fix for f in before.findings if f.fix and f.fix in PASSES}
     names = [name for name in FIX_ORDER if name in wanted] + sorted(wanted - set(FIX_ORDER))
-    optimized = optimize(captured, names, output_dir=output_dir if names else None, verify=True, force=force, spec=spec)
+    # keep_going: a fix pass that fails verification is rolled back and reported; the other fixes still land.
+    optimized = optimize(
+        captured, names, output_dir=output_dir if names else None, verify=True, keep_going=True, force=force, spec=spec
+    )
     # The rewritten graph is the model now: rules that compare the graph with its model (FX006 unused
     # parameters) must not count the BatchNorms that fold_bn folded away as unused weight.
     rewritten = optimized.pipeline.graph_module

@@ -30,9 +30,7 @@ from torch import fx, nn
 
 from fxforge.errors import FxforgeError
 from fxforge.graphs import dialect_of
-
-ORIGIN = "fxforge_origin"
-PASS = "fxforge_pass"
+from fxforge.vocabulary import ORIGIN, PASS
 
 
 class PassError(FxforgeError):
@@ -89,6 +87,15 @@ class PassSpec:
 
     def option_fields(self) -> list[dataclasses.Field]:
         return list(dataclasses.fields(self.options)) if self.options else []
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "summary": self.summary,
+            "guarantees": self.guarantees,
+            "dialects": list(self.dialects),
+            "options": [{"name": f.name, "type": str(f.type)} for f in self.option_fields()],
+        }
 
 
 PASSES: dict[str, PassSpec] = {}
@@ -179,8 +186,16 @@ def _coerce(pass_name: str, key: str, value: Any, hint: Any) -> Any:
 
 
 def copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
-    """A deep copy (parameters included), keeping node names and meta so provenance survives."""
-    return copy.deepcopy(gm)
+    """A copy of the graph and its module tree that shares the parameter and buffer tensors.
+
+    Copy-on-write: passes never write into a stored tensor; they store new ones (:func:`store_tensor`, a
+    fresh module for a fold), so sharing the tensors is safe and saves copying every weight once per pass.
+    Node names and meta are kept, so provenance survives.
+    """
+    shared = {id(t): t for t in (*gm.parameters(), *gm.buffers())}
+    for module in gm.modules():  # plain tensor attributes (torch.export constants) are shared too
+        shared.update({id(v): v for v in vars(module).values() if isinstance(v, torch.Tensor)})
+    return copy.deepcopy(gm, memo=dict(shared))
 
 
 def stamp_provenance(gm: fx.GraphModule) -> None:

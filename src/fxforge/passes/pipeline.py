@@ -13,6 +13,7 @@ A pipeline file (YAML or TOML) lists the passes::
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,11 +23,14 @@ import tomllib
 import torch
 import yaml
 from torch import fx
+from torch.fx.passes.shape_prop import ShapeProp
 
-from fxforge.capture import Captured
-from fxforge.errors import FxforgeError
+from fxforge.capture import Captured, placeholder_values
+from fxforge.errors import FxforgeError, one_line_reason
 from fxforge.passes import PassError, PassResult, apply_pass, copy_graph_module, get_pass, stamp_provenance
-from fxforge.verify import VerifyResult, verify
+from fxforge.references import parse_value
+from fxforge.runtime import cloned, preserved_state, quiet_torch_logs
+from fxforge.verify import Verifier, VerifyResult
 
 
 @dataclass
@@ -37,35 +41,58 @@ class PassStep:
 
 @dataclass
 class StepRecord:
-    """One entry of the change log."""
+    """One entry of the change log. ``verification`` is None when the pass changed nothing (nothing to prove)."""
 
     result: PassResult
     lint_findings: int | None = None
     verification: VerifyResult | None = None
+    rolled_back: str | None = None  # why the pass's result was discarded (--keep-going)
+    seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         data = self.result.to_dict()
         data["lint_findings"] = self.lint_findings
         data["verify"] = self.verification.to_dict() if self.verification else None
+        data["rolled_back"] = self.rolled_back
+        data["seconds"] = round(self.seconds, 3)
         return data
 
 
 @dataclass
 class PipelineResult:
+    """The rewritten graph and the change log.
+
+    ``failed_pass`` names the pass that stopped a fail-fast run; ``problem`` says why the run could not be
+    verified at all (a non-deterministic model); rolled-back passes (``keep_going``) do not make it fail.
+    """
+
     graph_module: fx.GraphModule
     steps: list[StepRecord]
     verification: VerifyResult | None = None
     failed_pass: str | None = None
+    problem: str | None = None
+    timings: dict[str, float] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
-        return self.failed_pass is None and (self.verification is None or self.verification.ok)
+        return (
+            self.failed_pass is None
+            and self.problem is None
+            and (self.verification is None or self.verification.ok)
+        )
+
+    @property
+    def rolled_back(self) -> list[StepRecord]:
+        return [step for step in self.steps if step.rolled_back]
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "passes": [s.to_dict() for s in self.steps],
             "verify": self.verification.to_dict() if self.verification else None,
             "failed_pass": self.failed_pass,
+            "problem": self.problem,
+            "rolled_back": [s.result.name for s in self.rolled_back],
+            "timings": {k: round(v, 3) for k, v in self.timings.items()},
         }
 
 
@@ -85,7 +112,13 @@ def _as_step(item: str | PassStep | tuple[str, Mapping[str, Any]] | Mapping[str,
 
 
 class Pipeline:
-    """An ordered list of passes; :meth:`run` never mutates the captured graph unless ``inplace``."""
+    """An ordered list of passes; :meth:`run` never mutates the captured graph unless ``inplace``.
+
+    ``verify_each``: prove every pass that changed the graph against the model (reference outputs are
+    computed once, :class:`~fxforge.verify.Verifier`). ``keep_going``: a pass that fails (raises, or fails
+    verification) is rolled back and reported, and the remaining passes still run; otherwise the run
+    stops at the first failure.
+    """
 
     def __init__(
         self,
@@ -93,6 +126,7 @@ class Pipeline:
         *,
         verify_each: bool = False,
         lint_between: bool = True,
+        keep_going: bool = False,
         rtol: float | None = None,
         atol: float | None = None,
     ) -> None:
@@ -101,15 +135,17 @@ class Pipeline:
             get_pass(step.name)  # fail early, before any work, on an unknown name
         self.verify_each = verify_each
         self.lint_between = lint_between
+        self.keep_going = keep_going
         self.rtol, self.atol = rtol, atol
 
     @classmethod
     def from_file(cls, path: str | Path, **overrides: Any) -> Pipeline:
+        """Read a YAML or TOML pipeline file; ``overrides`` that are None keep the file's own setting."""
         path = Path(path)
         try:
             text = path.read_text()
-        except OSError as exc:
-            raise FxforgeError(f"cannot read pipeline file {path}: {exc.strerror}") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise FxforgeError(f"cannot read pipeline file {path}: {getattr(exc, 'strerror', None) or exc}") from None
         try:
             data = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text)
         except (yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
@@ -121,8 +157,14 @@ class Pipeline:
             data = {"passes": data}
         if not isinstance(data, Mapping) or not isinstance(data.get("passes"), list):
             raise FxforgeError(f"pipeline file {path} needs a 'passes' list")
-        settings = {"verify_each": bool(data.get("verify", False))}
-        settings.update(overrides)
+        unknown = set(data) - {"passes", "verify", "keep_going"}
+        if unknown:
+            raise FxforgeError(f"pipeline file {path} has unknown keys {sorted(unknown)}", hint="passes, verify")
+        settings: dict[str, Any] = {
+            "verify_each": bool(data.get("verify", False)),
+            "keep_going": bool(data.get("keep_going", False)),
+        }
+        settings.update({key: value for key, value in overrides.items() if value is not None})
         return cls(data["passes"], **settings)
 
     def run(
@@ -131,57 +173,147 @@ class Pipeline:
         *,
         inplace: bool = False,
         inputs: Sequence[Any] | None = None,
+        verifier: Verifier | None = None,
     ) -> PipelineResult:
+        """Run the passes on a copy of ``target``'s graph (see the class docstring).
+
+        ``inputs``: example inputs for a bare GraphModule (a Captured brings its own). ``verifier``: reuse
+        reference outputs computed earlier (``optimize --auto`` verifies several pipelines against one).
+        """
+        timings: dict[str, float] = {}
         captured = target if isinstance(target, Captured) else None
         reference = target.graph_module if isinstance(target, Captured) else target
         work = reference if inplace else copy_graph_module(reference)
         stamp_provenance(work)
         example = tuple(inputs) if inputs is not None else (captured.example_inputs if captured else ())
+        example_kwargs = captured.example_kwargs if captured else {}
+        start = time.perf_counter()
         _propagate_shapes(work, captured, example)
+        timings["shapes"] = time.perf_counter() - start
         steps: list[StepRecord] = []
-        verify_target = captured if captured is not None else reference
+        if self.verify_each and verifier is None and (example or example_kwargs):
+            start = time.perf_counter()
+            verifier = Verifier(
+                captured if captured is not None else reference,
+                example=(example, example_kwargs),
+                rtol=self.rtol,
+                atol=self.atol,
+            )
+            timings["reference"] = time.perf_counter() - start
+            if verifier.problems:
+                problem = "cannot verify: " + "; ".join(verifier.problems)
+                return PipelineResult(work, steps, verifier.check(work), problem=problem, timings=timings)
+        last_check: VerifyResult | None = None
         for step in self.steps:
-            result = apply_pass(work, step.name, step.options, inplace=True)
-            record = StepRecord(result)
+            start = time.perf_counter()
+            record, candidate = self._run_step(work, step, verifier)
+            record.seconds = time.perf_counter() - start
+            timings[step.name] = timings.get(step.name, 0.0) + record.seconds
+            steps.append(record)
+            if record.rolled_back and not self.keep_going:
+                return PipelineResult(work, steps, record.verification, failed_pass=step.name, timings=timings)
+            if record.rolled_back:
+                continue
+            work = candidate
+            if record.verification is not None:
+                last_check = record.verification
             if self.lint_between:
                 from fxforge.lint import lint
 
                 record.lint_findings = len(lint(work).findings)
-            steps.append(record)
-            if self.verify_each and example:
-                record.verification = verify(
-                    verify_target,
-                    work,
-                    inputs=example if inputs is not None else None,
-                    input_specs=None if captured else _specs(example),
-                    rtol=self.rtol,
-                    atol=self.atol,
-                )
-                if not record.verification.ok:
-                    return PipelineResult(work, steps, record.verification, failed_pass=step.name)
-        final = None
-        if self.verify_each and steps:
-            final = steps[-1].verification
-        return PipelineResult(work, steps, final)
+        if verifier is not None and last_check is None:
+            # Nothing changed the graph: prove the graph handed back (the captured one) all the same.
+            last_check = verifier.check(work)
+        return PipelineResult(work, steps, last_check, timings=timings)
 
-
-def _specs(example: tuple[Any, ...]):
-    from fxforge.inputs import specs_of
-
-    return specs_of(example)
+    def _run_step(
+        self, work: fx.GraphModule, step: PassStep, verifier: Verifier | None
+    ) -> tuple[StepRecord, fx.GraphModule]:
+        """Apply one pass to a copy of ``work``; verify it when it changed something. A failure is recorded in
+        ``rolled_back`` (the copy is discarded) and raised only when a fail-fast run has no verification to show.
+        """
+        try:
+            result = apply_pass(work, step.name, step.options)
+        except PassError as exc:
+            if not self.keep_going:
+                raise
+            failed = PassResult(step.name, work)
+            return StepRecord(failed, rolled_back=exc.message), work
+        except Exception as exc:  # a crash inside the pass is the pass's fault, named as such
+            if not self.keep_going:
+                raise PassError(f"pass {step.name!r} crashed: {one_line_reason(exc)}") from exc
+            failed = PassResult(step.name, work)
+            return StepRecord(failed, rolled_back=f"crashed: {one_line_reason(exc)}"), work
+        record = StepRecord(result)
+        if verifier is not None and result.changed:
+            check = verifier.check(result.graph_module)
+            record.verification = check
+            if not check.ok:
+                if check.divergence is not None:
+                    record.rolled_back = check.divergence.describe()
+                else:
+                    record.rolled_back = "; ".join(check.problems[:2]) or "verification failed"
+        return record, result.graph_module
 
 
 def _propagate_shapes(gm: fx.GraphModule, captured: Captured | None, example: tuple[Any, ...]) -> None:
-    """Fill ``node.meta['tensor_meta']`` so passes can check ranks (e.g. Linear + BatchNorm1d)."""
+    """Fill ``node.meta['tensor_meta']`` so passes can check ranks (e.g. Linear + BatchNorm1d).
+
+    Runs on copies of the inputs with the graph's state preserved: a model that writes into its input
+    (``x.add_(1)``) or a buffer must not change the caller's tensors or model.
+    """
     if not example:
         return
-    from torch.fx.passes.shape_prop import ShapeProp
-
-    from fxforge.capture import placeholder_values, quiet_torch_logs
-
-    flat = placeholder_values(gm, example, captured.example_kwargs if captured else {})
+    flat = cloned(placeholder_values(gm, example, captured.example_kwargs if captured else {}))
     try:
-        with torch.no_grad(), quiet_torch_logs():
+        with torch.no_grad(), quiet_torch_logs(), preserved_state(gm):
             ShapeProp(gm).propagate(*flat)
     except Exception:  # shape facts are an optimisation: passes that need them skip with a reason instead
         return
+
+
+def parse_option_assignments(assignments: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """``["insert_after.insert=stats", "fold_constants.max_bytes=1024"]`` -> ``{pass: {option: value}}``.
+
+    Values are YAML scalars or flow collections (``10`` an int, ``0.5`` a float, ``true`` a bool, ``{ReLU: ReLU6}``
+    a mapping), as on the command line and in pipeline files.
+    """
+    options: dict[str, dict[str, Any]] = {}
+    for item in assignments:
+        key, sep, raw = item.partition("=")
+        pass_name, dot, option = key.partition(".")
+        if not sep or not dot or not pass_name.strip() or not option.strip():
+            raise PassError(f"--option {item!r} is not PASS.KEY=VALUE", hint="e.g. --option insert_after.insert=stats")
+        options.setdefault(pass_name.strip(), {})[option.strip()] = parse_value(raw, f"--option {item!r}")
+    return options
+
+
+def build_pipeline(
+    passes: Sequence[str] = (),
+    options: Mapping[str, Mapping[str, Any]] | Sequence[str] = (),
+    *,
+    pipeline_file: str | Path | None = None,
+    verify: bool | None = None,
+    keep_going: bool | None = None,
+) -> Pipeline:
+    """The pipeline the CLI's ``--passes``/``--option``/``--pipeline`` describe, checked before any work.
+
+    ``passes``: names, comma-separated groups allowed. ``options``: ``{pass: {option: value}}`` or
+    ``PASS.KEY=VALUE`` strings, for passes in the list. ``verify``/``keep_going`` None keep a pipeline file's
+    own settings (False for a list of names).
+    """
+    names = [name.strip() for group in passes for name in str(group).split(",") if name.strip()]
+    parsed = dict(options) if isinstance(options, Mapping) else parse_option_assignments(list(options))
+    if pipeline_file is not None and names:
+        raise FxforgeError("give either --passes or --pipeline, not both")
+    if pipeline_file is not None:
+        if parsed:
+            raise FxforgeError("--option applies to --passes; put options in the pipeline file instead")
+        return Pipeline.from_file(pipeline_file, verify_each=verify, keep_going=keep_going)
+    if not names:
+        raise FxforgeError("no passes given", hint="e.g. -p fold_bn,remove_dropout (list them with: fxforge passes)")
+    unknown = [name for name in parsed if name not in names]
+    if unknown:
+        raise FxforgeError(f"--option names pass {unknown[0]!r}, which is not in the pipeline")
+    steps = [(name, dict(parsed.get(name, {}))) for name in names]
+    return Pipeline(steps, verify_each=bool(verify), keep_going=bool(keep_going))

@@ -1,6 +1,7 @@
-"""Human-readable output: rich tables and panels for every report the CLI prints.
+"""Human-readable output: rich tables and lines for every report the CLI prints.
 
-Nothing here computes anything; each function takes a report object and a ``rich`` console.
+Nothing here computes anything; each function takes a report object (read by attribute, so this module
+imports no torch and ``fxforge --help`` stays fast) and a ``rich`` console.
 """
 
 from __future__ import annotations
@@ -10,8 +11,6 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
-
-from fxforge.inspect import InspectReport
 
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 # inspect's quant column, in fxforge.quantize.QUANT_KINDS order: what is left of calibration stands out
@@ -59,7 +58,7 @@ def render_capture(console: Console, spec: str, capture: dict[str, Any]) -> None
         console.print(f"  [dim]{note}[/]")
 
 
-def render_inspect(console: Console, spec: str, report: InspectReport, show_nodes: bool, show_code: bool) -> None:
+def render_inspect(console: Console, spec: str, report: Any, show_nodes: bool, show_code: bool) -> None:
     render_capture(console, spec, report.capture)
     quantized = any(node.quant for node in report.nodes)
     if show_nodes:
@@ -105,6 +104,11 @@ def render_inspect(console: Console, spec: str, report: InspectReport, show_node
         f"({human_bytes(totals['param_bytes'])}), {human_count(totals['flops'], ' FLOPs')} "
         f"({human_count(totals['macs'], ' MACs')}), activations {human_bytes(totals['activation_bytes'])}"
     )
+    unknown = totals.get("flops_unknown_ops") or []
+    if unknown:
+        nodes = {op: sum(1 for node in report.nodes if op in node.flops_unknown) for op in unknown}
+        listed = ", ".join(f"{op} ({n} node{'s' if n != 1 else ''})" for op, n in nodes.items())
+        console.print(f"[yellow]FLOPs unknown[/] (counted as 0, no formula): {listed}")
     if quantized:
         counts = [(kind, totals.get(f"{kind}_nodes", 0)) for kind in _QUANT_STYLE]
         console.print("[bold]Quantization[/]: " + ", ".join(f"{n} {kind}" for kind, n in counts if n) + " nodes")
@@ -182,32 +186,51 @@ def render_optimize(console: Console, spec: str, result: Any) -> None:
     for step in pipeline.steps:
         for line in step.result.skipped:
             console.print(f"  [dim]{step.result.name} skipped: {line}[/]")
-    if pipeline.verification is not None:
+    for step in pipeline.rolled_back:
+        if step.result.name != pipeline.failed_pass:
+            console.print(f"  [yellow]pass {step.result.name} rolled back[/]: {step.rolled_back}")
+    if pipeline.problem:
+        console.print(f"[bold red]{pipeline.problem}[/]")
+        console.print("  nothing was written")
+    elif pipeline.verification is not None:
         check = pipeline.verification
         if check.ok:
             console.print(
-                f"[green]verified[/]: outputs match on {check.trials} random batches "
+                f"[green]verified[/]: outputs match the model on {check.describe_inputs()} "
                 f"(max abs err {check.max_abs_err:.2g}, max rel err {check.max_rel_err:.2g})"
             )
+            render_verify_doubts(console, check)
         else:
-            console.print(f"[bold red]verification failed after pass {pipeline.failed_pass}[/]")
+            culprit = f" after pass {pipeline.failed_pass}" if pipeline.failed_pass else ""
+            console.print(f"[bold red]verification failed{culprit}[/]")
             if check.divergence is not None:
                 console.print("  " + check.divergence.describe())
             for problem in check.problems[:3]:
                 console.print(f"  {problem}")
             console.print("  nothing was written")
+    for note in getattr(result, "notes", []):
+        console.print(f"  [dim]note: {note}[/]")
     if result.output_dir is not None:
         console.print(f"wrote {result.output_dir}/: {', '.join(result.files)}")
+
+
+def render_verify_doubts(console: Console, result: Any) -> None:
+    """What a verification left out (batch sizes the model rejects) and what it doubts (NaN in the reference)."""
+    for skipped in result.skipped[:3]:
+        console.print(f"  [dim]not tried: {skipped}[/]")
+    for warning in result.warnings[:3]:
+        console.print(f"  [yellow]warning:[/] {warning}")
 
 
 def render_verify(console: Console, reference: str, candidate: str, result: Any) -> None:
     if result.ok:
         console.print(
-            f"[green]OK[/]: {candidate} matches {reference} on {result.trials} random batches "
+            f"[green]OK[/]: {candidate} matches {reference} on {result.describe_inputs()} "
             f"(max abs err {result.max_abs_err:.3g}, max rel err {result.max_rel_err:.3g})"
         )
+        render_verify_doubts(console, result)
         return
-    console.print(f"[bold red]MISMATCH[/]: {candidate} differs from {reference}")
+    console.print(f"[bold red]MISMATCH[/]: {candidate} differs from {reference} (tried {result.describe_inputs()})")
     for problem in result.problems[:5]:
         console.print(f"  {problem}")
     if result.divergence is not None:
@@ -289,3 +312,105 @@ def _render_sensitivity(console: Console, result: Any) -> None:
         row.append("yes" if entry.layer in floats else "")
         table.add_row(*row)
     console.print(table)
+
+
+def render_export(console: Any, spec: str, result: Any) -> None:
+    """Print an export result on a rich console (the CLI's human output)."""
+    check = result.verification
+    opset = f", opset {result.opset}" if result.opset else ""
+    if result.ok:
+        console.print(
+            f"[green]exported[/] {spec} to {result.path} ({result.format} via {result.exporter}{opset}, "
+            f"{human_bytes(result.size_bytes)}, {result.export_s:.1f} s)"
+        )
+        if check is not None:
+            console.print(
+                f"  [green]verified[/]: reloaded file matches the model on {check.describe_inputs()} "
+                f"(max abs err {check.max_abs_err:.3g}, max rel err {check.max_rel_err:.3g})"
+            )
+            for skipped in check.skipped[:3]:
+                console.print(f"  [dim]not tried: {skipped}[/]")
+        else:
+            console.print("  [yellow]not verified[/] (--no-verify)")
+    else:
+        console.print(
+            f"[bold red]MISMATCH[/]: the {result.format} export of {spec} (via {result.exporter}) computes "
+            "something else; nothing was written"
+        )
+        for problem in (check.problems if check else [])[:5]:
+            console.print(f"  {problem}")
+        if any(note.startswith("trace:") for note in result.notes):
+            console.print("  [dim]hint:[/] the trace fixed a data-dependent value (see the notes); try --script")
+    for note in result.notes:
+        console.print(f"  [dim]note: {note}[/]")
+
+
+def render_bench(console: Any, spec: str, report: Any) -> None:
+    """Print a bench report as a rich table (the CLI's human output)."""
+    table = Table(title=f"{spec}  inputs {', '.join(report.inputs)}  threads {report.threads}")
+    table.add_column("backend")
+    for column in ("batch", "median ms", "p90 ms", "samples/s", "speedup", "peak MiB", "max abs err", "build s"):
+        table.add_column(column, justify="right")
+    table.add_column("status")
+    for row in report.rows:
+        if not row.ok:
+            table.add_row(row.backend, str(row.batch), *["-"] * 7, f"[red]{row.error}[/]")
+            continue
+        verdict = "[green]ok[/]" if row.within_tolerance else "[yellow]beyond tol[/]"
+        table.add_row(
+            row.backend,
+            str(row.batch),
+            _fmt(row.median_ms, ".2f"),
+            _fmt(row.p90_ms, ".2f"),
+            _fmt(row.throughput, ".1f"),
+            _fmt(row.speedup, ".2f", "x"),
+            _fmt(row.peak_mem_mib, ".1f"),
+            _fmt(row.max_abs_err, ".2g"),
+            _fmt(row.build_s, ".1f"),
+            verdict,
+        )
+    console.print(table)
+    console.print(
+        f"[dim]{report.repeats} timed calls per backend after {report.warmup} warm-up calls, interleaved "
+        f"in a shuffled order each round; max abs err vs eager on the same inputs; peak MiB: {report.memory}[/]"
+    )
+    for row in report.rows:
+        for note in row.notes:
+            console.print(f"[dim]{row.backend}: {note}[/]")
+
+
+def render_auto(console: Any, spec: str, result: Any) -> None:
+    """Print an auto-optimize result on a rich console (the CLI's human output)."""
+    passes = ", ".join(result.passes) or "none changed the graph"
+    console.print(f"[bold]{spec}[/]  exact passes: {passes}")
+    for name, reason in result.rejected_passes.items():
+        console.print(f"  [yellow]pass {name} rejected[/]: {reason}")
+    table = Table(title=f"candidates (tolerance {result.budget.tolerance:g}" + _agreement(result.budget) + ")")
+    table.add_column("candidate")
+    for column in ("median ms", "p90 ms", "speedup", "max abs err", "top-1 agr."):
+        table.add_column(column, justify="right")
+    table.add_column("verdict")
+    styles = {"chosen": "bold green", "accepted": "green", "rejected": "red", "failed": "red"}
+    for c in result.candidates:
+        verdict = f"[{styles.get(c.status, '')}]{c.status}[/]" + (f": {c.reason}" if c.reason else "")
+        table.add_row(
+            c.name,
+            _fmt(c.median_ms, ".2f"),
+            _fmt(c.p90_ms, ".2f"),
+            _fmt(c.speedup, ".2f", "x"),
+            _fmt(c.max_abs_err, ".2g"),
+            _fmt(c.top1_agreement, ".4f"),
+            verdict,
+        )
+    console.print(table)
+    where = f"wrote {result.output_dir} ({', '.join(result.files)})" if result.output_dir else "nothing written"
+    console.print(f"chosen: [bold green]{result.chosen}[/]; {where}")
+    console.print(f"  load: {result.load}")
+
+
+def _agreement(budget: Any) -> str:
+    return f", top-1 agreement >= {budget.min_agreement:g}" if budget.min_agreement is not None else ""
+
+
+def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"

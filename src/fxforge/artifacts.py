@@ -1,0 +1,376 @@
+"""Artifacts: the files fxforge writes and reads back, and writing them so that a failure leaves nothing.
+
+Owns the file names of an output directory, :func:`atomic_directory` and :class:`StagedOutput` (write
+under a temporary name beside the target, move into place only when complete), the provenance and
+input files, saving a rewritten GraphModule (:func:`save_graph_module`), and reloading exported files
+with their runtimes (:func:`load_exported`, :class:`OnnxRuntimeModule`).
+
+Which files are safe to share (they load without unpickling Python objects) is listed in
+docs/security.md: ``model.pt2`` (loaded with pickles refused), TorchScript, ONNX and the JSON/text
+files. ``model.pt`` is a pickled module: loading it runs code from the file, so fxforge loads it
+only when the user opts in (``--trust-pickle``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+import warnings
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import fx, nn
+from torch.utils import _pytree as pytree
+
+from fxforge.errors import FxforgeError, ModelSpecError, first_line, require
+from fxforge.graphs import ATEN
+from fxforge.inputs import specs_of
+from fxforge.runtime import export_program, quiet_torch_logs
+from fxforge.vocabulary import ORIGIN, PASS
+
+MODEL_FILE = "model.pt"  # a pickled module (GraphModule, int8 model): needs --trust-pickle to load
+PROGRAM_FILE = "model.pt2"  # a torch.export program: loads without unpickling code
+PACKAGE_DIR = "optimized_model"  # not "code": that would shadow the standard library module on import
+REPORT_FILE = "report.json"
+PROVENANCE_FILE = "provenance.json"
+INPUTS_FILE = "inputs.txt"
+TORCHSCRIPT_FILE = "model.torchscript.pt"
+ONNX_FILE = "model.onnx"
+METADATA_FILE = "fxforge.json"  # inside TorchScript archives, read by load_exported
+
+FORMATS = ("torchscript", "onnx", "pt2")
+SUFFIXES = {"torchscript": ".pt", "onnx": ".onnx", "pt2": ".pt2"}
+
+
+def format_for(path: str | Path) -> str | None:
+    """The export format a file name's suffix names (``.pt`` TorchScript, ``.onnx``, ``.pt2``), or None."""
+    suffix = Path(path).suffix
+    return next((form for form, known in SUFFIXES.items() if suffix == known), None)
+
+
+# --------------------------------------------------------------------------------------------------
+# atomic output
+
+
+def _refuse_unsafe_target(target: Path) -> None:
+    """Replacing ``.``, a parent of the working directory, the home directory or ``/`` would delete the user's
+    files along with the old output: refuse it whatever ``--force`` says."""
+    resolved = target.resolve()
+    cwd = Path.cwd().resolve()
+    protected = {Path(resolved.anchor), Path.home().resolve()}
+    if resolved == cwd or resolved in cwd.parents or resolved in protected:
+        raise FxforgeError(
+            f"refusing to write the output into {target} ({resolved}): replacing it would delete files fxforge "
+            "did not write",
+            hint="give a new directory, e.g. -o out/model",
+        )
+
+
+def output_target(path: str | Path) -> Path:
+    """Where an output really goes: a symlink to a directory is followed (the link stays a link)."""
+    target = Path(path)
+    if target.is_symlink():
+        if not target.exists():
+            raise FxforgeError(f"{target} is a broken symbolic link", hint="remove it or give another path")
+        return target.resolve()
+    return target
+
+
+@contextlib.contextmanager
+def atomic_directory(target: str | Path, *, force: bool = False) -> Iterator[Path]:
+    """Yield a temporary directory that replaces ``target`` only if the block succeeds.
+
+    The staging directory sits beside the target and is renamed into place at the end; the old directory
+    (``force``) is moved aside first and deleted after. On any failure -- an exception, Ctrl-C -- the
+    staging directory is removed and the old output stays as it was.
+    """
+    target = output_target(target)
+    _refuse_unsafe_target(target)
+    if target.exists() and not target.is_dir():
+        raise FxforgeError(f"{target} exists and is not a directory")
+    if target.exists() and any(target.iterdir()) and not force:
+        raise FxforgeError(f"output directory {target} is not empty", hint="pass --force to replace it")
+    created = _missing_parents(target)
+    try:
+        for directory in created:
+            directory.mkdir()
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
+        # mkdtemp makes it private (0700); the output should get the permissions of any directory the user makes.
+        umask = os.umask(0)
+        os.umask(umask)
+        staging.chmod(0o777 & ~umask)
+    except OSError as exc:
+        _remove_empty(created)
+        raise FxforgeError(f"cannot write to {target.parent}: {exc.strerror or exc}") from None
+    try:
+        yield staging
+        if target.exists():
+            backup = target.with_name(f".{target.name}.old-{os.getpid()}")
+            os.rename(target, backup)
+            os.rename(staging, target)
+            shutil.rmtree(backup, ignore_errors=True)
+        else:
+            os.rename(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        _remove_empty(created)
+        raise
+
+
+def _missing_parents(target: Path) -> list[Path]:
+    return [p for p in [*reversed(target.parent.parents), target.parent] if not p.exists()]
+
+
+def _remove_empty(directories: list[Path]) -> None:
+    for directory in reversed(directories):
+        with contextlib.suppress(OSError):
+            directory.rmdir()
+
+
+class StagedOutput:
+    """A staging directory beside ``target``; :meth:`commit` moves what was written there into place.
+
+    Leaving the ``with`` block without committing (an exception, a failed verification) removes the
+    staging directory and any parent directories it had to create, so nothing is left behind.
+    :func:`atomic_directory` does the same for output directories; an export is one file (plus,
+    for ONNX models over 2 GB, its external-data file), placed beside other files the user keeps.
+    """
+
+    def __init__(self, target: str | Path, *, force: bool = False) -> None:
+        self.target = output_target(target)
+        self.force = force
+        self.directory: Path | None = None
+        self.files: list[str] = []
+        self._created: list[Path] = []
+
+    @property
+    def path(self) -> Path:
+        """Where the exporter writes the main file."""
+        assert self.directory is not None
+        return self.directory / self.target.name
+
+    def __enter__(self) -> StagedOutput:
+        if self.target.is_dir():
+            raise FxforgeError(f"{self.target} is a directory", hint="give a file name, e.g. -o out/model.onnx")
+        if self.target.exists() and not self.force:
+            raise FxforgeError(f"{self.target} exists", hint="pass --force to replace it")
+        try:
+            for directory in _missing_parents(self.target):
+                directory.mkdir()
+                self._created.append(directory)
+            self.directory = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.partial-", dir=self.target.parent))
+        except OSError as exc:
+            self._remove_created()
+            raise FxforgeError(f"cannot write to {self.target.parent}: {exc.strerror or exc}") from None
+        return self
+
+    def commit(self) -> list[str]:
+        """Move the staged files into place, the main file last (so it never appears half-complete)."""
+        assert self.directory is not None
+        staged = sorted(p.name for p in self.directory.iterdir())
+        main = self.target.name
+        for name in [n for n in staged if n != main] + [main]:
+            os.replace(self.directory / name, self.target.parent / name)
+        self.files = staged
+        self._created = []
+        return staged
+
+    def __exit__(self, *exc_info: Any) -> None:
+        if self.directory is not None:
+            shutil.rmtree(self.directory, ignore_errors=True)
+        self._remove_created()
+
+    def _remove_created(self) -> None:
+        _remove_empty(self._created)
+        self._created = []
+
+
+# --------------------------------------------------------------------------------------------------
+# what an output directory holds
+
+
+def write_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, indent=2, default=str))
+
+
+def write_inputs(directory: Path, example_inputs: Sequence[Any]) -> str:
+    """``inputs.txt``: the example input specs, so ``verify`` and ``bench`` can reuse them."""
+    specs = specs_of([t for t in example_inputs if isinstance(t, torch.Tensor)])
+    (directory / INPUTS_FILE).write_text("\n".join(str(s) for s in specs) + "\n")
+    return INPUTS_FILE
+
+
+def save_graph_module(
+    gm: fx.GraphModule,
+    directory: Path,
+    example_inputs: Sequence[Any],
+    dialect: str,
+    example_kwargs: dict[str, Any] | None = None,
+    notes: list[str] | None = None,
+) -> list[str]:
+    """Write ``gm`` into ``directory``; returns the names written. ``notes`` receives what could not be written.
+
+    * ``model.pt2`` -- a ``torch.export`` program of the graph: loads without unpickling code, so it is the form
+      to share and the one fxforge loads by default. Always for ATen graphs (their unlifted module cannot be
+      pickled); for torch-dialect graphs when the graph exports (a leaf module with data-dependent code may not);
+    * ``model.pt`` and ``optimized_model/`` (torch dialect) -- the GraphModule pickled, and as Python source plus
+      weights (``GraphModule.to_folder``) when every submodule can be written that way.
+
+    Raises :class:`FxforgeError` when no form can be written.
+    """
+    notes = notes if notes is not None else []
+    files: list[str] = []
+    problems: list[str] = []
+    if dialect != ATEN:
+        try:
+            with quiet_torch_logs():
+                torch.save(gm, directory / MODEL_FILE)
+            files.append(MODEL_FILE)
+        except Exception as exc:  # e.g. a TorchScript submodule, which pickle cannot save
+            (directory / MODEL_FILE).unlink(missing_ok=True)
+            problems.append(f"{MODEL_FILE}: {first_line(exc)}")
+        if MODEL_FILE in files and _write_package(gm, directory / PACKAGE_DIR):
+            files.append(f"{PACKAGE_DIR}/")
+    try:
+        # a dynamic batch where the graph allows one, so that the program runs at every batch size the model does
+        program = export_program(gm, tuple(example_inputs), dict(example_kwargs or {}), dynamic_batch=True)
+        with quiet_torch_logs():
+            torch.export.save(program, str(directory / PROGRAM_FILE))
+        files.append(PROGRAM_FILE)
+    except Exception as exc:  # an untraceable leaf module, say: model.pt still holds everything
+        (directory / PROGRAM_FILE).unlink(missing_ok=True)
+        problems.append(f"{PROGRAM_FILE}: {first_line(exc)}")
+    if not files:
+        raise FxforgeError(
+            "cannot save the rewritten model in any form: " + "; ".join(problems),
+            hint="a TorchScript submodule cannot be pickled: keep the PyTorch module it came from in the model",
+        )
+    notes.extend(f"not written: {problem}" for problem in problems)
+    provenance = {node.name: {"origin": node.meta.get(ORIGIN), "pass": node.meta.get(PASS)} for node in gm.graph.nodes}
+    (directory / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=1))
+    files += [PROVENANCE_FILE, write_inputs(directory, example_inputs)]
+    return files
+
+
+def _write_package(gm: fx.GraphModule, folder: Path) -> bool:
+    """``GraphModule.to_folder``, importable from wherever the output directory is moved; False if it cannot."""
+    try:
+        with warnings.catch_warnings():
+            # to_folder warns for every child it pickles instead of printing as source: expected here
+            warnings.simplefilter("ignore")
+            gm.to_folder(folder, "OptimizedModel")
+        _make_folder_relocatable(folder)
+        return True
+    except Exception:  # modules to_folder cannot write as source: model.pt still holds everything
+        shutil.rmtree(folder, ignore_errors=True)
+        return False
+
+
+def _make_folder_relocatable(folder: Path) -> None:
+    """Point ``to_folder``'s weight loads at the package's own directory.
+
+    ``to_folder`` writes ``torch.load(r'<folder>/x.pt')`` with the path it was given -- here the staging
+    directory, renamed away once the output is complete -- so the package would only import from there.
+    """
+    module = folder / "module.py"
+    source = module.read_text()
+    source = source.replace(f"r'{folder}/", "_HERE / r'")
+    header = "import pathlib\n_HERE = pathlib.Path(__file__).resolve().parent\n"
+    module.write_text(header + source)
+
+
+def load_provenance(gm: fx.GraphModule, directory: Path) -> None:
+    """Restore node origins saved by :func:`save_graph_module` (pickling drops ``node.meta``)."""
+    path = Path(directory) / PROVENANCE_FILE
+    if not path.exists():
+        return
+    try:
+        saved = json.loads(path.read_text())
+        if not isinstance(saved, dict) or not all(isinstance(v, dict) for v in saved.values()):
+            raise ValueError("expected an object of node entries")
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ModelSpecError(
+            f"{path} is corrupt: {first_line(exc)}", hint="delete it to load the model without provenance"
+        ) from None
+    for node in gm.graph.nodes:
+        entry = saved.get(node.name)
+        if entry:
+            if entry.get("origin"):
+                node.meta[ORIGIN] = entry["origin"]
+            if entry.get("pass"):
+                node.meta[PASS] = entry["pass"]
+
+
+# --------------------------------------------------------------------------------------------------
+# exported files and their runtimes
+
+
+def load_exported(
+    path: str | Path, format: str | None = None, *, output_like: Any = None, threads: int | None = None
+) -> nn.Module:
+    """Load a file written by :func:`export_model` as a callable module.
+
+    ``format`` defaults to the one the suffix names (.pt TorchScript, .onnx, .pt2). TorchScript files
+    flagged at export get ``optimize_for_inference`` re-applied (see the module docstring); ONNX
+    files run in ONNX Runtime (:class:`OnnxRuntimeModule`); ``.pt2`` programs as ``.module()``.
+    """
+    path = Path(path)
+    format = format or next((f for f, suffix in SUFFIXES.items() if path.suffix == suffix), None)
+    if format not in FORMATS:
+        raise FxforgeError(f"cannot tell the format of {path}", hint="name it .pt, .onnx or .pt2, or pass the format")
+    with quiet_torch_logs():
+        if format == "torchscript":
+            extra = {METADATA_FILE: ""}
+            module = torch.jit.load(str(path), map_location="cpu", _extra_files=extra)
+            metadata = json.loads(extra[METADATA_FILE] or "{}")
+            if metadata.get("optimize_at_load"):
+                module = torch.jit.optimize_for_inference(module)
+            return module
+        if format == "onnx":
+            return OnnxRuntimeModule(path, output_like, threads)
+        return torch.export.load(str(path)).module()
+
+
+class OnnxRuntimeModule(nn.Module):
+    """An ONNX Runtime session behind ``nn.Module``'s call interface (tensors in, tensors out).
+
+    ``output_like`` (an output of the original model) restores the output's structure (tuples,
+    dicts, model outputs) from ONNX's flat list; its non-tensor leaves are constants in an ONNX graph
+    and are taken from it. Without it, one output is returned as a tensor and several as a tuple.
+    ``threads`` defaults to torch's intra-op thread count, so that both run on the same cores; idle
+    pool threads sleep instead of spinning, so that they leave the cores to the next thing that runs.
+    """
+
+    def __init__(self, path: str | Path, output_like: Any = None, threads: int | None = None) -> None:
+        super().__init__()
+        ort = require("onnxruntime", "onnx", "running an ONNX model")
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads or torch.get_num_threads()
+        options.inter_op_num_threads = 1
+        options.log_severity_level = 3  # errors only
+        # ONNX Runtime's pool threads spin for a while after each run, taking the cores from whatever
+        # runs next (torch, in a benchmark's interleaved rounds): on 2 cores eager resnet18 ran 40x slower.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        self.path = str(path)
+        self.session = ort.InferenceSession(self.path, options, providers=["CPUExecutionProvider"])
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        self.output_like = output_like
+
+    def forward(self, *args: Any) -> Any:
+        flat = [t for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor)]
+        if len(flat) != len(self.input_names):
+            raise ValueError(f"the ONNX model takes {len(self.input_names)} inputs, got {len(flat)}")
+        feeds = {name: t.detach().cpu().contiguous().numpy() for name, t in zip(self.input_names, flat)}
+        results = [torch.from_numpy(array) for array in self.session.run(None, feeds)]
+        if self.output_like is None:
+            return results[0] if len(results) == 1 else tuple(results)
+        leaves, spec = pytree.tree_flatten(self.output_like)
+        tensors = iter(results)
+        return pytree.tree_unflatten([next(tensors) if isinstance(v, torch.Tensor) else v for v in leaves], spec)
+
+

@@ -1,0 +1,89 @@
+"""The click group and :func:`main`, which turns every outcome into one line and a documented exit code.
+
+Errors print one ``error:`` line (plus a ``hint:`` line) on stderr; an unexpected exception prints one
+``internal error:`` line (``--debug`` or ``FXFORGE_DEBUG=1`` shows the traceback); Ctrl-C prints
+``interrupted`` and exits 130. Nothing here imports torch: the commands import the library when they run.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+from rich.text import Text
+
+from fxforge import __version__
+from fxforge.cli import interrupted
+from fxforge.cli.options import stderr
+from fxforge.errors import EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, FxforgeError
+
+
+class _Group(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(self.commands)  # keep declaration order: the natural workflow order
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(__version__, prog_name="fxforge")
+@click.option("--debug", is_flag=True, help="Show full tracebacks for errors.")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
+    """Capture, inspect, lint, rewrite, verify, export and benchmark PyTorch models as torch.fx graphs.
+
+    MODEL is a spec: demo, torchvision:resnet18, timm:NAME, transformers:CLASS, path/to/file.py:factory,
+    package.module:attr, model.pt2, model.pt (--trust-pickle), or a directory written by fxforge.
+    """
+    ctx.ensure_object(dict)
+    ctx.obj["debug"] = debug or bool(os.environ.get("FXFORGE_DEBUG"))
+
+
+def _register_commands() -> None:
+    from fxforge.cli.commands import bench, export, inspect, lint, optimize, passes, quantize, verify
+
+    for module in (inspect, lint, optimize, verify, quantize, passes, export, bench):
+        cli.add_command(module.command)
+
+
+_register_commands()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI and turn every error into one line and an exit code."""
+    args = argv if argv is not None else sys.argv[1:]
+    debug = "--debug" in args or bool(os.environ.get("FXFORGE_DEBUG"))
+    try:
+        if any("\x00" in arg for arg in args):  # no file name, spec or value can hold one; os calls would raise
+            raise FxforgeError("an argument contains a NUL character")
+        cli.main(args=args, prog_name="fxforge", standalone_mode=False)
+    except KeyboardInterrupt:
+        return interrupted()
+    except click.exceptions.Abort:  # click's own Ctrl-C (at a prompt)
+        return interrupted()
+    except FxforgeError as exc:
+        if debug:
+            raise
+        _print_line("error:", "bold red", exc.message)
+        if exc.hint:
+            _print_line("hint:", "dim", exc.hint)
+        return exc.exit_code
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except SystemExit as exc:
+        if exc.code is None:
+            return EXIT_OK
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    except Exception as exc:
+        if debug:
+            raise
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        _print_line("internal error:", "bold red", f"{type(exc).__name__}: {first}")
+        _print_line("hint:", "dim", "rerun with --debug for the traceback, and please report it")
+        return EXIT_INTERNAL
+    return EXIT_OK
+
+
+def _print_line(label: str, style: str, message: str) -> None:
+    # Text, not markup: messages quote user input ("[1, 2", "[bold]") that rich would parse as markup.
+    stderr.print(Text.assemble((label, style), " ", message), highlight=False, soft_wrap=True)

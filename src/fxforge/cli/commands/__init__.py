@@ -1,0 +1,1 @@
+"""One module per ``fxforge`` command; each defines ``command``, a click command calling the public API."""

@@ -1,0 +1,73 @@
+"""``fxforge bench``: latency, throughput, peak memory and error vs eager, per backend, side by side."""
+
+from __future__ import annotations
+
+import click
+
+from fxforge.cli.options import CaptureOptions, capture_options, emit_json, split, stderr, stdout
+from fxforge.errors import FxforgeError
+
+
+@click.command(
+    "bench",
+    epilog="""\b
+Examples:
+  fxforge bench torchvision:resnet18 --input 1x3x224x224
+  fxforge bench torchvision:mobilenet_v2 --backends eager,onnxruntime,int8 --batch 1,8 --threads 2
+  fxforge bench out/resnet18 --backends eager,torchscript --repeats 50 --json
+Backends: eager, fx, torchscript, onnxruntime, compile, int8, bf16 (default: all).
+""",
+)
+@capture_options
+@click.option("--backends", "-b", default="", metavar="NAMES", help="Comma-separated backends (default: all).")
+@click.option("--batch", "batch_sizes", multiple=True, metavar="N[,N]", help="Batch sizes (default: the input's).")
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="Intra-op threads for torch and ORT.")
+@click.option("--warmup", default=3, show_default=True, type=click.IntRange(min=1), help="Untimed calls first.")
+@click.option("--repeats", default=20, show_default=True, type=click.IntRange(min=1), help="Timed calls per backend.")
+@click.option("--passes", "-p", "pass_names", default=None, metavar="NAMES", help="Passes for the fx backend.")
+def command(
+    opts: CaptureOptions,
+    backends: str,
+    batch_sizes: tuple[str, ...],
+    threads: int | None,
+    warmup: int,
+    repeats: int,
+    pass_names: str | None,
+) -> None:
+    """Median/p90 latency, throughput, peak memory and max error vs eager, per backend, side by side."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from fxforge.bench import bench, get_backend
+    from fxforge.cli.render import render_bench
+
+    for name in split(backends):
+        get_backend(name)  # an unknown name fails before the model is loaded
+    try:
+        batches = [int(b) for group in batch_sizes for b in split(group)]
+    except ValueError:
+        raise FxforgeError(f"--batch takes integers, got {' '.join(batch_sizes)!r}", hint="e.g. --batch 1,8") from None
+    if any(b < 1 for b in batches):
+        raise FxforgeError("--batch sizes must be at least 1")
+    captured = opts.prepare()
+    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"))
+    with Progress(*columns, TimeElapsedColumn(), console=stderr, transient=True, disable=opts.as_json) as progress:
+        task = progress.add_task("benchmarking", total=None)
+
+        def advance(done: int, total: int, description: str) -> None:
+            progress.update(task, completed=done, total=total, description=description or "benchmarking")
+
+        report = bench(
+            captured,
+            split(backends) or None,
+            batches=batches or None,
+            threads=threads,
+            warmup=warmup,
+            repeats=repeats,
+            seed=opts.seed,
+            passes=None if pass_names is None else split(pass_names),
+            progress=advance,
+        )
+    if opts.as_json:
+        emit_json({"model": opts.model, **report.to_dict()})
+    else:
+        render_bench(stdout, opts.model, report)

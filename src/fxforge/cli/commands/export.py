@@ -1,0 +1,106 @@
+"""``fxforge export``: TorchScript, ONNX or a torch.export program, reloaded and verified before it is written."""
+
+from __future__ import annotations
+
+import click
+
+from fxforge.cli.options import CaptureOptions, capture_options, emit_json, status, stdout
+from fxforge.errors import EXIT_FINDINGS
+
+
+@click.command(
+    "export",
+    epilog="""\b
+Examples:
+  fxforge export torchvision:resnet18 --to onnx --dynamic-batch -o out/resnet18.onnx
+  fxforge export torchvision:resnet18 --to torchscript -o out/resnet18.pt
+  fxforge export out/resnet18 --to pt2 -o out/resnet18.pt2 --json
+  fxforge export my_model.py:Net --input 1x3x32x32 --to torchscript --script -o net.pt
+Exit code: 1 when the reloaded export differs from the model (nothing is written then);
+3 when the exporter fails, or a trace fixed a value computed from the input (the message names the line).
+""",
+)
+@capture_options
+@click.option(
+    "--to",
+    "to_format",
+    type=click.Choice(["torchscript", "onnx", "pt2"]),
+    default=None,
+    help="Format (default: from the -o suffix: .pt, .onnx, .pt2).",
+)
+@click.option("--output", "-o", type=click.Path(path_type=str), required=True, help="File to write.")
+@click.option("--script", is_flag=True, help="TorchScript by torch.jit.script instead of tracing.")
+@click.option("--no-freeze", is_flag=True, help="TorchScript: skip torch.jit.freeze (and optimize_for_inference).")
+@click.option("--no-optimize", is_flag=True, help="TorchScript: skip torch.jit.optimize_for_inference.")
+@click.option(
+    "--exporter",
+    type=click.Choice(["auto", "dynamo", "legacy"]),
+    default="auto",
+    show_default=True,
+    help="ONNX exporter; auto tries dynamo, then the legacy exporter.",
+)
+@click.option("--opset", type=click.IntRange(min=1), default=None, help="ONNX opset version (default: the exporter's).")
+@click.option("--dynamic-batch", is_flag=True, help="ONNX/pt2: keep the batch dimension dynamic (verified).")
+@click.option(
+    "--allow-trace-warnings",
+    is_flag=True,
+    help="Accept a trace during which torch warned that it fixed a value computed from the input.",
+)
+@click.option("--no-verify", is_flag=True, help="Do not reload and verify the export.")
+@click.option("--cases", default=16, show_default=True, type=click.IntRange(min=1), help="Input cases to verify on.")
+@click.option("--seeds", type=click.IntRange(min=1), default=None, hidden=True, help="Older name: at least N cases.")
+@click.option("--rtol", type=click.FloatRange(min=0), default=None, help="Relative tolerance (default: per dtype).")
+@click.option("--atol", type=click.FloatRange(min=0), default=None, help="Absolute tolerance (default: per dtype).")
+@click.option("--force", is_flag=True, help="Replace an existing file.")
+def command(
+    opts: CaptureOptions,
+    to_format: str | None,
+    output: str,
+    script: bool,
+    no_freeze: bool,
+    no_optimize: bool,
+    exporter: str,
+    opset: int | None,
+    dynamic_batch: bool,
+    allow_trace_warnings: bool,
+    no_verify: bool,
+    cases: int,
+    seeds: int | None,
+    rtol: float | None,
+    atol: float | None,
+    force: bool,
+) -> None:
+    """Export to TorchScript, ONNX or a torch.export program; reload it and verify it against the model."""
+    from fxforge.artifacts import format_for
+    from fxforge.cli.render import render_export
+    from fxforge.errors import FxforgeError
+    from fxforge.export import export_model
+
+    if (to_format or format_for(output)) is None:  # before the model loads: a typo costs nothing
+        raise FxforgeError(f"cannot tell the format from {output!r}", hint="pass --to torchscript, onnx or pt2")
+    captured = opts.prepare()
+    with status(f"exporting to {to_format or format_for(output)}", opts.as_json):
+        result = export_model(
+            captured,
+            to_format,
+            output,
+            script=script,
+            freeze=not no_freeze,
+            optimize=not (no_optimize or no_freeze),
+            exporter=exporter,
+            opset=opset,
+            dynamic_batch=dynamic_batch,
+            verify_export=not no_verify,
+            cases=max(cases, seeds or 0),
+            seed=opts.seed,
+            rtol=rtol,
+            atol=atol,
+            allow_trace_warnings=allow_trace_warnings,
+            force=force,
+        )
+    if opts.as_json:
+        emit_json(result.to_dict())
+    else:
+        render_export(stdout, opts.model, result)
+    if not result.ok:
+        raise SystemExit(EXIT_FINDINGS)

@@ -1,0 +1,84 @@
+"""``fxforge lint``: rule-based findings, and ``--fix`` to apply the passes that clear them (verified)."""
+
+from __future__ import annotations
+
+import click
+
+from fxforge.cli.options import CaptureOptions, capture_options, emit_json, split, stdout, warn_failed_checks
+from fxforge.errors import EXIT_FINDINGS, FxforgeError
+
+
+@click.command(
+    "lint",
+    epilog="""\b
+Examples:
+  fxforge lint torchvision:mobilenet_v2
+  fxforge lint my_model.py:Net --input 1x3x32x32 --select FX001,FX004
+  fxforge lint demo --fail-on info --json
+  fxforge lint torchvision:resnet18 --fix -o out/resnet18-fixed
+  fxforge lint --rules
+Exit code: 1 when a finding at or above --fail-on (default: warning) exists, else 0.
+""",
+)
+@capture_options(model_required=False)
+@click.option("--select", default="", help="Comma-separated rule codes or names to run (default: all).")
+@click.option("--ignore", default="", help="Comma-separated rule codes or names to skip.")
+@click.option(
+    "--fail-on",
+    type=click.Choice(["info", "warning", "error", "never"]),
+    default="warning",
+    show_default=True,
+    help="Lowest severity that makes the exit code 1.",
+)
+@click.option("--rules", "list_rules", is_flag=True, help="List the rules and exit.")
+@click.option("--fix", is_flag=True, help="Apply the passes that fix the findings (verified); needs -o.")
+@click.option("--output", "-o", type=click.Path(path_type=str), default=None, help="Output directory for --fix.")
+@click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
+def command(
+    opts: CaptureOptions,
+    select: str,
+    ignore: str,
+    fail_on: str,
+    list_rules: bool,
+    fix: bool,
+    output: str | None,
+    force: bool,
+) -> None:
+    """Find dead code, redundant ops, leftover training ops and optimisation opportunities."""
+    from fxforge.cli.render import render_findings, render_optimize, render_rules
+    from fxforge.lint import all_rules
+    from fxforge.lint import fix as run_fix
+    from fxforge.lint import lint as run_lint
+
+    if list_rules:
+        rules = all_rules()
+        if opts.as_json:
+            emit_json([rule.to_dict() for rule in rules])
+        else:
+            render_rules(stdout, rules)
+        return
+    if not opts.model:
+        raise FxforgeError("lint needs a MODEL", hint="e.g. fxforge lint torchvision:resnet18")
+    if fix and not output:
+        raise FxforgeError("lint --fix writes the fixed model to a directory", hint="add -o OUTDIR")
+    captured = opts.prepare()
+    if fix:
+        fixed = run_fix(captured, output, select=split(select), ignore=split(ignore), force=force, spec=opts.model)
+        report = fixed.after
+        if opts.as_json:
+            emit_json({**report.to_dict(), "fixed": fixed.to_dict()})
+        else:
+            render_optimize(stdout, opts.model, fixed.optimized)
+            stdout.print(f"Remaining findings after {', '.join(fixed.passes) or 'no passes'}:")
+            render_findings(stdout, opts.model, report.findings)
+        if not fixed.optimized.pipeline.ok:
+            raise SystemExit(EXIT_FINDINGS)
+    else:
+        report = run_lint(captured, select=split(select), ignore=split(ignore))
+        if opts.as_json:
+            emit_json(report.to_dict())
+        else:
+            warn_failed_checks(captured)
+            render_findings(stdout, opts.model, report.findings)
+    if fail_on != "never" and report.at_least(fail_on):
+        raise SystemExit(EXIT_FINDINGS)

@@ -1,0 +1,121 @@
+"""``fxforge optimize``: run passes (or ``--auto``: every backend, verified and timed) and write the result."""
+
+from __future__ import annotations
+
+import warnings
+
+import click
+
+from fxforge.cli.options import CaptureOptions, capture_options, emit_json, split, status, stdout, warn
+from fxforge.errors import EXIT_FINDINGS, FxforgeError
+
+
+@click.command(
+    "optimize",
+    epilog="""\b
+Examples:
+  fxforge optimize torchvision:resnet18 -p fold_bn,remove_dropout --verify -o out/resnet18
+  fxforge optimize demo -p fold_bn -p replace_modules --option replace_modules.mapping='{ReLU: ReLU6}' -o out/demo
+  fxforge optimize my_model.py:Net --input 1x3x32x32 --pipeline pipeline.yaml -o out/net
+  fxforge optimize torchvision:resnet18 --auto -o out/fastest
+  fxforge optimize torchvision:resnet18 --auto --min-agreement 0.99 --data val.pt -o out/fastest
+Exit code: 1 when verification finds a mismatch (nothing is written then; with --keep-going the failing
+pass is rolled back and reported instead).
+""",
+)
+@capture_options
+@click.option("--passes", "-p", "pass_names", multiple=True, metavar="NAMES", help="Comma-separated pass names.")
+@click.option("--pipeline", type=click.Path(exists=True, dir_okay=False), default=None, help="YAML/TOML pipeline.")
+@click.option("--option", "pass_options", multiple=True, metavar="PASS.KEY=VALUE", help="Option for one pass.")
+@click.option(
+    "--verify/--no-verify",
+    "do_verify",
+    default=None,
+    help="Verify every pass that changes the graph (default: off, or the pipeline file's 'verify').",
+)
+@click.option("--keep-going", is_flag=True, default=None, help="Roll back a pass that fails and run the rest.")
+@click.option("--output", "-o", type=click.Path(path_type=str), default=None, help="Directory to write.")
+@click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
+@click.option("--auto", is_flag=True, help="Try every backend, verify, time the survivors, write the fastest.")
+@click.option("--tolerance", type=float, default=1e-4, show_default=True, help="--auto: normwise relative tolerance.")
+@click.option("--min-agreement", type=float, default=None, help="--auto: allow bf16/int8 at this top-1 agreement.")
+@click.option("--data", default=None, metavar="FILE|file.py:fn", help="--auto: inputs to judge bf16/int8 on.")
+@click.option("--backends", "-b", "auto_backends", default="", metavar="NAMES", help="--auto: candidates to try.")
+@click.option("--repeats", default=20, show_default=True, type=click.IntRange(min=1), help="--auto: timed calls.")
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="--auto: intra-op threads while timing.")
+def command(
+    opts: CaptureOptions,
+    pass_names: tuple[str, ...],
+    pipeline: str | None,
+    pass_options: tuple[str, ...],
+    do_verify: bool | None,
+    keep_going: bool | None,
+    output: str | None,
+    force: bool,
+    auto: bool,
+    tolerance: float,
+    min_agreement: float | None,
+    data: str | None,
+    auto_backends: str,
+    repeats: int,
+    threads: int | None,
+) -> None:
+    """Rewrite a model with passes, verify it, and write the result (loadable with torch alone)."""
+    from fxforge.cli.render import render_optimize
+    from fxforge.optimize import optimize
+    from fxforge.passes.pipeline import build_pipeline
+
+    if auto:
+        if pass_names or pipeline or pass_options:
+            raise FxforgeError("--auto picks the passes itself", hint="drop --passes/--pipeline/--option")
+        _auto(opts, output, force, tolerance, min_agreement, data, auto_backends, repeats, threads)
+        return
+    plan = build_pipeline(
+        pass_names, pass_options, pipeline_file=pipeline, verify=do_verify, keep_going=keep_going or None
+    )
+    captured = opts.prepare()
+    with status("running passes", opts.as_json):
+        result = optimize(captured, plan, output_dir=output, force=force, spec=opts.model)
+    if opts.as_json:
+        emit_json(result.to_dict())
+    else:
+        render_optimize(stdout, opts.model, result)
+    if not result.pipeline.ok:
+        raise SystemExit(EXIT_FINDINGS)
+
+
+def _auto(
+    opts: CaptureOptions,
+    output: str | None,
+    force: bool,
+    tolerance: float,
+    min_agreement: float | None,
+    data: str | None,
+    backends: str,
+    repeats: int,
+    threads: int | None,
+) -> None:
+    from fxforge.auto import AutoWarning, Budget, auto_optimize
+    from fxforge.cli.render import render_auto
+
+    budget = Budget(tolerance, min_agreement)
+    captured = opts.prepare()
+    with status("trying every backend", opts.as_json), warnings.catch_warnings():
+        warnings.simplefilter("ignore", AutoWarning)  # printed below as one line, from result.warnings
+        result = auto_optimize(
+            captured,
+            output,
+            budget=budget,
+            backends=split(backends) or None,
+            data=data,
+            repeats=repeats,
+            threads=threads,
+            force=force,
+            spec=opts.model,
+        )
+    for message in result.warnings:
+        warn(message)
+    if opts.as_json:
+        emit_json(result.to_dict())
+    else:
+        render_auto(stdout, opts.model, result)

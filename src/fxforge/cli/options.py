@@ -1,0 +1,176 @@
+"""Options every command that loads a model shares, and the small helpers the commands share.
+
+:func:`capture_options` adds ``MODEL``, ``--input``, ``--seed``, ``--device``, ``--model-arg``, ``--leaf``,
+``--method``, ``--check-batch``, ``--trust-pickle`` and ``--json`` to a command and hands it one
+:class:`CaptureOptions`; :meth:`CaptureOptions.prepare` turns those into a captured model through the
+public API (:func:`fxforge.prepare`), exactly as a Python user would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import click
+from rich.console import Console
+
+# Piped output gets a fixed, roomy width instead of rich's 80-column fallback.
+stdout = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
+stderr = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 120)
+
+
+@dataclass
+class CaptureOptions:
+    """What the shared options say: which model, on which inputs, captured how."""
+
+    model: str | None
+    inputs: tuple[str, ...]
+    seed: int
+    device: str | None
+    model_args: tuple[str, ...]
+    leaves: tuple[str, ...]
+    method: str
+    check_batch: int | None
+    trust_pickle: bool
+    as_json: bool
+
+    def model_kwargs(self) -> dict[str, Any]:
+        return parse_model_args(self.model_args)
+
+    def prepare(self) -> Any:
+        """Load and capture the model (:func:`fxforge.prepare`), with a spinner on a terminal."""
+        from fxforge.api import prepare
+
+        with status("capturing model", self.as_json):
+            return prepare(
+                self.model or "",
+                list(self.inputs),
+                seed=self.seed,
+                device=self.device,
+                model_kwargs=self.model_kwargs(),
+                leaf_modules=list(self.leaves),
+                method=self.method,
+                check_batch=self.check_batch,
+                trust_pickle=self.trust_pickle or None,
+            )
+
+
+_FIELDS = ("model", "inputs", "seed", "device", "model_args", "leaves", "method", "check_batch", "trust_pickle")
+
+
+def trust_pickle_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--trust-pickle",
+        is_flag=True,
+        help="Allow loading a pickled module (.pt): unpickling runs code from the file, so only for files you "
+        "trust (or set FXFORGE_TRUST_PICKLE=1).",
+    )(command)
+
+
+def json_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout instead of tables.")(command)
+
+
+def capture_options(command: Callable[..., Any] | None = None, *, model_required: bool = True):
+    """Add the shared model options to a click command, which receives them as one ``opts`` argument."""
+
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(command)
+        def with_options(**kwargs: Any) -> Any:
+            values = {name: kwargs.pop(name) for name in _FIELDS}
+            return command(CaptureOptions(**values, as_json=kwargs.pop("as_json")), **kwargs)
+
+        options = [
+            click.argument("model", required=model_required),
+            click.option(
+                "--input",
+                "-i",
+                "inputs",
+                multiple=True,
+                metavar="SPEC",
+                help="Example input shape, e.g. 1x3x224x224 or 1x16:int64; repeat for several inputs.",
+            ),
+            click.option(
+                "--seed",
+                default=0,
+                show_default=True,
+                type=click.IntRange(0, 2**63 - 1),
+                help="Seed for random weights and inputs.",
+            ),
+            click.option(
+                "--device",
+                type=click.Choice(["cpu", "meta"]),
+                default=None,
+                help="Build the model on this device; 'meta' allocates no weights (shapes and FLOPs only).",
+            ),
+            click.option(
+                "--model-arg", "model_args", multiple=True, metavar="KEY=VALUE", help="Constructor/config argument."
+            ),
+            click.option("--leaf", "leaves", multiple=True, metavar="NAME", help="Keep this submodule as one node."),
+            click.option(
+                "--method",
+                type=click.Choice(["auto", "symbolic_trace", "export"]),
+                default="auto",
+                show_default=True,
+                help="Capture method; auto tries symbolic_trace (with leaves), then torch.export.",
+            ),
+            click.option(
+                "--check-batch",
+                type=click.IntRange(min=1),
+                default=None,
+                help="Also check the capture on this batch size.",
+            ),
+            trust_pickle_option,
+            json_option,
+        ]
+        for option in reversed(options):
+            with_options = option(with_options)
+        return with_options
+
+    return decorate(command) if command is not None else decorate
+
+
+def parse_model_args(values: tuple[str, ...] | list[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs, each value a YAML scalar (10 -> int, 0.5 -> float, true -> bool, [1, 2] -> list)."""
+    from fxforge.errors import FxforgeError
+    from fxforge.references import parse_value
+
+    parsed: dict[str, Any] = {}
+    for item in values:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise FxforgeError(f"--model-arg {item!r} is not KEY=VALUE", hint="e.g. --model-arg num_classes=10")
+        parsed[key.strip()] = parse_value(raw, f"--model-arg {item!r}")
+    return parsed
+
+
+def split(text: str | None) -> list[str]:
+    """``"a, b,,c"`` -> ``["a", "b", "c"]``."""
+    return [part.strip() for part in (text or "").split(",") if part.strip()]
+
+
+def status(message: str, quiet: bool):
+    """A spinner on stderr while long work runs (not when printing JSON or when stderr is not a terminal)."""
+    if quiet or not stderr.is_terminal:
+        return contextlib.nullcontext()
+    return stderr.status(message)
+
+
+def emit_json(payload: Any) -> None:
+    click.echo(json.dumps(payload, indent=2, default=str))
+
+
+def warn_failed_checks(captured: Any) -> None:
+    for check in captured.record.checks:
+        if not check.ok:
+            batch = "the example inputs" if check.batch is None else f"batch {check.batch}"
+            stderr.print(f"[yellow]warning:[/] captured graph differs from the model on {batch}: {check.message}")
+
+
+def warn(message: str) -> None:
+    stderr.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)

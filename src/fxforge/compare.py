@@ -1,0 +1,227 @@
+"""Comparing outputs: the dtype-aware tolerances and the nested-output comparison every proof rests on.
+
+Owns :data:`TOLERANCES` and :func:`compare_outputs`, which walks tensors, tuples, lists, dicts,
+dataclasses and model-output objects leaf by leaf. A leaf matches only when its type, dtype and shape
+match and its values are within tolerance; NaN/Inf in the reference is reported, never silently
+called equal. Imports only torch and the standard library.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+# Tolerances per dtype: (rtol, atol). fp32 rewrites such as BatchNorm folding reorder floating
+# point sums, so they are exact only up to a few ulps amplified by depth; 1e-4 relative covers a
+# 50-layer network while still catching any real change (a wrong bias is off by O(1)).
+TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float64: (1e-7, 1e-9),
+    torch.float32: (1e-4, 1e-5),
+    torch.float16: (1e-2, 1e-3),
+    torch.bfloat16: (2e-2, 1e-2),
+}
+
+
+def tolerance_for(dtype: torch.dtype) -> tuple[float, float]:
+    """(rtol, atol) for comparing tensors of ``dtype``; integer and bool tensors must match exactly."""
+    return TOLERANCES.get(dtype, (0.0, 0.0))
+
+
+def resolve_tolerances(dtype: torch.dtype, rtol: float | None, atol: float | None) -> tuple[float, float]:
+    """The user's ``rtol``/``atol`` where given, else the per-dtype defaults."""
+    default_rtol, default_atol = tolerance_for(dtype)
+    return (default_rtol if rtol is None else rtol), (default_atol if atol is None else atol)
+
+
+@dataclass
+class Comparison:
+    """How two (possibly nested) outputs differ.
+
+    ``reference_values`` / ``reference_nonfinite`` count the floating-point values of the reference and
+    how many of them are NaN or Inf: an output that is entirely non-finite proves nothing.
+    """
+
+    ok: bool
+    max_abs_err: float = 0.0
+    max_rel_err: float = 0.0
+    problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    reference_values: int = 0
+    reference_nonfinite: int = 0
+
+    def merge(self, other: Comparison) -> None:
+        self.ok = self.ok and other.ok
+        self.max_abs_err = max(self.max_abs_err, other.max_abs_err)
+        self.max_rel_err = max(self.max_rel_err, other.max_rel_err)
+        self.problems.extend(other.problems)
+        self.warnings.extend(other.warnings)
+        self.reference_values += other.reference_values
+        self.reference_nonfinite += other.reference_nonfinite
+
+
+def _mismatch(problem: str) -> Comparison:
+    return Comparison(False, math.inf, math.inf, [problem])
+
+
+def as_structure(value: Any) -> Any:
+    """Turn model outputs with attributes (transformers ModelOutput, namedtuples, dataclasses) into dicts/tuples."""
+    if isinstance(value, Mapping):
+        return dict(value)
+    if hasattr(value, "to_tuple") and callable(value.to_tuple):
+        return value.to_tuple()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        # not dataclasses.asdict: that deep-copies every tensor
+        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    return value
+
+
+def compare_outputs(
+    reference: Any,
+    candidate: Any,
+    rtol: float | None = None,
+    atol: float | None = None,
+    path: str = "output",
+    *,
+    allow_dtype_change: bool = False,
+    allow_nonfinite: bool = False,
+) -> Comparison:
+    """Compare nested outputs leaf by leaf; tolerances default to :data:`TOLERANCES` per dtype.
+
+    A dtype change is a mismatch unless ``allow_dtype_change``. When every floating-point value of the
+    reference is NaN or Inf there is nothing to compare: a mismatch unless ``allow_nonfinite``; when
+    only some are, the result carries a warning.
+    """
+    result = _compare(reference, candidate, rtol, atol, path, allow_dtype_change)
+    if result.reference_nonfinite:
+        share = f"{result.reference_nonfinite} of {result.reference_values}"
+        if result.reference_nonfinite == result.reference_values and not allow_nonfinite:
+            result.ok = False
+            result.problems.append(
+                f"{path}: every floating-point value of the reference is NaN or Inf ({share}): nothing to compare"
+            )
+        else:
+            result.warnings.append(
+                f"{path}: {share} reference values are NaN or Inf; they match only the same non-finite value"
+            )
+    return result
+
+
+def _compare(
+    reference: Any, candidate: Any, rtol: float | None, atol: float | None, path: str, allow_dtype_change: bool
+) -> Comparison:
+    reference, candidate = as_structure(reference), as_structure(candidate)
+    if isinstance(reference, torch.Tensor):
+        if not isinstance(candidate, torch.Tensor):
+            return _mismatch(f"{path}: expected a tensor, got {type(candidate).__name__}")
+        return _compare_tensors(reference, candidate, rtol, atol, path, allow_dtype_change)
+    if isinstance(reference, Mapping):
+        if not isinstance(candidate, Mapping) or set(reference) != set(candidate):
+            return _mismatch(f"{path}: keys differ")
+        result = Comparison(True)
+        for key in reference:
+            result.merge(_compare(reference[key], candidate[key], rtol, atol, f"{path}[{key!r}]", allow_dtype_change))
+        return result
+    if isinstance(reference, Sequence) and not isinstance(reference, (str, bytes)):
+        if not isinstance(candidate, Sequence) or isinstance(candidate, (str, bytes)):
+            return _mismatch(f"{path}: expected a sequence, got {type(candidate).__name__}")
+        if len(reference) != len(candidate):
+            return _mismatch(f"{path}: lengths differ ({len(candidate)} != {len(reference)})")
+        result = Comparison(True)
+        for i, (ref, cand) in enumerate(zip(reference, candidate)):
+            result.merge(_compare(ref, cand, rtol, atol, f"{path}[{i}]", allow_dtype_change))
+        return result
+    if _same_scalar(reference, candidate):
+        return Comparison(True)
+    return _mismatch(f"{path}: {_short_repr(candidate)} != {_short_repr(reference)}")
+
+
+def _same_scalar(reference: Any, candidate: Any) -> bool:
+    if isinstance(reference, float) and isinstance(candidate, (int, float)):
+        return math.isclose(reference, candidate) or (math.isnan(reference) and math.isnan(candidate))
+    try:
+        return bool(reference == candidate) and type(reference) is type(candidate)
+    except Exception:  # objects whose == does not give a truth value (arrays, tensors inside custom types)
+        return False
+
+
+def _short_repr(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else f"{type(value).__name__}(...)"
+
+
+def _compare_tensors(
+    reference: torch.Tensor,
+    candidate: torch.Tensor,
+    rtol: float | None,
+    atol: float | None,
+    path: str,
+    allow_dtype_change: bool,
+) -> Comparison:
+    if reference.shape != candidate.shape:
+        return _mismatch(f"{path}: shape {tuple(candidate.shape)} != {tuple(reference.shape)}")
+    if _value_dtype(reference) != _value_dtype(candidate) and not allow_dtype_change:
+        return _mismatch(f"{path}: dtype {_value_dtype(candidate)} != {_value_dtype(reference)}")
+    if reference.numel() == 0:
+        return Comparison(True)
+    rtol, atol = resolve_tolerances(reference.dtype, rtol, atol)
+    max_abs, scale, values, nonfinite = _error_and_scale(reference, candidate)
+    max_rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else math.inf)
+    ok = max_abs <= atol + rtol * scale
+    problems = (
+        []
+        if ok
+        else [
+            f"{path}: max abs error {max_abs:.3g} exceeds atol={atol:g} + rtol={rtol:g} * max|reference| ({scale:.3g})"
+        ]
+    )
+    return Comparison(ok, max_abs, max_rel, problems, reference_values=values, reference_nonfinite=nonfinite)
+
+
+def _value_dtype(tensor: torch.Tensor) -> str:
+    """The dtype of the values a tensor stands for: a quantized tensor stands for floats."""
+    return "float (quantized)" if tensor.is_quantized else str(tensor.dtype).removeprefix("torch.")
+
+
+def diverges(expected: torch.Tensor, actual: torch.Tensor, rtol: float | None, atol: float | None) -> bool:
+    """Whether an intermediate value differs beyond tolerance: the same normwise rule as the outputs."""
+    if expected.shape != actual.shape:
+        return True
+    if expected.numel() == 0:
+        return False
+    rtol, atol = resolve_tolerances(expected.dtype, rtol, atol)
+    error, scale, _, _ = _error_and_scale(expected, actual)
+    return error > atol + rtol * scale
+
+
+def _error_and_scale(reference: torch.Tensor, candidate: torch.Tensor) -> tuple[float, float, int, int]:
+    """(max abs error, max |finite reference|, floating values, non-finite values), comparing in float64.
+
+    The tolerance is normwise -- ``max|a - b| <= atol + rtol * max|a|`` -- not elementwise (``allclose``):
+    a float32 sum of many terms is accurate relative to the size of its terms, not of its result, so an
+    output element that cancels to near zero carries the round-off of the whole tensor's scale. Seen on
+    resnet34 with random BatchNorm statistics: eager fp32 itself is 1e-4 away from fp64 on logits of
+    magnitude 250, and an exact BN fold lands just as close, yet fails an elementwise 1e-4 check at
+    the near-zero logits. A real rewrite bug (a wrong bias or scale) is off by a fraction of the scale.
+    NaN matches NaN, +-inf matches the same inf; NaN or inf against a number is an infinite error.
+    """
+    if reference.is_quantized:
+        reference = reference.dequantize()
+    if candidate.is_quantized:
+        candidate = candidate.dequantize()
+    floating = reference.is_floating_point() or reference.is_complex()
+    ref = reference.detach().to(torch.float64) if not reference.is_complex() else reference.detach()
+    cand = candidate.detach().to(ref.dtype)
+    both_nan = torch.isnan(ref) & torch.isnan(cand)
+    same_inf = torch.isinf(ref) & (ref == cand)
+    diff = (ref - cand).abs().masked_fill(both_nan | same_inf, 0.0)
+    diff = diff.masked_fill(torch.isnan(diff), math.inf)
+    finite = torch.isfinite(ref)
+    scale = float(ref[finite].abs().max()) if finite.any() else 0.0
+    values = ref.numel() if floating else 0
+    nonfinite = int((~finite).sum()) if floating else 0
+    return float(diff.max()), scale, values, nonfinite

@@ -1,0 +1,236 @@
+"""Running user models without side effects: quiet torch logs, state snapshots, and the reference run.
+
+Owns the promise that fxforge never changes the caller's objects: every time fxforge runs, traces or
+exports a user's module it does so inside :func:`preserved_state`, which puts back attribute bindings,
+buffer values, training flags and hooks afterwards, on success and on failure alike, and it runs the
+module on copies of the inputs. Imports only torch and the standard library.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect as pyinspect
+import io
+import logging
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.fx.experimental import _config as fx_config
+from torch.utils import _pytree as pytree
+
+from fxforge.errors import InputSpecError, one_line_reason
+
+
+@contextlib.contextmanager
+def quiet_torch_logs() -> Iterator[None]:
+    """Silence torch's own warnings (graph dumps on export failures): fxforge reports errors itself."""
+    loggers = [logging.getLogger(name) for name in list(logging.root.manager.loggerDict) if name.startswith("torch")]
+    loggers.append(logging.getLogger("torch"))
+    levels = [logger.level for logger in loggers]
+    _set_levels(loggers, [logging.ERROR] * len(loggers))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        _set_levels(loggers, levels)
+
+
+def _set_levels(loggers: list[logging.Logger], levels: list[int]) -> None:
+    # Logger.setLevel clears the level cache of every logger in the process on each call: for torch's
+    # hundreds of loggers that cost ~6 ms per quiet block and dominated verify-heavy pipelines.
+    # Assign the levels, then clear the cache once.
+    for logger, level in zip(loggers, levels):
+        logger.level = level
+    clear = getattr(logging.root.manager, "_clear_cache", None)
+    if clear is not None:
+        clear()
+    else:  # pragma: no cover - every CPython since 3.7 has it; fall back to the public, slower path
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
+# --------------------------------------------------------------------------------------------------
+# snapshots
+
+
+def buffers_snapshot(module: nn.Module) -> dict[str, torch.Tensor]:
+    """Copies of the module's (non-meta) buffers, so a check run that mutates them can be undone."""
+    return {name: buf.detach().clone() for name, buf in module.named_buffers() if buf.device.type != "meta"}
+
+
+def changed_buffers(module: nn.Module, snapshot: dict[str, torch.Tensor]) -> list[str]:
+    """Names of the buffers whose value (or binding) differs from ``snapshot``."""
+    buffers = dict(module.named_buffers())
+
+    def same(now: torch.Tensor | None, before: torch.Tensor) -> bool:
+        if not isinstance(now, torch.Tensor) or now.shape != before.shape or now.dtype != before.dtype:
+            return False
+        # equal_nan: buffers made with torch.empty may hold NaN, which torch.equal never calls equal
+        return torch.equal(now, before) or (
+            now.is_floating_point() and torch.allclose(now, before, rtol=0.0, atol=0.0, equal_nan=True)
+        )
+
+    return [name for name, value in snapshot.items() if not same(buffers.get(name), value)]
+
+
+def restore_buffers(module: nn.Module, snapshot: dict[str, torch.Tensor]) -> None:
+    """Put back the buffer values saved by :func:`buffers_snapshot`."""
+    buffers = dict(module.named_buffers())
+    with torch.no_grad():
+        for name, value in snapshot.items():
+            buffer = buffers.get(name)
+            # A self-overlapping buffer (an expanded view) cannot be written in place -- by forward either -- and
+            # copy_ into it raises: there is nothing to restore.
+            if isinstance(buffer, torch.Tensor) and buffer.shape == value.shape and not _overlaps(buffer):
+                buffer.copy_(value)
+
+
+def _overlaps(tensor: torch.Tensor) -> bool:
+    """Whether elements of ``tensor`` share memory (stride 0, as ``expand`` makes): 0 means no overlap."""
+    return torch._debug_has_internal_overlap(tensor) != 0
+
+
+@dataclass
+class _ModuleState:
+    module: nn.Module
+    attributes: dict[str, Any]
+    containers: dict[str, dict[Any, Any]]  # _parameters, _buffers, _modules, the hook dicts
+
+
+def _module_state(module: nn.Module) -> _ModuleState:
+    attributes = dict(module.__dict__)
+    containers = {name: dict(value) for name, value in attributes.items() if isinstance(value, dict)}
+    return _ModuleState(module, attributes, containers)
+
+
+def _restore_module_state(state: _ModuleState) -> None:
+    namespace = state.module.__dict__
+    namespace.clear()
+    namespace.update(state.attributes)
+    for name, contents in state.containers.items():
+        container = namespace[name]
+        container.clear()
+        container.update(contents)
+
+
+@contextlib.contextmanager
+def preserved_state(*modules: nn.Module) -> Iterator[None]:
+    """Undo, on exit, what running or tracing ``modules`` changed in them.
+
+    Restores every submodule's attribute bindings (a tracer that left ``self.count`` a Proxy, an
+    attribute set in ``forward``), the contents of its parameter, buffer, child and hook dictionaries,
+    its training flag, and the values of its buffers (written in place by ``self.count += 1`` or by a
+    BatchNorm in training mode). Parameters written in place are not copied (that would double the
+    memory of every run); no model fxforge has met writes its parameters in ``forward``.
+    """
+    states: list[_ModuleState] = []
+    snapshots: list[tuple[nn.Module, dict[str, torch.Tensor]]] = []
+    seen: set[int] = set()
+    for root in modules:
+        if not isinstance(root, nn.Module) or id(root) in seen:
+            continue
+        for sub in root.modules():
+            if id(sub) not in seen:
+                seen.add(id(sub))
+                states.append(_module_state(sub))
+        snapshots.append((root, buffers_snapshot(root)))
+    try:
+        yield
+    finally:
+        for state in states:
+            _restore_module_state(state)
+        for root, snapshot in snapshots:
+            restore_buffers(root, snapshot)
+
+
+def cloned(value: Any) -> Any:
+    """A copy of ``value`` in which every tensor is cloned: what fxforge runs a model on, so that a model
+    writing into its input (``x.add_(1)``) changes neither the caller's tensors nor the next run's."""
+    return pytree.tree_map_only(torch.Tensor, torch.clone, value)
+
+
+# --------------------------------------------------------------------------------------------------
+# running a model
+
+
+def run_isolated(module: Any, args: Sequence[Any], kwargs: dict[str, Any], *others: nn.Module) -> Any:
+    """Call ``module`` on copies of the inputs, with its state (and that of ``others``) restored afterwards."""
+    args, kwargs = cloned((tuple(args), dict(kwargs)))
+    with preserved_state(*(m for m in (module, *others) if isinstance(m, nn.Module))), torch.no_grad():
+        return module(*args, **kwargs)
+
+
+def describe_inputs(args: Sequence[Any]) -> str:
+    """``1x3x224x224, 2x16`` for a list of inputs (type names for non-tensors)."""
+    return ", ".join("x".join(map(str, a.shape)) if isinstance(a, torch.Tensor) else type(a).__name__ for a in args)
+
+
+def run_reference(module: Any, args: Sequence[Any], kwargs: dict[str, Any], *others: nn.Module) -> Any:
+    """Run the user's model eagerly, isolated; a failure here means the inputs do not fit the model."""
+    try:
+        with quiet_torch_logs():
+            return run_isolated(module, args, kwargs, *others)
+    except Exception as exc:
+        raise InputSpecError(
+            f"the model rejected the example inputs ({describe_inputs(args) or 'none'}): {one_line_reason(exc)}",
+            hint="pass --input with the shape and dtype the model expects, e.g. --input 1x3x224x224",
+        ) from None
+
+
+def with_batch(inputs: Sequence[Any], batch: int) -> tuple[Any, ...]:
+    """``inputs`` with every batched tensor (dim >= 1) resized along dim 0 to ``batch`` (repeating rows)."""
+
+    def resize(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] > 0:
+            reps = [1] * value.dim()
+            reps[0] = -(-batch // value.shape[0])
+            return value.repeat(*reps)[:batch].clone()
+        return value
+
+    # pytree, not fx's map_aggregate: that turns dicts and lists into fx's immutable containers.
+    return tuple(pytree.tree_map(resize, value) for value in inputs)
+
+
+# --------------------------------------------------------------------------------------------------
+# torch.export as fxforge calls it
+
+
+def export_program(
+    model: nn.Module, inputs: tuple[Any, ...], kwargs: dict[str, Any], dynamic_batch: bool
+) -> torch.export.ExportedProgram:
+    """``torch.export.export`` (non-strict) as capture uses it, optionally with a dynamic batch dimension."""
+    dynamic_shapes = None
+    if dynamic_batch and hasattr(torch.export.Dim, "AUTO"):
+        # AUTO: keep the batch dimension symbolic where the model allows, specialise silently otherwise.
+        def batch_dim(value: Any) -> Any:
+            return {0: torch.export.Dim.AUTO} if isinstance(value, torch.Tensor) and value.dim() > 0 else None
+
+        dynamic_shapes = {
+            "args": tuple(torch.utils._pytree.tree_map(batch_dim, v) for v in inputs),
+            "kwargs": {k: torch.utils._pytree.tree_map(batch_dim, v) for k, v in kwargs.items()},
+        }
+        dynamic_shapes = _dynamic_shapes_by_name(model, dynamic_shapes)
+
+    oblivious = contextlib.nullcontext()
+    if dynamic_batch and hasattr(fx_config, "backed_size_oblivious"):
+        # Without it a batch of 1 is specialised (0/1 specialisation) and the program rejects any
+        # other batch size, although the model itself is batch-size agnostic.
+        oblivious = fx_config.patch(backed_size_oblivious=True)
+    # torch.export prints the partial graph of a failed export straight to stderr; we report errors ourselves.
+    with torch.no_grad(), quiet_torch_logs(), contextlib.redirect_stderr(io.StringIO()), oblivious:
+        return torch.export.export(model, inputs, kwargs=kwargs or None, dynamic_shapes=dynamic_shapes, strict=False)
+
+
+def _dynamic_shapes_by_name(model: nn.Module, shapes: dict[str, Any]) -> dict[str, Any]:
+    # torch.export wants dynamic_shapes keyed by forward's parameter names.
+    params = [p for p in pyinspect.signature(model.forward).parameters.values() if p.kind != p.VAR_KEYWORD]
+    by_name: dict[str, Any] = {}
+    for param, shape in zip(params, shapes["args"]):
+        by_name[param.name] = shape
+    by_name.update(shapes["kwargs"])
+    return by_name

@@ -1,0 +1,86 @@
+"""fxforge never changes the caller's model, inputs or files: each case that once did, through the Python API."""
+
+from __future__ import annotations
+
+import torch
+from reliability_models import ConvBN, Counter, CounterThenBranch, WritesInput
+from torch import nn
+
+import fxforge
+from fxforge.capture import capture
+from fxforge.errors import CaptureError
+from fxforge.passes import apply_pass
+from fxforge.verify import verify
+
+
+def _state(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {name: value.detach().clone() for name, value in model.state_dict().items()}
+
+
+def _same_state(model: nn.Module, before: dict[str, torch.Tensor]) -> bool:
+    after = model.state_dict()
+    return before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_a_failed_capture_restores_the_module():
+    model = CounterThenBranch()
+    x = torch.randn(2, 4)
+    before, attributes = _state(model), dict(vars(model))
+    try:
+        capture(model, (x,))
+        raise AssertionError("expected a CaptureError")
+    except CaptureError as error:
+        assert "x.sum() > 0" in error.message  # the line that blocks both capture methods
+    assert _same_state(model, before) and vars(model).keys() == attributes.keys()
+    assert type(model.count) is torch.Tensor and isinstance(model(x), torch.Tensor)
+
+
+def test_a_buffer_write_is_named_with_its_line_and_captured_by_export():
+    model = Counter()
+    captured = capture(model, (torch.randn(2, 4),))
+    assert captured.record.method == "torch.export" and captured.record.ok
+    attempt = captured.record.attempts[0]
+    assert "buffer 'count'" in attempt.error and "control flow" not in attempt.error
+    assert attempt.location and "self.count += 1" in attempt.location
+    assert type(model.count) is torch.Tensor and float(model.count) == 0.0  # untouched by tracing or checking
+
+
+def test_optimize_does_not_write_into_the_callers_input():
+    x = torch.randn(2, 4)
+    original = x.clone()
+    captured = capture(WritesInput().eval(), (x,))
+    fxforge.optimize(captured, ["dead_code", "cse"], verify=True)
+    fxforge.inspect_graph(captured)
+    verify(captured, captured.graph_module)
+    assert torch.equal(x, original)
+
+
+def test_prepare_keeps_the_callers_training_mode():
+    model = ConvBN().train()
+    fxforge.prepare(model, ["2x3x8x8"])
+    assert model.training and all(m.training for m in model.modules())
+    model.eval()
+    fxforge.prepare(model, ["2x3x8x8"])
+    assert not model.training
+
+
+def test_bisection_does_not_update_the_callers_batchnorm_statistics():
+    model = ConvBN().train()  # training mode: every run updates running statistics in place
+    captured = capture(model, (torch.randn(2, 3, 8, 8),), method="symbolic_trace", check=False)
+    before = _state(model)
+    noise = {"select": "type:Conv2d", "insert": "noise", "sigma": 10.0, "seed": 0}
+    broken = apply_pass(captured.graph_module, "insert_after", noise).graph_module
+    result = verify(captured, broken)
+    assert not result.ok
+    assert _same_state(model, before)
+
+
+def test_passes_never_write_the_callers_parameters():
+    torchvision = __import__("torchvision")
+    model = torchvision.models.resnet18().eval()
+    captured = capture(model, (torch.randn(1, 3, 32, 32),))
+    before = _state(model)
+    for name in ("fold_bn", "merge_convs", "fold_constants", "cse", "dead_code", "remove_identity"):
+        apply_pass(captured.graph_module, name)
+    fxforge.optimize(captured, ["fold_bn", "fold_constants"], verify=True)
+    assert _same_state(model, before)

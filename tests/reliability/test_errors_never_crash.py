@@ -1,0 +1,195 @@
+"""Bad input gets one clear line and a documented exit code, never a traceback, and leaves nothing behind.
+
+Each input here once gave exit code 4 ("internal error"), a traceback, exit code 0 without a message, or a
+half-written file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from fxforge.cli import main
+from fxforge.errors import EXIT_OK, EXIT_USAGE
+
+MODELS = str(Path(__file__).parent / "reliability_models.py")
+FXFORGE = str(Path(sys.executable).parent / "fxforge")
+
+
+def run(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_error_line(code: int, err: str, expected_code: int = EXIT_USAGE) -> None:
+    assert code == expected_code, err
+    assert "Traceback" not in err and "internal error" not in err
+    assert len([line for line in err.splitlines() if line.startswith("error:")]) == 1, err
+
+
+def test_a_dataclass_output_is_inspected_and_verified(capsys, tmp_path):
+    code, out, err = run(capsys, "inspect", f"{MODELS}:dataclass_output", "--json")
+    assert code == EXIT_OK, err
+    assert json.loads(out)["totals"]["params"] == 20
+    args = ["optimize", f"{MODELS}:dataclass_output", "-p", "cse", "--verify", "-o", str(tmp_path / "o")]
+    code, _, err = run(capsys, *args)
+    assert code == EXIT_OK, err
+
+
+def test_an_absurd_input_shape(capsys):
+    code, _, err = run(capsys, "inspect", "demo", "-i", "99999999999999999999x3")
+    assert_one_error_line(code, err)
+    code, _, err = run(capsys, "inspect", "demo", "-i", "100000x100000x100000")
+    assert_one_error_line(code, err)
+    assert "GiB" in err
+
+
+def test_a_negative_check_batch(capsys):
+    code, _, err = run(capsys, "inspect", "demo", "--check-batch", "-3")
+    assert code == EXIT_USAGE and "Traceback" not in err
+
+
+def test_a_factory_that_raises_is_named_with_its_line(capsys):
+    code, _, err = run(capsys, "inspect", f"{MODELS}:factory_that_raises")
+    assert_one_error_line(code, err)
+    assert "ValueError: bad config value 7" in err and "reliability_models.py" in err
+
+
+def test_a_corrupt_provenance_file(capsys, tmp_path):
+    out = tmp_path / "out"
+    assert main(["optimize", "demo", "-p", "fold_bn", "-o", str(out)]) == EXIT_OK
+    capsys.readouterr()
+    (out / "provenance.json").write_text("{not json")
+    code, _, err = run(capsys, "verify", "demo", str(out), "--trust-pickle")
+    assert_one_error_line(code, err)
+    assert "provenance.json is corrupt" in err
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["optimize", "demo", "-p", "fold_bn", "--option", "fold_bn.x=[1"],
+        ["inspect", "demo", "--model-arg", "a=[1"],
+        ["inspect", "demo", "--model-arg", "a={b: [}"],
+    ],
+)
+def test_invalid_yaml_in_option_values(capsys, args):
+    code, _, err = run(capsys, *args)
+    assert_one_error_line(code, err)
+    assert "not valid YAML" in err
+
+
+def test_output_into_the_working_directory_is_refused(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    keep = tmp_path / "precious.txt"
+    keep.write_text("mine")
+    for target in (".", str(tmp_path), str(tmp_path.parent)):
+        code, _, err = run(capsys, "optimize", "demo", "-p", "fold_bn", "-o", target, "--force")
+        assert_one_error_line(code, err)
+        assert keep.read_text() == "mine" and sorted(p.name for p in tmp_path.iterdir()) == ["precious.txt"]
+
+
+def test_a_scripted_submodule_is_saved_in_a_form_that_works(capsys, tmp_path):
+    out = tmp_path / "out"
+    code, stdout, err = run(capsys, "optimize", f"{MODELS}:with_scripted_part", "-p", "dead_code", "-o", str(out))
+    assert code in (EXIT_OK, EXIT_USAGE) and "Traceback" not in err and "internal error" not in err
+    if code == EXIT_OK:
+        assert (out / "model.pt2").exists() and "not written: model.pt" in stdout
+        assert main(["verify", f"{MODELS}:with_scripted_part", str(out)]) == EXIT_OK
+    else:
+        assert not out.exists()
+
+
+@pytest.mark.parametrize("content", [b"", b"garbage, not a zip archive"])
+def test_an_empty_or_garbage_pt2(capfd, tmp_path, content):
+    path = tmp_path / "model.pt2"
+    path.write_bytes(content)
+    code = main(["inspect", str(path)])
+    out, err = capfd.readouterr()  # capfd: torch logs straight to the stderr file descriptor
+    assert_one_error_line(code, err)
+    assert "Traceback" not in err and "W1" not in err and out == ""
+
+
+def test_an_optional_none_input_prints_nothing_on_stderr(capfd):
+    code = main(["inspect", f"{MODELS}:masked", "-i", "2x4"])
+    out, err = capfd.readouterr()
+    assert code == EXIT_OK and err == "" and "Total" in out
+
+
+def test_a_model_file_that_calls_sys_exit_at_import(capsys, tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text("import sys\nsys.exit()\n")
+    code, _, err = run(capsys, "inspect", f"{script}:build")
+    assert_one_error_line(code, err)
+    assert "sys.exit" in err
+
+
+def test_export_into_a_directory_it_cannot_write(capsys, tmp_path, monkeypatch):
+    """Made read-only with chattr +i where the file system allows it (root ignores permission bits), else by
+    making every new directory fail with the error a read-only directory gives."""
+    target = tmp_path / "ro"
+    target.mkdir()
+    chattr = shutil.which("chattr")
+    immutable = bool(chattr) and subprocess.run([chattr, "+i", str(target)], capture_output=True).returncode == 0
+    if not immutable:
+        def refuse(*args, **kwargs):
+            raise PermissionError(13, "Permission denied")
+
+        monkeypatch.setattr(tempfile, "mkdtemp", refuse)
+    try:
+        attempts = (
+            ["export", "demo", "-o", str(target / "m.onnx")],
+            ["optimize", "demo", "-p", "fold_bn", "-o", str(target / "out")],
+        )
+        for args in attempts:
+            code, _, err = run(capsys, *args)
+            assert_one_error_line(code, err)
+            assert "cannot write to" in err
+            assert list(target.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["ro"]
+    finally:
+        if immutable:
+            subprocess.run(["chattr", "-i", str(target)], check=True)
+
+
+def test_force_over_a_symlink_writes_through_it_and_leaves_no_backup(tmp_path):
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "old.txt").write_text("old output")
+    link = tmp_path / "link"
+    link.symlink_to(real, target_is_directory=True)
+    assert main(["optimize", "demo", "-p", "fold_bn", "-o", str(link), "--force"]) == EXIT_OK
+    assert link.is_symlink() and link.resolve() == real.resolve()
+    assert (real / "model.pt2").exists() and not (real / "old.txt").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "real"]  # no hidden .link.old-* or .partial-*
+
+
+def _interrupt(args: list[str], delay: float, cwd: Path) -> tuple[int, str, str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen(
+        [FXFORGE, *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+    time.sleep(delay)
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=120)
+    return process.returncode, out, err
+
+
+@pytest.mark.parametrize("delay", [0.5, 1.5, 4.0])
+def test_ctrl_c_at_any_point_exits_130_with_one_line(tmp_path, delay):
+    """Interrupted while torch imports (0.5 s), while the model loads, or while passes are verified."""
+    out_dir = tmp_path / "out"
+    args = ["optimize", "torchvision:resnet50", "-p", "fold_bn,cse,dead_code", "--verify", "-o", str(out_dir)]
+    code, out, err = _interrupt(args, delay, tmp_path)
+    assert code == 130, (code, err[-2000:])
+    assert err.strip().splitlines()[-1] == "interrupted" and "Traceback" not in err
+    assert out == "" and list(tmp_path.iterdir()) == []  # no output directory, no .partial staging directory
