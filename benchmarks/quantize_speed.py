@@ -42,7 +42,8 @@ from torch import nn
 
 import fxforge
 from fxforge.inputs import make_inputs, specs_of
-from fxforge.quantize import RandomCalibrationWarning, int8_weights, quantize, quantized_engine
+from fxforge.quantize import RandomCalibrationWarning, quantize, quantized_engine
+from fxforge.vocabulary import int8_weights
 
 BERT_CONFIG = {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4, "intermediate_size": 1024}
 CALIBRATION_BATCHES = 8

@@ -11,7 +11,7 @@ import torch
 import fxforge
 from fxforge.cli import main
 from fxforge.errors import EXIT_FINDINGS, EXIT_USAGE
-from fxforge.lint import fix
+from fxforge.optimize import fix
 from fxforge.verify import verify
 from model_helpers import randomize_batchnorm
 

@@ -18,7 +18,7 @@ from fxforge.graphs import node_kind
 from fxforge.inputs import InputSpec, make_inputs
 from fxforge.models import load_model, torchvision_classification_models
 from fxforge.passes import PASSES, all_passes
-from fxforge.passes.pipeline import Pipeline
+from fxforge.pipeline import Pipeline
 from fxforge.verify import verify
 from model_helpers import randomize_batchnorm
 from test_torchvision_models import DEFAULT_SIZE, INPUT_SIZE, ON_META

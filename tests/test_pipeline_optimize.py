@@ -14,7 +14,7 @@ from fxforge.errors import FxforgeError
 from fxforge.graphs import node_kind
 from fxforge.optimize import atomic_directory, optimize
 from fxforge.passes import PassError, apply_pass, get_pass
-from fxforge.passes.pipeline import Pipeline
+from fxforge.pipeline import Pipeline
 
 X = (torch.randn(1, 3, 64, 64),)
 

@@ -18,18 +18,17 @@ from fxforge.demo import DemoMLP
 from fxforge.errors import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, FxforgeError
 from fxforge.inspect import inspect_graph
 from fxforge.quantize import (
-    FX_MACHINERY,
     AccuracyReport,
     RandomCalibrationWarning,
     Target,
     convert,
     int8_backend,
     load_calibration,
-    op_quant_kind,
     parse_target,
-    quant_kind,
     quantize,
 )
+from fxforge.quantize.flow import FX_MACHINERY
+from fxforge.vocabulary import op_quant_kind, quant_kind
 from model_helpers import randomize_batchnorm
 
 sklearn_datasets = pytest.importorskip("sklearn.datasets")

@@ -59,7 +59,7 @@ _EXPORTS = {
     "PassResult": "fxforge.passes",
     "apply_pass": "fxforge.passes",
     "register_pass": "fxforge.passes",
-    "Pipeline": "fxforge.passes.pipeline",
+    "Pipeline": "fxforge.pipeline",
     "QuantizeResult": "fxforge.quantize",
     "quantize": "fxforge.quantize",
     "VerifyResult": "fxforge.verify",
@@ -153,6 +153,6 @@ if TYPE_CHECKING:  # static type checkers and IDEs see the names without the laz
     from fxforge.models import LoadedModel, load_model
     from fxforge.optimize import optimize
     from fxforge.passes import PassResult, apply_pass, register_pass
-    from fxforge.passes.pipeline import Pipeline
+    from fxforge.pipeline import Pipeline
     from fxforge.quantize import QuantizeResult, quantize
     from fxforge.verify import Verifier, VerifyResult, verify

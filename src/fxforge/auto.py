@@ -3,7 +3,7 @@ side by side, and write the fastest -- ``fxforge optimize MODEL --auto -o OUTDIR
 
 Steps:
 
-1. run the exact passes (:func:`fxforge.bench.exact_passes`) one by one, each verified against the
+1. run the exact passes (:func:`fxforge.passes.exact_passes`) one by one, each verified against the
    model within the tolerance; a pass that fails verification is dropped (and reported);
 2. build every candidate backend of the :mod:`fxforge.bench` registry on the rewritten graph:
    eager (the baseline), fx, torchscript, onnxruntime, compile -- and, only when the user grants an
@@ -35,26 +35,36 @@ from typing import Any
 import torch
 from torch import nn
 
+from fxforge.artifacts import (
+    INPUTS_FILE,
+    MODEL_FILE,
+    REPORT_FILE,
+    TORCHSCRIPT_FILE,
+    atomic_directory,
+    save_graph_module,
+    write_inputs,
+)
 from fxforge.bench import (
+    TORCHSCRIPT_BUILD_FILE,
     Backend,
     BenchReport,
     BuildSettings,
     Runner,
     bench,
     build_backend,
-    exact_passes,
     get_backend,
 )
 from fxforge.capture import Captured, require_real_weights
 from fxforge.errors import FxforgeError, one_line_reason
-from fxforge.inputs import specs_of
+from fxforge.passes import exact_passes
+from fxforge.pipeline import Pipeline
+from fxforge.quantize import compare_batches, load_calibration, picklable_quantized_modules, run_batches
 from fxforge.runtime import quiet_torch_logs, run_reference
 from fxforge.verify import TOLERANCES, compare_outputs, verify
 
 FP32_TOLERANCE = TOLERANCES[torch.float32][0]  # fp32 round-off: what the exact candidates are held to
 EXACT_BACKENDS = ("eager", "fx", "torchscript", "onnxruntime", "compile")
 REDUCED_BACKENDS = ("bf16", "int8")
-REPORT_FILE = "report.json"
 
 RANDOM_DATA_WARNING = (
     "reduced-precision candidates were measured on random inputs: their accuracy on real data is unknown; "
@@ -235,8 +245,6 @@ def _candidate_backends(backends: Sequence[str | Backend] | None, budget: Budget
 def _apply_exact_passes(captured: Captured, budget: Budget):
     """Run the exact passes as a verified pipeline; a pass that fails verification (or crashes) is rolled back
     and reported, and the others still run."""
-    from fxforge.passes.pipeline import Pipeline
-
     rtol, atol = budget.rtol_atol
     pipeline = Pipeline(exact_passes(), verify_each=True, lint_between=False, keep_going=True, rtol=rtol, atol=atol)
     result = pipeline.run(captured)
@@ -252,8 +260,6 @@ def _evaluation_data(
 ) -> Any:
     if not any(b.name in REDUCED_BACKENDS for b in backends):
         return None
-    from fxforge.quantize import load_calibration
-
     loaded = load_calibration(data, captured.example_inputs, kind="eval")
     if loaded.random:
         warnings.warn(RANDOM_DATA_WARNING, AutoWarning, stacklevel=3)
@@ -337,8 +343,6 @@ def _verify_exact(captured: Captured, candidate: Candidate, module: nn.Module, b
 
 
 def _verify_reduced(captured: Captured, candidate: Candidate, module: nn.Module, budget: Budget, eval_data: Any):
-    from fxforge.quantize import compare_batches, run_batches
-
     reference, actual = run_batches(captured.original, eval_data.batches), run_batches(module, eval_data.batches)
     accuracy = compare_batches(reference, actual, eval_data.source)
     candidate.max_abs_err, candidate.top1_agreement = accuracy.max_abs_err, accuracy.top1_agreement
@@ -408,13 +412,11 @@ _LOAD = {
 def _write(
     result: AutoResult, rewritten: Captured, runner: Runner, built_dir: Path, force: bool, spec: str | None
 ) -> list[str]:
-    from fxforge.artifacts import atomic_directory, save_graph_module
-
     assert result.output_dir is not None
     chosen = result.chosen
     with atomic_directory(result.output_dir, force=force) as staging:
         if chosen == "torchscript":
-            shutil.copy(built_dir / "model.pt", staging / "model.torchscript.pt")
+            shutil.copy(built_dir / TORCHSCRIPT_BUILD_FILE, staging / TORCHSCRIPT_FILE)
         elif chosen == "onnxruntime":
             for file in built_dir.iterdir():  # the model and, over 2 GB, its external data
                 shutil.copy(file, staging / file.name)
@@ -427,10 +429,9 @@ def _write(
                 rewritten.example_kwargs,
             )
         else:
-            _save_module(chosen, runner if chosen != "eager" else rewritten.original, staging / "model.pt", rewritten)
-        if not (staging / "inputs.txt").exists():
-            specs = specs_of(rewritten.example_inputs)
-            (staging / "inputs.txt").write_text("\n".join(str(s) for s in specs) + "\n")
+            _save_module(chosen, runner if chosen != "eager" else rewritten.original, staging / MODEL_FILE, rewritten)
+        if not (staging / INPUTS_FILE).exists():
+            write_inputs(staging, rewritten.example_inputs)
         report = {"model": spec, "capture": rewritten.record.to_dict(), **result.to_dict()}
         report["files"] = [*sorted(p.name for p in staging.iterdir()), REPORT_FILE]
         (staging / REPORT_FILE).write_text(json.dumps(report, indent=2, default=str))
@@ -443,8 +444,6 @@ def _save_module(name: str, module: Any, path: Path, rewritten: Captured) -> Non
 
     saving = contextlib.nullcontext()
     if name == "int8":
-        from fxforge.quantize import picklable_quantized_modules
-
         saving = picklable_quantized_modules(module)
     with saving, quiet_torch_logs():
         torch.save(module, path)

@@ -45,14 +45,22 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from fxforge.artifacts import ONNX_FILE, load_exported
 from fxforge.capture import Captured, capture, require_real_weights
+from fxforge.compare import compare_outputs
 from fxforge.errors import FxforgeError, one_line_reason
+from fxforge.export import export_model
 from fxforge.graphs import ATEN
 from fxforge.inputs import make_inputs, specs_of
+from fxforge.passes import exact_passes
+from fxforge.pipeline import Pipeline
+from fxforge.quantize import int8_backend
+from fxforge.registry import Registry
 from fxforge.runtime import quiet_torch_logs, run_reference
-from fxforge.verify import compare_outputs
 
 Runner = Callable[..., Any]
+# The torchscript backend's file in its work directory (.pt: the suffix names the format for load_exported)
+TORCHSCRIPT_BUILD_FILE = "model.pt"
 ProgressHook = Callable[[int, int, str], None]  # (steps done, total steps, what is running)
 
 
@@ -77,24 +85,21 @@ class Backend:
     build: Callable[[Captured, BuildSettings], Runner]
 
 
-BACKENDS: dict[str, Backend] = {}
+BACKENDS: Registry[Backend] = Registry("backend")
 
 
 def register_backend(name: str, summary: str) -> Callable[[Callable[[Captured, BuildSettings], Runner]], Any]:
     """Register a backend builder under ``name`` (``bench`` and ``optimize --auto`` share the registry)."""
 
     def decorate(build: Callable[[Captured, BuildSettings], Runner]) -> Callable[[Captured, BuildSettings], Runner]:
-        BACKENDS[name] = Backend(name, summary, build)
+        BACKENDS.register(name, Backend(name, summary, build), same=lambda old, new: old.build is new.build)
         return build
 
     return decorate
 
 
 def get_backend(name: str) -> Backend:
-    try:
-        return BACKENDS[name]
-    except KeyError:
-        raise FxforgeError(f"unknown backend {name!r}", hint=f"one of {', '.join(BACKENDS)}") from None
+    return BACKENDS.lookup(name)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -108,8 +113,6 @@ def _eager(captured: Captured, settings: BuildSettings) -> Runner:
 
 @register_backend("fx", "the captured GraphModule rewritten with the exact passes (or --passes)")
 def _fx(captured: Captured, settings: BuildSettings) -> Runner:
-    from fxforge.passes.pipeline import Pipeline
-
     names = exact_passes() if settings.passes is None else list(settings.passes)
     if not names:
         return captured.graph_module
@@ -121,10 +124,7 @@ def _fx(captured: Captured, settings: BuildSettings) -> Runner:
 
 @register_backend("torchscript", "fxforge export --to torchscript (trace, freeze, optimize_for_inference)")
 def _torchscript(captured: Captured, settings: BuildSettings) -> Runner:
-    from fxforge.artifacts import load_exported
-    from fxforge.export import export_model
-
-    path = settings.workdir / "model.pt"
+    path = settings.workdir / TORCHSCRIPT_BUILD_FILE
     result = export_model(captured, "torchscript", path, verify_export=False, force=True)
     settings.notes.extend(result.notes)
     return load_exported(path, "torchscript")
@@ -132,10 +132,7 @@ def _torchscript(captured: Captured, settings: BuildSettings) -> Runner:
 
 @register_backend("onnxruntime", "fxforge export --to onnx, run by ONNX Runtime (CPU)")
 def _onnxruntime(captured: Captured, settings: BuildSettings) -> Runner:
-    from fxforge.artifacts import load_exported
-    from fxforge.export import export_model
-
-    path = settings.workdir / "model.onnx"
+    path = settings.workdir / ONNX_FILE
     result = export_model(captured, "onnx", path, verify_export=False, force=True)
     settings.notes.append(f"{result.exporter} exporter, opset {result.opset}")
     return load_exported(path, "onnx", output_like=settings.output_like, threads=settings.threads)
@@ -155,8 +152,6 @@ def _compile(captured: Captured, settings: BuildSettings) -> Runner:
 
 @register_backend("int8", "fxforge.quantize int8 (static for traced graphs, dynamic for exported ones)")
 def _int8(captured: Captured, settings: BuildSettings) -> Runner:
-    from fxforge.quantize import int8_backend
-
     return int8_backend(captured, settings.calibration)
 
 
@@ -197,13 +192,6 @@ def bfloat16_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], output_lik
     return fx.GraphModule(root, graph, class_name="Bfloat16Model").eval()
 
 
-def exact_passes() -> list[str]:
-    """The registered exact passes, in the order ``lint --fix`` runs them."""
-    from fxforge.lint import FIX_ORDER
-    from fxforge.passes import PASSES, all_passes
-
-    all_passes()
-    return [name for name in FIX_ORDER if name in PASSES]
 
 
 # --------------------------------------------------------------------------------------------------

@@ -28,11 +28,20 @@ from typing import Any
 
 import torch
 from torch import fx, nn
+from torch.fx.passes.shape_prop import ShapeProp
 
 from fxforge.artifacts import OnnxRuntimeModule
 from fxforge.compare import compare_outputs
-from fxforge.errors import CaptureError, FxforgeError, InputSpecError, caller_location, is_user_file, user_location
-from fxforge.graphs import ATEN, TORCH
+from fxforge.errors import (
+    CaptureError,
+    FxforgeError,
+    InputSpecError,
+    caller_location,
+    is_user_file,
+    one_line_reason,
+    user_location,
+)
+from fxforge.graphs import ATEN, TORCH, dialect_of
 from fxforge.models import LoadedModel
 from fxforge.runtime import (
     buffers_snapshot,
@@ -236,7 +245,7 @@ def _symbolic_trace(
     refuse_buffer_writes = _buffer_assignments_refused(model) if proxy_buffers else contextlib.nullcontext()
     # preserved_state: a failed trace must leave the user's module as it was (a leaked Proxy in a buffer
     # made every later model(x) return a Proxy), and tracing runs ops on real buffers eagerly.
-    with preserved_state(model):
+    with preserved_state(model, runs=False):
         with _patched(wraps), refuse_buffer_writes:
             graph = tracer.trace(model, concrete_args=concrete_args)
         # a buffer written in place in forward (a call counter) changed, and the write is missing from the graph
@@ -318,12 +327,6 @@ def _find_culprit(
     return None
 
 
-def _short_error(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    first = text[0] if text else ""
-    return f"{type(exc).__name__}: {first}"[:300]
-
-
 # --------------------------------------------------------------------------------------------------
 # checks
 
@@ -345,7 +348,7 @@ def check_capture(captured: Captured, batch: int | None = None, expected: Any = 
     try:
         actual = run_isolated(captured.graph_module, args, kwargs, captured.original)
     except Exception as exc:
-        return OutputCheck(batch, False, float("inf"), f"captured graph failed to run: {_short_error(exc)}")
+        return OutputCheck(batch, False, float("inf"), f"captured graph failed to run: {one_line_reason(exc)}")
     comparison = compare_outputs(expected, actual)
     return OutputCheck(batch, comparison.ok, comparison.max_abs_err, "; ".join(comparison.problems[:3]))
 
@@ -413,8 +416,6 @@ def capture(
     _refuse_compiled_forms(model)
 
     if exported_program is not None or isinstance(model, fx.GraphModule):
-        from fxforge.graphs import dialect_of
-
         gm = model if isinstance(model, fx.GraphModule) else exported_program.module()
         record = CaptureRecord(LOADED, dialect_of(gm))
         captured = Captured(gm, model, inputs, record, kwargs, exported_program)
@@ -436,6 +437,9 @@ def capture(
             "the model is in training mode (dropout and batch statistics active, BatchNorms not foldable); "
             "call model.eval() before capture for inference"
         )
+    if captured.dialect == TORCH and (inputs or kwargs):
+        # symbolic_trace records no shapes or dtypes: record them once here, for inspect, lint and the passes
+        record_shapes(captured.graph_module, captured.flat_inputs())
     if check and not captured.record.checks:
         if _on_meta(model, inputs):
             captured.record.notes.append("output check skipped: the model is on the meta device")
@@ -444,6 +448,24 @@ def capture(
             if check_batch is not None:
                 captured.record.checks.append(check_capture(captured, check_batch))
     return captured
+
+
+def record_shapes(gm: fx.GraphModule, values: Sequence[Any]) -> bool:
+    """Run ``gm`` once on copies of ``values`` (its placeholder values) with ``ShapeProp``, filling every node's
+    ``meta['tensor_meta']`` (shape, dtype, strides): the facts lint rules and passes read in the torch dialect,
+    where tracing records none. The graph's state is restored; False when the run fails (the facts stay unknown).
+    """
+    try:
+        with torch.no_grad(), quiet_torch_logs(), preserved_state(gm):
+            ShapeProp(gm).propagate(*cloned(list(values)))
+    except Exception:  # shape facts are an optimisation: passes that need them skip with a reason instead
+        return False
+    return True
+
+
+def has_shapes(gm: fx.GraphModule) -> bool:
+    """Whether ``gm``'s nodes carry shape facts (``tensor_meta`` from :func:`record_shapes`, or export's ``val``)."""
+    return any("tensor_meta" in n.meta or "val" in n.meta for n in gm.graph.nodes if n.op == "placeholder")
 
 
 def require_real_weights(captured: Captured, what: str) -> None:
@@ -497,7 +519,7 @@ def _capture_module(
                 trace_error = exc
                 culprit = _find_culprit(exc, model, module_names, leaf_names, wraps)
                 location = exc.location if isinstance(exc, BufferWriteError) else user_location(exc)
-                attempt = Attempt(SYMBOLIC_TRACE, _short_error(exc), location)
+                attempt = Attempt(SYMBOLIC_TRACE, one_line_reason(exc), location)
                 attempts.append(attempt)
                 if isinstance(culprit, str):
                     leaf_names.add(culprit)
@@ -534,10 +556,10 @@ def _capture_module(
 
     if method in ("auto", "export", EXPORT):
         try:
-            with preserved_state(model):
+            with preserved_state(model, runs=False):
                 program = export_program(model, inputs, kwargs, dynamic_batch=check_batch is not None)
         except Exception as exc:
-            attempts.append(Attempt(EXPORT, _short_error(exc), user_location(exc)))
+            attempts.append(Attempt(EXPORT, one_line_reason(exc), user_location(exc)))
             raise _capture_error(model, attempts, trace_error, exc) from None
         record = CaptureRecord(EXPORT, ATEN, attempts=attempts)
         captured = Captured(program.module(), model, inputs, record, kwargs, program)

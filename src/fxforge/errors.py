@@ -12,6 +12,7 @@ import importlib
 import importlib.util
 import linecache
 import os
+import re
 import sysconfig
 import traceback
 
@@ -78,10 +79,18 @@ class DialectError(FxforgeError):
     """A feature was asked of a graph dialect it does not support."""
 
 
-def first_line(exc: BaseException) -> str:
-    """The first line of an exception's message, or its type name when it has none: torch's errors run to
-    dozens of lines, and a user-facing message quotes one."""
-    lines = str(exc).strip().splitlines()
+_ANSI = re.compile(r"\x1b\[[0-9;]*m|\[\d+m")
+
+
+def strip_ansi(text: str) -> str:
+    """``text`` without terminal colour codes (torch colours some of its error messages)."""
+    return _ANSI.sub("", text)
+
+
+def first_line(exc: BaseException | Warning | str) -> str:
+    """The first non-blank line of an exception's (or warning's) message, without terminal colour codes, or the
+    type name when it has none: torch's errors run to dozens of lines, and a user-facing message quotes one."""
+    lines = [line.strip() for line in strip_ansi(str(exc)).strip().splitlines() if line.strip()]
     return lines[0] if lines else type(exc).__name__
 
 

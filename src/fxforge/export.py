@@ -49,10 +49,10 @@ from torch.utils import _pytree as pytree
 
 from fxforge.artifacts import FORMATS, METADATA_FILE, StagedOutput, format_for, load_exported
 from fxforge.capture import Captured
-from fxforge.errors import EXIT_CAPTURE, FxforgeError, format_location, require, user_location
+from fxforge.errors import EXIT_CAPTURE, FxforgeError, first_line, format_location, require, strip_ansi, user_location
 from fxforge.graphs import ATEN
 from fxforge.inputs import specs_of
-from fxforge.runtime import quiet_torch_logs, run_reference
+from fxforge.runtime import export_program, quiet_torch_logs, run_reference
 from fxforge.verify import DEFAULT_CASES, VerifyResult, verify
 
 ONNX_EXPORTERS = ("auto", "dynamo", "legacy")
@@ -346,7 +346,7 @@ def _export_onnx(
     try:
         onnx.checker.check_model(str(path))
     except Exception as exc:
-        raise ExportError(f"the ONNX model written by the {used} exporter is invalid: {_first_line(exc)}") from None
+        raise ExportError(f"the ONNX model written by the {used} exporter is invalid: {first_line(exc)}") from None
     model = onnx.load(str(path), load_external_data=False)
     written_opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
     return ExportResult("onnx", None, True, used, opset=written_opset, dynamic_batch=dynamic_batch, notes=notes)
@@ -397,8 +397,6 @@ def _onnx_legacy(
 
 
 def _export_pt2(module: nn.Module, inputs: tuple[Any, ...], path: Path, dynamic_batch: bool) -> ExportResult:
-    from fxforge.capture import export_program
-
     notes: list[str] = []
     with _exporting(f"{type(module).__name__} with torch.export", notes):
         program = export_program(module, inputs, {}, dynamic_batch=dynamic_batch)
@@ -414,7 +412,6 @@ def _export_pt2(module: nn.Module, inputs: tuple[Any, ...], path: Path, dynamic_
 # failures: name the operator or construct, and the user's line
 
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*m|\[\d+m")
 _OPERATOR_PATTERNS = [
     re.compile(r"No ONNX function found for <OpOverload\(op='([\w.:]+)'"),
     re.compile(r"target=torch\.ops\.([\w.]+?)(?:\.default)?\]"),
@@ -450,13 +447,13 @@ def _exporting(what: str, notes: list[str], allow_trace_warnings: bool = False) 
         raise _export_error(what, exc) from None
     traced = [w for w in caught if issubclass(w.category, torch.jit.TracerWarning)]
     for warning in traced:
-        first_sentence = _first_line(warning.message).split(". ")[0].rstrip(".")
+        first_sentence = first_line(warning.message).split(". ")[0].rstrip(".")
         note = f"trace: {first_sentence} ({Path(warning.filename).name}:{warning.lineno})"
         if note not in notes:
             notes.append(note)
     if traced and not allow_trace_warnings:
         warning = traced[0]
-        first_sentence = _first_line(warning.message).split(". ")[0].rstrip(".")
+        first_sentence = first_line(warning.message).split(". ")[0].rstrip(".")
         where = format_location(warning.filename, warning.lineno)
         raise ExportError(
             f"cannot export {what}: the trace fixed a value computed from the input at {where} ({first_sentence}); "
@@ -488,7 +485,7 @@ def _native_output_silenced() -> Iterator[None]:
 
 def _export_error(what: str, exc: BaseException) -> ExportError:
     chain = _chain(exc)
-    text = _ANSI.sub("", "\n".join(str(e) for e in chain))
+    text = strip_ansi("\n".join(str(e) for e in chain))
     location = user_location(exc) or _script_location(text)
     construct = next((m.group(1) for p in _OPERATOR_PATTERNS if (m := p.search(text))), None)
     where = f" at {location}" if location else ""
@@ -509,7 +506,7 @@ def _export_error(what: str, exc: BaseException) -> ExportError:
             location=location,
         )
     innermost = chain[-1]
-    reason = f"{type(innermost).__name__}: {_first_line(innermost)}"
+    reason = f"{type(innermost).__name__}: {first_line(innermost)}"
     hint = "export with trace (the default) instead" if "script" in what else "try another format or exporter"
     construct = type(innermost).__name__
     return ExportError(f"cannot export {what}: {reason}{where}", hint=hint, construct=construct, location=location)
@@ -531,11 +528,6 @@ def _script_location(text: str) -> str | None:
         return None
     filename = os.path.relpath(match.group(1))
     return f"{match.group(1) if filename.startswith('..') else filename}:{match.group(2)}"
-
-
-def _first_line(value: Any) -> str:
-    lines = [line.strip() for line in _ANSI.sub("", str(value)).strip().splitlines() if line.strip()]
-    return lines[0][:300] if lines else ""
 
 
 def _after_colon(message: str) -> str:

@@ -22,6 +22,11 @@ from torch import fx, nn
 TORCH = "torch"
 ATEN = "aten"
 
+# The layers with a weight a rewrite can fold into or quantize: convolutions, transposed convolutions, linear.
+CONV_TYPES: tuple[type[nn.Module], ...] = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+CONV_TRANSPOSE_TYPES: tuple[type[nn.Module], ...] = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+WEIGHTED_LAYER_TYPES: tuple[type[nn.Module], ...] = (*CONV_TYPES, *CONV_TRANSPOSE_TYPES, nn.Linear)
+
 
 def dialect_of(gm: fx.GraphModule) -> str:
     """``"aten"`` when any call targets an ATen operator overload, else ``"torch"``."""
@@ -88,7 +93,7 @@ def aten_packet(node: fx.Node) -> str | None:
 
 # What a node computes, independent of dialect. Each kind lists its module types, functions,
 # tensor methods and ATen op names (overload packets).
-_KINDS: dict[str, tuple[tuple[type, ...], tuple[Any, ...], tuple[str, ...], tuple[str, ...]]] = {
+NODE_KINDS: dict[str, tuple[tuple[type, ...], tuple[Any, ...], tuple[str, ...], tuple[str, ...]]] = {
     "relu": ((nn.ReLU,), (F.relu, torch.relu, torch.relu_, F.relu_), ("relu", "relu_"), ("relu", "relu_")),
     "relu6": ((nn.ReLU6,), (F.relu6,), (), ("relu6", "hardtanh")),
     "sigmoid": ((nn.Sigmoid,), (torch.sigmoid, F.sigmoid), ("sigmoid", "sigmoid_"), ("sigmoid", "sigmoid_")),
@@ -102,13 +107,13 @@ _KINDS: dict[str, tuple[tuple[type, ...], tuple[Any, ...], tuple[str, ...], tupl
     ),
     "identity": ((nn.Identity,), (), (), ()),
     "conv": (
-        (nn.Conv1d, nn.Conv2d, nn.Conv3d),
+        CONV_TYPES,
         (F.conv1d, F.conv2d, F.conv3d),
         (),
         ("conv1d", "conv2d", "conv3d", "convolution"),
     ),
     "conv_transpose": (
-        (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d),
+        CONV_TRANSPOSE_TYPES,
         (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d),
         (),
         ("conv_transpose1d", "conv_transpose2d", "conv_transpose3d"),
@@ -129,14 +134,14 @@ def node_kind(gm: nn.Module, node: fx.Node) -> str | None:
     """Classify ``node`` as one of the kinds above (``"conv"``, ``"relu"``...), or None."""
     if node.op == "call_module":
         module = submodule(gm, node)
-        for kind, (types, _, _, _) in _KINDS.items():
+        for kind, (types, _, _, _) in NODE_KINDS.items():
             # exact type for module kinds: a subclass may override forward with anything
             if type(module) in types:
                 return kind
         return None
     if node.op == "call_function":
         packet = aten_packet(node)
-        for kind, (_, functions, _, aten_names) in _KINDS.items():
+        for kind, (_, functions, _, aten_names) in NODE_KINDS.items():
             if packet is not None:
                 if packet in aten_names:
                     if packet == "convolution" and len(node.args) > 6 and node.args[6]:
@@ -146,7 +151,7 @@ def node_kind(gm: nn.Module, node: fx.Node) -> str | None:
                 return kind
         return None
     if node.op == "call_method":
-        for kind, (_, _, methods, _) in _KINDS.items():
+        for kind, (_, _, methods, _) in NODE_KINDS.items():
             if node.target in methods:
                 return kind
     return None

@@ -9,7 +9,7 @@ number of nodes.
 
 Quantized graphs (``fxforge quantize`` output, prepared or QAT models) are read too: each node's
 ``quant`` kind (observer, fake_quant, qat, quantize, dequantize, int8; see
-:data:`fxforge.quantize.QUANT_KINDS`) is reported and counted in the totals, an int8 layer's packed
+:data:`fxforge.vocabulary.QUANT_KINDS`) is reported and counted in the totals, an int8 layer's packed
 weights count as its parameters (at their int8 size), and its FLOPs are counted by the float layer's
 formula (torch's FLOP counter does not know the quantized kernels).
 """
@@ -28,10 +28,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from fxforge.capture import Captured
-from fxforge.errors import InputSpecError
+from fxforge.errors import InputSpecError, first_line
 from fxforge.graphs import get_attr_value, module_path, submodule, target_name
-from fxforge.quantize import QUANT_KINDS, int8_flops, int8_weights, module_quant_kind, quant_kind
 from fxforge.runtime import buffers_snapshot, quiet_torch_logs, restore_buffers
+from fxforge.vocabulary import QUANT_KINDS, int8_flops, int8_weights, module_quant_kind, quant_kind
 
 
 @dataclass
@@ -45,7 +45,7 @@ class NodeInfo:
     params: int
     flops: int
     activation_bytes: int
-    quant: str = ""  # a fxforge.quantize.QUANT_KINDS entry for nodes of quantized graphs
+    quant: str = ""  # a fxforge.vocabulary.QUANT_KINDS entry for nodes of quantized graphs
     flops_unknown: list[str] = field(default_factory=list)  # ops this node ran that have no FLOP formula
 
 
@@ -175,7 +175,7 @@ class _Profiler(fx.Interpreter):
             if isinstance(exc, InputSpecError):
                 raise
             where = f"{n.op} {target_name(n)}"
-            message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            message = first_line(exc)
             raise InputSpecError(
                 f"the graph failed at node {n.name} ({where}): {message}",
                 hint="check --input: the example inputs may not have the shape or dtype the model expects",

@@ -33,7 +33,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from fxforge.artifacts import MODEL_FILE, load_exported, load_provenance
+from fxforge.artifacts import (
+    INPUTS_FILE,
+    MODEL_FILE,
+    ONNX_FILE,
+    PROGRAM_FILE,
+    TORCHSCRIPT_FILE,
+    load_exported,
+    load_provenance,
+)
+from fxforge.demo import DEMO_MODELS
 from fxforge.errors import FxforgeError, ModelSpecError, first_line, require, user_location
 from fxforge.inputs import InputSpec, parse_input_spec
 from fxforge.references import import_file
@@ -182,8 +191,6 @@ _SPEC_HINT = (
 
 
 def _load_demo(name: str, spec: str, kwargs: dict[str, Any]) -> LoadedModel:
-    from fxforge.demo import DEMO_MODELS
-
     if name not in DEMO_MODELS:
         raise ModelSpecError(f"unknown demo model {name!r}", hint=f"one of {', '.join(DEMO_MODELS)}")
     cls, inputs = DEMO_MODELS[name]
@@ -300,10 +307,10 @@ def _load_output_dir(path: Path, spec: str, trusted: bool) -> LoadedModel:
     """An fxforge output directory: its pickle-free ``model.pt2`` unless pickles are trusted and a
     ``model.pt`` (the torch-dialect graph, with provenance for bisection) is there too."""
     model_file = path / MODEL_FILE
-    program_file = path / "model.pt2"
+    program_file = path / PROGRAM_FILE
     # What `optimize --auto` writes when it picks TorchScript or ONNX Runtime: runnable (verify, bench's
     # eager row), though not capturable as an fx graph.
-    exported = [(path / name, form) for name, form in (("model.torchscript.pt", "torchscript"), ("model.onnx", "onnx"))]
+    exported = [(path / name, form) for name, form in ((TORCHSCRIPT_FILE, "torchscript"), (ONNX_FILE, "onnx"))]
     if model_file.exists() and (trusted or not program_file.exists()):
         loaded = _load_pickled_module(model_file, spec, trusted)
     elif program_file.exists():
@@ -314,7 +321,7 @@ def _load_output_dir(path: Path, spec: str, trusted: bool) -> LoadedModel:
         raise ModelSpecError(f"directory {spec!r} has no {MODEL_FILE}", hint="is it an fxforge output?")
     if isinstance(loaded.module, torch.fx.GraphModule):
         load_provenance(loaded.module, path)
-    inputs_file = path / "inputs.txt"
+    inputs_file = path / INPUTS_FILE
     if inputs_file.exists():
         try:
             loaded.default_inputs = [parse_input_spec(line) for line in inputs_file.read_text().split() if line]

@@ -18,14 +18,18 @@ a failed run leaves nothing behind, and an existing directory is replaced only w
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fxforge.artifacts import REPORT_FILE, atomic_directory, save_graph_module, write_json
 from fxforge.capture import Captured, require_real_weights
-from fxforge.passes.pipeline import Pipeline, PipelineResult
+from fxforge.lint import LintReport, lint
+from fxforge.passes import FIX_ORDER, registered_passes
+from fxforge.pipeline import Pipeline, PipelineResult
 
 
 @dataclass
@@ -34,6 +38,7 @@ class OptimizeResult:
     output_dir: Path | None
     files: list[str]
     notes: list[str] = field(default_factory=list)  # forms that could not be written, and why
+    write_s: float = 0.0  # seconds spent writing the output directory
 
     def to_dict(self) -> dict[str, Any]:
         data = self.pipeline.to_dict()
@@ -41,6 +46,7 @@ class OptimizeResult:
         data["output_dir"] = str(self.output_dir) if self.output_dir else None
         data["files"] = self.files
         data["notes"] = self.notes
+        data["write_s"] = round(self.write_s, 3)
         return data
 
 
@@ -75,6 +81,7 @@ def optimize(
         return OptimizeResult(result, None, [])
     output_dir = Path(output_dir)
     notes: list[str] = []
+    started = time.perf_counter()
     with atomic_directory(output_dir, force=force) as staging:
         files = save_graph_module(
             result.graph_module,
@@ -87,6 +94,47 @@ def optimize(
         report = {"model": spec, "capture": captured.record.to_dict(), **result.to_dict(), "notes": notes}
         write_json(staging / REPORT_FILE, report)
         files.append(REPORT_FILE)
-    return OptimizeResult(result, output_dir, files, notes)
+    return OptimizeResult(result, output_dir, files, notes, time.perf_counter() - started)
 
 
+@dataclass
+class FixResult:
+    """``lint --fix``: the findings before and after, the fix passes run, and their optimize result."""
+
+    before: LintReport
+    after: LintReport
+    passes: list[str]
+    optimized: OptimizeResult
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "passes": self.passes,
+            "before": self.before.to_dict()["counts"],
+            "after": self.after.to_dict()["counts"],
+            "optimize": self.optimized.to_dict(),
+        }
+
+
+def fix(
+    captured: Captured,
+    output_dir: str | Path | None,
+    *,
+    select: Iterable[str] | None = None,
+    ignore: Iterable[str] | None = None,
+    force: bool = False,
+    spec: str | None = None,
+) -> FixResult:
+    """Lint, run (verified) the passes named by the findings' ``fix`` fields, and lint the result."""
+    before = lint(captured, select=select, ignore=ignore)
+    wanted = {f.fix for f in before.findings if f.fix and f.fix in registered_passes()}
+    names = [name for name in FIX_ORDER if name in wanted] + sorted(wanted - set(FIX_ORDER))
+    # keep_going: a fix pass that fails verification is rolled back and reported; the other fixes still land.
+    optimized = optimize(
+        captured, names, output_dir=output_dir if names else None, verify=True, keep_going=True, force=force, spec=spec
+    )
+    # The rewritten graph is the model now: rules that compare the graph with its model (FX006 unused
+    # parameters) must not count the BatchNorms that fold_bn folded away as unused weight.
+    rewritten = optimized.pipeline.graph_module
+    fixed = dataclasses.replace(captured, graph_module=rewritten, original=rewritten)
+    after = lint(fixed, select=select, ignore=ignore)
+    return FixResult(before, after, names, optimized)

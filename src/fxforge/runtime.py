@@ -13,7 +13,8 @@ import inspect as pyinspect
 import io
 import logging
 import warnings
-from collections.abc import Iterator, Sequence
+import weakref
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +23,7 @@ from torch import nn
 from torch.fx.experimental import _config as fx_config
 from torch.utils import _pytree as pytree
 
-from fxforge.errors import InputSpecError, one_line_reason
+from fxforge.errors import FxforgeError, InputSpecError, one_line_reason
 
 
 @contextlib.contextmanager
@@ -70,10 +71,7 @@ def changed_buffers(module: nn.Module, snapshot: dict[str, torch.Tensor]) -> lis
     def same(now: torch.Tensor | None, before: torch.Tensor) -> bool:
         if not isinstance(now, torch.Tensor) or now.shape != before.shape or now.dtype != before.dtype:
             return False
-        # equal_nan: buffers made with torch.empty may hold NaN, which torch.equal never calls equal
-        return torch.equal(now, before) or (
-            now.is_floating_point() and torch.allclose(now, before, rtol=0.0, atol=0.0, equal_nan=True)
-        )
+        return _same_values(now, before)
 
     return [name for name, value in snapshot.items() if not same(buffers.get(name), value)]
 
@@ -85,9 +83,18 @@ def restore_buffers(module: nn.Module, snapshot: dict[str, torch.Tensor]) -> Non
         for name, value in snapshot.items():
             buffer = buffers.get(name)
             # A self-overlapping buffer (an expanded view) cannot be written in place -- by forward either -- and
-            # copy_ into it raises: there is nothing to restore.
-            if isinstance(buffer, torch.Tensor) and buffer.shape == value.shape and not _overlaps(buffer):
+            # copy_ into it raises: there is nothing to restore. An unchanged buffer is not written either: it may
+            # be a view of a parameter, whose version counter would then say it was written.
+            writable = isinstance(buffer, torch.Tensor) and buffer.shape == value.shape and not _overlaps(buffer)
+            if writable and not _same_values(buffer, value):
                 buffer.copy_(value)
+
+
+def _same_values(now: torch.Tensor, before: torch.Tensor) -> bool:
+    # equal_nan: buffers made with torch.empty may hold NaN, which torch.equal never calls equal
+    return torch.equal(now, before) or (
+        now.is_floating_point() and torch.allclose(now, before, rtol=0.0, atol=0.0, equal_nan=True)
+    )
 
 
 def _overlaps(tensor: torch.Tensor) -> bool:
@@ -118,19 +125,54 @@ def _restore_module_state(state: _ModuleState) -> None:
         container.update(contents)
 
 
+# Parameters are copied before a run only when they might be written: the first time fxforge runs them (the
+# model may write into them in forward, which no rewrite or check may leave behind) and after a write was seen.
+# Copying every parameter before every run would double the memory and time of verification.
+class _TensorSet:
+    """Tensors by identity, forgotten when they are freed. (``weakref.WeakSet`` compares tensors with ``==``, which
+    for tensors is elementwise and has no truth value.)"""
+
+    def __init__(self) -> None:
+        self._refs: dict[int, weakref.ref] = {}
+
+    def add(self, tensor: torch.Tensor) -> None:
+        key = id(tensor)
+        if key not in self._refs:
+            self._refs[key] = weakref.ref(tensor, lambda _, key=key: self._refs.pop(key, None))
+
+    def update(self, tensors: Iterable[torch.Tensor]) -> None:
+        for tensor in tensors:
+            self.add(tensor)
+
+    def __contains__(self, tensor: torch.Tensor) -> bool:
+        ref = self._refs.get(id(tensor))
+        return ref is not None and ref() is tensor
+
+
+_PARAMETERS_SEEN = _TensorSet()
+_PARAMETERS_WRITTEN = _TensorSet()
+# Above this size the first-run copy is skipped: a write is then detected (by the tensor's version counter)
+# and reported, not undone.
+FIRST_RUN_COPY_LIMIT = 2**30
+
+
 @contextlib.contextmanager
-def preserved_state(*modules: nn.Module) -> Iterator[None]:
+def preserved_state(*modules: nn.Module, runs: bool = True) -> Iterator[None]:
     """Undo, on exit, what running or tracing ``modules`` changed in them.
 
     Restores every submodule's attribute bindings (a tracer that left ``self.count`` a Proxy, an
     attribute set in ``forward``), the contents of its parameter, buffer, child and hook dictionaries,
     its training flag, and the values of its buffers (written in place by ``self.count += 1`` or by a
-    BatchNorm in training mode). Parameters written in place are not copied (that would double the
-    memory of every run); no model fxforge has met writes its parameters in ``forward``.
+    BatchNorm in training mode) and parameters (``self.w.add_(1)`` in forward). A parameter is copied
+    before the run the first time fxforge runs it and whenever it has been seen written; a write into
+    a parameter that was not copied (a model over :data:`FIRST_RUN_COPY_LIMIT` bytes) raises an error.
+    ``runs=False`` for tracing, which does not run the model's ops on its parameters (proxies, fake tensors):
+    parameters are then left out.
     """
     states: list[_ModuleState] = []
     snapshots: list[tuple[nn.Module, dict[str, torch.Tensor]]] = []
     seen: set[int] = set()
+    parameters: dict[int, torch.Tensor] = {}
     for root in modules:
         if not isinstance(root, nn.Module) or id(root) in seen:
             continue
@@ -139,6 +181,10 @@ def preserved_state(*modules: nn.Module) -> Iterator[None]:
                 seen.add(id(sub))
                 states.append(_module_state(sub))
         snapshots.append((root, buffers_snapshot(root)))
+        if runs:
+            parameters.update({id(p): p for p in root.parameters() if p.device.type != "meta"})
+    versions = {key: p._version for key, p in parameters.items()}
+    copies = _parameter_copies(parameters.values())
     try:
         yield
     finally:
@@ -146,6 +192,38 @@ def preserved_state(*modules: nn.Module) -> Iterator[None]:
             _restore_module_state(state)
         for root, snapshot in snapshots:
             restore_buffers(root, snapshot)
+        _restore_parameters(parameters, versions, copies)
+
+
+def _parameter_copies(parameters: Iterable[torch.Tensor]) -> dict[int, torch.Tensor]:
+    parameters = list(parameters)
+    unseen = {id(p): p for p in parameters if p not in _PARAMETERS_SEEN}  # by id: `in` on tensors compares values
+    first_run = sum(p.numel() * p.element_size() for p in unseen.values()) <= FIRST_RUN_COPY_LIMIT
+    wanted = [p for p in parameters if p in _PARAMETERS_WRITTEN or (first_run and id(p) in unseen)]
+    copies = {id(p): p.detach().clone() for p in wanted}
+    _PARAMETERS_SEEN.update(parameters)
+    return copies
+
+
+def _restore_parameters(
+    parameters: dict[int, torch.Tensor], versions: dict[int, int], copies: dict[int, torch.Tensor]
+) -> None:
+    lost = []
+    with torch.no_grad():
+        for key, parameter in parameters.items():
+            if parameter._version == versions[key]:
+                continue
+            _PARAMETERS_WRITTEN.add(parameter)
+            if key in copies and not _overlaps(parameter):
+                parameter.copy_(copies[key])
+            else:
+                lost.append(tuple(parameter.shape))
+    if lost:
+        raise FxforgeError(
+            f"the model writes into {len(lost)} of its parameters in forward (shape {lost[0]}), and fxforge did not "
+            "keep a copy to undo it",
+            hint="avoid in-place writes to parameters in forward (use a buffer), or run fxforge on a copy of the model",
+        )
 
 
 def cloned(value: Any) -> Any:
@@ -234,3 +312,18 @@ def _dynamic_shapes_by_name(model: nn.Module, shapes: dict[str, Any]) -> dict[st
         by_name[param.name] = shape
     by_name.update(shapes["kwargs"])
     return by_name
+
+
+@contextlib.contextmanager
+def quiet_quantization_notices() -> Iterator[None]:
+    """Hide exactly the notices torch.ao.quantization prints on every call: FX graph mode is deprecated but
+    chosen deliberately (see :mod:`fxforge.quantize`)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"torch\.ao\.quantization is deprecated", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", message=r"Please use quant_min and quant_max", category=UserWarning)
+        warnings.filterwarnings("ignore", message=r"torch\.quantize_per_tensor, torch\.quantize_per_channel and other")
+        warnings.filterwarnings("ignore", message=r"TypedStorage is deprecated")  # torch.load of int8 tensors
+        warnings.filterwarnings("ignore", message=r".*must run observer before calling calculate_qparams")
+        # convert_fx copies LSTM weights with torch.tensor(tensor) inside torch itself
+        warnings.filterwarnings("ignore", message=r"To copy construct", module=r"torch\.ao\.nn\.quantized\.reference")
+        yield

@@ -30,7 +30,7 @@ class FloatLiteral(nn.Module):
 
 class IntegerDivision(nn.Module):
     def forward(self, x):
-        return x / 1  # integer input: true division makes it float, not an identity
+        return (x / 1).abs()  # integer input: true division makes it float, not an identity
 
 
 X = torch.randn(2, 4)
@@ -54,15 +54,25 @@ def test_identity_module_gone_in_aten(capture_as, findings):
 def test_neutral_literals(capture_as, findings, dialect, nodes):
     found = findings(capture_as(NeutralArithmetic(), X, dialect), "FX005")
     assert [f.node for f in found] == nodes
-    assert "literal 1 returns x unchanged" in found[0].message
-    assert "literal 0 returns mul unchanged" in found[1].message
+    assert "(x * 1) returns x unchanged" in found[0].message
+    assert found[1].message.endswith("returns x unchanged")  # mul goes first, so add reads x
 
 
 def test_float_literal_needs_known_dtype(capture_as, findings):
-    # symbolic_trace records no dtypes, so x * 1.0 might promote an integer tensor: not flagged
-    assert findings(capture_as(FloatLiteral(), X, "torch"), "FX005") == []
-    # torch.export records that x is float32
-    assert [f.node for f in findings(capture_as(FloatLiteral(), X, "aten"), "FX005")] == ["mul"]
+    # a bare symbolic trace records no dtypes, so x * 1.0 might promote an integer tensor: not flagged
+    assert findings(torch.fx.symbolic_trace(FloatLiteral()), "FX005") == []
+    # capture records that x is float32 (shape propagation in the torch dialect, torch.export's own metadata)
+    for dialect in ("torch", "aten"):
+        assert [f.node for f in findings(capture_as(FloatLiteral(), X, dialect), "FX005")] == ["mul"]
+
+
+def test_a_returned_copy_of_an_input_is_kept_as_the_pass_keeps_it(capture_as, findings):
+    # the caller would get their own input tensor back instead of a copy: the pass refuses, so FX005 is silent
+    class ReturnsCopy(nn.Module):
+        def forward(self, x):
+            return x * 1
+
+    assert findings(capture_as(ReturnsCopy(), X, "aten"), "FX005") == []
 
 
 def test_integer_true_division_is_not_identity(capture_as, findings):

@@ -119,10 +119,11 @@ def test_conv_weight_read_directly(capture_as, findings, dialect):
 
 def test_linear_bn_needs_a_known_rank(capture_as, findings):
     inputs = torch.randn(5, 4)
-    # torch.export records the linear output's shape (2-D): foldable
+    # torch.export records the linear output's shape (2-D), and capture records it for a symbolic trace: foldable
     assert [f.node for f in findings(capture_as(LinearBn().eval(), inputs, "aten"), "FX008")] == ["batch_norm"]
-    # a symbolic trace does not: BatchNorm1d on 3-D input normalises another dim, so not reported
-    assert findings(capture_as(LinearBn().eval(), inputs, "torch"), "FX008") == []
+    assert [f.node for f in findings(capture_as(LinearBn().eval(), inputs, "torch"), "FX008")] == ["bn"]
+    # a bare traced graph has no shapes: BatchNorm1d on 3-D input normalises another dim, so not reported
+    assert findings(torch.fx.symbolic_trace(LinearBn().eval()), "FX008") == []
 
 
 def test_resnet18_every_bn(findings, resnet18_captured):

@@ -13,7 +13,7 @@ row), fresh values (arithmetic, ``x * 1``, ``x + 0``, ``clone``, ``contiguous``,
 dropout), repeated calls (CSE candidates) and in-place ops (``add_``, ``mul_``, ``copy_``, ``index_put_``,
 ``masked_fill_``, ``relu_``, ``t_``) on writable values or on views of them (a row, a column, the
 transpose, all rows but the first). Each program is captured with torch.export; every exact pass
-(``fxforge.bench.exact_passes()``), alone and all in sequence, must leave the captured graph and its
+(``fxforge.passes.exact_passes()``), alone and all in sequence, must leave the captured graph and its
 stored tensors untouched, verify equal to it, give the same outputs as the captured graph on two calls in
 a row (state written by the graph included), and leave no stored tensor whose elements overlap in memory.
 
@@ -32,9 +32,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import fx, nn
 
-from fxforge.bench import exact_passes
 from fxforge.capture import Captured, capture
-from fxforge.passes import apply_pass
+from fxforge.passes import apply_pass, exact_passes
 from fxforge.verify import as_structure, compare_outputs, verify
 
 EXACT = exact_passes()

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from fxforge.passes import PASS, PassError, apply_pass
-from fxforge.passes.pipeline import Pipeline
+from fxforge.pipeline import Pipeline
 from fxforge.verify import verify
 
 X = torch.randn(2, 4)

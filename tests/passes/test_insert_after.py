@@ -28,7 +28,7 @@ from fxforge.passes.insert_after import (
     collect_stats,
     reset_stats,
 )
-from fxforge.passes.pipeline import Pipeline
+from fxforge.pipeline import Pipeline
 from fxforge.verify import TOLERANCES, verify
 
 NAME = "insert_after"

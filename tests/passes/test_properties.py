@@ -27,7 +27,7 @@ from torch import nn
 from fxforge.capture import Captured, capture
 from fxforge.graphs import node_kind
 from fxforge.passes import PASSES, all_passes
-from fxforge.passes.pipeline import Pipeline
+from fxforge.pipeline import Pipeline
 from fxforge.verify import verify
 
 DIALECTS = {"torch": "symbolic_trace", "aten": "export"}

@@ -13,7 +13,7 @@ from torch import fx, nn
 from fxforge.cli import main
 from fxforge.errors import EXIT_OK, EXIT_USAGE
 from fxforge.passes import ORIGIN, PASS, PassError, apply_pass
-from fxforge.passes.pipeline import Pipeline
+from fxforge.pipeline import Pipeline
 from fxforge.verify import verify
 
 MAPPING = {nn.ReLU: nn.ReLU6}

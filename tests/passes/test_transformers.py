@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 import torch
 
-from fxforge.bench import exact_passes
 from fxforge.capture import Captured, capture
-from fxforge.passes.pipeline import Pipeline
+from fxforge.passes import exact_passes
+from fxforge.pipeline import Pipeline
 from fxforge.verify import as_structure, compare_outputs
 
 transformers = pytest.importorskip("transformers")

@@ -7,7 +7,9 @@ Errors print one ``error:`` line (plus a ``hint:`` line) on stderr; an unexpecte
 
 from __future__ import annotations
 
+import importlib
 import os
+import pkgutil
 import sys
 
 import click
@@ -16,7 +18,7 @@ from rich.text import Text
 from fxforge import __version__
 from fxforge.cli import interrupted
 from fxforge.cli.options import stderr
-from fxforge.errors import EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, FxforgeError
+from fxforge.errors import EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, FxforgeError, one_line_reason
 
 
 class _Group(click.Group):
@@ -38,11 +40,20 @@ def cli(ctx: click.Context, debug: bool) -> None:
     ctx.obj["debug"] = debug or bool(os.environ.get("FXFORGE_DEBUG"))
 
 
-def _register_commands() -> None:
-    from fxforge.cli.commands import bench, export, inspect, lint, optimize, passes, quantize, verify
+# The order `fxforge --help` lists commands in: the natural workflow. A command module not named here (a new
+# one) is listed after these, alphabetically.
+COMMAND_ORDER = ("inspect", "lint", "optimize", "verify", "quantize", "passes", "export", "bench")
 
-    for module in (inspect, lint, optimize, verify, quantize, passes, export, bench):
-        cli.add_command(module.command)
+
+def _register_commands() -> None:
+    """Add every module of :mod:`fxforge.cli.commands` (each defines ``command``); importing them is cheap, as
+    they import the library only when their command runs."""
+    import fxforge.cli.commands as package
+
+    names = sorted(module.name for module in pkgutil.iter_modules(package.__path__))
+    ordered = [n for n in COMMAND_ORDER if n in names] + [n for n in names if n not in COMMAND_ORDER]
+    for name in ordered:
+        cli.add_command(importlib.import_module(f"{package.__name__}.{name}").command)
 
 
 _register_commands()
@@ -77,8 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         if debug:
             raise
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        _print_line("internal error:", "bold red", f"{type(exc).__name__}: {first}")
+        _print_line("internal error:", "bold red", one_line_reason(exc))
         _print_line("hint:", "dim", "rerun with --debug for the traceback, and please report it")
         return EXIT_INTERNAL
     return EXIT_OK

@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
-# inspect's quant column, in fxforge.quantize.QUANT_KINDS order: what is left of calibration stands out
+# inspect's quant column, in fxforge.vocabulary.QUANT_KINDS order: what is left of calibration stands out
 _QUANT_STYLE = {
     "observer": "yellow",
     "fake_quant": "yellow",
@@ -212,6 +212,17 @@ def render_optimize(console: Console, spec: str, result: Any) -> None:
         console.print(f"  [dim]note: {note}[/]")
     if result.output_dir is not None:
         console.print(f"wrote {result.output_dir}/: {', '.join(result.files)}")
+
+
+def render_timings(console: Console, capture_s: float, result: Any) -> None:
+    """Where an optimize run spent its time: capture, shape facts, reference outputs, each pass, writing."""
+    timings = dict(result.pipeline.timings)
+    parts = [f"capture {capture_s:.2f} s"]
+    parts += [f"{name} {seconds:.2f} s" for name, seconds in timings.items()]
+    if getattr(result, "write_s", None):
+        parts.append(f"write {result.write_s:.2f} s")
+    total = capture_s + sum(timings.values()) + (getattr(result, "write_s", 0.0) or 0.0)
+    console.print(f"[dim]time: {', '.join(parts)}; total {total:.2f} s (each pass: rewrite and verification)[/]")
 
 
 def render_verify_doubts(console: Console, result: Any) -> None:

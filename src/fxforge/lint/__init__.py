@@ -18,6 +18,8 @@ from torch import fx, nn
 from fxforge.capture import Captured
 from fxforge.errors import FxforgeError
 from fxforge.graphs import dialect_of, module_path
+from fxforge.passes import FIX_ORDER
+from fxforge.registry import Registry
 
 SEVERITIES = ("info", "warning", "error")
 
@@ -88,7 +90,11 @@ class Rule:
         }
 
 
-RULES: dict[str, Rule] = {}
+class RuleError(FxforgeError):
+    """A lint rule could not be registered or found."""
+
+
+RULES: Registry[Rule] = Registry("lint rule", RuleError, listing="fxforge lint --rules")
 
 
 def rule(
@@ -101,12 +107,14 @@ def rule(
 ) -> Callable[[RuleCheck], RuleCheck]:
     """Register a lint rule; the decorated function yields ``(node, message)`` for each finding."""
     if severity not in SEVERITIES:
-        raise ValueError(f"severity must be one of {SEVERITIES}")
+        raise RuleError(f"rule {code}: severity must be one of {', '.join(SEVERITIES)}, not {severity!r}")
 
     def register(check: RuleCheck) -> RuleCheck:
-        if code in RULES or any(r.name == name for r in RULES.values()):
-            raise ValueError(f"lint rule {code} / {name} registered twice")
-        RULES[code] = Rule(code, name, severity, summary, check, fix, dialects)
+        clash = next((r for r in RULES.values() if r.name == name and r.code != code), None)
+        if clash is not None:
+            origin = RULES.origin(clash.code)
+            raise RuleError(f"lint rule name {name!r} is already used by {clash.code} (from {origin})")
+        RULES.register(code, Rule(code, name, severity, summary, check, fix, dialects), same=_same_check)
         return check
 
     return register
@@ -129,6 +137,10 @@ class LintReport:
             "counts": counts,
             "rules_run": self.rules_run,
         }
+
+
+def _same_check(old: Rule, new: Rule) -> bool:
+    return old.check is new.check
 
 
 def _select_rules(select: Iterable[str] | None, ignore: Iterable[str] | None) -> list[Rule]:
@@ -185,52 +197,5 @@ def _load_rules() -> None:
     import fxforge.lint.rules  # noqa: F401
 
 
-# Fix passes run in this order: removals first so that folding sees the simplified graph, dead code last.
-FIX_ORDER = ("remove_dropout", "remove_identity", "fold_bn", "merge_convs", "cse", "fold_constants", "dead_code")
-
-
-@dataclass
-class FixResult:
-    before: LintReport
-    after: LintReport
-    passes: list[str]
-    optimized: Any  # fxforge.optimize.OptimizeResult
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "passes": self.passes,
-            "before": self.before.to_dict()["counts"],
-            "after": self.after.to_dict()["counts"],
-            "optimize": self.optimized.to_dict(),
-        }
-
-
-def fix(
-    captured: Captured,
-    output_dir: str | None,
-    *,
-    select: Iterable[str] | None = None,
-    ignore: Iterable[str] | None = None,
-    force: bool = False,
-    spec: str | None = None,
-) -> FixResult:
-    """Lint, run (verified) the passes named by the findings' ``fix`` fields, and lint the result."""
-    import dataclasses
-
-    from fxforge.optimize import optimize
-    from fxforge.passes import PASSES, all_passes
-
-    all_passes()
-    before = lint(captured, select=select, ignore=ignore)
-    wanted = {f.fix for f in before.findings if f.fix and f.fix in PASSES}
-    names = [name for name in FIX_ORDER if name in wanted] + sorted(wanted - set(FIX_ORDER))
-    # keep_going: a fix pass that fails verification is rolled back and reported; the other fixes still land.
-    optimized = optimize(
-        captured, names, output_dir=output_dir if names else None, verify=True, keep_going=True, force=force, spec=spec
-    )
-    # The rewritten graph is the model now: rules that compare the graph with its model (FX006 unused
-    # parameters) must not count the BatchNorms that fold_bn folded away as unused weight.
-    rewritten = optimized.pipeline.graph_module
-    fixed = dataclasses.replace(captured, graph_module=rewritten, original=rewritten)
-    after = lint(fixed, select=select, ignore=ignore)
-    return FixResult(before, after, names, optimized)
+# The order lint --fix applies fix passes in; defined beside the passes, re-exported here where users look.
+__all__ = ["FIX_ORDER", "Finding", "LintContext", "LintReport", "Rule", "all_rules", "lint", "rule"]

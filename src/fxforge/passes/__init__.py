@@ -30,6 +30,7 @@ from torch import fx, nn
 
 from fxforge.errors import FxforgeError
 from fxforge.graphs import dialect_of
+from fxforge.registry import Registry
 from fxforge.vocabulary import ORIGIN, PASS
 
 
@@ -98,7 +99,11 @@ class PassSpec:
         }
 
 
-PASSES: dict[str, PassSpec] = {}
+PASSES: Registry[PassSpec] = Registry("pass", PassError, listing="fxforge passes")
+
+# The exact passes in the order ``lint --fix`` and ``optimize --auto`` run them: removals first, so that folding
+# sees the simplified graph; dead code last, to sweep up what the others leave unused.
+FIX_ORDER = ("remove_dropout", "remove_identity", "fold_bn", "merge_convs", "cse", "fold_constants", "dead_code")
 
 
 def register_pass(
@@ -114,9 +119,8 @@ def register_pass(
     """Register a pass under ``name``; usable as a decorator by users for their own passes too."""
 
     def decorator(function: PassFunction) -> PassFunction:
-        if name in PASSES and PASSES[name].function is not function:
-            raise PassError(f"a pass named {name!r} is already registered")
-        PASSES[name] = PassSpec(name, function, summary, guarantees, options, dialects, requires, ensures)
+        spec = PassSpec(name, function, summary, guarantees, options, dialects, requires, ensures)
+        PASSES.register(name, spec, same=lambda old, new: old.function is new.function)
         return function
 
     return decorator
@@ -124,8 +128,13 @@ def register_pass(
 
 def _load_builtin_passes() -> None:
     for module in pkgutil.iter_modules(__path__):
-        if module.name not in ("pipeline",):
-            importlib.import_module(f"{__name__}.{module.name}")
+        importlib.import_module(f"{__name__}.{module.name}")
+
+
+def registered_passes() -> dict[str, PassSpec]:
+    """Every registered pass by name (the built-in ones imported first)."""
+    _load_builtin_passes()
+    return dict(PASSES)
 
 
 def all_passes() -> list[PassSpec]:
@@ -135,13 +144,7 @@ def all_passes() -> list[PassSpec]:
 
 def get_pass(name: str) -> PassSpec:
     _load_builtin_passes()
-    if name not in PASSES:
-        import difflib
-
-        close = difflib.get_close_matches(name, PASSES, n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        raise PassError(f"unknown pass {name!r}", hint=f"{hint}list them with: fxforge passes")
-    return PASSES[name]
+    return PASSES.lookup(name)
 
 
 def parse_options(spec: PassSpec, raw: Any) -> Any:
@@ -261,3 +264,9 @@ def apply_pass(gm: fx.GraphModule, name: str | PassSpec, options: Any = None, *,
         if reason:
             raise PassError(f"pass {spec.name!r} broke its guarantee: {reason}")
     return result
+
+
+def exact_passes() -> list[str]:
+    """The registered exact passes, in the order ``lint --fix`` runs them."""
+    _load_builtin_passes()
+    return [name for name in FIX_ORDER if name in PASSES]

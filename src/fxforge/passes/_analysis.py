@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from fxforge.graphs import aten_packet, get_attr_value, has_side_effects, node_arg, submodule
+from fxforge.graphs import WEIGHTED_LAYER_TYPES, aten_packet, get_attr_value, has_side_effects, node_arg, submodule
 
 # fx's own list of calls with effects beyond their value (asserts, autocast and grad-mode switches,
 # profiler ranges); `has_side_effects` misses some of them, e.g. aten._assert_tensor_metadata.
@@ -257,13 +257,7 @@ _SELF_ALIAS_METHODS = set(
     ).split()
 )
 _FRESH_MODULES: tuple[type, ...] = (
-    nn.Conv1d,
-    nn.Conv2d,
-    nn.Conv3d,
-    nn.ConvTranspose1d,
-    nn.ConvTranspose2d,
-    nn.ConvTranspose3d,
-    nn.Linear,
+    *WEIGHTED_LAYER_TYPES,
     nn.Bilinear,
     nn.BatchNorm1d,
     nn.BatchNorm2d,

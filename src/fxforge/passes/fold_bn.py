@@ -40,13 +40,21 @@ import torch.nn.functional as F
 from torch import fx, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from fxforge.graphs import aten_packet, get_attr_value, node_kind, node_value, submodule
+from fxforge.errors import first_line
+from fxforge.graphs import (
+    CONV_TRANSPOSE_TYPES,
+    WEIGHTED_LAYER_TYPES,
+    aten_packet,
+    get_attr_value,
+    node_kind,
+    node_value,
+    submodule,
+)
 from fxforge.passes import ORIGIN, PassResult, mark, register_pass, store_tensor
 from fxforge.passes._analysis import impure_reason, written_args
+from fxforge.passes.dead_code import prune_attributes
 from fxforge.passes.merge_convs import count_uses, value_users
 
-_CONV_TYPES = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
-_TRANSPOSE_TYPES = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
 _LAYER_KINDS = ("conv", "conv_transpose", "linear")
 NAME = "fold_bn"
 TRAINING_HINT = "call model.eval() before capture"
@@ -499,7 +507,7 @@ def _read_layer(gm: nn.Module, node: fx.Node, uses: Counter[str]) -> Layer | str
 def _read_module(gm: nn.Module, node: fx.Node, uses: Counter[str]) -> Layer | str:
     module = submodule(gm, node)
     target = str(node.target)
-    if type(module) not in (*_CONV_TYPES, *_TRANSPOSE_TYPES, nn.Linear):
+    if type(module) not in WEIGHTED_LAYER_TYPES:
         return f"{type(module).__name__} is not a plain conv/linear module"
     if uses[target] > 1:
         return (
@@ -508,7 +516,7 @@ def _read_module(gm: nn.Module, node: fx.Node, uses: Counter[str]) -> Layer | st
         )
     kind = node_kind(gm, node)
     channels = module.out_features if isinstance(module, nn.Linear) else module.out_channels
-    transposed = isinstance(module, _TRANSPOSE_TYPES)
+    transposed = isinstance(module, CONV_TRANSPOSE_TYPES)
     groups = getattr(module, "groups", 1)
     return Layer(node, kind, "module", module.weight, module.bias, channels, transposed, groups)
 
@@ -663,8 +671,7 @@ def _trace_composite(gm: nn.Module, node: fx.Node, uses: Counter[str]) -> fx.Gra
     except _ComputedConstant:
         return _refusal("it computes tensors at trace time that fxforge cannot keep", label)
     except Exception as exc:
-        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        return _refusal(f"it cannot be traced to reach its batch norm ({first_line[:160]})", label)
+        return _refusal(f"it cannot be traced to reach its batch norm ({first_line(exc)[:160]})", label)
     (output,) = [n for n in graph.nodes if n.op == "output"]
     if not isinstance(output.args[0], fx.Node):
         return _refusal("it returns a structure, not one tensor", label)
@@ -920,8 +927,6 @@ def _drop_stale_attributes(gm: fx.GraphModule, fetched_before: set[str]) -> None
     torch.export also fetches each BN's ``num_batches_tracked``, which nothing reads: it goes once the BN's
     other statistics have gone.
     """
-    from fxforge.passes.dead_code import prune_attributes
-
     fetched = {str(n.target) for n in gm.graph.nodes if n.op == "get_attr"}
     for node in list(gm.graph.nodes):
         owner, _, attr = str(node.target).rpartition(".")

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from fxforge.errors import first_line
 from fxforge.graphs import get_attr_value, target_name
 from fxforge.passes import PassResult, mark, register_pass, store_tensor
 from fxforge.passes._analysis import (
@@ -157,8 +158,7 @@ def _sweep(gm: fx.GraphModule, aliases: AliasClasses, max_bytes: int) -> _Consta
                 interpreter.env = {n: constants.values[n] for n in node.all_input_nodes}
                 value = interpreter.run_node(node)
         except Exception as exc:
-            first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            constants.blocked[node] = (node, f"fails when run at pass time ({first_line[:200]})")
+            constants.blocked[node] = (node, f"fails when run at pass time ({first_line(exc)[:200]})")
             continue
         size_problem = _value_problem(value, stored_storages, max_bytes)
         if size_problem is not None:

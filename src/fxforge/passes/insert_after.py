@@ -58,7 +58,7 @@ from torch.fx.passes.shape_prop import TensorMetadata
 
 from fxforge import references
 from fxforge.errors import FxforgeError
-from fxforge.graphs import _KINDS, ATEN, aten_packet, dialect_of, module_path, node_kind, node_value, target_name
+from fxforge.graphs import ATEN, NODE_KINDS, aten_packet, dialect_of, module_path, node_kind, node_value, target_name
 from fxforge.passes import PassError, PassResult, mark, register_pass
 from fxforge.passes._analysis import AliasClasses
 
@@ -461,8 +461,8 @@ def parse_selector(text: Any) -> Selector:
         raise PassError(f"unknown selector {text!r}", hint=f"{guess}{_SELECTOR_HINT}")
     if not pattern:
         raise PassError(f"selector {text!r} has an empty pattern", hint=_SELECTOR_HINT)
-    if key == "kind" and not fnmatch.filter(_KINDS, pattern):
-        raise PassError(f"unknown node kind in {text!r}", hint=f"kinds: {', '.join(_KINDS)}")
+    if key == "kind" and not fnmatch.filter(NODE_KINDS, pattern):
+        raise PassError(f"unknown node kind in {text!r}", hint=f"kinds: {', '.join(NODE_KINDS)}")
     return Selector(key, pattern)
 
 

@@ -92,10 +92,46 @@ _PRESERVE = (None, torch.preserve_format)
 )
 def remove_identity(gm: fx.GraphModule, options: RemoveIdentityOptions) -> PassResult:
     result = PassResult(NAME, gm)
+    removals, skipped = plan_removals(gm, options)
+    for reason in skipped:
+        result.skip(reason)
+    removed_modules = False
+    for removal in removals:
+        node, source = removal.node, removal.source
+        if source.op.startswith("call"):
+            # the input now stands for this node's value as well: blame this pass if they ever differ
+            mark(source, NAME, origin_of=node)
+        node.replace_all_uses_with(source)
+        gm.graph.erase_node(node)
+        removed_modules |= node.op == "call_module"
+        result.note(f"removed {node.name} ({removal.describe})", removed=1)
+    if removed_modules:
+        gm.delete_all_unused_submodules()
+    return result
+
+
+@dataclass
+class Removal:
+    """A call the pass removes: ``node``'s users read ``source`` instead."""
+
+    node: fx.Node
+    source: fx.Node
+    describe: str
+
+
+def plan_removals(gm: fx.GraphModule, options: RemoveIdentityOptions) -> tuple[list[Removal], list[str]]:
+    """The calls :func:`remove_identity` removes, in graph order, and a line for each candidate it keeps.
+
+    Decided without changing the graph, so that lint rule FX005 reports exactly what the pass removes: a removal
+    is remembered as "``node`` is ``source``" (for the inputs of later candidates and for the alias classes)
+    instead of being applied.
+    """
     static_shapes = dialect_of(gm) == ATEN  # torch.export specialises (and guards) every size it did not mark dynamic
     aliases: AliasClasses | None = None
-    removed_modules = False
-    for node in list(gm.graph.nodes):
+    stands_for: dict[fx.Node, fx.Node] = {}  # removed node -> the node its users will read
+    removals: list[Removal] = []
+    skipped: list[str] = []
+    for node in gm.graph.nodes:
         if not node.op.startswith("call"):
             continue
         found = _classify(gm, node)
@@ -104,6 +140,7 @@ def remove_identity(gm: fx.GraphModule, options: RemoveIdentityOptions) -> PassR
         kind, source, describe = found
         if not isinstance(source, fx.Node):
             continue
+        source = stands_for.get(source, source)
         if aliases is None and (kind == "copy" or aten_packet(node) == "alias"):
             aliases = AliasClasses(gm)
         if kind == "copy":
@@ -117,20 +154,13 @@ def remove_identity(gm: fx.GraphModule, options: RemoveIdentityOptions) -> PassR
         else:
             reason = None
         if reason is not None:
-            result.skip(f"{node.name} ({describe}): {reason}")
+            skipped.append(f"{node.name} ({describe}): {reason}")
             continue
         if aliases is not None:
             aliases.merge(node, source)
-        if source.op.startswith("call"):
-            # the input now stands for this node's value as well: blame this pass if they ever differ
-            mark(source, NAME, origin_of=node)
-        node.replace_all_uses_with(source)
-        gm.graph.erase_node(node)
-        removed_modules |= node.op == "call_module"
-        result.note(f"removed {node.name} ({describe})", removed=1)
-    if removed_modules:
-        gm.delete_all_unused_submodules()
-    return result
+        stands_for[node] = source
+        removals.append(Removal(node, source, describe))
+    return removals, skipped
 
 
 def _classify(gm: fx.GraphModule, node: fx.Node) -> tuple[str, Any, str] | None:

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from fxforge.errors import first_line
 from fxforge.graphs import ATEN, dialect_of, get_attr_value
 from fxforge.passes import ORIGIN, PassError, PassResult, mark, register_pass
 from fxforge.passes.replace_modules import import_reference
@@ -49,9 +50,8 @@ def _as_graph_module(value: Any, role: str) -> fx.GraphModule:
     try:
         return fx.symbolic_trace(value)
     except Exception as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise PassError(
-            f"{NAME}: cannot trace the {role} with torch.fx.symbolic_trace: {first}",
+            f"{NAME}: cannot trace the {role} with torch.fx.symbolic_trace: {first_line(exc)}",
             hint="write it as a plain function of its inputs, without data-dependent control flow",
         ) from None
 

@@ -47,8 +47,8 @@ def command(
     """Find dead code, redundant ops, leftover training ops and optimisation opportunities."""
     from fxforge.cli.render import render_findings, render_optimize, render_rules
     from fxforge.lint import all_rules
-    from fxforge.lint import fix as run_fix
     from fxforge.lint import lint as run_lint
+    from fxforge.optimize import fix as run_fix
 
     if list_rules:
         rules = all_rules()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import warnings
 
 import click
@@ -34,6 +35,7 @@ pass is rolled back and reported instead).
     help="Verify every pass that changes the graph (default: off, or the pipeline file's 'verify').",
 )
 @click.option("--keep-going", is_flag=True, default=None, help="Roll back a pass that fails and run the rest.")
+@click.option("--timings", is_flag=True, help="Say where the time went: capture, reference, each pass, writing.")
 @click.option("--output", "-o", type=click.Path(path_type=str), default=None, help="Directory to write.")
 @click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
 @click.option("--auto", is_flag=True, help="Try every backend, verify, time the survivors, write the fastest.")
@@ -50,6 +52,7 @@ def command(
     pass_options: tuple[str, ...],
     do_verify: bool | None,
     keep_going: bool | None,
+    timings: bool,
     output: str | None,
     force: bool,
     auto: bool,
@@ -61,9 +64,9 @@ def command(
     threads: int | None,
 ) -> None:
     """Rewrite a model with passes, verify it, and write the result (loadable with torch alone)."""
-    from fxforge.cli.render import render_optimize
+    from fxforge.cli.render import render_optimize, render_timings
     from fxforge.optimize import optimize
-    from fxforge.passes.pipeline import build_pipeline
+    from fxforge.pipeline import build_pipeline
 
     if auto:
         if pass_names or pipeline or pass_options:
@@ -73,13 +76,17 @@ def command(
     plan = build_pipeline(
         pass_names, pass_options, pipeline_file=pipeline, verify=do_verify, keep_going=keep_going or None
     )
+    started = time.perf_counter()
     captured = opts.prepare()
+    capture_s = time.perf_counter() - started
     with status("running passes", opts.as_json):
         result = optimize(captured, plan, output_dir=output, force=force, spec=opts.model)
     if opts.as_json:
-        emit_json(result.to_dict())
+        emit_json({**result.to_dict(), "capture_s": round(capture_s, 3)})
     else:
         render_optimize(stdout, opts.model, result)
+        if timings:
+            render_timings(stdout, capture_s, result)
     if not result.pipeline.ok:
         raise SystemExit(EXIT_FINDINGS)
 

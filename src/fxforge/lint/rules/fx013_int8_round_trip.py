@@ -13,7 +13,7 @@ from torch import fx, nn
 
 from fxforge.graphs import submodule, target_name
 from fxforge.lint import LintContext, rule
-from fxforge.quantize import int8_weights, quant_kind
+from fxforge.vocabulary import int8_weights, quant_kind
 
 # A float region larger than this is a deliberate float section, not a conversion left by accident.
 MAX_REGION = 16

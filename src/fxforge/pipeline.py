@@ -20,16 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import tomllib
-import torch
 import yaml
 from torch import fx
-from torch.fx.passes.shape_prop import ShapeProp
 
-from fxforge.capture import Captured, placeholder_values
-from fxforge.errors import FxforgeError, one_line_reason
+from fxforge.capture import Captured, has_shapes, placeholder_values, record_shapes
+from fxforge.errors import FxforgeError, first_line, one_line_reason
+from fxforge.lint import lint
 from fxforge.passes import PassError, PassResult, apply_pass, copy_graph_module, get_pass, stamp_provenance
 from fxforge.references import parse_value
-from fxforge.runtime import cloned, preserved_state, quiet_torch_logs
 from fxforge.verify import Verifier, VerifyResult
 
 
@@ -149,9 +147,8 @@ class Pipeline:
         try:
             data = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text)
         except (yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
-            first = str(exc).splitlines()[0]
             raise FxforgeError(
-                f"pipeline file {path} is not valid {path.suffix.lstrip('.') or 'YAML'}: {first}"
+                f"pipeline file {path} is not valid {path.suffix.lstrip('.') or 'YAML'}: {first_line(exc)}"
             ) from None
         if isinstance(data, list):
             data = {"passes": data}
@@ -188,7 +185,8 @@ class Pipeline:
         example = tuple(inputs) if inputs is not None else (captured.example_inputs if captured else ())
         example_kwargs = captured.example_kwargs if captured else {}
         start = time.perf_counter()
-        _propagate_shapes(work, captured, example)
+        if example and not has_shapes(work):  # facts for the passes: capture records them, a bare graph lacks them
+            record_shapes(work, placeholder_values(work, example, example_kwargs))
         timings["shapes"] = time.perf_counter() - start
         steps: list[StepRecord] = []
         if self.verify_each and verifier is None and (example or example_kwargs):
@@ -218,8 +216,6 @@ class Pipeline:
             if record.verification is not None:
                 last_check = record.verification
             if self.lint_between:
-                from fxforge.lint import lint
-
                 record.lint_findings = len(lint(work).findings)
         if verifier is not None and last_check is None:
             # Nothing changed the graph: prove the graph handed back (the captured one) all the same.
@@ -254,22 +250,6 @@ class Pipeline:
                 else:
                     record.rolled_back = "; ".join(check.problems[:2]) or "verification failed"
         return record, result.graph_module
-
-
-def _propagate_shapes(gm: fx.GraphModule, captured: Captured | None, example: tuple[Any, ...]) -> None:
-    """Fill ``node.meta['tensor_meta']`` so passes can check ranks (e.g. Linear + BatchNorm1d).
-
-    Runs on copies of the inputs with the graph's state preserved: a model that writes into its input
-    (``x.add_(1)``) or a buffer must not change the caller's tensors or model.
-    """
-    if not example:
-        return
-    flat = cloned(placeholder_values(gm, example, captured.example_kwargs if captured else {}))
-    try:
-        with torch.no_grad(), quiet_torch_logs(), preserved_state(gm):
-            ShapeProp(gm).propagate(*flat)
-    except Exception:  # shape facts are an optimisation: passes that need them skip with a reason instead
-        return
 
 
 def parse_option_assignments(assignments: Sequence[str]) -> dict[str, dict[str, Any]]:

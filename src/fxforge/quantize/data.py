@@ -1,0 +1,218 @@
+"""Calibration and evaluation data: the formats ``--calib``, ``--eval`` and ``--data`` accept, read into batches.
+
+Files are read with ``torch.load(weights_only=True)``: tensors, lists, tuples and dicts, never pickled code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from fxforge import references
+from fxforge.errors import InputSpecError, first_line
+from fxforge.inputs import make_inputs, specs_of
+
+# Random calibration data is split into this many batches; files holding one tensor are split into
+# batches of this many samples.
+DEFAULT_RANDOM_BATCHES = 8
+DEFAULT_SPLIT = 32
+
+
+class RandomCalibrationWarning(UserWarning):
+    """Calibrated or evaluated on random data: the int8 model's accuracy on real data is unknown."""
+
+
+RANDOM_WARNING = (
+    "calibrated on random inputs: the int8 value ranges (and so its accuracy on real data) are unknown; "
+    "pass calibration data (--calib FILE.pt or file.py:function) for a model you mean to use"
+)
+RANDOM_EVAL_WARNING = (
+    "accuracy measured on random inputs: the int8 model's accuracy on real data is unknown; "
+    "pass evaluation data (--eval FILE.pt or file.py:function) to measure it"
+)
+
+
+@dataclass
+class CalibrationData:
+    """Input batches (each a tuple of positional inputs), where they came from, and the class labels
+    of each batch when the data had them (``(inputs, labels)`` pairs; ``None`` for a batch without)."""
+
+    batches: list[tuple[Any, ...]]
+    source: str
+    random: bool = False
+    labels: list[torch.Tensor | None] = field(default_factory=list)
+
+    @property
+    def labelled(self) -> bool:
+        return bool(self.labels) and len(self.labels) == len(self.batches) and all(y is not None for y in self.labels)
+
+    @property
+    def samples(self) -> int:
+        total = 0
+        for batch in self.batches:
+            first = next((t for t in batch if isinstance(t, torch.Tensor)), None)
+            total += int(first.shape[0]) if first is not None and first.dim() > 0 else 1
+        return total
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "batches": len(self.batches),
+            "samples": self.samples,
+            "random": self.random,
+            "labels": self.labelled,
+        }
+
+
+def _class_labels(value: Any, batch: tuple[Any, ...]) -> torch.Tensor | None:
+    """``value`` when it looks like one integer class label per sample of ``batch``, else None."""
+    first = next((t for t in batch if isinstance(t, torch.Tensor)), None)
+    if not isinstance(value, torch.Tensor) or value.dim() != 1 or value.is_floating_point() or value.is_complex():
+        return None
+    return value if first is not None and first.dim() > 0 and value.shape[0] == first.shape[0] else None
+
+
+def _as_batch(item: Any, arity: int | None, source: str) -> tuple[tuple[Any, ...], torch.Tensor | None]:
+    if isinstance(item, torch.Tensor):
+        batch: tuple[Any, ...] = (item,)
+    elif isinstance(item, (tuple, list)):
+        batch = tuple(item)
+    else:
+        raise InputSpecError(
+            f"calibration data from {source} holds a {type(item).__name__}; expected tensors or tuples of tensors",
+            hint="each item is one batch: a tensor, or a tuple with one tensor per model input",
+        )
+    # (inputs, labels) pairs from a DataLoader: the model takes the leading items; the next one, when
+    # it holds an integer class per sample, lets the accuracy report measure real top-1 accuracy.
+    labels = None
+    if arity is not None and len(batch) > arity:
+        labels = _class_labels(batch[arity], batch[:arity])
+        batch = batch[:arity]
+    return batch, labels
+
+
+def _dataset_with_labels(obj: Any, arity: int | None) -> bool:
+    """``(inputs..., labels)`` as whole tensors (samples along dim 0), e.g. ``torch.save((x, y), f)``."""
+    if arity is None or not isinstance(obj, (tuple, list)) or len(obj) != arity + 1:
+        return False
+    if not all(isinstance(t, torch.Tensor) and t.dim() > 0 for t in obj):
+        return False
+    return _class_labels(obj[arity], tuple(obj[:arity])) is not None and obj[0].shape[0] > 0
+
+
+def _batches_of(obj: Any, arity: int | None, source: str, split: int, kind: str) -> CalibrationData:
+    if isinstance(obj, torch.Tensor):
+        # One tensor holds samples along dim 0 (a dataset), not one giant batch.
+        chunks = [(chunk,) for chunk in obj.split(split)] if obj.dim() > 0 else [(obj,)]
+        return CalibrationData(chunks, source, labels=[None] * len(chunks))
+    if _dataset_with_labels(obj, arity):
+        columns = [t.split(split) for t in obj]
+        batches = [tuple(column[i] for column in columns[:-1]) for i in range(len(columns[0]))]
+        return CalibrationData(batches, source, labels=list(columns[-1]))
+    if isinstance(obj, Mapping) or not isinstance(obj, Iterable):
+        raise InputSpecError(
+            f"{kind} data from {source} is a {type(obj).__name__}",
+            hint="give a tensor (samples along dim 0), (inputs, labels) tensors, or a list of batches",
+        )
+    pairs = [_as_batch(item, arity, source) for item in obj]
+    if not pairs:
+        raise InputSpecError(f"{kind} data from {source} is empty")
+    return CalibrationData([batch for batch, _ in pairs], source, labels=[labels for _, labels in pairs])
+
+
+def _load_callable(spec: str, kind: str) -> Callable[..., Any]:
+    function = references.import_reference(spec, what=f"{kind} data function", error=InputSpecError)
+    if not callable(function):
+        raise InputSpecError(f"{kind} data function {spec!r} is a {type(function).__name__}, not callable")
+    return function
+
+
+def _call_user(function: Callable[..., Any], name: str, kind: str) -> Any:
+    try:
+        return function()
+    except Exception as exc:
+        raise InputSpecError(
+            f"the {kind} data function {name} failed: {type(exc).__name__}: {first_line(exc)}"
+        ) from None
+
+
+def _is_random_spec(spec: Any) -> bool:
+    return spec is None or (isinstance(spec, str) and (spec == "random" or spec.startswith("random:")))
+
+
+def load_calibration(
+    spec: Any,
+    example_inputs: Sequence[Any],
+    *,
+    batches: int = DEFAULT_RANDOM_BATCHES,
+    seed: int = 0,
+    split: int = DEFAULT_SPLIT,
+    kind: str = "calibration",
+) -> CalibrationData:
+    """Turn the user's calibration (or evaluation, ``kind="eval"``) data into a list of input batches.
+
+    ``spec`` is one of:
+
+    * ``None``, ``"random"`` or ``"random:N"``: ``N`` (default ``batches``) random batches shaped like
+      ``example_inputs`` -- for a quick look only (:data:`RANDOM_WARNING`);
+    * a callable (or ``"file.py:function"``) returning an iterable of batches;
+    * a path to a file written by ``torch.save``, or the object itself: a tensor (samples along dim 0,
+      split into batches of ``split``); a tuple ``(inputs..., labels)`` of whole tensors (samples along
+      dim 0, labels one integer class per sample), split the same way; or a list/tuple whose items
+      are batches (a tensor, or a tuple with one tensor per model input).
+
+    Items with more entries than the model has inputs (``(images, labels)`` from a DataLoader) keep
+    only the leading inputs; an item right after them that holds one integer class per sample is kept
+    as that batch's labels, so the accuracy report can measure real top-1 accuracy.
+    """
+    arity = len(example_inputs) if example_inputs else None
+    if _is_random_spec(spec):
+        count = batches
+        if isinstance(spec, str) and spec.startswith("random:"):
+            try:
+                count = int(spec.split(":", 1)[1])
+            except ValueError:
+                raise InputSpecError(f"cannot read {spec!r}", hint="random or random:N (N batches)") from None
+        if count < 1:
+            # zero batches would calibrate (or judge) nothing: a vacuous check, not a quick one
+            raise InputSpecError(f"{spec!r} asks for {count} batches", hint="random:N needs N >= 1")
+        specs = specs_of(example_inputs)
+        data = [make_inputs(specs, seed=seed + 1 + i) for i in range(count)]
+        source = f"random ({count} batches shaped like the example inputs)"
+        return CalibrationData(data, source, random=True, labels=[None] * len(data))
+    if isinstance(spec, CalibrationData):
+        return spec
+    if isinstance(spec, (str, Path)):
+        text = str(spec)
+        if ".py:" in text and not Path(text).exists():
+            obj = _call_user(_load_callable(text, kind), text, kind)
+            return _described(_batches_of(obj, arity, text, split, kind), f"function {text}")
+        path = Path(text)
+        if not path.exists():
+            raise InputSpecError(
+                f"{kind} file not found: {path}",
+                hint="give a file written by torch.save, file.py:function, or random[:N]",
+            )
+        try:
+            obj = torch.load(str(path), map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise InputSpecError(
+                f"cannot read {kind} file {path}: {first_line(exc)}",
+                hint="save a tensor, (inputs, labels) tensors, or a list of batches with torch.save",
+            ) from None
+        return _described(_batches_of(obj, arity, str(path), split, kind), f"file {path}")
+    if callable(spec) and not isinstance(spec, (torch.Tensor, nn.Module)):
+        name = getattr(spec, "__qualname__", type(spec).__name__)
+        obj = _call_user(spec, f"{name}()", kind)
+        return _described(_batches_of(obj, arity, f"{name}()", split, kind), f"callable {name}")
+    return _described(_batches_of(spec, arity, "the given data", split, kind), f"{type(spec).__name__} in memory")
+
+
+def _described(data: CalibrationData, source: str) -> CalibrationData:
+    data.source = source
+    return data

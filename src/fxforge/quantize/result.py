@@ -1,0 +1,82 @@
+"""What :func:`fxforge.quantize.quantize` returns: the model, its accuracy and how it was made."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from fxforge.quantize.accuracy import AccuracyReport
+from fxforge.quantize.engine import ENGINES
+
+
+@dataclass
+class LayerSensitivity:
+    """The error one layer causes when it is the only layer quantized."""
+
+    layer: str
+    type: str
+    top1_agreement: float | None
+    max_abs_err: float
+    mean_abs_err: float
+    rel_err: float
+    top1_drop: float | None = None  # on labelled evaluation data
+
+
+@dataclass
+class QuantizeResult:
+    """A quantized (or QAT-prepared) model and how good it is.
+
+    ``model`` is a GraphModule from ``convert_fx`` (static, dynamic) or ``prepare_qat_fx``
+    (qat-prepare), or a module with swapped layers when dynamic quantization fell back to eager mode.
+    Run an int8 model with ``torch.backends.quantized.engine`` set to ``engine``.
+    """
+
+    model: nn.Module
+    mode: str
+    backend: str
+    machinery: str
+    calibration: dict[str, Any] | None
+    accuracy: AccuracyReport | None
+    sensitivity: list[LayerSensitivity] = field(default_factory=list)
+    quantized_layers: list[str] = field(default_factory=list)
+    float_layers: list[str] = field(default_factory=list)
+    target: str | None = None
+    target_met: bool | None = None
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    evaluation: dict[str, Any] | None = None  # the data ``accuracy`` was measured on
+    output_dir: Path | None = None
+    files: list[str] = field(default_factory=list)
+
+    @property
+    def engine(self) -> str:
+        return ENGINES[self.backend]
+
+    @property
+    def accuracy_known(self) -> bool:
+        """True when ``accuracy`` was measured on the user's data rather than on random inputs."""
+        return self.accuracy is not None and self.evaluation is not None and not self.evaluation["random"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "backend": self.backend,
+            "engine": self.engine,
+            "machinery": self.machinery,
+            "calibration": self.calibration,
+            "evaluation": self.evaluation,
+            "accuracy": asdict(self.accuracy) if self.accuracy else None,
+            "accuracy_known": self.accuracy_known,
+            "sensitivity": [asdict(s) for s in self.sensitivity],
+            "quantized_layers": self.quantized_layers,
+            "float_layers": self.float_layers,
+            "target": self.target,
+            "target_met": self.target_met,
+            "warnings": self.warnings,
+            "notes": self.notes,
+            "output_dir": str(self.output_dir) if self.output_dir else None,
+            "files": self.files,
+        }

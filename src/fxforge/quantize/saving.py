@@ -1,0 +1,188 @@
+"""Saving a quantized model: the output directory, and the work-arounds that let torch pickle FX-quantized and QAT
+models and load them back with torch alone (checked bit for bit before the directory is put in place)."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import io
+import pickle
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+from fxforge.artifacts import INPUTS_FILE, MODEL_FILE, REPORT_FILE, atomic_directory, write_inputs, write_json
+from fxforge.capture import Captured
+from fxforge.errors import FxforgeError, first_line
+from fxforge.quantize.accuracy import run_batches
+from fxforge.quantize.engine import quantized_engine
+from fxforge.quantize.result import QuantizeResult
+from fxforge.runtime import quiet_quantization_notices
+
+
+def write_output(
+    result: QuantizeResult,
+    captured: Captured,
+    output_dir: str | Path,
+    *,
+    force: bool = False,
+    spec: str | None = None,
+) -> list[str]:
+    """Write ``model.pt`` (``torch.save`` of the quantized module), ``inputs.txt`` and ``report.json``
+    into ``output_dir``, atomically (nothing is left behind when a step fails).
+
+    ``model.pt`` loads with ``torch.load(path, weights_only=False)`` and torch alone; before the
+    directory is moved into place the file is loaded back and must give the same outputs as
+    ``result.model`` on the example inputs.
+    """
+
+    output_dir = Path(output_dir)
+    files = [MODEL_FILE, INPUTS_FILE, REPORT_FILE]
+    inputs = tuple(captured.flat_inputs()) if isinstance(result.model, fx.GraphModule) else captured.example_inputs
+    with atomic_directory(output_dir, force=force) as staging:
+        with picklable_quantized_modules(result.model):
+            torch.save(result.model, staging / MODEL_FILE)
+        _check_reload(result, staging / MODEL_FILE, inputs)
+        write_inputs(staging, captured.example_inputs)
+        result.output_dir, result.files = output_dir, files
+        report = {"model": spec, "capture": captured.record.to_dict(), **result.to_dict()}
+        write_json(staging / REPORT_FILE, report)
+    return files
+
+
+def _breaks_pickling(module: nn.Module) -> bool:
+    """torch's quantized conv modules (``torch.ao.nn.quantized`` ``_ConvNd`` and the fused conv-relu
+    ones built on it) define a ``__setstate__`` written for TorchScript that never runs
+    ``nn.Module.__init__``: unpickled, such a module has no ``_modules``, and a pickled GraphModule
+    holding one fails to load (torch 2.14.1). Their ``__copy__`` does build a whole module."""
+    cls = type(module)
+    return (
+        cls.__module__.startswith("torch.ao.nn.")
+        and getattr(cls, "__setstate__", None) not in (None, nn.Module.__setstate__)
+        and getattr(cls, "__copy__", None) is not None
+    )
+
+
+@contextlib.contextmanager
+def picklable_quantized_modules(model: nn.Module) -> Iterator[None]:
+    """While in the block, ``model`` pickles (torch 2.14.1 cannot pickle FX-quantized models as they are):
+
+    * each module that :func:`_breaks_pickling` pickles as ``copy.copy(bare)``: ``bare`` (a copy of
+      the module) loads the broken way but keeps every field its class's ``__copy__`` needs, and
+      ``copy.copy`` then rebuilds the whole module;
+    * the qconfigs a prepared (QAT) model keeps on its modules and in its graph's metadata, which
+      ``convert_fx`` reads, lose the device-check closure ``prepare`` adds to their observer
+      factories (a local function, so unpicklable; it only picks the device for new observers,
+      and the model is on the CPU).
+
+    Loading needs only torch and the standard library. Everything is put back on the way out.
+    """
+    undo: list[Callable[[], None]] = []
+    try:
+        for module in model.modules():
+            if _breaks_pickling(module):
+                bare = copy.copy(module)
+                object.__setattr__(module, "__reduce_ex__", lambda protocol, bare=bare: (copy.copy, (bare,)))
+                undo.append(lambda module=module: object.__delattr__(module, "__reduce_ex__"))
+            qconfig = module.__dict__.get("qconfig")
+            if qconfig is not None and not _pickles(qconfig):
+                module.__dict__["qconfig"] = _without_device_check(qconfig)
+                undo.append(lambda module=module, qconfig=qconfig: module.__dict__.__setitem__("qconfig", qconfig))
+        attrs = getattr(model, "meta", {}).get("_observed_graph_module_attrs")
+        qconfigs = getattr(attrs, "node_name_to_qconfig", None)
+        if qconfigs is not None and not _pickles(qconfigs):
+            attrs.node_name_to_qconfig = {name: _without_device_check(q) for name, q in qconfigs.items()}
+            undo.append(lambda: setattr(attrs, "node_name_to_qconfig", qconfigs))
+        if attrs is not None and isinstance(model, fx.GraphModule):
+            state = {"meta": _meta_for_reloaded_graph(model)}
+            object.__setattr__(model, "__reduce_ex__", lambda protocol: (*_reduce_graph_module(model), state))
+            undo.append(lambda: object.__delattr__(model, "__reduce_ex__"))
+        yield
+    finally:
+        for step in reversed(undo):
+            step()
+
+
+def _reduce_graph_module(gm: fx.GraphModule) -> tuple[Any, tuple[Any, ...]]:
+    function, (body, import_block) = fx.GraphModule.__reduce__(gm)
+    return function, ({key: value for key, value in body.items() if key != "__reduce_ex__"}, import_block)
+
+
+def _meta_for_reloaded_graph(gm: fx.GraphModule) -> dict[str, Any]:
+    """``gm.meta`` as the model will need it once reloaded, so that ``convert_fx`` accepts it.
+
+    A pickled GraphModule keeps its code, not its graph or ``meta``: loading re-traces the code, which
+    renames some nodes, and leaves ``meta`` empty; ``convert_fx`` then refuses the model ("must be
+    produced by prepare_fx") and its per-node qconfigs would name nodes that no longer exist. The
+    metadata saved as pickle state (restored by ``nn.Module.__setstate__``) has its node names mapped
+    to the re-traced graph's, found by loading a copy here: the re-trace keeps the node order.
+    """
+    buffer = io.BytesIO()
+    torch.save(gm, buffer)
+    buffer.seek(0)
+    with quiet_quantization_notices():
+        reloaded = torch.load(buffer, weights_only=False)
+    before, after = list(gm.graph.nodes), list(reloaded.graph.nodes)
+    if len(before) != len(after) or any(a.op != b.op for a, b in zip(before, after)):
+        raise FxforgeError("cannot save the prepared model: its graph changes when torch reloads it")
+    names = {a.name: b.name for a, b in zip(before, after)}
+
+    def renamed(mapping: dict[str, Any]) -> dict[str, Any]:
+        return {names.get(name, name): value for name, value in mapping.items()}
+
+    attrs = gm.meta["_observed_graph_module_attrs"]
+    attrs = dataclasses.replace(
+        attrs,
+        node_name_to_qconfig=renamed(attrs.node_name_to_qconfig),
+        node_name_to_scope=renamed(attrs.node_name_to_scope),
+        equalization_node_name_to_qconfig=renamed(attrs.equalization_node_name_to_qconfig),
+        observed_node_names={names.get(name, name) for name in attrs.observed_node_names},
+    )
+    return {**gm.meta, "_observed_graph_module_attrs": attrs}
+
+
+def _pickles(value: Any) -> bool:
+    try:
+        pickle.dumps(value)
+    except Exception:
+        return False
+    return True
+
+
+def _without_device_check(qconfig: Any) -> Any:
+    """``qconfig`` (a QConfig named tuple, or None) with its factories' ``callable_args`` dropped."""
+    if qconfig is None or not hasattr(qconfig, "_replace"):
+        return qconfig
+
+    def strip(factory: Any) -> Any:
+        if getattr(factory, "callable_args", None):
+            factory = copy.copy(factory)
+            factory.callable_args = {}
+        return factory
+
+    return qconfig._replace(**{name: strip(value) for name, value in qconfig._asdict().items()})
+
+
+def _check_reload(result: QuantizeResult, path: Path, inputs: Sequence[Any]) -> None:
+    """Load ``path`` back and require bitwise-equal outputs: same int8 kernels on the same inputs."""
+    try:
+        with quiet_quantization_notices():
+            loaded = torch.load(str(path), map_location="cpu", weights_only=False)
+    except Exception as exc:
+        raise FxforgeError(
+            f"the saved {result.mode} model does not load back: {type(exc).__name__}: {first_line(exc)}",
+            hint="please report it; meanwhile save result.model's state_dict yourself",
+        ) from exc
+    # Copies, as a QAT model's fake-quant observers update their statistics on every forward; in eval
+    # mode, as a QAT model in training mode has active dropout.
+    expected, actual = copy.deepcopy(result.model).eval(), loaded.eval()
+    with quantized_engine(result.backend):
+        (want,), (got,) = run_batches(expected, [tuple(inputs)]), run_batches(actual, [tuple(inputs)])
+    if len(want) != len(got) or not all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(want, got)):
+        raise FxforgeError(
+            f"the saved {result.mode} model computes something else after loading", hint="please report it"
+        )

@@ -1,0 +1,81 @@
+"""Registries: the one way passes, lint rules and bench backends are registered by name and looked up.
+
+A :class:`Registry` is a dict from name to item that also remembers where each item came from (fxforge
+itself, a plug-in, the user's file), refuses a second, different item under a taken name -- naming both
+origins -- and answers an unknown name with the closest known one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import difflib
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
+
+from fxforge.errors import FxforgeError
+
+T = TypeVar("T")
+
+BUILTIN = "fxforge"
+
+# Where items registered right now come from: fxforge itself, unless a plug-in loader says otherwise.
+_CURRENT_ORIGIN: contextvars.ContextVar[str] = contextvars.ContextVar("fxforge_registry_origin", default=BUILTIN)
+
+
+@contextlib.contextmanager
+def registering_from(origin: str) -> Iterator[None]:
+    """Items registered inside the block are recorded as coming from ``origin`` (a plug-in, a user's file)."""
+    token = _CURRENT_ORIGIN.set(origin)
+    try:
+        yield
+    finally:
+        _CURRENT_ORIGIN.reset(token)
+
+
+class Registry(dict[str, T], Generic[T]):
+    """Items by name, with their origins. ``kind`` names them in errors ("pass", "lint rule", "backend")."""
+
+    def __init__(self, kind: str, error: type[FxforgeError] = FxforgeError, listing: str = "") -> None:
+        super().__init__()
+        self.kind = kind
+        self.error = error
+        self.listing = listing  # the command that lists them, for hints
+        self.origins: dict[str, str] = {}
+
+    def register(
+        self, name: str, item: T, origin: str | None = None, *, same: Callable[[T, T], bool] | None = None
+    ) -> T:
+        """Add ``item`` under ``name``; registering the same item again is a no-op (a module imported twice).
+
+        ``origin`` defaults to the one :func:`registering_from` set (fxforge itself otherwise); ``same`` decides
+        whether an existing item is "the same" (default: identity).
+        """
+        origin = origin or _CURRENT_ORIGIN.get()
+        if name in self:
+            existing = self[name]
+            if (same or (lambda a, b: a is b))(existing, item):
+                return existing
+            raise self.error(
+                f"a {self.kind} named {name!r} is already registered (from {self.origins.get(name, BUILTIN)}); "
+                f"{origin} registers another one",
+                hint=f"give it another name{self._listing_hint()}",
+            )
+        self[name] = item
+        self.origins[name] = origin
+        return item
+
+    def lookup(self, name: str) -> T:
+        """The item called ``name``; an error suggesting the closest name when there is none."""
+        if name not in self:
+            close = difflib.get_close_matches(name, list(self), n=1)
+            guess = f"did you mean {close[0]!r}? " if close else ""
+            known = "" if self.listing else f"one of {', '.join(sorted(self))}"
+            raise self.error(f"unknown {self.kind} {name!r}", hint=(guess + known + self._listing_hint()).strip("; "))
+        return self[name]
+
+    def origin(self, name: str) -> str:
+        return self.origins.get(name, BUILTIN)
+
+    def _listing_hint(self) -> str:
+        return f"list them with: {self.listing}" if self.listing else ""
