@@ -28,6 +28,13 @@ def resolve_inputs(loaded: LoadedModel, inputs: Sequence[str | InputSpec] | None
     )
 
 
+def example_inputs_for(
+    loaded: LoadedModel, inputs: Sequence[str | InputSpec] | None, *, seed: int = 0, device: str | None = None
+) -> tuple[Any, ...]:
+    """Seeded example inputs for ``loaded``: the given specs, else the model's defaults."""
+    return make_inputs(resolve_inputs(loaded, inputs), seed=seed, device=device or "cpu")
+
+
 def prepare(
     model: str | nn.Module,
     inputs: Sequence[str | InputSpec] | None = None,

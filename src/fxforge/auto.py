@@ -64,7 +64,7 @@ from fxforge.verify import TOLERANCES, compare_outputs, verify
 
 FP32_TOLERANCE = TOLERANCES[torch.float32][0]  # fp32 round-off: what the exact candidates are held to
 EXACT_BACKENDS = ("eager", "fx", "torchscript", "onnxruntime", "compile")
-REDUCED_BACKENDS = ("bf16", "int8")
+REDUCED_BACKENDS = ("bf16", "autocast", "int8")
 
 RANDOM_DATA_WARNING = (
     "reduced-precision candidates were measured on random inputs: their accuracy on real data is unknown; "
@@ -227,6 +227,8 @@ def _candidate_backends(backends: Sequence[str | Backend] | None, budget: Budget
         names: list[str | Backend] = list(EXACT_BACKENDS)
         if budget.reduced_precision:
             names += list(REDUCED_BACKENDS)
+        # never offer a path this machine cannot run fast (bf16 without AVX512-BF16/AMX: emulated, slower than fp32)
+        names = [name for name in names if get_backend(str(name)).unsupported_here() is None]
     else:
         names = list(backends)
         if "eager" not in [b if isinstance(b, str) else b.name for b in names]:

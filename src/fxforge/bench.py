@@ -44,14 +44,15 @@ from typing import Any
 
 import torch
 from torch import fx, nn
+from torch.utils import _pytree as pytree
 
 from fxforge.artifacts import ONNX_FILE, load_exported
-from fxforge.capture import Captured, capture, require_real_weights
+from fxforge.capture import Captured, at_batch, require_real_weights
 from fxforge.compare import compare_outputs
 from fxforge.errors import FxforgeError, one_line_reason
 from fxforge.export import export_model
-from fxforge.graphs import ATEN
-from fxforge.inputs import make_inputs, specs_of
+from fxforge.inputs import specs_of
+from fxforge.machine import gpus, native_bf16
 from fxforge.passes import exact_passes
 from fxforge.pipeline import Pipeline
 from fxforge.quantize import int8_backend
@@ -83,16 +84,28 @@ class Backend:
     name: str
     summary: str
     build: Callable[[Captured, BuildSettings], Runner]
+    # why this machine cannot run it fast (None: it can); such a backend is left out of the default set
+    unsupported: Callable[[], str | None] | None = None
+
+    def unsupported_here(self) -> str | None:
+        return self.unsupported() if self.unsupported is not None else None
 
 
 BACKENDS: Registry[Backend] = Registry("backend")
 
 
-def register_backend(name: str, summary: str) -> Callable[[Callable[[Captured, BuildSettings], Runner]], Any]:
-    """Register a backend builder under ``name`` (``bench`` and ``optimize --auto`` share the registry)."""
+def register_backend(
+    name: str, summary: str, *, unsupported: Callable[[], str | None] | None = None
+) -> Callable[[Callable[[Captured, BuildSettings], Runner]], Any]:
+    """Register a backend builder under ``name`` (``bench`` and ``optimize --auto`` share the registry).
+
+    ``unsupported()`` says why this machine cannot run the backend fast (None when it can): such a backend is
+    left out of the default set of ``bench`` and ``--auto`` (named explicitly, it still runs).
+    """
 
     def decorate(build: Callable[[Captured, BuildSettings], Runner]) -> Callable[[Captured, BuildSettings], Runner]:
-        BACKENDS.register(name, Backend(name, summary, build), same=lambda old, new: old.build is new.build)
+        backend = Backend(name, summary, build, unsupported)
+        BACKENDS.register(name, backend, same=lambda old, new: old.build is new.build)
         return build
 
     return decorate
@@ -155,9 +168,50 @@ def _int8(captured: Captured, settings: BuildSettings) -> Runner:
     return int8_backend(captured, settings.calibration)
 
 
-@register_backend("bf16", "the captured graph in bfloat16 (weights and activations), float32 in and out")
+def _no_native_bf16() -> str | None:
+    if native_bf16() or any(gpu["bf16"] for gpu in gpus()):
+        return None
+    return "this CPU has no AVX512-BF16 or AMX: bf16 is emulated here, slower than fp32 (see fxforge doctor)"
+
+
+@register_backend(
+    "bf16",
+    "the captured graph in bfloat16 (weights and activations), float32 in and out",
+    unsupported=_no_native_bf16,
+)
 def _bf16(captured: Captured, settings: BuildSettings) -> Runner:
     return bfloat16_graph(captured.graph_module, captured.example_inputs, settings.output_like)
+
+
+@register_backend(
+    "autocast",
+    "torch.autocast to bfloat16: matmuls and convolutions in bf16, the rest in float32; float32 outputs",
+    unsupported=_no_native_bf16,
+)
+def _autocast(captured: Captured, settings: BuildSettings) -> Runner:
+    return AutocastModule(captured.graph_module, settings.output_like)
+
+
+class AutocastModule(nn.Module):
+    """``model`` run under ``torch.autocast`` (bf16 on the CPU; fp16 on CUDA where asked), its floating outputs
+    cast back to the dtypes of ``output_like``: a drop-in replacement for the float32 model."""
+
+    def __init__(self, model: nn.Module, output_like: Any, device: str = "cpu", dtype: torch.dtype = torch.bfloat16):
+        super().__init__()
+        self.model, self.output_like, self.device, self.dtype = model, output_like, device, dtype
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(self.device, dtype=self.dtype):
+            output = self.model(*args, **kwargs)
+        leaves, spec = pytree.tree_flatten(output)
+        wanted = pytree.tree_leaves(self.output_like)
+        if len(wanted) != len(leaves):
+            return output
+        cast = [
+            value.to(like.dtype) if isinstance(value, torch.Tensor) and isinstance(like, torch.Tensor) else value
+            for value, like in zip(leaves, wanted)
+        ]
+        return pytree.tree_unflatten(cast, spec)
 
 
 def bfloat16_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], output_like: Any) -> fx.GraphModule:
@@ -165,8 +219,6 @@ def bfloat16_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], output_lik
     and float outputs back to their dtype on the way out, so it is a drop-in replacement that loads
     with torch alone. ``output_like`` (an output of ``gm``) gives the output structure."""
     import operator
-
-    from torch.utils import _pytree as pytree
 
     root = nn.Module()
     root.add_module("model", copy.deepcopy(gm).to(torch.bfloat16))
@@ -316,14 +368,6 @@ def _threads(count: int) -> Iterator[None]:
         torch.set_num_threads(previous)
 
 
-def _at_batch(captured: Captured, batch: int, seed: int) -> Captured:
-    """``captured`` with seeded inputs of ``batch``; ATen graphs are re-exported (they fix the batch)."""
-    inputs = make_inputs(specs_of(captured.example_inputs), seed=seed, batch=batch)
-    if captured.dialect == ATEN and batch != captured.example_inputs[0].shape[0]:
-        return capture(captured.original, inputs, method="export", check=False)
-    return dataclasses.replace(captured, example_inputs=inputs)
-
-
 def _percentile(samples: Sequence[float], q: float) -> float:
     ordered = sorted(samples)
     if len(ordered) == 1:
@@ -362,7 +406,7 @@ def bench(
         raise FxforgeError("--batch sizes must be at least 1")
     if not captured.example_inputs or captured.example_kwargs:
         raise FxforgeError("bench needs positional example inputs", hint="pass --input, e.g. --input 1x3x224x224")
-    chosen = [b if isinstance(b, Backend) else get_backend(b) for b in (backends or list(BACKENDS))]
+    chosen = [b if isinstance(b, Backend) else get_backend(b) for b in (backends or default_backends())]
     example_batch = captured.example_inputs[0].shape[0] if captured.example_inputs[0].dim() else 1
     batches = list(batches or [example_batch])
     threads = threads or torch.get_num_threads()
@@ -416,15 +460,15 @@ def build_backend(
 
 
 def _bench_batch(captured: Captured, chosen: Sequence[Backend], batch: int, plan: _Plan) -> list[BenchRow]:
-    at_batch = _at_batch(captured, batch, plan.seed)
-    inputs = at_batch.example_inputs
-    expected = run_reference(at_batch.original, inputs, {})
+    resized = at_batch(captured, batch, plan.seed)
+    inputs = resized.example_inputs
+    expected = run_reference(resized.original, inputs, {})
     rows = {backend.name: BenchRow(backend.name, batch) for backend in chosen}
     runners: dict[str, Runner] = {}
     for backend in chosen:
         row = rows[backend.name]
         settings = BuildSettings(plan.threads, plan.workdir / f"{backend.name}-{batch}", expected, plan.passes)
-        runner, row.error, row.build_s = build_backend(backend, at_batch, settings)
+        runner, row.error, row.build_s = build_backend(backend, resized, settings)
         row.notes = settings.notes
         if runner is not None:
             runners[backend.name] = runner
@@ -497,6 +541,11 @@ def _timed_rounds(
                     rows[name].error = f"run failed: {one_line_reason(exc)}"
             counter.step(f"round {round_index + 1}/{repeats} (batch {batch})")
     return samples
+
+
+def default_backends() -> list[str]:
+    """Every registered backend this machine can run fast (``Backend.unsupported_here`` says why not)."""
+    return [name for name, backend in BACKENDS.items() if backend.unsupported_here() is None]
 
 
 def describe_backends() -> list[tuple[str, str]]:

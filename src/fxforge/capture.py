@@ -19,6 +19,7 @@ constants. The returned graph shares parameters with the original model; nothing
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import inspect as pyinspect
 import traceback
@@ -42,6 +43,7 @@ from fxforge.errors import (
     user_location,
 )
 from fxforge.graphs import ATEN, TORCH, dialect_of
+from fxforge.inputs import make_inputs, specs_of
 from fxforge.models import LoadedModel
 from fxforge.runtime import (
     buffers_snapshot,
@@ -466,6 +468,16 @@ def record_shapes(gm: fx.GraphModule, values: Sequence[Any]) -> bool:
 def has_shapes(gm: fx.GraphModule) -> bool:
     """Whether ``gm``'s nodes carry shape facts (``tensor_meta`` from :func:`record_shapes`, or export's ``val``)."""
     return any("tensor_meta" in n.meta or "val" in n.meta for n in gm.graph.nodes if n.op == "placeholder")
+
+
+def at_batch(captured: Captured, batch: int, seed: int = 0) -> Captured:
+    """``captured`` with seeded example inputs of ``batch`` rows; an ATen graph is exported again (torch.export
+    fixes the batch size of the program it writes)."""
+    inputs = make_inputs(specs_of(captured.example_inputs), seed=seed, batch=batch)
+    example_batch = captured.example_inputs[0].shape[0] if captured.example_inputs[0].dim() else None
+    if captured.dialect == ATEN and batch != example_batch:
+        return capture(captured.original, inputs, example_kwargs=captured.example_kwargs, method="export", check=False)
+    return dataclasses.replace(captured, example_inputs=inputs)
 
 
 def require_real_weights(captured: Captured, what: str) -> None:

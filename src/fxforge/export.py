@@ -35,7 +35,6 @@ import io
 import json
 import os
 import re
-import sys
 import time
 import warnings
 from collections.abc import Iterator, Sequence
@@ -52,7 +51,7 @@ from fxforge.capture import Captured
 from fxforge.errors import EXIT_CAPTURE, FxforgeError, first_line, format_location, require, strip_ansi, user_location
 from fxforge.graphs import ATEN
 from fxforge.inputs import specs_of
-from fxforge.runtime import export_program, quiet_torch_logs, run_reference
+from fxforge.runtime import export_program, native_output_silenced, quiet_torch_logs, run_reference
 from fxforge.verify import DEFAULT_CASES, VerifyResult, verify
 
 ONNX_EXPORTERS = ("auto", "dynamo", "legacy")
@@ -436,7 +435,7 @@ def _exporting(what: str, notes: list[str], allow_trace_warnings: bool = False) 
             quiet_torch_logs(),
             contextlib.redirect_stdout(sink),
             contextlib.redirect_stderr(sink),
-            _native_output_silenced(),
+            native_output_silenced(),
             torch.no_grad(),
         ):
             warnings.simplefilter("always", torch.jit.TracerWarning)
@@ -463,24 +462,6 @@ def _exporting(what: str, notes: list[str], allow_trace_warnings: bool = False) 
             construct="data-dependent value in a trace",
             location=where,
         )
-
-
-@contextlib.contextmanager
-def _native_output_silenced() -> Iterator[None]:
-    """Point file descriptors 1 and 2 at /dev/null: the legacy ONNX exporter prints its IR from C++."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = [os.dup(1), os.dup(2)]
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 1)
-        os.dup2(devnull, 2)
-        yield
-    finally:
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        for fd in (*saved, devnull):
-            os.close(fd)
 
 
 def _export_error(what: str, exc: BaseException) -> ExportError:

@@ -12,6 +12,8 @@ import contextlib
 import inspect as pyinspect
 import io
 import logging
+import os
+import sys
 import warnings
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
@@ -327,3 +329,22 @@ def quiet_quantization_notices() -> Iterator[None]:
         # convert_fx copies LSTM weights with torch.tensor(tensor) inside torch itself
         warnings.filterwarnings("ignore", message=r"To copy construct", module=r"torch\.ao\.nn\.quantized\.reference")
         yield
+
+
+@contextlib.contextmanager
+def native_output_silenced() -> Iterator[None]:
+    """Point file descriptors 1 and 2 at /dev/null for the block: C++ code prints straight to them (the legacy ONNX
+    exporter its IR, the profiler its start and stop lines), past Python's redirection."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, devnull):
+            os.close(fd)

@@ -425,3 +425,254 @@ def _agreement(budget: Any) -> str:
 
 def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
     return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
+def render_profile(console: Console, spec: str, report: Any, top: int, depth: int) -> None:
+    """The hottest nodes, the module roll-up, and how the sum of node times compares with the whole model."""
+    peak = report.peak
+    gflops = ", ".join(f"{dtype} {value:.0f}" for dtype, value in peak.gflops.items())
+    title = f"{spec}: {report.backend} backend, inputs {', '.join(report.inputs)}, median of {report.repeats} runs"
+    table = Table(title=title, title_justify="left")
+    table.add_column("node" if report.backend == "fx" else "module")
+    table.add_column("target")
+    for column in ("ms", "share", "GFLOP/s", "FLOP/byte", "alloc"):
+        table.add_column(column, justify="right")
+    table.add_column("bound (of its limit)")
+    for node in report.top(top):
+        bound = node.bound
+        if node.bound and node.peak_fraction is not None:
+            bound = f"{node.bound} ({node.peak_fraction:.0%})"
+        table.add_row(
+            Text(node.name),
+            Text(node.target),
+            f"{node.time_ms:.3f}",
+            f"{node.share:.1%}",
+            f"{node.gflops:.1f}" if node.flops else "-",
+            f"{node.intensity:.1f}" if node.intensity else "-",
+            human_bytes(node.bytes) if node.bytes else "",
+            bound,
+        )
+    console.print(table)
+    modules = [m for m in report.modules if m.path.count(".") < depth]
+    if modules:
+        rollup = Table(title="Modules", title_justify="left")
+        rollup.add_column("module")
+        for column in ("nodes", "ms", "share", "FLOPs"):
+            rollup.add_column(column, justify="right")
+        for module in sorted(modules, key=lambda m: m.time_ms, reverse=True):
+            rollup.add_row(
+                Text(module.path),
+                str(module.nodes),
+                f"{module.time_ms:.3f}",
+                f"{module.share:.1%}",
+                human_count(module.flops),
+            )
+        console.print(rollup)
+    console.print(
+        f"[bold]Total[/]: {report.total_ms:.2f} ms summed over {len(report.nodes)} "
+        f"{'nodes' if report.backend == 'fx' else 'leaf modules'}; the whole model unprofiled: "
+        f"{report.whole_ms:.2f} ms (profiling overhead {report.overhead:+.0%})"
+    )
+    console.print(
+        f"[dim]peak on this machine ({peak.threads} threads): GFLOP/s {gflops}; memory {peak.bandwidth_gbs:.1f} GB/s. "
+        "compute-bound: FLOP/byte above peak FLOP/s over bandwidth; (%) of the peak it reached[/]"
+    )
+    for note in report.notes:
+        console.print(f"[yellow]note:[/] {note}")
+    if report.trace:
+        console.print(f"trace written to {report.trace} (chrome://tracing, https://ui.perfetto.dev)")
+
+
+_FEATURE_STYLE = {"available": "green", "missing-extra": "yellow", "unsupported-hardware": "red"}
+
+
+def render_doctor(console: Console, report: Any) -> None:
+    versions = ", ".join(f"{name} {version}" for name, version in report.versions.items() if version)
+    missing = ", ".join(name for name, version in report.versions.items() if version is None)
+    console.print(f"[bold]versions[/]: {versions}" + (f" (not installed: {missing})" if missing else ""))
+    cpu = report.cpu
+    console.print(f"[bold]cpu[/]: {cpu.model}; {cpu.cores} CPUs; torch ISA {cpu.torch_capability or 'unknown'}")
+    console.print(f"  features: {' '.join(cpu.features) or 'none of the ones that matter'}")
+    backends = report.backends
+    console.print(
+        f"[bold]torch[/]: {backends['threads']} threads ({backends['interop_threads']} inter-op), oneDNN "
+        f"{'yes' if backends['mkldnn'] else 'no'}, quantized engines {', '.join(backends['quantized_engines'])} "
+        f"(current {backends['quantized_engine']})"
+    )
+    gpu_text = "; ".join(f"{g['name']} ({g['memory_gib']} GiB, sm {g['capability']})" for g in report.gpus) or "none"
+    console.print(f"[bold]gpus[/]: {gpu_text}")
+    if report.peak is not None:
+        gflops = ", ".join(f"{dtype} {value:,.0f}" for dtype, value in report.peak.gflops.items())
+        console.print(
+            f"[bold]peak[/] ({report.peak.threads} threads, {report.peak.seconds:.1f} s): matmul GFLOP/s {gflops}; "
+            f"memory copy {report.peak.bandwidth_gbs:.1f} GB/s"
+        )
+    table = Table(title="features", title_justify="left")
+    table.add_column("feature")
+    table.add_column("status")
+    table.add_column("why not")
+    for feature, state in report.features.items():
+        table.add_row(feature, f"[{_FEATURE_STYLE.get(state, '')}]{state}[/]", report.reasons.get(feature, ""))
+    console.print(table)
+
+
+def render_debug(console: Console, spec: str, report: Any) -> None:
+    cases = f"{len(report.cases)} case{'s' if len(report.cases) != 1 else ''}"
+    if report.nan is not None:
+        found = report.nan
+        console.print(Text.assemble(("NaN/Inf: ", "bold red"), found.describe()))
+        out = found.output
+        console.print(f"  output {'x'.join(map(str, out.shape))} {out.dtype}: {out.nan} NaN, {out.inf} Inf")
+        for index, value in enumerate(found.inputs):
+            span = "" if value.min is None else f", finite values in [{value.min:.4g}, {value.max:.4g}]"
+            shape = "x".join(map(str, value.shape))
+            console.print(f"  input {index}: {shape} {value.dtype}: {value.nan} NaN, {value.inf} Inf{span}")
+    elif report.cases:
+        console.print(f"{spec}: [green]no NaN or Inf[/] in any module's output ({report.modules} modules, {cases})")
+    if report.stats:
+        table = Table(title=f"Activation statistics ({cases})", title_justify="left")
+        table.add_column("module")
+        for column in ("calls", "min", "max", "mean", "std", "zeros", "NaN", "Inf"):
+            table.add_column(column, justify="right")
+        for name, stats in report.stats.items():
+            if not stats.calls:
+                continue
+            table.add_row(
+                Text(name or "<root>"),
+                str(stats.calls),
+                _fmt(stats.min, ".4g"),
+                _fmt(stats.max, ".4g"),
+                _fmt(stats.mean, ".4g"),
+                _fmt(stats.std, ".4g"),
+                "-" if stats.zero_fraction is None else f"{stats.zero_fraction:.1%}",
+                str(stats.nan_count),
+                str(stats.inf_count),
+            )
+        console.print(table)
+    for error in report.errors:
+        console.print(f"[yellow]the model raised on[/] {error}")
+
+
+def _cost_text(value: float, balance: str) -> str:
+    if balance == "time":
+        return f"{value:.2f} ms"
+    if balance == "flops":
+        return human_count(value)
+    return human_bytes(value)
+
+
+def _tensors_text(tensors: list[Any]) -> str:
+    return ", ".join(f"{t.name} {'x'.join(map(str, t.shape)) or 'scalar'} {t.dtype}" for t in tensors)
+
+
+def render_split(console: Console, spec: str, capture: dict[str, Any], result: Any) -> None:
+    """The split plan: a row per stage, a row per cut (what crosses it), the balance, verification, files."""
+    plan = result.plan
+    render_capture(console, spec, capture)
+    table = Table(title=f"{len(plan.stages)} stages, balanced by {plan.balance}")
+    table.add_column("stage", justify="right")
+    table.add_column("nodes", justify="right")
+    table.add_column("from .. to")
+    for column in ("params", "param bytes", "FLOPs", "activations", "receives", "memory", "cost"):
+        table.add_column(column, justify="right")
+    if plan.balance == "time":
+        table.add_column("time", justify="right")
+    for stage in plan.stages:
+        span = f"{stage.first_node} ({stage.first_module or 'root'}) .. {stage.last_node} ({stage.last_module or 'root'})"
+        share = f"{stage.cost / plan.total_cost:.1%}" if plan.total_cost else "-"
+        row = [
+            str(stage.index),
+            str(stage.nodes),
+            span,
+            human_count(stage.params),
+            human_bytes(stage.param_bytes),
+            human_count(stage.flops),
+            human_bytes(stage.activation_bytes),
+            human_bytes(stage.input_bytes),
+            human_bytes(stage.memory_bytes),
+            share,
+        ]
+        if plan.balance == "time":
+            row.append(f"{stage.time_ms:.2f} ms" if stage.time_ms is not None else "-")
+        table.add_row(*row)
+    console.print(table)
+    if plan.cuts:
+        cuts = Table(title="Cuts: tensors sent from one stage to the next (per microbatch)")
+        for column in ("cut", "after .. before", "tensors", "bytes", "torch split_spec"):
+            cuts.add_column(column, justify="right" if column in ("cut", "bytes") else "left")
+        for cut in plan.cuts:
+            point = ", ".join(f"{k}: {v}" for k, v in cut.split_spec.items()) if cut.split_spec else "[dim]inside a call[/]"
+            cuts.add_row(
+                f"{cut.after_stage}|{cut.after_stage + 1}",
+                f"{cut.after_node} .. {cut.before_node}",
+                _tensors_text(cut.tensors),
+                human_bytes(cut.bytes),
+                point,
+            )
+        console.print(cuts)
+    console.print(
+        f"[bold]imbalance[/] {plan.imbalance:.3f} (largest stage {_cost_text(plan.bottleneck, plan.balance)} / mean "
+        f"{_cost_text(plan.total_cost / len(plan.stages), plan.balance)}), {human_bytes(plan.crossing_bytes)} cross "
+        f"the cuts; {plan.nodes} nodes planned in {plan.plan_s:.2f} s"
+    )
+    if plan.cuts:
+        if plan.split_spec is not None:
+            entries = ", ".join(f'"{k}": SplitPoint.{v}' for k, v in plan.split_spec.items())
+            console.print(f"torch.distributed.pipelining.pipeline(model, mb_args, split_spec={{{entries}}})")
+        else:
+            inside = [cut for cut in plan.cuts if cut.split_spec is None]
+            console.print(f"[dim]{len(inside)} cut(s) fall inside a module call: pipe_split() {inside[0].pipe_split}[/]")
+    verification = result.verification
+    if verification is not None:
+        if verification.ok:
+            console.print(
+                f"  [green]verified[/]: the {len(plan.stages)} stages chained in one process match the model on "
+                f"{verification.describe_inputs()} (max abs err {verification.max_abs_err:.3g})"
+            )
+            render_verify_doubts(console, verification)
+        else:
+            console.print(f"  [bold red]MISMATCH[/]: the chained stages differ from the model: {verification.problems[:2]}")
+    for note in plan.notes:
+        console.print(f"  [dim]note: {note}[/]")
+    if result.directory:
+        console.print(f"wrote {result.directory}/: {', '.join(result.files)}")
+
+
+def render_pipeline_run(console: Console, run: Any) -> None:
+    """run-pipeline: how it ran, throughput per schedule next to one process, and the output check."""
+    console.print(
+        f"[bold]{run.directory}[/]: {run.stages} stages as {run.stages} processes ({run.backend} on {run.device}, "
+        f"{run.threads} thread{'s' if run.threads != 1 else ''} each); batch {run.batch} = {run.microbatches} "
+        f"microbatches ({', '.join(run.inputs)})"
+    )
+    table = Table(title=f"Throughput, median of {len(run.schedules[0].times_s) if run.schedules else 0} runs")
+    for column in ("run", "ms per batch", "samples/s", "vs one process"):
+        table.add_column(column, justify="left" if column == "run" else "right")
+    for timing in run.schedules:
+        speedup = f"{timing.speedup:.2f}x" if timing.speedup is not None else "-"
+        table.add_row(
+            f"pipeline, {timing.schedule}", f"{timing.median_s * 1000:.1f}", f"{timing.samples_per_s:.1f}", speedup
+        )
+    if run.baseline is not None:
+        how = ", once per microbatch" if run.baseline.per_microbatch else ""
+        table.add_row(
+            f"one process ({run.baseline.threads} thread{'s' if run.baseline.threads != 1 else ''}{how})",
+            f"{run.baseline.median_s * 1000:.1f}",
+            f"{run.baseline.samples_per_s:.1f}",
+            "1.00x",
+        )
+    console.print(table)
+    check = run.check
+    if check is not None:
+        if check.ok:
+            console.print(
+                f"  [green]verified[/]: the pipeline's output matches the unsplit model ({check.reference}) on this "
+                f"batch (max abs err {check.max_abs_err:.3g}, max rel err {check.max_rel_err:.3g})"
+            )
+        else:
+            console.print(f"  [bold red]MISMATCH[/]: the pipeline's output differs from {check.reference}")
+            for problem in check.problems[:3]:
+                console.print(f"    {problem}")
+    for note in run.notes:
+        console.print(f"  [dim]note: {note}[/]")
+    console.print(f"  [dim]{run.wall_s:.1f} s in all (process start-up, loading, every run)[/]")

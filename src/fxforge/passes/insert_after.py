@@ -29,7 +29,8 @@ Selectors (option ``select``: one string or a list; a node matching any of them 
 Saving (``fxforge optimize`` writes ``torch.save`` and ``GraphModule.to_folder`` output): stats recorders, NaN
 guards and clamps pickle as plain ``torch.fx.GraphModule`` s of their own forward (see :class:`_SavedAsGraph`), so
 ``model.pt`` and ``optimized_model/`` load and run with torch alone, without fxforge installed. A reloaded recorder
-keeps counting in its buffers (``calls count mean m2 min max nan_count inf_count``; ``std = sqrt(m2 / count)``),
+keeps counting in its buffers (``calls count mean m2 min max nan_count inf_count zero_count``;
+``std = sqrt(m2 / count)``),
 which :func:`collect_stats` still reads; a reloaded guard raises a plain ``RuntimeError`` with the same message (a
 torch-only graph cannot raise fxforge's error class, nor count). Noise and callable modules pickle by reference to
 their class: reloading them needs fxforge (and the callable's module) importable, because a seeded generator and an
@@ -66,7 +67,7 @@ NAME = "insert_after"
 KINDS = ("stats", "nan_guard", "noise", "clamp", "callable")
 SELECTOR_KEYS = ("type", "name", "target", "op", "kind")
 MARKER = "fxforge_insert"  # attribute on every inserted module: {"kind", "node", "module_path", ...}
-_STATS_BUFFERS = ("calls", "count", "mean", "m2", "min", "max", "nan_count", "inf_count")
+_STATS_BUFFERS = ("calls", "count", "mean", "m2", "min", "max", "nan_count", "inf_count", "zero_count")
 _SELECTOR_HINT = "selectors: type:Conv2d, name:layer1.*, target:relu, op:call_function, kind:relu"
 
 
@@ -170,6 +171,7 @@ class StatsRecorder(_SavedAsGraph):
         self.register_buffer("max", torch.full((), -math.inf, dtype=f64))
         self.register_buffer("nan_count", torch.zeros((), dtype=torch.int64))
         self.register_buffer("inf_count", torch.zeros((), dtype=torch.int64))
+        self.register_buffer("zero_count", torch.zeros((), dtype=torch.int64))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not _capturing():
@@ -194,6 +196,7 @@ class StatsRecorder(_SavedAsGraph):
         self.max.copy_(torch.maximum(self.max, high.amax()))
         self.nan_count.add_(nan.sum())
         self.inf_count.add_(torch.isinf(values).sum())
+        self.zero_count.add_((values == 0).sum())
         self.calls.add_(torch.ones_like(batch_count, dtype=torch.int64))
         return x
 
@@ -353,12 +356,14 @@ class SiteStats:
     max: float | None
     mean: float | None
     std: float | None
+    zero_fraction: float | None = None  # of the values seen (ReLU outputs, pruned weights, dead units)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
-def _read_stats(site: str, recorder: nn.Module) -> SiteStats:
+def read_stats(site: str, recorder: nn.Module) -> SiteStats:
+    """A recorder's statistics so far (``site``: the name to report them under)."""
     info = getattr(recorder, MARKER, {})
     count = float(recorder.count)
     seen = count > 0
@@ -373,7 +378,14 @@ def _read_stats(site: str, recorder: nn.Module) -> SiteStats:
         max=float(recorder.max) if seen else None,
         mean=float(recorder.mean) if seen else None,
         std=math.sqrt(max(float(recorder.m2), 0.0) / count) if seen else None,
+        zero_fraction=_zero_fraction(recorder),
     )
+
+
+def _zero_fraction(recorder: nn.Module) -> float | None:
+    zeros = getattr(recorder, "zero_count", None)  # absent from recorders saved before it was counted
+    total = float(recorder.count) + float(recorder.nan_count) + float(recorder.inf_count)
+    return float(zeros) / total if zeros is not None and total > 0 else None
 
 
 class ActivationStats(Mapping[str, SiteStats]):
@@ -383,7 +395,7 @@ class ActivationStats(Mapping[str, SiteStats]):
         self.recorders = dict(recorders)
 
     def __getitem__(self, node: str) -> SiteStats:
-        return _read_stats(node, self.recorders[node])
+        return read_stats(node, self.recorders[node])
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.recorders)

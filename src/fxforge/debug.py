@@ -1,0 +1,192 @@
+"""Debug: forward hooks on the model itself, for models that cannot be captured (or before trying to).
+
+* ``nan``: every module's output is checked as it is produced; the first module whose output holds NaN or Inf
+  while its inputs were finite is named -- with the inputs that triggered it -- since the modules after it only
+  carry the NaN along. Several input cases (the distributions of verification) are tried until one triggers it.
+* ``stats``: per-module activation statistics (calls, min/max/mean/std over finite values, NaN/Inf counts,
+  fraction of zeros), gathered by the same recorder ``insert_after``'s ``stats`` insert uses, so both report
+  alike (:class:`~fxforge.passes.insert_after.SiteStats`).
+
+The model runs as it is, in its own mode, on copies of the inputs; its state is restored afterwards and the
+hooks are removed even when it raises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from fxforge.errors import FxforgeError, InputSpecError, one_line_reason
+from fxforge.inputs import DISTRIBUTIONS, draw_like
+from fxforge.passes.insert_after import SiteStats, StatsRecorder, read_stats
+from fxforge.runtime import cloned, preserved_state, quiet_torch_logs
+
+
+@dataclass
+class TensorSummary:
+    """What a tensor held: enough to see why a layer went non-finite."""
+
+    shape: list[int]
+    dtype: str
+    nan: int
+    inf: int
+    min: float | None  # over finite values
+    max: float | None
+
+
+@dataclass
+class NonFinite:
+    """The first module that turned finite inputs into a NaN/Inf output."""
+
+    module: str
+    type: str
+    call: int  # the how-many-th call of that module in the run
+    case: str  # which inputs: "the example inputs" or a verification case label
+    output: TensorSummary
+    inputs: list[TensorSummary]
+    inputs_already_non_finite: bool  # the model's own input held NaN/Inf: nothing inside is to blame
+
+    def describe(self) -> str:
+        where = f"{self.module} ({self.type})" if self.module else f"the model itself ({self.type})"
+        counts = f"{self.output.nan} NaN and {self.output.inf} Inf"
+        if not self.inputs_already_non_finite:
+            return f"{where} produced {counts} in its output from finite inputs (call {self.call}, {self.case})"
+        parent = self.module.rpartition(".")[0] or "the model's own forward"
+        return (
+            f"{where} returned {counts}, but its input already held NaN/Inf: the code that computes that input "
+            f"(in {parent}, outside any submodule) or the model's input made it (call {self.call}, {self.case})"
+        )
+
+
+@dataclass
+class DebugReport:
+    modules: int  # modules watched
+    cases: list[str]  # the inputs run
+    nan: NonFinite | None = None
+    stats: dict[str, SiteStats] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)  # a case on which the model itself raised
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "modules": self.modules,
+            "cases": self.cases,
+            "nan": asdict(self.nan) if self.nan else None,
+            "stats": {name: stats.to_dict() for name, stats in self.stats.items()},
+            "errors": self.errors,
+        }
+
+
+def debug_model(
+    model: nn.Module,
+    inputs: Sequence[Any],
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    nan: bool = True,
+    stats: bool = False,
+    cases: int = 1,
+    seed: int = 0,
+) -> DebugReport:
+    """Run ``model`` with forward hooks on every submodule (see the module docstring).
+
+    ``cases``: the example inputs, then up to ``cases - 1`` more drawn like them from the verification
+    distributions, until a NaN/Inf is found (with ``stats``, every case is run and counted).
+    """
+    if not nan and not stats:
+        raise FxforgeError("debug needs something to look for", hint="pass --nan and/or --stats")
+    if cases < 1:
+        raise FxforgeError("debug needs at least one case")
+    kwargs = dict(kwargs or {})
+    names = {module: name for name, module in model.named_modules()}
+    report = DebugReport(len(names), [])
+    recorders = {name: StatsRecorder(name or "<root>", name) for name in names.values()} if stats else {}
+    for label, (args, case_kwargs) in _cases(tuple(inputs), kwargs, cases, seed):
+        report.cases.append(label)
+        watcher = _Watcher(names, label, recorders)
+        try:
+            with preserved_state(model), torch.no_grad(), quiet_torch_logs(), watcher.hooked(model):
+                model(*cloned(args), **cloned(case_kwargs))
+        except Exception as exc:
+            if not report.cases[:-1]:  # the example itself fails: that is the user's input, not a finding
+                raise InputSpecError(f"the model rejected the example inputs: {one_line_reason(exc)}") from None
+            report.errors.append(f"{label}: {one_line_reason(exc)}")
+        if nan and watcher.first is not None and report.nan is None:
+            report.nan = watcher.first
+            if not stats:
+                break
+    report.stats = {name: read_stats(name or "<root>", recorder) for name, recorder in recorders.items()}
+    return report
+
+
+def _cases(args: tuple, kwargs: dict, count: int, seed: int) -> Iterator[tuple[str, tuple[tuple, dict]]]:
+    yield "the example inputs", (args, kwargs)
+    for index in range(1, count):
+        distribution = DISTRIBUTIONS[(index - 1) % len(DISTRIBUTIONS)]
+        drawn_args, drawn_kwargs = draw_like((args, kwargs), distribution, seed + index, None)
+        yield f"{distribution}, seed {seed + index}", (drawn_args, drawn_kwargs)
+
+
+class _Watcher:
+    """Forward hooks that check (and record) every module's output in one run."""
+
+    def __init__(self, names: dict[nn.Module, str], label: str, recorders: dict[str, StatsRecorder]) -> None:
+        self.names, self.label, self.recorders = names, label, recorders
+        self.calls: dict[str, int] = {}
+        self.first: NonFinite | None = None
+
+    @contextlib.contextmanager
+    def hooked(self, model: nn.Module) -> Iterator[None]:
+        handles = [module.register_forward_hook(self._after) for module in self.names]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def _after(self, module: nn.Module, args: Any, output: Any) -> None:
+        name = self.names[module]
+        self.calls[name] = self.calls.get(name, 0) + 1
+        tensors = _float_tensors(output)
+        if name in self.recorders and tensors:
+            self.recorders[name](tensors[0])
+        if self.first is not None or not any(_non_finite(t) for t in tensors):
+            return
+        inputs = _float_tensors(args)
+        # Hooks fire as modules finish, innermost first: the first non-finite output seen is the module that
+        # produced it -- unless its own inputs already held NaN/Inf, which only the model's input can at that point.
+        self.first = NonFinite(
+            module=name,
+            type=type(module).__name__,
+            call=self.calls[name],
+            case=self.label,
+            output=_summary(next(t for t in tensors if _non_finite(t))),
+            inputs=[_summary(t) for t in inputs],
+            inputs_already_non_finite=any(_non_finite(t) for t in inputs),
+        )
+
+
+def _float_tensors(value: Any) -> list[torch.Tensor]:
+    leaves = pytree.tree_leaves(value)
+    return [t for t in leaves if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())]
+
+
+def _non_finite(tensor: torch.Tensor) -> bool:
+    return tensor.numel() > 0 and not bool(torch.isfinite(tensor).all())
+
+
+def _summary(tensor: torch.Tensor) -> TensorSummary:
+    values = tensor.detach().float()
+    finite = values[torch.isfinite(values)]
+    return TensorSummary(
+        list(tensor.shape),
+        str(tensor.dtype).removeprefix("torch."),
+        int(torch.isnan(values).sum()),
+        int(torch.isinf(values).sum()),
+        float(finite.min()) if finite.numel() else None,
+        float(finite.max()) if finite.numel() else None,
+    )

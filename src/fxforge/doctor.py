@@ -1,0 +1,138 @@
+"""Doctor: what this installation and this machine can do -- versions, CPU features, torch's kernel backends,
+GPUs, which fxforge features are available (and, for those that are not, why), and the measured peak.
+
+``fxforge doctor`` prints it for bug reports; benchmark pages quote it for the machine they ran on. Feature
+statuses are ``available``, ``missing-extra`` (a package or tool to install; the reason says which) and
+``unsupported-hardware`` (this CPU/GPU cannot run it fast, so fxforge does not offer it).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import platform
+import shutil
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from fxforge.machine import (
+    CpuInfo,
+    Peak,
+    cpu_info,
+    gpus,
+    measure_peak,
+    native_bf16,
+    native_int8_dot,
+    peak_dict,
+    torch_backends,
+)
+
+AVAILABLE = "available"
+MISSING_EXTRA = "missing-extra"
+UNSUPPORTED_HARDWARE = "unsupported-hardware"
+
+# distribution name -> the name the report uses
+_PACKAGES = {
+    "torch": "torch",
+    "torchvision": "torchvision",
+    "onnx": "onnx",
+    "onnxruntime": "onnxruntime",
+    "onnxscript": "onnxscript",
+    "timm": "timm",
+    "transformers": "transformers",
+    "numpy": "numpy",
+    "fxforge": "fxforge",
+}
+
+
+@dataclass
+class DoctorReport:
+    versions: dict[str, str | None]
+    cpu: CpuInfo
+    threads: int
+    backends: dict[str, Any]
+    gpus: list[dict[str, Any]]
+    features: dict[str, str]
+    reasons: dict[str, str] = field(default_factory=dict)  # why a feature is not available
+    peak: Peak | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "versions": self.versions,
+            "cpu": {
+                "model": self.cpu.model,
+                "features": self.cpu.features,
+                "cores": self.cpu.cores,
+                "torch_capability": self.cpu.torch_capability,
+            },
+            "threads": self.threads,
+            "backends": self.backends,
+            "gpus": self.gpus,
+            "peak_gflops": dict(self.peak.gflops) if self.peak else {},
+            "memory_bandwidth_gbs": self.peak.bandwidth_gbs if self.peak else None,
+            "peak": peak_dict(self.peak) if self.peak else None,
+            "features": self.features,
+            "reasons": self.reasons,
+        }
+
+
+def versions() -> dict[str, str | None]:
+    """Python and the installed version of every package fxforge uses (None when it is not installed)."""
+    found: dict[str, str | None] = {"python": platform.python_version()}
+    for distribution, name in _PACKAGES.items():
+        try:
+            found[name] = importlib.metadata.version(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def _compiler() -> str | None:
+    return next((tool for tool in ("g++", "c++", "clang++") if shutil.which(tool)), None)
+
+
+def features(found: dict[str, str | None], cpu: CpuInfo, gpu_list: list[dict[str, Any]]) -> tuple[dict, dict]:
+    """(status per feature, reason per feature that is not available)."""
+    status: dict[str, str] = {}
+    reasons: dict[str, str] = {}
+
+    def need(feature: str, ok: bool, kind: str, reason: str) -> None:
+        status[feature] = AVAILABLE if ok else kind
+        if not ok:
+            reasons[feature] = reason
+
+    for feature in ("capture", "inspect", "lint", "optimize", "verify", "profile", "debug", "quantize int8 (fx)"):
+        status[feature] = AVAILABLE
+    need("torchvision models", bool(found["torchvision"]), MISSING_EXTRA, "pip install 'fxforge[vision]'")
+    need("timm models", bool(found["timm"]), MISSING_EXTRA, "pip install 'fxforge[timm]'")
+    need("transformers models", bool(found["transformers"]), MISSING_EXTRA, "pip install 'fxforge[transformers]'")
+    onnx_ok = all(found[name] for name in ("onnx", "onnxruntime", "onnxscript"))
+    need("export onnx", onnx_ok, MISSING_EXTRA, "pip install 'fxforge[onnx]'")
+    need("bench onnxruntime", onnx_ok, MISSING_EXTRA, "pip install 'fxforge[onnx]'")
+    compiler = _compiler()
+    need("bench compile (Inductor)", compiler is not None, MISSING_EXTRA, "needs a C++ compiler (g++) on PATH")
+    engines = torch.backends.quantized.supported_engines
+    need("int8 kernels (x86/fbgemm)", "x86" in engines or "fbgemm" in engines, UNSUPPORTED_HARDWARE,
+         "this torch build has no x86/fbgemm quantized engine")
+    need("int8 fast dot products (VNNI/AMX)", native_int8_dot(cpu), UNSUPPORTED_HARDWARE,
+         "no AVX512-VNNI, AVX-VNNI or AMX: int8 gains far less here")
+    bf16 = native_bf16(cpu) or any(g["bf16"] for g in gpu_list)
+    need("bf16 (cast and autocast)", bf16, UNSUPPORTED_HARDWARE,
+         "no AVX512-BF16 or AMX (and no bf16 GPU): bf16 is emulated and slower than fp32 here")
+    need("fp16 autocast (CUDA)", bool(gpu_list), UNSUPPORTED_HARDWARE, "no CUDA GPU")
+    distributed = torch.distributed.is_available() and torch.distributed.is_gloo_available()
+    need("split / run-pipeline (gloo)", distributed, UNSUPPORTED_HARDWARE, "this torch build has no gloo backend")
+    return status, reasons
+
+
+def doctor(*, peak: bool = True, seconds: float = 2.0) -> DoctorReport:
+    """Everything :mod:`fxforge.doctor` reports; ``peak=False`` skips the (about ``seconds``) measurement."""
+    found = versions()
+    cpu = cpu_info()
+    gpu_list = gpus()
+    status, reasons = features(found, cpu, gpu_list)
+    report = DoctorReport(found, cpu, torch.get_num_threads(), torch_backends(), gpu_list, status, reasons)
+    if peak:
+        report.peak = measure_peak(seconds)
+    return report

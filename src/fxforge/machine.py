@@ -1,0 +1,213 @@
+"""The machine fxforge runs on: CPU model and the features that change what is fast, threads, torch's kernel
+backends, GPUs, and the measured peak throughput (matmul GFLOP/s per dtype, memory bandwidth).
+
+Benchmarks print :func:`describe` with every table, ``fxforge doctor`` reports all of it, ``profile`` compares each
+node with the measured peak, and ``optimize --auto`` tries bf16 only where :func:`native_bf16` says the CPU runs it
+natively: on a CPU without AVX512-BF16 or AMX, bf16 is emulated and several times slower than fp32. Nothing here
+is hard-coded for one CPU: features are read from the machine, peaks are measured on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import platform
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.ao.nn.quantized as nnq
+
+from fxforge.runtime import quiet_quantization_notices
+
+# CPU flags (as /proc/cpuinfo spells them) that change which kernels are fast.
+RELEVANT_FLAGS = (
+    "avx",
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512_vnni",
+    "avx_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+    "neon",
+    "asimd",
+    "sve",
+)
+
+
+@dataclass
+class CpuInfo:
+    model: str
+    features: list[str]  # the RELEVANT_FLAGS this CPU has
+    cores: int  # logical CPUs the OS reports
+    torch_capability: str  # torch's own view of the vector ISA (AVX2, AVX512, ...)
+
+
+@dataclass
+class Peak:
+    """Measured throughput of this process on this machine: matmul GFLOP/s per dtype, copy bandwidth GB/s."""
+
+    gflops: dict[str, float] = field(default_factory=dict)
+    bandwidth_gbs: float = 0.0
+    threads: int = 0
+    seconds: float = 0.0  # how long the measurement took
+
+
+def cpu_info() -> CpuInfo:
+    """The CPU's model name and the features of :data:`RELEVANT_FLAGS` it has (Linux: /proc/cpuinfo)."""
+    model, flags = platform.processor() or platform.machine(), set()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key in ("model name", "Model") and model in ("", platform.processor(), platform.machine()):
+                model = value.strip()
+            elif key in ("flags", "Features"):
+                flags.update(value.split())
+    capability = ""
+    with contextlib.suppress(Exception):
+        capability = torch.backends.cpu.get_cpu_capability()
+    return CpuInfo(model, [f for f in RELEVANT_FLAGS if f in flags], os.cpu_count() or 1, capability)
+
+
+def native_bf16(cpu: CpuInfo | None = None) -> bool:
+    """Whether the CPU computes bf16 in hardware (AVX512-BF16 or AMX); elsewhere bf16 is emulated and slow."""
+    features = set((cpu or cpu_info()).features)
+    return bool(features & {"avx512_bf16", "amx_bf16"})
+
+
+def native_int8_dot(cpu: CpuInfo | None = None) -> bool:
+    """Whether the CPU has int8 dot-product instructions (VNNI or AMX), where int8 kernels pay off most."""
+    features = set((cpu or cpu_info()).features)
+    return bool(features & {"avx512_vnni", "avx_vnni", "amx_int8"})
+
+
+def gpus() -> list[dict[str, Any]]:
+    """CUDA devices torch sees: name, memory and compute capability (empty on CPU-only machines)."""
+    if not torch.cuda.is_available():
+        return []
+    found = []
+    for index in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(index)
+        found.append(
+            {
+                "index": index,
+                "name": props.name,
+                "memory_gib": round(props.total_memory / 2**30, 1),
+                "capability": f"{props.major}.{props.minor}",
+                "bf16": bool(torch.cuda.is_bf16_supported()),
+            }
+        )
+    return found
+
+
+def torch_backends() -> dict[str, Any]:
+    """The kernel libraries torch was built with and uses: oneDNN (mkldnn), the quantized engines, threads."""
+    return {
+        "mkldnn": torch.backends.mkldnn.is_available(),
+        "openmp": torch.backends.openmp.is_available(),
+        "quantized_engines": [e for e in torch.backends.quantized.supported_engines if e != "none"],
+        "quantized_engine": torch.backends.quantized.engine,
+        "threads": torch.get_num_threads(),
+        "interop_threads": torch.get_num_interop_threads(),
+    }
+
+
+@contextlib.contextmanager
+def _threads(count: int | None) -> Iterator[None]:
+    previous = torch.get_num_threads()
+    if count:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _rate(work: float, run: Any, budget: float) -> float:
+    """``work`` units per second of ``run()``: the best of as many timed calls as fit in ``budget`` seconds (the
+    best, not the mean: a peak is what the machine can do when nothing else runs)."""
+    run()  # warm-up: first-call allocations and kernel selection
+    best, spent = float("inf"), 0.0
+    while spent < budget:
+        start = time.perf_counter()
+        run()
+        elapsed = time.perf_counter() - start
+        best, spent = min(best, elapsed), spent + elapsed
+    return work / best
+
+
+def measure_peak(seconds: float = 2.0, threads: int | None = None, size: int = 1024) -> Peak:
+    """Measure matmul throughput in fp32, bf16 and int8 and copy bandwidth, about ``seconds`` in all.
+
+    GFLOP/s counts 2 FLOPs per multiply-add (int8: 2 integer ops), the convention of ``inspect``. int8 is an int8
+    ``Linear`` layer (quantized weights and activations), the kernel fxforge's int8 models run.
+    """
+    started = time.perf_counter()
+    share = seconds / 4
+    peak = Peak(threads=threads or torch.get_num_threads())
+    flop = 2.0 * size**3
+    generator = torch.Generator().manual_seed(0)
+    with _threads(threads), torch.no_grad():
+        a = torch.randn(size, size, generator=generator)
+        b = torch.randn(size, size, generator=generator)
+        peak.gflops["fp32"] = _rate(flop, lambda: torch.mm(a, b), share) / 1e9
+        a16, b16 = a.to(torch.bfloat16), b.to(torch.bfloat16)
+        peak.gflops["bf16"] = _rate(flop, lambda: torch.mm(a16, b16), share) / 1e9
+        with contextlib.suppress(RuntimeError):  # a torch build without an x86/fbgemm quantized engine
+            peak.gflops["int8"] = _rate(flop, _int8_linear(a, size), share) / 1e9
+        # Bigger than any last-level cache (server L3s reach hundreds of MiB), so this measures memory, not cache.
+        source = torch.ones(768 * 2**20 // 4)
+        target = torch.empty_like(source)
+        moved = 2.0 * source.numel() * source.element_size()  # read and write
+        peak.bandwidth_gbs = _rate(moved, lambda: target.copy_(source), share) / 1e9
+    peak.seconds = time.perf_counter() - started
+    return peak
+
+
+def _int8_linear(values: torch.Tensor, size: int) -> Any:
+    """A call of an int8 ``Linear`` (per-channel qint8 weights, quint8 activations) on a ``size`` x ``size`` batch:
+    the kernel fxforge's int8 models run, with the engine torch picks for this CPU (x86/fbgemm/onednn)."""
+    with quiet_quantization_notices():
+        layer = nnq.Linear(size, size)
+        scales = torch.full((size,), 0.02)
+        weight = torch.quantize_per_channel(values, scales, torch.zeros(size, dtype=torch.long), 0, torch.qint8)
+        layer.set_weight_bias(weight, torch.zeros(size))
+        layer.scale, layer.zero_point = 0.1, 64
+    activations = torch.quantize_per_tensor(values, 0.05, 64, torch.quint8)
+    return lambda: layer(activations)
+
+
+@functools.lru_cache(maxsize=4)
+def cached_peak(threads: int | None = None, seconds: float = 2.0) -> Peak:
+    """:func:`measure_peak`, once per process and thread count."""
+    return measure_peak(seconds, threads)
+
+
+def describe(peak: Peak | None = None) -> str:
+    """One line for the top of a benchmark table: CPU model, the features that matter, threads, torch."""
+    cpu = cpu_info()
+    features = " ".join(cpu.features) or "none of " + "/".join(RELEVANT_FLAGS[:4])
+    line = (
+        f"{cpu.model}; {cpu.cores} CPUs, torch threads {torch.get_num_threads()}; features: {features}; "
+        f"torch {torch.__version__} ({cpu.torch_capability or 'unknown ISA'})"
+    )
+    if peak is not None:
+        gflops = ", ".join(f"{dtype} {value:.0f}" for dtype, value in peak.gflops.items())
+        line += f"; peak GFLOP/s: {gflops}; copy {peak.bandwidth_gbs:.1f} GB/s"
+    return line
+
+
+def peak_dict(peak: Peak) -> dict[str, Any]:
+    return asdict(peak)

@@ -1,0 +1,204 @@
+"""profile (time per node), debug (forward hooks for NaN and statistics), doctor (the machine), and the
+mixed-precision backends that run only where the hardware has native bf16."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import fxforge
+from fxforge import machine
+from fxforge.bench import BuildSettings, default_backends, get_backend
+from fxforge.cli import main
+from fxforge.debug import debug_model
+from fxforge.doctor import AVAILABLE, MISSING_EXTRA, UNSUPPORTED_HARDWARE, doctor
+from fxforge.errors import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, FxforgeError
+from fxforge.profile import profile_model
+
+# A profile compares node times with the peak: measure a small one once, not 2 s per test.
+PEAK = machine.measure_peak(seconds=0.4, size=256)
+_MATMUL = ("linear", "addmm", "mm", "bmm", "matmul", "baddbmm", "conv")
+
+
+def run(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def resnet18():
+    return fxforge.prepare("torchvision:resnet18", ["1x3x64x64"])
+
+
+def test_every_node_of_resnet18_gets_a_time_and_convs_dominate(resnet18):
+    report = profile_model(resnet18, repeats=3, peak=PEAK)
+    calls = [n.name for n in resnet18.graph_module.graph.nodes if n.op.startswith("call")]
+    assert [n.name for n in report.nodes] == calls  # every node, in graph order
+    assert all(n.time_ms > 0 for n in report.nodes)
+    assert abs(sum(n.share for n in report.nodes) - 1) < 1e-6
+    # The per-node ranges cost something, and the machine is shared: the sum stays within 2x of the whole model.
+    assert 0.5 < report.total_ms / report.whole_ms < 2.0, (report.total_ms, report.whole_ms)
+    convs = sum(n.share for n in report.nodes if n.target == "Conv2d")
+    assert convs > 0.5, convs
+    hot = [n for n in report.nodes if n.bound]
+    assert hot and all(n.bound in ("compute", "memory") for n in hot)
+    assert all(n.gflops > 0 for n in report.nodes if n.target == "Conv2d")
+    layers = {m.path: m for m in report.modules if "." not in m.path}
+    assert {"layer1", "layer4", "fc"} <= set(layers) and layers["layer1"].nodes > 5
+
+
+def test_a_transformers_model_is_dominated_by_its_matmuls():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(
+        hidden_size=256, num_hidden_layers=2, num_attention_heads=4, intermediate_size=1024, vocab_size=1000
+    )
+    config._attn_implementation = "eager"
+    captured = fxforge.prepare(transformers.BertModel(config).eval(), ["2x128:int64"])
+    report = profile_model(captured, repeats=3, peak=PEAK)
+    assert captured.dialect == "aten" and report.nodes
+    matmuls = sum(n.share for n in report.nodes if any(k in n.target for k in _MATMUL))
+    assert matmuls > 0.3, matmuls
+
+
+def test_eager_backend_times_leaf_modules_and_the_json_has_every_field(resnet18, tmp_path, capsys):
+    report = profile_model(resnet18, backend="eager", repeats=2, peak=PEAK)
+    names = {n.name for n in report.nodes}
+    assert {"conv1", "layer1.0.conv1", "fc"} <= names
+    assert next(n for n in report.nodes if n.name == "conv1").flops > 0
+    trace = tmp_path / "trace.json"
+    code, out, _ = run(capsys, "profile", "demo", "--repeats", "2", "--json", "--trace", str(trace))
+    assert code == EXIT_OK
+    data = json.loads(out)
+    assert {"total_ms", "nodes", "modules", "whole_ms", "overhead", "peak"} <= set(data)
+    node = data["nodes"][0]
+    assert {"name", "op", "target", "module", "time_ms", "share", "bytes", "gflops"} <= set(node)
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert any(str(e.get("name", "")).startswith("fxnode::") for e in events)
+
+
+def test_profile_refuses_what_it_cannot_time(resnet18, capsys):
+    with pytest.raises(FxforgeError, match="node by node"):
+        profile_model(resnet18, backend="onnxruntime")
+    code, _, err = run(capsys, "profile", "demo", "--backend", "compile")
+    assert code == EXIT_USAGE and "Traceback" not in err
+    code, _, err = run(capsys, "profile", "demo", "--device", "meta")
+    assert code == EXIT_USAGE and "real weights" in err
+
+
+class Gate(nn.Module):
+    def forward(self, x):
+        return torch.log(x - 0.5)  # NaN wherever x < 0.5
+
+
+class UncapturableWithANaN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.gate = Gate()
+        self.out = nn.Linear(8, 2)
+
+    def forward(self, x):
+        if x.sum() > 1e9:  # data-dependent in the root: no capture method can take this model
+            return x
+        return self.out(self.gate(self.fc(x)))
+
+
+def test_debug_finds_a_planted_nan_in_a_model_capture_cannot_trace():
+    model = UncapturableWithANaN().eval()
+    with pytest.raises(fxforge.CaptureError):
+        fxforge.capture(model, (torch.randn(4, 8),))
+    report = debug_model(model, (torch.randn(4, 8),))
+    assert report.nan is not None and report.nan.module == "gate" and report.nan.type == "Gate"
+    assert not report.nan.inputs_already_non_finite and report.nan.output.nan > 0
+    assert report.nan.inputs[0].nan == 0  # the inputs that triggered it were finite
+    assert "gate (Gate) produced" in report.nan.describe()
+
+
+def test_debug_blames_the_input_when_the_model_is_given_nan():
+    x = torch.randn(4, 8)
+    x[0, 0] = float("nan")
+    report = debug_model(nn.Sequential(nn.Linear(8, 8), nn.ReLU()).eval(), (x,))
+    assert report.nan is not None and report.nan.module == "0" and report.nan.inputs_already_non_finite
+
+
+def test_debug_tries_more_cases_until_one_triggers_it():
+    class Cutoff(nn.Module):
+        def forward(self, x):
+            return torch.sqrt(x)  # NaN only on negative inputs
+
+    report = debug_model(Cutoff(), (torch.rand(2, 4),), cases=8)  # the example, U[0, 1), is all positive
+    assert report.nan is not None and report.nan.case == report.cases[-1] != "the example inputs"
+    assert 2 <= len(report.cases) < 8  # it stopped at the first case that triggered it
+
+
+def test_debug_stats_match_the_graph_inserts_fields(capsys):
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU()).eval()
+    report = debug_model(model, (torch.randn(16, 8),), nan=False, stats=True, cases=3)
+    relu = report.stats["1"]
+    assert relu.calls == 3 and relu.min == 0.0 and 0.0 < relu.zero_fraction < 1.0 and relu.nan_count == 0
+    inserted = fxforge.apply_pass(torch.fx.symbolic_trace(model), "insert_after", {"select": "type:ReLU"})
+    (graph_stats,) = inserted.artifacts["stats"].values()
+    assert set(graph_stats.to_dict()) == set(relu.to_dict())
+    code, out, _ = run(capsys, "debug", "demo", "--stats")
+    assert code == EXIT_OK and "Activation statistics" in out and "zeros" in out
+
+
+def test_debug_cli_exit_codes(capsys, tmp_path):
+    spec = tmp_path / "nan_model.py"
+    spec.write_text(
+        "import torch\nfrom torch import nn\n"
+        "class M(nn.Module):\n    def forward(self, x):\n        return torch.log(x - 10)\n"
+        "example_inputs = ['2x3']\n"
+    )
+    code, out, _ = run(capsys, "debug", f"{spec}:M", "--nan")
+    assert code == EXIT_FINDINGS and "NaN/Inf" in out
+    code, _, err = run(capsys, "debug", "demo")
+    assert code == EXIT_USAGE and "--nan" in err
+
+
+def test_doctor_json_has_every_field(capsys):
+    code, out, _ = run(capsys, "doctor", "--json", "--seconds", "0.3")
+    assert code == EXIT_OK
+    data = json.loads(out)
+    assert {"versions", "cpu", "peak_gflops", "features", "threads", "gpus", "backends"} <= set(data)
+    for package in ("python", "torch", "torchvision", "onnx", "onnxruntime", "timm", "transformers", "fxforge"):
+        assert package in data["versions"]
+    assert data["cpu"]["model"] and isinstance(data["cpu"]["features"], list)
+    assert {"fp32", "bf16", "int8"} <= set(data["peak_gflops"]) and data["peak_gflops"]["fp32"] > 0
+    assert set(data["features"].values()) <= {AVAILABLE, MISSING_EXTRA, UNSUPPORTED_HARDWARE}
+    assert all(name in data["reasons"] for name, state in data["features"].items() if state != AVAILABLE)
+
+
+def test_doctor_says_why_a_feature_is_missing(monkeypatch):
+    doctor_module = importlib.import_module("fxforge.doctor")
+    monkeypatch.setattr(doctor_module, "native_bf16", lambda cpu=None: False)
+    monkeypatch.setattr(doctor_module, "gpus", lambda: [])
+    report = doctor(peak=False)
+    assert report.features["bf16 (cast and autocast)"] == UNSUPPORTED_HARDWARE
+    assert "emulated" in report.reasons["bf16 (cast and autocast)"]
+
+
+def test_bf16_backends_only_where_the_hardware_has_it(monkeypatch, resnet18):
+    bench_module = importlib.import_module("fxforge.bench")  # fxforge.bench, the attribute, is the function
+    monkeypatch.setattr(bench_module, "native_bf16", lambda cpu=None: False)
+    monkeypatch.setattr(bench_module, "gpus", lambda: [])
+    assert "bf16" not in default_backends() and "autocast" not in default_backends()
+    assert "emulated" in get_backend("autocast").unsupported_here()
+    monkeypatch.setattr(bench_module, "native_bf16", lambda cpu=None: True)
+    assert {"bf16", "autocast"} <= set(default_backends())
+
+
+def test_autocast_backend_keeps_float32_outputs_within_a_bf16_error():
+    captured = fxforge.prepare("demo")
+    report = fxforge.bench(captured, ["eager", "autocast"], repeats=2, warmup=1)
+    row = next(r for r in report.rows if r.backend == "autocast")
+    assert row.ok and 0 < row.max_abs_err < 0.5  # bf16 matmuls: a small error, not none
+    expected = captured.original(*captured.example_inputs)
+    module = get_backend("autocast").build(captured, BuildSettings(1, Path("."), expected))
+    assert module(*captured.example_inputs).dtype == torch.float32
