@@ -63,6 +63,12 @@ _EXPORTS = {
     "QuantizeResult": "fxforge.quantize",
     "quantize": "fxforge.quantize",
     "VerifyResult": "fxforge.verify",
+    "GraphView": "fxforge.visual",
+    "diff_html": "fxforge.visual",
+    "graph_html": "fxforge.visual",
+    "graph_svg": "fxforge.visual",
+    "show": "fxforge.visual",
+    "report": "fxforge.report",
     "Verifier": "fxforge.verify",
     "compare_outputs": "fxforge.compare",
     "verify": "fxforge.verify",
@@ -78,6 +84,7 @@ __all__ = [
     "ExportError",
     "ExportResult",
     "FxforgeError",
+    "GraphView",
     "InputSpec",
     "InputSpecError",
     "InspectReport",
@@ -95,7 +102,10 @@ __all__ = [
     "bench",
     "capture",
     "compare_outputs",
+    "diff_html",
     "export_model",
+    "graph_html",
+    "graph_svg",
     "inspect_graph",
     "lint",
     "load_exported",
@@ -107,6 +117,8 @@ __all__ = [
     "quantize",
     "register_backend",
     "register_pass",
+    "report",
+    "show",
     "verify",
     "verify_specs",
 ]
@@ -155,4 +167,6 @@ if TYPE_CHECKING:  # static type checkers and IDEs see the names without the laz
     from fxforge.passes import PassResult, apply_pass, register_pass
     from fxforge.pipeline import Pipeline
     from fxforge.quantize import QuantizeResult, quantize
+    from fxforge.report import report
     from fxforge.verify import Verifier, VerifyResult, verify
+    from fxforge.visual import GraphView, diff_html, graph_html, graph_svg, show

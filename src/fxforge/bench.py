@@ -58,6 +58,7 @@ from fxforge.pipeline import Pipeline
 from fxforge.quantize import int8_backend
 from fxforge.registry import Registry
 from fxforge.runtime import quiet_torch_logs, run_reference
+from fxforge.visual import notebook
 
 Runner = Callable[..., Any]
 # The torchscript backend's file in its work directory (.pt: the suffix names the format for load_exported)
@@ -258,6 +259,7 @@ class BenchRow:
     batch: int
     error: str | None = None
     median_ms: float | None = None
+    p10_ms: float | None = None
     p90_ms: float | None = None
     min_ms: float | None = None
     mean_ms: float | None = None
@@ -288,6 +290,12 @@ class BenchReport:
     repeats: int
     inputs: list[str]
     memory: str  # how peak memory was measured
+
+    def __repr__(self) -> str:
+        return notebook.bench_repr(self)
+
+    def _repr_html_(self) -> str:  # Jupyter shows this for the last value of a cell
+        return notebook.bench_html(self)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -491,6 +499,7 @@ def _bench_batch(captured: Captured, chosen: Sequence[Backend], batch: int, plan
             continue
         row.samples = len(times)
         row.median_ms = statistics.median(times) * 1e3
+        row.p10_ms = _percentile(times, 0.1) * 1e3
         row.p90_ms = _percentile(times, 0.9) * 1e3
         row.min_ms = min(times) * 1e3
         row.mean_ms = statistics.fmean(times) * 1e3

@@ -31,6 +31,7 @@ import torch
 from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
 
+from fxforge import display
 from fxforge.artifacts import OnnxRuntimeModule
 from fxforge.compare import compare_outputs
 from fxforge.errors import (
@@ -117,6 +118,12 @@ class Captured:
     @property
     def dialect(self) -> str:
         return self.record.dialect
+
+    def __repr__(self) -> str:
+        return display.captured_repr(self)
+
+    def _repr_html_(self) -> str:  # Jupyter shows this for the last value of a cell
+        return display.captured_html(self)
 
     def flat_inputs(self, args: Sequence[Any] | None = None, kwargs: Mapping[str, Any] | None = None) -> list[Any]:
         """The values for the graph's placeholders, in order, for running it with an Interpreter."""

@@ -46,6 +46,7 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
+from fxforge import display
 from fxforge.artifacts import FORMATS, METADATA_FILE, StagedOutput, format_for, load_exported
 from fxforge.capture import Captured
 from fxforge.errors import EXIT_CAPTURE, FxforgeError, first_line, format_location, require, strip_ansi, user_location
@@ -86,6 +87,12 @@ class ExportResult:
     size_bytes: int = 0
     export_s: float = 0.0
     notes: list[str] = field(default_factory=list)
+
+    def __repr__(self) -> str:
+        return display.export_repr(self)
+
+    def _repr_html_(self) -> str:  # Jupyter shows this for the last value of a cell
+        return display.export_html(self)
 
     def to_dict(self) -> dict[str, Any]:
         return {

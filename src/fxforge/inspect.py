@@ -27,6 +27,7 @@ from torch.utils import flop_counter
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
+from fxforge import display
 from fxforge.capture import Captured
 from fxforge.errors import InputSpecError, first_line
 from fxforge.graphs import get_attr_value, module_path, submodule, target_name
@@ -72,6 +73,12 @@ class InspectReport:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def __repr__(self) -> str:
+        return display.inspect_repr(self)
+
+    def _repr_html_(self) -> str:  # Jupyter shows this for the last value of a cell
+        return display.inspect_html(self)
 
 
 def _describe(value: Any) -> tuple[Any, str | None, int]:

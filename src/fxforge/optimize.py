@@ -30,6 +30,8 @@ from fxforge.capture import Captured, require_real_weights
 from fxforge.lint import LintReport, lint
 from fxforge.passes import FIX_ORDER, registered_passes
 from fxforge.pipeline import Pipeline, PipelineResult
+from fxforge.visual import notebook
+from fxforge.visual.report_page import REPORT_HTML, optimize_report_html, page_or_note
 
 
 @dataclass
@@ -39,6 +41,13 @@ class OptimizeResult:
     files: list[str]
     notes: list[str] = field(default_factory=list)  # forms that could not be written, and why
     write_s: float = 0.0  # seconds spent writing the output directory
+    captured: Captured | None = field(default=None, repr=False)  # the model rewritten: notebooks draw the diff
+
+    def __repr__(self) -> str:
+        return notebook.optimize_repr(self)
+
+    def _repr_html_(self) -> str:  # Jupyter shows this for the last value of a cell
+        return notebook.optimize_html(self)
 
     def to_dict(self) -> dict[str, Any]:
         data = self.pipeline.to_dict()
@@ -78,7 +87,7 @@ def optimize(
         pipeline = Pipeline(list(passes), verify_each=bool(verify), keep_going=bool(keep_going))
     result = pipeline.run(captured)
     if output_dir is None or not result.ok:
-        return OptimizeResult(result, None, [])
+        return OptimizeResult(result, None, [], captured=captured)
     output_dir = Path(output_dir)
     notes: list[str] = []
     started = time.perf_counter()
@@ -91,10 +100,14 @@ def optimize(
             captured.example_kwargs,
             notes,
         )
+        page = page_or_note(optimize_report_html, notes, captured, result, spec)  # report.html: the diff, for people
         report = {"model": spec, "capture": captured.record.to_dict(), **result.to_dict(), "notes": notes}
         write_json(staging / REPORT_FILE, report)
         files.append(REPORT_FILE)
-    return OptimizeResult(result, output_dir, files, notes, time.perf_counter() - started)
+        if page is not None:
+            (staging / REPORT_HTML).write_text(page, encoding="utf-8")
+            files.append(REPORT_HTML)
+    return OptimizeResult(result, output_dir, files, notes, time.perf_counter() - started, captured)
 
 
 @dataclass

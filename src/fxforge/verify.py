@@ -25,6 +25,7 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
+from fxforge import display
 from fxforge.capture import Captured, placeholder_values
 from fxforge.compare import TOLERANCES, Comparison, as_structure, compare_outputs, diverges, tolerance_for
 from fxforge.errors import FxforgeError, InputSpecError, one_line_reason
@@ -92,6 +93,12 @@ class VerifyResult:
     warnings: list[str] = field(default_factory=list)
     nondeterministic: bool = False
     capture_differs: bool = False  # the captured graph itself differs from the model on a failing case
+
+    def __repr__(self) -> str:
+        return display.verify_repr(self)
+
+    def _repr_html_(self) -> str:  # Jupyter shows this for the last value of a cell
+        return display.verify_html(self)
 
     def describe_inputs(self) -> str:
         """One line: what was tried (``16 cases: batch 1, 2; N(0, 1), U[0, 1), ...``)."""

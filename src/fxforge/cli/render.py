@@ -676,3 +676,22 @@ def render_pipeline_run(console: Console, run: Any) -> None:
     for note in run.notes:
         console.print(f"  [dim]note: {note}[/]")
     console.print(f"  [dim]{run.wall_s:.1f} s in all (process start-up, loading, every run)[/]")
+
+
+def render_page(console: Console, view: Any) -> None:
+    """``fxforge graph`` / ``fxforge report``: what was written, in one line (the page holds the rest)."""
+    model = view.model or {}
+    nodes = sum(1 for n in model.get("nodes", []) if not n.get("h"))
+    counts = model.get("counts")
+    diff = ""
+    if counts:
+        diff = f"; {counts['changed']} changed, {counts['inserted']} inserted, {counts['removed']} removed"
+    divergence = model.get("divergence")
+    first = f"; first divergence at {divergence['node']}" if divergence else ""
+    size = len(view.html.encode()) / 1e6 if view.html else 0.0
+    console.print(
+        f"wrote {escape(str(view.path))} ({nodes} nodes, {len(model.get('modules', []))} modules, opens at depth "
+        f"{model.get('depth', 0)}{diff}{first}; {size:.1f} MB)",
+        highlight=False,
+        soft_wrap=True,
+    )

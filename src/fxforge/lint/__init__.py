@@ -15,6 +15,7 @@ from typing import Any
 
 from torch import fx, nn
 
+from fxforge import display
 from fxforge.capture import Captured
 from fxforge.errors import FxforgeError
 from fxforge.graphs import dialect_of, module_path
@@ -128,6 +129,12 @@ class LintReport:
 
     def at_least(self, severity: str) -> list[Finding]:
         return [f for f in self.findings if severity_rank(f.severity) >= severity_rank(severity)]
+
+    def __repr__(self) -> str:
+        return display.lint_repr(self)
+
+    def _repr_html_(self) -> str:  # Jupyter shows this for the last value of a cell
+        return display.lint_html(self)
 
     def to_dict(self) -> dict[str, Any]:
         counts = {s: sum(1 for f in self.findings if f.severity == s) for s in SEVERITIES}

@@ -10,6 +10,7 @@ from torch import nn
 
 from fxforge.quantize.accuracy import AccuracyReport
 from fxforge.quantize.engine import ENGINES
+from fxforge.visual import notebook
 
 
 @dataclass
@@ -50,6 +51,12 @@ class QuantizeResult:
     evaluation: dict[str, Any] | None = None  # the data ``accuracy`` was measured on
     output_dir: Path | None = None
     files: list[str] = field(default_factory=list)
+
+    def __repr__(self) -> str:
+        return notebook.quantize_repr(self)
+
+    def _repr_html_(self) -> str:  # Jupyter shows this for the last value of a cell
+        return notebook.quantize_html(self)
 
     @property
     def engine(self) -> str:

@@ -22,6 +22,7 @@ from fxforge.quantize.accuracy import run_batches
 from fxforge.quantize.engine import quantized_engine
 from fxforge.quantize.result import QuantizeResult
 from fxforge.runtime import quiet_quantization_notices
+from fxforge.visual.report_page import REPORT_HTML, page_or_note, quantize_report_html
 
 
 def write_output(
@@ -49,6 +50,10 @@ def write_output(
         _check_reload(result, staging / MODEL_FILE, inputs)
         write_inputs(staging, captured.example_inputs)
         result.output_dir, result.files = output_dir, files
+        page = page_or_note(quantize_report_html, result.notes, captured, result, spec)  # report.html, for people
+        if page is not None:
+            (staging / REPORT_HTML).write_text(page, encoding="utf-8")
+            files.append(REPORT_HTML)
         report = {"model": spec, "capture": captured.record.to_dict(), **result.to_dict()}
         write_json(staging / REPORT_FILE, report)
     return files

@@ -1,0 +1,84 @@
+"""``fxforge report``: one self-contained HTML page to attach to a pull request."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from fxforge.cli.options import CaptureOptions, capture_options, emit_json, split, status, stdout
+from fxforge.errors import FxforgeError
+
+
+@click.command(
+    "report",
+    epilog="""\b
+Examples:
+  fxforge report torchvision:resnet18 -o report.html
+  fxforge report torchvision:resnet18 -p fold_bn,remove_dropout --bench -o report.html
+  fxforge report torchvision:resnet18 --quantize static -o report.html
+The page holds the environment, capture, inspect table, lint findings (click one: the graph shows its node),
+the change log, verification and diff (with -p), bench latencies (--bench) and quantize accuracy (--quantize).
+""",
+)
+@capture_options
+@click.option("--output", "-o", required=True, type=click.Path(path_type=str), help="report.html")
+@click.option("--passes", "-p", "pass_names", multiple=True, metavar="NAMES", help="Run these passes (verified).")
+@click.option("--bench", "do_bench", is_flag=True, help="Time backends and chart their latencies.")
+@click.option(
+    "--backends",
+    "-b",
+    default="",
+    metavar="NAMES",
+    help="--bench: backends (default eager,fx,torchscript,onnxruntime).",
+)
+@click.option("--repeats", default=20, show_default=True, type=click.IntRange(min=1), help="--bench: timed rounds.")
+@click.option(
+    "--quantize",
+    "quantize_mode",
+    type=click.Choice(["static", "dynamic"]),
+    default=None,
+    help="Quantize and report accuracy.",
+)
+@click.option("--depth", type=click.IntRange(min=0), default=None, help="Open the graph's modules to this depth.")
+@click.option("--force", is_flag=True, help="Replace an existing file.")
+def command(
+    opts: CaptureOptions,
+    output: str,
+    pass_names: tuple[str, ...],
+    do_bench: bool,
+    backends: str,
+    repeats: int,
+    quantize_mode: str | None,
+    depth: int | None,
+    force: bool,
+) -> None:
+    """Write an HTML report: environment, capture, inspect, lint, optimize diff, bench and quantize charts."""
+    from fxforge.cli.render import render_page
+    from fxforge.passes import get_pass
+    from fxforge.report import report
+
+    if Path(output).suffix.lower() not in (".html", ".htm"):
+        raise FxforgeError(f"a report is an HTML page, not {output!r}", hint="e.g. -o report.html")
+    if Path(output).exists() and not force:
+        raise FxforgeError(f"{output} exists", hint="pass --force to replace it")
+    names = [name for group in pass_names for name in split(group)]
+    for name in names:
+        get_pass(name)  # an unknown pass fails now, before any work
+    captured = opts.prepare()
+    with status("building the report", opts.as_json):
+        view = report(
+            captured,
+            output,
+            passes=names,
+            bench=(split(backends) or True) if do_bench else False,
+            bench_repeats=repeats,
+            quantize=quantize_mode,
+            spec=opts.model,
+            depth=depth,
+            force=force,
+        )
+    if opts.as_json:
+        emit_json({"path": str(view.path), "nodes": len(view.model["nodes"]), "counts": view.model.get("counts")})
+        return
+    render_page(stdout, view)

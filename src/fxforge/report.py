@@ -1,0 +1,113 @@
+"""The HTML report (``fxforge report``): one self-contained page a user can attach to a pull request.
+
+It runs what is asked and puts the results on one page: the environment (versions, CPU), the capture
+record, the inspect table, lint findings (a click selects the node in the graph), the optimize change log
+and its verification with the diff graph (when passes are given), bench latencies as a chart (``bench``)
+and quantize accuracy and sensitivity as a chart (``quantize``). A profile (``fxforge profile``'s dict, or
+its result object) colours the graph's nodes by time share. Sits at the top of the library: it may call
+everything below it; the page itself is assembled by :mod:`fxforge.visual`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from fxforge.api import prepare
+from fxforge.bench import bench as run_bench
+from fxforge.capture import Captured
+from fxforge.inspect import inspect_graph
+from fxforge.lint import lint
+from fxforge.optimize import optimize
+from fxforge.quantize import quantize as run_quantize
+from fxforge.visual.graph import diff_model, graph_model
+from fxforge.visual.page import GraphView, describe
+from fxforge.visual.render import rewritten_graph
+from fxforge.visual.report_page import report_document
+from fxforge.visual.sections import (
+    bench_section,
+    capture_section,
+    changelog_section,
+    environment,
+    environment_section,
+    inspect_section,
+    lint_section,
+    quantize_section,
+    verify_section,
+)
+
+# Backends a report times unless told otherwise: quick to build (torch.compile's minute of compiling is left out).
+REPORT_BACKENDS = ("eager", "fx", "torchscript", "onnxruntime")
+
+
+def report(
+    model: Captured | str,
+    path: str | Path | None = None,
+    *,
+    passes: Sequence[str] = (),
+    bench: bool | Sequence[str] = False,
+    bench_repeats: int = 20,
+    quantize: str | None = None,
+    calibration: Any = None,
+    profile: Any = None,
+    inputs: Sequence[str] | None = None,
+    spec: str | None = None,
+    depth: int | None = None,
+    force: bool = True,
+) -> GraphView:
+    """Build the report of ``model`` (a Captured, or a spec :func:`fxforge.prepare` loads) and write it to ``path``.
+
+    ``passes``: run them (verified) and show the change log, verification and diff. ``bench``: True for
+    :data:`REPORT_BACKENDS`, or the backend names. ``quantize``: a mode (``static``, ``dynamic``) to run and
+    report. ``profile``: ``fxforge profile``'s dict or result, to colour nodes by time.
+    """
+    if isinstance(model, str):
+        spec = spec or model
+        captured = prepare(model, list(inputs) if inputs else None)
+    else:
+        captured = model
+    spec = spec or type(captured.original).__name__
+    inspected = inspect_graph(captured, depth=3, include_code=False)
+    findings = lint(captured)
+    sections: list[str] = []  # above the graph: what changed and whether it was proven
+    after = [  # below it: the model, its findings, timings and where the numbers come from
+        lint_section([f.to_dict() for f in findings.findings]),
+        inspect_section(inspected.to_dict()),
+    ]
+    graph_title = "Graph"
+    if passes:
+        result = optimize(captured, list(passes), verify=True, spec=spec)
+        data = result.pipeline.to_dict()
+        graph, steps, divergence = rewritten_graph(result)
+        model_data = diff_model(
+            captured,
+            graph,
+            steps=steps,
+            passes=list(passes),
+            divergence=divergence,
+            lint_report=findings,
+            profile=profile,
+            title=spec,
+        )
+        sections += [
+            verify_section(data.get("verify"), failed_pass=data.get("failed_pass"), problem=data.get("problem")),
+            changelog_section(data),
+        ]
+        graph_title = "Diff: the rewritten graph over the captured one"
+    else:
+        model_data = graph_model(captured, report=inspected, lint_report=findings, profile=profile, title=spec)
+    if depth is not None:
+        model_data["depth"] = depth
+    if bench:
+        backends = list(REPORT_BACKENDS) if bench is True else list(bench)
+        after.append(bench_section(run_bench(captured, backends, repeats=bench_repeats).to_dict()))
+    if quantize:
+        after.append(quantize_section(run_quantize(captured, quantize, calibration=calibration).to_dict()))
+    after += [capture_section(spec, captured.record.to_dict()), environment_section(environment())]
+    title = f"fxforge report: {spec}"
+    html = report_document(title, describe(model_data), sections, model_data, graph_title, after)
+    view = GraphView(html, model_data, title=title)
+    if path is not None:
+        view.save(path, force=force)
+    return view

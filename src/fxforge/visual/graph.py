@@ -1,0 +1,617 @@
+"""The graph model the pictures are drawn from: nodes, edges and the module hierarchy of a captured graph,
+with what only fxforge knows attached to each node.
+
+:func:`graph_model` turns a graph (either dialect) into a JSON-able dict that the page script
+(``assets/graphview.js``) lays out and draws, and :func:`diff_model` does the same for an original and a
+rewritten graph overlaid. Per node: op, target, a short label, the module that owns it, output shape and
+dtype, parameters and FLOPs (from :func:`fxforge.inspect.inspect_graph`), the user's source line, lint
+findings, provenance (``fxforge_origin``/``fxforge_pass``), the first diverging node of a failed
+verification, and time from a profile. Nothing is laid out here: the page does that (ELK), so that
+collapsing and expanding modules re-lays out only what is visible.
+
+Format (short keys: a 10k-node graph is a few MB): ``nodes`` is a list of dicts with ``n`` name, ``op``,
+``t`` target, ``l`` label, ``c`` category (colour), ``m`` index of the containing module or -1 for the root,
+``sh`` shape text, ``dt`` dtype, ``p`` params, ``f`` FLOPs, ``src`` source line, ``h`` hidden (weights and
+guards, drawn only in the details), ``st`` diff status, ``ps`` pass, ``o`` origin, ``lint`` finding
+indices, ``ms``/``share`` profile time. ``edges`` are ``[source, target]`` index pairs (a third element
+``1`` marks an edge of the original graph kept to show a removed node). ``modules`` have ``path``,
+``type``, ``parent``, ``depth`` and totals.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect as pyinspect
+import os
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from torch import fx, nn
+
+from fxforge.capture import Captured
+from fxforge.errors import is_user_file
+from fxforge.graphs import ATEN, dialect_of, target_name
+from fxforge.inspect import InspectReport, inspect_graph
+from fxforge.lint import LintReport, lint
+from fxforge.verify import Divergence
+from fxforge.vocabulary import ORIGIN, PASS
+
+# Visible nodes a graph opens with at most: deeper modules start collapsed (see default_depth).
+OPEN_BUDGET = 220
+
+UNCHANGED, CHANGED, INSERTED, REMOVED = "unchanged", "changed", "inserted", "removed"
+
+# Colour categories, by the op's short name (first match wins); the page maps each to a colour.
+_CATEGORIES = (
+    ("conv", re.compile(r"conv")),
+    ("matmul", re.compile(r"linear|matmul|^mm$|addmm|bmm|einsum|attention|sdpa|embedding")),
+    ("norm", re.compile(r"norm")),
+    ("activation", re.compile(r"relu|gelu|silu|sigmoid|tanh|softmax|hardswish|hardsigmoid|mish|elu|softplus|swish")),
+    ("pool", re.compile(r"pool")),
+    ("dropout", re.compile(r"dropout")),
+    (
+        "shape",
+        re.compile(
+            r"view|reshape|permute|transpose|flatten|^cat$|stack|split|chunk|getitem|slice|select|squeeze|expand|"
+            r"contiguous|^t$|size|^to$|_to_copy|clone|alias|unbind|repeat|index|gather|pad|detach|type_as|float|"
+            r"arange|zeros|ones|full|empty|lift"
+        ),
+    ),
+    ("elementwise", re.compile(r"add|sub|mul|div|pow|sqrt|rsqrt|exp|log|neg|mean|sum|max|min|abs|where|clamp|cos|sin")),
+)
+
+
+def category(label: str, op: str, quant: str = "") -> str:
+    if quant:
+        return "quant"
+    if op in ("placeholder", "output"):
+        return "io"
+    if op == "get_attr":
+        return "param"
+    name = label.lower()
+    return next((kind for kind, pattern in _CATEGORIES if pattern.search(name)), "other")
+
+
+def short_label(gm: nn.Module, node: fx.Node) -> str:
+    """What a node does in a word or two: ``Conv2d``, ``conv2d``, ``add``, ``view``, ``input``."""
+    if node.op == "placeholder":
+        return "input"
+    if node.op == "output":
+        return "output"
+    if node.op == "get_attr":
+        return "weight"
+    if node.op == "call_module":
+        try:
+            return type(gm.get_submodule(str(node.target))).__name__
+        except AttributeError:
+            return str(node.target)
+    if node.op == "call_method":
+        return str(node.target)
+    target = node.target
+    packet = getattr(target, "_overloadpacket", None)
+    if packet is not None:
+        return packet.__name__
+    return getattr(target, "__name__", str(target))
+
+
+TIMES = "\u00d7"  # the multiplication sign between dimensions
+
+
+def shape_text(shape: Any) -> str:
+    """``[1, 64, 56, 56]`` -> ``1x64x56x56`` (with a multiplication sign); tuples of tensors are joined with commas."""
+    if shape is None:
+        return ""
+    if shape and isinstance(shape[0], list):
+        return ", ".join(shape_text(s) for s in shape[:4]) + (", ..." if len(shape) > 4 else "")
+    return TIMES.join(str(d) for d in shape) if shape else "scalar"
+
+
+_DTYPES = {
+    "float32": "f32",
+    "float16": "f16",
+    "bfloat16": "bf16",
+    "float64": "f64",
+    "int64": "i64",
+    "int32": "i32",
+    "bool": "bool",
+    "uint8": "u8",
+    "int8": "i8",
+    "quint8": "qu8",
+    "qint8": "qi8",
+}
+
+
+def _dtype_text(dtype: str | None) -> str:
+    return _DTYPES.get(dtype or "", dtype or "")
+
+
+# --------------------------------------------------------------------------------------------------
+# source lines
+
+
+def _aten_source(node: fx.Node) -> dict[str, Any] | None:
+    """The innermost user frame of the stack trace torch.export records for a node."""
+    trace = node.meta.get("stack_trace") or ""
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)', trace)
+    for filename, line, function, code in reversed(frames):
+        if is_user_file(filename):
+            return {
+                "file": _short_path(filename),
+                "line": int(line),
+                "fn": function,
+                "code": code.strip()[:160],
+                "exact": True,
+            }
+    return None
+
+
+def _forward_source(cls: type, cache: dict[type, dict[str, Any] | None]) -> dict[str, Any] | None:
+    """Where ``cls.forward`` is defined: symbolic tracing records no stack, so a torch-dialect node points
+    at the forward of the module that called it (``exact`` False)."""
+    if cls not in cache:
+        cache[cls] = None
+        try:
+            forward = cls.forward
+            filename = pyinspect.getsourcefile(forward)
+            _, line = pyinspect.getsourcelines(forward)
+            if filename:
+                cache[cls] = {
+                    "file": _short_path(filename),
+                    "line": line,
+                    "fn": f"{cls.__name__}.forward",
+                    "code": "",
+                    "exact": False,
+                }
+        except (TypeError, OSError, AttributeError):
+            pass
+    return cache[cls]
+
+
+def _short_path(filename: str) -> str:
+    """``.../site-packages/torchvision/models/resnet.py`` -> ``torchvision/models/resnet.py``."""
+    marker = "site-packages" + os.sep
+    if marker in filename:
+        return filename.split(marker, 1)[1]
+    try:
+        relative = os.path.relpath(filename)
+    except ValueError:
+        return filename
+    return relative if not relative.startswith("..") else filename
+
+
+def _owner_class(chain: list[tuple[str, Any]], root_type: type | None) -> type | None:
+    """The class whose forward made a node: its innermost module, else the model itself."""
+    if chain:
+        cls = chain[-1][1]
+        return cls if isinstance(cls, type) else None
+    return root_type
+
+
+# --------------------------------------------------------------------------------------------------
+# module chains
+
+
+def _chain(node: fx.Node) -> list[tuple[str, Any]]:
+    """(path, class) of every module enclosing ``node``, outermost first; a call_module node is not inside
+    the module it calls (it *is* that module)."""
+    if node.op == "call_module" and node.target == "_guards_fn":
+        return []
+    stack = node.meta.get("nn_module_stack") or {}
+    chain: list[tuple[str, Any]] = []
+    for path, cls in stack.values():
+        path = str(path).split("@")[0]
+        if path and (not chain or chain[-1][0] != path):
+            chain.append((path, cls))
+    if node.op == "call_module":
+        target = str(node.target)
+        if not chain:
+            parts = target.split(".")
+            chain = [(".".join(parts[: i + 1]), "") for i in range(len(parts))]
+        if chain and chain[-1][0] == target:
+            chain.pop()
+    elif node.op == "get_attr":
+        parts = str(node.target).split(".")[:-1]
+        chain = [(".".join(parts[: i + 1]), "") for i in range(len(parts))]
+    return chain
+
+
+def _type_name(cls: Any) -> str:
+    if isinstance(cls, type):
+        return cls.__name__
+    return str(cls).rsplit(".", 1)[-1] if cls else ""
+
+
+# --------------------------------------------------------------------------------------------------
+# the model
+
+
+def _inspect_or_none(captured: Captured | None, gm: fx.GraphModule) -> InspectReport | None:
+    if captured is None:
+        return None
+    return inspect_graph(dataclasses.replace(captured, graph_module=gm), depth=0, include_code=False)
+
+
+def _profile_dict(profile: Any) -> dict[str, Any] | None:
+    if profile is None:
+        return None
+    data = profile.to_dict() if hasattr(profile, "to_dict") else profile
+    if not isinstance(data, Mapping) or not isinstance(data.get("nodes"), list):
+        raise ValueError("a profile is a dict with 'total_ms', 'nodes' and 'modules' (fxforge profile's JSON form)")
+    return dict(data)
+
+
+class _Builder:
+    """Collects nodes, edges and modules for one or two graphs (a diff adds the original's removed nodes)."""
+
+    def __init__(self) -> None:
+        self.nodes: list[dict[str, Any]] = []
+        self.index: dict[tuple[int, str], int] = {}  # (graph id, node name) -> index
+        self.edges: list[list[int]] = []
+        self.modules: list[dict[str, Any]] = []
+        self.module_index: dict[str, int] = {}
+        self.source_cache: dict[type, dict[str, Any] | None] = {}
+
+    def module(self, path: str, cls: Any) -> int:
+        found = self.module_index.get(path)
+        if found is not None:
+            if not self.modules[found]["type"] and cls:
+                self.modules[found]["type"] = _type_name(cls)
+            return found
+        parent = self.module(path.rpartition(".")[0], "") if "." in path else -1
+        self.module_index[path] = len(self.modules)
+        depth = path.count(".") + 1
+        self.modules.append(
+            {"path": path, "type": _type_name(cls), "parent": parent, "depth": depth, "nodes": 0, "p": 0, "f": 0}
+        )
+        return self.module_index[path]
+
+    def add_graph(
+        self,
+        gm: fx.GraphModule,
+        key: int,
+        report: InspectReport | None,
+        *,
+        only: set[str] | None = None,
+        root_type: type | None = None,
+    ) -> None:
+        """Add ``gm``'s nodes (those named in ``only`` when given) and the edges among the added ones."""
+        infos = {info.name: info for info in report.nodes} if report is not None else {}
+        aten = dialect_of(gm) == ATEN
+        for node in gm.graph.nodes:
+            if only is not None and node.name not in only:
+                continue
+            chain = _chain(node)
+            for path, cls in chain:
+                self.module(path, cls)
+            info = infos.get(node.name)
+            label = short_label(gm, node)
+            hidden = node.op == "get_attr" or (node.op == "call_module" and node.target == "_guards_fn")
+            entry: dict[str, Any] = {
+                "n": node.name,
+                "op": node.op,
+                "t": target_name(node),
+                "l": label,
+                "c": category(label, node.op, info.quant if info else ""),
+                "m": self.module_index[chain[-1][0]] if chain else -1,
+            }
+            shape = info.shape if info else _meta_shape(node)
+            if shape is not None:
+                entry["sh"] = shape_text(shape)
+            dtype = info.dtype if info else _meta_dtype(node)
+            if dtype:
+                entry["dt"] = _dtype_text(dtype)
+            if info and info.params:
+                entry["p"] = info.params
+            if info and info.flops:
+                entry["f"] = info.flops
+            if hidden:
+                entry["h"] = 1
+            source = _aten_source(node) if aten else None
+            if source is None and not hidden and node.op not in ("placeholder", "output"):
+                owner = _owner_class(chain, root_type)
+                source = _forward_source(owner, self.source_cache) if owner is not None else None
+            if source:
+                entry["src"] = source
+            if node.meta.get(PASS):
+                entry["ps"] = node.meta[PASS]
+            if node.meta.get(ORIGIN) and node.meta[ORIGIN] != node.name:
+                entry["o"] = node.meta[ORIGIN]
+            self.index[(key, node.name)] = len(self.nodes)
+            self.nodes.append(entry)
+        for node in gm.graph.nodes:
+            target = self.index.get((key, node.name))
+            if target is None:
+                continue
+            for source_node in node.all_input_nodes:
+                source = self.index.get((key, source_node.name))
+                if source is not None:
+                    self.edges.append([source, target])
+
+    def totals(self) -> None:
+        """Nodes, parameters and FLOPs of every module, counted through its children."""
+        for entry in self.nodes:
+            module = entry["m"]
+            while module >= 0:
+                record = self.modules[module]
+                if not entry.get("h"):
+                    record["nodes"] += 1
+                record["p"] += entry.get("p", 0)
+                record["f"] += entry.get("f", 0)
+                module = record["parent"]
+
+    def absorb_single_node_modules(self) -> None:
+        """A module holding exactly one visible node and no other module (an ATen ``conv2d`` inside
+        ``layer1.0.conv1``) is drawn as that node, labelled with the module's type, not as a box around it."""
+        children = {i: 0 for i in range(len(self.modules))}
+        for record in self.modules:
+            if record["parent"] >= 0:
+                children[record["parent"]] += 1
+        for entry in self.nodes:
+            module = entry["m"]
+            if module < 0 or entry.get("h") or children[module]:
+                continue
+            record = self.modules[module]
+            if record["nodes"] == 1 and not record.get("absorbed"):
+                record["absorbed"] = True
+                entry["mp"] = record["path"]
+                entry["mt"] = record["type"]
+        absorbed = {i for i, record in enumerate(self.modules) if record.get("absorbed")}
+        if not absorbed:
+            return
+        for entry in self.nodes:
+            while entry["m"] in absorbed:
+                entry["m"] = self.modules[entry["m"]]["parent"]
+        # renumber the remaining modules
+        keep = [i for i in range(len(self.modules)) if i not in absorbed]
+        renumber = {old: new for new, old in enumerate(keep)}
+        modules = []
+        for old in keep:
+            record = dict(self.modules[old])
+            parent = record["parent"]
+            while parent in absorbed:
+                parent = self.modules[parent]["parent"]
+            record["parent"] = renumber.get(parent, -1)
+            record.pop("absorbed", None)
+            modules.append(record)
+        for entry in self.nodes:
+            entry["m"] = renumber.get(entry["m"], -1)
+        self.modules = modules
+        self.module_index = {record["path"]: i for i, record in enumerate(modules)}
+
+    def result(self, **extra: Any) -> dict[str, Any]:
+        self.totals()
+        self.absorb_single_node_modules()
+        model = {"nodes": self.nodes, "edges": self.edges, "modules": self.modules, **extra}
+        model.setdefault("depth", default_depth(model))
+        return model
+
+
+def _meta_shape(node: fx.Node) -> Any:
+    value = node.meta.get("val", node.meta.get("tensor_meta"))
+    shape = getattr(value, "shape", None)
+    return list(shape) if shape is not None and all(isinstance(d, int) for d in shape) else None
+
+
+def _meta_dtype(node: fx.Node) -> str | None:
+    value = node.meta.get("val", node.meta.get("tensor_meta"))
+    dtype = getattr(value, "dtype", None)
+    return str(dtype).removeprefix("torch.") if dtype is not None else None
+
+
+def default_depth(model: Mapping[str, Any], budget: int = OPEN_BUDGET) -> int:
+    """The deepest module level that can be open at first with at most ``budget`` visible nodes: a large
+    model opens collapsed (a 7B Llama shows its layers as boxes) and a small one fully expanded."""
+    modules = model["modules"]
+    if not modules:
+        return 0
+    max_depth = max(m["depth"] for m in modules)
+    for depth in range(max_depth, -1, -1):
+        if visible_count(model, depth) <= budget:
+            return depth
+    return 0
+
+
+def visible_count(model: Mapping[str, Any], depth: int) -> int:
+    """Nodes drawn when every module up to ``depth`` is open: visible graph nodes whose modules are all open,
+    plus one box per collapsed module whose parent is open."""
+    modules = model["modules"]
+    count = sum(1 for m in modules if m["depth"] == depth + 1)
+    for entry in model["nodes"]:
+        if entry.get("h"):
+            continue
+        module = entry["m"]
+        if module < 0 or modules[module]["depth"] <= depth:
+            count += 1
+    return count
+
+
+def graph_model(
+    target: Captured | fx.GraphModule,
+    *,
+    report: InspectReport | None = None,
+    lint_report: LintReport | None = None,
+    profile: Any = None,
+    title: str = "",
+    run_inspect: bool = True,
+    run_lint: bool = True,
+) -> dict[str, Any]:
+    """The picture model of one graph. ``report``/``lint_report`` are computed when not given (a Captured
+    is needed to inspect: a bare GraphModule gets the shapes recorded in its meta). ``profile``: a dict in
+    ``fxforge profile``'s JSON form (or an object whose ``to_dict()`` gives one): nodes get their time."""
+    captured = target if isinstance(target, Captured) else None
+    gm = target.graph_module if isinstance(target, Captured) else target
+    if report is None and run_inspect:
+        report = _inspect_or_none(captured, gm)
+    if lint_report is None and run_lint:
+        lint_report = lint(target)
+    builder = _Builder()
+    builder.add_graph(gm, 0, report, root_type=type(captured.original) if captured is not None else None)
+    findings = _attach_findings(builder, lint_report, key=0)
+    model = builder.result(
+        kind="graph",
+        title=title,
+        dialect=captured.dialect if captured is not None else dialect_of(gm),
+        findings=findings,
+        totals=report.totals if report is not None else {},
+    )
+    _attach_profile(model, builder, _profile_dict(profile), key=0)
+    return model
+
+
+def _attach_findings(builder: _Builder, lint_report: LintReport | None, key: int) -> list[dict[str, Any]]:
+    findings = []
+    if lint_report is None:
+        return findings
+    for number, finding in enumerate(lint_report.findings):
+        record = finding.to_dict()
+        index = builder.index.get((key, finding.node)) if finding.node else None
+        record["i"] = index if index is not None else -1
+        findings.append(record)
+        if index is not None:
+            builder.nodes[index].setdefault("lint", []).append(number)
+    return findings
+
+
+def _attach_profile(model: dict[str, Any], builder: _Builder, profile: dict[str, Any] | None, key: int) -> None:
+    if not profile:
+        return
+    total = float(profile.get("total_ms") or 0.0)
+    matched = 0
+    for row in profile["nodes"]:
+        index = builder.index.get((key, str(row.get("name"))))
+        if index is None:
+            continue
+        matched += 1
+        time_ms = float(row.get("time_ms") or 0.0)
+        share = row.get("share")
+        builder.nodes[index]["ms"] = time_ms
+        builder.nodes[index]["share"] = float(share) if share is not None else (time_ms / total if total else 0.0)
+    times = {str(m.get("path")): m for m in profile.get("modules", [])}
+    for record in model["modules"]:
+        row = times.get(record["path"])
+        if row is not None:
+            record["ms"] = float(row.get("time_ms") or 0.0)
+            record["share"] = float(row.get("share") or 0.0)
+    model["profile"] = {"total_ms": total, "matched": matched, "nodes": len(profile["nodes"])}
+
+
+# --------------------------------------------------------------------------------------------------
+# diffs
+
+
+def _signature(node: fx.Node) -> tuple[Any, ...]:
+    """What a node computes, for telling a changed node from an unchanged one of the same name. Inputs are
+    named by their origin: a relu whose input was ``bn1`` and is now the conv that computes ``bn1``'s value
+    (fold_bn) still computes the same thing."""
+    args = tuple(a.meta.get(ORIGIN, a.name) if isinstance(a, fx.Node) else repr(a) for a in node.args)
+    return node.op, target_name(node), args
+
+
+def diff_model(
+    original: Captured | fx.GraphModule,
+    rewritten: fx.GraphModule,
+    *,
+    steps: Sequence[tuple[str, fx.GraphModule]] = (),
+    passes: Sequence[str] = (),
+    divergence: Divergence | Mapping[str, Any] | None = None,
+    lint_report: LintReport | None = None,
+    profile: Any = None,
+    title: str = "",
+    run_inspect: bool = True,
+) -> dict[str, Any]:
+    """The picture model of ``rewritten`` overlaid on ``original``.
+
+    Every node of the rewritten graph is ``unchanged`` (same name, same op and inputs, no pass touched it),
+    ``changed`` (same name, but a pass rewrote it: fold_bn's conv now computes the batch norm's value) or
+    ``inserted``; nodes of the original that are gone are added as ``removed``, with their edges from the
+    original graph. The pass of each change comes from provenance; for removed nodes, from ``steps`` (the
+    graph after each pass, as a pipeline records them) when given, else from the rewritten node that now
+    computes the removed node's value, else from ``passes`` when only one pass ran. ``divergence`` (from
+    a failed verification) marks the first diverging node.
+    """
+    captured = original if isinstance(original, Captured) else None
+    before = original.graph_module if isinstance(original, Captured) else original
+    before_report = _inspect_or_none(captured, before) if run_inspect else None
+    after_report = None
+    if run_inspect and captured is not None:
+        try:
+            after_report = _inspect_or_none(captured, rewritten)
+        except Exception:  # a broken rewrite may not run: draw it with the shapes its meta records
+            after_report = None
+    old_nodes = {node.name: node for node in before.graph.nodes}
+    new_nodes = {node.name: node for node in rewritten.graph.nodes}
+    builder = _Builder()
+    root_type = type(captured.original) if captured is not None else None
+    builder.add_graph(rewritten, 1, after_report, root_type=root_type)
+    removed = [name for name in old_nodes if name not in new_nodes]
+    builder.add_graph(before, 0, before_report, only=set(removed), root_type=root_type)
+    # edges of the original that touch a removed node, so it is drawn where it was
+    for node in before.graph.nodes:
+        for source in node.all_input_nodes:
+            if source.name in new_nodes and node.name in new_nodes:
+                continue
+            a = builder.index.get((0, source.name), builder.index.get((1, source.name)))
+            b = builder.index.get((0, node.name), builder.index.get((1, node.name)))
+            if a is not None and b is not None:
+                builder.edges.append([a, b, 1])
+    removed_by = _removal_passes(before, steps)
+    value_now_in = {node.meta.get(ORIGIN): node for node in rewritten.graph.nodes if node.meta.get(PASS)}
+    counts = {UNCHANGED: 0, CHANGED: 0, INSERTED: 0, REMOVED: 0}
+    for name, node in new_nodes.items():
+        entry = builder.nodes[builder.index[(1, name)]]
+        old = old_nodes.get(name)
+        if old is None:
+            status = INSERTED
+        elif node.meta.get(PASS) or _signature(old) != _signature(node):
+            status = CHANGED
+        else:
+            status = UNCHANGED
+        entry["st"] = status
+        counts[status] += 1
+    for name in removed:
+        entry = builder.nodes[builder.index[(0, name)]]
+        entry["st"] = REMOVED
+        heir = value_now_in.get(name)
+        entry["ps"] = (
+            removed_by.get(name)
+            or (heir.meta.get(PASS) if heir is not None else None)
+            or (passes[0] if len(passes) == 1 else None)
+        )
+        if heir is not None:
+            entry["heir"] = heir.name
+        if not entry["ps"]:
+            entry.pop("ps")
+        counts[REMOVED] += 1
+    findings = _attach_findings(builder, lint_report, key=1)
+    model = builder.result(
+        kind="diff",
+        title=title,
+        dialect=dialect_of(rewritten),
+        findings=findings,
+        counts=counts,
+        passes=list(dict.fromkeys([*passes, *(name for name, _ in steps)])),
+        totals=after_report.totals if after_report is not None else {},
+        totals_before=before_report.totals if before_report is not None else {},
+    )
+    if divergence is not None:
+        data = dataclasses.asdict(divergence) if isinstance(divergence, Divergence) else dict(divergence)
+        index = builder.index.get((1, str(data.get("node"))))
+        data["i"] = index if index is not None else -1
+        if index is not None:
+            builder.nodes[index]["div"] = 1
+        model["divergence"] = data
+    _attach_profile(model, builder, _profile_dict(profile), key=1)
+    return model
+
+
+def _removal_passes(before: fx.GraphModule, steps: Sequence[tuple[str, fx.GraphModule]]) -> dict[str, str]:
+    """Which pass removed each node: the first step whose graph no longer has it."""
+    alive = {node.name for node in before.graph.nodes}
+    removed_by: dict[str, str] = {}
+    for name, gm in steps:
+        now = {node.name for node in gm.graph.nodes}
+        for gone in alive - now:
+            removed_by.setdefault(gone, name)
+        alive = now
+    return removed_by

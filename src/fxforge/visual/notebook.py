@@ -1,0 +1,54 @@
+"""Notebook views of the results above this layer (optimize, bench, quantize): their ``_repr_html_`` and
+short ``__repr__``. Results of the layers below build theirs with :mod:`fxforge.display` alone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fxforge.display import card
+from fxforge.visual.render import diff_html
+from fxforge.visual.sections import bench_section, changelog_section, quantize_section, verify_section
+
+
+def optimize_repr(result: Any) -> str:
+    steps = result.pipeline.steps
+    changed = [s.result.name for s in steps if s.result.changed]
+    verdict = "ok" if result.pipeline.ok else f"FAILED ({result.pipeline.failed_pass or 'verification'})"
+    where = f", wrote {result.output_dir}" if result.output_dir else ""
+    return f"<OptimizeResult {verdict}: {len(steps)} passes, changed by {', '.join(changed) or 'none'}{where}>"
+
+
+def optimize_html(result: Any) -> str:
+    """The change log, the verification and -- when the result knows its captured model -- the diff graph."""
+    data = result.pipeline.to_dict()
+    parts = [
+        verify_section(data.get("verify"), failed_pass=data.get("failed_pass"), problem=data.get("problem")),
+        changelog_section(data),
+    ]
+    captured = getattr(result, "captured", None)
+    if captured is not None:
+        parts.append(diff_html(captured, result, title="diff")._repr_html_())
+    return card("Optimize", *parts)
+
+
+def bench_repr(report: Any) -> str:
+    rows = ", ".join(f"{r.backend} {r.median_ms:.2f} ms" if r.median_ms else f"{r.backend} failed" for r in report.rows)
+    return f"<BenchReport {report.threads} threads, {report.repeats} rounds: {rows}>"
+
+
+def bench_html(report: Any) -> str:
+    return card("Bench", bench_section(report.to_dict()))
+
+
+def quantize_repr(result: Any) -> str:
+    accuracy = result.accuracy
+    agreement = (
+        f", top-1 agreement {100 * accuracy.top1_agreement:.1f}%"
+        if accuracy is not None and accuracy.top1_agreement is not None
+        else ""
+    )
+    return f"<QuantizeResult {result.mode} ({result.backend}): {len(result.quantized_layers)} layers int8{agreement}>"
+
+
+def quantize_html(result: Any) -> str:
+    return card("Quantize", quantize_section(result.to_dict()))

@@ -1,0 +1,117 @@
+"""Self-contained HTML pages: the graph viewer and the report frame, with every script and style inlined.
+
+A page works offline from ``file://`` and makes no network request: the layout engine (ELK, vendored in
+``assets/`` with its licence), the viewer script and the graph model are embedded, and a Content
+Security Policy (``default-src 'none'``) forbids the browser to fetch anything even if a script tried.
+:class:`GraphView` is what the API returns: the page's HTML, written to a file with :meth:`GraphView.save`
+and shown inline in Jupyter (``_repr_html_``, an iframe holding the page).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from fxforge.artifacts import StagedOutput
+from fxforge.errors import FxforgeError
+
+ASSETS = ("elk.bundled.js", "graphview.js", "graphpage.js")
+
+# No network, ever: scripts and styles are inline, images are data: URIs, downloads are blob: URLs.
+CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data: blob:"
+
+
+@cache
+def asset(name: str) -> str:
+    """The text of a bundled asset (``assets/`` in the package)."""
+    return resources.files("fxforge.visual").joinpath("assets", name).read_text(encoding="utf-8")
+
+
+def script_json(data: Any) -> str:
+    """JSON safe inside ``<script type="application/json">``: no ``</script>`` or ``<!--`` can end it early."""
+    text = json.dumps(data, separators=(",", ":"), default=str)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def document(title: str, subtitle: str, body: str, model: dict[str, Any] | None, extra_script: str = "") -> str:
+    """A whole page: header, ``body`` (HTML), and -- with ``model`` -- the graph viewer's data and scripts."""
+    scripts = ""
+    if model is not None:
+        scripts = f'<script type="application/json" id="fxg-model">{script_json(model)}</script>\n'
+        scripts += "\n".join(f"<script>\n{asset(name)}\n</script>" for name in ASSETS)
+    if extra_script:
+        scripts += f"<script>\n{extra_script}\n</script>"
+    return (
+        '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{html.escape(title)}</title><style>{asset('page.css')}</style></head>\n<body>"
+        f'<header class="fxg-top"><h1>{html.escape(title)}</h1><p>{html.escape(subtitle)}</p></header>'
+        f"<main>{body}</main>\n{scripts}\n</body></html>\n"
+    )
+
+
+def graph_document(model: dict[str, Any], title: str, subtitle: str = "") -> str:
+    """The page of one graph (or one diff): the viewer filling the window."""
+    return document(title, subtitle or describe(model), '<div id="fxg-graph"></div>', model)
+
+
+def describe(model: dict[str, Any]) -> str:
+    """One line under a graph's title: dialect, counts, totals, diff counts."""
+    visible = sum(1 for n in model["nodes"] if not n.get("h"))
+    parts = [f"{model.get('dialect', '')} dialect", f"{visible} nodes", f"{len(model['modules'])} modules"]
+    totals = model.get("totals") or {}
+    if totals.get("params") is not None:
+        parts.append(f"{totals['params']:,} parameters")
+    if totals.get("flops"):
+        parts.append(f"{totals['flops'] / 1e9:.3g} GFLOPs")
+    counts = model.get("counts")
+    if counts:
+        parts.append(", ".join(f"{counts[k]} {k}" for k in ("changed", "inserted", "removed")))
+    if model.get("divergence"):
+        parts.append(f"first divergence at {model['divergence'].get('node')}")
+    return " · ".join(parts)
+
+
+def write_text(path: str | Path, text: str, *, force: bool = True) -> Path:
+    """Write ``text`` to ``path`` atomically (never a half-written page); errors become one-line FxforgeErrors."""
+    target = Path(path)
+    with StagedOutput(target, force=force) as staged:
+        try:
+            staged.path.write_text(text, encoding="utf-8")
+        except OSError as exc:
+            raise FxforgeError(f"cannot write {target}: {exc.strerror or exc}") from None
+        staged.commit()
+    return target
+
+
+@dataclass
+class GraphView:
+    """A rendered page (graph, diff or report). In Jupyter the last line of a cell shows it inline."""
+
+    html: str
+    model: dict[str, Any] | None = None
+    path: Path | None = None
+    title: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    def save(self, path: str | Path, *, force: bool = True) -> Path:
+        self.path = write_text(path, self.html, force=force)
+        return self.path
+
+    def __repr__(self) -> str:
+        nodes = sum(1 for n in self.model["nodes"] if not n.get("h")) if self.model else 0
+        where = f", saved to {self.path}" if self.path else ""
+        return f"<fxforge page {self.title!r}: {nodes} nodes, {len(self.html) / 1e6:.1f} MB{where}>"
+
+    def _repr_html_(self) -> str:
+        # An iframe: the page's scripts and styles stay inside it, and the notebook's stay out.
+        return (
+            f'<iframe srcdoc="{html.escape(self.html, quote=True)}" style="width:100%;height:720px;'
+            'border:1px solid #e4e7eb;border-radius:6px" sandbox="allow-scripts allow-downloads"></iframe>'
+        )

@@ -1,0 +1,217 @@
+"""The picture API: a graph or a before/after diff as an interactive HTML page or an SVG file.
+
+:func:`graph_html` and :func:`diff_html` return a :class:`~fxforge.visual.page.GraphView` (shown inline in
+Jupyter) and write it when given a path; :func:`graph_svg` writes a static SVG of the graph with modules
+open to a depth, laid out by the very same script (ELK) as the page, run in an embedded V8 (the
+``mini-racer`` package, extra ``visual``).
+
+What a diff is drawn from: an original (a :class:`~fxforge.capture.Captured` or GraphModule) and a
+rewritten graph -- a GraphModule, or any result that holds one: an optimize result (``.pipeline``), a
+pipeline result (``.graph_module`` and ``.steps``, whose per-pass graphs name the pass that removed each
+node) or a quantize result (``.model``). This module sits below optimize and quantize (they write
+``report.html`` with it), so it reads those results by their attributes rather than importing them.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from torch import fx
+
+from fxforge.artifacts import PROVENANCE_FILE, REPORT_FILE
+from fxforge.capture import Captured
+from fxforge.errors import FxforgeError, ModelSpecError, require
+from fxforge.graphs import TORCH, dialect_of
+from fxforge.inspect import InspectReport
+from fxforge.lint import LintReport
+from fxforge.verify import Divergence
+from fxforge.visual.graph import diff_model, graph_model
+from fxforge.visual.page import GraphView, asset, graph_document
+
+
+def graph_html(
+    target: Captured | fx.GraphModule,
+    path: str | Path | None = None,
+    *,
+    depth: int | None = None,
+    profile: Any = None,
+    title: str = "",
+    report: InspectReport | None = None,
+    lint_report: LintReport | None = None,
+    force: bool = True,
+) -> GraphView:
+    """The interactive page of ``target``'s graph, written to ``path`` when given.
+
+    ``depth``: modules open when the page opens (default: as deep as keeps about 220 nodes on screen).
+    ``profile``: ``fxforge profile``'s dict (or an object with ``to_dict()``): nodes coloured by time share.
+    """
+    model = graph_model(target, report=report, lint_report=lint_report, profile=profile, title=title)
+    if depth is not None:
+        model["depth"] = depth
+    title = title or "graph"
+    view = GraphView(graph_document(model, title), model, title=title)
+    if path is not None:
+        view.save(path, force=force)
+    return view
+
+
+def load_output_dir(directory: str | Path, *, trust_pickle: bool | None = None) -> tuple[fx.GraphModule, list[str]]:
+    """The rewritten graph of an ``fxforge optimize`` output directory (with its provenance) and its passes.
+
+    A torch-dialect result is its ``model.pt`` (a pickle: it loads only with ``trust_pickle``); its
+    ``model.pt2`` is an ATen re-export whose nodes do not match the captured graph's, so it cannot be diffed
+    node for node.
+    """
+    from fxforge.models import load_model
+
+    path = Path(directory)
+    if not path.is_dir():
+        raise ModelSpecError(f"{directory} is not a directory", hint="give an output directory of fxforge optimize -o")
+    if not (path / PROVENANCE_FILE).is_file() or not (path / REPORT_FILE).is_file():
+        raise ModelSpecError(
+            f"{directory} is not an fxforge optimize output (no {PROVENANCE_FILE} or {REPORT_FILE})",
+            hint="give a directory written by fxforge optimize -o",
+        )
+    try:
+        saved = json.loads((path / REPORT_FILE).read_text())
+        passes = [str(step["name"]) for step in saved.get("passes", [])]
+        dialect = (saved.get("capture") or {}).get("dialect")
+    except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise ModelSpecError(f"{path / REPORT_FILE} is corrupt: {exc}") from None
+    loaded = load_model(str(path), trust_pickle=trust_pickle)
+    graph = loaded.module
+    if not isinstance(graph, fx.GraphModule):
+        raise ModelSpecError(f"{directory} holds no fx graph to compare ({type(graph).__name__})")
+    if dialect == TORCH and dialect_of(graph) != TORCH:
+        raise ModelSpecError(
+            f"the rewritten torch-dialect graph of {directory} is its model.pt, a pickle",
+            hint="pass --trust-pickle (trust_pickle=True) if you trust the directory; model.pt2 is an ATen "
+            "re-export whose nodes do not match the captured graph's",
+        )
+    return graph, passes
+
+
+def rewritten_graph(result: Any) -> tuple[fx.GraphModule, list[tuple[str, fx.GraphModule]], Divergence | None]:
+    """(rewritten graph, per-pass graphs, first divergence) of a result or a GraphModule (see the module docstring)."""
+    if isinstance(result, fx.GraphModule):
+        return result, [], None
+    pipeline = getattr(result, "pipeline", result)
+    if hasattr(pipeline, "steps") and isinstance(getattr(pipeline, "graph_module", None), fx.GraphModule):
+        steps, divergence, shown = [], None, pipeline.graph_module
+        for step in pipeline.steps:
+            check = step.verification
+            if check is not None and not check.ok and divergence is None:
+                divergence = check.divergence
+                shown = step.result.graph_module  # the failing pass's graph: that is where the divergence is
+            if not step.rolled_back or (check is not None and not check.ok):
+                steps.append((step.result.name, step.result.graph_module))
+        return shown, steps, divergence
+    model = getattr(result, "model", None)
+    if isinstance(model, fx.GraphModule):
+        return model, [], None
+    raise FxforgeError(f"cannot find a rewritten graph in {type(result).__name__}", hint="pass a GraphModule")
+
+
+def diff_html(
+    original: Captured | fx.GraphModule,
+    rewritten: Any,
+    path: str | Path | None = None,
+    *,
+    passes: Sequence[str] = (),
+    divergence: Divergence | None = None,
+    depth: int | None = None,
+    profile: Any = None,
+    title: str = "",
+    force: bool = True,
+) -> GraphView:
+    """The interactive page of ``rewritten`` overlaid on ``original``: removed, inserted and changed nodes
+    coloured and labelled with the pass that made each change, the first diverging node of a failed
+    verification highlighted (given, or found in a pipeline result). ``rewritten`` may also be an optimize
+    output directory (:func:`load_output_dir`; pickles are trusted as ``FXFORGE_TRUST_PICKLE`` says)."""
+    if isinstance(rewritten, (str, Path)):
+        rewritten, saved_passes = load_output_dir(rewritten)
+        passes = list(passes) or saved_passes
+    graph, steps, found = rewritten_graph(rewritten)
+    model = diff_model(
+        original,
+        graph,
+        steps=steps,
+        passes=passes,
+        divergence=divergence or found,
+        profile=profile,
+        title=title,
+    )
+    if depth is not None:
+        model["depth"] = depth
+    title = title or "diff"
+    view = GraphView(graph_document(model, title), model, title=title)
+    if path is not None:
+        view.save(path, force=force)
+    return view
+
+
+_V8_LOCK = threading.Lock()
+
+
+def svg_of(model: dict[str, Any], depth: int | None = None) -> str:
+    """The SVG of a graph model with modules open to ``depth``, laid out by ELK in an embedded V8."""
+    require("py_mini_racer", "visual", "writing SVG pictures")
+    from py_mini_racer import MiniRacer
+
+    with _V8_LOCK:
+        context = MiniRacer()
+        # ELK's bundle looks for a window and defers work with setTimeout; in V8 alone both are shims and the
+        # deferred calls run at once (the layout is synchronous work behind a promise).
+        context.eval(
+            "var window = globalThis; var self = globalThis; globalThis.setTimeout = function (f) { f(); return 0; };"
+        )
+        context.eval(asset("elk.bundled.js"))
+        context.eval(asset("graphview.js"))
+        context.eval("var SVG_OUT = null, SVG_ERR = null;")
+        call = (
+            "FXG.renderSvg({}, {}, {}).then(function (s) {{ SVG_OUT = s; }}, function (e) {{ SVG_ERR = String(e); }});"
+        )
+        depth_arg = "null" if depth is None else str(int(depth))
+        context.eval(
+            call.format(
+                json.dumps(json.dumps(model, default=str)), depth_arg, "true" if model.get("profile") else "false"
+            )
+        )
+        error, svg = context.eval("SVG_ERR"), context.eval("SVG_OUT")
+    if error or not svg:
+        raise FxforgeError(f"the graph could not be laid out: {error or 'no result'}")
+    return str(svg)
+
+
+def graph_svg(
+    target: Captured | fx.GraphModule | dict[str, Any],
+    path: str | Path | None = None,
+    *,
+    depth: int | None = None,
+    profile: Any = None,
+    force: bool = True,
+) -> str:
+    """A static SVG picture of ``target`` (a graph, or a model from :func:`graph_model`/:func:`diff_model`)
+    with modules open to ``depth``; written to ``path`` when given. Returns the SVG text."""
+    from fxforge.visual.page import write_text
+
+    model = target if isinstance(target, dict) else graph_model(target, profile=profile)
+    svg = svg_of(model, depth)
+    if path is not None:
+        write_text(path, svg, force=force)
+    return svg
+
+
+def show(target: Any, *, depth: int | None = None, profile: Any = None) -> GraphView:
+    """For notebooks: the graph of a Captured or GraphModule, or the diff of an optimize/quantize result's
+    ``captured`` attribute when it has one. The last line of a cell displays it."""
+    if isinstance(target, (Captured, fx.GraphModule)):
+        return graph_html(target, depth=depth, profile=profile)
+    captured = getattr(target, "captured", None)
+    if captured is not None:
+        return diff_html(captured, target, depth=depth, profile=profile)
+    raise FxforgeError(f"cannot draw a {type(target).__name__}", hint="pass a Captured or a GraphModule")
