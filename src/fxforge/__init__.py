@@ -11,6 +11,8 @@ Public API (everything the CLI does is reachable from here)::
     check = fxforge.verify(captured, result.pipeline.graph_module)
     exported = fxforge.export_model(captured, to="onnx", path="out/model.onnx")  # reloaded and verified
     timings = fxforge.bench(captured, ["eager", "onnxruntime"])                 # .rows: median_ms, p90_ms, ...
+    stages = fxforge.split(captured, stages=4, balance="flops", output_dir="out/split")  # .plan, .stages
+    run = fxforge.run_pipeline("out/split", microbatches=8)                     # one process per stage
 
 The names are loaded on first use (PEP 562): ``import fxforge`` does not import torch, so the command line
 starts fast and can be interrupted cleanly while torch loads.
@@ -72,6 +74,13 @@ _EXPORTS = {
     "Verifier": "fxforge.verify",
     "compare_outputs": "fxforge.compare",
     "verify": "fxforge.verify",
+    "SplitPlan": "fxforge.split",
+    "SplitResult": "fxforge.split",
+    "plan_split": "fxforge.split",
+    "split": "fxforge.split",
+    "PipelineError": "fxforge.distributed",
+    "PipelineRun": "fxforge.distributed",
+    "run_pipeline": "fxforge.distributed",
 }
 
 __all__ = [
@@ -93,7 +102,11 @@ __all__ = [
     "ModelSpecError",
     "PassResult",
     "Pipeline",
+    "PipelineError",
+    "PipelineRun",
     "QuantizeResult",
+    "SplitPlan",
+    "SplitResult",
     "Verifier",
     "VerifyResult",
     "__version__",
@@ -113,12 +126,15 @@ __all__ = [
     "make_inputs",
     "optimize",
     "parse_input_spec",
+    "plan_split",
     "prepare",
     "quantize",
     "register_backend",
     "register_pass",
     "report",
+    "run_pipeline",
     "show",
+    "split",
     "verify",
     "verify_specs",
 ]
@@ -157,6 +173,7 @@ if TYPE_CHECKING:  # static type checkers and IDEs see the names without the laz
     from fxforge.bench import BenchReport, bench, register_backend
     from fxforge.capture import Captured, CaptureRecord, capture
     from fxforge.compare import compare_outputs
+    from fxforge.distributed import PipelineError, PipelineRun, run_pipeline
     from fxforge.errors import CaptureError, FxforgeError, InputSpecError, MissingExtraError, ModelSpecError
     from fxforge.export import ExportError, ExportResult, export_model
     from fxforge.inputs import InputSpec, make_inputs, parse_input_spec
@@ -168,5 +185,6 @@ if TYPE_CHECKING:  # static type checkers and IDEs see the names without the laz
     from fxforge.pipeline import Pipeline
     from fxforge.quantize import QuantizeResult, quantize
     from fxforge.report import report
+    from fxforge.split import SplitPlan, SplitResult, plan_split, split
     from fxforge.verify import Verifier, VerifyResult, verify
     from fxforge.visual import GraphView, diff_html, graph_html, graph_svg, show

@@ -572,13 +572,13 @@ def render_split(console: Console, spec: str, capture: dict[str, Any], result: A
     table = Table(title=f"{len(plan.stages)} stages, balanced by {plan.balance}")
     table.add_column("stage", justify="right")
     table.add_column("nodes", justify="right")
-    table.add_column("from .. to")
-    for column in ("params", "param bytes", "FLOPs", "activations", "receives", "memory", "cost"):
+    table.add_column("modules (first .. last)")
+    for column in ("params", "weights", "FLOPs", "activations", "receives", "memory", "cost"):
         table.add_column(column, justify="right")
     if plan.balance == "time":
         table.add_column("time", justify="right")
     for stage in plan.stages:
-        span = f"{stage.first_node} ({stage.first_module or 'root'}) .. {stage.last_node} ({stage.last_module or 'root'})"
+        span = f"{stage.first_module or stage.first_node} .. {stage.last_module or stage.last_node}"
         share = f"{stage.cost / plan.total_cost:.1%}" if plan.total_cost else "-"
         row = [
             str(stage.index),
@@ -601,7 +601,9 @@ def render_split(console: Console, spec: str, capture: dict[str, Any], result: A
         for column in ("cut", "after .. before", "tensors", "bytes", "torch split_spec"):
             cuts.add_column(column, justify="right" if column in ("cut", "bytes") else "left")
         for cut in plan.cuts:
-            point = ", ".join(f"{k}: {v}" for k, v in cut.split_spec.items()) if cut.split_spec else "[dim]inside a call[/]"
+            point = "[dim]inside a call[/]"
+            if cut.split_spec:
+                point = ", ".join(f"{k}: {v}" for k, v in cut.split_spec.items())
             cuts.add_row(
                 f"{cut.after_stage}|{cut.after_stage + 1}",
                 f"{cut.after_node} .. {cut.before_node}",
@@ -621,7 +623,9 @@ def render_split(console: Console, spec: str, capture: dict[str, Any], result: A
             console.print(f"torch.distributed.pipelining.pipeline(model, mb_args, split_spec={{{entries}}})")
         else:
             inside = [cut for cut in plan.cuts if cut.split_spec is None]
-            console.print(f"[dim]{len(inside)} cut(s) fall inside a module call: pipe_split() {inside[0].pipe_split}[/]")
+            console.print(
+                f"[dim]{len(inside)} cut(s) fall inside a module call: pipe_split() {inside[0].pipe_split}[/]"
+            )
     verification = result.verification
     if verification is not None:
         if verification.ok:
@@ -631,7 +635,8 @@ def render_split(console: Console, spec: str, capture: dict[str, Any], result: A
             )
             render_verify_doubts(console, verification)
         else:
-            console.print(f"  [bold red]MISMATCH[/]: the chained stages differ from the model: {verification.problems[:2]}")
+            problems = "; ".join(verification.problems[:2])
+            console.print(f"  [bold red]MISMATCH[/]: the chained stages differ from the model: {problems}")
     for note in plan.notes:
         console.print(f"  [dim]note: {note}[/]")
     if result.directory:
@@ -646,20 +651,21 @@ def render_pipeline_run(console: Console, run: Any) -> None:
         f"microbatches ({', '.join(run.inputs)})"
     )
     table = Table(title=f"Throughput, median of {len(run.schedules[0].times_s) if run.schedules else 0} runs")
-    for column in ("run", "ms per batch", "samples/s", "vs one process"):
+    for column in ("run", "ms per batch", "samples/s", "vs best one-process"):
         table.add_column(column, justify="left" if column == "run" else "right")
     for timing in run.schedules:
         speedup = f"{timing.speedup:.2f}x" if timing.speedup is not None else "-"
         table.add_row(
             f"pipeline, {timing.schedule}", f"{timing.median_s * 1000:.1f}", f"{timing.samples_per_s:.1f}", speedup
         )
-    if run.baseline is not None:
-        how = ", once per microbatch" if run.baseline.per_microbatch else ""
+    best = min((b.median_s for b in run.baselines), default=None)
+    for base in run.baselines:
+        how = ", once per microbatch" if base.per_microbatch else ""
         table.add_row(
-            f"one process ({run.baseline.threads} thread{'s' if run.baseline.threads != 1 else ''}{how})",
-            f"{run.baseline.median_s * 1000:.1f}",
-            f"{run.baseline.samples_per_s:.1f}",
-            "1.00x",
+            f"one process, unsplit ({base.threads} thread{'s' if base.threads != 1 else ''}{how})",
+            f"{base.median_s * 1000:.1f}",
+            f"{base.samples_per_s:.1f}",
+            f"{best / base.median_s:.2f}x" if best else "-",
         )
     console.print(table)
     check = run.check
