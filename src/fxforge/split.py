@@ -1,0 +1,895 @@
+"""Split: plan where to cut a captured graph into pipeline stages, build the stage modules, write them.
+
+Owns :func:`plan_split` (the cost of every node, the bytes a cut at each place would send, the optimal cuts by
+:func:`fxforge.partition.partition`), :func:`split` (plan, stage modules, verification, output directory),
+:class:`SplitPlan` (what ``plan.json`` holds) and :func:`load_split` (reading a split directory back).
+
+The graph's nodes are taken in their (topological) order; a stage is a contiguous run of them. What a node
+costs depends on ``balance``:
+
+* ``flops``: its FLOPs, as ``inspect`` counts them;
+* ``params``: the bytes of the stored tensors (parameters, buffers, constants) it is the first to use;
+* ``memory``: those bytes plus the bytes of the value it produces (``inspect``'s activation bytes);
+* ``time``: its milliseconds in a profile (``fxforge profile --json``: ``{"nodes": [{"name", "time_ms"}]}``).
+
+A cut after node ``i`` carries every value produced at or before ``i`` and used after it (model inputs used
+later included; stored tensors are not carried: each stage holds its own). Cuts where such a value is not one
+tensor (a Python number, a tuple before its ``getitem``) are not allowed: a pipeline stage sends tensors only.
+The crossing bytes of every possible cut come from one difference array over the values' lifetimes, O(nodes +
+edges). Planning works on the ``meta`` device (nothing but shapes is needed); building stage modules needs
+weights.
+
+A split directory holds ``plan.json`` (plain JSON), one ``stage_K.pt2`` per stage (a ``torch.export`` program:
+loads with torch alone, without unpickling code) and ``model.pt2``, the unsplit model, which ``run-pipeline``
+verifies the pipeline's output against. A stage graph that cannot be exported is written as a pickled
+GraphModule ``stage_K.pt`` instead, which loads only with the pickle opt-in (docs/security.md).
+"""
+
+from __future__ import annotations
+
+import inspect as pyinspect
+import json
+import math
+import re
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import fx, nn
+from torch.utils import _pytree as pytree
+
+from fxforge.artifacts import PROGRAM_FILE, atomic_directory, write_inputs
+from fxforge.capture import Captured, placeholder_values
+from fxforge.errors import FxforgeError, ModelSpecError, first_line, format_location, is_user_file
+from fxforge.graphs import get_attr_value, module_path, submodule
+from fxforge.inputs import InputSpec, parse_input_spec
+from fxforge.inspect import NodeInfo, inspect_graph
+from fxforge.models import load_model
+from fxforge.partition import partition, prefix_sums
+from fxforge.runtime import export_program, preserved_state, quiet_torch_logs
+from fxforge.verify import DEFAULT_CASES, VerifyResult, verify
+
+BALANCES = ("flops", "params", "memory", "time")
+PLAN_FILE = "plan.json"
+PLAN_FORMAT = "fxforge-split"
+PLAN_VERSION = 1
+_COMPUTE = ("call_function", "call_method", "call_module")
+# torch.export's input-shape check: no part of the model's computation, and no module a stage could hold
+_GUARDS = "_guards_fn"
+
+
+def stage_file(index: int, pickled: bool = False) -> str:
+    return f"stage_{index}.pt" if pickled else f"stage_{index}.pt2"
+
+
+# --------------------------------------------------------------------------------------------------
+# the plan
+
+
+@dataclass
+class TensorInfo:
+    """A tensor a stage receives or sends: the graph value it is, its shape, dtype and size."""
+
+    name: str
+    shape: list[int]
+    dtype: str
+    bytes: int
+
+
+@dataclass
+class StagePlan:
+    """One stage: its nodes and what it costs. ``memory_bytes`` = stored tensors + activations + received."""
+
+    index: int
+    nodes: int
+    first_node: str
+    last_node: str
+    first_module: str
+    last_module: str
+    params: int  # parameter count
+    param_bytes: int  # every stored tensor the stage holds: parameters, buffers, constants
+    flops: int
+    activation_bytes: int  # the values its nodes produce, as inspect counts them (no reuse assumed)
+    input_bytes: int  # what it receives from the previous stage (the model's inputs for stage 0)
+    memory_bytes: int
+    cost: float  # by the plan's balance
+    time_ms: float | None = None  # from the profile, when one was given
+    inputs: list[TensorInfo] = field(default_factory=list)
+    outputs: list[TensorInfo] = field(default_factory=list)
+    file: str | None = None
+
+
+@dataclass
+class CutPlan:
+    """A cut between two stages: the tensors crossing it, and the same cut in ``torch.distributed.pipelining``'s
+    terms: a ``split_spec`` entry (``{"layer3": "BEGINNING"}``) when it falls on a submodule call's boundary, and
+    where to call ``pipe_split()`` otherwise."""
+
+    after_stage: int
+    after_node: str
+    before_node: str
+    tensors: list[TensorInfo]
+    bytes: int
+    split_spec: dict[str, str] | None
+    pipe_split: str
+
+
+@dataclass
+class SplitPlan:
+    """Where the graph is cut and what every stage costs; ``to_dict()`` is ``plan.json``."""
+
+    model: str
+    dialect: str
+    balance: str
+    slack: float
+    inputs: list[str]  # example input specs the plan was made at (the microbatch shape)
+    stages: list[StagePlan]
+    cuts: list[CutPlan]
+    nodes: int  # compute nodes split
+    total_cost: float
+    bottleneck: float
+    imbalance: float  # bottleneck / mean stage cost
+    crossing_bytes: int
+    on_meta: bool
+    plan_s: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def split_spec(self) -> dict[str, str] | None:
+        """Every cut as one ``split_spec`` for ``torch.distributed.pipelining.pipeline``, or None when some cut
+        falls inside a module call (then ``pipe_split()`` calls in the model's code express the split)."""
+        if any(cut.split_spec is None for cut in self.cuts):
+            return None
+        return {name: point for cut in self.cuts for name, point in (cut.split_spec or {}).items()}
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {"format": PLAN_FORMAT, "version": PLAN_VERSION, **asdict(self), "split_spec": self.split_spec}
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SplitPlan:
+        if data.get("format") != PLAN_FORMAT or data.get("version") != PLAN_VERSION:
+            raise ValueError(f"not an {PLAN_FORMAT} plan of version {PLAN_VERSION}")
+        fields = {k: v for k, v in data.items() if k not in ("format", "version", "split_spec")}
+        fields["stages"] = [
+            StagePlan(
+                **{
+                    **s,
+                    "inputs": [TensorInfo(**t) for t in s["inputs"]],
+                    "outputs": [TensorInfo(**t) for t in s["outputs"]],
+                }
+            )
+            for s in data["stages"]
+        ]
+        fields["cuts"] = [CutPlan(**{**c, "tensors": [TensorInfo(**t) for t in c["tensors"]]}) for c in data["cuts"]]
+        return cls(**fields)
+
+    @property
+    def input_specs(self) -> list[InputSpec]:
+        return [parse_input_spec(text) for text in self.inputs]
+
+
+# --------------------------------------------------------------------------------------------------
+# facts about the graph the plan needs
+
+
+@dataclass
+class _Value:
+    """A value a cut may carry: a model input or a node's output, alive from ``start`` to ``end`` (prefix lengths:
+    it crosses the cuts ``start <= j < end``)."""
+
+    node: fx.Node
+    start: int
+    end: int
+    info: TensorInfo | None  # None: not one tensor (a cut while it is alive is not allowed)
+
+
+@dataclass
+class _Graph:
+    """The graph as the plan sees it: compute nodes in order, the values that can cross cuts, the stored tensors
+    each node uses, and the model inputs that are constants (non-tensor values baked into the stages)."""
+
+    gm: fx.GraphModule
+    compute: list[fx.Node]
+    position: dict[fx.Node, int]
+    values: list[_Value]
+    infos: dict[str, NodeInfo]
+    stored: dict[fx.Node, list[torch.Tensor]]
+    tensor_inputs: list[fx.Node]
+    constants: dict[fx.Node, Any]
+    output_leaves: list[fx.Node]
+
+
+def _tensor_info(node: fx.Node, info: NodeInfo | None) -> TensorInfo | None:
+    if info is None or info.shape is None or not all(isinstance(d, int) for d in info.shape):
+        return None
+    return TensorInfo(node.name, list(info.shape), info.dtype or "", info.activation_bytes)
+
+
+def _stored_tensors(gm: fx.GraphModule, node: fx.Node) -> list[torch.Tensor]:
+    """Parameters, buffers and constants ``node`` reads: a called module's own, and ``get_attr`` inputs."""
+    tensors: list[torch.Tensor] = []
+    if node.op == "call_module":
+        module = submodule(gm, node)
+        if module is not None:
+            tensors += [*module.parameters(), *module.buffers()]
+    for arg in node.all_input_nodes:
+        if arg.op == "get_attr":
+            value = get_attr_value(gm, str(arg.target))
+            if isinstance(value, torch.Tensor):
+                tensors.append(value)
+            elif isinstance(value, nn.Module):
+                tensors += [*value.parameters(), *value.buffers()]
+    return tensors
+
+
+def _analyse(captured: Captured, infos: dict[str, NodeInfo]) -> _Graph:
+    gm = captured.graph_module
+    nodes = list(gm.graph.nodes)
+    compute = [n for n in nodes if n.op in _COMPUTE and not (n.op == "call_module" and n.target == _GUARDS)]
+    position = {n: i for i, n in enumerate(compute)}
+    n = len(compute)
+    placeholders = [p for p in nodes if p.op == "placeholder"]
+    flat = captured.flat_inputs()
+    constants = {p: v for p, v in zip(placeholders, flat) if not isinstance(v, torch.Tensor)}
+    tensor_inputs = [p for p in placeholders if p not in constants]
+    output = next(node for node in reversed(nodes) if node.op == "output")
+    leaves: list[fx.Node] = []
+    fx.node.map_arg(output.args[0] if output.args else (), leaves.append)
+
+    values = []
+    for node in [*tensor_inputs, *compute]:
+        users = [u for u in node.users if u.op != "call_module" or u.target != _GUARDS]
+        if not users:
+            continue
+        start = 0 if node.op == "placeholder" else position[node] + 1
+        end = max(n if u.op == "output" else position[u] + 1 for u in users)
+        if end > start:
+            values.append(_Value(node, start, end, _tensor_info(node, infos.get(node.name))))
+    stored = {node: _stored_tensors(gm, node) for node in compute}
+    return _Graph(gm, compute, position, values, infos, stored, tensor_inputs, constants, leaves)
+
+
+def _crossings(graph: _Graph) -> tuple[list[int], list[bool]]:
+    """Bytes crossing each cut (by prefix length) and whether the cut is allowed: difference arrays over the
+    values' lifetimes, O(values)."""
+    n = len(graph.compute)
+    nbytes = [0] * (n + 2)
+    blocked = [0] * (n + 2)
+    for value in graph.values:
+        if value.info is None:
+            blocked[value.start] += 1
+            blocked[value.end] -= 1
+        else:
+            nbytes[value.start] += value.info.bytes
+            nbytes[value.end] -= value.info.bytes
+    crossing, allowed = [0] * (n + 1), [False] * (n + 1)
+    running_bytes = running_blocked = 0
+    for j in range(n + 1):
+        running_bytes += nbytes[j]
+        running_blocked += blocked[j]
+        crossing[j] = running_bytes
+        allowed[j] = running_blocked == 0 and 0 < j < n
+    return crossing, allowed
+
+
+@dataclass
+class CutOptions:
+    """Every place the graph could be cut: ``nodes`` in order; ``bytes[j]`` crossing a cut after the first ``j``
+    of them and ``allowed[j]`` whether that cut is possible (indexed by prefix length, 0 and ``len(nodes)``
+    included, which are no cut at all)."""
+
+    nodes: list[str]
+    bytes: list[int]
+    allowed: list[bool]
+
+
+def cut_options(captured: Captured) -> CutOptions:
+    """The bytes every possible cut of ``captured``'s graph would send, and which cuts are possible."""
+    report = inspect_graph(captured, include_code=False)
+    graph = _analyse(captured, {info.name: info for info in report.nodes})
+    crossing, allowed = _crossings(graph)
+    return CutOptions([n.name for n in graph.compute], crossing, allowed)
+
+
+def _node_costs(graph: _Graph, balance: str, profile: Mapping[str, float] | None) -> list[float]:
+    first_use: list[int] = []
+    seen: set[int] = set()
+    for node in graph.compute:  # each stored tensor counts once, at the first node that uses it
+        total = 0
+        for tensor in graph.stored[node]:
+            if id(tensor) not in seen:
+                seen.add(id(tensor))
+                total += tensor.numel() * tensor.element_size()
+        first_use.append(total)
+    if balance == "flops":
+        return [graph.infos[n.name].flops if n.name in graph.infos else 0 for n in graph.compute]
+    if balance == "params":
+        return first_use
+    if balance == "memory":
+        return [
+            stored + (graph.infos[n.name].activation_bytes if n.name in graph.infos else 0)
+            for n, stored in zip(graph.compute, first_use)
+        ]
+    assert profile is not None
+    return [float(profile.get(n.name, 0.0)) for n in graph.compute]
+
+
+# --------------------------------------------------------------------------------------------------
+# profiles (balance "time")
+
+
+def load_profile(path: str | Path) -> dict[str, float]:
+    """Node times from a profile JSON (``fxforge profile --json``): ``{"nodes": [{"name": ..., "time_ms": ...}]}``."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise FxforgeError(f"cannot read profile {path}: {exc.strerror or exc}") from None
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise FxforgeError(f"profile {path} is not JSON: {first_line(exc)}") from None
+    nodes = data.get("nodes") if isinstance(data, dict) else None
+    if not isinstance(nodes, list):
+        raise FxforgeError(f'profile {path} has no "nodes" list', hint="write one with fxforge profile MODEL --json")
+    times: dict[str, float] = {}
+    for entry in nodes:
+        name = entry.get("name") if isinstance(entry, dict) else None
+        value = entry.get("time_ms") if isinstance(entry, dict) else None
+        if not isinstance(name, str) or isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise FxforgeError(f'profile {path}: every node needs a "name" and a numeric "time_ms", got {entry!r}')
+        if not math.isfinite(value) or value < 0:
+            raise FxforgeError(f"profile {path}: node {name!r} has time_ms {value}, not a finite number >= 0")
+        times[name] = times.get(name, 0.0) + float(value)
+    return times
+
+
+def _match_profile(graph: _Graph, profile: Mapping[str, float], notes: list[str]) -> None:
+    names = {n.name for n in graph.compute}
+    matched = names & set(profile)
+    if not matched:
+        raise FxforgeError(
+            "the profile names none of this graph's nodes",
+            hint="profile the same model with the same capture (dialect and inputs) you split: fxforge profile "
+            "MODEL --json > profile.json",
+        )
+    missing = len(names - matched)
+    if missing:
+        notes.append(f"{missing} of {len(names)} nodes have no time in the profile (counted as 0 ms)")
+
+
+# --------------------------------------------------------------------------------------------------
+# planning
+
+
+def plan_split(
+    captured: Captured,
+    stages: int,
+    balance: str = "flops",
+    *,
+    profile: Mapping[str, float] | str | Path | None = None,
+    slack: float = 0.0,
+    model_name: str = "",
+) -> SplitPlan:
+    """Choose ``stages - 1`` cuts of ``captured``'s graph that balance ``balance`` (see the module docstring),
+    fewest crossing bytes among equally balanced ones (or within ``slack`` of the best balance)."""
+    return _plan(captured, stages, balance, profile, slack, model_name)[0]
+
+
+def _plan(
+    captured: Captured,
+    stages: int,
+    balance: str,
+    profile: Mapping[str, float] | str | Path | None,
+    slack: float,
+    model_name: str,
+) -> tuple[SplitPlan, _Graph]:
+    started = time.perf_counter()
+    if balance not in BALANCES:
+        raise FxforgeError(f"unknown balance {balance!r}", hint=f"one of {', '.join(BALANCES)}")
+    if balance == "time" and profile is None:
+        raise FxforgeError(
+            "--balance time needs node times: pass --profile profile.json",
+            hint="write one with fxforge profile MODEL --json > profile.json",
+        )
+    if not (isinstance(stages, int) and stages >= 1):
+        raise FxforgeError(f"--stages must be at least 1, got {stages}")
+    if not (math.isfinite(slack) and slack >= 0):
+        raise FxforgeError(f"--slack must be a number >= 0, got {slack}")
+    times = load_profile(profile) if isinstance(profile, (str, Path)) else dict(profile) if profile else None
+    report = inspect_graph(captured, include_code=False)
+    infos = {info.name: info for info in report.nodes}
+    graph = _analyse(captured, infos)
+    notes: list[str] = []
+    if times is not None:
+        _match_profile(graph, times, notes)
+    n = len(graph.compute)
+    if stages > n:
+        raise FxforgeError(f"--stages {stages} is more than the graph's {n} compute nodes", hint=f"at most {n}")
+    crossing, allowed = _crossings(graph)
+    possible = sum(allowed)
+    if stages - 1 > possible:
+        raise FxforgeError(
+            f"the graph can be cut in only {possible} places (elsewhere values that are not single tensors cross), "
+            f"too few for {stages} stages",
+            hint=f"at most {possible + 1} stages",
+        )
+    costs = _node_costs(graph, balance, times)
+    calls, spans = _call_spans(graph.compute)
+    # Ties in crossing bytes go to cuts on a submodule call's boundary (expressible as a split_spec): bytes are
+    # scaled by the stage count, so the at most stages - 1 penalties of 1 never outweigh a single byte.
+    preference = [
+        crossing[j] * stages + (0 if 0 < j < n and _split_point(calls, spans, j) else 1) for j in range(n + 1)
+    ]
+    result = partition(costs, stages, crossing=preference, allowed=allowed, slack=slack)
+    prefix = prefix_sums(costs)
+    total = prefix[-1]
+    stage_plans = []
+    cut_plans = []
+    bounds = result.stage_bounds(n)
+    crossing_tensors = [_crossing_at(graph, cut) for cut in result.cuts]
+    for index, (start, end) in enumerate(bounds):
+        first = [_placeholder_info(graph, p) for p in graph.tensor_inputs]
+        inputs = first if index == 0 else crossing_tensors[index - 1]
+        outputs = crossing_tensors[index] if index < len(bounds) - 1 else _output_infos(graph)
+        stage_plans.append(_stage_plan(graph, index, start, end, costs, times, inputs, outputs))
+    for index, cut in enumerate(result.cuts):
+        tensors = crossing_tensors[index]
+        before, after = graph.compute[cut - 1], graph.compute[cut]
+        spec = _split_point(calls, spans, cut)
+        cut_plans.append(
+            CutPlan(index, before.name, after.name, tensors, sum(t.bytes for t in tensors), spec, _pipe_split(after))
+        )
+    mean = total / stages
+    tensors = [*captured.graph_module.parameters(), *captured.graph_module.buffers(), *captured.flat_inputs()]
+    on_meta = any(isinstance(t, torch.Tensor) and t.device.type == "meta" for t in tensors)
+    if total == 0:
+        notes.append(f"every node costs 0 by {balance}: the cuts only minimise the bytes crossing them")
+    unknown = report.totals.get("flops_unknown_ops") or []
+    if balance == "flops" and unknown:
+        notes.append("ops with no FLOP formula count as 0: " + ", ".join(unknown[:8]))
+    plan = SplitPlan(
+        model=model_name,
+        dialect=captured.dialect,
+        balance=balance,
+        slack=slack,
+        inputs=[_spec_text(v) for v in captured.flat_inputs() if isinstance(v, torch.Tensor)],
+        stages=stage_plans,
+        cuts=cut_plans,
+        nodes=n,
+        total_cost=total,
+        bottleneck=result.bottleneck,
+        imbalance=(result.bottleneck / mean) if mean else 1.0,
+        crossing_bytes=sum(c.bytes for c in cut_plans),
+        on_meta=on_meta,
+        plan_s=time.perf_counter() - started,
+        notes=notes,
+    )
+    return plan, graph
+
+
+def _spec_text(tensor: torch.Tensor) -> str:
+    return str(InputSpec(tuple(tensor.shape), tensor.dtype))
+
+
+def _placeholder_info(graph: _Graph, node: fx.Node) -> TensorInfo:
+    info = _tensor_info(node, graph.infos.get(node.name))
+    if info is None:  # an input inspect could not describe: say what can be said
+        return TensorInfo(node.name, [], "", 0)
+    return info
+
+
+def _crossing_at(graph: _Graph, cut: int) -> list[TensorInfo]:
+    """The tensors a cut after the first ``cut`` compute nodes carries, in the order they were produced."""
+    return [v.info for v in graph.values if v.start <= cut < v.end and v.info is not None]
+
+
+def _output_infos(graph: _Graph) -> list[TensorInfo]:
+    return [info for node in graph.output_leaves if (info := _tensor_info(node, graph.infos.get(node.name)))]
+
+
+def _stage_plan(
+    graph: _Graph,
+    index: int,
+    start: int,
+    end: int,
+    costs: list[float],
+    times: Mapping[str, float] | None,
+    inputs: list[TensorInfo],
+    outputs: list[TensorInfo],
+) -> StagePlan:
+    nodes = graph.compute[start:end]
+    held: dict[int, torch.Tensor] = {}
+    for node in nodes:
+        for tensor in graph.stored[node]:
+            held[id(tensor)] = tensor
+    params = sum(t.numel() for t in held.values() if isinstance(t, nn.Parameter))
+    param_bytes = sum(t.numel() * t.element_size() for t in held.values())
+    flops = sum(graph.infos[n.name].flops for n in nodes if n.name in graph.infos)
+    activations = sum(graph.infos[n.name].activation_bytes for n in nodes if n.name in graph.infos)
+    received = sum(t.bytes for t in inputs)
+    return StagePlan(
+        index=index,
+        nodes=len(nodes),
+        first_node=nodes[0].name,
+        last_node=nodes[-1].name,
+        first_module=module_path(nodes[0]),
+        last_module=module_path(nodes[-1]),
+        params=params,
+        param_bytes=param_bytes,
+        flops=flops,
+        activation_bytes=activations,
+        input_bytes=received,
+        memory_bytes=param_bytes + activations + received,
+        cost=sum(costs[start:end]),
+        time_ms=sum(times.get(n.name, 0.0) for n in nodes) if times is not None else None,
+        inputs=inputs,
+        outputs=outputs,
+    )
+
+
+def _calls(node: fx.Node) -> list[tuple[str, str]]:
+    """The module calls enclosing ``node``, outermost first: (call key, module path). A key with ``@N`` is the
+    N+1-th call of a module called more than once."""
+    if node.op == "call_module" and node.target != _GUARDS and not node.meta.get("nn_module_stack"):
+        parts = str(node.target).split(".")
+        return [(".".join(parts[: i + 1]),) * 2 for i in range(len(parts))]
+    stack = node.meta.get("nn_module_stack") or {}
+    return [(str(key), str(path)) for key, (path, _) in stack.items() if path]
+
+
+def _call_spans(compute: list[fx.Node]) -> tuple[list[list[tuple[str, str]]], dict[str, tuple[int, int]]]:
+    """Every node's enclosing calls, and the first and last node position of every call: O(nodes x depth)."""
+    calls = [_calls(node) for node in compute]
+    spans: dict[str, tuple[int, int]] = {}
+    for position, chain in enumerate(calls):
+        for key, _ in chain:
+            first, _last = spans.get(key, (position, position))
+            spans[key] = (first, position)
+    return calls, spans
+
+
+def _split_point(
+    calls: list[list[tuple[str, str]]], spans: dict[str, tuple[int, int]], cut: int
+) -> dict[str, str] | None:
+    """The cut after the first ``cut`` nodes as ``{module path: "BEGINNING"|"END"}`` when it is exactly where a
+    submodule call begins (or ends), as ``torch.distributed.pipelining.pipeline(model, split_spec=...)`` takes it;
+    None inside a call (or at a module called more than once, which a split_spec entry cannot single out)."""
+    before_calls, after_calls = calls[cut - 1], calls[cut]
+    before_keys = {key for key, _ in before_calls}
+    after_keys = {key for key, _ in after_calls}
+    new = [(key, path) for key, path in after_calls if key not in before_keys]
+    if new and "@" not in new[0][0] and spans[new[0][0]][0] == cut:
+        return {new[0][1]: "BEGINNING"}
+    ended = [(key, path) for key, path in before_calls if key not in after_keys]
+    if ended and "@" not in ended[0][0] and spans[ended[0][0]][1] == cut - 1:
+        return {ended[0][1]: "END"}
+    return None
+
+
+def _pipe_split(node: fx.Node) -> str:
+    """Where to call ``pipe_split()`` in the model's code to cut before ``node``: the innermost line of the model's
+    own code that produced it, when the capture recorded one (torch.export does), else the node and its module."""
+    trace = node.meta.get("stack_trace") or ""
+    frames = re.findall(r'File "([^"]+)", line (\d+), in \S+\n\s*(.*)', trace)
+    user = [frame for frame in frames if is_user_file(frame[0])]
+    if user:
+        file, line, _code = user[-1]
+        return f"before {format_location(file, int(line))} in the code that computes node {node.name}"
+    where = module_path(node) or "the model's own forward"
+    return f"before node {node.name} (in {where})"
+
+
+# --------------------------------------------------------------------------------------------------
+# stage modules
+
+
+def _stage_graph_module(graph: _Graph, plan: SplitPlan, index: int) -> fx.GraphModule:
+    """Stage ``index`` as a GraphModule: the cut's tensors in, the next cut's tensors out (the last stage: the
+    model's output tensors, flat). Stored tensors it uses are its own attributes; constant inputs are baked in."""
+    stage = plan.stages[index]
+    by_name = {node.name: node for node in graph.gm.graph.nodes}
+    new = fx.Graph()
+    env: dict[fx.Node, Any] = {}
+    for info in stage.inputs:
+        node = by_name[info.name]
+        env[node] = new.placeholder(node.name)
+        env[node].meta = dict(node.meta)
+
+    def value_of(node: fx.Node) -> Any:
+        if node in env:
+            return env[node]
+        if node.op == "get_attr":
+            env[node] = new.get_attr(str(node.target))
+            env[node].meta = dict(node.meta)
+            return env[node]
+        if node in graph.constants:
+            return graph.constants[node]
+        raise FxforgeError(f"internal: stage {index} uses {node.name}, which no earlier stage sends")
+
+    start = graph.position[by_name[stage.first_node]]
+    end = graph.position[by_name[stage.last_node]] + 1
+    for node in graph.compute[start:end]:
+        env[node] = new.node_copy(node, value_of)
+    outputs = [by_name[t.name] for t in stage.outputs] if index < len(plan.stages) - 1 else graph.output_leaves
+    new.output(tuple(value_of(node) for node in outputs))
+    module = fx.GraphModule(graph.gm, new, class_name=f"Stage{index}")
+    module.eval()
+    return module
+
+
+class ChainedStages(nn.Module):
+    """The stages run one after the other in one process: the split model, callable like the original (same
+    inputs, same output structure). What ``split`` verifies against the model, and a one-process baseline."""
+
+    def __init__(self, stages: Sequence[nn.Module], template: fx.GraphModule) -> None:
+        super().__init__()
+        self.stages = nn.ModuleList(stages)
+        self._template = template  # the captured graph: how inputs map to placeholders, how outputs nest
+        self._output = next(n for n in reversed(template.graph.nodes) if n.op == "output")
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        flat = placeholder_values(self._template, args, kwargs)
+        values: tuple[Any, ...] = tuple(v for v in flat if isinstance(v, torch.Tensor))
+        for stage in self.stages:
+            values = stage(*values)
+            values = values if isinstance(values, tuple) else (values,)
+        leaves: list[fx.Node] = []
+        fx.node.map_arg(self._output.args[0], leaves.append)
+        by_node = dict(zip(leaves, values))
+        result = fx.node.map_aggregate(self._output.args[0], lambda v: by_node[v] if isinstance(v, fx.Node) else v)
+        result = _plain(result)
+        out_spec = getattr(self._template, "_out_spec", None)
+        if out_spec is not None:  # an ATen graph returns flat outputs that its forward nests again
+            result = pytree.tree_unflatten(list(result), out_spec)
+        return result
+
+
+def _plain(value: Any) -> Any:
+    """fx's immutable containers as plain tuples, lists and dicts (what the model itself returns)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_plain(v) for v in value)
+    return value
+
+
+def _stage_examples(graph: _Graph, plan: SplitPlan, captured: Captured) -> list[tuple[torch.Tensor, ...]]:
+    """Each stage's example inputs: the values crossing its cut on the example inputs (one run of the graph)."""
+    wanted = {t.name for stage in plan.stages for t in stage.inputs}
+    recorded: dict[str, Any] = {}
+
+    class Recorder(fx.Interpreter):
+        def run_node(self, n: fx.Node) -> Any:
+            result = super().run_node(n)
+            if n.name in wanted:
+                recorded[n.name] = result.detach().clone() if isinstance(result, torch.Tensor) else result
+            return result
+
+    with torch.no_grad(), quiet_torch_logs(), preserved_state(graph.gm, captured.original):
+        Recorder(graph.gm).run(*[v.clone() if isinstance(v, torch.Tensor) else v for v in captured.flat_inputs()])
+    return [tuple(recorded[t.name] for t in stage.inputs) for stage in plan.stages]
+
+
+# --------------------------------------------------------------------------------------------------
+# the whole flow
+
+
+@dataclass
+class SplitResult:
+    """``fxforge.split``'s answer: the plan, the stage modules (None on ``meta``), how they were verified, and the
+    files written (when an output directory was given)."""
+
+    plan: SplitPlan
+    stages: list[fx.GraphModule] | None
+    template: fx.GraphModule | None = field(default=None, repr=False)  # the captured graph the stages came from
+    verification: VerifyResult | None = None
+    files: list[str] = field(default_factory=list)
+    directory: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.verification is None or self.verification.ok
+
+    def chained(self) -> ChainedStages:
+        """The stages chained in one process, callable like the captured model."""
+        if self.stages is None or self.template is None:
+            raise FxforgeError("no stage modules: the model is on the meta device")
+        return ChainedStages(self.stages, self.template)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "plan": self.plan.to_dict(),
+            "verification": self.verification.to_dict() if self.verification is not None else None,
+            "files": self.files,
+            "directory": self.directory,
+        }
+
+
+def split(
+    captured: Captured,
+    stages: int = 2,
+    balance: str = "flops",
+    *,
+    profile: Mapping[str, float] | str | Path | None = None,
+    slack: float = 0.0,
+    output_dir: str | Path | None = None,
+    force: bool = False,
+    verify_stages: bool = True,
+    cases: int = DEFAULT_CASES,
+    seed: int = 0,
+    model_name: str = "",
+) -> SplitResult:
+    """Plan ``stages`` pipeline stages of ``captured`` and build them.
+
+    With real weights the stage modules are built, chained in one process and verified against the model on
+    ``cases`` varied inputs (``verify_stages``); with ``output_dir`` they are written (atomically) with
+    ``plan.json`` and the unsplit ``model.pt2``, and what is verified is the written files, reloaded. On the
+    ``meta`` device only the plan is made (and ``plan.json`` written).
+    """
+    plan, graph = _plan(captured, stages, balance, profile, slack, model_name)
+    if plan.on_meta:
+        plan.notes.append("the model is on the meta device: planned only, no stage modules (they need weights)")
+        result = SplitResult(plan, None)
+        if output_dir is not None:
+            with atomic_directory(output_dir, force=force) as staging:
+                _write_plan(staging, plan)
+            result.files, result.directory = [PLAN_FILE], str(output_dir)
+        return result
+
+    if len(_output_infos(graph)) != len(graph.output_leaves):
+        raise FxforgeError(
+            "the model returns a value that is not a tensor, which a pipeline stage cannot send",
+            hint="return tensors (tuples, lists, dicts of tensors are fine)",
+        )
+    modules = [_stage_graph_module(graph, plan, k) for k in range(len(plan.stages))]
+    result = SplitResult(plan, modules, captured.graph_module)
+    candidate: nn.Module = result.chained()
+    if output_dir is not None:
+        with atomic_directory(output_dir, force=force) as staging:
+            examples = _stage_examples(graph, plan, captured)
+            result.files = _write_stages(staging, plan, modules, examples)
+            result.files += _write_reference(staging, captured, plan)
+            tensors = [v for v in captured.flat_inputs() if isinstance(v, torch.Tensor)]
+            result.files.append(write_inputs(staging, tensors))
+            loaded = [_load_stage(staging, stage, trust_pickle=True) for stage in plan.stages]
+            candidate = ChainedStages(loaded, captured.graph_module)
+            if verify_stages:
+                # the stage programs are fixed to the example's shapes (the microbatch shape): every case at that batch
+                result.verification = verify(
+                    captured, candidate, cases=cases, seed=seed, batch_sizes=[None], bisect=False
+                )
+                if not result.verification.ok:  # nothing is written: atomic_directory removes the staging dir
+                    raise SplitVerificationError(result)
+            _write_plan(staging, plan)
+            result.files.insert(0, PLAN_FILE)
+        result.directory = str(output_dir)
+    elif verify_stages:
+        result.verification = verify(captured, candidate, cases=cases, seed=seed, bisect=False)
+    return result
+
+
+class SplitVerificationError(FxforgeError):
+    """The stages chained together compute something other than the model: nothing was written."""
+
+    exit_code = 1
+
+    def __init__(self, result: SplitResult) -> None:
+        problems = "; ".join((result.verification.problems if result.verification else [])[:2])
+        super().__init__(f"the split stages do not match the model: {problems}; nothing was written")
+        self.result = result
+
+
+def _write_plan(directory: Path, plan: SplitPlan) -> None:
+    (directory / PLAN_FILE).write_text(json.dumps(plan.to_dict(), indent=2) + "\n")
+
+
+def _write_stages(
+    directory: Path, plan: SplitPlan, modules: list[fx.GraphModule], examples: list[tuple[torch.Tensor, ...]]
+) -> list[str]:
+    """One ``stage_K.pt2`` per stage (a program fixed to the example's shapes: the microbatch shape); a stage that
+    cannot be exported is pickled instead (``stage_K.pt``), with a note."""
+    files = []
+    for index, (module, example) in enumerate(zip(modules, examples)):
+        try:
+            program = export_program(module, example, {}, dynamic_batch=False)
+            with quiet_torch_logs():
+                torch.export.save(program, str(directory / stage_file(index)))
+            name = stage_file(index)
+        except Exception as exc:
+            name = stage_file(index, pickled=True)
+            with quiet_torch_logs():
+                torch.save(module, directory / name)
+            plan.notes.append(
+                f"stage {index} could not be exported ({first_line(exc)}): written as a pickled GraphModule {name}, "
+                "which loads only with --trust-pickle"
+            )
+        plan.stages[index].file = name
+        files.append(name)
+    return files
+
+
+def _tensor_outputs(model: nn.Module) -> nn.Module:
+    """``model`` returning its output's tensors as a flat tuple, in pytree order (as the last stage returns them):
+    its program loads with torch alone, with no output type (a transformers ``ModelOutput``) to import first.
+    The wrapper's ``forward`` carries the model's signature: torch.export names dynamic shapes after it."""
+
+    def forward(self: nn.Module, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, ...]:
+        output = self.model(*args, **kwargs)
+        return tuple(leaf for leaf in pytree.tree_leaves(output) if isinstance(leaf, torch.Tensor))
+
+    signature = pyinspect.signature(model.forward)
+    itself = pyinspect.Parameter("self", pyinspect.Parameter.POSITIONAL_OR_KEYWORD)
+    forward.__signature__ = signature.replace(parameters=[itself, *signature.parameters.values()])  # type: ignore[attr-defined]
+    wrapper = type("TensorOutputs", (nn.Module,), {"forward": forward})()
+    wrapper.model = model
+    return wrapper
+
+
+def _write_reference(directory: Path, captured: Captured, plan: SplitPlan) -> list[str]:
+    """``model.pt2``: the unsplit model with its output tensors flat (a dynamic batch where it allows one), the
+    reference run-pipeline checks the pipeline's output against. The original model is exported, else the
+    captured graph."""
+    problems = []
+    for module in (captured.original, captured.graph_module):
+        try:
+            with preserved_state(module, runs=False):
+                program = export_program(
+                    _tensor_outputs(module), captured.example_inputs, captured.example_kwargs, dynamic_batch=True
+                )
+            with quiet_torch_logs():
+                torch.export.save(program, str(directory / PROGRAM_FILE))
+            return [PROGRAM_FILE]
+        except Exception as exc:
+            problems.append(first_line(exc))
+    plan.notes.append(f"no {PROGRAM_FILE} (the unsplit model) written: {problems[-1]}; run-pipeline cannot verify")
+    return []
+
+
+# --------------------------------------------------------------------------------------------------
+# reading a split directory
+
+
+def load_plan(directory: str | Path) -> SplitPlan:
+    """The plan of a split directory; a clear error when there is none or it is damaged."""
+    directory = Path(directory)
+    path = directory / PLAN_FILE
+    if not directory.is_dir():
+        raise ModelSpecError(f"{directory} is not a directory", hint="give a directory written by fxforge split -o")
+    if not path.is_file():
+        raise ModelSpecError(f"{directory} has no {PLAN_FILE}", hint="give a directory written by fxforge split -o")
+    try:
+        return SplitPlan.from_dict(json.loads(path.read_text()))
+    except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError) as exc:
+        raise ModelSpecError(f"{path} is corrupt: {first_line(exc)}", hint="split the model again") from None
+
+
+def _load_stage(
+    directory: Path, stage: StagePlan, trust_pickle: bool | None = None, device: torch.device | None = None
+) -> nn.Module:
+    if stage.file is None:
+        raise ModelSpecError(f"stage {stage.index} has no module file: the plan was made on the meta device")
+    loaded = load_model(str(directory / stage.file), trust_pickle=trust_pickle)
+    if device is None or device.type == "cpu":
+        return loaded.module
+    if loaded.exported_program is not None:
+        # devices are constants in an exported graph (torch.arange(..., device="cpu")): rewrite them, not just weights
+        from torch.export.passes import move_to_device_pass
+
+        return move_to_device_pass(loaded.exported_program, device).module()
+    return loaded.module.to(device)
+
+
+def load_stage(
+    directory: str | Path, index: int, *, trust_pickle: bool | None = None, device: torch.device | str | None = None
+) -> nn.Module:
+    """Stage ``index`` of a split directory, as a module on ``device`` (default: the CPU); a ``.pt2`` program
+    loads without unpickling code, a pickled ``stage_K.pt`` needs the opt-in."""
+    plan = load_plan(directory)
+    if not 0 <= index < len(plan.stages):
+        raise FxforgeError(f"stage {index} does not exist: the plan has {len(plan.stages)} stages")
+    return _load_stage(Path(directory), plan.stages[index], trust_pickle, torch.device(device) if device else None)

@@ -1,0 +1,209 @@
+"""fxforge run-pipeline: split models run as one process per stage on torch.distributed (gloo, CPU) through
+torch.distributed.pipelining's schedules, outputs verified against the unsplit model; stages that fail, die or
+hang are named and every process is stopped (Ctrl-C too); the same worker under torchrun."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from fxforge.api import prepare
+from fxforge.cli import main
+from fxforge.distributed import FAULT_ENV, PipelineError, run_pipeline
+from fxforge.errors import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, FxforgeError
+from fxforge.split import split
+
+pytestmark = pytest.mark.slow  # every test starts processes that import torch
+
+
+def _workers(directory: Path) -> list[int]:
+    """Pids of live pipeline ranks working on ``directory`` (from /proc: no dependency needed)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text().split(") ", 1)[1][0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z" and b"fxforge.distributed" in command and str(directory).encode() in command:
+            pids.append(int(entry.name))
+    return pids
+
+
+def _no_workers_left(directory: Path) -> bool:
+    deadline = time.monotonic() + 5
+    while _workers(directory) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not _workers(directory)
+
+
+@pytest.fixture(scope="module")
+def splits(tmp_path_factory):
+    """Split directories, made once: resnet18 (torch dialect) and a tiny GPT-2 (ATen) in 2 and 4 stages."""
+    torchvision = pytest.importorskip("torchvision")
+    transformers = pytest.importorskip("transformers")
+    root = tmp_path_factory.mktemp("splits")
+    torch.manual_seed(0)
+    resnet = prepare(torchvision.models.resnet18().eval(), ["1x3x224x224"])
+    config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=100, n_positions=64)
+    config._attn_implementation = "eager"
+    config.use_cache = False
+    torch.manual_seed(0)
+    gpt2 = prepare(transformers.GPT2Model(config).eval(), ["2x16:int64"])
+    directories = {}
+    for name, captured in (("resnet18", resnet), ("gpt2", gpt2)):
+        for stages in (2, 4):
+            directory = root / f"{name}-{stages}"
+            # the split's own verification is tested in test_split.py; here the pipeline's output is verified
+            split(captured, stages, "flops", output_dir=directory, verify_stages=False)
+            directories[f"{name}-{stages}"] = directory
+    return directories
+
+
+@pytest.mark.parametrize("name", ["resnet18-4", "gpt2-2", "gpt2-4"])
+def test_stages_run_as_processes_and_match_the_unsplit_model(splits, name):
+    directory = splits[name]
+    stages = int(name.rsplit("-", 1)[1])
+    run = run_pipeline(directory, microbatches=4, repeats=1, warmup=0, baseline=False, device="cpu")
+    assert run.stages == stages and run.backend == "gloo" and run.device == "cpu"
+    assert [t.schedule for t in run.schedules] == ["gpipe", "1f1b"]  # 4 microbatches >= stages: both run
+    assert all(t.samples_per_s > 0 and len(t.times_s) == 1 and t.speedup is None for t in run.schedules)
+    assert run.check is not None and run.check.ok, run.check
+    assert run.check.reference.startswith("model.pt2")
+    micro = 1 if name.startswith("resnet18") else 2
+    assert run.batch == 4 * micro and run.output_shapes[0][0] == 4 * micro
+    assert _no_workers_left(directory)
+
+
+def test_two_stages_from_the_cli_with_the_one_process_baseline(splits, capsys):
+    directory = splits["resnet18-2"]
+    code = main(["run-pipeline", str(directory), "--microbatches", "2", "--repeats", "2", "--warmup", "0", "--json"])
+    out, _ = capsys.readouterr()
+    assert code == EXIT_OK
+    data = json.loads(out)
+    assert data["ok"] and data["check"]["ok"] and data["inputs"] == ["2x3x224x224"] and data["stages"] == 2
+    assert [t["schedule"] for t in data["schedules"]] == ["gpipe", "1f1b"]
+    assert [b["threads"] for b in data["baselines"]] == sorted({1, min(2, os.cpu_count() or 1)})
+    assert all(t["speedup"] > 0 and len(t["times_s"]) == 2 for t in data["schedules"])
+    assert data["output_shapes"] == [[2, 1000]]
+    assert _no_workers_left(directory)
+
+
+def test_bad_input(splits, tmp_path, capsys):
+    directory = splits["resnet18-2"]
+    with pytest.raises(FxforgeError, match="1f1b needs at least as many microbatches as stages"):
+        run_pipeline(splits["resnet18-4"], microbatches=2, schedules=["1f1b"])
+    with pytest.raises(FxforgeError, match="one microbatch"):
+        run_pipeline(directory, microbatches=2, inputs=["3x3x224x224"])
+    for args, needle in (
+        ([str(tmp_path / "missing")], "is not a directory"),
+        ([str(tmp_path)], "has no plan.json"),
+        ([str(directory), "--microbatches", "0"], "0 is not in the range"),
+        ([str(directory), "--schedule", "zigzag"], "'zigzag' is not one of"),
+    ):
+        assert main(["run-pipeline", *args]) == EXIT_USAGE
+        assert needle in capsys.readouterr().err
+    meta = tmp_path / "meta"
+    assert main(["split", "torchvision:resnet18", "--device", "meta", "--stages", "2", "-o", str(meta)]) == EXIT_OK
+    capsys.readouterr()
+    assert main(["run-pipeline", str(meta)]) == EXIT_USAGE
+    assert "meta device" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------------------------------
+# failures: named, and nothing left running
+
+
+@pytest.fixture
+def small_split(splits, tmp_path):
+    directory = tmp_path / "gpt2-2"
+    shutil.copytree(splits["gpt2-2"], directory)
+    return directory
+
+
+@pytest.mark.parametrize(
+    "fault,message",
+    [
+        ("1:raise", "stage 1 failed: RuntimeError: injected fault (FXFORGE_PIPELINE_FAULT)"),
+        ("0:raise", "stage 0 failed: RuntimeError: injected fault (FXFORGE_PIPELINE_FAULT)"),
+        ("1:exit", "stage 1 failed: exited with code 3"),
+    ],
+)
+def test_a_failing_or_dead_stage_is_named_and_every_process_stopped(small_split, monkeypatch, fault, message):
+    monkeypatch.setenv(FAULT_ENV, fault)
+    with pytest.raises(PipelineError) as info:
+        run_pipeline(small_split, microbatches=2, repeats=1, warmup=0, timeout=120)
+    assert str(info.value.message) == message and info.value.stage == int(fault[0])
+    assert info.value.exit_code == EXIT_FINDINGS
+    assert _no_workers_left(small_split)
+
+
+def test_a_hung_stage_times_out_named(small_split, monkeypatch):
+    monkeypatch.setenv(FAULT_ENV, "1:hang")
+    start = time.monotonic()
+    with pytest.raises(PipelineError) as info:
+        run_pipeline(small_split, microbatches=2, repeats=1, warmup=0, timeout=12)
+    assert time.monotonic() - start < 40
+    assert info.value.message.startswith("stage 1 timed out after 12 s (computing microbatch 0")
+    assert _no_workers_left(small_split)
+
+
+def test_a_corrupt_stage_file_is_named(small_split):
+    (small_split / "stage_1.pt2").write_bytes(b"not a program")
+    with pytest.raises(PipelineError, match=r"stage 1 failed: cannot read exported program .*stage_1\.pt2"):
+        run_pipeline(small_split, microbatches=2, repeats=1, warmup=0, timeout=120)
+    assert _no_workers_left(small_split)
+
+
+def test_ctrl_c_stops_every_stage(small_split):
+    env = {**os.environ, FAULT_ENV: "1:hang"}
+    cli = Path(sys.executable).with_name("fxforge")
+    process = subprocess.Popen(
+        [str(cli), "run-pipeline", str(small_split), "--microbatches", "2", "--timeout", "120"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while len(_workers(small_split)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert len(_workers(small_split)) == 2
+    time.sleep(1)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=30)
+    assert process.returncode == 130 and err.strip().endswith("interrupted")
+    assert _no_workers_left(small_split)
+
+
+# --------------------------------------------------------------------------------------------------
+# torchrun
+
+
+def test_the_worker_runs_under_torchrun(splits):
+    torchrun = Path(sys.executable).with_name("torchrun")
+    if not torchrun.exists():
+        pytest.skip("torchrun is not installed next to this Python")
+    directory = splits["gpt2-2"]
+    process = subprocess.run(
+        [
+            str(torchrun), "--standalone", "--nproc-per-node", "2",
+            "-m", "fxforge.distributed", str(directory), "--microbatches", "2", "--repeats", "1", "--device", "cpu",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )  # fmt: skip
+    assert process.returncode == 0, process.stderr[-2000:]
+    assert "gpipe:" in process.stdout and "verified: pipeline output vs model.pt2" in process.stdout

@@ -1,0 +1,407 @@
+"""fxforge split: the optimal cuts (DP against brute force), crossing bytes, stage modules on real models in both
+dialects, plans on meta (resnet50 balance, a 70B Llama in 8 stages), the split_spec torch's pipeline() takes,
+and the CLI's JSON contract and exit codes."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import random
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from torch import nn
+
+from fxforge.api import prepare
+from fxforge.capture import capture
+from fxforge.cli import main
+from fxforge.errors import EXIT_OK, EXIT_USAGE, FxforgeError
+from fxforge.partition import partition
+from fxforge.split import (
+    PLAN_FILE,
+    SplitPlan,
+    cut_options,
+    load_plan,
+    load_stage,
+    plan_split,
+    split,
+)
+
+# --------------------------------------------------------------------------------------------------
+# the DP against brute force
+
+
+def _brute_force(costs, stages, crossing, allowed):
+    """Every choice of stages - 1 allowed cuts: the least (max stage cost, crossing bytes)."""
+    n = len(costs)
+    best = None
+    for cuts in itertools.combinations([j for j in range(1, n) if allowed[j]], stages - 1):
+        edges = [0, *cuts, n]
+        worst = max(sum(costs[a:b]) for a, b in itertools.pairwise(edges))
+        key = (worst, sum(crossing[j] for j in cuts))
+        best = key if best is None or key < best else best
+    return best
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_partition_is_optimal_against_brute_force(seed):
+    rng = random.Random(seed)
+    n = rng.randint(2, 11)
+    stages = rng.randint(1, min(n, 5))
+    integer = seed % 2 == 0  # FLOPs and bytes are integers, profiled times floats
+    costs = [rng.randint(0, 20) if integer else rng.random() * 10 for _ in range(n)]
+    crossing = [rng.randint(0, 50) for _ in range(n + 1)]
+    allowed = [rng.random() < 0.8 for _ in range(n + 1)]
+    if sum(allowed[1:n]) < stages - 1:
+        with pytest.raises(ValueError, match="allowed cut points"):
+            partition(costs, stages, crossing=crossing, allowed=allowed)
+        return
+    result = partition(costs, stages, crossing=crossing, allowed=allowed)
+    bottleneck, crossing_bytes = _brute_force(costs, stages, crossing, allowed)
+    # prefix differences and slice sums of floats may differ in the last bit; integer costs compare exactly
+    assert result.bottleneck == (bottleneck if integer else pytest.approx(bottleneck, rel=1e-12))
+    assert result.crossing == crossing_bytes
+    assert len(result.cuts) == stages - 1 and all(allowed[j] for j in result.cuts)
+    assert list(result.cuts) == sorted(set(result.cuts))
+    assert sum(result.stage_costs) == pytest.approx(sum(costs)) and max(result.stage_costs) == result.bottleneck
+
+
+def test_partition_slack_trades_balance_for_fewer_bytes():
+    costs = [10, 10, 10, 10]
+    crossing = [0, 0, 100, 0, 0]  # the balanced cut (after 2) is expensive to send
+    exact = partition(costs, 2, crossing=crossing)
+    assert exact.cuts == (2,) and exact.bottleneck == 20
+    relaxed = partition(costs, 2, crossing=crossing, slack=0.5)
+    assert relaxed.bottleneck == 30 and relaxed.crossing == 0
+
+
+def test_partition_refuses_impossible_requests():
+    with pytest.raises(ValueError, match="non-empty stages"):
+        partition([1, 2], 3)
+    with pytest.raises(ValueError, match="at least 1"):
+        partition([1, 2], 0)
+    with pytest.raises(ValueError, match="negative"):
+        partition([1, -2], 1)
+
+
+def test_partition_is_fast_on_large_graphs():
+    import time
+
+    rng = random.Random(0)
+    costs = [rng.randint(0, 10**9) for _ in range(50_000)]
+    start = time.perf_counter()
+    result = partition(costs, 8)
+    assert time.perf_counter() - start < 10  # O(S n log n): about a second here; O(n^2 S) would take hours
+    assert result.bottleneck <= sum(costs) / 8 + max(costs)
+
+
+# --------------------------------------------------------------------------------------------------
+# crossing bytes
+
+
+class Skip(nn.Module):
+    """A skip connection and a tuple: ``a`` crosses every cut up to the add, and the chunk's tuple may not cross."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Linear(8, 8)
+        self.second = nn.Linear(8, 8)
+        self.third = nn.Linear(4, 6)
+
+    def forward(self, x):
+        a = self.first(x)
+        b = torch.relu(a)
+        c = self.second(b)
+        left, right = (c + a).chunk(2, dim=1)
+        return self.third(left * right)
+
+
+def _naive_crossings(gm, values):
+    """Bytes crossing each cut, straight from the definition: values produced at or before it, used after it."""
+    # torch.export's input guard (_guards_fn) checks shapes and computes nothing: no stage holds it
+    compute = [
+        n for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module") and n.name != "_guards_fn"
+    ]
+    order = {n: i for i, n in enumerate(compute)}
+    result, allowed = [], []
+    for j in range(len(compute) + 1):
+        total, ok = 0, 0 < j < len(compute)
+        for node in gm.graph.nodes:
+            if node.op != "placeholder" and node not in order:
+                continue
+            produced = node.op == "placeholder" or order[node] < j
+            used_later = any(u.op == "output" or (u in order and order[u] >= j) for u in node.users)
+            if produced and used_later:
+                if isinstance(values[node.name], torch.Tensor):
+                    total += values[node.name].numel() * values[node.name].element_size()
+                else:
+                    ok = False
+        result.append(total)
+        allowed.append(ok)
+    return [n.name for n in compute], result, allowed
+
+
+@pytest.mark.parametrize("dialect", ["torch", "aten"])
+def test_crossing_bytes_match_the_definition(dialect, capture_as):
+    torch.manual_seed(0)
+    captured = capture_as(Skip().eval(), (torch.randn(3, 8),), dialect)
+    values = {}
+
+    class Recorder(torch.fx.Interpreter):
+        def run_node(self, n):
+            values[n.name] = super().run_node(n)
+            return values[n.name]
+
+    Recorder(captured.graph_module).run(*captured.flat_inputs())
+    options = cut_options(captured)
+    names, expected, allowed = _naive_crossings(captured.graph_module, values)
+    assert options.nodes == names
+    n = len(names)  # entries 0 and n are no cut at all: compare the real cuts
+    assert options.bytes[1:n] == expected[1:n] and options.allowed[1:n] == allowed[1:n]
+    assert not options.allowed[0] and not options.allowed[n]
+    assert not all(options.allowed[1:-1])  # the chunk's tuple cannot be sent
+
+
+def test_plan_never_cuts_where_a_tuple_crosses():
+    torch.manual_seed(0)
+    captured = capture(Skip().eval(), (torch.randn(3, 8),))
+    options = cut_options(captured)
+    for stages in range(2, sum(options.allowed) + 2):
+        plan = plan_split(captured, stages, "flops")
+        cuts = [options.nodes.index(cut.before_node) for cut in plan.cuts]
+        assert all(options.allowed[j] for j in cuts)
+        assert [cut.bytes for cut in plan.cuts] == [options.bytes[j] for j in cuts]
+
+
+# --------------------------------------------------------------------------------------------------
+# real models
+
+
+@pytest.fixture(scope="module")
+def resnet18_captured():
+    torchvision = pytest.importorskip("torchvision")
+    from model_helpers import randomize_batchnorm
+
+    torch.manual_seed(0)
+    model = randomize_batchnorm(torchvision.models.resnet18().eval())
+    return capture(model, (torch.randn(1, 3, 224, 224),))
+
+
+@pytest.mark.slow
+def test_resnet18_four_stages_written_verified_and_loadable_with_torch_alone(resnet18_captured, tmp_path):
+    captured = resnet18_captured
+    result = split(captured, 4, "flops", output_dir=tmp_path / "split")
+    plan = result.plan
+    assert result.verification is not None and result.verification.ok and result.verification.trials == 16
+    assert len(plan.stages) == 4 and plan.imbalance < 1.2
+    # the stages hold every parameter once, and their FLOPs add up to the model's
+    assert sum(s.params for s in plan.stages) == 11_689_512
+    from fxforge.inspect import inspect_graph
+
+    assert sum(s.flops for s in plan.stages) == inspect_graph(captured).totals["flops"]
+    assert plan.bottleneck == max(s.cost for s in plan.stages)
+    for cut in plan.cuts:
+        assert cut.bytes == sum(t.bytes for t in cut.tensors) > 0
+        assert all(t.dtype == "float32" and t.shape[0] == 1 for t in cut.tensors)
+    # plan.json is plain JSON and reads back as the same plan
+    data = json.loads((tmp_path / "split" / PLAN_FILE).read_text())
+    assert SplitPlan.from_dict(data) == load_plan(tmp_path / "split") == plan
+    # torch alone loads and chains the stages; they compute the model
+    x = torch.randn(1, 3, 224, 224)
+    values = (x,)
+    for stage in plan.stages:
+        module = torch.export.load(str(tmp_path / "split" / stage.file)).module()
+        values = module(*values)
+    with torch.no_grad():
+        expected = captured.original(x)
+    torch.testing.assert_close(values[0], expected)
+    assert isinstance(load_stage(tmp_path / "split", 3), nn.Module)
+    # torch's own pipeline() splits at the same places from the plan's split_spec
+    from torch.distributed.pipelining import SplitPoint, pipeline
+
+    assert plan.split_spec is not None
+    spec = {name: SplitPoint[point] for name, point in plan.split_spec.items()}
+    pipe = pipeline(captured.original, mb_args=(x,), split_spec=spec)
+    assert pipe.num_stages == 4
+    for index, stage in enumerate(plan.stages):
+        params = sum(p.numel() for p in pipe.get_stage_module(index).parameters())
+        assert params == stage.params
+
+
+def test_resnet50_four_stages_on_meta_balance_flops_within_15_percent():
+    captured = prepare("torchvision:resnet50", device="meta")
+    result = split(captured, 4, "flops")
+    assert result.stages is None and result.plan.on_meta
+    assert result.plan.imbalance <= 1.15
+    assert any("meta device" in note for note in result.plan.notes)
+
+
+@pytest.mark.parametrize("balance", ["params", "memory"])
+def test_other_balances_balance_their_own_cost(resnet18_captured, balance):
+    plan = plan_split(resnet18_captured, 2, balance)
+    costs = [s.cost for s in plan.stages]
+    assert plan.bottleneck == max(costs) and plan.total_cost == pytest.approx(sum(costs))
+    if balance == "params":
+        # resnet18 keeps most weights in layer4 and fc: the balanced cut lies deep inside the network
+        assert plan.stages[1].first_module.startswith("layer4")
+        assert sum(s.param_bytes for s in plan.stages) == plan.total_cost
+    else:
+        assert all(s.memory_bytes >= s.param_bytes + s.activation_bytes for s in plan.stages)
+
+
+def test_time_balance_follows_the_profile(resnet18_captured, tmp_path):
+    names = [n.name for n in resnet18_captured.graph_module.graph.nodes if n.op == "call_module"]
+    # every millisecond in the first two nodes: the only balanced cut is between them
+    profile = {"total_ms": 20.0, "nodes": [{"name": names[0], "time_ms": 10.0}, {"name": names[1], "time_ms": 10.0}]}
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(profile))
+    plan = plan_split(resnet18_captured, 2, "time", profile=path)
+    assert plan.cuts[0].before_node == names[1]
+    assert [s.time_ms for s in plan.stages] == [10.0, 10.0] and plan.imbalance == 1.0
+    assert any("no time in the profile" in note for note in plan.notes)
+    with pytest.raises(FxforgeError, match="--profile"):
+        plan_split(resnet18_captured, 2, "time")
+    path.write_text(json.dumps({"nodes": [{"name": "elsewhere", "time_ms": 1.0}]}))
+    with pytest.raises(FxforgeError, match="none of this graph's nodes"):
+        plan_split(resnet18_captured, 2, "time", profile=path)
+    path.write_text(json.dumps({"nodes": [{"name": names[0], "time_ms": "fast"}]}))
+    with pytest.raises(FxforgeError, match="numeric"):
+        plan_split(resnet18_captured, 2, "time", profile=path)
+
+
+transformers = pytest.importorskip("transformers")
+
+
+def _tiny_gpt2() -> nn.Module:
+    config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=100, n_positions=64)
+    config._attn_implementation = "eager"
+    config.use_cache = False
+    torch.manual_seed(0)
+    return transformers.GPT2Model(config).eval()
+
+
+def test_small_transformer_in_the_aten_dialect(tmp_path):
+    stages = 4  # 2 stages: tests/test_run_pipeline.py splits and runs both
+    captured = prepare(_tiny_gpt2(), ["2x16:int64"])
+    assert captured.dialect == "aten"
+    result = split(captured, stages, "flops", output_dir=tmp_path / "gpt2", cases=8)
+    assert result.verification.ok and result.verification.trials == 8
+    plan = result.plan
+    assert [s.inputs[0].name for s in plan.stages[:1]] == ["input_ids"] and plan.stages[0].inputs[0].dtype == "int64"
+    # the attention mask is computed once in stage 0 and sent on while later stages need it
+    assert any(len(cut.tensors) > 1 for cut in plan.cuts)
+    assert all(cut.pipe_split.startswith("before") for cut in plan.cuts)
+    chained = result.chained()
+    ids = torch.randint(0, 100, (2, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(chained(ids).last_hidden_state, captured.original(ids).last_hidden_state)
+
+
+# --------------------------------------------------------------------------------------------------
+# a 70B Llama on meta
+
+_LLAMA_70B = {
+    "hidden_size": 8192,
+    "intermediate_size": 28672,
+    "num_hidden_layers": 80,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "vocab_size": 32000,
+    "max_position_embeddings": 4096,
+}
+
+_PLAN_70B = textwrap.dedent(
+    """
+    import json, resource, sys, time
+    start = time.perf_counter()
+    import fxforge
+    captured = fxforge.prepare("transformers:LlamaForCausalLM", ["1x128:int64"], device="meta",
+                               model_kwargs=json.loads(sys.argv[1]))
+    plan = fxforge.split(captured, stages=8, balance="flops").plan
+    print(json.dumps({"seconds": time.perf_counter() - start, "plan": plan.to_dict(),
+                      "maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    """
+)
+
+
+@pytest.mark.slow
+def test_llama_70b_planned_on_meta_into_8_stages_under_60s_and_2gb():
+    process = subprocess.run(
+        [sys.executable, "-c", _PLAN_70B, json.dumps(_LLAMA_70B)], capture_output=True, text=True, timeout=300
+    )
+    assert process.returncode == 0, process.stderr[-2000:]
+    data = json.loads(process.stdout.strip().splitlines()[-1])
+    assert data["seconds"] < 60 and data["maxrss_mib"] < 2048
+    plan = data["plan"]
+    assert len(plan["stages"]) == 8 and plan["imbalance"] < 1.05
+    params = sum(s["params"] for s in plan["stages"])
+    assert abs(params - 68_976_648_192) < 1e6  # Llama-2-70B's parameter count
+    # every stage's memory is shown, and 70B in fp32 over 8 stages is over 30 GiB each
+    assert all(s["memory_bytes"] > 30 * 2**30 for s in plan["stages"])
+    assert plan["split_spec"] and "model.layers.10" in plan["split_spec"]
+
+
+# --------------------------------------------------------------------------------------------------
+# the command line
+
+
+def _run(capsys, *args):
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_json_contract(capsys, tmp_path):
+    code, out, _ = _run(capsys, "split", "demo", "--stages", "2", "-o", str(tmp_path / "demo"), "--json")
+    assert code == EXIT_OK
+    data = json.loads(out)
+    plan = data["plan"]
+    assert plan["format"] == "fxforge-split" and plan["balance"] == "flops" and len(plan["stages"]) == 2
+    assert set(plan["stages"][0]) >= {"nodes", "params", "param_bytes", "flops", "activation_bytes", "memory_bytes"}
+    assert set(plan["cuts"][0]) >= {"tensors", "bytes", "split_spec", "pipe_split"}
+    assert data["verification"]["ok"] and data["files"][0] == PLAN_FILE
+    assert sorted(os.listdir(tmp_path / "demo")) == sorted(data["files"])
+
+
+def test_cli_tables(capsys):
+    code, out, _ = _run(capsys, "split", "demo", "--stages", "3")
+    assert code == EXIT_OK
+    assert "3 stages, balanced by flops" in out and "imbalance" in out and "verified" in out
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--stages", "0"], "0 is not in the range x>=1"),
+        (["--stages", "100000"], "more than the graph's"),
+        (["--stages", "2", "--balance", "speed"], "'speed' is not one of"),
+        (["--stages", "2", "--balance", "time"], "needs node times: pass --profile"),
+        (["--stages", "2", "--profile", "/nonexistent/profile.json", "--balance", "time"], "cannot read profile"),
+    ],
+)
+def test_cli_bad_input_exits_2(capsys, args, needle):
+    code, out, err = _run(capsys, "split", "demo", *args)
+    assert code == EXIT_USAGE and needle in out + err
+
+
+def test_cli_meta_plan_writes_only_the_plan(capsys, tmp_path):
+    out_dir = tmp_path / "meta"
+    args = ["split", "torchvision:resnet18", "--device", "meta", "--stages", "2", "-o", str(out_dir)]
+    code, out, _ = _run(capsys, *args)
+    assert code == EXIT_OK and os.listdir(out_dir) == [PLAN_FILE]
+    assert "planned only" in out
+    assert load_plan(out_dir).on_meta
+
+
+def test_load_plan_errors(tmp_path):
+    with pytest.raises(FxforgeError, match="is not a directory"):
+        load_plan(tmp_path / "missing")
+    with pytest.raises(FxforgeError, match=r"has no plan\.json"):
+        load_plan(tmp_path)
+    (tmp_path / PLAN_FILE).write_text("{not json")
+    with pytest.raises(FxforgeError, match="is corrupt"):
+        load_plan(tmp_path)
