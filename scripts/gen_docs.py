@@ -28,7 +28,7 @@ def passes_markdown() -> str:
         "| pass | dialects | what it does |",
         "|---|---|---|",
     ]
-    specs = all_passes()
+    specs = [spec for spec in all_passes() if spec.origin == "fxforge"]  # not the installed plug-ins'
     for spec in specs:
         lines.append(f"| [`{spec.name}`](#{spec.name}) | {', '.join(spec.dialects)} | {spec.summary} |")
     for spec in specs:
@@ -60,6 +60,9 @@ def passes_markdown() -> str:
         "    ...  # rewrite gm.graph; result.note('what changed'); result.skip('why not')",
         "    return result",
         "```",
+        "",
+        "Run it with `fxforge optimize MODEL -p my_passes.py:my_pass`, or ship it in a package: see",
+        "[plugins.md](plugins.md) for the contract and an example plug-in.",
         "",
     ]
     return "\n".join(lines)
@@ -94,12 +97,17 @@ def rules_markdown() -> str:
         "| code | name | severity | dialects | fix | finds |",
         "|---|---|---|---|---|---|",
     ]
-    for rule in all_rules():
+    for rule in [r for r in all_rules() if r.origin == "fxforge"]:  # not the installed plug-ins'
         fix = f"`{rule.fix}`" if rule.fix else ""
         lines.append(
             f"| {rule.code} | `{rule.name}` | {rule.severity} | {', '.join(rule.dialects)} | {fix} | {rule.summary} |"
         )
-    lines.append("")
+    lines += [
+        "",
+        "Add your own with `@fxforge.lint.rule` in a file (`fxforge lint MODEL --rule my_rules.py:check`) or a",
+        "package: see [plugins.md](plugins.md).",
+        "",
+    ]
     return "\n".join(lines)
 
 

@@ -7,4 +7,6 @@ PYTHON=${PYTHON:-python3}
 "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet -c constraints.txt -e ".[all]"
+# the example plug-in (docs/plugins.md): tests check that installed plug-ins reach every command
+.venv/bin/python -m pip install --quiet --no-deps --no-build-isolation -e examples/fxforge-example-plugin
 .venv/bin/fxforge --version

@@ -4,7 +4,7 @@ captured graph. Kept here so that the Python API does exactly what the CLI does.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from torch import nn
@@ -13,11 +13,14 @@ from fxforge.capture import Captured, capture
 from fxforge.errors import CaptureError, InputSpecError
 from fxforge.inputs import InputSpec, make_inputs, parse_input_spec
 from fxforge.models import LoadedModel, load_model
+from fxforge.references import import_function
 from fxforge.verify import DEFAULT_CASES, VerifyResult, verify
 
 
-def resolve_inputs(loaded: LoadedModel, inputs: Sequence[str | InputSpec] | None) -> list[InputSpec]:
-    """The user's input specs, else the model's defaults; a clear error when neither exists."""
+def resolve_inputs(loaded: LoadedModel, inputs: str | InputSpec | Sequence[str | InputSpec] | None) -> list[InputSpec]:
+    """The user's input specs (one, or one per input), else the model's defaults; a clear error when neither exists."""
+    if isinstance(inputs, (str, InputSpec)):
+        inputs = [inputs]  # one spec, not a sequence of characters
     if inputs:
         return [s if isinstance(s, InputSpec) else parse_input_spec(s) for s in inputs]
     if loaded.default_inputs:
@@ -29,7 +32,7 @@ def resolve_inputs(loaded: LoadedModel, inputs: Sequence[str | InputSpec] | None
 
 
 def example_inputs_for(
-    loaded: LoadedModel, inputs: Sequence[str | InputSpec] | None, *, seed: int = 0, device: str | None = None
+    loaded: LoadedModel, inputs: str | Sequence[str | InputSpec] | None, *, seed: int = 0, device: str | None = None
 ) -> tuple[Any, ...]:
     """Seeded example inputs for ``loaded``: the given specs, else the model's defaults."""
     return make_inputs(resolve_inputs(loaded, inputs), seed=seed, device=device or "cpu")
@@ -37,7 +40,7 @@ def example_inputs_for(
 
 def prepare(
     model: str | nn.Module,
-    inputs: Sequence[str | InputSpec] | None = None,
+    inputs: str | Sequence[str | InputSpec] | None = None,
     *,
     seed: int = 0,
     device: str | None = None,
@@ -47,24 +50,31 @@ def prepare(
     check: bool = True,
     check_batch: int | None = None,
     trust_pickle: bool | None = None,
+    wrap: Iterable[str | Callable[..., Any]] = (),
+    concrete_args: Mapping[str, Any] | None = None,
 ) -> Captured:
     """Load ``model`` (a spec string or module), make seeded example inputs and capture it.
 
     ``trust_pickle``: allow loading a pickled module (a ``.pt`` file), which runs code from the file; default:
     the ``FXFORGE_TRUST_PICKLE`` environment variable. A module passed in is captured as it is (its training
-    mode included) and never changed.
+    mode included) and never changed. ``wrap``: functions to keep as one opaque call (callables, or
+    ``module.function`` / ``file.py:function`` strings); ``concrete_args``: ``forward`` arguments fixed to a value
+    (see :func:`fxforge.capture.capture`).
     """
     if check_batch is not None and check_batch < 1:
         raise InputSpecError(f"--check-batch must be at least 1, got {check_batch}", hint="e.g. --check-batch 2")
     loaded = load_model(model, seed=seed, device=device, model_kwargs=model_kwargs, trust_pickle=trust_pickle)
     specs = resolve_inputs(loaded, inputs)
     example = make_inputs(specs, seed=seed, device=device or "cpu")
+    functions = [f if callable(f) else import_function(f, what="--wrap", error=CaptureError) for f in wrap]
     try:
         return capture(
             loaded,
             example,
             method=method,
             leaf_modules=leaf_modules,
+            autowrap_functions=functions,
+            concrete_args=dict(concrete_args) if concrete_args else None,
             check=check,
             check_batch=check_batch,
         )
@@ -79,7 +89,7 @@ def prepare(
 def verify_specs(
     reference: str | nn.Module,
     candidate: str | nn.Module,
-    inputs: Sequence[str | InputSpec] | None = None,
+    inputs: str | Sequence[str | InputSpec] | None = None,
     *,
     seed: int = 0,
     cases: int = DEFAULT_CASES,

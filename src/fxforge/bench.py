@@ -32,6 +32,7 @@ import copy
 import ctypes
 import ctypes.util
 import dataclasses
+import functools
 import gc
 import random
 import statistics
@@ -55,6 +56,7 @@ from fxforge.inputs import specs_of
 from fxforge.machine import gpus, native_bf16
 from fxforge.passes import exact_passes
 from fxforge.pipeline import Pipeline
+from fxforge.plugins import BACKENDS_GROUP, load_group
 from fxforge.quantize import int8_backend
 from fxforge.registry import Registry
 from fxforge.runtime import quiet_torch_logs, run_reference
@@ -91,8 +93,21 @@ class Backend:
     def unsupported_here(self) -> str | None:
         return self.unsupported() if self.unsupported is not None else None
 
+    @property
+    def origin(self) -> str:
+        """Where the backend comes from: ``fxforge``, a plug-in package, or the user's file."""
+        return BACKENDS.origin(self.name)
 
-BACKENDS: Registry[Backend] = Registry("backend")
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "summary": self.summary,
+            "origin": self.origin,
+            "unsupported_here": self.unsupported_here(),
+        }
+
+
+BACKENDS: Registry[Backend] = Registry("backend", listing="fxforge bench --list-backends")
 
 
 def register_backend(
@@ -106,14 +121,35 @@ def register_backend(
 
     def decorate(build: Callable[[Captured, BuildSettings], Runner]) -> Callable[[Captured, BuildSettings], Runner]:
         backend = Backend(name, summary, build, unsupported)
-        BACKENDS.register(name, backend, same=lambda old, new: old.build is new.build)
+        BACKENDS.register(name, backend, same=lambda old, new: old.build is new.build, module=build.__module__)
         return build
 
     return decorate
 
 
 def get_backend(name: str) -> Backend:
+    load_backend_plugins()
     return BACKENDS.lookup(name)
+
+
+def all_backends() -> list[Backend]:
+    """Every registered backend, fxforge's and the installed plug-ins', in registration order."""
+    load_backend_plugins()
+    return list(BACKENDS.values())
+
+
+def load_backend_plugins() -> None:
+    """The installed plug-ins' backends (entry point group ``fxforge.backends``), once."""
+    load_group(BACKENDS_GROUP, _adopt_backend)
+
+
+def _adopt_backend(name: str, build: Any, origin: str) -> None:
+    if any(backend.build is build for backend in BACKENDS.values()):
+        return
+    if not callable(build):
+        raise FxforgeError(f"{origin} names {build!r} as a backend, but it is not a builder function")
+    summary = (build.__doc__ or "").strip().splitlines()[0] if build.__doc__ else f"a backend from {origin}"
+    BACKENDS.register(name, Backend(name, summary, build), origin)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -122,6 +158,9 @@ def get_backend(name: str) -> Backend:
 
 @register_backend("eager", "the model itself, called in Python")
 def _eager(captured: Captured, settings: BuildSettings) -> Runner:
+    if captured.example_kwargs:  # constants fixed by --concrete; the captured graphs have them built in
+        settings.notes.append(f"called with {', '.join(f'{k}={v!r}' for k, v in captured.example_kwargs.items())}")
+        return functools.partial(captured.original, **captured.example_kwargs)
     return captured.original
 
 
@@ -412,8 +451,14 @@ def bench(
         raise FxforgeError("--threads must be at least 1")
     if batches is not None and any(b < 1 for b in batches):
         raise FxforgeError("--batch sizes must be at least 1")
-    if not captured.example_inputs or captured.example_kwargs:
+    if not captured.example_inputs:
         raise FxforgeError("bench needs positional example inputs", hint="pass --input, e.g. --input 1x3x224x224")
+    keyword_tensors = [name for name, value in captured.example_kwargs.items() if _holds_tensor(value)]
+    if keyword_tensors:
+        raise FxforgeError(
+            f"bench times positional inputs; keyword input {keyword_tensors[0]!r} holds a tensor",
+            hint="pass it positionally (--input), or fix it with --concrete when it is a constant",
+        )
     chosen = [b if isinstance(b, Backend) else get_backend(b) for b in (backends or default_backends())]
     example_batch = captured.example_inputs[0].shape[0] if captured.example_inputs[0].dim() else 1
     batches = list(batches or [example_batch])
@@ -470,7 +515,8 @@ def build_backend(
 def _bench_batch(captured: Captured, chosen: Sequence[Backend], batch: int, plan: _Plan) -> list[BenchRow]:
     resized = at_batch(captured, batch, plan.seed)
     inputs = resized.example_inputs
-    expected = run_reference(resized.original, inputs, {})
+    # constant keyword arguments (--concrete): the graph has them built in, the model gets them (see _eager)
+    expected = run_reference(resized.original, inputs, resized.example_kwargs)
     rows = {backend.name: BenchRow(backend.name, batch) for backend in chosen}
     runners: dict[str, Runner] = {}
     for backend in chosen:
@@ -509,6 +555,12 @@ def _bench_batch(captured: Captured, chosen: Sequence[Backend], batch: int, plan
         if eager is not None and eager.median_ms and row.median_ms:
             row.speedup = eager.median_ms / row.median_ms
     return list(rows.values())
+
+
+def _holds_tensor(value: Any) -> bool:
+    found: list[bool] = []
+    pytree.tree_map(lambda v: found.append(isinstance(v, torch.Tensor)), value)
+    return any(found)
 
 
 def _warm_up(runner: Runner, inputs: tuple[Any, ...], warmup: int, row: BenchRow, expected: Any) -> None:
@@ -554,9 +606,6 @@ def _timed_rounds(
 
 def default_backends() -> list[str]:
     """Every registered backend this machine can run fast (``Backend.unsupported_here`` says why not)."""
+    load_backend_plugins()
     return [name for name, backend in BACKENDS.items() if backend.unsupported_here() is None]
 
-
-def describe_backends() -> list[tuple[str, str]]:
-    """(name, summary) of every registered backend."""
-    return [(b.name, b.summary) for b in BACKENDS.values()]

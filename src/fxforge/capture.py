@@ -22,9 +22,11 @@ import contextlib
 import dataclasses
 import functools
 import inspect as pyinspect
+import sys
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -61,7 +63,6 @@ from fxforge.runtime import (
 SYMBOLIC_TRACE = "symbolic_trace"
 EXPORT = "torch.export"
 LOADED = "loaded"  # the model was already a graph (a .pt2 program or a saved GraphModule)
-
 
 
 @dataclass
@@ -175,10 +176,81 @@ class _Wrap:
     caller_globals: dict[str, Any]
     name: str
     function: Callable[..., Any]
+    requested: bool = False  # the user asked for it (--wrap), rather than capture's retry loop
+    # one label for every place a requested function is patched: as the model's code imported it
+    shared_label: str = ""
 
     @property
     def label(self) -> str:
-        return f"{getattr(self.function, '__module__', '?')}.{getattr(self.function, '__qualname__', self.name)}"
+        return self.shared_label or _function_label(self.function, self.name)
+
+
+def _function_label(function: Any, name: str = "?") -> str:
+    module = getattr(function, "__module__", "?") or "?"
+    qualname = getattr(function, "__qualname__", name)
+    if module.startswith("fxforge_user_"):  # a file fxforge imported (--wrap file.py:fn): named as the user wrote it
+        return f"{module.removeprefix('fxforge_user_')}.py:{qualname}"
+    return f"{module}.{qualname}"
+
+
+def _wraps_for(function: Callable[..., Any], model: nn.Module) -> list[_Wrap]:
+    """Every place the model's code can call ``function`` by name: the globals of its own module and of the
+    modules that define the model's classes (``from helpers import norm`` binds ``norm`` in the caller's module,
+    which is where the call is looked up). A function the model's code never names is an error."""
+    if not callable(function):
+        raise CaptureError(f"cannot wrap {function!r}: it is not a function")
+    # the model's own modules first: the function as the model's code imported it names the wrap
+    spaces = [getattr(type(m).forward, "__globals__", None) for m in model.modules()]
+    spaces += [vars(sys.modules[type(m).__module__]) for m in model.modules() if type(m).__module__ in sys.modules]
+    spaces.append(getattr(function, "__globals__", None))
+    found, seen = [], set()
+    for space in spaces:
+        if not isinstance(space, dict) or id(space) in seen:
+            continue
+        seen.add(id(space))
+        found += [
+            _Wrap(space, name, value, requested=True)
+            for name, value in list(space.items())
+            if _same_function(value, function)
+        ]
+    if not found:
+        raise CaptureError(
+            f"cannot wrap {_function_label(function)}: the model's code never calls it by name",
+            hint="wrap the function the model's forward calls (as it is imported there)",
+        )
+    return [dataclasses.replace(wrap, shared_label=found[0].label) for wrap in found]
+
+
+def _unused_wraps(wraps: Sequence[_Wrap], gm: fx.GraphModule | None) -> list[str]:
+    """The functions the user asked to wrap that are no call in ``gm`` (None: torch.export, which traces through
+    every function), so that --wrap never fails silently."""
+    requested: dict[str, list[_Wrap]] = {}
+    for wrap in wraps:
+        if wrap.requested:
+            requested.setdefault(wrap.label, []).append(wrap)
+    if gm is None:
+        return list(requested)
+    called = [getattr(n.target, "__wrapped__", n.target) for n in gm.graph.nodes if n.op == "call_function"]
+    return [
+        label
+        for label, group in requested.items()
+        if not any(_same_function(target, wrap.function) for target in called for wrap in group)
+    ]
+
+
+def _same_function(value: Any, function: Callable[..., Any]) -> bool:
+    """``value`` is ``function``, or the same source function imported a second time under another module name
+    (``--wrap helpers.py:norm`` imports helpers.py itself, while the model's file did ``from helpers import norm``)."""
+    if value is function:
+        return True
+    code, other = getattr(value, "__code__", None), getattr(function, "__code__", None)
+    if code is None or other is None or getattr(value, "__qualname__", None) != getattr(function, "__qualname__", 0):
+        return False
+    try:
+        same_file = Path(code.co_filename).resolve() == Path(other.co_filename).resolve()
+    except (OSError, ValueError):
+        return False
+    return same_file and code.co_firstlineno == other.co_firstlineno
 
 
 def _as_call_node(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -516,7 +588,7 @@ def _capture_module(
     leaf_names = {m for m in leaf_modules if isinstance(m, str)}
     leaf_types = tuple(m for m in leaf_modules if isinstance(m, type))
     user_leaves = set(leaf_names)
-    wraps = [_Wrap(vars(__import__(f.__module__, fromlist=["_"])), f.__name__, f) for f in autowrap_functions]
+    wraps = [wrap for f in autowrap_functions for wrap in _wraps_for(f, model)]
     module_names = {id(m): name for name, m in model.named_modules()}
     # Concrete args are passed as keywords to the model and the graph alike, on every capture path, so that
     # checks and every later run compute the branch the user chose (torch.export guards on their values).
@@ -549,12 +621,16 @@ def _capture_module(
                     attempt.action = f"wrapped {culprit.label} as one call"
                     continue
                 break
+            unused = _unused_wraps(wraps, gm)
             record = CaptureRecord(
                 SYMBOLIC_TRACE,
                 TORCH,
                 leaves=sorted(leaf_names - user_leaves),
-                wrapped=[w.label for w in wraps],
+                wrapped=[label for label in dict.fromkeys(w.label for w in wraps) if label not in unused],
                 attempts=attempts,
+                notes=[
+                    f"--wrap {label}: the traced code never called it, so wrapping changed nothing" for label in unused
+                ],
             )
             captured = Captured(gm, model, inputs, record, kwargs)
             if not can_check:
@@ -580,7 +656,11 @@ def _capture_module(
         except Exception as exc:
             attempts.append(Attempt(EXPORT, one_line_reason(exc), user_location(exc)))
             raise _capture_error(model, attempts, trace_error, exc) from None
-        record = CaptureRecord(EXPORT, ATEN, attempts=attempts)
+        notes = [
+            f"--wrap {label}: torch.export traced through it (wrapping is for symbolic tracing)"
+            for label in _unused_wraps(wraps, None)
+        ]
+        record = CaptureRecord(EXPORT, ATEN, attempts=attempts, notes=notes)
         captured = Captured(program.module(), model, inputs, record, kwargs, program)
         if can_check:
             record.checks = [check_capture(captured, expected=reference)]

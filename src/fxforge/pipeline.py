@@ -26,8 +26,17 @@ from torch import fx
 from fxforge.capture import Captured, has_shapes, placeholder_values, record_shapes
 from fxforge.errors import FxforgeError, first_line, one_line_reason
 from fxforge.lint import lint
-from fxforge.passes import PassError, PassResult, apply_pass, copy_graph_module, get_pass, stamp_provenance
+from fxforge.passes import (
+    PassError,
+    PassResult,
+    apply_pass,
+    copy_graph_module,
+    get_pass,
+    resolve_pass_reference,
+    stamp_provenance,
+)
 from fxforge.references import parse_value
+from fxforge.registry import BUILTIN
 from fxforge.verify import Verifier, VerifyResult
 
 
@@ -94,18 +103,38 @@ class PipelineResult:
         }
 
 
+def pass_name(name_or_reference: str) -> str:
+    """A registered pass's name; ``path/to/file.py:function`` or ``package.module:function`` is imported first
+    and the function it names is registered (see docs/plugins.md)."""
+    name = name_or_reference.strip()
+    return resolve_pass_reference(name) if ":" in name else name
+
+
+def _relative_to(folder: Path, step: Any) -> Any:
+    """A pipeline file's ``my_passes.py:function`` step names a file beside the pipeline file (where it is)."""
+    name = step.get("name") if isinstance(step, Mapping) else step
+    if not isinstance(name, str) or ".py:" not in name:
+        return step
+    file, _, function = name.strip().rpartition(":")
+    beside = folder / file
+    if Path(file).is_absolute() or not beside.is_file():
+        return step
+    resolved = f"{beside}:{function}"
+    return {**step, "name": resolved} if isinstance(step, Mapping) else resolved
+
+
 def _as_step(item: str | PassStep | tuple[str, Mapping[str, Any]] | Mapping[str, Any]) -> PassStep:
     if isinstance(item, PassStep):
         return item
     if isinstance(item, str):
-        return PassStep(item.strip())
+        return PassStep(pass_name(item))
     if isinstance(item, tuple):
-        return PassStep(item[0], dict(item[1] or {}))
+        return PassStep(pass_name(item[0]), dict(item[1] or {}))
     if isinstance(item, Mapping) and "name" in item:
         unknown = set(item) - {"name", "options"}
         if unknown:
             raise PassError(f"pipeline step {item['name']!r} has unknown keys {sorted(unknown)}")
-        return PassStep(str(item["name"]), dict(item.get("options") or {}))
+        return PassStep(pass_name(str(item["name"])), dict(item.get("options") or {}))
     raise PassError(f"cannot read pipeline step {item!r}", hint="a pass name, or {name: ..., options: {...}}")
 
 
@@ -162,7 +191,7 @@ class Pipeline:
             "keep_going": bool(data.get("keep_going", False)),
         }
         settings.update({key: value for key, value in overrides.items() if value is not None})
-        return cls(data["passes"], **settings)
+        return cls([_relative_to(path.parent, step) for step in data["passes"]], **settings)
 
     def run(
         self,
@@ -237,7 +266,9 @@ class Pipeline:
             return StepRecord(failed, rolled_back=exc.message), work
         except Exception as exc:  # a crash inside the pass is the pass's fault, named as such
             if not self.keep_going:
-                raise PassError(f"pass {step.name!r} crashed: {one_line_reason(exc)}") from exc
+                origin = get_pass(step.name).origin
+                source = "" if origin == BUILTIN else f" (from {origin})"
+                raise PassError(f"pass {step.name!r}{source} crashed: {one_line_reason(exc)}") from exc
             failed = PassResult(step.name, work)
             return StepRecord(failed, rolled_back=f"crashed: {one_line_reason(exc)}"), work
         record = StepRecord(result)
@@ -282,7 +313,7 @@ def build_pipeline(
     ``PASS.KEY=VALUE`` strings, for passes in the list. ``verify``/``keep_going`` None keep a pipeline file's
     own settings (False for a list of names).
     """
-    names = [name.strip() for group in passes for name in str(group).split(",") if name.strip()]
+    names = [pass_name(name) for group in passes for name in str(group).split(",") if name.strip()]
     parsed = dict(options) if isinstance(options, Mapping) else parse_option_assignments(list(options))
     if pipeline_file is not None and names:
         raise FxforgeError("give either --passes or --pipeline, not both")

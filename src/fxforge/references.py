@@ -30,6 +30,11 @@ def import_file(path: str | Path, *, error: type[FxforgeError] = FxforgeError, w
     if not path.is_file():
         raise error(f"file not found{context}: {path}")
     module_name = f"fxforge_user_{path.stem}"
+    loaded = sys.modules.get(module_name)
+    if loaded is not None and Path(getattr(loaded, "__file__", "") or "").resolve() == path.resolve():
+        # One module per file: a second import would make new classes and functions, and a --wrap naming a
+        # function of the model's file would then not be the function the model calls.
+        return loaded
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
         raise error(f"cannot import {path}{context}")
@@ -94,3 +99,17 @@ def parse_value(raw: str, what: str) -> Any:
         raise FxforgeError(
             f"{what}: the value is not valid YAML ({first_line(exc)})", hint="quote it, e.g. KEY='[1, 2]'"
         ) from None
+
+
+def import_function(reference: str, *, what: str = "function", error: type[FxforgeError] = FxforgeError) -> Any:
+    """A callable named ``package.module.function``, ``package.module:function`` or ``path/to/file.py:function``."""
+    text = reference.strip()
+    if ":" not in text:
+        module_name, _, attr = text.rpartition(".")
+        if not module_name or not attr:
+            raise error(f"{what} {reference!r} is not of the form module.function", hint="e.g. my_package.ops.norm")
+        text = f"{module_name}:{attr}"
+    value = import_reference(text, what=what, error=error)
+    if not callable(value):
+        raise error(f"{what} {reference!r} is a {type(value).__name__}, not a function")
+    return value

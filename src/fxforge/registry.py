@@ -19,8 +19,8 @@ T = TypeVar("T")
 
 BUILTIN = "fxforge"
 
-# Where items registered right now come from: fxforge itself, unless a plug-in loader says otherwise.
-_CURRENT_ORIGIN: contextvars.ContextVar[str] = contextvars.ContextVar("fxforge_registry_origin", default=BUILTIN)
+# Where items registered right now come from, when a plug-in loader says (None: nobody said).
+_CURRENT_ORIGIN: contextvars.ContextVar[str | None] = contextvars.ContextVar("fxforge_registry_origin", default=None)
 
 
 @contextlib.contextmanager
@@ -44,14 +44,21 @@ class Registry(dict[str, T], Generic[T]):
         self.origins: dict[str, str] = {}
 
     def register(
-        self, name: str, item: T, origin: str | None = None, *, same: Callable[[T, T], bool] | None = None
+        self,
+        name: str,
+        item: T,
+        origin: str | None = None,
+        *,
+        same: Callable[[T, T], bool] | None = None,
+        module: str | None = None,
     ) -> T:
         """Add ``item`` under ``name``; registering the same item again is a no-op (a module imported twice).
 
-        ``origin`` defaults to the one :func:`registering_from` set (fxforge itself otherwise); ``same`` decides
-        whether an existing item is "the same" (default: identity).
+        ``origin``: where it comes from; by default the one :func:`registering_from` set, else ``module`` (the
+        Python module defining it) unless that is fxforge's own, else fxforge. ``same`` decides whether an
+        existing item is "the same" (default: identity).
         """
-        origin = origin or _CURRENT_ORIGIN.get()
+        origin = origin or _CURRENT_ORIGIN.get() or _module_origin(module)
         if name in self:
             existing = self[name]
             if (same or (lambda a, b: a is b))(existing, item):
@@ -64,6 +71,9 @@ class Registry(dict[str, T], Generic[T]):
         self[name] = item
         self.origins[name] = origin
         return item
+
+    def items_with_origins(self) -> list[tuple[str, T, str]]:
+        return [(name, item, self.origin(name)) for name, item in self.items()]
 
     def lookup(self, name: str) -> T:
         """The item called ``name``; an error suggesting the closest name when there is none."""
@@ -79,3 +89,11 @@ class Registry(dict[str, T], Generic[T]):
 
     def _listing_hint(self) -> str:
         return f"list them with: {self.listing}" if self.listing else ""
+
+
+def _module_origin(module: str | None) -> str:
+    if not module or module == "fxforge" or module.startswith("fxforge."):
+        return BUILTIN
+    if module.startswith("fxforge_user_"):  # a file fxforge imported for the user (fxforge.references)
+        return f"file {module.removeprefix('fxforge_user_')}.py"
+    return f"module {module}"

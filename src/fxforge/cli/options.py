@@ -1,8 +1,8 @@
 """Options every command that loads a model shares, and the small helpers the commands share.
 
 :func:`capture_options` adds ``MODEL``, ``--input``, ``--seed``, ``--device``, ``--model-arg``, ``--leaf``,
-``--method``, ``--check-batch``, ``--trust-pickle`` and ``--json`` to a command and hands it one
-:class:`CaptureOptions`; :meth:`CaptureOptions.prepare` turns those into a captured model through the
+``--wrap``, ``--concrete``, ``--method``, ``--check-batch``, ``--trust-pickle`` and ``--json`` to a command and
+hands it one :class:`CaptureOptions`; :meth:`CaptureOptions.prepare` turns those into a captured model through the
 public API (:func:`fxforge.prepare`), exactly as a Python user would.
 """
 
@@ -37,6 +37,8 @@ class CaptureOptions:
     method: str
     check_batch: int | None
     trust_pickle: bool
+    wraps: tuple[str, ...]
+    concrete: tuple[str, ...]
     as_json: bool
 
     def model_kwargs(self) -> dict[str, Any]:
@@ -57,10 +59,24 @@ class CaptureOptions:
                 method=self.method,
                 check_batch=self.check_batch,
                 trust_pickle=self.trust_pickle or None,
+                wrap=list(self.wraps),
+                concrete_args=parse_assignments(self.concrete, "--concrete"),
             )
 
 
-_FIELDS = ("model", "inputs", "seed", "device", "model_args", "leaves", "method", "check_batch", "trust_pickle")
+_FIELDS = (
+    "model",
+    "inputs",
+    "seed",
+    "device",
+    "model_args",
+    "leaves",
+    "method",
+    "check_batch",
+    "trust_pickle",
+    "wraps",
+    "concrete",
+)
 
 
 def trust_pickle_option(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -113,6 +129,19 @@ def capture_options(command: Callable[..., Any] | None = None, *, model_required
             ),
             click.option("--leaf", "leaves", multiple=True, metavar="NAME", help="Keep this submodule as one node."),
             click.option(
+                "--wrap",
+                "wraps",
+                multiple=True,
+                metavar="FUNCTION",
+                help="Keep this function as one opaque call: module.fn, pkg.mod:fn or file.py:fn.",
+            ),
+            click.option(
+                "--concrete",
+                multiple=True,
+                metavar="NAME=VALUE",
+                help="Fix a forward argument to a value (YAML), e.g. --concrete return_dict=false.",
+            ),
+            click.option(
                 "--method",
                 type=click.Choice(["auto", "symbolic_trace", "export"]),
                 default="auto",
@@ -137,6 +166,11 @@ def capture_options(command: Callable[..., Any] | None = None, *, model_required
 
 def parse_model_args(values: tuple[str, ...] | list[str]) -> dict[str, Any]:
     """``KEY=VALUE`` pairs, each value a YAML scalar (10 -> int, 0.5 -> float, true -> bool, [1, 2] -> list)."""
+    return parse_assignments(values, "--model-arg", example="num_classes=10")
+
+
+def parse_assignments(values: tuple[str, ...] | list[str], option: str, example: str = "flag=false") -> dict[str, Any]:
+    """``KEY=VALUE`` pairs of ``option``, each value YAML."""
     from fxforge.errors import FxforgeError
     from fxforge.references import parse_value
 
@@ -144,8 +178,8 @@ def parse_model_args(values: tuple[str, ...] | list[str]) -> dict[str, Any]:
     for item in values:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
-            raise FxforgeError(f"--model-arg {item!r} is not KEY=VALUE", hint="e.g. --model-arg num_classes=10")
-        parsed[key.strip()] = parse_value(raw, f"--model-arg {item!r}")
+            raise FxforgeError(f"{option} {item!r} is not KEY=VALUE", hint=f"e.g. {option} {example}")
+        parsed[key.strip()] = parse_value(raw, f"{option} {item!r}")
     return parsed
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -154,10 +155,10 @@ def render_findings(console: Console, spec: str, findings: list[Any]) -> None:
 
 def render_rules(console: Console, rules: list[Any]) -> None:
     table = Table(title="Lint rules")
-    for column in ("code", "name", "severity", "fix", "dialects", "summary"):
+    for column in ("code", "name", "severity", "fix", "dialects", "from", "summary"):
         table.add_column(column)
     for r in rules:
-        table.add_row(r.code, r.name, r.severity, r.fix or "", ",".join(r.dialects), r.summary)
+        table.add_row(r.code, r.name, r.severity, r.fix or "", ",".join(r.dialects), r.origin, r.summary)
     console.print(table)
 
 
@@ -250,11 +251,28 @@ def render_verify(console: Console, reference: str, candidate: str, result: Any)
 
 def render_passes(console: Console, specs: list[Any]) -> None:
     table = Table(title="Passes", show_lines=True)
-    for column in ("name", "dialects", "options", "what it does and guarantees"):
+    for column in ("name", "dialects", "options", "from", "what it does and guarantees"):
         table.add_column(column)
     for spec in specs:
         options = ", ".join(f.name for f in spec.option_fields()) or "-"
-        table.add_row(spec.name, ",".join(spec.dialects), options, f"{spec.summary}\n[dim]{spec.guarantees}[/]")
+        summary = f"{spec.summary}\n[dim]{spec.guarantees}[/]"
+        table.add_row(spec.name, ",".join(spec.dialects), options, spec.origin, summary)
+    console.print(table)
+
+
+def render_plugin_failures(console: Console, failures: list[Any]) -> None:
+    """One warning line per plug-in that failed to load (the others still work)."""
+    for failure in failures:
+        console.print(f"[yellow]warning:[/] {escape(failure.describe())}")
+
+
+def render_backends(console: Console, backends: list[dict[str, Any]]) -> None:
+    table = Table(title="bench backends")
+    for column in ("name", "from", "runs here", "summary"):
+        table.add_column(column)
+    for backend in backends:
+        here = "yes" if backend["unsupported_here"] is None else f"no: {backend['unsupported_here']}"
+        table.add_row(backend["name"], backend["origin"], escape(here), escape(backend["summary"]))
     console.print(table)
 
 

@@ -20,7 +20,9 @@ from fxforge.capture import Captured
 from fxforge.errors import FxforgeError
 from fxforge.graphs import dialect_of, module_path
 from fxforge.passes import FIX_ORDER
-from fxforge.registry import Registry
+from fxforge.plugins import RULES_GROUP, load_group
+from fxforge.references import import_reference
+from fxforge.registry import Registry, registering_from
 
 SEVERITIES = ("info", "warning", "error")
 
@@ -88,7 +90,13 @@ class Rule:
             "summary": self.summary,
             "fix": self.fix,
             "dialects": list(self.dialects),
+            "origin": self.origin,
         }
+
+    @property
+    def origin(self) -> str:
+        """Where the rule comes from: ``fxforge``, a plug-in package, or the user's file."""
+        return RULES.origin(self.code)
 
 
 class RuleError(FxforgeError):
@@ -115,7 +123,8 @@ def rule(
         if clash is not None:
             origin = RULES.origin(clash.code)
             raise RuleError(f"lint rule name {name!r} is already used by {clash.code} (from {origin})")
-        RULES.register(code, Rule(code, name, severity, summary, check, fix, dialects), same=_same_check)
+        rule_ = Rule(code, name, severity, summary, check, fix, dialects)
+        RULES.register(code, rule_, same=_same_check, module=check.__module__)
         return check
 
     return register
@@ -200,8 +209,29 @@ def all_rules() -> list[Rule]:
 
 
 def _load_rules() -> None:
-    # Importing the package registers every rule module in it.
+    """fxforge's rules (importing the package registers every rule module in it), then the plug-ins'."""
     import fxforge.lint.rules  # noqa: F401
+
+    load_group(RULES_GROUP, _adopt_rule)
+
+
+def _adopt_rule(name: str, check: Any, origin: str) -> None:
+    if not any(rule_.check is check for rule_ in RULES.values()):
+        raise RuleError(
+            f"{origin} names {check!r}, which is not a lint rule", hint="decorate it with @fxforge.lint.rule"
+        )
+
+
+def load_rule_reference(reference: str) -> list[str]:
+    """Import ``path/to/file.py:function`` (or ``package.module:function``) for its ``@rule`` functions; returns the
+    codes of the rules it added. The named function must be one of them."""
+    _load_rules()
+    before = set(RULES)
+    with registering_from(f"file {reference.rpartition(':')[0]}"):
+        check = import_reference(reference, what="lint rule", error=RuleError, hint="e.g. --rule my_rules.py:check")
+    if not any(rule_.check is check for rule_ in RULES.values()):
+        raise RuleError(f"{reference} is not a lint rule", hint="decorate it with @fxforge.lint.rule(code, name, ...)")
+    return sorted(set(RULES) - before)
 
 
 # The order lint --fix applies fix passes in; defined beside the passes, re-exported here where users look.

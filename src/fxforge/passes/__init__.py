@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import importlib
+import inspect
 import pkgutil
 import typing
 from collections.abc import Callable, Mapping
@@ -30,7 +31,9 @@ from torch import fx, nn
 
 from fxforge.errors import FxforgeError
 from fxforge.graphs import dialect_of
-from fxforge.registry import Registry
+from fxforge.plugins import PASSES_GROUP, load_group
+from fxforge.references import import_reference
+from fxforge.registry import Registry, registering_from
 from fxforge.vocabulary import ORIGIN, PASS
 
 
@@ -96,7 +99,13 @@ class PassSpec:
             "guarantees": self.guarantees,
             "dialects": list(self.dialects),
             "options": [{"name": f.name, "type": str(f.type)} for f in self.option_fields()],
+            "origin": self.origin,
         }
+
+    @property
+    def origin(self) -> str:
+        """Where the pass comes from: ``fxforge``, a plug-in package, or the user's file."""
+        return PASSES.origin(self.name)
 
 
 PASSES: Registry[PassSpec] = Registry("pass", PassError, listing="fxforge passes")
@@ -120,15 +129,80 @@ def register_pass(
 
     def decorator(function: PassFunction) -> PassFunction:
         spec = PassSpec(name, function, summary, guarantees, options, dialects, requires, ensures)
-        PASSES.register(name, spec, same=lambda old, new: old.function is new.function)
+        PASSES.register(name, spec, same=lambda old, new: old.function is new.function, module=function.__module__)
         return function
 
     return decorator
 
 
 def _load_builtin_passes() -> None:
+    """fxforge's own passes (one module each in this package), then the installed plug-ins' (entry points)."""
     for module in pkgutil.iter_modules(__path__):
         importlib.import_module(f"{__name__}.{module.name}")
+    load_group(PASSES_GROUP, adopt_pass)
+
+
+def adopt_pass(name: str, function: Any, origin: str) -> None:
+    """Register a plain function a plug-in or a file names as a pass (one already registered stays as it is).
+
+    The function is called ``function(gm)`` or ``function(gm, options)``; it may return a :class:`PassResult`, or
+    rewrite ``gm`` and return it (or None), in which case the result says whether the code changed.
+    """
+    if any(spec.function is function for spec in PASSES.values()):
+        return
+    if not callable(function):
+        raise PassError(f"{origin} names {function!r} as a pass, but it is not a function")
+    summary = (function.__doc__ or "").strip().splitlines()[0] if function.__doc__ else f"a pass from {origin}"
+    PASSES.register(
+        name,
+        PassSpec(name, _as_pass_function(name, function), summary, f"none stated ({origin} gives no guarantees)"),
+        origin,
+    )
+
+
+def _as_pass_function(name: str, function: Callable[..., Any]) -> PassFunction:
+    takes_options = len(inspect.signature(function).parameters) >= 2
+
+    def run(gm: fx.GraphModule, options: Any) -> PassResult:
+        before = gm.code
+        returned = function(gm, options) if takes_options else function(gm)
+        if isinstance(returned, PassResult):
+            return returned
+        if returned is not None and returned is not gm:
+            raise PassError(
+                f"pass {name!r} returned {str(returned)[:40]!r} (a {type(returned).__name__}), not a PassResult, "
+                "the graph module or None",
+                hint=PASS_CONTRACT,
+            )
+        result = PassResult(name, gm)
+        gm.recompile()
+        if gm.code != before:
+            result.note(f"{name} changed the graph")
+        return result
+
+    run.__wrapped__ = function  # type: ignore[attr-defined]
+    return run
+
+
+PASS_CONTRACT = (
+    "a pass takes (gm, options), may change gm (a private copy), and returns a PassResult -- or gm, or None; "
+    "see docs/plugins.md"
+)
+
+
+def resolve_pass_reference(reference: str) -> str:
+    """The registered name of the pass ``path/to/file.py:function`` or ``package.module:function`` names: the file
+    (or module) is imported -- registering its ``@register_pass`` functions -- and an undecorated function is
+    adopted as a pass under its own name."""
+    with registering_from(f"file {reference.rpartition(':')[0]}"):
+        function = import_reference(reference, what="pass", error=PassError, hint="e.g. -p my_passes.py:my_pass")
+        _load_builtin_passes()
+        for spec in PASSES.values():
+            if spec.function is function or getattr(spec.function, "__wrapped__", None) is function:
+                return spec.name
+        name = getattr(function, "__name__", reference.rpartition(":")[2])
+        adopt_pass(name, function, f"file {reference.rpartition(':')[0]}")
+    return name
 
 
 def registered_passes() -> dict[str, PassSpec]:

@@ -15,16 +15,18 @@ Examples:
   fxforge bench torchvision:resnet18 --input 1x3x224x224
   fxforge bench torchvision:mobilenet_v2 --backends eager,onnxruntime,int8 --batch 1,8 --threads 2
   fxforge bench out/resnet18 --backends eager,torchscript --repeats 50 --json
-Backends: eager, fx, torchscript, onnxruntime, compile, int8, bf16 (default: all).
+  fxforge bench --list-backends
+Backends: fxforge bench --list-backends (default: every one this machine runs fast; plug-ins add their own).
 """,
 )
-@capture_options
+@capture_options(model_required=False)
 @click.option("--backends", "-b", default="", metavar="NAMES", help="Comma-separated backends (default: all).")
 @click.option("--batch", "batch_sizes", multiple=True, metavar="N[,N]", help="Batch sizes (default: the input's).")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="Intra-op threads for torch and ORT.")
 @click.option("--warmup", default=3, show_default=True, type=click.IntRange(min=1), help="Untimed calls first.")
 @click.option("--repeats", default=20, show_default=True, type=click.IntRange(min=1), help="Timed calls per backend.")
 @click.option("--passes", "-p", "pass_names", default=None, metavar="NAMES", help="Passes for the fx backend.")
+@click.option("--list-backends", is_flag=True, help="List the backends (with where each comes from) and exit.")
 def command(
     opts: CaptureOptions,
     backends: str,
@@ -33,13 +35,25 @@ def command(
     warmup: int,
     repeats: int,
     pass_names: str | None,
+    list_backends: bool,
 ) -> None:
     """Median/p90 latency, throughput, peak memory and max error vs eager, per backend, side by side."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from fxforge.bench import bench, get_backend
-    from fxforge.cli.render import render_bench
+    from fxforge.bench import all_backends, bench, get_backend
+    from fxforge.cli.render import render_backends, render_bench, render_plugin_failures
+    from fxforge.plugins import BACKENDS_GROUP, failures
 
+    if list_backends:
+        listed = [backend.to_dict() for backend in all_backends()]
+        if opts.as_json:
+            emit_json({"backends": listed, "plugin_failures": [f.describe() for f in failures(BACKENDS_GROUP)]})
+        else:
+            render_plugin_failures(stderr, failures(BACKENDS_GROUP))
+            render_backends(stdout, listed)
+        return
+    if not opts.model:
+        raise FxforgeError("bench needs a MODEL", hint="e.g. fxforge bench torchvision:resnet18")
     for name in split(backends):
         get_backend(name)  # an unknown name fails before the model is loaded
     try:

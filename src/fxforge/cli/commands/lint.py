@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from fxforge.cli.options import CaptureOptions, capture_options, emit_json, split, stdout, warn_failed_checks
+from fxforge.cli.options import CaptureOptions, capture_options, emit_json, split, stderr, stdout, warn_failed_checks
 from fxforge.errors import EXIT_FINDINGS, FxforgeError
 
 
@@ -17,6 +17,7 @@ Examples:
   fxforge lint demo --fail-on info --json
   fxforge lint torchvision:resnet18 --fix -o out/resnet18-fixed
   fxforge lint --rules
+  fxforge lint my_model.py:Net --rule my_rules.py:no_big_linears
 Exit code: 1 when a finding at or above --fail-on (default: warning) exists, else 0.
 """,
 )
@@ -31,6 +32,13 @@ Exit code: 1 when a finding at or above --fail-on (default: warning) exists, els
     help="Lowest severity that makes the exit code 1.",
 )
 @click.option("--rules", "list_rules", is_flag=True, help="List the rules and exit.")
+@click.option(
+    "--rule",
+    "rule_references",
+    multiple=True,
+    metavar="FILE.py:FUNCTION",
+    help="Also load the @fxforge.lint.rule functions of a file or module (repeatable; see docs/plugins.md).",
+)
 @click.option("--fix", is_flag=True, help="Apply the passes that fix the findings (verified); needs -o.")
 @click.option("--output", "-o", type=click.Path(path_type=str), default=None, help="Output directory for --fix.")
 @click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
@@ -40,22 +48,27 @@ def command(
     ignore: str,
     fail_on: str,
     list_rules: bool,
+    rule_references: tuple[str, ...],
     fix: bool,
     output: str | None,
     force: bool,
 ) -> None:
     """Find dead code, redundant ops, leftover training ops and optimisation opportunities."""
-    from fxforge.cli.render import render_findings, render_optimize, render_rules
-    from fxforge.lint import all_rules
+    from fxforge.cli.render import render_findings, render_optimize, render_plugin_failures, render_rules
+    from fxforge.lint import all_rules, load_rule_reference
     from fxforge.lint import lint as run_lint
     from fxforge.optimize import fix as run_fix
+    from fxforge.plugins import RULES_GROUP, failures
 
+    for reference in rule_references:
+        load_rule_reference(reference)
     if list_rules:
         rules = all_rules()
         if opts.as_json:
             emit_json([rule.to_dict() for rule in rules])
         else:
             render_rules(stdout, rules)
+        render_plugin_failures(stderr, failures(RULES_GROUP))
         return
     if not opts.model:
         raise FxforgeError("lint needs a MODEL", hint="e.g. fxforge lint torchvision:resnet18")
