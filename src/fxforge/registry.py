@@ -66,14 +66,11 @@ class Registry(dict[str, T], Generic[T]):
             raise self.error(
                 f"a {self.kind} named {name!r} is already registered (from {self.origins.get(name, BUILTIN)}); "
                 f"{origin} registers another one",
-                hint=f"give it another name{self._listing_hint()}",
+                hint="; ".join(filter(None, ["give it another name", self._listing_hint()])),
             )
         self[name] = item
         self.origins[name] = origin
         return item
-
-    def items_with_origins(self) -> list[tuple[str, T, str]]:
-        return [(name, item, self.origin(name)) for name, item in self.items()]
 
     def lookup(self, name: str) -> T:
         """The item called ``name``; an error suggesting the closest name when there is none."""
