@@ -431,3 +431,11 @@ def test_api_wrap_and_concrete_match_the_model(helper_model):
     assert any("scale_rows" in str(n.target) for n in gm.graph.nodes)
     x = captured.example_inputs[0]
     torch.testing.assert_close(gm(x), captured.original(x, double=True))
+
+
+def test_verify_takes_leaf_and_wrap_for_its_reference(capsys, helper_model):
+    args = ("verify", "net.py:Net", "net.py:Net", "--input", "2x8", "--json")
+    code, out, err = run(capsys, *args, "--wrap", "helpers.py:scale_rows", "--leaf", "lin")
+    assert code == EXIT_OK and json.loads(out)["ok"], err
+    code, _, err = run(capsys, *args, "--wrap", "helpers.py:nothing")
+    assert code == EXIT_CAPTURE and "has no attribute 'nothing'" in err

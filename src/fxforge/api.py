@@ -99,12 +99,14 @@ def verify_specs(
     model_kwargs: Mapping[str, Any] | None = None,
     trust_pickle: bool | None = None,
     allow_dtype_change: bool = False,
+    leaf_modules: Iterable[str | type] = (),
+    wrap: Iterable[str | Callable[..., Any]] = (),
 ) -> VerifyResult:
     """``fxforge verify A B``: load both specs and compare them on at least ``cases`` varied inputs.
 
-    The reference is captured when it can be, so that a mismatch can be bisected to the first diverging node;
-    a reference that cannot be captured is still compared, without bisection. ``seeds`` (older API) raises
-    the case count to at least that many.
+    The reference is captured when it can be (with ``leaf_modules`` and ``wrap`` as in :func:`prepare`), so that
+    a mismatch can be bisected to the first diverging node; a reference that cannot be captured is still
+    compared, without bisection. ``seeds`` (older API) raises the case count to at least that many.
     """
     if cases < 1 or (seeds is not None and seeds < 1):
         raise InputSpecError("verify needs at least one case", hint="e.g. --cases 16")
@@ -116,8 +118,9 @@ def verify_specs(
     specs = resolve_inputs(specs_source, inputs)
     example = make_inputs(specs, seed=seed)
     ref: Any = ref_loaded.module
+    functions = [f if callable(f) else import_function(f, what="--wrap", error=CaptureError) for f in wrap]
     with contextlib.suppress(CaptureError):  # compared all the same; only the bisection to a node needs the graph
-        ref = capture(ref_loaded, example, check=False)
+        ref = capture(ref_loaded, example, leaf_modules=leaf_modules, autowrap_functions=functions, check=False)
     return verify(
         ref,
         cand_loaded.module,

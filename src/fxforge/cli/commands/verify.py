@@ -40,6 +40,10 @@ See docs/verified.md for what is tried and what a pass cannot prove.
 @click.option("--atol", type=click.FloatRange(min=0), default=None, help="Absolute tolerance (default: per dtype).")
 @click.option("--allow-dtype-change", is_flag=True, help="Compare values even where the output dtype differs.")
 @click.option("--model-arg", "model_args", multiple=True, metavar="KEY=VALUE", help="Constructor/config argument.")
+@click.option("--leaf", "leaves", multiple=True, metavar="NAME", help="Capturing REFERENCE: keep this submodule whole.")
+@click.option(
+    "--wrap", "wraps", multiple=True, metavar="FUNCTION", help="Capturing REFERENCE: keep this function as one call."
+)
 @trust_pickle_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout.")
 def command(
@@ -53,6 +57,8 @@ def command(
     atol: float | None,
     allow_dtype_change: bool,
     model_args: tuple[str, ...],
+    leaves: tuple[str, ...],
+    wraps: tuple[str, ...],
     trust_pickle: bool,
     as_json: bool,
 ) -> None:
@@ -73,6 +79,8 @@ def command(
             model_kwargs=parse_model_args(model_args),
             trust_pickle=trust_pickle or None,
             allow_dtype_change=allow_dtype_change,
+            leaf_modules=list(leaves),
+            wrap=list(wraps),
         )
     if as_json:
         emit_json(result.to_dict())
