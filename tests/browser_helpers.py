@@ -28,6 +28,10 @@ CHROMIUM_ARGS = [
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
+    # several pages in one browser: a page in the background must not have its timers (ELK's) throttled
+    "--disable-background-timer-throttling",
+    "--disable-renderer-backgrounding",
+    "--disable-backgrounding-occluded-windows",
 ]
 
 
@@ -94,6 +98,8 @@ def browser() -> Iterator[Any]:
 def open_page(context: Any, path: Path, record: PageRecord, *, timeout_ms: int = 30_000) -> Any:
     """Open ``path`` (file://), recording console errors and refusing (and recording) every network request;
     returns the page once the viewer reports ready (``body[data-ready]``) or the page has no viewer."""
+    for old in context.pages:  # one page at a time: the one under test is in front
+        old.close()
     page = context.new_page()
     page.on("console", lambda message: record.console_errors.append(message.text) if message.type == "error" else None)
     page.on("pageerror", lambda error: record.console_errors.append(str(error)))

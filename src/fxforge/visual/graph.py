@@ -27,10 +27,10 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import torch
 from torch import fx, nn
 
 from fxforge.capture import Captured
-from fxforge.errors import is_user_file
 from fxforge.graphs import ATEN, dialect_of, target_name
 from fxforge.inspect import InspectReport, inspect_graph
 from fxforge.lint import LintReport, lint
@@ -128,6 +128,19 @@ def _dtype_text(dtype: str | None) -> str:
 
 # --------------------------------------------------------------------------------------------------
 # source lines
+
+
+def _package_dir(module: Any) -> str:
+    return os.path.dirname(os.path.abspath(module.__file__)) + os.sep
+
+
+# torch's own frames and fxforge's are not the user's line; torchvision, timm and transformers are the model's code
+# (a plain prefix test would take torchvision/ for torch/).
+_NOT_USER = (_package_dir(torch), os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)
+
+
+def is_user_file(filename: str) -> bool:
+    return not filename.startswith(_NOT_USER) and not filename.startswith("<")
 
 
 def _aten_source(node: fx.Node) -> dict[str, Any] | None:

@@ -139,8 +139,10 @@
     }
 
     /* Select a node (by name) or module (by path): open its modules, lay out, centre and show details. */
-    function select(name) {
-      return queue(function () {
+    function select(name) { return queue(function () { return selectNow(name); }); }
+
+    function selectNow(name) {
+      {
         var i = ix.byName[name], key, m;
         if (i != null && !model.nodes[i].h) { key = "n" + i; m = model.nodes[i].m; }
         else if (ix.byPath[name] != null) { m = model.modules[ix.byPath[name]].parent; key = "m" + ix.byPath[name]; }
@@ -150,7 +152,7 @@
         if (need) { FXG.ancestors(model, m).forEach(function (a) { open[a] = true; }); p = render(); }
         if (key[0] === "m" && open[+key.slice(1)]) { /* an open module: select its box */ }
         return p.then(function () { selected = key; mark(); centerOn(key); details(key); return true; });
-      });
+      }
     }
 
     function nodeLink(i) {
@@ -300,7 +302,8 @@
     api.ready = queue(function () {
       return render().then(function () {
         fitView();
-        if (model.divergence && model.divergence.i >= 0) return select(model.nodes[model.divergence.i].n);
+        // a failed verification opens on its first diverging node (inside this queued step: no second queue)
+        if (model.divergence && model.divergence.i >= 0) return selectNow(model.nodes[model.divergence.i].n);
       });
     });
     return api;

@@ -1,0 +1,43 @@
+"""Fixtures of the picture tests: resnet18 captured small (1x3x64x64) in both dialects, and its fold_bn rewrite."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fxforge
+from fxforge.passes import PASSES, PassResult, mark, register_pass
+
+X = torch.randn(1, 3, 64, 64)
+
+
+@pytest.fixture(scope="module")
+def resnet_captures():
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18().eval()
+    return {
+        "torch": fxforge.capture(model, (X,), method="symbolic_trace"),
+        "aten": fxforge.capture(model, (X,), method="export"),
+    }
+
+
+@pytest.fixture
+def broken_pass():
+    """Scales layer2.0.conv1's output by 1.01 and claims it still computes the conv (torch dialect)."""
+
+    @register_pass("test_visual_broken_scale", summary="test only", guarantees="none (deliberately wrong)")
+    def broken(gm, options):
+        result = PassResult("test_visual_broken_scale", gm)
+        for node in list(gm.graph.nodes):
+            if node.op == "call_module" and node.target == "layer2.0.conv1":
+                with gm.graph.inserting_after(node):
+                    scaled = gm.graph.call_function(torch.mul, (node, 1.01))
+                node.replace_all_uses_with(scaled)
+                scaled.args = (node, 1.01)
+                mark(scaled, "test_visual_broken_scale", origin_of=node)
+                result.note("scaled layer2.0.conv1", inserted=1)
+        return result
+
+    yield "test_visual_broken_scale"
+    PASSES.pop("test_visual_broken_scale")

@@ -1,0 +1,109 @@
+"""The pages in a real browser (headless Chromium driven by Playwright): no console errors, no network
+request, one element per visible node, modules that open and close, lint findings that select their node,
+screenshots that are not blank. Under CI these fail (never skip) when Chromium or Playwright is missing."""
+
+from __future__ import annotations
+
+import io
+import time
+
+import pytest
+
+import fxforge
+from browser_helpers import PageRecord, browser, browser_or_skip, open_page
+
+
+@pytest.fixture(scope="module")
+def report_page(resnet_captures, tmp_path_factory):
+    path = tmp_path_factory.mktemp("pages") / "report.html"
+    view = fxforge.report(resnet_captures["torch"], path, passes=["fold_bn"], spec="torchvision:resnet18")
+    return path, view.model
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    browser_or_skip()
+    with browser() as context:
+        yield context
+
+
+def _wait_until(page, expression: str, expected, timeout_s: float = 20.0) -> None:
+    """Poll ``expression`` (page.evaluate goes through the devtools protocol: the page's CSP forbids eval)."""
+    deadline = time.monotonic() + timeout_s
+    while page.evaluate(expression) != expected:
+        assert time.monotonic() < deadline, f"{expression} never became {expected!r}"
+        page.wait_for_timeout(50)
+
+
+def _not_blank(png: bytes) -> bool:
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(png)).convert("RGB").resize((200, 200))
+    return len(set(image.get_flattened_data())) > 20
+
+
+def test_report_page_works_offline_and_draws_every_node(chromium, report_page):
+    path, model = report_page
+    record = PageRecord()
+    page = open_page(chromium, path, record)
+    assert record.console_errors == [] and record.requests == []
+    deepest = max(m["depth"] for m in model["modules"])
+    page.evaluate(f"window.fxgraph.setDepth({deepest})")
+    visible = sum(1 for n in model["nodes"] if not n.get("h"))
+    assert page.locator("#fxg-graph g.node").count() == visible
+    assert page.locator("#fxg-graph g.node.st-removed").count() == model["counts"]["removed"]
+    assert _not_blank(page.locator("#fxg-graph").screenshot())
+    assert record.console_errors == [] and record.requests == []
+
+
+def test_expanding_a_module_shows_its_children(chromium, report_page):
+    path, model = report_page
+    page = open_page(chromium, path, PageRecord())
+    page.evaluate("window.fxgraph.setDepth(0)")
+    layer1 = next(i for i, m in enumerate(model["modules"]) if m["path"] == "layer1")
+    children = [i for i, m in enumerate(model["modules"]) if m["parent"] == layer1]
+    assert page.locator(f'g.node[data-k="m{layer1}"]').count() == 1
+    assert all(page.locator(f'[data-k="m{c}"]').count() == 0 for c in children)
+    page.locator("#graph").scroll_into_view_if_needed()
+    page.locator(f'g.node[data-k="m{layer1}"] .toggle').dispatch_event("click")
+    _wait_until(page, "window.fxgraph.isOpen('layer1')", True)
+    page.wait_for_selector(f'g.node[data-k="m{children[0]}"]')
+    assert all(page.locator(f'g.node[data-k="m{c}"]').count() == 1 for c in children)
+    assert page.locator(f'g.mod[data-k="m{layer1}"]').count() == 1  # now drawn as an open box
+
+
+def test_clicking_a_lint_finding_selects_its_node(chromium, report_page):
+    path, model = report_page
+    page = open_page(chromium, path, PageRecord())
+    page.evaluate("window.fxgraph.setDepth(0)")
+    finding = next(f for f in model["findings"] if f["node"] == "layer3_1_relu")
+    node_index = next(i for i, n in enumerate(model["nodes"]) if n["n"] == finding["node"])
+    page.locator(f'tr.fxr-finding[data-node="{finding["node"]}"]').first.click()
+    _wait_until(page, "window.fxgraph.selected()", f"n{node_index}")
+    assert page.locator(f'g.node.sel[data-k="n{node_index}"]').count() == 1
+    assert page.locator(".fxg-side h3").inner_text() == finding["node"]
+    assert finding["code"] in page.locator(".fxg-side").inner_text()
+
+
+def test_search_and_source_line_in_details(chromium, report_page):
+    path, _ = report_page
+    page = open_page(chromium, path, PageRecord())
+    page.fill(".fxg-search", "layer4_1_conv2")
+    page.wait_for_selector(".fxg-results [data-go='layer4_1_conv2']")
+    page.keyboard.press("Enter")
+    _wait_until(page, "(document.querySelector('.fxg-side h3') || {}).textContent", "layer4_1_conv2")
+    side = page.locator(".fxg-side").inner_text()
+    assert "BasicBlock.forward" in side and "changed by pass fold_bn" in side
+
+
+def test_broken_pass_page_opens_on_the_diverging_node(chromium, resnet_captures, broken_pass, tmp_path):
+    result = fxforge.optimize(resnet_captures["torch"], [broken_pass], verify=True)
+    view = fxforge.diff_html(resnet_captures["torch"], result, tmp_path / "diff.html")
+    record = PageRecord()
+    page = open_page(chromium, tmp_path / "diff.html", record)
+    node = view.model["divergence"]["node"]
+    index = next(i for i, n in enumerate(view.model["nodes"]) if n["n"] == node)
+    _wait_until(page, "window.fxgraph.selected()", f"n{index}")
+    assert page.locator(f'g.node.div[data-k="n{index}"]').count() == 1
+    assert "First divergence" in page.locator(".fxg-side").inner_text()
+    assert record.console_errors == [] and record.requests == []

@@ -1,0 +1,115 @@
+"""The graph model: node counts, module nesting, diff classification (fold_bn on resnet18 in both dialects),
+the first diverging node of a broken pass, profiles, and pages that need no network."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import fxforge
+from fxforge.visual import diff_model, graph_model
+from fxforge.visual.graph import default_depth, visible_count
+from fxforge.visual.page import graph_document
+
+
+@pytest.mark.parametrize("dialect", ["torch", "aten"])
+def test_every_node_and_edge_of_the_graph_is_in_the_model(resnet_captures, dialect):
+    captured = resnet_captures[dialect]
+    model = graph_model(captured)
+    names = [n.name for n in captured.graph_module.graph.nodes]
+    assert [n["n"] for n in model["nodes"]] == names
+    edges = sum(len(n.all_input_nodes) for n in captured.graph_module.graph.nodes)
+    assert len(model["edges"]) == edges
+    convs = [n for n in model["nodes"] if n["c"] == "conv"]
+    assert len(convs) == 20 and all(n.get("f", 0) > 0 and n.get("sh") for n in convs)
+    assert sum(n.get("f", 0) for n in model["nodes"]) == fxforge.inspect_graph(captured).totals["flops"]
+
+
+@pytest.mark.parametrize("dialect", ["torch", "aten"])
+def test_modules_nest_as_the_model_does(resnet_captures, dialect):
+    model = graph_model(resnet_captures[dialect])
+    paths = {m["path"]: m for m in model["modules"]}
+    block = paths["layer2.0"]
+    assert block["type"] == "BasicBlock" and model["modules"][block["parent"]]["path"] == "layer2"
+    assert block["depth"] == 2 and paths["layer2"]["parent"] == -1
+    index = model["modules"].index(paths["layer2.0.downsample"])
+    members = [n for n in model["nodes"] if n["m"] == index and not n.get("h")]
+    assert {n["c"] for n in members} >= {"conv", "norm"}
+    # a parent counts its children's nodes and parameters
+    assert paths["layer2"]["nodes"] == sum(paths[f"layer2.{i}"]["nodes"] for i in (0, 1))
+    assert paths["layer2"]["p"] == sum(p.numel() for p in resnet_captures["torch"].original.layer2.parameters())
+
+
+def test_a_large_model_opens_collapsed_and_a_small_one_open(resnet_captures):
+    model = graph_model(resnet_captures["aten"])
+    depth = default_depth(model, budget=40)
+    assert visible_count(model, depth) <= 40 < visible_count(model, depth + 1)
+    assert default_depth(model, budget=10_000) == max(m["depth"] for m in model["modules"])
+
+
+def test_source_lines_point_at_the_users_code(resnet_captures):
+    aten = graph_model(resnet_captures["aten"])
+    conv = next(n for n in aten["nodes"] if n["c"] == "conv")
+    assert conv["src"]["exact"] and conv["src"]["file"].endswith("torchvision/models/resnet.py") and conv["src"]["code"]
+    torch_model = graph_model(resnet_captures["torch"])
+    add = next(n for n in torch_model["nodes"] if n["n"] == "add")
+    assert add["src"]["fn"] == "BasicBlock.forward" and not add["src"]["exact"]
+
+
+@pytest.mark.parametrize("dialect", ["torch", "aten"])
+def test_fold_bn_diff_names_every_change_and_its_pass(resnet_captures, dialect):
+    captured = resnet_captures[dialect]
+    result = fxforge.optimize(captured, ["fold_bn"])
+    model = diff_model(captured, result.pipeline.graph_module, passes=["fold_bn"])
+    removed = [n for n in model["nodes"] if n.get("st") == "removed"]
+    changed = [n for n in model["nodes"] if n.get("st") == "changed"]
+    assert model["counts"]["removed"] == len(removed) > 0
+    assert all(n["c"] == "norm" or n["op"] in ("get_attr", "call_function") for n in removed)
+    assert len([n for n in removed if n["c"] == "norm"]) == 20
+    assert all(n.get("ps") == "fold_bn" for n in removed + changed)
+    assert len([n for n in changed if n["c"] == "conv"]) == 20
+    # the relu after a folded batch norm reads the same value as before: unchanged
+    unchanged = {n["n"] for n in model["nodes"] if n.get("st") == "unchanged"}
+    assert any("relu" in name for name in unchanged)
+    rewritten = {n.name for n in result.pipeline.graph_module.graph.nodes}
+    assert {n["n"] for n in model["nodes"] if n.get("st") != "removed"} == rewritten
+
+
+def test_a_broken_pass_highlights_the_first_diverging_node(resnet_captures, broken_pass):
+    captured = resnet_captures["torch"]
+    result = fxforge.optimize(captured, ["fold_bn", broken_pass], verify=True)
+    assert not result.pipeline.ok
+    view = fxforge.diff_html(captured, result)
+    divergence = view.model["divergence"]
+    assert (
+        divergence["pass_name"] == broken_pass and divergence["reference_node"] == "layer2_0_bn1"
+    )  # fold_bn ran first: the conv computes bn1
+    marked = [n for n in view.model["nodes"] if n.get("div")]
+    assert [n["n"] for n in marked] == [divergence["node"]] and marked[0]["st"] == "inserted"
+
+
+def test_profile_times_colour_their_nodes(resnet_captures):
+    captured = resnet_captures["torch"]
+    profile = {
+        "total_ms": 10.0,
+        "nodes": [{"name": "conv1", "time_ms": 4.0, "share": 0.4}, {"name": "nosuch", "time_ms": 1.0, "share": 0.1}],
+        "modules": [{"path": "layer1", "time_ms": 2.0, "share": 0.2}],
+    }
+    model = graph_model(captured, profile=profile, run_lint=False)
+    conv = next(n for n in model["nodes"] if n["n"] == "conv1")
+    assert conv["ms"] == 4.0 and conv["share"] == 0.4
+    assert model["profile"] == {"total_ms": 10.0, "matched": 1, "nodes": 2}
+    assert next(m for m in model["modules"] if m["path"] == "layer1")["share"] == 0.2
+    with pytest.raises(ValueError, match="profile"):
+        graph_model(captured, profile={"total_ms": 1}, run_lint=False)
+
+
+def test_pages_are_self_contained(resnet_captures, tmp_path):
+    model = graph_model(resnet_captures["torch"])
+    page = graph_document(model, "resnet18")
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)
+    assert "default-src 'none'" in page and "<script src" not in page and "<link" not in page
+    assert page.count("</script>") == 4  # the model and three inlined scripts, none cut short by the data
+    view = fxforge.graph_html(resnet_captures["torch"], tmp_path / "g.html")
+    assert (tmp_path / "g.html").read_text() == view.html

@@ -1,0 +1,89 @@
+"""Notebook views (``_repr_html_`` and a short ``__repr__`` on every result), the CLI's exit codes for bad
+input, and the example notebook run end to end by nbclient."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import fxforge
+from fxforge.cli.app import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_result_has_a_notebook_view(resnet_captures, tmp_path):
+    captured = resnet_captures["torch"]
+    result = fxforge.optimize(captured, ["fold_bn"], verify=True)
+    objects = {
+        "Captured": captured,
+        "InspectReport": fxforge.inspect_graph(captured),
+        "LintReport": fxforge.lint(captured),
+        "OptimizeResult": result,
+        "VerifyResult": result.pipeline.verification,
+        "ExportResult": fxforge.export_model(captured, to="pt2", path=tmp_path / "m.pt2"),
+        "BenchReport": fxforge.bench(captured, ["eager"], repeats=2, warmup=1),
+        "QuantizeResult": fxforge.quantize(captured, "dynamic"),
+    }
+    for name, value in objects.items():
+        short = repr(value)
+        assert short.startswith(f"<{name}") and len(short) < 300, short
+        page = value._repr_html_()
+        assert "<table" in page or "<svg" in page, name
+    assert "fold_bn" in objects["OptimizeResult"]._repr_html_() and "<iframe" in objects["OptimizeResult"]._repr_html_()
+    assert "eager" in objects["BenchReport"]._repr_html_()
+    view = fxforge.show(captured)
+    assert "<iframe" in view._repr_html_() and repr(view).startswith("<fxforge page")
+
+
+def _run(args, capsys):
+    code = main(args)
+    captured = capsys.readouterr()
+    return code, captured.err.strip().splitlines()
+
+
+def test_graph_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    cases = [
+        ["graph", "nosuch:model", "-o", str(tmp_path / "g.html")],
+        ["graph", "demo", "-o", str(blocker / "g.html")],
+        ["graph", "demo", "--diff", str(tmp_path), "-o", str(tmp_path / "g.html")],
+        ["graph", "demo", "--diff", str(tmp_path / "missing"), "-o", str(tmp_path / "g.html")],
+        ["graph", "demo", "-o", str(tmp_path / "g.png")],
+        ["report", "demo", "-p", "nosuch_pass", "-o", str(tmp_path / "r.html")],
+    ]
+    for args in cases:
+        code, err = _run(args, capsys)
+        assert code == 2, (args, err)
+        assert err[0].startswith("error:") and len([line for line in err if line.startswith("error:")]) == 1
+
+
+def test_graph_cli_writes_html_svg_and_diff(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["optimize", "demo", "-p", "fold_bn", "-o", str(out)]) == 0
+    assert (out / "report.html").exists()
+    assert main(["graph", "demo", "--diff", str(out), "-o", str(tmp_path / "d.html")]) == 2  # model.pt is a pickle
+    assert "--trust-pickle" in capsys.readouterr().err
+    assert main(["graph", "demo", "--diff", str(out), "--trust-pickle", "-o", str(tmp_path / "d.html")]) == 0
+    assert "removed" in capsys.readouterr().out
+    pytest.importorskip("py_mini_racer")
+    assert main(["graph", "demo", "-o", str(tmp_path / "g.svg")]) == 0
+    svg = (tmp_path / "g.svg").read_text()
+    assert svg.startswith("<svg") and svg.count('class="node') >= 10
+    assert main(["graph", "demo", "-o", str(tmp_path / "g.svg")]) == 2  # exists: --force to replace
+
+
+def test_example_notebook_runs(tmp_path):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    notebook = nbformat.read(ROOT / "examples" / "tour.ipynb", as_version=4)
+    client = nbclient.NotebookClient(
+        notebook, timeout=240, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    )
+    client.execute()
+    errors = [o for cell in notebook.cells for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+    assert errors == []
+    html = [o for cell in notebook.cells for o in cell.get("outputs", []) if "text/html" in o.get("data", {})]
+    assert len(html) >= 6  # the tables and graphs the tour's cells end with
