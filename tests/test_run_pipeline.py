@@ -48,27 +48,43 @@ def _no_workers_left(directory: Path) -> bool:
     return not _workers(directory)
 
 
+class _Splits:
+    """Split directories made on first use and kept for the module: resnet18 (torch dialect) and a tiny GPT-2
+    (ATen) in 2 and 4 stages. Lazily, so that each pytest-xdist worker splits only what its tests run."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.made: dict[str, Path] = {}
+        self.captured: dict[str, object] = {}
+
+    def _capture(self, model: str):
+        if model not in self.captured:
+            if model == "resnet18":
+                torchvision = pytest.importorskip("torchvision")
+                torch.manual_seed(0)
+                self.captured[model] = prepare(torchvision.models.resnet18().eval(), ["1x3x224x224"])
+            else:
+                transformers = pytest.importorskip("transformers")
+                config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=100, n_positions=64)
+                config._attn_implementation = "eager"
+                config.use_cache = False
+                torch.manual_seed(0)
+                self.captured[model] = prepare(transformers.GPT2Model(config).eval(), ["2x16:int64"])
+        return self.captured[model]
+
+    def __getitem__(self, name: str) -> Path:
+        if name not in self.made:
+            model, stages = name.rsplit("-", 1)
+            directory = self.root / name
+            # the split's own verification is tested in test_split.py; here the pipeline's output is verified
+            split(self._capture(model), int(stages), "flops", output_dir=directory, verify_stages=False)
+            self.made[name] = directory
+        return self.made[name]
+
+
 @pytest.fixture(scope="module")
 def splits(tmp_path_factory):
-    """Split directories, made once: resnet18 (torch dialect) and a tiny GPT-2 (ATen) in 2 and 4 stages."""
-    torchvision = pytest.importorskip("torchvision")
-    transformers = pytest.importorskip("transformers")
-    root = tmp_path_factory.mktemp("splits")
-    torch.manual_seed(0)
-    resnet = prepare(torchvision.models.resnet18().eval(), ["1x3x224x224"])
-    config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=100, n_positions=64)
-    config._attn_implementation = "eager"
-    config.use_cache = False
-    torch.manual_seed(0)
-    gpt2 = prepare(transformers.GPT2Model(config).eval(), ["2x16:int64"])
-    directories = {}
-    for name, captured in (("resnet18", resnet), ("gpt2", gpt2)):
-        for stages in (2, 4):
-            directory = root / f"{name}-{stages}"
-            # the split's own verification is tested in test_split.py; here the pipeline's output is verified
-            split(captured, stages, "flops", output_dir=directory, verify_stages=False)
-            directories[f"{name}-{stages}"] = directory
-    return directories
+    return _Splits(tmp_path_factory.mktemp("splits"))
 
 
 @pytest.mark.parametrize("name", ["resnet18-4", "gpt2-2", "gpt2-4"])

@@ -233,6 +233,7 @@ class _Status:
     """What this rank is doing, in a small file the parent reads when the run times out."""
 
     def __init__(self, directory: Path | None, rank: int) -> None:
+        self.rank = rank
         self.path = directory / f"status_{rank}" if directory else None
 
     def __call__(self, text: str) -> None:
@@ -308,83 +309,116 @@ def _example(infos: Sequence[Any], device: torch.device) -> tuple[torch.Tensor, 
     return tuple(torch.empty(info.shape, dtype=_dtype(info.dtype), device=device) for info in infos)
 
 
-def _worker(args: argparse.Namespace) -> int:
+@dataclass
+class _Rank:
+    """What one rank works with: its place in the pipeline, its stage, and where it reports."""
+
+    rank: int
+    world: int
+    directory: Path
+    plan: SplitPlan
+    device: torch.device
+    backend: str
+    module: _Monitored
+    specs: list[InputSpec]
+    inputs: tuple[torch.Tensor, ...]  # the whole batch on rank 0, nothing elsewhere
+
+
+def _load_rank(args: argparse.Namespace, status: _Status) -> _Rank:
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", str(rank)))
+    torch.set_num_threads(args.threads)
+    directory = Path(args.directory)
+    status("loading")
+    plan = load_plan(directory)
+    if world != len(plan.stages):
+        raise FxforgeError(
+            f"{directory} holds {len(plan.stages)} stages, but {world} processes were started",
+            hint=f"start one process per stage: torchrun --nproc-per-node {len(plan.stages)} (in all)",
+        )
+    backend, device = _backend_and_device(args.device, local_rank)
+    module = load_stage(directory, rank, trust_pickle=args.trust_pickle or None, device=device)
+    monitored = _Monitored(module, rank, status, _fault_for(rank))
+    specs = run_inputs(plan, args.microbatches, args.input)
+    inputs = tuple(t.to(device) for t in make_inputs(specs, seed=args.seed)) if rank == 0 else ()
+    return _Rank(rank, world, directory, plan, device, backend, monitored, specs, inputs)
+
+
+def _run_schedules(args: argparse.Namespace, me: _Rank, status: _Status) -> tuple[dict[str, list[float]], Any]:
+    """Each schedule over the whole batch, ``warmup`` + ``repeats`` times; a run is timed between two barriers."""
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    classes = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+    status("connecting")
+    dist.init_process_group(me.backend, timeout=datetime.timedelta(seconds=args.timeout))
+    stage_plan = me.plan.stages[me.rank]
+    times: dict[str, list[float]] = {}
+    output: Any = None
+    for name in args.schedule:
+        me.module.label = name
+        # shapes given up front (static mode): the stages exchange no pickled metadata
+        stage = PipelineStage(
+            me.module,
+            me.rank,
+            me.world,
+            me.device,
+            input_args=_example(stage_plan.inputs, me.device),
+            output_args=_example(stage_plan.outputs, me.device),
+        )
+        schedule = classes[name](stage, args.microbatches)
+        times[name] = []
+        for run in range(args.warmup + args.repeats):
+            dist.barrier()
+            start = time.perf_counter()
+            with torch.no_grad():
+                output = schedule.eval(*me.inputs) if me.rank == 0 else schedule.eval()
+            dist.barrier()
+            if run >= args.warmup:
+                times[name].append(time.perf_counter() - start)
+    dist.destroy_process_group()
+    return times, output
+
+
+def _worker(args: argparse.Namespace) -> int:
     result_dir = Path(args.result_dir) if args.result_dir else None
-    status = _Status(result_dir, rank)
+    status = _Status(result_dir, int(os.environ.get("RANK", "0")))
     monitored: _Monitored | None = None
     _watch_parent()
     try:
-        torch.set_num_threads(args.threads)
-        directory = Path(args.directory)
-        status("loading")
-        plan = load_plan(directory)
-        if world != len(plan.stages):
-            raise FxforgeError(
-                f"{directory} holds {len(plan.stages)} stages, but {world} processes were started",
-                hint=f"start one process per stage: torchrun --nproc-per-node {len(plan.stages)} (in all)",
-            )
-        backend, device = _backend_and_device(args.device, local_rank)
-        stage_plan = plan.stages[rank]
-        module = load_stage(directory, rank, trust_pickle=args.trust_pickle or None, device=device)
-        monitored = _Monitored(module, rank, status, _fault_for(rank))
-        specs = run_inputs(plan, args.microbatches, args.input)
-        inputs = tuple(t.to(device) for t in make_inputs(specs, seed=args.seed)) if rank == 0 else ()
-        status("connecting")
-        import torch.distributed as dist
-        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-
-        classes = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.timeout))
-        times: dict[str, list[float]] = {}
-        output: Any = None
-        for name in args.schedule:
-            monitored.label = name
-            stage = PipelineStage(
-                monitored,
-                rank,
-                world,
-                device,
-                input_args=_example(stage_plan.inputs, device),
-                output_args=_example(stage_plan.outputs, device),
-            )
-            schedule = classes[name](stage, args.microbatches)
-            times[name] = []
-            for run in range(args.warmup + args.repeats):
-                dist.barrier()
-                start = time.perf_counter()
-                with torch.no_grad():
-                    output = schedule.eval(*inputs) if rank == 0 else schedule.eval()
-                dist.barrier()
-                if run >= args.warmup:
-                    times[name].append(time.perf_counter() - start)
+        me = _load_rank(args, status)
+        monitored = me.module
+        times, output = _run_schedules(args, me, status)
         status("done")
-        if result_dir is not None:
-            (result_dir / f"times_{rank}.json").write_text(json.dumps(times))
-        if rank == world - 1:
-            outputs = [t.cpu() for t in _tensor_leaves(output)]
-            if result_dir is not None:
-                torch.save(outputs, result_dir / _OUTPUTS_FILE)
-        dist.destroy_process_group()
-        if rank == world - 1 and result_dir is None:
-            return _report(directory, specs, args, outputs, times)
+        last = me.rank == me.world - 1
+        outputs = [t.cpu() for t in _tensor_leaves(output)] if last else []
+        if result_dir is None:  # under torchrun: the last rank reports
+            return _report(me.directory, me.specs, args, outputs, times) if last else 0
+        (result_dir / f"times_{me.rank}.json").write_text(json.dumps(times))
+        if last:
+            torch.save(outputs, result_dir / _OUTPUTS_FILE)
         return 0
     except BaseException as exc:
         if isinstance(exc, SystemExit) and exc.code in (0, None):
             raise
-        in_stage = monitored is not None and monitored.computing
-        kind = "stage" if in_stage or monitored is None or not _is_communication(exc) else "communication"
-        if monitored is not None and monitored.error is not None:
-            exc = monitored.error  # not the schedule's "[Stage K] failed to run forward" around it
-        message = one_line_reason(exc) if not isinstance(exc, KeyboardInterrupt) else "interrupted"
-        status("failed")
-        if result_dir is not None:
-            with contextlib.suppress(OSError):
-                (result_dir / f"error_{rank}.json").write_text(json.dumps({"kind": kind, "message": message}))
-        print(f"fxforge stage {rank}: {message}", file=sys.stderr)
-        return 130 if isinstance(exc, KeyboardInterrupt) else 1
+        return _failed(exc, monitored, status, result_dir)
+
+
+def _failed(exc: BaseException, monitored: _Monitored | None, status: _Status, result_dir: Path | None) -> int:
+    """Record this rank's failure for the launcher: its first line, and whether it is the stage's own error (in
+    loading or in its forward) or only the echo of a peer's (a closed connection, a timeout waiting)."""
+    in_stage = monitored is not None and monitored.computing
+    kind = "stage" if in_stage or monitored is None or not _is_communication(exc) else "communication"
+    if monitored is not None and monitored.error is not None:
+        exc = monitored.error  # not the schedule's "[Stage K] failed to run forward" around it
+    message = one_line_reason(exc) if not isinstance(exc, KeyboardInterrupt) else "interrupted"
+    status("failed")
+    if result_dir is not None:
+        with contextlib.suppress(OSError):
+            (result_dir / f"error_{status.rank}.json").write_text(json.dumps({"kind": kind, "message": message}))
+    print(f"fxforge stage {status.rank}: {message}", file=sys.stderr)
+    return 130 if isinstance(exc, KeyboardInterrupt) else 1
 
 
 def _is_communication(exc: BaseException) -> bool:
@@ -458,14 +492,16 @@ def _free_port() -> int:
 
 
 @dataclass
-class _Rank:
+class _Process:
+    """A rank the launcher started."""
+
     rank: int
     process: subprocess.Popen
     stderr: Path
     failed_at: float | None = None
 
 
-def _kill(ranks: Sequence[_Rank]) -> None:
+def _kill(ranks: Sequence[_Process]) -> None:
     """SIGKILL every rank's process group (each rank runs in its own session), then reap them."""
     for entry in ranks:
         if entry.process.poll() is None:
@@ -476,7 +512,7 @@ def _kill(ranks: Sequence[_Rank]) -> None:
             entry.process.wait(timeout=10)
 
 
-def _failure(entry: _Rank, work: Path) -> tuple[int, str]:
+def _failure(entry: _Process, work: Path) -> tuple[int, str]:
     """(priority, first line) of a failed rank: 0 for its own error or death, 1 for losing a peer."""
     error = work / f"error_{entry.rank}.json"
     if error.exists():
@@ -502,7 +538,7 @@ def _launch(directory: Path, world: int, worker_args: list[str], timeout: float,
     """Start one rank per stage and wait for all of them; raise :class:`PipelineError` for the first that fails
     (or hangs). Every rank is killed before this returns or raises, whatever happens (Ctrl-C included)."""
     port = _free_port()
-    ranks: list[_Rank] = []
+    ranks: list[_Process] = []
     started = time.monotonic()
     try:
         for rank in range(world):
@@ -528,13 +564,13 @@ def _launch(directory: Path, world: int, worker_args: list[str], timeout: float,
                     stderr=err,
                     start_new_session=True,  # its own process group: killed as one, and not by the terminal's Ctrl-C
                 )
-            ranks.append(_Rank(rank, process, stderr))
+            ranks.append(_Process(rank, process, stderr))
         _wait(ranks, work, started, timeout)
     finally:
         _kill(ranks)
 
 
-def _wait(ranks: list[_Rank], work: Path, started: float, timeout: float) -> None:
+def _wait(ranks: list[_Process], work: Path, started: float, timeout: float) -> None:
     grace_until: float | None = None
     while True:
         now = time.monotonic()
@@ -565,12 +601,12 @@ def _wait(ranks: list[_Rank], work: Path, started: float, timeout: float) -> Non
         time.sleep(0.05)
 
 
-def _stopped(ranks: list[_Rank], culprit: int) -> str:
+def _stopped(ranks: list[_Process], culprit: int) -> str:
     others = [str(e.rank) for e in ranks if e.rank != culprit]
     return f"stopped every other stage ({', '.join(others)})" if others else "stopped it"
 
 
-def _computing(ranks: list[_Rank], work: Path) -> tuple[int, str] | None:
+def _computing(ranks: list[_Process], work: Path) -> tuple[int, str] | None:
     """A still-running rank that is inside its own forward, and what it computes."""
     for entry in ranks:
         status = _read(work / f"status_{entry.rank}")
@@ -579,7 +615,7 @@ def _computing(ranks: list[_Rank], work: Path) -> tuple[int, str] | None:
     return None
 
 
-def _hung(ranks: list[_Rank], work: Path) -> tuple[int, str]:
+def _hung(ranks: list[_Process], work: Path) -> tuple[int, str]:
     """The stage to blame for a timeout: one busy in its own forward, else one still loading or connecting, else
     the first that has not finished (the later ones wait for it)."""
     statuses = {e.rank: _read(work / f"status_{e.rank}") or "starting" for e in ranks}

@@ -378,15 +378,7 @@ def plan_split(
     return _plan(captured, stages, balance, profile, slack, model_name)[0]
 
 
-def _plan(
-    captured: Captured,
-    stages: int,
-    balance: str,
-    profile: Mapping[str, float] | str | Path | None,
-    slack: float,
-    model_name: str,
-) -> tuple[SplitPlan, _Graph]:
-    started = time.perf_counter()
+def _check_request(stages: int, balance: str, profile: Any, slack: float) -> None:
     if balance not in BALANCES:
         raise FxforgeError(f"unknown balance {balance!r}", hint=f"one of {', '.join(BALANCES)}")
     if balance == "time" and profile is None:
@@ -398,10 +390,21 @@ def _plan(
         raise FxforgeError(f"--stages must be at least 1, got {stages}")
     if not (math.isfinite(slack) and slack >= 0):
         raise FxforgeError(f"--slack must be a number >= 0, got {slack}")
+
+
+def _plan(
+    captured: Captured,
+    stages: int,
+    balance: str,
+    profile: Mapping[str, float] | str | Path | None,
+    slack: float,
+    model_name: str,
+) -> tuple[SplitPlan, _Graph]:
+    started = time.perf_counter()
+    _check_request(stages, balance, profile, slack)
     times = load_profile(profile) if isinstance(profile, (str, Path)) else dict(profile) if profile else None
     report = inspect_graph(captured, include_code=False)
-    infos = {info.name: info for info in report.nodes}
-    graph = _analyse(captured, infos)
+    graph = _analyse(captured, {info.name: info for info in report.nodes})
     notes: list[str] = []
     if times is not None:
         _match_profile(graph, times, notes)
@@ -424,32 +427,34 @@ def _plan(
         crossing[j] * stages + (0 if 0 < j < n and _split_point(calls, spans, j) else 1) for j in range(n + 1)
     ]
     result = partition(costs, stages, crossing=preference, allowed=allowed, slack=slack)
-    prefix = prefix_sums(costs)
-    total = prefix[-1]
-    stage_plans = []
-    cut_plans = []
-    bounds = result.stage_bounds(n)
+
     crossing_tensors = [_crossing_at(graph, cut) for cut in result.cuts]
-    for index, (start, end) in enumerate(bounds):
-        first = [_placeholder_info(graph, p) for p in graph.tensor_inputs]
-        inputs = first if index == 0 else crossing_tensors[index - 1]
-        outputs = crossing_tensors[index] if index < len(bounds) - 1 else _output_infos(graph)
-        stage_plans.append(_stage_plan(graph, index, start, end, costs, times, inputs, outputs))
-    for index, cut in enumerate(result.cuts):
-        tensors = crossing_tensors[index]
-        before, after = graph.compute[cut - 1], graph.compute[cut]
-        spec = _split_point(calls, spans, cut)
-        cut_plans.append(
-            CutPlan(index, before.name, after.name, tensors, sum(t.bytes for t in tensors), spec, _pipe_split(after))
+    sends = [*crossing_tensors, _output_infos(graph)]  # what each stage sends on (the last: the model's outputs)
+    receives = [[_placeholder_info(graph, p) for p in graph.tensor_inputs], *crossing_tensors]
+    stage_plans = [
+        _stage_plan(graph, index, start, end, costs, times, receives[index], sends[index])
+        for index, (start, end) in enumerate(result.stage_bounds(n))
+    ]
+    cut_plans = [
+        CutPlan(
+            index,
+            graph.compute[cut - 1].name,
+            graph.compute[cut].name,
+            crossing_tensors[index],
+            sum(t.bytes for t in crossing_tensors[index]),
+            _split_point(calls, spans, cut),
+            _pipe_split(graph.compute[cut]),
         )
-    mean = total / stages
-    tensors = [*captured.graph_module.parameters(), *captured.graph_module.buffers(), *captured.flat_inputs()]
-    on_meta = any(isinstance(t, torch.Tensor) and t.device.type == "meta" for t in tensors)
+        for index, cut in enumerate(result.cuts)
+    ]
+    total = prefix_sums(costs)[-1]
     if total == 0:
         notes.append(f"every node costs 0 by {balance}: the cuts only minimise the bytes crossing them")
     unknown = report.totals.get("flops_unknown_ops") or []
     if balance == "flops" and unknown:
         notes.append("ops with no FLOP formula count as 0: " + ", ".join(unknown[:8]))
+    tensors = [*captured.graph_module.parameters(), *captured.graph_module.buffers(), *captured.flat_inputs()]
+    mean = total / stages
     plan = SplitPlan(
         model=model_name,
         dialect=captured.dialect,
@@ -463,7 +468,7 @@ def _plan(
         bottleneck=result.bottleneck,
         imbalance=(result.bottleneck / mean) if mean else 1.0,
         crossing_bytes=sum(c.bytes for c in cut_plans),
-        on_meta=on_meta,
+        on_meta=any(isinstance(t, torch.Tensor) and t.device.type == "meta" for t in tensors),
         plan_s=time.perf_counter() - started,
         notes=notes,
     )
