@@ -177,6 +177,24 @@ def test_plan_never_cuts_where_a_tuple_crosses():
         assert [cut.bytes for cut in plan.cuts] == [options.bytes[j] for j in cuts]
 
 
+class ThreeLayers(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 16)
+
+    def forward(self, x):
+        return self.c(torch.relu(self.b(self.a(x))))
+
+
+def test_split_spec_is_none_when_two_cuts_fall_on_one_module():
+    captured = capture(ThreeLayers().eval(), (torch.randn(2, 16),))
+    three = plan_split(captured, 3, "flops")
+    # b gets a stage of its own: it begins one cut and ends the other, which one split_spec cannot say
+    assert [cut.split_spec for cut in three.cuts] == [{"b": "BEGINNING"}, {"b": "END"}]
+    assert three.split_spec is None
+    assert plan_split(captured, 2, "flops").split_spec is not None
+
+
 # --------------------------------------------------------------------------------------------------
 # real models
 

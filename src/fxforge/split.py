@@ -140,10 +140,13 @@ class SplitPlan:
     @property
     def split_spec(self) -> dict[str, str] | None:
         """Every cut as one ``split_spec`` for ``torch.distributed.pipelining.pipeline``, or None when some cut
-        falls inside a module call (then ``pipe_split()`` calls in the model's code express the split)."""
+        falls inside a module call, or two cuts fall on the same module (then ``pipe_split()`` calls in the model's
+        code express the split)."""
         if any(cut.split_spec is None for cut in self.cuts):
             return None
-        return {name: point for cut in self.cuts for name, point in (cut.split_spec or {}).items()}
+        spec = {name: point for cut in self.cuts for name, point in (cut.split_spec or {}).items()}
+        # one entry per module: a module both begun and ended by cuts (a stage of its own) cannot be expressed
+        return spec if len(spec) == len(self.cuts) else None
 
     def to_dict(self) -> dict[str, Any]:
         data = {"format": PLAN_FORMAT, "version": PLAN_VERSION, **asdict(self), "split_spec": self.split_spec}

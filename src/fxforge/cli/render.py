@@ -636,14 +636,16 @@ def render_split(console: Console, spec: str, capture: dict[str, Any], result: A
         f"the cuts; {plan.nodes} nodes planned in {plan.plan_s:.2f} s"
     )
     if plan.cuts:
+        inside = [cut for cut in plan.cuts if cut.split_spec is None]
         if plan.split_spec is not None:
             entries = ", ".join(f'"{k}": SplitPoint.{v}' for k, v in plan.split_spec.items())
             console.print(f"torch.distributed.pipelining.pipeline(model, mb_args, split_spec={{{entries}}})")
-        else:
-            inside = [cut for cut in plan.cuts if cut.split_spec is None]
+        elif inside:
             console.print(
                 f"[dim]{len(inside)} cut(s) fall inside a module call: pipe_split() {inside[0].pipe_split}[/]"
             )
+        else:
+            console.print("[dim]two cuts fall on one module: no single split_spec; see each cut's pipe_split[/]")
     verification = result.verification
     if verification is not None:
         if verification.ok:
@@ -661,6 +663,10 @@ def render_split(console: Console, spec: str, capture: dict[str, Any], result: A
         console.print(f"wrote {result.directory}/: {', '.join(result.files)}")
 
 
+def _ratio(value: float) -> str:
+    return f"{value:.2f}x" if value >= 0.1 else f"{value:.2g}x"
+
+
 def render_pipeline_run(console: Console, run: Any) -> None:
     """run-pipeline: how it ran, throughput per schedule next to one process, and the output check."""
     console.print(
@@ -672,7 +678,7 @@ def render_pipeline_run(console: Console, run: Any) -> None:
     for column in ("run", "ms per batch", "samples/s", "vs best one-process"):
         table.add_column(column, justify="left" if column == "run" else "right")
     for timing in run.schedules:
-        speedup = f"{timing.speedup:.2f}x" if timing.speedup is not None else "-"
+        speedup = _ratio(timing.speedup) if timing.speedup is not None else "-"
         table.add_row(
             f"pipeline, {timing.schedule}", f"{timing.median_s * 1000:.1f}", f"{timing.samples_per_s:.1f}", speedup
         )
@@ -683,7 +689,7 @@ def render_pipeline_run(console: Console, run: Any) -> None:
             f"one process, unsplit ({base.threads} thread{'s' if base.threads != 1 else ''}{how})",
             f"{base.median_s * 1000:.1f}",
             f"{base.samples_per_s:.1f}",
-            f"{best / base.median_s:.2f}x" if best else "-",
+            _ratio(best / base.median_s) if best else "-",
         )
     console.print(table)
     check = run.check
