@@ -319,6 +319,13 @@ def test_small_transformer_in_the_aten_dialect(tmp_path):
         torch.testing.assert_close(chained(ids).last_hidden_state, captured.original(ids).last_hidden_state)
 
 
+def test_a_dynamic_batch_leaves_few_cuts_and_says_why():
+    captured = prepare(_tiny_gpt2(), ["2x16:int64"], check_batch=3)  # torch.export with a symbolic batch
+    plan = plan_split(captured, 2, "flops")
+    assert any("blocked by values that are not tensors" in note and "sym_size" in note for note in plan.notes)
+    assert all(t.dtype for cut in plan.cuts for t in cut.tensors)  # what does cross is tensors
+
+
 # --------------------------------------------------------------------------------------------------
 # a 70B Llama on meta
 

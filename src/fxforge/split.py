@@ -422,6 +422,7 @@ def _plan(
             f"too few for {stages} stages",
             hint=f"at most {possible + 1} stages",
         )
+    _note_blocked_cuts(graph, allowed, notes)
     costs = _node_costs(graph, balance, times)
     calls, spans = _call_spans(graph.compute)
     # Ties in crossing bytes go to cuts on a submodule call's boundary (expressible as a split_spec): bytes are
@@ -476,6 +477,21 @@ def _plan(
         notes=notes,
     )
     return plan, graph
+
+
+def _note_blocked_cuts(graph: _Graph, allowed: list[bool], notes: list[str]) -> None:
+    """Say which values forbid cuts when they forbid most: a symbolic batch size (``sym_size``, from a capture with
+    a dynamic batch) is alive from the first node to the last, and leaves almost no place to cut."""
+    n = len(graph.compute)
+    blocked = n - 1 - sum(allowed)
+    if n < 2 or blocked <= (n - 1) // 2:
+        return
+    longest = sorted((v for v in graph.values if v.info is None), key=lambda v: v.start - v.end)[:3]
+    names = ", ".join(v.node.name for v in longest)
+    notes.append(
+        f"{blocked} of {n - 1} places to cut are blocked by values that are not tensors ({names}...): a stage sends "
+        "tensors only. Symbolic sizes come from a dynamic batch: capture without --check-batch for static shapes"
+    )
 
 
 def _spec_text(tensor: torch.Tensor) -> str:

@@ -649,8 +649,9 @@ def render_split(console: Console, spec: str, capture: dict[str, Any], result: A
     verification = result.verification
     if verification is not None:
         if verification.ok:
+            stages = f"{len(plan.stages)} stage{'s' if len(plan.stages) != 1 else ''}"
             console.print(
-                f"  [green]verified[/]: the {len(plan.stages)} stages chained in one process match the model on "
+                f"  [green]verified[/]: the {stages} chained in one process match the model on "
                 f"{verification.describe_inputs()} (max abs err {verification.max_abs_err:.3g})"
             )
             render_verify_doubts(console, verification)
