@@ -451,3 +451,16 @@ def test_torchscript_module_is_refused_with_a_plain_reason():
     with pytest.raises(CaptureError, match="cannot capture a TorchScript module") as caught:
         capture(scripted, (torch.randn(1, 4),))
     assert "verify" in caught.value.hint
+
+
+def test_user_files_are_told_apart_from_torch_by_folder_not_prefix():
+    import json
+
+    import torchvision
+
+    from fxforge.errors import is_user_file
+
+    # torchvision's folder starts with torch's name: it is the model's library, not torch
+    assert is_user_file(torchvision.__file__) and not is_user_file(torch.__file__)
+    assert not is_user_file(json.__file__) and not is_user_file("<string>")
+    assert is_user_file(__file__)

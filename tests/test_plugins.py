@@ -8,7 +8,6 @@ import importlib.metadata
 import json
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,7 +15,7 @@ from torch import fx, nn
 
 import fxforge.plugins as plugins
 from fxforge.api import prepare
-from fxforge.bench import all_backends, get_backend
+from fxforge.bench import all_backends
 from fxforge.cli import main
 from fxforge.errors import EXIT_CAPTURE, EXIT_OK, EXIT_USAGE
 from fxforge.lint import all_rules, lint
@@ -115,7 +114,7 @@ def test_example_pass_folds_scales_and_verifies(scaled_heads):
     assert step.result.changed and step.result.replaced == 2  # q and k; v has an unscaled user too
     assert step.verification is not None and step.verification.ok
     gm = result.pipeline.graph_module
-    scalings = [n for n in gm.graph.nodes if n.op == "call_function" and "mul" in n.name or "truediv" in n.name]
+    scalings = [n for n in gm.graph.nodes if (n.op == "call_function" and "mul" in n.name) or "truediv" in n.name]
     assert len(scalings) == 1  # only v * 0.5 is left
     x = torch.randn(4, 16)
     torch.testing.assert_close(gm(x), scaled_heads(x), rtol=1e-5, atol=1e-6)  # float32: one rounding moved

@@ -112,14 +112,18 @@ def _package_dir(name: str) -> str | None:
 
 # Not the user's code: torch, fxforge itself and the standard library. A library the model comes from
 # (timm, transformers) counts as the user's: its line is the model's code.
-_NOT_USER_DIRS = tuple(
-    d for d in (_package_dir("torch"), os.path.dirname(__file__), sysconfig.get_paths()["stdlib"]) if d
-)
+# Each ends with a separator: ".../site-packages/torch" must not claim ".../site-packages/torchvision".
+_NOT_USER_PACKAGES = tuple(d.rstrip(os.sep) + os.sep for d in (_package_dir("torch"), os.path.dirname(__file__)) if d)
+_STDLIB = sysconfig.get_paths()["stdlib"].rstrip(os.sep) + os.sep
+# Installed packages may live below the standard library's folder (a system Python): they are not the stdlib.
+_SITE_PACKAGES = tuple({sysconfig.get_paths()[key].rstrip(os.sep) + os.sep for key in ("purelib", "platlib")})
 
 
 def is_user_file(filename: str) -> bool:
     """Whether ``filename`` holds the user's (model's) code rather than torch's, fxforge's or Python's."""
-    return not (filename.startswith(_NOT_USER_DIRS) or filename.startswith("<"))
+    if filename.startswith("<") or filename.startswith(_NOT_USER_PACKAGES):
+        return False
+    return not (filename.startswith(_STDLIB) and not filename.startswith(_SITE_PACKAGES))
 
 
 def format_location(filename: str, lineno: int) -> str:
