@@ -8,6 +8,7 @@ module on copies of the inputs. Imports only torch and the standard library.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import inspect as pyinspect
 import io
@@ -104,6 +105,9 @@ def _overlaps(tensor: torch.Tensor) -> bool:
     return torch._debug_has_internal_overlap(tensor) != 0
 
 
+_PLAIN_DICTS = (dict, collections.OrderedDict)
+
+
 @dataclass
 class _ModuleState:
     module: nn.Module
@@ -113,7 +117,9 @@ class _ModuleState:
 
 def _module_state(module: nn.Module) -> _ModuleState:
     attributes = dict(module.__dict__)
-    containers = {name: dict(value) for name, value in attributes.items() if isinstance(value, dict)}
+    # Plain dicts only (nn.Module's own, and its hook dicts): a dict subclass held as an attribute (a transformers
+    # ModelOutput kept as a reference output) may forbid clear/update, and it is not module state anyway.
+    containers = {name: dict(value) for name, value in attributes.items() if type(value) in _PLAIN_DICTS}
     return _ModuleState(module, attributes, containers)
 
 

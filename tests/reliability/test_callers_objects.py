@@ -84,3 +84,29 @@ def test_passes_never_write_the_callers_parameters():
         apply_pass(captured.graph_module, name)
     fxforge.optimize(captured, ["fold_bn", "fold_constants"], verify=True)
     assert _same_state(model, before)
+
+
+def test_state_restore_leaves_dict_valued_attributes_alone():
+    """A module holding a dict subclass that forbids update (transformers' ModelOutput: ONNX Runtime's runner keeps
+    one to restore the output structure) ran fine, but every verification of it failed after the run."""
+    from fxforge.runtime import run_isolated
+
+    class FrozenDict(dict):
+        def update(self, *args, **kwargs):
+            raise Exception("You cannot use update on this instance")
+
+        def clear(self):
+            raise Exception("You cannot use clear on this instance")
+
+    class HoldsOutput(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.output_like = FrozenDict(logits=torch.zeros(1))
+
+        def forward(self, x):
+            return x + 1
+
+    model = HoldsOutput()
+    held = model.output_like
+    assert torch.equal(run_isolated(model, (torch.zeros(2),), {}), torch.ones(2))
+    assert model.output_like is held
