@@ -195,6 +195,37 @@ def test_split_spec_is_none_when_two_cuts_fall_on_one_module():
     assert plan_split(captured, 2, "flops").split_spec is not None
 
 
+class ViewAcrossTheCut(nn.Module):
+    """A view crosses the cut, and its base is written after the cut."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        v = self.a(x)
+        w = v[:, :4]
+        y = self.b(v)
+        v.add_(1.0)  # the original's w sees this write; a stage that received w as a tensor of its own does not
+        return y[:, :4] + w
+
+
+def test_what_crosses_is_sent_contiguous_and_a_split_that_breaks_aliasing_is_refused(tmp_path):
+    torch.manual_seed(0)
+    captured = capture(ViewAcrossTheCut().eval(), (torch.randn(2, 8),))
+    # all the time before b: the only balanced cut sends v and its view w
+    profile = {"a": 1.0, "getitem": 10.0, "b": 11.0}
+    result = split(captured, 2, "time", profile=profile)
+    assert [t.name for t in result.plan.cuts[0].tensors] == ["a", "getitem"]
+    sent = result.stages[0](torch.randn(2, 8))
+    assert all(t.is_contiguous() for t in sent)  # gloo and NCCL send flat buffers
+    assert not result.ok and "max abs error 1" in result.verification.problems[0]
+    with pytest.raises(FxforgeError, match="do not match the model.*nothing was written") as info:
+        split(captured, 2, "time", profile=profile, output_dir=tmp_path / "out")
+    assert info.value.exit_code == 1 and not (tmp_path / "out").exists()
+    assert split(captured, 2, "flops").ok  # cut before the view: v alone crosses, and the stages are exact
+
+
 # --------------------------------------------------------------------------------------------------
 # real models
 

@@ -637,8 +637,15 @@ def _stage_graph_module(graph: _Graph, plan: SplitPlan, index: int) -> fx.GraphM
     end = graph.position[by_name[stage.last_node]] + 1
     for node in graph.compute[start:end]:
         env[node] = new.node_copy(node, value_of)
-    outputs = [by_name[t.name] for t in stage.outputs] if index < len(plan.stages) - 1 else graph.output_leaves
-    new.output(tuple(value_of(node) for node in outputs))
+    if index == len(plan.stages) - 1:
+        new.output(tuple(value_of(node) for node in graph.output_leaves))
+    else:
+        # What a stage sends must be contiguous (gloo and NCCL send flat buffers), and it arrives as a tensor of its
+        # own: a view and its base are two tensors in the next stage. contiguous() returns a contiguous tensor
+        # itself and copies a view, so the chained stages compute exactly what the processes will, and
+        # verification catches a model that relies on a view seeing its base's later writes.
+        sent = [new.call_method("contiguous", (value_of(by_name[t.name]),)) for t in stage.outputs]
+        new.output(tuple(sent))
     module = fx.GraphModule(graph.gm, new, class_name=f"Stage{index}")
     module.eval()
     return module

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from fxforge.cli.options import CaptureOptions, capture_options, emit_json, status, stdout, warn_failed_checks
+from fxforge.errors import EXIT_FINDINGS
 
 
 @click.command(
@@ -85,6 +86,8 @@ def command(
         )
     if opts.as_json:
         emit_json(result.to_dict())
-        return
-    warn_failed_checks(captured)
-    render_split(stdout, opts.model or "", captured.record.to_dict(), result)
+    else:
+        warn_failed_checks(captured)
+        render_split(stdout, opts.model or "", captured.record.to_dict(), result)
+    if not result.ok:  # without -o a mismatch is reported, not raised (with -o nothing is written and it raises)
+        raise SystemExit(EXIT_FINDINGS)
