@@ -220,7 +220,7 @@ def test_what_crosses_is_sent_contiguous_and_a_split_that_breaks_aliasing_is_ref
     sent = result.stages[0](torch.randn(2, 8))
     assert all(t.is_contiguous() for t in sent)  # gloo and NCCL send flat buffers
     assert not result.ok and "max abs error 1" in result.verification.problems[0]
-    with pytest.raises(FxforgeError, match="do not match the model.*nothing was written") as info:
+    with pytest.raises(FxforgeError, match=r"do not match the model.*nothing was written") as info:
         split(captured, 2, "time", profile=profile, output_dir=tmp_path / "out")
     assert info.value.exit_code == 1 and not (tmp_path / "out").exists()
     assert split(captured, 2, "flops").ok  # cut before the view: v alone crosses, and the stages are exact
