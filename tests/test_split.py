@@ -378,20 +378,24 @@ _PLAN_70B = textwrap.dedent(
     captured = fxforge.prepare("transformers:LlamaForCausalLM", ["1x128:int64"], device="meta",
                                model_kwargs=json.loads(sys.argv[1]))
     plan = fxforge.split(captured, stages=8, balance="flops").plan
-    print(json.dumps({"seconds": time.perf_counter() - start, "plan": plan.to_dict(),
-                      "maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    print(json.dumps({"wall_s": time.perf_counter() - start, "cpu_s": usage.ru_utime + usage.ru_stime,
+                      "maxrss_mib": usage.ru_maxrss / 1024, "plan": plan.to_dict()}))
     """
 )
 
 
 @pytest.mark.slow
 def test_llama_70b_planned_on_meta_into_8_stages_under_60s_and_2gb():
+    """Imports, building on meta, capture (torch.export of 5,751 nodes), inspect and the plan, in a fresh process:
+    about 15 s of CPU and 0.9 GB. The 60 s bound is on the process's CPU time, which other jobs on a shared
+    machine do not inflate as they do its wall time (94 s measured once under a load average of 8 on 2 cores)."""
     process = subprocess.run(
-        [sys.executable, "-c", _PLAN_70B, json.dumps(_LLAMA_70B)], capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", _PLAN_70B, json.dumps(_LLAMA_70B)], capture_output=True, text=True, timeout=600
     )
     assert process.returncode == 0, process.stderr[-2000:]
     data = json.loads(process.stdout.strip().splitlines()[-1])
-    assert data["seconds"] < 60 and data["maxrss_mib"] < 2048
+    assert data["cpu_s"] < 60 and data["maxrss_mib"] < 2048, data
     plan = data["plan"]
     assert len(plan["stages"]) == 8 and plan["imbalance"] < 1.05
     params = sum(s["params"] for s in plan["stages"])
