@@ -228,3 +228,22 @@ def test_the_worker_runs_under_torchrun(splits):
     )  # fmt: skip
     assert process.returncode == 0, process.stderr[-2000:]
     assert "gpipe:" in process.stdout and "verified: pipeline output vs model.pt2" in process.stdout
+
+
+def test_stages_torch_export_cannot_write_are_pickled_and_run_only_with_the_opt_in(tmp_path, capsys):
+    """GatedNet's gate branches on a value (a leaf in the torch dialect): neither its stage nor the whole model
+    exports, so both are pickled GraphModules, refused before any process starts unless pickles are trusted."""
+    directory = tmp_path / "gated"
+    models = Path(__file__).parent / "cli_models.py"
+    args = ["split", f"{models}:GatedNet", "--input", "2x8", "--stages", "2", "-o", str(directory), "--json"]
+    assert main(args) == EXIT_OK
+    data = json.loads(capsys.readouterr().out)
+    assert "stage_1.pt" in data["files"] and "model.pt" in data["files"] and data["verification"]["ok"]
+    with pytest.raises(FxforgeError, match=r"pickled stages \(stage_1\.pt\)"):
+        run_pipeline(directory, microbatches=2)
+    assert not _workers(directory)
+    run = run_pipeline(
+        directory, microbatches=2, schedules=["gpipe"], repeats=1, warmup=0, baseline=False, trust_pickle=True
+    )
+    assert run.check is not None and run.check.ok and run.check.reference == "model.pt"
+    assert _no_workers_left(directory)

@@ -46,13 +46,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from fxforge.artifacts import PROGRAM_FILE
+from fxforge.artifacts import MODEL_FILE, PROGRAM_FILE
 from fxforge.compare import compare_outputs
-from fxforge.errors import EXIT_FINDINGS, FxforgeError, InputSpecError, first_line, one_line_reason
+from fxforge.errors import EXIT_FINDINGS, FxforgeError, InputSpecError, ModelSpecError, first_line, one_line_reason
 from fxforge.inputs import InputSpec, make_inputs, parse_input_spec
-from fxforge.models import load_model
+from fxforge.models import pickle_trusted
 from fxforge.runtime import quiet_torch_logs
-from fxforge.split import SplitPlan, load_plan, load_stage
+from fxforge.split import SplitPlan, load_plan, load_reference, load_stage
 
 SCHEDULES = ("gpipe", "1f1b")
 FAULT_ENV = "FXFORGE_PIPELINE_FAULT"
@@ -176,14 +176,6 @@ def run_inputs(plan: SplitPlan, microbatches: int, inputs: Sequence[str | InputS
     return given
 
 
-def load_reference(directory: Path) -> nn.Module:
-    """The unsplit model of a split directory (``model.pt2``): what the pipeline's output is checked against."""
-    path = directory / PROGRAM_FILE
-    if not path.exists():
-        raise FxforgeError(f"{directory} has no {PROGRAM_FILE} (the unsplit model): nothing to verify against")
-    return load_model(str(path)).module
-
-
 def reference_outputs(
     module: nn.Module, batch_inputs: tuple[torch.Tensor, ...], microbatches: int
 ) -> tuple[list[torch.Tensor], bool]:
@@ -206,12 +198,16 @@ def _tensor_leaves(output: Any) -> list[torch.Tensor]:
 
 
 def check_outputs(
-    reference: nn.Module, batch_inputs: tuple[torch.Tensor, ...], outputs: Sequence[torch.Tensor], microbatches: int
+    reference: tuple[nn.Module, str],
+    batch_inputs: tuple[torch.Tensor, ...],
+    outputs: Sequence[torch.Tensor],
+    microbatches: int,
 ) -> OutputCheck:
     """Compare the pipeline's gathered outputs with the unsplit model's (fxforge.compare's tolerances)."""
-    expected, per_microbatch = reference_outputs(reference, batch_inputs, microbatches)
+    module, name = reference
+    expected, per_microbatch = reference_outputs(module, batch_inputs, microbatches)
     comparison = compare_outputs(tuple(expected), tuple(outputs))
-    how = f"{PROGRAM_FILE} run once per microbatch (fixed to one batch size)" if per_microbatch else PROGRAM_FILE
+    how = f"{name} run once per microbatch (fixed to one batch size)" if per_microbatch else name
     return OutputCheck(comparison.ok, comparison.max_abs_err, comparison.max_rel_err, comparison.problems[:5], how)
 
 
@@ -443,7 +439,11 @@ def _report(
     if not args.verify:
         return 0
     inputs = make_inputs(specs, seed=args.seed)
-    check = check_outputs(load_reference(directory), inputs, outputs, args.microbatches)
+    reference = load_reference(directory, trust_pickle=args.trust_pickle or None)
+    if reference is None:
+        print(f"not verified: {directory} holds no unsplit model (see the notes in plan.json)")
+        return 0
+    check = check_outputs(reference, inputs, outputs, args.microbatches)
     verdict = "verified" if check.ok else "MISMATCH"
     print(f"{verdict}: pipeline output vs {check.reference}: max abs err {check.max_abs_err:.3g}")
     if not check.ok:
@@ -667,6 +667,12 @@ def run_pipeline(
             f"{directory} holds a plan without stage modules (it was made on the meta device)",
             hint="split a model with weights (leave out --device meta) to run it",
         )
+    pickled = [stage.file for stage in plan.stages if stage.file and stage.file.endswith(".pt")]
+    if pickled and not pickle_trusted(trust_pickle):  # before starting processes that would all refuse it
+        raise ModelSpecError(
+            f"{directory} holds pickled stages ({', '.join(pickled)}): unpickling them can run arbitrary code",
+            hint="if you trust this directory, pass --trust-pickle (or set FXFORGE_TRUST_PICKLE=1)",
+        )
     notes: list[str] = []
     microbatches = microbatches if microbatches is not None else max(4, world)
     chosen = _schedules(schedules, microbatches, world, notes)
@@ -704,14 +710,20 @@ def run_pipeline(
 
     batch = specs[0].shape[0]
     batch_inputs = make_inputs(specs, seed=seed)
-    reference = load_reference(directory) if (verify or baseline) and (directory / PROGRAM_FILE).exists() else None
-    if reference is None and (verify or baseline):
-        notes.append(f"no {PROGRAM_FILE} (the unsplit model) in {directory}: output not verified, no baseline")
+    reference = None
+    if verify or baseline:
+        pickled_reference = not (directory / PROGRAM_FILE).exists() and (directory / MODEL_FILE).exists()
+        if pickled_reference and not pickle_trusted(trust_pickle):
+            notes.append(f"the unsplit model is a pickled {MODEL_FILE}: pass --trust-pickle to verify and time it")
+        else:
+            reference = load_reference(directory, trust_pickle=trust_pickle)
+            if reference is None:
+                notes.append(f"no unsplit model in {directory} (plan.json's notes say why): not verified, no baseline")
     check = check_outputs(reference, batch_inputs, outputs, microbatches) if verify and reference else None
     bases = []
     if baseline and reference is not None:
         for count in sorted({1, min(world * threads, os.cpu_count() or 1)}):
-            bases.append(_baseline(reference, batch_inputs, microbatches, count, repeats, warmup))
+            bases.append(_baseline(reference[0], batch_inputs, microbatches, count, repeats, warmup))
     best = min(bases, key=lambda b: b.median_s) if bases else None
     results = []
     for name in chosen:

@@ -41,14 +41,15 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
-from fxforge.artifacts import PROGRAM_FILE, atomic_directory, write_inputs
+from fxforge.artifacts import MODEL_FILE, PROGRAM_FILE, atomic_directory, write_inputs
 from fxforge.capture import Captured, placeholder_values
 from fxforge.errors import FxforgeError, ModelSpecError, first_line, format_location, is_user_file
 from fxforge.graphs import get_attr_value, module_path, submodule
 from fxforge.inputs import InputSpec, parse_input_spec
 from fxforge.inspect import NodeInfo, inspect_graph
-from fxforge.models import load_model
+from fxforge.models import load_model, pickle_trusted
 from fxforge.partition import partition, prefix_sums
+from fxforge.references import import_file
 from fxforge.runtime import export_program, preserved_state, quiet_torch_logs
 from fxforge.verify import DEFAULT_CASES, VerifyResult, verify
 
@@ -787,7 +788,7 @@ def split(
             result.files += _write_reference(staging, captured, plan)
             tensors = [v for v in captured.flat_inputs() if isinstance(v, torch.Tensor)]
             result.files.append(write_inputs(staging, tensors))
-            loaded = [_load_stage(staging, stage, trust_pickle=True) for stage in plan.stages]
+            loaded = [_load_stage(staging, stage, trust_pickle=True, model=plan.model) for stage in plan.stages]
             candidate = ChainedStages(loaded, captured.graph_module)
             if verify_stages:
                 # the stage programs are fixed to the example's shapes (the microbatch shape): every case at that batch
@@ -862,9 +863,9 @@ def _tensor_outputs(model: nn.Module) -> nn.Module:
 
 
 def _write_reference(directory: Path, captured: Captured, plan: SplitPlan) -> list[str]:
-    """``model.pt2``: the unsplit model with its output tensors flat (a dynamic batch where it allows one), the
-    reference run-pipeline checks the pipeline's output against. The original model is exported, else the
-    captured graph."""
+    """The unsplit model, the reference run-pipeline checks the pipeline's output against: ``model.pt2`` with its
+    output tensors flat (a dynamic batch where the model allows one), exported from the original model, else from
+    the captured graph; when neither exports, the captured graph pickled as ``model.pt`` (needs the opt-in)."""
     problems = []
     for module in (captured.original, captured.graph_module):
         try:
@@ -877,8 +878,18 @@ def _write_reference(directory: Path, captured: Captured, plan: SplitPlan) -> li
             return [PROGRAM_FILE]
         except Exception as exc:
             problems.append(first_line(exc))
-    plan.notes.append(f"no {PROGRAM_FILE} (the unsplit model) written: {problems[-1]}; run-pipeline cannot verify")
-    return []
+    try:
+        with quiet_torch_logs():
+            torch.save(captured.graph_module, directory / MODEL_FILE)
+    except Exception as exc:  # a TorchScript submodule, say: there is nothing to verify the pipeline against
+        (directory / MODEL_FILE).unlink(missing_ok=True)
+        plan.notes.append(f"no unsplit model written ({problems[-1]}; {first_line(exc)}): run-pipeline cannot verify")
+        return []
+    plan.notes.append(
+        f"the unsplit model does not export ({problems[-1]}): written as a pickled GraphModule {MODEL_FILE}, "
+        "which loads only with --trust-pickle"
+    )
+    return [MODEL_FILE]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -900,10 +911,16 @@ def load_plan(directory: str | Path) -> SplitPlan:
 
 
 def _load_stage(
-    directory: Path, stage: StagePlan, trust_pickle: bool | None = None, device: torch.device | None = None
+    directory: Path,
+    stage: StagePlan,
+    trust_pickle: bool | None = None,
+    device: torch.device | None = None,
+    model: str = "",
 ) -> nn.Module:
     if stage.file is None:
         raise ModelSpecError(f"stage {stage.index} has no module file: the plan was made on the meta device")
+    if stage.file.endswith(".pt") and pickle_trusted(trust_pickle):
+        _import_model_file(model)
     loaded = load_model(str(directory / stage.file), trust_pickle=trust_pickle)
     if device is None or device.type == "cpu":
         return loaded.module
@@ -923,4 +940,26 @@ def load_stage(
     plan = load_plan(directory)
     if not 0 <= index < len(plan.stages):
         raise FxforgeError(f"stage {index} does not exist: the plan has {len(plan.stages)} stages")
-    return _load_stage(Path(directory), plan.stages[index], trust_pickle, torch.device(device) if device else None)
+    where = torch.device(device) if device else None
+    return _load_stage(Path(directory), plan.stages[index], trust_pickle, where, plan.model)
+
+
+def load_reference(directory: str | Path, *, trust_pickle: bool | None = None) -> tuple[nn.Module, str] | None:
+    """The unsplit model of a split directory and its file name (``model.pt2``, else a pickled ``model.pt``
+    with the opt-in), or None when the split could write neither."""
+    directory = Path(directory)
+    if (directory / PROGRAM_FILE).exists():
+        return load_model(str(directory / PROGRAM_FILE)).module, PROGRAM_FILE
+    if (directory / MODEL_FILE).exists():
+        if pickle_trusted(trust_pickle):
+            _import_model_file(load_plan(directory).model)
+        return load_model(str(directory / MODEL_FILE), trust_pickle=trust_pickle).module, MODEL_FILE
+    return None
+
+
+def _import_model_file(model: str) -> None:
+    """A pickled stage of a model from ``file.py:attr`` names the file's classes under the module name fxforge
+    imported it as: import the file again (as the split did) before unpickling, when it is where it was."""
+    file, sep, _attr = model.rpartition(":")
+    if sep and file.endswith(".py") and Path(file).is_file():
+        import_file(file, error=ModelSpecError, what="the pickled stage's classes")
