@@ -5,7 +5,8 @@ its own stage from a directory written by ``fxforge split -o``, wired together b
 ``torch.distributed`` (gloo on the CPU, NCCL on GPUs) and ``torch.distributed.pipelining``'s
 :class:`~torch.distributed.pipelining.PipelineStage` with its :class:`~torch.distributed.pipelining.ScheduleGPipe`
 or :class:`~torch.distributed.pipelining.Schedule1F1B`. Rank 0 feeds the microbatches, the last rank gathers
-the output, which the parent compares with the unsplit model (``model.pt2``) and times against one process.
+the output, which the parent compares with the unsplit model (``model.pt2``, or a pickled ``model.pt``) and times
+against one process.
 
 The same module is the worker every rank runs (``python -m fxforge.distributed DIR ...``), which is also what
 ``torchrun`` starts across machines: it reads ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and
@@ -702,7 +703,15 @@ def run_pipeline(
         worker_args.append("--trust-pickle")
     work = Path(tempfile.mkdtemp(prefix="fxforge-pipeline-"))
     try:
-        _launch(directory, world, worker_args, timeout, threads, work)
+        try:
+            _launch(directory, world, worker_args, timeout, threads, work)
+        except PipelineError as exc:
+            # the free port found for rank 0's store was taken before it could bind it: once more, on another
+            if "address already in use" not in exc.message.lower():
+                raise
+            for leftover in work.iterdir():
+                leftover.unlink()
+            _launch(directory, world, worker_args, timeout, threads, work)
         timings = [json.loads((work / f"times_{rank}.json").read_text()) for rank in range(world)]
         outputs = torch.load(work / _OUTPUTS_FILE, weights_only=True)
     finally:
