@@ -209,9 +209,32 @@ def test_cli_bench_json_contract(capsys):
 
 def test_cli_bench_table_and_errors(capsys):
     code, out, _ = run(capsys, "bench", "demo", "-b", "eager,fx", "--batch", "1,2", "--repeats", "2", "--threads", "1")
-    assert code == EXIT_OK and "median ms" in out and "interleaved in a shuffled order" in out
+    assert code == EXIT_OK and "median" in out and "of peak" in out and "interleaved in a shuffled order" in out
     assert out.count("eager") >= 2  # one row per batch
     code, _, err = run(capsys, "bench", "demo", "-b", "eager,tensorrt")
     assert code == EXIT_USAGE and "unknown backend 'tensorrt'" in err
     code, _, err = run(capsys, "bench", "demo", "--batch", "one")
     assert code == EXIT_USAGE and "--batch takes integers" in err
+
+
+def test_variants_and_the_fraction_of_peak():
+    from fxforge.bench import get_backend
+
+    assert get_backend("compile+channels_last").selected == ("channels_last",)
+    assert get_backend("torchscript+onednn+channels_last").name == "torchscript+channels_last+onednn"  # one name
+    with pytest.raises(FxforgeError, match="backend 'onnxruntime' has no variant 'warp'"):
+        get_backend("onnxruntime+warp")
+    torch.manual_seed(0)
+    model = randomize_batchnorm(nn.Sequential(nn.Conv2d(3, 16, 3), nn.BatchNorm2d(16), nn.ReLU()).eval())
+    captured = capture(model, (torch.randn(2, 3, 16, 16),))
+    report = bench(captured, ["eager", "fx+channels_last", "int8"], warmup=1, repeats=3)
+    rows = {row.backend: row for row in report.rows}
+    assert rows["fx+channels_last"].ok and rows["fx+channels_last"].within_tolerance
+    flops = 2 * 16 * 3 * 9 * 14 * 14 * 2  # conv multiply-adds x 2, batch 2 (the BN folds away)
+    for row in rows.values():
+        assert row.gflops == pytest.approx(flops / row.median_ms / 1e6, rel=0.1)
+        assert 0 < row.peak_fraction < 10  # measured against this process's own matmul peak
+        assert len(row.round_ms) == 3
+    assert rows["int8"].precision == "int8" and rows["eager"].precision == "fp32"
+    assert report.peak is not None and report.peak.gflops["fp32"] > 0 and "torch" in report.machine
+    assert "peak_fraction" in report.to_dict()["rows"][0] and "round_ms" not in report.to_dict()["rows"][0]

@@ -14,6 +14,7 @@ only when the user opts in (``--trust-pickle``).
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import shutil
@@ -41,6 +42,8 @@ PROVENANCE_FILE = "provenance.json"
 INPUTS_FILE = "inputs.txt"
 TORCHSCRIPT_FILE = "model.torchscript.pt"
 ONNX_FILE = "model.onnx"
+AOTI_FILE = "model.aoti.pt2"  # an AOTInductor package: compiled code and weights, loads with torch alone
+RECIPE_FILE = "recipe.json"  # how fxforge's loader runs model.pt2 (autocast, torch.compile), see apply_recipe
 METADATA_FILE = "fxforge.json"  # inside TorchScript archives, read by load_exported
 
 FORMATS = ("torchscript", "onnx", "pt2")
@@ -330,6 +333,8 @@ def load_exported(
             metadata = json.loads(extra[METADATA_FILE] or "{}")
             if metadata.get("optimize_at_load"):
                 module = torch.jit.optimize_for_inference(module)
+            if metadata.get("onednn_fusion"):
+                module = OnednnFusion(module)
             return module
         if format == "onnx":
             return OnnxRuntimeModule(path, output_like, threads)
@@ -374,3 +379,110 @@ class OnnxRuntimeModule(nn.Module):
         return pytree.tree_unflatten([next(tensors) if isinstance(v, torch.Tensor) else v for v in leaves], spec)
 
 
+
+
+class OnednnFusion(nn.Module):
+    """A TorchScript module run with oneDNN graph fusion on (``torch.jit.enable_onednn_fusion``): a process-wide
+    switch, so it is turned on for each call and restored after it, leaving other TorchScript code as it was."""
+
+    def __init__(self, scripted: Any) -> None:
+        super().__init__()
+        self.scripted = scripted
+
+    def forward(self, *args: Any) -> Any:
+        before = torch._C._jit_llga_enabled()
+        torch.jit.enable_onednn_fusion(True)
+        try:
+            return self.scripted(*args)
+        finally:
+            torch.jit.enable_onednn_fusion(before)
+
+
+class AotiModule(nn.Module):
+    """An AOTInductor package (``torch._inductor.aoti_compile_and_package``: compiled code and weights) behind
+    ``nn.Module``'s call interface. The package runs at the batch size it was compiled for."""
+
+    def __init__(self, path: str | Path) -> None:
+        super().__init__()
+        self.path = str(path)
+        with quiet_torch_logs():
+            self.runner = torch._inductor.aoti_load_package(self.path)
+
+    def forward(self, *args: Any) -> Any:
+        return self.runner(*args)
+
+
+class ChannelsLastModule(nn.Module):
+    """``model`` with its 4-D weights and inputs in channels-last (NHWC) memory layout, oneDNN's native one for
+    convolutions. Traced or exported, the input conversion becomes part of the graph, so the artifact needs no
+    wrapper at load time. ``model`` is copied: the caller's keeps its layout."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = copy.deepcopy(model).to(memory_format=torch.channels_last)
+
+    def forward(self, *args: Any) -> Any:
+        return self.model(*(to_channels_last(a) for a in args))
+
+
+def to_channels_last(value: Any) -> Any:
+    """A 4-D floating tensor in channels-last layout; anything else as it is."""
+    if isinstance(value, torch.Tensor) and value.dim() == 4 and value.is_floating_point():
+        return value.contiguous(memory_format=torch.channels_last)
+    return value
+
+
+class AutocastModule(nn.Module):
+    """``model`` run under ``torch.autocast`` (bf16 on the CPU; fp16 on CUDA where asked), its floating outputs
+    cast back to the dtypes of ``output_like``: a drop-in replacement for the float32 model."""
+
+    def __init__(self, model: nn.Module, output_like: Any, device: str = "cpu", dtype: torch.dtype = torch.bfloat16):
+        super().__init__()
+        self.model, self.output_like, self.device, self.dtype = model, output_like, device, dtype
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(self.device, dtype=self.dtype):
+            output = self.model(*args, **kwargs)
+        return _cast_floating_like(output, self.output_like)
+
+
+def _cast_floating_like(output: Any, output_like: Any) -> Any:
+    leaves, spec = pytree.tree_flatten(output)
+    wanted = pytree.tree_leaves(output_like)
+    if output_like is None or len(wanted) != len(leaves):
+        # without a float reference (a reloaded recipe): floating outputs back to float32, the model's own dtype
+        wanted = [torch.empty(0) if isinstance(v, torch.Tensor) and v.is_floating_point() else v for v in leaves]
+    cast = [
+        value.to(like.dtype) if isinstance(value, torch.Tensor) and isinstance(like, torch.Tensor) else value
+        for value, like in zip(leaves, wanted)
+    ]
+    return pytree.tree_unflatten(cast, spec)
+
+
+class CompiledModule(nn.Module):
+    """``torch.compile(model)`` with Inductor ``config`` (e.g. ``freezing``) in force whenever it may compile: the
+    first call, and any later one that recompiles (a new batch size, grad mode). What a compile recipe asks for
+    when no AOTInductor package could be written, and bench's ``compile`` backend."""
+
+    def __init__(self, model: nn.Module, config: dict[str, Any] | None = None, mode: str | None = None) -> None:
+        super().__init__()
+        self.model, self.config, self.mode = model, dict(config or {}), mode
+        self.compiled = torch.compile(model, dynamic=False, mode=mode)
+
+    def forward(self, *args: Any) -> Any:
+        import torch._inductor.config as inductor_config  # Inductor is slow to import: only when compiled code runs
+
+        with inductor_config.patch(self.config):
+            return self.compiled(*args)
+
+
+def apply_recipe(module: nn.Module, recipe: dict[str, Any]) -> nn.Module:
+    """``module`` (model.pt2's) run the way ``recipe.json`` says: ``{"run": "autocast", "dtype": "bfloat16"}`` or
+    ``{"run": "compile", "inductor": {...}, "mode": ...}``. Plain torch does the same in one line (docs/commands/
+    optimize.md); an unknown recipe is an error rather than a silently slower model."""
+    how = recipe.get("run")
+    if how == "autocast":
+        return AutocastModule(module, None, dtype=getattr(torch, str(recipe.get("dtype", "bfloat16"))))
+    if how == "compile":
+        return CompiledModule(module, recipe.get("inductor"), recipe.get("mode"))
+    raise FxforgeError(f"unknown recipe {how!r} in {RECIPE_FILE}", hint="written by a newer fxforge?")

@@ -5,27 +5,36 @@ Steps:
 
 1. run the exact passes (:func:`fxforge.passes.exact_passes`) one by one, each verified against the
    model within the tolerance; a pass that fails verification is dropped (and reported);
-2. build every candidate backend of the :mod:`fxforge.bench` registry on the rewritten graph:
-   eager (the baseline), fx, torchscript, onnxruntime, compile -- and, only when the user grants an
-   accuracy budget beyond fp32 round-off, bf16 and int8;
-3. verify each candidate against the original model: exact candidates on random inputs (three
-   seeds) within ``tolerance`` (normwise: ``max|a - b| <= tolerance * max|ref| + tolerance / 10``);
-   reduced-precision candidates against the budget on the user's data (``data``), or on random
-   inputs with a warning when there is none;
-4. benchmark the survivors with :func:`fxforge.bench.bench` (interleaved rounds, same inputs);
-5. write the fastest survivor's artifact into the output directory (atomically) together with
-   ``report.json``: every candidate with its speed, error and, for those not chosen, why.
+2. write every candidate's artifact (:mod:`fxforge.deploy`: an AOTInductor package for ``compile``, a
+   TorchScript or ONNX file, a ``.pt2`` program...) from the rewritten graph, and **load it back** the way a
+   user will: everything after this step runs the reloaded artifact, so the speed reported is the speed the
+   output directory delivers. The candidates: eager (the baseline), fx, torchscript (also with oneDNN graph
+   fusion), onnxruntime and compile, plus channels-last variants for convolutional models -- and, only
+   when the user grants an accuracy budget beyond fp32 round-off, bf16/autocast (where the CPU runs bf16
+   natively) and int8. ``quick`` tries the few that usually win for this kind of model on this hardware;
+3. verify each candidate against the original model: exact candidates on 16 varied inputs within
+   ``tolerance`` (normwise: ``max|a - b| <= tolerance * max|ref| + tolerance / 10``); reduced-precision
+   candidates against the budget on the user's data (``data``), or on random inputs with a warning;
+4. time the survivors with :func:`fxforge.bench.bench` (interleaved rounds, same inputs);
+5. choose: the fastest by median, unless a simpler artifact is not measurably slower -- each candidate's
+   time is compared with the fastest's round by round, with a 95% bootstrap confidence interval of the
+   median ratio; a candidate whose interval reaches 1 (or whose ratio is within 2%) ties with it, and the
+   simplest tie wins (:data:`SIMPLICITY`), so two runs on the same model agree on the choice;
+6. copy the chosen artifact into the output directory (atomically) with ``report.json``: every candidate
+   with its speed, confidence interval, fraction of the machine's peak, error and, for those not chosen, why.
 
-A candidate that fails verification is never timed, let alone chosen: the choice is made only among
-candidates whose verification passed.
+A candidate that fails verification is never timed, let alone chosen.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import random
 import shutil
+import statistics
 import tempfile
+import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -35,36 +44,34 @@ from typing import Any
 import torch
 from torch import nn
 
-from fxforge.artifacts import (
-    INPUTS_FILE,
-    MODEL_FILE,
-    REPORT_FILE,
-    TORCHSCRIPT_FILE,
-    atomic_directory,
-    save_graph_module,
-    write_inputs,
-)
-from fxforge.bench import (
-    TORCHSCRIPT_BUILD_FILE,
-    Backend,
-    BenchReport,
-    BuildSettings,
-    Runner,
-    bench,
-    build_backend,
-    get_backend,
-)
+from fxforge.artifacts import INPUTS_FILE, MODEL_FILE, REPORT_FILE, atomic_directory, write_inputs
+from fxforge.bench import Backend, BenchReport, BuildSettings, Runner, bench, build_backend, get_backend
 from fxforge.capture import Captured, require_real_weights
+from fxforge.deploy import PLAIN_TORCH_LOAD, Artifact, deployable, write_artifact
 from fxforge.errors import FxforgeError, one_line_reason
+from fxforge.machine import native_bf16
 from fxforge.passes import exact_passes
 from fxforge.pipeline import Pipeline
-from fxforge.quantize import compare_batches, load_calibration, picklable_quantized_modules, run_batches
+from fxforge.quantize import compare_batches, load_calibration, run_batches
 from fxforge.runtime import quiet_torch_logs, run_reference
 from fxforge.verify import TOLERANCES, compare_outputs, verify
 
 FP32_TOLERANCE = TOLERANCES[torch.float32][0]  # fp32 round-off: what the exact candidates are held to
-EXACT_BACKENDS = ("eager", "fx", "torchscript", "onnxruntime", "compile")
+EXACT_BACKENDS = ("eager", "fx", "torchscript", "torchscript+onednn", "onnxruntime", "compile")
+# Layout variants tried for models with 2-D convolutions, where oneDNN's own layout can pay.
+CONV_VARIANTS = ("compile+channels_last", "torchscript+channels_last")
 REDUCED_BACKENDS = ("bf16", "autocast", "int8")
+# --quick: the candidates that usually win, per kind of model (what was measured: docs/benchmarks.md)
+QUICK_EXACT = ("fx", "onnxruntime", "compile")
+QUICK_CONV = ("fx", "onnxruntime", "compile+channels_last")
+QUICK_REPEATS = 10
+
+# Artifacts from simplest to most demanding to ship and load: the choice among candidates that tie within
+# noise (plain torch needs nothing else; TorchScript is deprecated upstream; AOTInductor code is compiled for
+# this CPU; ONNX Runtime is another runtime; reduced precision changes the numbers).
+SIMPLICITY = ("eager", "fx", "torchscript", "compile", "onnxruntime", "autocast", "bf16", "int8")
+# A candidate this close to the fastest (median of the per-round ratios) ties with it whatever the interval says.
+PRACTICALLY_EQUAL = 0.02
 
 RANDOM_DATA_WARNING = (
     "reduced-precision candidates were measured on random inputs: their accuracy on real data is unknown; "
@@ -107,7 +114,7 @@ class Budget:
 
 @dataclass
 class Candidate:
-    """One backend's fate: ``status`` is chosen, accepted (verified, slower), rejected or failed."""
+    """One candidate's fate: ``status`` is chosen, accepted (verified, slower), rejected or failed."""
 
     name: str
     status: str = "pending"
@@ -119,9 +126,15 @@ class Candidate:
     verified_on: str | None = None
     median_ms: float | None = None
     p90_ms: float | None = None
-    speedup: float | None = None
+    speedup: float | None = None  # eager's median / this median
+    # this median over the fastest's, per round: median and 95% bootstrap interval
+    vs_fastest: tuple[float, float, float] | None = None
+    gflops: float | None = None
+    peak_fraction: float | None = None
     peak_mem_mib: float | None = None
-    build_s: float | None = None
+    build_s: float | None = None  # writing the artifact (export, compilation) and loading it back
+    artifact: str | None = None  # what was timed: "reloaded from model.aoti.pt2", or "in memory"
+    load: str | None = None  # how plain torch loads the artifact
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -137,10 +150,11 @@ class AutoResult:
     budget: Budget
     output_dir: Path | None
     files: list[str]
-    load: str  # how to load the artifact
+    load: str  # how plain torch loads the chosen artifact; fxforge.load_model(output_dir) runs it as timed
     warnings: list[str] = field(default_factory=list)
     bench: BenchReport | None = None
-    runner: Any = field(default=None, repr=False)  # the chosen callable, built and verified, in memory
+    runner: Any = field(default=None, repr=False)  # the chosen artifact, reloaded and verified
+    seconds: dict[str, float] = field(default_factory=dict)  # where --auto's own time went
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -152,6 +166,7 @@ class AutoResult:
             "rejected_passes": self.rejected_passes,
             "budget": dataclasses.asdict(self.budget),
             "warnings": self.warnings,
+            "seconds": {k: round(v, 2) for k, v in self.seconds.items()},
             "candidates": [c.to_dict() for c in self.candidates],
             "bench": self.bench.to_dict() if self.bench else None,
         }
@@ -166,39 +181,50 @@ def auto_optimize(
     data: Any = None,
     seeds: Sequence[int] = (0, 1, 2),
     warmup: int = 3,
-    repeats: int = 20,
+    repeats: int | None = None,
     threads: int | None = None,
     force: bool = False,
     spec: str | None = None,
+    quick: bool = False,
 ) -> AutoResult:
     """Choose and write the fastest verified way to run ``captured`` (see the module docstring).
 
-    ``backends``: candidate names or :class:`~fxforge.bench.Backend` objects (default: the exact
-    backends, plus bf16 and int8 when the budget allows). ``data``: the user's inputs for judging
-    reduced precision (and calibrating int8), in any form :func:`fxforge.quantize.load_calibration`
-    reads. Without ``output_dir`` nothing is written.
+    ``backends``: candidate names (``compile+channels_last``) or :class:`~fxforge.bench.Backend` objects
+    (default: see the module docstring; ``quick``: fewer). ``data``: the user's inputs for judging reduced
+    precision (and calibrating int8), in any form :func:`fxforge.quantize.load_calibration` reads.
+    ``repeats``: timed rounds (default 30, ``quick`` 10). Without ``output_dir`` nothing is written.
     """
+    started = time.perf_counter()
+    seconds: dict[str, float] = {}
     require_real_weights(captured, "optimize --auto")
     budget = budget or Budget()
-    chosen_backends = _candidate_backends(backends, budget)
+    repeats = repeats or (QUICK_REPEATS if quick else 30)
+    chosen_backends = candidate_backends(captured, backends, budget, quick)
     result_warnings: list[str] = []
     passes, rejected_passes, graph = _apply_exact_passes(captured, budget)
     rewritten = dataclasses.replace(captured, graph_module=graph)
+    seconds["passes"] = time.perf_counter() - started
     eval_data = _evaluation_data(captured, data, budget, chosen_backends, result_warnings)
 
-    candidates = {b.name: Candidate(b.name, exact=b.name not in REDUCED_BACKENDS) for b in chosen_backends}
+    candidates = {b.name: Candidate(b.name, exact=b.base not in REDUCED_BACKENDS) for b in chosen_backends}
     with tempfile.TemporaryDirectory(prefix="fxforge-auto-") as workdir:
-        runners = _build(rewritten, chosen_backends, candidates, Path(workdir), eval_data, threads)
-        for name, runner in list(runners.items()):
+        mark = time.perf_counter()
+        built = _build(rewritten, chosen_backends, candidates, Path(workdir), eval_data, threads)
+        seconds["build"] = time.perf_counter() - mark
+        mark = time.perf_counter()
+        for name, (runner, _) in list(built.items()):
             if not _verify_candidate(captured, candidates[name], runner, budget, seeds, eval_data):
-                del runners[name]
-        if not runners:
+                del built[name]
+        seconds["verify"] = time.perf_counter() - mark
+        if not built:
             raise FxforgeError("no candidate passed verification", hint="see the candidates' reasons with --json")
-        report = _time(rewritten, runners, warmup, repeats, threads)
+        mark = time.perf_counter()
+        report = _time(rewritten, {name: runner for name, (runner, _) in built.items()}, warmup, repeats, threads)
+        seconds["timing"] = time.perf_counter() - mark
         _record_timings(candidates, report)
-        chosen = _choose(candidates)
-        files: list[str] = []
-        load = _LOAD.get(chosen, "see report.json")
+        chosen = choose(candidates, report, writable={n for n, (_, a) in built.items() if a is not None})
+        artifact = built[chosen][1]
+        load = (artifact.load if artifact is not None else "") or PLAIN_TORCH_LOAD["eager"]
         result = AutoResult(
             chosen,
             list(candidates.values()),
@@ -206,15 +232,19 @@ def auto_optimize(
             rejected_passes,
             budget,
             None,
-            files,
+            [],
             load,
             result_warnings,
             report,
-            runners[chosen],
+            built[chosen][0],
+            seconds,
         )
         if output_dir is not None:
+            mark = time.perf_counter()
             result.output_dir = Path(output_dir)
-            result.files = _write(result, rewritten, runners[chosen], Path(workdir) / chosen, force, spec)
+            result.files = _write(result, rewritten, artifact, force, spec)
+            seconds["write"] = time.perf_counter() - mark
+    seconds["total"] = time.perf_counter() - started
     return result
 
 
@@ -222,11 +252,19 @@ def auto_optimize(
 # steps
 
 
-def _candidate_backends(backends: Sequence[str | Backend] | None, budget: Budget) -> list[Backend]:
+def candidate_backends(
+    captured: Captured, backends: Sequence[str | Backend] | None, budget: Budget, quick: bool = False
+) -> list[Backend]:
+    """The candidates ``--auto`` tries: the user's, else those this model and machine make worth trying."""
     if backends is None:
-        names: list[str | Backend] = list(EXACT_BACKENDS)
+        convolutional = any(isinstance(m, nn.Conv2d) for m in captured.original.modules())
+        if quick:
+            names: list[str | Backend] = ["eager", *(QUICK_CONV if convolutional else QUICK_EXACT)]
+        else:
+            names = [*EXACT_BACKENDS, *(CONV_VARIANTS if convolutional else ())]
         if budget.reduced_precision:
-            names += list(REDUCED_BACKENDS)
+            # bf16 only where the CPU runs it natively (see below); int8 everywhere (fbgemm/oneDNN on AVX2 too)
+            names += ["int8"] if quick and not native_bf16() else list(REDUCED_BACKENDS)
         # never offer a path this machine cannot run fast (bf16 without AVX512-BF16/AMX: emulated, slower than fp32)
         names = [name for name in names if get_backend(str(name)).unsupported_here() is None]
     else:
@@ -235,7 +273,7 @@ def _candidate_backends(backends: Sequence[str | Backend] | None, budget: Budget
             names.insert(0, "eager")  # the baseline every speedup is measured against
     chosen = [b if isinstance(b, Backend) else get_backend(b) for b in names]
     if not budget.reduced_precision:
-        refused = [b.name for b in chosen if b.name in REDUCED_BACKENDS]
+        refused = [b.name for b in chosen if b.base in REDUCED_BACKENDS]
         if refused:
             raise FxforgeError(
                 f"{', '.join(refused)} cannot meet fp32 round-off",
@@ -260,7 +298,7 @@ def _apply_exact_passes(captured: Captured, budget: Budget):
 def _evaluation_data(
     captured: Captured, data: Any, budget: Budget, backends: Sequence[Backend], notes: list[str]
 ) -> Any:
-    if not any(b.name in REDUCED_BACKENDS for b in backends):
+    if not any(b.base in REDUCED_BACKENDS for b in backends):
         return None
     loaded = load_calibration(data, captured.example_inputs, kind="eval")
     if loaded.random:
@@ -276,21 +314,40 @@ def _build(
     workdir: Path,
     eval_data: Any,
     threads: int | None,
-) -> dict[str, Runner]:
+) -> dict[str, tuple[Runner, Artifact | None]]:
+    """Each candidate's runner: its artifact written and reloaded (eager: the model itself; a backend fxforge
+    cannot write, such as a plug-in's: built in memory, timed, but never chosen)."""
     expected = run_reference(rewritten.original, rewritten.example_inputs, {})
-    runners: dict[str, Runner] = {}
+    built: dict[str, tuple[Runner, Artifact | None]] = {}
     calibration = eval_data if eval_data is not None and not eval_data.random else None
     for backend in backends:
         candidate = candidates[backend.name]
         settings = BuildSettings(threads or torch.get_num_threads(), workdir / backend.name, expected)
         settings.calibration = calibration
-        runner, error, candidate.build_s = build_backend(backend, rewritten, settings)
-        candidate.notes = settings.notes
-        if runner is None:
-            candidate.status, candidate.reason = "failed", error
-        else:
-            runners[backend.name] = runner
-    return runners
+        settings.variants = backend.selected
+        if backend.base == "eager":
+            built[backend.name] = (rewritten.original, None)
+            candidate.artifact = "the model itself"
+            continue
+        if not deployable(backend):
+            runner, error, candidate.build_s = build_backend(backend, rewritten, settings)
+            candidate.notes = settings.notes
+            if runner is None:
+                candidate.status, candidate.reason = "failed", error
+            else:
+                built[backend.name] = (runner, None)
+                candidate.artifact = "in memory (fxforge cannot write this backend's artifact)"
+            continue
+        try:
+            artifact = write_artifact(backend, rewritten, settings.workdir, settings)
+        except FxforgeError as exc:
+            candidate.status, candidate.reason = "failed", f"build failed: {exc.message}"
+            continue
+        candidate.build_s = artifact.write_s + artifact.load_s
+        candidate.notes, candidate.load = artifact.notes, artifact.load
+        candidate.artifact = f"reloaded from {', '.join(artifact.files)}"
+        built[backend.name] = (artifact.runner, artifact)
+    return built
 
 
 class _AsModule(nn.Module):
@@ -382,76 +439,121 @@ def _record_timings(candidates: dict[str, Candidate], report: BenchReport) -> No
             continue
         candidate.median_ms, candidate.p90_ms = row.median_ms, row.p90_ms
         candidate.speedup, candidate.peak_mem_mib = row.speedup, row.peak_mem_mib
+        candidate.gflops = row.gflops
+        if row.gflops and report.peak is not None:
+            precision = "fp32" if candidate.exact else _precision(candidate.name)
+            peak = report.peak.gflops.get(precision) or report.peak.gflops.get("fp32")
+            candidate.peak_fraction = row.gflops / peak if peak else None
 
 
-def _choose(candidates: dict[str, Candidate]) -> str:
+def _precision(name: str) -> str:
+    base = name.split("+")[0]
+    return "int8" if "int8" in base else "bf16" if base in ("bf16", "autocast") else "fp32"
+
+
+# --------------------------------------------------------------------------------------------------
+# the choice
+
+
+def choose(candidates: dict[str, Candidate], report: BenchReport, writable: set[str] | None = None) -> str:
+    """The fastest candidate, unless a simpler one ties with it within noise (see the module docstring).
+
+    ``writable``: the candidates whose artifact can be written (the others are timed but cannot be chosen;
+    None: all). Fills each timed candidate's ``vs_fastest`` and the reasons of those not chosen.
+    """
+    rounds = {row.backend: row.round_ms for row in report.rows if row.round_ms}
     timed = [c for c in candidates.values() if c.status == "accepted" and c.median_ms is not None]
-    if not timed:
+    eligible = [c for c in timed if writable is None or c.name in writable or c.name == "eager"]
+    if not eligible:
         raise FxforgeError("no verified candidate could be timed", hint="see the candidates' reasons with --json")
-    best = min(timed, key=lambda c: c.median_ms)
-    best.status = "chosen"
+    fastest = min(eligible, key=lambda c: c.median_ms)
     for candidate in timed:
-        if candidate is not best:
-            candidate.reason = f"verified; {candidate.median_ms / best.median_ms:.2f}x slower than {best.name}"
-    return best.name
+        candidate.vs_fastest = ratio_interval(rounds.get(candidate.name, []), rounds.get(fastest.name, []))
+    ties = [c for c in eligible if _ties(c)]
+    chosen = min(ties, key=lambda c: (_simplicity(c), c.median_ms))
+    chosen.status = "chosen"
+    for candidate in timed:
+        if candidate is chosen:
+            continue
+        ratio = candidate.median_ms / chosen.median_ms
+        if candidate not in eligible:
+            candidate.reason = (
+                f"verified; {ratio:.2f}x the time of {chosen.name}, but fxforge cannot write its artifact"
+            )
+        elif candidate in ties:
+            low, high = candidate.vs_fastest[1:] if candidate.vs_fastest else (ratio, ratio)
+            candidate.reason = (
+                f"verified; ties with {fastest.name} within noise ({low:.2f}-{high:.2f}x), and {chosen.name} is "
+                "the simpler artifact"
+            )
+        else:
+            candidate.reason = f"verified; {ratio:.2f}x slower than {chosen.name}"
+    return chosen.name
+
+
+def _ties(candidate: Candidate) -> bool:
+    if candidate.vs_fastest is None:
+        return False
+    median, low, _ = candidate.vs_fastest
+    return low <= 1.0 or median <= 1.0 + PRACTICALLY_EQUAL
+
+
+def _simplicity(candidate: Candidate) -> float:
+    base, *variants = candidate.name.split("+")
+    rank = SIMPLICITY.index(base) if base in SIMPLICITY else len(SIMPLICITY)
+    return rank + 0.1 * len(variants)  # a variant is one more thing that could differ on the user's machine
+
+
+def ratio_interval(
+    times: Sequence[float], reference: Sequence[float], resamples: int = 2000, seed: int = 0
+) -> tuple[float, float, float] | None:
+    """Median of the per-round ratios ``times[i] / reference[i]`` and its 95% bootstrap interval.
+
+    Rounds are paired: bench runs every candidate once per round in a shuffled order, so a slow moment of the
+    machine slows both times of a round, and the ratio cancels it. None when there are no paired rounds.
+    """
+    ratios = [t / r for t, r in zip(times, reference) if r > 0]
+    if not ratios:
+        return None
+    if len(ratios) == 1:
+        return ratios[0], ratios[0], ratios[0]
+    generator = random.Random(seed)
+    medians = sorted(statistics.median(generator.choices(ratios, k=len(ratios))) for _ in range(resamples))
+    low, high = medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
+    return statistics.median(ratios), low, high
 
 
 # --------------------------------------------------------------------------------------------------
 # the artifact
 
-_LOAD = {
-    "eager": "torch.load('model.pt', weights_only=False)",
-    "fx": "torch.load('model.pt', weights_only=False)  # or torch.export.load('model.pt2').module()",
-    "torchscript": "torch.jit.optimize_for_inference(torch.jit.load('model.torchscript.pt'))",
-    "onnxruntime": "onnxruntime.InferenceSession('model.onnx')",
-    "compile": "torch.compile(torch.load('model.pt', weights_only=False)), first call under "
-    "torch._inductor.config.patch(freezing=True)  # compiled code is not saved",
-    "int8": "torch.load('model.pt', weights_only=False)",
-    "bf16": "torch.load('model.pt', weights_only=False)",
-}
-
 
 def _write(
-    result: AutoResult, rewritten: Captured, runner: Runner, built_dir: Path, force: bool, spec: str | None
+    result: AutoResult, rewritten: Captured, artifact: Artifact | None, force: bool, spec: str | None
 ) -> list[str]:
     assert result.output_dir is not None
-    chosen = result.chosen
     with atomic_directory(result.output_dir, force=force) as staging:
-        if chosen == "torchscript":
-            shutil.copy(built_dir / TORCHSCRIPT_BUILD_FILE, staging / TORCHSCRIPT_FILE)
-        elif chosen == "onnxruntime":
-            for file in built_dir.iterdir():  # the model and, over 2 GB, its external data
-                shutil.copy(file, staging / file.name)
-        elif chosen in ("fx", "compile"):
-            save_graph_module(
-                rewritten.graph_module,
-                staging,
-                rewritten.example_inputs,
-                rewritten.dialect,
-                rewritten.example_kwargs,
-            )
-        else:
-            _save_module(chosen, runner if chosen != "eager" else rewritten.original, staging / MODEL_FILE, rewritten)
+        if artifact is not None:
+            for path in artifact.directory.iterdir():
+                copy = shutil.copytree if path.is_dir() else shutil.copy
+                copy(path, staging / path.name)
+        else:  # eager: the model itself
+            _save_module(rewritten.original, staging / MODEL_FILE, rewritten)
         if not (staging / INPUTS_FILE).exists():
             write_inputs(staging, rewritten.example_inputs)
         report = {"model": spec, "capture": rewritten.record.to_dict(), **result.to_dict()}
+        report["load_with_fxforge"] = f"fxforge.load_model({str(result.output_dir)!r})  # runs as timed"
         report["files"] = [*sorted(p.name for p in staging.iterdir()), REPORT_FILE]
         (staging / REPORT_FILE).write_text(json.dumps(report, indent=2, default=str))
         return sorted(p.name for p in staging.iterdir())
 
 
-def _save_module(name: str, module: Any, path: Path, rewritten: Captured) -> None:
+def _save_module(module: Any, path: Path, rewritten: Captured) -> None:
     """``torch.save`` the chosen module and check that the file computes what the module computes."""
-    import contextlib
-
-    saving = contextlib.nullcontext()
-    if name == "int8":
-        saving = picklable_quantized_modules(module)
-    with saving, quiet_torch_logs():
+    with quiet_torch_logs():
         torch.save(module, path)
     with quiet_torch_logs():
         loaded = torch.load(str(path), map_location="cpu", weights_only=False)
     inputs = rewritten.example_inputs
     comparison = compare_outputs(run_reference(module, inputs, {}), run_reference(loaded, inputs, {}))
     if not comparison.ok:
-        raise FxforgeError(f"the saved {name} model does not reload to the same outputs: {comparison.problems[0]}")
+        raise FxforgeError(f"the saved model does not reload to the same outputs: {comparison.problems[0]}")

@@ -38,7 +38,7 @@ import random
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,13 +47,15 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
-from fxforge.artifacts import ONNX_FILE, load_exported
+from fxforge.artifacts import ONNX_FILE, AutocastModule, ChannelsLastModule, CompiledModule, load_exported
 from fxforge.capture import Captured, at_batch, require_real_weights
 from fxforge.compare import compare_outputs
 from fxforge.errors import FxforgeError, one_line_reason
 from fxforge.export import export_model
+from fxforge.graphs import ATEN
 from fxforge.inputs import specs_of
-from fxforge.machine import gpus, native_bf16
+from fxforge.inspect import count_flops
+from fxforge.machine import Peak, cached_peak, describe, gpus, native_bf16, peak_dict
 from fxforge.passes import exact_passes
 from fxforge.pipeline import Pipeline
 from fxforge.plugins import BACKENDS_GROUP, load_group
@@ -78,17 +80,26 @@ class BuildSettings:
     passes: Sequence[str] | None = None  # for "fx": passes to run (None: the exact passes)
     calibration: Any = None  # for "int8": calibration data as fxforge.quantize takes it (None: random)
     notes: list[str] = field(default_factory=list)  # builders add what the row should say
+    variants: tuple[str, ...] = ()  # the backend's variants asked for: "compile+channels_last" -> ("channels_last",)
 
 
 @dataclass(frozen=True)
 class Backend:
     """A named way of running a captured model: ``build(captured, settings)`` returns the callable to time."""
 
-    name: str
+    name: str  # with the variants asked for: "compile+channels_last"
     summary: str
     build: Callable[[Captured, BuildSettings], Runner]
     # why this machine cannot run it fast (None: it can); such a backend is left out of the default set
     unsupported: Callable[[], str | None] | None = None
+    # what each variant changes ("channels_last": "4-D weights and inputs in NHWC layout"); asked for by name
+    variants: Mapping[str, str] = field(default_factory=dict)
+    precision: str = "fp32"  # the arithmetic it runs (fp32, bf16, int8): whose measured peak it is held to
+    selected: tuple[str, ...] = ()
+
+    @property
+    def base(self) -> str:
+        return self.name.split("+")[0]
 
     def unsupported_here(self) -> str | None:
         return self.unsupported() if self.unsupported is not None else None
@@ -96,13 +107,15 @@ class Backend:
     @property
     def origin(self) -> str:
         """Where the backend comes from: ``fxforge``, a plug-in package, or the user's file."""
-        return BACKENDS.origin(self.name)
+        return BACKENDS.origin(self.base)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "summary": self.summary,
             "origin": self.origin,
+            "variants": dict(self.variants),
+            "precision": self.precision,
             "unsupported_here": self.unsupported_here(),
         }
 
@@ -111,16 +124,23 @@ BACKENDS: Registry[Backend] = Registry("backend", listing="fxforge bench --list-
 
 
 def register_backend(
-    name: str, summary: str, *, unsupported: Callable[[], str | None] | None = None
+    name: str,
+    summary: str,
+    *,
+    unsupported: Callable[[], str | None] | None = None,
+    variants: Mapping[str, str] | None = None,
+    precision: str = "fp32",
 ) -> Callable[[Callable[[Captured, BuildSettings], Runner]], Any]:
     """Register a backend builder under ``name`` (``bench`` and ``optimize --auto`` share the registry).
 
     ``unsupported()`` says why this machine cannot run the backend fast (None when it can): such a backend is
-    left out of the default set of ``bench`` and ``--auto`` (named explicitly, it still runs).
+    left out of the default set of ``bench`` and ``--auto`` (named explicitly, it still runs). ``variants``:
+    options the builder reads from ``settings.variants``, asked for as ``name+variant[+variant]``.
+    ``precision``: fp32, bf16 or int8, the peak its GFLOP/s are compared with.
     """
 
     def decorate(build: Callable[[Captured, BuildSettings], Runner]) -> Callable[[Captured, BuildSettings], Runner]:
-        backend = Backend(name, summary, build, unsupported)
+        backend = Backend(name, summary, build, unsupported, dict(variants or {}), precision)
         BACKENDS.register(name, backend, same=lambda old, new: old.build is new.build, module=build.__module__)
         return build
 
@@ -128,8 +148,18 @@ def register_backend(
 
 
 def get_backend(name: str) -> Backend:
+    """The backend called ``name``, or ``base+variant[+variant...]``: the base backend built with those variants."""
     load_backend_plugins()
-    return BACKENDS.lookup(name)
+    base, *variants = name.strip().split("+")
+    backend = BACKENDS.lookup(base)
+    unknown = [v for v in variants if v not in backend.variants]
+    if unknown:
+        known = ", ".join(backend.variants) or "none"
+        raise FxforgeError(f"backend {base!r} has no variant {unknown[0]!r}", hint=f"its variants: {known}")
+    if not variants:
+        return backend
+    ordered = tuple(v for v in backend.variants if v in variants)  # one name per combination
+    return dataclasses.replace(backend, name="+".join((base, *ordered)), selected=ordered)
 
 
 def all_backends() -> list[Backend]:
@@ -164,21 +194,53 @@ def _eager(captured: Captured, settings: BuildSettings) -> Runner:
     return captured.original
 
 
-@register_backend("fx", "the captured GraphModule rewritten with the exact passes (or --passes)")
+CHANNELS_LAST = {"channels_last": "4-D weights and inputs in channels-last (NHWC) layout, oneDNN's own"}
+
+
+@register_backend(
+    "fx", "the captured GraphModule rewritten with the exact passes (or --passes)", variants=CHANNELS_LAST
+)
 def _fx(captured: Captured, settings: BuildSettings) -> Runner:
     names = exact_passes() if settings.passes is None else list(settings.passes)
-    if not names:
-        return captured.graph_module
-    result = Pipeline(names, lint_between=False).run(captured)
-    changed = [step.result.name for step in result.steps if step.result.changed]
-    settings.notes.append(f"passes that changed the graph: {', '.join(changed) or 'none'}")
-    return result.graph_module
+    graph_module = captured.graph_module
+    if names:
+        result = Pipeline(names, lint_between=False).run(captured)
+        changed = [step.result.name for step in result.steps if step.result.changed]
+        settings.notes.append(f"passes that changed the graph: {', '.join(changed) or 'none'}")
+        graph_module = result.graph_module
+    return _laid_out(graph_module, settings)
 
 
-@register_backend("torchscript", "fxforge export --to torchscript (trace, freeze, optimize_for_inference)")
+def _laid_out(module: nn.Module, settings: BuildSettings) -> nn.Module:
+    """``module`` in the memory layout the variants ask for (a copy when that is channels-last)."""
+    return ChannelsLastModule(module).eval() if "channels_last" in settings.variants else module
+
+
+def _export_source(captured: Captured) -> nn.Module:
+    # what fxforge export exports from a Captured: the rewritten graph, or the model itself for torch.export's
+    return captured.original if captured.dialect == ATEN else captured.graph_module
+
+
+@register_backend(
+    "torchscript",
+    "fxforge export --to torchscript (trace, freeze, optimize_for_inference)",
+    variants={
+        **CHANNELS_LAST,
+        "onednn": "frozen for oneDNN graph fusion (torch.jit.enable_onednn_fusion) instead of optimize_for_inference",
+    },
+)
 def _torchscript(captured: Captured, settings: BuildSettings) -> Runner:
     path = settings.workdir / TORCHSCRIPT_BUILD_FILE
-    result = export_model(captured, "torchscript", path, verify_export=False, force=True)
+    source = _laid_out(_export_source(captured), settings)
+    result = export_model(
+        source,
+        "torchscript",
+        path,
+        example_inputs=captured.example_inputs,
+        verify_export=False,
+        force=True,
+        onednn_fusion="onednn" in settings.variants,
+    )
     settings.notes.extend(result.notes)
     return load_exported(path, "torchscript")
 
@@ -191,19 +253,42 @@ def _onnxruntime(captured: Captured, settings: BuildSettings) -> Runner:
     return load_exported(path, "onnx", output_like=settings.output_like, threads=settings.threads)
 
 
-@register_backend("compile", "torch.compile (Inductor, freezing on); build_s is the compilation on the first call")
-def _compile(captured: Captured, settings: BuildSettings) -> Runner:
-    import torch._inductor.config as inductor_config
+COMPILE_VARIANTS = {
+    **CHANNELS_LAST,
+    "max_autotune": "Inductor's max-autotune mode (benchmarks kernel choices while compiling: slower to build)",
+    "cpp_wrapper": "Inductor's C++ wrapper instead of the Python one (less per-call overhead)",
+}
 
-    compiled = torch.compile(captured.original, dynamic=False)
+
+@register_backend(
+    "compile",
+    "torch.compile (Inductor, freezing on); build_s is the compilation on the first call",
+    variants=COMPILE_VARIANTS,
+)
+def _compile(captured: Captured, settings: BuildSettings) -> Runner:
     # Freezing (weights as constants, oneDNN weight prepacking) is PyTorch's advice for CPU inference:
     # resnet18 at 64x64, one thread, measured 4.8 ms frozen, 12.2 ms not, 7.9 ms eager.
-    with torch.no_grad(), inductor_config.patch(freezing=True):
+    compiled = CompiledModule(
+        _laid_out(captured.original, settings),
+        inductor_config(settings.variants),
+        mode="max-autotune-no-cudagraphs" if "max_autotune" in settings.variants else None,
+    )
+    with torch.no_grad():  # as bench runs it: freezing applies to inference only
         compiled(*captured.example_inputs)  # compiles now, so that build_s holds the compile time
     return compiled
 
 
-@register_backend("int8", "fxforge.quantize int8 (static for traced graphs, dynamic for exported ones)")
+def inductor_config(variants: Sequence[str]) -> dict[str, Any]:
+    """The Inductor settings a compile candidate runs with: freezing always, the C++ wrapper when asked."""
+    config: dict[str, Any] = {"freezing": True}
+    if "cpp_wrapper" in variants:
+        config["cpp_wrapper"] = True
+    return config
+
+
+@register_backend(
+    "int8", "fxforge.quantize int8 (static for traced graphs, dynamic for exported ones)", precision="int8"
+)
 def _int8(captured: Captured, settings: BuildSettings) -> Runner:
     return int8_backend(captured, settings.calibration)
 
@@ -218,6 +303,7 @@ def _no_native_bf16() -> str | None:
     "bf16",
     "the captured graph in bfloat16 (weights and activations), float32 in and out",
     unsupported=_no_native_bf16,
+    precision="bf16",
 )
 def _bf16(captured: Captured, settings: BuildSettings) -> Runner:
     return bfloat16_graph(captured.graph_module, captured.example_inputs, settings.output_like)
@@ -227,31 +313,10 @@ def _bf16(captured: Captured, settings: BuildSettings) -> Runner:
     "autocast",
     "torch.autocast to bfloat16: matmuls and convolutions in bf16, the rest in float32; float32 outputs",
     unsupported=_no_native_bf16,
+    precision="bf16",
 )
 def _autocast(captured: Captured, settings: BuildSettings) -> Runner:
     return AutocastModule(captured.graph_module, settings.output_like)
-
-
-class AutocastModule(nn.Module):
-    """``model`` run under ``torch.autocast`` (bf16 on the CPU; fp16 on CUDA where asked), its floating outputs
-    cast back to the dtypes of ``output_like``: a drop-in replacement for the float32 model."""
-
-    def __init__(self, model: nn.Module, output_like: Any, device: str = "cpu", dtype: torch.dtype = torch.bfloat16):
-        super().__init__()
-        self.model, self.output_like, self.device, self.dtype = model, output_like, device, dtype
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        with torch.autocast(self.device, dtype=self.dtype):
-            output = self.model(*args, **kwargs)
-        leaves, spec = pytree.tree_flatten(output)
-        wanted = pytree.tree_leaves(self.output_like)
-        if len(wanted) != len(leaves):
-            return output
-        cast = [
-            value.to(like.dtype) if isinstance(value, torch.Tensor) and isinstance(like, torch.Tensor) else value
-            for value, like in zip(leaves, wanted)
-        ]
-        return pytree.tree_unflatten(cast, spec)
 
 
 def bfloat16_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], output_like: Any) -> fx.GraphModule:
@@ -310,6 +375,10 @@ class BenchRow:
     build_s: float | None = None
     samples: int = 0
     notes: list[str] = field(default_factory=list)
+    gflops: float | None = None  # the model's float FLOPs / median time
+    peak_fraction: float | None = None  # gflops / the machine's measured matmul peak for this row's precision
+    precision: str = "fp32"
+    round_ms: list[float] = field(default_factory=list, repr=False)  # one time per round, in round order
 
     @property
     def ok(self) -> bool:
@@ -317,6 +386,7 @@ class BenchRow:
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
+        data.pop("round_ms")
         data["ok"] = self.ok
         return data
 
@@ -329,6 +399,8 @@ class BenchReport:
     repeats: int
     inputs: list[str]
     memory: str  # how peak memory was measured
+    machine: str = ""  # CPU model, features, threads, torch, measured peaks (fxforge.machine.describe)
+    peak: Peak | None = None  # the machine's measured matmul peaks the rows' peak_fraction divide by
 
     def __repr__(self) -> str:
         return notebook.bench_repr(self)
@@ -343,6 +415,8 @@ class BenchReport:
             "repeats": self.repeats,
             "inputs": self.inputs,
             "memory": self.memory,
+            "machine": self.machine,
+            "peak": peak_dict(self.peak) if self.peak is not None else None,
             "rows": [row.to_dict() for row in self.rows],
         }
 
@@ -436,13 +510,15 @@ def bench(
     seed: int = 0,
     passes: Sequence[str] | None = None,
     progress: ProgressHook | None = None,
+    peak: bool = True,
 ) -> BenchReport:
     """Time ``captured`` on ``backends`` (names or :class:`Backend` objects; default: all registered).
 
     ``batches``: batch sizes to run (default: the example inputs'). ``threads``: intra-op threads for
     torch and ONNX Runtime (default: torch's current setting). ``passes``: for the ``fx`` backend
     (default: the exact passes). A backend that fails to build or run gives a row with its ``error``;
-    the others are still measured. See the module docstring for what is measured and how.
+    the others are still measured. ``peak``: measure the machine's matmul peak (once per process, about 2 s)
+    and give each row its fraction of it. See the module docstring for what is measured and how.
     """
     if warmup < 1 or repeats < 1:
         raise FxforgeError("bench needs at least one warm-up run and one repeat")
@@ -467,11 +543,14 @@ def bench(
     counter = _Progress(progress, steps_per_batch * len(batches))
     rows: list[BenchRow] = []
     with _threads(threads), tempfile.TemporaryDirectory(prefix="fxforge-bench-") as workdir:
-        plan = _Plan(seed, threads, warmup, repeats, passes, Path(workdir), counter)
+        measured = cached_peak(threads) if peak else None
+        plan = _Plan(seed, threads, warmup, repeats, passes, Path(workdir), counter, measured)
         for batch in batches:
             rows += _bench_batch(captured, chosen, batch, plan)
+        machine = describe(measured)
     memory = MEMORY_METHOD if ResidentPeak.available() else "not measured (needs Linux /proc)"
-    return BenchReport(rows, threads, warmup, repeats, [str(s) for s in specs_of(captured.example_inputs)], memory)
+    inputs = [str(s) for s in specs_of(captured.example_inputs)]
+    return BenchReport(rows, threads, warmup, repeats, inputs, memory, machine, measured)
 
 
 class _Progress:
@@ -493,6 +572,7 @@ class _Plan:
     passes: Sequence[str] | None
     workdir: Path
     counter: _Progress
+    peak: Peak | None = None
 
 
 def build_backend(
@@ -504,6 +584,7 @@ def build_backend(
     ``settings.workdir`` is created here; for ``compile`` the seconds include the compilation.
     """
     settings.workdir.mkdir(parents=True)
+    settings.variants = backend.selected
     start = time.perf_counter()
     try:
         with quiet_torch_logs():
@@ -517,7 +598,7 @@ def _bench_batch(captured: Captured, chosen: Sequence[Backend], batch: int, plan
     inputs = resized.example_inputs
     # constant keyword arguments (--concrete): the graph has them built in, the model gets them (see _eager)
     expected = run_reference(resized.original, inputs, resized.example_kwargs)
-    rows = {backend.name: BenchRow(backend.name, batch) for backend in chosen}
+    rows = {backend.name: BenchRow(backend.name, batch, precision=backend.precision) for backend in chosen}
     runners: dict[str, Runner] = {}
     for backend in chosen:
         row = rows[backend.name]
@@ -550,11 +631,30 @@ def _bench_batch(captured: Captured, chosen: Sequence[Backend], batch: int, plan
         row.min_ms = min(times) * 1e3
         row.mean_ms = statistics.fmean(times) * 1e3
         row.throughput = batch / statistics.median(times)
+        row.round_ms = [t * 1e3 for t in times]
+    _peak_fractions(rows.values(), resized, plan.peak)
     eager = rows.get("eager")
     for row in rows.values():
         if eager is not None and eager.median_ms and row.median_ms:
             row.speedup = eager.median_ms / row.median_ms
     return list(rows.values())
+
+
+def _peak_fractions(rows: Iterable[BenchRow], resized: Captured, peak: Peak | None) -> None:
+    """GFLOP/s of each timed row and its fraction of the measured matmul peak of the row's precision: how far
+    each backend is from what this machine can do (a matmul peak: convolutions and attention rarely reach it)."""
+    timed = [row for row in rows if row.median_ms]
+    if not timed:
+        return
+    try:
+        flops = count_flops(resized.original, resized.example_inputs, resized.example_kwargs)
+    except Exception:  # a model the FLOP counter cannot run: no GFLOP/s, the timings stand
+        return
+    for row in timed:
+        row.gflops = flops / (row.median_ms * 1e-3) / 1e9 if flops else None
+        reference = (peak.gflops.get(row.precision) or peak.gflops.get("fp32")) if peak is not None else None
+        if row.gflops and reference:
+            row.peak_fraction = row.gflops / reference
 
 
 def _holds_tensor(value: Any) -> bool:

@@ -139,6 +139,7 @@ def export_model(
     atol: float | None = None,
     allow_trace_warnings: bool = False,
     force: bool = False,
+    onednn_fusion: bool = False,
 ) -> ExportResult:
     """Export ``target`` to ``to`` (torchscript, onnx or pt2; None: from the suffix of ``path``), reload it and
     verify it.
@@ -158,6 +159,9 @@ def export_model(
             that the trace fixed a value computed from the input (``if x.mean() > 0``): by default that is
             an :class:`ExportError`, because the file would compute one branch for every input.
         force: replace an existing file.
+        onednn_fusion: TorchScript for oneDNN graph fusion (``torch.jit.enable_onednn_fusion``): frozen, without
+            ``optimize_for_inference`` (whose MKLDNN rewrite the fuser does not take); the file records it and
+            :func:`~fxforge.artifacts.load_exported` turns fusion on around each call.
 
     Returns an :class:`ExportResult`; when verification fails, ``ok`` is False and nothing is written.
 
@@ -183,7 +187,14 @@ def export_model(
     with StagedOutput(path, force=force) as staged:
         if to == "torchscript":
             result = _export_torchscript(
-                source, inputs, staged.path, script=script, freeze=freeze, optimize=optimize, allow=allow_trace_warnings
+                source,
+                inputs,
+                staged.path,
+                script=script,
+                freeze=freeze or onednn_fusion,
+                optimize=optimize and not onednn_fusion,
+                allow=allow_trace_warnings,
+                onednn_fusion=onednn_fusion,
             )
         elif to == "onnx":
             result = _export_onnx(
@@ -256,7 +267,15 @@ def _require_onnx(exporter: str) -> None:
 
 
 def _export_torchscript(
-    module: nn.Module, inputs: tuple[Any, ...], path: Path, *, script: bool, freeze: bool, optimize: bool, allow: bool
+    module: nn.Module,
+    inputs: tuple[Any, ...],
+    path: Path,
+    *,
+    script: bool,
+    freeze: bool,
+    optimize: bool,
+    allow: bool,
+    onednn_fusion: bool = False,
 ) -> ExportResult:
     method = "script" if script else "trace"
     notes: list[str] = []
@@ -277,8 +296,10 @@ def _export_torchscript(
             )
         if freeze or optimize:
             scripted = torch.jit.freeze(scripted)
-        metadata = {"optimize_at_load": optimize}
+        metadata = {"optimize_at_load": optimize, "onednn_fusion": onednn_fusion}
         torch.jit.save(scripted, str(path), _extra_files={METADATA_FILE: json.dumps(metadata)})
+        if onednn_fusion:
+            notes.append("frozen for oneDNN graph fusion (turned on around each call when loaded by fxforge)")
     return ExportResult("torchscript", None, True, method, notes=notes)
 
 

@@ -31,7 +31,7 @@ from fxforge import display
 from fxforge.capture import Captured
 from fxforge.errors import InputSpecError, first_line
 from fxforge.graphs import get_attr_value, module_path, submodule, target_name
-from fxforge.runtime import buffers_snapshot, quiet_torch_logs, restore_buffers
+from fxforge.runtime import buffers_snapshot, quiet_torch_logs, restore_buffers, run_isolated
 from fxforge.vocabulary import QUANT_KINDS, int8_flops, int8_weights, module_quant_kind, quant_kind
 
 
@@ -238,6 +238,15 @@ def _countable_attention() -> Iterator[None]:
         yield
     finally:
         mha.set_fastpath_enabled(enabled)
+
+
+def count_flops(model: Any, inputs: Sequence[Any], kwargs: dict[str, Any] | None = None) -> int:
+    """The float FLOPs of one call of ``model`` (2 per multiply-add), counted the way ``inspect`` counts them:
+    what bench and ``--auto`` divide by a time to tell how close a backend runs to the machine's peak."""
+    counter = _flop_counter()
+    with torch.no_grad(), counter, quiet_torch_logs(), _countable_attention():
+        run_isolated(model, inputs, dict(kwargs or {}))
+    return int(counter.get_total_flops())
 
 
 def _module_chain(node: fx.Node) -> list[tuple[str, str]]:

@@ -22,6 +22,7 @@ import importlib
 import importlib.util
 import inspect as pyinspect
 import io
+import json
 import os
 import pickle
 import warnings
@@ -34,11 +35,15 @@ import torch
 from torch import nn
 
 from fxforge.artifacts import (
+    AOTI_FILE,
     INPUTS_FILE,
     MODEL_FILE,
     ONNX_FILE,
     PROGRAM_FILE,
+    RECIPE_FILE,
     TORCHSCRIPT_FILE,
+    AotiModule,
+    apply_recipe,
     load_exported,
     load_provenance,
 )
@@ -311,7 +316,9 @@ def _load_output_dir(path: Path, spec: str, trusted: bool) -> LoadedModel:
     # What `optimize --auto` writes when it picks TorchScript or ONNX Runtime: runnable (verify, bench's
     # eager row), though not capturable as an fx graph.
     exported = [(path / name, form) for name, form in ((TORCHSCRIPT_FILE, "torchscript"), (ONNX_FILE, "onnx"))]
-    if model_file.exists() and (trusted or not program_file.exists()):
+    if (path / AOTI_FILE).exists():  # compiled code (optimize --auto chose Inductor): runs as timed
+        loaded = _load_aoti(path / AOTI_FILE, spec)
+    elif model_file.exists() and (trusted or not program_file.exists()):
         loaded = _load_pickled_module(model_file, spec, trusted)
     elif program_file.exists():
         loaded = _load_pt2(program_file, spec, trusted)
@@ -321,6 +328,13 @@ def _load_output_dir(path: Path, spec: str, trusted: bool) -> LoadedModel:
         raise ModelSpecError(f"directory {spec!r} has no {MODEL_FILE}", hint="is it an fxforge output?")
     if isinstance(loaded.module, torch.fx.GraphModule):
         load_provenance(loaded.module, path)
+    recipe_file = path / RECIPE_FILE
+    if recipe_file.exists():  # how optimize --auto measured it: run it that way (autocast, torch.compile)
+        try:
+            recipe = json.loads(recipe_file.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ModelSpecError(f"{recipe_file} is corrupt: {first_line(exc)}") from None
+        loaded.module = apply_recipe(loaded.module, recipe)
     inputs_file = path / INPUTS_FILE
     if inputs_file.exists():
         try:
@@ -328,6 +342,13 @@ def _load_output_dir(path: Path, spec: str, trusted: bool) -> LoadedModel:
         except (FxforgeError, OSError, UnicodeDecodeError) as exc:
             raise ModelSpecError(f"{inputs_file} is corrupt: {first_line(exc)}", hint="pass --input instead") from None
     return loaded
+
+
+def _load_aoti(path: Path, spec: str) -> LoadedModel:
+    try:
+        return LoadedModel(AotiModule(path), spec)
+    except Exception as exc:  # torch raises its own error types for damaged packages and missing compilers
+        raise ModelSpecError(f"cannot load AOTInductor package {path}: {first_line(exc)}") from None
 
 
 def _load_exported_file(path: Path, form: str, spec: str) -> LoadedModel:

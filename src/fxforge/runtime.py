@@ -316,8 +316,15 @@ def _dynamic_shapes_by_name(model: nn.Module, shapes: dict[str, Any]) -> dict[st
     # torch.export wants dynamic_shapes keyed by forward's parameter names.
     params = [p for p in pyinspect.signature(model.forward).parameters.values() if p.kind != p.VAR_KEYWORD]
     by_name: dict[str, Any] = {}
-    for param, shape in zip(params, shapes["args"]):
-        by_name[param.name] = shape
+    args = list(shapes["args"])
+    for param in params:
+        if not args:
+            break
+        if param.kind == param.VAR_POSITIONAL:  # forward(*args): the rest, as one tuple under its name
+            by_name[param.name] = tuple(args)
+            args = []
+        else:
+            by_name[param.name] = args.pop(0)
     by_name.update(shapes["kwargs"])
     return by_name
 

@@ -377,13 +377,14 @@ def render_export(console: Any, spec: str, result: Any) -> None:
 def render_bench(console: Any, spec: str, report: Any) -> None:
     """Print a bench report as a rich table (the CLI's human output)."""
     table = Table(title=f"{spec}  inputs {', '.join(report.inputs)}  threads {report.threads}")
-    table.add_column("backend")
-    for column in ("batch", "median ms", "p90 ms", "samples/s", "speedup", "peak MiB", "max abs err", "build s"):
+    table.add_column("backend", no_wrap=True)
+    columns = ("batch", "median ms", "p90 ms", "samples/s", "speedup", "GFLOP/s", "of peak", "peak MiB")
+    for column in (*columns, "max abs err", "build s"):
         table.add_column(column, justify="right")
     table.add_column("status")
     for row in report.rows:
         if not row.ok:
-            table.add_row(row.backend, str(row.batch), *["-"] * 7, f"[red]{row.error}[/]")
+            table.add_row(row.backend, str(row.batch), *["-"] * 9, f"[red]{escape(row.error)}[/]")
             continue
         verdict = "[green]ok[/]" if row.within_tolerance else "[yellow]beyond tol[/]"
         table.add_row(
@@ -393,19 +394,31 @@ def render_bench(console: Any, spec: str, report: Any) -> None:
             _fmt(row.p90_ms, ".2f"),
             _fmt(row.throughput, ".1f"),
             _fmt(row.speedup, ".2f", "x"),
+            _fmt(row.gflops, ".0f"),
+            _peak_share(row),
             _fmt(row.peak_mem_mib, ".1f"),
             _fmt(row.max_abs_err, ".2g"),
             _fmt(row.build_s, ".1f"),
             verdict,
         )
     console.print(table)
+    if report.machine:
+        console.print(f"[dim]machine: {escape(report.machine)}[/]")
     console.print(
         f"[dim]{report.repeats} timed calls per backend after {report.warmup} warm-up calls, interleaved "
-        f"in a shuffled order each round; max abs err vs eager on the same inputs; peak MiB: {report.memory}[/]"
+        f"in a shuffled order each round; max abs err vs eager on the same inputs; of peak: GFLOP/s over the "
+        f"measured matmul peak of the row's precision; peak MiB: {report.memory}[/]"
     )
     for row in report.rows:
         for note in row.notes:
             console.print(f"[dim]{row.backend}: {note}[/]")
+
+
+def _peak_share(row: Any) -> str:
+    if row.peak_fraction is None:
+        return "-"
+    precision = "" if row.precision == "fp32" else f" {row.precision}"
+    return f"{row.peak_fraction:.0%}{precision}"
 
 
 def render_auto(console: Any, spec: str, result: Any) -> None:
@@ -413,28 +426,47 @@ def render_auto(console: Any, spec: str, result: Any) -> None:
     passes = ", ".join(result.passes) or "none changed the graph"
     console.print(f"[bold]{spec}[/]  exact passes: {passes}")
     for name, reason in result.rejected_passes.items():
-        console.print(f"  [yellow]pass {name} rejected[/]: {reason}")
+        console.print(f"  [yellow]pass {name} rejected[/]: {escape(reason)}")
     table = Table(title=f"candidates (tolerance {result.budget.tolerance:g}" + _agreement(result.budget) + ")")
-    table.add_column("candidate")
-    for column in ("median ms", "p90 ms", "speedup", "max abs err", "top-1 agr."):
+    table.add_column("candidate", no_wrap=True)
+    for column in ("median ms", "vs fastest (95% CI)", "speedup", "of peak", "build s", "max abs err", "top-1 agr."):
         table.add_column(column, justify="right")
     table.add_column("verdict")
     styles = {"chosen": "bold green", "accepted": "green", "rejected": "red", "failed": "red"}
     for c in result.candidates:
-        verdict = f"[{styles.get(c.status, '')}]{c.status}[/]" + (f": {c.reason}" if c.reason else "")
+        verdict = f"[{styles.get(c.status, '')}]{c.status}[/]"
         table.add_row(
             c.name,
             _fmt(c.median_ms, ".2f"),
-            _fmt(c.p90_ms, ".2f"),
+            _interval(c.vs_fastest),
             _fmt(c.speedup, ".2f", "x"),
+            _fmt(c.peak_fraction, ".0%"),
+            _fmt(c.build_s, ".1f"),
             _fmt(c.max_abs_err, ".2g"),
             _fmt(c.top1_agreement, ".4f"),
             verdict,
         )
     console.print(table)
+    for c in result.candidates:
+        if c.reason:
+            console.print(f"  {c.name}: {escape(c.reason)}")
+    if result.bench is not None and result.bench.machine:
+        console.print(f"[dim]machine: {escape(result.bench.machine)}[/]")
+    timed = ", ".join(f"{stage} {value:.0f} s" for stage, value in result.seconds.items() if stage != "total")
+    console.print(f"[dim]--auto took {result.seconds.get('total', 0):.0f} s ({timed}); every candidate was timed as "
+                  "its artifact, written and loaded back[/]")
     where = f"wrote {result.output_dir} ({', '.join(result.files)})" if result.output_dir else "nothing written"
     console.print(f"chosen: [bold green]{result.chosen}[/]; {where}")
-    console.print(f"  load: {result.load}")
+    if result.output_dir:
+        console.print(f"  load: fxforge.load_model({str(result.output_dir)!r})  # runs as timed")
+    console.print(f"  plain torch: {escape(result.load)}")
+
+
+def _interval(value: Any) -> str:
+    if not value:
+        return "-"
+    median, low, high = value
+    return f"{median:.2f}x ({low:.2f}-{high:.2f})"
 
 
 def _agreement(budget: Any) -> str:

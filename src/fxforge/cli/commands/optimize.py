@@ -19,7 +19,9 @@ Examples:
   fxforge optimize demo -p fold_bn -p replace_modules --option replace_modules.mapping='{ReLU: ReLU6}' -o out/demo
   fxforge optimize my_model.py:Net --input 1x3x32x32 --pipeline pipeline.yaml -o out/net
   fxforge optimize torchvision:resnet18 --auto -o out/fastest
+  fxforge optimize torchvision:resnet18 --auto --quick -o out/fastest
   fxforge optimize torchvision:resnet18 --auto --min-agreement 0.99 --data val.pt -o out/fastest
+  fxforge optimize torchvision:resnet18 --auto -b onnxruntime,compile+channels_last -o out/fastest
 Exit code: 1 when verification finds a mismatch (nothing is written then; with --keep-going the failing
 pass is rolled back and reported instead).
 """,
@@ -42,8 +44,13 @@ pass is rolled back and reported instead).
 @click.option("--tolerance", type=float, default=1e-4, show_default=True, help="--auto: normwise relative tolerance.")
 @click.option("--min-agreement", type=float, default=None, help="--auto: allow bf16/int8 at this top-1 agreement.")
 @click.option("--data", default=None, metavar="FILE|file.py:fn", help="--auto: inputs to judge bf16/int8 on.")
-@click.option("--backends", "-b", "auto_backends", default="", metavar="NAMES", help="--auto: candidates to try.")
-@click.option("--repeats", default=20, show_default=True, type=click.IntRange(min=1), help="--auto: timed calls.")
+@click.option(
+    "--backends", "-b", "auto_backends", default="", metavar="NAMES", help="--auto: candidates (compile+channels_last)."
+)
+@click.option("--quick", is_flag=True, help="--auto: only the candidates that usually win here, fewer rounds.")
+@click.option(
+    "--repeats", default=None, type=click.IntRange(min=1), help="--auto: timed rounds (default 30; --quick 10)."
+)
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="--auto: intra-op threads while timing.")
 def command(
     opts: CaptureOptions,
@@ -60,7 +67,8 @@ def command(
     min_agreement: float | None,
     data: str | None,
     auto_backends: str,
-    repeats: int,
+    quick: bool,
+    repeats: int | None,
     threads: int | None,
 ) -> None:
     """Rewrite a model with passes, verify it, and write the result (loadable with torch alone)."""
@@ -68,10 +76,12 @@ def command(
     from fxforge.optimize import optimize
     from fxforge.pipeline import build_pipeline
 
+    if quick and not auto:
+        raise FxforgeError("--quick applies to --auto", hint="add --auto")
     if auto:
         if pass_names or pipeline or pass_options:
             raise FxforgeError("--auto picks the passes itself", hint="drop --passes/--pipeline/--option")
-        _auto(opts, output, force, tolerance, min_agreement, data, auto_backends, repeats, threads)
+        _auto(opts, output, force, tolerance, min_agreement, data, auto_backends, quick, repeats, threads)
         return
     plan = build_pipeline(
         pass_names, pass_options, pipeline_file=pipeline, verify=do_verify, keep_going=keep_going or None
@@ -99,7 +109,8 @@ def _auto(
     min_agreement: float | None,
     data: str | None,
     backends: str,
-    repeats: int,
+    quick: bool,
+    repeats: int | None,
     threads: int | None,
 ) -> None:
     from fxforge.auto import AutoWarning, Budget, auto_optimize
@@ -107,7 +118,7 @@ def _auto(
 
     budget = Budget(tolerance, min_agreement)
     captured = opts.prepare()
-    with status("trying every backend", opts.as_json), warnings.catch_warnings():
+    with status("writing, verifying and timing every candidate", opts.as_json), warnings.catch_warnings():
         warnings.simplefilter("ignore", AutoWarning)  # printed below as one line, from result.warnings
         result = auto_optimize(
             captured,
@@ -119,6 +130,7 @@ def _auto(
             threads=threads,
             force=force,
             spec=opts.model,
+            quick=quick,
         )
     for message in result.warnings:
         warn(message)

@@ -1,0 +1,278 @@
+"""Deploy: write an ``optimize --auto`` candidate as the files a user ships, and read them back the way the user
+will, so that what ``--auto`` times and verifies is the artifact itself, not an object in memory.
+
+Each candidate (a bench backend name with its variants, ``compile+channels_last``) becomes a directory:
+
+=================  =============================================  =========================================
+candidate          files                                          loads with plain torch as
+=================  =============================================  =========================================
+eager              ``model.pt`` (the model, pickled)              ``torch.load('model.pt', weights_only=False)``
+fx                 ``model.pt2`` (+ ``model.pt``, provenance)     ``torch.export.load('model.pt2').module()``
+torchscript        ``model.torchscript.pt``                       ``torch.jit.load(...)`` (+ optimize_for_inference)
+onnxruntime        ``model.onnx``                                 ``onnxruntime.InferenceSession('model.onnx')``
+compile            ``model.aoti.pt2`` (AOTInductor: compiled      ``torch._inductor.aoti_load_package(...)``
+                   code and weights); without a working
+                   compiler ``model.pt2`` + ``recipe.json``
+int8               ``model.pt`` (quantized GraphModule, pickled)  ``torch.load('model.pt', weights_only=False)``
+bf16               ``model.pt2`` (bf16 inside, fp32 in and out)   ``torch.export.load('model.pt2').module()``
+autocast           ``model.pt2`` + ``recipe.json``                under ``torch.autocast('cpu', torch.bfloat16)``
+=================  =============================================  =========================================
+
+``channels_last`` variants bake the layout change into the exported graph (:class:`ChannelsLastModule`), so the
+artifact needs nothing at load time. :func:`fxforge.load_model` on the directory runs every one of them as
+measured, applying ``recipe.json`` where there is one.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from fxforge.artifacts import (
+    AOTI_FILE,
+    MODEL_FILE,
+    ONNX_FILE,
+    PROGRAM_FILE,
+    RECIPE_FILE,
+    TORCHSCRIPT_FILE,
+    AotiModule,
+    ChannelsLastModule,
+    apply_recipe,
+    load_exported,
+    save_graph_module,
+    write_inputs,
+)
+from fxforge.bench import Backend, BuildSettings, bfloat16_graph, inductor_config
+from fxforge.capture import Captured
+from fxforge.errors import FxforgeError, first_line, one_line_reason
+from fxforge.export import export_model
+from fxforge.graphs import ATEN, TORCH
+from fxforge.quantize import int8_backend, picklable_quantized_modules
+from fxforge.runtime import export_program, quiet_torch_logs
+
+# How each kind of artifact loads without fxforge (printed with the result and written into report.json).
+PLAIN_TORCH_LOAD = {
+    "eager": "torch.load('model.pt', weights_only=False)",
+    "fx": "torch.export.load('model.pt2').module()",
+    "torchscript": "torch.jit.load('model.torchscript.pt')",
+    "torchscript+optimize": "torch.jit.optimize_for_inference(torch.jit.load('model.torchscript.pt'))",
+    "onnxruntime": "onnxruntime.InferenceSession('model.onnx')",
+    "aoti": "torch._inductor.aoti_load_package('model.aoti.pt2')",
+    "compile": "torch.compile(torch.export.load('model.pt2').module()), first call under "
+    "torch._inductor.config.patch(freezing=True)",
+    "int8": "torch.load('model.pt', weights_only=False)  # with torch.backends.quantized.engine = 'x86'",
+    "bf16": "torch.export.load('model.pt2').module()",
+    "autocast": "torch.export.load('model.pt2').module(), called under torch.autocast('cpu', torch.bfloat16)",
+}
+
+
+@dataclass
+class Artifact:
+    """One candidate written to ``directory`` and loaded back: ``runner`` is what was read from the files."""
+
+    candidate: str
+    directory: Path
+    runner: Any = None
+    load: str = ""  # how plain torch loads it
+    notes: list[str] = field(default_factory=list)
+    write_s: float = 0.0  # writing (exporting, compiling) the files
+    load_s: float = 0.0  # reading them back, first call included
+
+    @property
+    def files(self) -> list[str]:
+        return sorted(p.name + ("/" if p.is_dir() else "") for p in self.directory.iterdir())
+
+
+def write_artifact(backend: Backend, captured: Captured, directory: Path, settings: BuildSettings) -> Artifact:
+    """Write ``backend``'s artifact for ``captured`` (its graph rewritten already) into ``directory`` and load it
+    back as a user would; the returned artifact's ``runner`` is the reloaded model, run once.
+
+    Raises :class:`FxforgeError` (one line) when the candidate cannot be written or read back.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    artifact = Artifact(backend.name, directory)
+    variants = set(backend.selected)
+    writer = _WRITERS.get(backend.base)
+    if writer is None:
+        raise FxforgeError(f"backend {backend.base!r} has no artifact fxforge can write (it is timed by bench only)")
+    start = time.perf_counter()
+    try:
+        with quiet_torch_logs():
+            writer(captured, directory, settings, variants, artifact)
+            write_inputs(directory, captured.example_inputs)
+    except FxforgeError:
+        raise
+    except Exception as exc:
+        raise FxforgeError(f"writing the {backend.name} artifact failed: {one_line_reason(exc)}") from exc
+    artifact.write_s = time.perf_counter() - start
+    start = time.perf_counter()
+    try:
+        with quiet_torch_logs(), torch.no_grad():
+            artifact.runner = reload_artifact(directory, settings.output_like, settings.threads)
+            artifact.runner(*captured.example_inputs)  # the first call: loading lazily-built kernels
+    except FxforgeError:
+        raise
+    except Exception as exc:
+        raise FxforgeError(f"the written {backend.name} artifact does not load and run: {first_line(exc)}") from exc
+    artifact.load_s = time.perf_counter() - start
+    return artifact
+
+
+def reload_artifact(directory: Path, output_like: Any = None, threads: int | None = None) -> nn.Module:
+    """The model in an artifact directory, loaded the way :func:`fxforge.load_model` loads it (pickles too: the
+    caller wrote them). ``output_like`` restores an ONNX model's output structure."""
+    if (directory / AOTI_FILE).exists():
+        module: nn.Module = AotiModule(directory / AOTI_FILE)
+    elif (directory / TORCHSCRIPT_FILE).exists():
+        module = load_exported(directory / TORCHSCRIPT_FILE, "torchscript")
+    elif (directory / ONNX_FILE).exists():
+        module = load_exported(directory / ONNX_FILE, "onnx", output_like=output_like, threads=threads)
+    elif (directory / PROGRAM_FILE).exists():
+        module = torch.export.load(str(directory / PROGRAM_FILE)).module()
+    elif (directory / MODEL_FILE).exists():
+        module = torch.load(str(directory / MODEL_FILE), map_location="cpu", weights_only=False)
+    else:
+        raise FxforgeError(f"{directory} holds no model file")
+    recipe = directory / RECIPE_FILE
+    if recipe.exists():
+        module = apply_recipe(module, json.loads(recipe.read_text()))
+    # no .eval(): every artifact was written in inference mode, and an exported program's module refuses it
+    return module
+
+
+# --------------------------------------------------------------------------------------------------
+# one writer per kind of candidate
+
+
+def _source(captured: Captured, variants: set[str]) -> nn.Module:
+    """The rewritten graph, in channels-last layout when asked (the conversion is then part of what is exported)."""
+    module = captured.graph_module
+    return ChannelsLastModule(module).eval() if "channels_last" in variants else module
+
+
+def _write_eager(captured: Captured, directory: Path, settings: BuildSettings, variants: set[str], a: Artifact) -> None:
+    torch.save(captured.original, directory / MODEL_FILE)
+    a.load = PLAIN_TORCH_LOAD["eager"]
+    a.notes.append("the model itself, pickled: loading it needs its code importable and --trust-pickle")
+
+
+def _write_fx(captured: Captured, directory: Path, settings: BuildSettings, variants: set[str], a: Artifact) -> None:
+    if "channels_last" in variants:
+        program = export_program(_source(captured, variants), captured.example_inputs, {}, dynamic_batch=True)
+        torch.export.save(program, str(directory / PROGRAM_FILE))
+    else:
+        save_graph_module(captured.graph_module, directory, captured.example_inputs, captured.dialect, notes=a.notes)
+        if not (directory / PROGRAM_FILE).exists():
+            raise FxforgeError("the rewritten graph does not export to model.pt2: " + "; ".join(a.notes))
+    a.load = PLAIN_TORCH_LOAD["fx"]
+
+
+def _write_torchscript(
+    captured: Captured, directory: Path, settings: BuildSettings, variants: set[str], a: Artifact
+) -> None:
+    # TorchScript traces the torch-dialect graph; an ATen graph's unlifted module does not trace: trace the model
+    source = captured.original if captured.dialect == ATEN else captured.graph_module
+    if "channels_last" in variants:
+        source = ChannelsLastModule(source).eval()
+    onednn = "onednn" in variants
+    result = export_model(
+        source,
+        "torchscript",
+        directory / TORCHSCRIPT_FILE,
+        example_inputs=captured.example_inputs,
+        verify_export=False,
+        onednn_fusion=onednn,
+    )
+    a.notes.extend(result.notes)
+    optimized = any("optimize_for_inference" in note for note in result.notes) and not onednn
+    a.load = PLAIN_TORCH_LOAD["torchscript+optimize" if optimized else "torchscript"]
+    if onednn:
+        a.load += "  # with torch.jit.enable_onednn_fusion(True)"
+
+
+def _write_onnx(captured: Captured, directory: Path, settings: BuildSettings, variants: set[str], a: Artifact) -> None:
+    result = export_model(captured, "onnx", directory / ONNX_FILE, verify_export=False)
+    a.notes.append(f"{result.exporter} exporter, opset {result.opset}")
+    a.load = PLAIN_TORCH_LOAD["onnxruntime"]
+
+
+def _write_compiled(
+    captured: Captured, directory: Path, settings: BuildSettings, variants: set[str], a: Artifact
+) -> None:
+    """AOTInductor: the compiled code and weights in one package, which loads and runs at the measured speed
+    without compiling again. Where AOTInductor fails (no C++ compiler, an op it cannot compile ahead of time),
+    ``model.pt2`` and a recipe that fxforge's loader compiles at load time."""
+    config = inductor_config(sorted(variants))
+    if "max_autotune" in variants:
+        config["max_autotune"] = True
+    program = export_program(_source(captured, variants), captured.example_inputs, {}, dynamic_batch=False)
+    try:
+        torch._inductor.aoti_compile_and_package(
+            program, package_path=str(directory / AOTI_FILE), inductor_configs=config
+        )
+        a.load = PLAIN_TORCH_LOAD["aoti"]
+        a.notes.append("AOTInductor package: compiled for this CPU and the example's batch size")
+        return
+    except Exception as exc:  # the fallback below still delivers the speed, compiling when loaded
+        (directory / AOTI_FILE).unlink(missing_ok=True)
+        a.notes.append(f"AOTInductor failed ({one_line_reason(exc, 160)}): fxforge's loader compiles at load time")
+    torch.export.save(program, str(directory / PROGRAM_FILE))
+    recipe = {"run": "compile", "inductor": config}
+    if "max_autotune" in variants:
+        recipe["mode"] = "max-autotune-no-cudagraphs"
+    (directory / RECIPE_FILE).write_text(json.dumps(recipe, indent=1))
+    a.load = PLAIN_TORCH_LOAD["compile"]
+
+
+def _write_int8(captured: Captured, directory: Path, settings: BuildSettings, variants: set[str], a: Artifact) -> None:
+    model = int8_backend(captured, settings.calibration)
+    with picklable_quantized_modules(model):
+        torch.save(model, directory / MODEL_FILE)
+    a.load = PLAIN_TORCH_LOAD["int8"]
+    a.notes.append("a pickled quantized GraphModule: loading it needs --trust-pickle")
+
+
+def _write_bf16(captured: Captured, directory: Path, settings: BuildSettings, variants: set[str], a: Artifact) -> None:
+    model = bfloat16_graph(captured.graph_module, captured.example_inputs, settings.output_like)
+    save_graph_module(model, directory, captured.example_inputs, TORCH, notes=a.notes)
+    a.load = PLAIN_TORCH_LOAD["bf16"]
+
+
+def _write_autocast(
+    captured: Captured, directory: Path, settings: BuildSettings, variants: set[str], a: Artifact
+) -> None:
+    save_graph_module(captured.graph_module, directory, captured.example_inputs, captured.dialect, notes=a.notes)
+    (directory / RECIPE_FILE).write_text(json.dumps({"run": "autocast", "dtype": "bfloat16"}))
+    a.load = PLAIN_TORCH_LOAD["autocast"]
+
+
+_WRITERS = {
+    "eager": _write_eager,
+    "fx": _write_fx,
+    "torchscript": _write_torchscript,
+    "onnxruntime": _write_onnx,
+    "compile": _write_compiled,
+    "int8": _write_int8,
+    "bf16": _write_bf16,
+    "autocast": _write_autocast,
+}
+
+
+def deployable(backend: Backend) -> bool:
+    """Whether fxforge can write ``backend``'s artifact (the others are timed by ``bench`` only)."""
+    return backend.base in _WRITERS
+
+
+def register_writer(base: str, writer: Any) -> None:
+    """Teach :func:`write_artifact` a new kind of candidate (``writer(captured, directory, settings, variants,
+    artifact)`` writes the files and sets ``artifact.load``)."""
+    _WRITERS[base] = writer
+
+
+__all__ = ["PLAIN_TORCH_LOAD", "Artifact", "deployable", "register_writer", "reload_artifact", "write_artifact"]
