@@ -90,3 +90,63 @@ def test_relu_after_hardtanh_with_negative_range(capture_as, findings, dialect):
 def test_clean_torchvision_models(findings, resnet18_captured, mobilenet_v2_captured):
     assert findings(resnet18_captured, "FX003") == []
     assert findings(mobilenet_v2_captured, "FX003") == []
+
+
+# --------------------------------------------------------------------------------------------------
+# the rule shares its detection with remove_redundant_activation, which lint --fix runs
+
+
+class TanhThenHardtanh(nn.Module):
+    def forward(self, x):
+        return F.hardtanh(torch.tanh(x), -1.0, 1.0) + torch.clamp(torch.sigmoid(x), 0.0, 1.0)
+
+
+class WrittenAfter(nn.Module):
+    """relu of relu, but the inner relu's value is written in place afterwards: not removable, not reported."""
+
+    def forward(self, x):
+        y = F.relu(x)
+        z = F.relu(y)
+        y.add_(1)
+        return z + y
+
+
+MODELS = [ReluRelu, ReluAfterSigmoid, Relu6AfterRelu, ReluAfterSoftmaxAndRelu6, TanhThenHardtanh, WrittenAfter]
+
+
+def test_the_rule_names_its_fix():
+    from fxforge.lint import all_rules
+
+    (rule,) = [r for r in all_rules() if r.code == "FX003"]
+    assert rule.fix == "remove_redundant_activation" and rule.severity == "warning"
+
+
+@pytest.mark.parametrize("dialect", ["torch", "aten"])
+@pytest.mark.parametrize("make", MODELS, ids=lambda m: m.__name__)
+def test_reports_exactly_what_the_pass_removes(capture_as, findings, dialect, make):
+    from fxforge.passes import apply_pass
+
+    captured = capture_as(make(), X, dialect)
+    found = findings(captured, "FX003")
+    result = apply_pass(captured.graph_module, "remove_redundant_activation")
+    removed = {line.split()[1] for line in result.log}
+    assert {f.node for f in found} == removed and len(found) == result.removed
+    assert findings(result.graph_module, "FX003") == []  # lint --fix clears what it reported
+
+
+@pytest.mark.parametrize("dialect", ["torch", "aten"])
+def test_tanh_and_clamp_ranges(capture_as, findings, dialect):
+    found = findings(capture_as(TanhThenHardtanh(), X, dialect), "FX003")
+    assert len(found) == 2
+    assert "(hardtanh(-1, 1)) is redundant: its input from tanh (tanh) already lies in [-1, 1]" in found[0].message
+    assert "(clamp(0, 1)) is redundant: its input from sigmoid (sigmoid) already lies in [0, 1]" in found[1].message
+
+
+@pytest.mark.parametrize("dialect", ["torch", "aten"])
+def test_a_redundant_relu_the_pass_must_keep_is_not_reported(capture_as, findings, dialect):
+    from fxforge.passes import apply_pass
+
+    captured = capture_as(WrittenAfter(), X, dialect)
+    assert findings(captured, "FX003") == []
+    result = apply_pass(captured.graph_module, "remove_redundant_activation")
+    assert "an in-place op writes its input after it" in result.skipped[0]

@@ -112,7 +112,7 @@ PASSES: Registry[PassSpec] = Registry("pass", PassError, listing="fxforge passes
 
 # The exact passes in the order ``lint --fix`` and ``optimize --auto`` run them: removals first, so that folding
 # sees the simplified graph; dead code last, to sweep up what the others leave unused.
-FIX_ORDER = ("remove_dropout", "remove_identity", "fold_bn", "merge_convs", "cse", "fold_constants", "dead_code")
+FIX_ORDER = ("remove_dropout", "remove_identity", "remove_redundant_activation", "fold_bn", "merge_convs", "cse", "fold_constants", "dead_code")  # noqa: E501
 
 
 def register_pass(

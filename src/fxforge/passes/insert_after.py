@@ -9,8 +9,13 @@ What goes in (option ``insert``); each is a small ``nn.Module`` registered on th
   :func:`collect_stats`; reset with :func:`reset_stats`. Returns its input itself, so outputs are bit-identical.
 * ``nan_guard`` -- :class:`NonFiniteGuard`: raises :class:`NonFiniteError` (an ``FxforgeError`` and a
   ``RuntimeError``) naming the node and its module when the value holds a NaN or Inf; returns its input otherwise.
-* ``noise`` -- :class:`GaussianNoise`: ``x + sigma * N(0, 1)`` drawn from a ``torch.Generator`` seeded per site
-  (from ``seed`` and the node's name), so a run is reproducible and sites draw independent noise.
+* ``noise`` -- :class:`GaussianNoise` (``x + sigma * N(0, 1)``) or :class:`LaplaceNoise` (``x + Laplace(0, b)``),
+  drawn from a ``torch.Generator`` seeded per site (from ``seed`` and the node's name), so a run is reproducible and
+  sites draw independent noise. With ``epsilon`` the noise is calibrated for differential privacy: the analytic
+  Gaussian mechanism (:func:`analytic_gaussian_sigma`) or the Laplace mechanism, at a sensitivity derived from a
+  ``clip_min``/``clip_max`` range the module clips to first (and the value's number of elements) or stated; the
+  result's ``artifacts["privacy"]`` and log say what was guaranteed per site (docs/privacy.md). A raw ``sigma``
+  claims nothing.
 * ``clamp`` -- :class:`Clamp`: ``x.clamp(min, max)``.
 * ``callable`` -- :class:`CallableModule`: ``fn(x)``, for a Python callable or a ``"pkg.mod:fn"`` reference.
 
@@ -62,6 +67,7 @@ from fxforge.errors import FxforgeError
 from fxforge.graphs import ATEN, NODE_KINDS, aten_packet, dialect_of, module_path, node_kind, node_value, target_name
 from fxforge.passes import PassError, PassResult, mark, register_pass
 from fxforge.passes._analysis import AliasClasses
+from fxforge.passes.merge_convs import reads_metadata_only
 
 NAME = "insert_after"
 KINDS = ("stats", "nan_guard", "noise", "clamp", "callable")
@@ -247,15 +253,103 @@ def site_seed(seed: int, node: str) -> int:
     return int.from_bytes(digest, "little") & (2**63 - 1)
 
 
-class GaussianNoise(InsertedModule):
-    """``x + sigma * N(0, 1)`` from a generator seeded per site; pickles with the generator's state."""
+# --------------------------------------------------------------------------------------------------
+# noise: the mechanisms and their calibration
+
+MECHANISMS = ("gaussian", "laplace")
+UNITS = ("tensor", "element")  # what neighbouring inputs may change in a released value: all of it, or one element
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _log_ndtr(t: float) -> float:
+    """log Phi(t) of the standard normal CDF, accurate far into both tails (no underflow to log 0)."""
+    return float(torch.special.log_ndtr(torch.tensor(t, dtype=torch.float64)))
+
+
+def gaussian_delta(sigma: float, epsilon: float, sensitivity: float) -> float:
+    """The smallest delta for which adding N(0, sigma^2) noise to each element of a value whose L2 sensitivity is
+    ``sensitivity`` is (epsilon, delta)-differentially private -- exact, for every epsilon > 0 (Balle & Wang 2018,
+    "Improving the Gaussian mechanism for differential privacy", Theorem 8):
+
+        delta = Phi(D / (2 s) - e s / D) - exp(e) * Phi(-D / (2 s) - e s / D)
+
+    computed as ``Phi(a) * (1 - exp(e + log Phi(b) - log Phi(a)))`` in log space, so that neither a large epsilon
+    (exp overflows) nor a tiny delta (the two terms cancel) loses it."""
+    a = sensitivity / (2.0 * sigma) - epsilon * sigma / sensitivity
+    b = -sensitivity / (2.0 * sigma) - epsilon * sigma / sensitivity
+    log_a, log_b = _log_ndtr(a), _log_ndtr(b)
+    return -math.exp(log_a) * math.expm1(epsilon + log_b - log_a)
+
+
+def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float) -> float:
+    """The smallest sigma for which the Gaussian mechanism is (epsilon, delta)-DP at this L2 sensitivity: the
+    analytic Gaussian mechanism of Balle & Wang (2018), found by bisection on :func:`gaussian_delta` (which falls
+    as sigma grows). Valid for every epsilon > 0, unlike the classic ``sqrt(2 ln(1.25/delta)) D / epsilon`` (only
+    proven for epsilon < 1, and larger). Returns the upper end of the final bracket: the condition holds there."""
+    if not (epsilon > 0 and math.isfinite(epsilon)) or not 0 < delta < 1 or not (sensitivity > 0):
+        raise PassError(f"no Gaussian calibration for epsilon={epsilon}, delta={delta}, sensitivity={sensitivity}")
+    low = high = sensitivity
+    for _ in range(2100):  # doubling/halving from the sensitivity brackets any representable answer
+        if gaussian_delta(high, epsilon, sensitivity) <= delta:
+            break
+        low, high = high, high * 2.0
+    for _ in range(2100):
+        if gaussian_delta(low, epsilon, sensitivity) > delta:
+            break
+        high, low = low, low / 2.0
+    for _ in range(200):
+        if high / low - 1.0 < 1e-14:
+            break
+        middle = math.sqrt(low * high)
+        if gaussian_delta(middle, epsilon, sensitivity) <= delta:
+            high = middle
+        else:
+            low = middle
+    if not (math.isfinite(high) and high > 0 and gaussian_delta(high, epsilon, sensitivity) <= delta):
+        raise PassError(f"could not calibrate Gaussian noise for epsilon={epsilon:g}, delta={delta:g}")
+    return high
+
+
+def laplace_scale(epsilon: float, sensitivity: float) -> float:
+    """The Laplace mechanism's scale b = sensitivity / epsilon (L1 sensitivity; (epsilon, 0)-DP)."""
+    return sensitivity / epsilon
+
+
+def _inward(value: float, dtype: torch.dtype, up: bool) -> float:
+    """The ``dtype`` number nearest ``value`` on the inside of the clip range (rounding may not widen it)."""
+    t = torch.tensor(value, dtype=dtype)
+    if not math.isfinite(float(t)) or (float(t) < value if up else float(t) > value):
+        t = torch.nextafter(t, torch.tensor(math.inf if up else -math.inf, dtype=dtype))
+    return float(t)
+
+
+class _Noise(InsertedModule):
+    """Base of the noise modules: optionally clip (NaN and +-Inf too) to ``clip = (low, high)``, then add noise from
+    a generator seeded per site. Pickles with the generator's state, so a copy continues the same stream."""
 
     kind = "noise"
 
-    def __init__(self, node: str, path: str = "", sigma: float = 1.0, seed: int = 0) -> None:
-        super().__init__(node, path, sigma=sigma, seed=seed)
-        self.sigma = sigma
+    def __init__(
+        self,
+        node: str,
+        path: str = "",
+        seed: int = 0,
+        clip: tuple[float, float] | None = None,
+        max_elements: int | None = None,
+        **settings: Any,
+    ) -> None:
+        if clip is not None:
+            settings["clip"] = clip
+        super().__init__(node, path, **settings, seed=seed)
         self.generator_seed = site_seed(seed, node)
+        self.clip = clip
+        self.max_elements = max_elements  # the element count the sensitivity was derived for (unit: tensor)
+        # each dtype's clip bounds, rounded inwards: a clamped value never leaves [low, high]
+        self.clip_bounds = (
+            {dtype: (_inward(clip[0], dtype, up=True), _inward(clip[1], dtype, up=False)) for dtype in _FLOAT_DTYPES}
+            if clip is not None
+            else {}
+        )
         self._generator: torch.Generator | None = None
 
     def _generator_for(self, device: torch.device) -> torch.Generator:
@@ -263,12 +357,35 @@ class GaussianNoise(InsertedModule):
             self._generator = torch.Generator(device=device).manual_seed(self.generator_seed)
         return self._generator
 
+    def _draw(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        raise NotImplementedError
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._require_tensor(x)
         if not x.is_floating_point():
             raise InsertAfterError(f"noise after {self._where()} needs floating point values, got {x.dtype}")
-        noise = torch.randn(x.shape, generator=self._generator_for(x.device), dtype=x.dtype, device=x.device)
-        return x + self.sigma * noise
+        if self.max_elements is not None:
+            self._check_elements(x)
+        if self.clip is not None:
+            low, high = self.clip_bounds.get(x.dtype, self.clip)
+            # NaN would pass a clamp and announce itself; +-Inf clamp anyway
+            x = torch.clamp(torch.nan_to_num(x, nan=low, posinf=high, neginf=low), low, high)
+        return x + self._draw(x, self._generator_for(x.device))
+
+    def _check_elements(self, x: torch.Tensor) -> None:
+        """Refuse more elements than the sensitivity was derived for (fewer only lower it). An exported program
+        keeps the check as a constraint on its input sizes."""
+        if torch.compiler.is_exporting() or torch.compiler.is_compiling():
+            torch._check(
+                x.numel() <= self.max_elements, lambda: f"fxforge noise: more than {self.max_elements} elements"
+            )
+            return
+        if not _capturing() and x.numel() > self.max_elements:
+            raise InsertAfterError(
+                f"noise after {self._where()} was calibrated for at most {self.max_elements} elements (its "
+                f"sensitivity grows with their number) and got {x.numel()}: the privacy guarantee would not hold",
+                hint="run insert_after with example inputs of the largest shape the model will see",
+            )
 
     def __getstate__(self) -> dict[str, Any]:
         # torch.Generator does not pickle; its state (a byte tensor) does, so a copy continues the same stream.
@@ -281,13 +398,45 @@ class GaussianNoise(InsertedModule):
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        state = dict(state)
+        state = {"clip": None, "max_elements": None, "clip_bounds": {}, **state}  # saved before clipping existed
         generator_state = state.pop("_generator_state", None)
         super().__setstate__(state)
         self._generator = None
         if generator_state is not None:
             self._generator = torch.Generator()
             self._generator.set_state(generator_state)
+
+
+class GaussianNoise(_Noise):
+    """``x + sigma * N(0, 1)`` (after clipping, when ``clip`` is given) from a generator seeded per site; drawn in
+    float64 (float32 draws would cut the tails off near 5.8 sigma), added in the value's dtype."""
+
+    mechanism = "gaussian"
+
+    def __init__(self, node: str, path: str = "", sigma: float = 1.0, seed: int = 0, **calibration: Any) -> None:
+        super().__init__(node, path, seed, sigma=sigma, **calibration)
+        self.sigma = sigma
+
+    def _draw(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        normal = torch.randn(x.shape, generator=generator, dtype=torch.float64, device=x.device)
+        return (self.sigma * normal).to(x.dtype)
+
+
+class LaplaceNoise(_Noise):
+    """``x + Laplace(0, scale)`` (after clipping, when ``clip`` is given): ``scale * (E1 - E2)`` for two standard
+    exponential draws (inverse CDF of float64 uniforms), from a generator seeded per site."""
+
+    mechanism = "laplace"
+
+    def __init__(self, node: str, path: str = "", scale: float = 1.0, seed: int = 0, **calibration: Any) -> None:
+        super().__init__(node, path, seed, scale=scale, **calibration)
+        self.scale = scale
+
+    def _draw(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        # -log1p(-u) for u uniform in [0, 1) is a standard exponential (finite: u < 1)
+        uniform = torch.rand((2, *x.shape), generator=generator, dtype=torch.float64, device=x.device)
+        exponential = -torch.log1p(-uniform)
+        return (self.scale * (exponential[0] - exponential[1])).to(x.dtype)
 
 
 def resolve_callable(reference: str) -> Callable[..., Any]:
@@ -499,18 +648,38 @@ class InsertAfterOptions:
     """Options of ``insert_after``; the settings after ``insert`` each belong to one kind.
 
     ``select``: a selector or a list (a node matching any is selected): ``type:Conv2d``, ``name:layer1.*``,
-    ``target:relu``, ``op:call_function``, ``kind:relu``. ``insert``: ``stats``, ``nan_guard``, ``noise`` (needs
-    ``sigma``; ``seed`` makes it reproducible), ``clamp`` (``min`` and/or ``max``) or ``callable`` (``fn``: a Python
-    callable, or ``"pkg.module:function"`` from YAML and the CLI). Numbers may be given as strings (``"1e-3"``).
+    ``target:relu``, ``op:call_function``, ``kind:relu``. ``insert``: ``stats``, ``nan_guard``, ``noise``, ``clamp``
+    (``min`` and/or ``max``) or ``callable`` (``fn``: a Python callable, or ``"pkg.module:function"`` from YAML and
+    the CLI). Numbers may be given as strings (``"1e-3"``).
+
+    ``noise`` is calibrated differential-privacy noise (docs/privacy.md) or raw Gaussian noise:
+
+    * calibrated: ``epsilon`` (> 0), ``mechanism`` ``gaussian`` (default; needs ``delta`` in (0, 1), analytic
+      Gaussian mechanism) or ``laplace`` (no ``delta``), and the sensitivity: ``clip_min`` and ``clip_max`` clip
+      the value first, and fxforge derives it from that range and the value's number of elements (``unit:
+      tensor``, the default: any change of the whole value is protected) or the range alone (``unit: element``: a
+      change of one element is); or ``sensitivity``, stated (L2 for gaussian, L1 for laplace). The result's
+      ``artifacts["privacy"]`` and log give mechanism, epsilon, delta, sensitivity and its derivation, sigma or
+      scale and the seed per site.
+    * raw: ``sigma`` (> 0), Gaussian; no (epsilon, delta) guarantee is claimed (``clip_min``/``clip_max`` still clip).
+
+    ``seed`` makes the noise reproducible (each site draws its own stream); without one, one is drawn at random.
     """
 
     select: str | list[str]
     insert: str = "stats"
-    sigma: float | None = None  # noise: standard deviation (> 0)
-    seed: int | None = None  # noise: seed; None draws one at random (logged)
+    sigma: float | None = None  # noise: raw Gaussian standard deviation (> 0); no privacy claimed
+    seed: int | None = None  # noise: seed; None draws one at random (not logged)
     min: float | None = None  # clamp
     max: float | None = None  # clamp
     fn: Callable[..., Any] | str | None = None  # callable: a function or "pkg.mod:function"
+    epsilon: float | None = None  # noise: privacy budget per call and site (> 0)
+    delta: float | None = None  # noise, gaussian: in (0, 1)
+    mechanism: str | None = None  # noise: gaussian (default) or laplace
+    sensitivity: float | None = None  # noise: stated sensitivity (L2 gaussian, L1 laplace) instead of clip_min/max
+    clip_min: float | None = None  # noise: clip to [clip_min, clip_max] first (and derive the sensitivity)
+    clip_max: float | None = None
+    unit: str | None = None  # noise: tensor (default) or element: what a neighbouring input may change
 
     def __post_init__(self) -> None:
         raw = [self.select] if isinstance(self.select, str) else self.select
@@ -521,19 +690,25 @@ class InsertAfterOptions:
             close = difflib.get_close_matches(str(self.insert), KINDS, n=1)
             guess = f"did you mean {close[0]!r}? " if close else ""
             raise PassError(f"{NAME} cannot insert {self.insert!r}", hint=f"{guess}insert is one of {', '.join(KINDS)}")
-        self.sigma = _number("sigma", self.sigma, float)
+        for name in ("sigma", "min", "max", "epsilon", "delta", "sensitivity", "clip_min", "clip_max"):
+            setattr(self, name, _number(name, getattr(self, name), float))
         self.seed = _number("seed", self.seed, int)
-        self.min = _number("min", self.min, float)
-        self.max = _number("max", self.max, float)
         self._check_settings()
+
+    @property
+    def calibrated(self) -> bool:
+        """Noise calibrated from (epsilon, delta) and a sensitivity, rather than a raw sigma."""
+        return self.insert == "noise" and self.epsilon is not None
 
     def _check_settings(self) -> None:
         owners = {"sigma": "noise", "seed": "noise", "min": "clamp", "max": "clamp", "fn": "callable"}
+        owners.update(dict.fromkeys(("epsilon", "delta", "mechanism", "sensitivity", "clip_min", "clip_max"), "noise"))
+        owners["unit"] = "noise"
         for option, kind in owners.items():
             if getattr(self, option) is not None and self.insert != kind:
                 raise PassError(f"option {option} is for insert={kind}, not insert={self.insert}")
-        if self.insert == "noise" and (self.sigma is None or not self.sigma > 0 or not math.isfinite(self.sigma)):
-            raise PassError("insert=noise needs sigma > 0", hint="e.g. sigma: 0.1, seed: 0")
+        if self.insert == "noise":
+            self._check_noise()
         if self.insert == "clamp":
             if self.min is None and self.max is None:
                 raise PassError("insert=clamp needs min, max or both")
@@ -546,6 +721,71 @@ class InsertAfterOptions:
                 resolve_callable(self.fn)  # fail now, when the options are read, on a bad reference
             elif not callable(self.fn):
                 raise PassError(f"fn must be callable or 'pkg.module:function', got {type(self.fn).__name__}")
+
+    def _check_noise(self) -> None:
+        example = "e.g. epsilon: 1, delta: 1e-5, clip_min: 0, clip_max: 1 (calibrated) or sigma: 0.1 (raw)"
+        if self.mechanism is None:
+            self.mechanism = "gaussian"
+        if self.mechanism not in MECHANISMS:
+            raise PassError(f"option mechanism must be gaussian or laplace, got {self.mechanism!r}")
+        if self.clip_min is not None or self.clip_max is not None:
+            if self.clip_min is None or self.clip_max is None:
+                missing = "clip_max" if self.clip_max is None else "clip_min"
+                raise PassError(f"option {missing} is missing: clipping needs both clip_min and clip_max")
+            if not (math.isfinite(self.clip_min) and math.isfinite(self.clip_max)):
+                raise PassError("options clip_min and clip_max must be finite")
+            if not self.clip_min < self.clip_max:
+                raise PassError(f"option clip_min ({self.clip_min:g}) must be less than clip_max ({self.clip_max:g})")
+        if self.sigma is not None and self.epsilon is not None:
+            raise PassError(
+                "options sigma and epsilon exclude each other: sigma is raw noise (no privacy claimed), epsilon "
+                "calibrates it",
+                hint="drop sigma to calibrate the noise from epsilon, or drop epsilon for raw noise",
+            )
+        if self.sigma is None and self.epsilon is None:
+            raise PassError("insert=noise needs epsilon (calibrated noise) or sigma > 0 (raw noise)", hint=example)
+        if self.sigma is not None:
+            if not (self.sigma > 0 and math.isfinite(self.sigma)):
+                raise PassError(f"insert=noise needs sigma > 0, got {self.sigma:g}", hint="e.g. sigma: 0.1, seed: 0")
+            if self.mechanism == "laplace":
+                raise PassError("option sigma is the Gaussian's standard deviation: mechanism=laplace needs epsilon")
+            for option in ("delta", "sensitivity", "unit"):
+                if getattr(self, option) is not None:
+                    raise PassError(f"option {option} calibrates noise from epsilon; sigma is raw noise", hint=example)
+            return
+        assert self.epsilon is not None
+        if not (self.epsilon > 0 and math.isfinite(self.epsilon)):
+            raise PassError(f"option epsilon must be > 0 and finite, got {self.epsilon:g}")
+        if self.mechanism == "gaussian":
+            if self.delta is None:
+                raise PassError("option delta is missing: the Gaussian mechanism needs delta in (0, 1)", hint=example)
+            if not 0 < self.delta < 1:
+                raise PassError(f"option delta must be in (0, 1) for the Gaussian mechanism, got {self.delta:g}")
+        elif self.delta is not None:
+            raise PassError(
+                "option delta is not for mechanism=laplace: the Laplace mechanism is (epsilon, 0)-DP",
+                hint="drop delta, or use mechanism: gaussian",
+            )
+        if self.sensitivity is not None:
+            if not (self.sensitivity > 0 and math.isfinite(self.sensitivity)):
+                raise PassError(f"option sensitivity must be > 0 and finite, got {self.sensitivity:g}")
+            if self.clip_min is not None:
+                raise PassError(
+                    "options sensitivity and clip_min/clip_max exclude each other: fxforge derives the sensitivity "
+                    "from the clip range",
+                    hint="drop sensitivity to use the derived one, or drop clip_min/clip_max to state your own",
+                )
+            if self.unit is not None:
+                raise PassError("option unit applies to a sensitivity derived from clip_min/clip_max, not a stated one")
+        elif self.clip_min is None:
+            raise PassError(
+                "no sensitivity: give clip_min and clip_max (fxforge derives it from the range) or sensitivity",
+                hint=example,
+            )
+        if self.clip_min is not None:
+            self.unit = self.unit or "tensor"
+            if self.unit not in UNITS:
+                raise PassError(f"option unit must be tensor or element, got {self.unit!r}")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -679,7 +919,7 @@ def _build(options: InsertAfterOptions, node: fx.Node, path: str) -> nn.Module:
     if options.insert == "nan_guard":
         return NonFiniteGuard(node.name, path)
     if options.insert == "noise":
-        return GaussianNoise(node.name, path, sigma=options.sigma, seed=options.seed)
+        raise AssertionError("noise modules are built by _noise_site, with their calibration")
     if options.insert == "clamp":
         return Clamp(node.name, path, min=options.min, max=options.max)
     return CallableModule(node.name, path, fn=options.fn)
@@ -700,22 +940,182 @@ def _insertion_point(gm: fx.GraphModule, node: fx.Node) -> fx.Node:
     return [n for n in gm.graph.nodes if n.op == "placeholder"][-1]
 
 
+def _element_count(node: fx.Node) -> int:
+    """The number of elements of ``node``'s value, from the shape capture recorded; -1 when none was recorded or
+    a size is symbolic (a dynamic batch: any count is possible)."""
+    shape = getattr(node_value(node), "shape", None)
+    if shape is None or not all(type(size) is int for size in shape):
+        return -1
+    return math.prod(shape)
+
+
+def _noise_site(options: InsertAfterOptions, node: fx.Node, path: str, seed: int) -> tuple[_Noise, dict[str, Any]]:
+    """The noise module for one site and its privacy report: mechanism, epsilon, delta, the sensitivity and how it
+    was derived, sigma or scale, seed."""
+    clip = (options.clip_min, options.clip_max) if options.clip_min is not None else None
+    report: dict[str, Any] = {
+        "node": node.name,
+        "module_path": path,
+        "mechanism": options.mechanism,
+        "guarantee": options.calibrated,
+        "epsilon": options.epsilon,
+        "delta": options.delta,
+        "sensitivity": None,
+        "norm": None,
+        "derivation": None,
+        "unit": options.unit,
+        "elements": None,
+        "clip": list(clip) if clip is not None else None,
+        "sigma": None,
+        "scale": None,
+        "seed": seed,
+        "site_seed": site_seed(seed, node.name),
+    }
+    if not options.calibrated:
+        assert options.sigma is not None
+        report.update(sigma=options.sigma, derivation="none: raw sigma, no (epsilon, delta) guarantee is claimed")
+        return GaussianNoise(node.name, path, sigma=options.sigma, seed=seed, clip=clip), report
+    assert options.epsilon is not None
+    gaussian = options.mechanism == "gaussian"
+    norm = "L2" if gaussian else "L1"
+    max_elements = None
+    if options.sensitivity is not None:
+        sensitivity, derivation = options.sensitivity, "stated: option sensitivity"
+    else:
+        assert clip is not None
+        width = clip[1] - clip[0]
+        where = f"clip range [{clip[0]:g}, {clip[1]:g}]"
+        if options.unit == "element":
+            sensitivity, derivation = width, f"{where}, one element (unit: element): {norm} = {width:g}"
+        else:
+            elements = _element_count(node)
+            if elements < 0:
+                raise PassError(
+                    f"option unit=tensor: cannot derive the sensitivity of {node.name}, whose number of elements is "
+                    "not recorded (no shape metadata, or a dynamic size)",
+                    hint="state the sensitivity (option sensitivity), or protect one element at a time (unit: element)",
+                )
+            max_elements = elements
+            factor = math.sqrt(elements) if gaussian else float(elements)
+            sensitivity = width * factor
+            times = f"sqrt({elements})" if gaussian else f"{elements}"
+            derivation = f"{where} x {elements} elements (unit: tensor): {norm} = {width:g} x {times}"
+        report["elements"] = max_elements
+    report.update(sensitivity=sensitivity, norm=norm, derivation=derivation)
+    settings: dict[str, Any] = {
+        "seed": seed,
+        "clip": clip,
+        "max_elements": max_elements,
+        "epsilon": options.epsilon,
+        "sensitivity": sensitivity,
+    }
+    if gaussian:
+        assert options.delta is not None
+        sigma = analytic_gaussian_sigma(options.epsilon, options.delta, sensitivity)
+        report["sigma"] = sigma
+        return GaussianNoise(node.name, path, sigma=sigma, delta=options.delta, **settings), report
+    report["delta"] = 0.0
+    scale = laplace_scale(options.epsilon, sensitivity)
+    report["scale"] = scale
+    return LaplaceNoise(node.name, path, scale=scale, **settings), report
+
+
+def _describe_noise(report: dict[str, Any], seed_given: bool) -> str:
+    seed = f"seed {report['seed']}" if seed_given else "seed drawn at random (not logged)"
+    if not report["guarantee"]:
+        clip = f", clipped to [{report['clip'][0]:g}, {report['clip'][1]:g}]" if report["clip"] else ""
+        claim = "raw sigma: no (epsilon, delta) guarantee is claimed"
+        return f"gaussian, sigma={report['sigma']:g}{clip} ({claim}), {seed}"
+    noise = f"sigma={report['sigma']:.6g}" if report["mechanism"] == "gaussian" else f"scale b={report['scale']:.6g}"
+    return (
+        f"{report['mechanism']} mechanism, epsilon={report['epsilon']:g}, delta={report['delta']:g}, "
+        f"{report['norm']} sensitivity {report['sensitivity']:.6g} ({report['derivation']}), {noise}, {seed}"
+    )
+
+
+def _uncovered_path(gm: fx.GraphModule, noise_nodes: set[fx.Node]) -> list[str] | None:
+    """A path (node names) from a graph input to the output that passes through no noise site, or None. Reads of
+    a value's shape, rank or dtype carry no values: they do not count (a shape is not protected)."""
+    parent: dict[fx.Node, fx.Node | None] = {}
+    queue = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for node in queue:
+        parent[node] = None
+    while queue:
+        node = queue.pop(0)
+        if node.op == "output":
+            path: list[str] = []
+            walk: fx.Node | None = node
+            while walk is not None:
+                path.append(walk.name)
+                walk = parent[walk]
+            return path[::-1]
+        if node in noise_nodes:
+            continue
+        for user in node.users:
+            if user not in parent and not reads_metadata_only(user, node):
+                parent[user] = node
+                queue.append(user)
+    return None
+
+
+def _privacy_summary(
+    gm: fx.GraphModule, options: InsertAfterOptions, sites: dict[str, dict[str, Any]], noise_nodes: set[fx.Node]
+) -> tuple[dict[str, Any], list[str]]:
+    """The per-call totals by basic composition, and whether the sites cover every input-to-output path."""
+    count = len(sites)
+    epsilon = sum(r["epsilon"] for r in sites.values())
+    delta = sum(r["delta"] for r in sites.values())
+    uncovered = _uncovered_path(gm, noise_nodes)
+    summary = {
+        "sites": sites,
+        "per_call": {"sites": count, "epsilon": epsilon, "delta": delta, "composition": "basic"},
+        "outputs_covered": uncovered is None,
+        "uncovered_path": uncovered,
+    }
+    lines = [
+        f"privacy per call of the graph: {count} noise site{'s' if count != 1 else ''}, basic composition: "
+        f"epsilon={epsilon:g}, delta={delta:g}; k calls spend k times that (docs/privacy.md)"
+    ]
+    if uncovered is None:
+        lines.append("privacy: every path from the graph's inputs to its outputs passes through a noise site")
+    else:
+        shown = uncovered if len(uncovered) <= 6 else [*uncovered[:3], "...", *uncovered[-2:]]
+        lines.append(
+            "privacy WARNING: a path from the inputs to the outputs passes through no noise site "
+            f"({' -> '.join(shown)}): the outputs are not protected, only the values at the sites"
+        )
+    return summary, lines
+
+
 @register_pass(
     NAME,
-    summary="Insert a statistics recorder, NaN/Inf guard, Gaussian noise, clamp or callable after selected nodes.",
+    summary=(
+        "Insert a statistics recorder, NaN/Inf guard, noise (Gaussian or Laplace, calibrated for differential "
+        "privacy), clamp or callable after selected nodes."
+    ),
     guarantees=(
         "stats and nan_guard return their input tensor itself, so outputs are bit-identical (verify passes); noise, "
-        "clamp and callable change values by design, and verify names the inserted node (it stands for the node it "
-        "follows). Selects by module type, module-path glob, call target, op or node kind; a selector that matches "
-        "nothing leaves the graph alone and says so. Never inserts after a non-tensor value, noise after integer "
-        "values, or a transform where an in-place op lets another name read the node's storage after it (each "
-        "refusal is listed). Saved models: stats, nan_guard and clamp load with torch alone; noise and callable need "
-        "fxforge importable. Torch and ATen dialects."
+        "clamp and callable change values by design: verification against the model fails by design (noise is not "
+        "exact; insert_after is not in lint --fix's FIX_ORDER), and verify names the inserted node (it stands for "
+        "the node it follows). Noise with epsilon is calibrated differential privacy for the value released at each "
+        "site per call: the analytic Gaussian mechanism (Balle & Wang 2018, exact for every epsilon > 0) or the "
+        "Laplace mechanism (b = L1 sensitivity / epsilon), from a stated sensitivity or one derived from the "
+        "clip_min/clip_max range (NaN and Inf clipped too) and the number of elements recorded at capture (a call "
+        "with more elements is refused at run time); the result reports mechanism, epsilon, delta, sensitivity "
+        "and its derivation, sigma or b and the seed per site, the basic-composition total per call and whether "
+        "every input-to-output path passes a site. With epsilon every selected node must take the noise, or the "
+        "pass fails; raw sigma claims no guarantee. Not DP training; no protection of the weights; see "
+        "docs/privacy.md. Selects by module type, module-path glob, call target, op or node kind; a selector "
+        "that matches nothing leaves the graph alone and says so. Never inserts after a non-tensor value, noise "
+        "after integer values, or a transform where an in-place op lets another name read the node's storage after "
+        "it (each refusal is listed). Saved models: stats, nan_guard and clamp load with torch alone; noise and "
+        "callable need fxforge importable. Torch and ATen dialects."
     ),
     options=InsertAfterOptions,
 )
 def insert_after(gm: fx.GraphModule, options: InsertAfterOptions) -> PassResult:
     result = PassResult(NAME, gm)
+    seed_given = options.seed is not None
     if options.insert == "noise":
         if options.seed is None:
             # not written to the log: whoever knows the seed can subtract the noise again
@@ -727,6 +1127,7 @@ def insert_after(gm: fx.GraphModule, options: InsertAfterOptions) -> PassResult:
     dialect = dialect_of(gm)
     stale = _StaleReaders(gm) if options.insert in ("noise", "clamp", "callable") else None
     sites: list[fx.Node] = []
+    refused: list[str] = []
     matched = 0
     for node in gm.graph.nodes:
         if node.op == "output" or not any(_matches(gm, node, s) for s in options.selectors):
@@ -737,15 +1138,30 @@ def insert_after(gm: fx.GraphModule, options: InsertAfterOptions) -> PassResult:
         if reader is not None:
             problem = f"{reader.name} reads its storage after it (in-place aliasing), so {options.insert} would miss it"
         if problem:
-            result.skip(f"{node.name}: {problem}")
+            refused.append(f"{node.name}: {problem}")
         else:
             sites.append(node)
     if not matched:
-        result.skip(_nothing_matched(gm, options.selectors))
+        refused.append(_nothing_matched(gm, options.selectors))
+    if options.calibrated and refused:
+        # fail closed: a value the user asked to protect must not be released without noise
+        raise PassError(
+            f"insert=noise with epsilon must protect every selected node, but {'; '.join(refused)}",
+            hint="narrow select to the floating-point tensors to release",
+        )
+    for line in refused:
+        result.skip(line)
     inserted: dict[str, str] = {}
+    privacy: dict[str, dict[str, Any]] = {}
+    noise_nodes: set[fx.Node] = set()
     for node in sites:
         path = module_path(node)
-        module = _build(options, node, path)
+        report: dict[str, Any] | None = None
+        if options.insert == "noise":
+            assert options.seed is not None
+            module, report = _noise_site(options, node, path, options.seed)
+        else:
+            module = _build(options, node, path)
         module_name = _free_name(gm, f"{node.name}_{options.insert}")
         gm.add_submodule(module_name, module)
         with gm.graph.inserting_after(_insertion_point(gm, node)):
@@ -756,25 +1172,44 @@ def insert_after(gm: fx.GraphModule, options: InsertAfterOptions) -> PassResult:
         mark(new, NAME, origin_of=node)
         inserted[node.name] = module_name
         where = f" (module {path})" if path and path != str(node.target) else ""
-        result.note(f"inserted {options.insert} after {node.name}{where} as {module_name}", inserted=1)
+        line = f"inserted {options.insert} after {node.name}{where} as {module_name}"
+        if report is not None:
+            report["module"] = module_name
+            privacy[node.name] = report
+            noise_nodes.add(new)
+            line += f": {_describe_noise(report, seed_given)}"
+        result.note(line, inserted=1)
     result.artifacts["inserted"] = inserted
     if options.insert == "stats":
         result.artifacts["stats"] = ActivationStats({site: gm.get_submodule(name) for site, name in inserted.items()})
+    if options.insert == "noise":
+        if options.calibrated:
+            summary, lines = _privacy_summary(gm, options, privacy, noise_nodes)
+            result.log.extend(lines)
+        else:
+            summary = {"sites": privacy, "per_call": None, "outputs_covered": None, "uncovered_path": None}
+        result.artifacts["privacy"] = summary
     return result
 
 
 __all__ = [
+    "MECHANISMS",
+    "UNITS",
     "ActivationStats",
     "CallableModule",
     "Clamp",
     "GaussianNoise",
     "InsertAfterError",
     "InsertAfterOptions",
+    "LaplaceNoise",
     "NonFiniteError",
     "NonFiniteGuard",
     "SiteStats",
     "StatsRecorder",
+    "analytic_gaussian_sigma",
     "collect_stats",
+    "gaussian_delta",
     "insert_after",
+    "laplace_scale",
     "reset_stats",
 ]
