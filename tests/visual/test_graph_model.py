@@ -6,11 +6,13 @@ from __future__ import annotations
 import re
 
 import pytest
+import torch
 
 import fxforge
 from fxforge.visual import diff_model, graph_model
 from fxforge.visual.graph import default_depth, visible_count
 from fxforge.visual.page import graph_document
+from fxforge.visual.render import load_output_dir
 
 
 @pytest.mark.parametrize("dialect", ["torch", "aten"])
@@ -113,3 +115,64 @@ def test_pages_are_self_contained(resnet_captures, tmp_path):
     assert page.count("</script>") == 4  # the model and three inlined scripts, none cut short by the data
     view = fxforge.graph_html(resnet_captures["torch"], tmp_path / "g.html")
     assert (tmp_path / "g.html").read_text() == view.html
+
+
+class _PartlyFoldable(torch.nn.Module):
+    """conv -> bn (folds) -> relu -> bn (stays: no conv before it) -> conv -> bn (folds), plus aranges (fold)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn, self.post = torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.BatchNorm2d(8)
+        self.conv2, self.bn2, self.drop = torch.nn.Conv2d(8, 8, 1), torch.nn.BatchNorm2d(8), torch.nn.Dropout(0.1)
+        for bn in (self.bn, self.post, self.bn2):
+            bn.running_mean.uniform_(-1, 1)
+            bn.running_var.uniform_(0.5, 2)
+
+    def forward(self, x):
+        y = self.post(torch.relu(self.bn(self.conv(x))))
+        scale = torch.arange(8, dtype=x.dtype).view(1, 8, 1, 1) * 0.1
+        return self.drop(self.bn2(self.conv2(y))) + scale + torch.arange(8, dtype=x.dtype).view(1, 8, 1, 1)
+
+
+@pytest.mark.parametrize("passes", [["fold_bn"], ["fold_bn", "fold_constants", "remove_dropout"]])
+def test_a_diff_of_an_output_directory_labels_the_nodes_the_passes_removed(tmp_path, passes):
+    """model.pt2 is a re-export that numbers nodes afresh (the kept ``batch_norm_1`` comes back as
+    ``batch_norm``); the saved names are restored, so the diff read from the directory is the in-memory one."""
+    torch.manual_seed(0)
+    captured = fxforge.capture(_PartlyFoldable().eval(), (torch.randn(2, 3, 16, 16),), method="export")
+    result = fxforge.optimize(captured, passes, output_dir=tmp_path / "out", verify=True)
+    assert result.pipeline.ok
+    reloaded = torch.export.load(str(tmp_path / "out" / "model.pt2")).module()
+    assert "batch_norm_1" not in {n.name for n in reloaded.graph.nodes}  # what the restore is for
+    graph, saved_passes = load_output_dir(tmp_path / "out")
+    assert saved_passes == passes
+    from_disk = diff_model(captured, graph, passes=saved_passes, run_inspect=False)
+    in_memory = diff_model(
+        captured,
+        result.pipeline.graph_module,
+        steps=[(step.result.name, step.result.graph_module) for step in result.pipeline.steps],
+        passes=passes,
+        run_inspect=False,
+    )
+
+    def changes(model):
+        return {n["n"]: (n["st"], n.get("ps")) for n in model["nodes"] if not n.get("h")}
+
+    disk, memory = changes(from_disk), changes(in_memory)
+    assert {name: st for name, (st, _) in disk.items()} == {name: st for name, (st, _) in memory.items()}
+    assert from_disk["counts"] == in_memory["counts"]
+    assert disk["batch_norm"] == ("removed", "fold_bn") and disk["batch_norm_1"] == ("unchanged", None)
+    assert disk["conv2d"] == ("changed", "fold_bn")
+    if passes == ["fold_bn"]:
+        assert disk == memory and disk["batch_norm_2"] == ("removed", "fold_bn")
+    else:
+        assert {disk[name] for name in ("arange", "arange_1", "mul")} == {("removed", "fold_constants")}
+        assert disk["dropout"] == ("removed", "remove_dropout")
+        # Provenance keeps one pass per node: remove_dropout re-marked the conv that fold_bn had made compute
+        # batch_norm_2, so the directory cannot say which pass removed batch_norm_2 -- it says none, never a wrong one.
+        assert {name: value for name, value in disk.items() if value != memory[name]} == {
+            "batch_norm_2": ("removed", None)
+        }
+    # the html page of the directory diff says the same
+    view = fxforge.diff_html(captured, tmp_path / "out")
+    assert changes(view.model) == disk

@@ -189,7 +189,8 @@
           var x = model.findings[f];
           html += '<p class="fxg-lint ' + esc(x.severity) + '"><b>' + esc(x.code) + " " + esc(x.name) + "</b> " + esc(x.message) + (x.fix ? " (fix: " + esc(x.fix) + ")" : "") + "</p>";
         });
-        var ins = ix.inputs[id].filter(function (j) { return !model.nodes[j].h; }), outs = ix.users[id];
+        var ins = ix.inputs[id].filter(function (j) { return !model.nodes[j].h; });
+        var outs = ix.users[id].filter(function (j) { return !model.nodes[j].h; });  // not the checks of its value
         var weights = ix.inputs[id].filter(function (j) { return model.nodes[j].h; });
         if (ins.length) html += "<p><b>inputs</b> " + ins.map(nodeLink).join(", ") + "</p>";
         if (weights.length) html += "<p><b>weights</b> " + weights.map(function (j) { return esc(model.nodes[j].t) + (model.nodes[j].sh ? " " + esc(model.nodes[j].sh) : ""); }).join(", ") + "</p>";

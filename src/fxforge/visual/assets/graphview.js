@@ -111,18 +111,50 @@
   }
 
   function boxSize(text) {
-    var longest = Math.max(text.title.length + 3, 10);
-    text.lines.forEach(function (l) { longest = Math.max(longest, Math.min(l.length, MAXCH)); });
-    return { width: Math.ceil(Math.min(longest, MAXCH) * CW + 2 * PAD), height: HEAD + text.lines.length * LH + PAD };
+    var longest = Math.max(text.title.length + 3, 10), lines = text.lines.concat(text.notes || []);
+    lines.forEach(function (l) { longest = Math.max(longest, Math.min(l.length, MAXCH)); });
+    return { width: Math.ceil(Math.min(longest, MAXCH) * CW + 2 * PAD), height: HEAD + lines.length * LH + PAD };
   }
 
   /* ---------------------------------------------------------------- layout (ELK) */
+
+  /* A value read by more visible boxes than this (a transformer's attention mask, rotary cos/sin: one edge
+   * into each of 32 layers) is drawn with one edge, to its first reader; the others name it in a line of
+   * their own ("<- where") instead. Every such edge crossing the graph took a lane of its own: a collapsed
+   * 7B Llama was laid out 6,900 px wide with the layers staircased beside a bus of 96 edges. */
+  var FANOUT = 4;
+  FXG.FANOUT = FANOUT;
+
+  function keyName(model, key) {
+    var id = +key.slice(1);
+    return key[0] === "m" ? model.modules[id].path : model.nodes[id].n;
+  }
 
   /* The visible graph for the open modules, as an ELK graph; ``opts.edgeLabels`` puts the tensor shape on
    * every edge (left out on very large views: each label is one more thing to place). */
   FXG.elkGraph = function (model, open, opts) {
     opts = opts || {};
     var ix = FXG.index(model), nodes = model.nodes;
+    // edges first: a box's size depends on the fanned-out values it reads (see FANOUT)
+    var seen = {}, edges = [], count = 0, readers = {};
+    model.edges.forEach(function (e) {
+      if (nodes[e[0]].h || nodes[e[1]].h) return;
+      var a = representative(model, open, e[0]), b = representative(model, open, e[1]);
+      if (a === b) return;
+      var k = a + ">" + b;
+      if (seen[k] != null) { if (!e[2]) edges[seen[k]].old = false; return; }
+      seen[k] = edges.length;
+      edges.push({ id: "e" + (count++), sources: [a], targets: [b], src: e[0], old: !!e[2] });
+    });
+    edges.forEach(function (e) { if (!e.old) readers[e.sources[0]] = (readers[e.sources[0]] || 0) + 1; });
+    var reads = {}, drawn = {};
+    edges = edges.filter(function (e) {
+      var a = e.sources[0];
+      if (e.old || readers[a] <= FANOUT) return true;  // a removed node's old edges are always drawn
+      if (!drawn[a]) { drawn[a] = true; return true; }
+      (reads[e.targets[0]] = reads[e.targets[0]] || []).push(keyName(model, a));
+      return false;
+    });
     var texts = {};
     function item(key) {
       var isMod = key[0] === "m", id = +key.slice(1);
@@ -135,6 +167,7 @@
         return { id: key, children: kids, layoutOptions: { "elk.padding": "[top=" + (HEAD + 10) + ",left=10,bottom=10,right=10]" } };
       }
       var text = isMod ? moduleLines(model, ix, id) : nodeLines(model, nodes[id]);
+      if (reads[key]) text.notes = ["\u2190 " + reads[key].join(", ")];
       texts[key] = text;
       var size = boxSize(text);
       return { id: key, width: size.width, height: size.height };
@@ -142,16 +175,6 @@
     var children = [];
     ix.rootMods.forEach(function (m) { children.push(item("m" + m)); });
     ix.rootNodes.forEach(function (i) { children.push(item("n" + i)); });
-    var seen = {}, edges = [], count = 0;
-    model.edges.forEach(function (e) {
-      if (nodes[e[0]].h || nodes[e[1]].h) return;
-      var a = representative(model, open, e[0]), b = representative(model, open, e[1]);
-      if (a === b) return;
-      var k = a + ">" + b;
-      if (seen[k] != null) { if (!e[2]) edges[seen[k]].old = false; return; }
-      seen[k] = edges.length;
-      edges.push({ id: "e" + (count++), sources: [a], targets: [b], src: e[0], old: !!e[2] });
-    });
     var labels = opts.edgeLabels !== false && edges.length <= 700;
     edges.forEach(function (e) {
       var sh = nodes[e.src].sh;
@@ -191,6 +214,7 @@
     ".fxg .node rect.head{stroke:none}",
     ".fxg .node text.title{fill:#fff;font-weight:bold}",
     ".fxg .node text.line{fill:#343a40}",
+    ".fxg .node text.reads{fill:#1c7ed6;font-style:italic}",
     ".fxg .node.collapsed rect.box{fill:#e7f5ff;stroke:#1c7ed6;stroke-width:1.5}",
     ".fxg .node.collapsed rect.box2{fill:none;stroke:#1c7ed6;stroke-width:1}",
     ".fxg .toggle{cursor:pointer}.fxg .toggle rect{fill:#fff;stroke:#868e96}.fxg .toggle text{fill:#343a40;font-weight:bold}",
@@ -249,6 +273,7 @@
     out += '<rect class="head" x="' + (x + 0.5) + '" y="' + (y + 0.5) + '" width="' + (w - 1) + '" height="' + HEAD + '" rx="3.5" fill="' + color + '"/>';
     out += '<text class="title" x="' + (x + PAD) + '" y="' + (y + 13) + '">' + esc(clip(text.title, Math.floor((w - 2 * PAD) / CW) - (isMod ? 2 : 0))) + "</text>";
     out += textLines(x + PAD, y + HEAD + 12, text.lines, "line");
+    if (text.notes) out += textLines(x + PAD, y + HEAD + 12 + text.lines.length * LH, text.notes, "reads");
     if (isMod) out += toggle(x + w - 17, y + 3, "+", key);
     var lintCount = isMod ? ix.modLint[id] : (n.lint ? n.lint.length : 0);
     if (lintCount) {
