@@ -1,28 +1,41 @@
-"""fxforge ``optimize --auto`` against each peer used alone, in one interleaved run, as speedups over eager.
+"""fxforge ``optimize --auto`` against each peer used alone, in one interleaved run per model and batch size.
 
-For each model and batch size, one :func:`fxforge.bench.bench` call times side by side (interleaved
-rounds, same inputs, same threads):
+For each model and batch size, one :func:`fxforge.bench.bench` call times every column side by side (shuffled
+rounds, same inputs, same threads; median, p10 and p90 of the rounds):
 
-* ``eager`` -- the model as built (the baseline: every number is eager's median / that median);
-* ``fx-fuse`` -- ``torch.fx.experimental.optimization.fuse`` (conv-BN folding by symbolic tracing);
+* ``eager`` -- the model as built (every ``vs eager`` ratio is eager's median over the row's);
+* ``eager+cl`` -- conv nets only: the model and its input in channels-last layout (``model.to(memory_format=
+  torch.channels_last)``, the input converted on each call), what the PyTorch tuning guide suggests;
+* ``fx`` -- fxforge's ``fx`` backend: the captured GraphModule rewritten with fxforge's exact passes;
 * ``jit`` -- ``torch.jit.trace``, ``torch.jit.freeze``, ``torch.jit.optimize_for_inference``, in memory;
-* ``compile`` -- ``torch.compile`` (Inductor, static shapes, freezing on: fxforge's compile backend);
-* ``ort`` -- ``torch.onnx.export`` (dynamo) as a user would call it, run by ONNX Runtime with the
-  same thread count and non-spinning pool threads as fxforge's (spinning threads would slow down
-  whatever the interleaved rounds run next);
-* ``fxforge-auto`` -- what ``fxforge optimize --auto`` chose (every exact backend tried, verified
-  within 1e-4, timed; its own selection run is separate from this measurement).
+* ``compile`` -- ``torch.compile`` with Inductor's ``freezing=True`` (PyTorch's advice for CPU inference);
+* ``ort`` -- fxforge's ONNX export of the captured graph (no fxforge passes), run by ONNX Runtime with its
+  *default* session options (threads, graph optimisation level), except that idle pool threads do not spin:
+  spinning threads keep the cores busy after each call and would slow whichever column runs next;
+* ``auto`` -- ``fxforge.auto_optimize`` (what ``fxforge optimize --auto -o DIR`` runs: exact candidates only, no
+  accuracy budget), its output directory loaded back with ``fxforge.load_model(DIR)``, which is what users get;
+* ``auto-budget`` -- the same with an accuracy budget, so reduced precision (int8, and bf16 where the CPU runs it
+  natively) may be chosen: ``--min-agreement`` (top-1 agreement with the float model) for classifiers, a normwise
+  ``--tolerance`` for models whose output is not a class score. The benchmark has no real data: agreement and
+  error are measured **on random inputs**, so this column shows speed under a budget, not accuracy on real data.
+  To save time the budget run's candidates are eager, the exact run's choice and the reduced-precision candidates
+  ``--auto`` would try on this machine (exactly the choice a full run could make, minus re-timing the losers).
 
-A peer that fails (``fx-fuse`` cannot trace transformers models) is reported with its reason. Every
-row also states its max abs error against eager on the benchmark inputs.
+``best peer`` is the fastest of eager, eager+cl, fx, jit, compile and ort on that row; ``auto / best`` is the
+best peer's median over auto's, with a 95% bootstrap interval of the per-round ratios (``fxforge.auto.
+ratio_interval``: rounds are paired, so machine noise cancels). Each row's ``of peak`` is its GFLOP/s over the
+measured matmul peak of its precision (``fxforge.machine``), so the distance to the machine's limit is visible.
 
-Models: torchvision resnet18, mobilenet_v2, efficientnet_b0 (1x3x224x224 per sample) and a small
-BERT built from a transformers config (2 layers, hidden 128, 2 heads; 64 token ids per sample).
-Batch sizes 1 and 8. Random weights; randomised BatchNorm statistics (default ones make BN the
-identity). Expect ~20-40 minutes on 2 cores (torch.compile dominates; ``--no-compile`` skips it).
+Models: torchvision resnet18, resnet50, mobilenet_v2, mobilenet_v3_large, efficientnet_b0 (224x224), a small ViT
+(transformers ViTModel: hidden 384, 12 layers, 6 heads, 224x224 images, patch 16), BERT-base (BertModel's default
+config, 128 tokens) and GPT-2 small (GPT2Model's default config, 128 tokens). Random weights, eval mode,
+randomised BatchNorm statistics (default ones make BN the identity). Batch 1 and 8, torch's default threads.
 
-    .venv/bin/python benchmarks/peers.py [--models resnet18,mobilenet_v2,efficientnet_b0,bert]
-        [--batches 1,8] [--repeats 30] [--threads N] [--no-compile] [--json]
+Big models take long: each (model, batch) run's timed rounds are capped by ``--budget-seconds`` (estimated from
+eager's latency; never fewer than 5 rounds), and ``--dry-run`` prints the plan with a time estimate.
+
+    .venv/bin/python benchmarks/peers.py [--models resnet18,...] [--batches 1,8] [--repeats 30]
+        [--budget-seconds 120] [--quick] [--threads N] [--out DIR] [--json | --markdown] [--dry-run]
 """
 
 from __future__ import annotations
@@ -32,29 +45,80 @@ import json
 import sys
 import tempfile
 import time
+import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+from torch.utils import _pytree as pytree
 
 import fxforge
-from fxforge.auto import Budget, auto_optimize
+from fxforge.artifacts import ONNX_FILE, ChannelsLastModule, OnnxRuntimeModule
+from fxforge.auto import (
+    REDUCED_BACKENDS,
+    AutoResult,
+    AutoWarning,
+    Budget,
+    auto_optimize,
+    candidate_backends,
+    ratio_interval,
+)
 from fxforge.bench import Backend, bench, get_backend
 from fxforge.capture import Captured
+from fxforge.doctor import versions
+from fxforge.errors import one_line_reason
+from fxforge.export import export_model
+from fxforge.machine import cached_peak, cpu_info, describe, native_bf16, native_int8_dot
 from fxforge.runtime import quiet_torch_logs
 
-MODELS: dict[str, tuple[str, list[str], dict[str, Any]]] = {
-    "resnet18": ("torchvision:resnet18", ["{b}x3x224x224"], {}),
-    "mobilenet_v2": ("torchvision:mobilenet_v2", ["{b}x3x224x224"], {}),
-    "efficientnet_b0": ("torchvision:efficientnet_b0", ["{b}x3x224x224"], {}),
-    "bert": (
-        "transformers:BertModel",
-        ["{b}x64:int64"],
-        {"num_hidden_layers": 2, "hidden_size": 128, "num_attention_heads": 2, "intermediate_size": 512},
+
+@dataclass(frozen=True)
+class Model:
+    spec: str
+    input: str  # with {b} for the batch size
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    conv: bool = False  # a conv net: channels-last is worth trying
+    classifier: bool = False  # 2-D class scores: the budget is top-1 agreement
+    gflop: float = 0.0  # per sample (2 FLOPs per multiply-add), for the time estimate only
+    efficiency: float = 0.5  # eager's rough fraction of the fp32 matmul peak, for the time estimate only
+    compile_s: float = 60.0  # rough seconds to compile one Inductor/AOTInductor candidate on 2 cores
+
+
+VISION = "{b}x3x224x224"
+MODELS: dict[str, Model] = {
+    "resnet18": Model("torchvision:resnet18", VISION, conv=True, classifier=True, gflop=3.6, efficiency=0.6),
+    "resnet50": Model("torchvision:resnet50", VISION, conv=True, classifier=True, gflop=8.2, compile_s=120),
+    "mobilenet_v2": Model(
+        "torchvision:mobilenet_v2", VISION, conv=True, classifier=True, gflop=0.6, efficiency=0.2, compile_s=60
     ),
+    "mobilenet_v3_large": Model(
+        "torchvision:mobilenet_v3_large", VISION, conv=True, classifier=True, gflop=0.44, efficiency=0.15
+    ),
+    "efficientnet_b0": Model(
+        "torchvision:efficientnet_b0", VISION, conv=True, classifier=True, gflop=0.8, efficiency=0.15, compile_s=90
+    ),
+    "vit_small": Model(
+        "transformers:ViTModel",
+        VISION,
+        {"hidden_size": 384, "num_hidden_layers": 12, "num_attention_heads": 6, "intermediate_size": 1536},
+        gflop=9.2,
+        compile_s=90,
+    ),
+    "bert_base": Model("transformers:BertModel", "{b}x128:int64", gflop=22.4, compile_s=90),
+    "gpt2_small": Model("transformers:GPT2Model", "{b}x128:int64", gflop=22.0, compile_s=90),
 }
-PEERS = ["fx-fuse", "jit", "compile", "ort"]
+PEERS = ("eager", "eager+cl", "fx", "jit", "compile", "ort")
+COLUMNS = (*PEERS, "auto", "auto-budget")
+MIN_REPEATS = 5
+# the budget for reduced precision (on random inputs: see the module docstring)
+AGREEMENT = 0.99
+TOLERANCE = 0.05
+
+
+# --------------------------------------------------------------------------------------------------
+# the peers, each as a user would run it alone
 
 
 def _randomize_batchnorm(model: nn.Module) -> None:
@@ -67,10 +131,8 @@ def _randomize_batchnorm(model: nn.Module) -> None:
                 module.running_var.copy_(torch.rand(n, generator=generator) + 0.5)
 
 
-def _fx_fuse(captured: Captured, settings: Any):
-    from torch.fx.experimental.optimization import fuse
-
-    return fuse(captured.original, inplace=False)
+def _channels_last(captured: Captured, settings: Any) -> nn.Module:
+    return ChannelsLastModule(captured.original).eval()
 
 
 def _jit(captured: Captured, settings: Any):
@@ -79,95 +141,449 @@ def _jit(captured: Captured, settings: Any):
         return torch.jit.optimize_for_inference(torch.jit.freeze(traced.eval()))
 
 
+class _DefaultOrt(OnnxRuntimeModule):
+    """fxforge's ONNX Runtime wrapper (tensors in, the model's output structure out), with a session built from
+    ONNX Runtime's default options but for non-spinning idle threads (see the module docstring)."""
+
+    def __init__(self, path: Path, output_like: Any) -> None:
+        super().__init__(path, output_like)
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
 def _ort(captured: Captured, settings: Any):
-    from fxforge.export import OnnxRuntimeModule
-
-    path = settings.workdir / "peer.onnx"
-    with quiet_torch_logs():
-        program = torch.onnx.export(captured.original, captured.example_inputs, dynamo=True, verbose=False)
-        program.save(str(path))
-    return OnnxRuntimeModule(path, output_like=settings.output_like, threads=settings.threads)
+    path = settings.workdir / ONNX_FILE
+    result = export_model(captured, "onnx", path, verify_export=False, force=True)
+    settings.notes.append(f"{result.exporter} exporter, opset {result.opset}; ONNX Runtime's default session options")
+    return _DefaultOrt(path, settings.output_like)
 
 
-PEER_BUILDERS = {"fx-fuse": _fx_fuse, "jit": _jit, "ort": _ort}
+class _Restructured(nn.Module):
+    """A reloaded artifact whose flat outputs (ONNX: a tuple) are put back into the model's output structure, so
+    that bench can compare it with eager; a pytree rebuild per call, microseconds."""
+
+    def __init__(self, module: Any, output_like: Any) -> None:
+        super().__init__()
+        self.module, self.output_like = module, output_like
+
+    def forward(self, *args: Any) -> Any:
+        flat = iter(pytree.tree_leaves(self.module(*args)))
+        leaves, spec = pytree.tree_flatten(self.output_like)
+        return pytree.tree_unflatten([next(flat) if isinstance(v, torch.Tensor) else v for v in leaves], spec)
 
 
-def run_one(name: str, batch: int, repeats: int, threads: int, with_compile: bool) -> dict[str, Any]:
-    spec, inputs, kwargs = MODELS[name]
-    captured = fxforge.prepare(spec, [s.format(b=batch) for s in inputs], model_kwargs=kwargs)
-    _randomize_batchnorm(captured.original)
-    candidates = ["eager", "fx", "torchscript", "onnxruntime"] + (["compile"] if with_compile else [])
-    start = time.perf_counter()
-    with tempfile.TemporaryDirectory() as workdir:
-        auto = auto_optimize(captured, Path(workdir) / "auto", budget=Budget(), backends=candidates, threads=threads)
-    auto_seconds = time.perf_counter() - start
-    chosen = auto.runner
+def _loaded_back(directory: Path):
+    """The builder of a column that runs ``fxforge.load_model(directory)``: the artifact as users get it."""
+
+    def build(captured: Captured, settings: Any):
+        module = fxforge.load_model(str(directory), trust_pickle=True).module  # we wrote it ourselves
+        with torch.no_grad(), quiet_torch_logs():
+            output = module(*captured.example_inputs)  # the first call (a recipe compiles here): kept in build s
+        if pytree.tree_structure(output) != pytree.tree_structure(settings.output_like):
+            module = _Restructured(module, settings.output_like)
+        return module
+
+    return build
+
+
+# --------------------------------------------------------------------------------------------------
+# one model at one batch size
+
+
+def _rounds(eager_s: float, columns: int, budget_s: float, most: int) -> int:
+    """Timed rounds that fit ``budget_s`` (a round runs every column once; assume each about eager's time)."""
+    return max(MIN_REPEATS, min(most, int(budget_s / max(eager_s * columns, 1e-6))))
+
+
+def _eager_seconds(captured: Captured) -> float:
+    with torch.no_grad():
+        captured.original(*captured.example_inputs)
+        start = time.perf_counter()
+        captured.original(*captured.example_inputs)
+    return time.perf_counter() - start
+
+
+def _budget(model: Model) -> Budget:
+    return Budget(min_agreement=AGREEMENT) if model.classifier else Budget(tolerance=TOLERANCE)
+
+
+def _budget_candidates(captured: Captured, budget: Budget, exact: str, quick: bool) -> list[str]:
+    """eager, the exact run's choice, and the reduced-precision candidates ``--auto`` would try here."""
+    tried = candidate_backends(captured, None, budget, quick)
+    reduced = [b.name for b in tried if b.base in REDUCED_BACKENDS or b.precision != "fp32"]
+    return list(dict.fromkeys(["eager", exact, *reduced]))
+
+
+def run_one(name: str, batch: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    model = MODELS[name]
+    loaded = fxforge.load_model(model.spec, model_kwargs=model.kwargs)
+    _randomize_batchnorm(loaded.module)
+    captured = fxforge.prepare(loaded.module, [model.input.format(b=batch)])
+    threads = args.threads or torch.get_num_threads()
+    columns = len(PEERS) + 2 - (0 if model.conv else 1)
+    eager_s = _eager_seconds(captured)
+    repeats = _rounds(eager_s, columns, args.budget_seconds, args.repeats)
+    auto_repeats = _rounds(eager_s, 10, args.budget_seconds, 10 if args.quick else 30)
+    print(f"{name} batch {batch}: eager ~{eager_s * 1e3:.0f} ms, {repeats} rounds", file=sys.stderr, flush=True)
+
+    runs: dict[str, AutoResult] = {}
+    auto_s: dict[str, float] = {}
+    errors: dict[str, str] = {}
+    directory = workdir / f"{name}-b{batch}"
+    budget = _budget(model)
+    for column, run_budget in (("auto", Budget()), ("auto-budget", budget)):
+        start = time.perf_counter()
+        exact = runs["auto"].chosen if "auto" in runs else "eager"
+        backends = None if column == "auto" else _budget_candidates(captured, budget, exact, args.quick)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", AutoWarning)  # random inputs: stated in every table's legend
+                runs[column] = auto_optimize(
+                    captured,
+                    directory / column,
+                    budget=run_budget,
+                    backends=backends,
+                    repeats=auto_repeats,
+                    threads=threads,
+                    quick=args.quick,
+                    force=True,
+                )
+        except Exception as exc:  # reported as the column's failure; the peers are still measured
+            errors[column] = f"failed: {one_line_reason(exc)}"
+            print(f"  {column} {errors[column]}", file=sys.stderr, flush=True)
+        auto_s[column] = time.perf_counter() - start
+        print(
+            f"  {column}: {runs[column].chosen if column in runs else 'failed'} ({auto_s[column]:.0f} s)",
+            file=sys.stderr,
+            flush=True,
+        )
+
     backends = [get_backend("eager")]
-    for peer in PEERS:
-        if peer == "compile":
-            if with_compile:
-                backends.append(Backend("compile", "torch.compile", get_backend("compile").build))
-            continue
-        backends.append(Backend(peer, peer, PEER_BUILDERS[peer]))
-    backends.append(Backend("fxforge-auto", f"fxforge --auto ({auto.chosen})", lambda c, s: chosen))
+    if model.conv:
+        backends.append(Backend("eager+cl", "eager in channels-last layout", _channels_last))
+    backends += [
+        get_backend("fx"),
+        Backend("jit", "torch.jit.trace + freeze + optimize_for_inference", _jit),
+        get_backend("compile"),
+        Backend("ort", "fxforge's ONNX export, ONNX Runtime default session", _ort),
+    ]
+    for column, result in runs.items():
+        precision = get_backend(result.chosen).precision
+        backends.append(
+            Backend(column, f"{column}: {result.chosen}", _loaded_back(directory / column), None, {}, precision)
+        )
     report = bench(captured, backends, repeats=repeats, threads=threads)
+    return _summarise(name, batch, model, report, runs, auto_s, eager_s, budget, errors)
+
+
+def _summarise(name, batch, model, report, runs, auto_s, eager_s, budget, errors) -> dict[str, Any]:
     rows = {row.backend: row for row in report.rows}
+    peers = [rows[p] for p in PEERS if p in rows and rows[p].median_ms]
+    best = min(peers, key=lambda row: row.median_ms) if peers else None
+    columns: dict[str, Any] = {}
+    for column, row in rows.items():
+        entry = {
+            "median_ms": row.median_ms,
+            "p10_ms": row.p10_ms,
+            "p90_ms": row.p90_ms,
+            "vs_eager": row.speedup,
+            "vs_best_peer": best.median_ms / row.median_ms if best and row.median_ms else None,
+            "gflops": row.gflops,
+            "peak_fraction": row.peak_fraction,
+            "precision": row.precision,
+            "max_abs_err": row.max_abs_err,
+            "build_s": row.build_s,
+            "error": row.error,
+            "notes": row.notes,
+        }
+        if column in runs and best is not None and row.round_ms:
+            # the best peer's time over this column's, round by round: >1 means faster than the best peer
+            interval = ratio_interval(best.round_ms, row.round_ms)
+            entry["vs_best_peer_ci"] = list(interval) if interval else None
+        columns[column] = entry
+    auto = {}
+    for column, result in runs.items():
+        chosen = next(c for c in result.candidates if c.name == result.chosen)
+        auto[column] = {
+            "chosen": result.chosen,
+            "load": result.load,
+            "files": result.files,
+            "passes": result.passes,
+            "seconds": {k: round(v, 1) for k, v in result.seconds.items()},
+            "wall_s": round(auto_s[column], 1),
+            "top1_agreement": chosen.top1_agreement,
+            "verified_on": chosen.verified_on,
+            "candidates": {c.name: c.status for c in result.candidates},
+        }
     return {
         "model": name,
+        "spec": model.spec,
+        "input": model.input.format(b=batch),
         "batch": batch,
-        "auto_choice": auto.chosen,
-        "auto_passes": auto.passes,
-        "auto_seconds": round(auto_seconds, 1),
-        "eager_ms": rows["eager"].median_ms,
-        "speedup": {b: rows[b].speedup for b in rows if b != "eager"},
-        "max_abs_err": {b: rows[b].max_abs_err for b in rows if b != "eager"},
-        "errors": {b: rows[b].error for b in rows if rows[b].error},
-        "rows": [row.to_dict() for row in report.rows],
+        "repeats": report.repeats,
+        "eager_probe_ms": round(eager_s * 1e3, 2),
+        "best_peer": best.backend if best else None,
+        "budget": {"min_agreement": budget.min_agreement, "tolerance": budget.tolerance, "data": "random inputs"},
+        "columns": columns,
+        "auto": {**auto, **errors},
     }
 
 
-def _render(results: list[dict[str, Any]]) -> None:
+# --------------------------------------------------------------------------------------------------
+# the time estimate
+
+
+def estimate(names: list[str], batches: list[int], args: argparse.Namespace, peak_gflops: float) -> float:
+    """Rough seconds for the whole run on this machine: builds (compilation dominates), verification, timing."""
+    total = 0.0
+    for name in names:
+        model = MODELS[name]
+        compiles = (3 if model.conv else 2) if not args.quick else (2 if model.conv else 1)
+        for batch in batches:
+            eager_s = model.gflop * batch / (peak_gflops * model.efficiency)
+            columns = len(PEERS) + 2 - (0 if model.conv else 1)
+            candidates = 6 + (2 if model.conv else 0) if not args.quick else 4
+            repeats = _rounds(eager_s, columns, args.budget_seconds, args.repeats)
+            auto_repeats = _rounds(eager_s, 10, args.budget_seconds, 10 if args.quick else 30)
+            builds = compiles * model.compile_s * (1.5 if batch > 1 else 1) + 30 + 10 * candidates
+            verify = candidates * 32 * eager_s  # 16 cases, reference and candidate
+            timing = (repeats * columns + auto_repeats * (candidates + 3)) * eager_s * 0.8
+            total += builds + verify + timing + 20 * eager_s
+    return total
+
+
+# --------------------------------------------------------------------------------------------------
+# output
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
+def _cell(result: dict[str, Any], column: str, key: str = "vs_eager") -> str:
+    entry = result["columns"].get(column)
+    if entry is None:
+        return "failed" if column in result["auto"] else "-"
+    if entry["error"]:
+        return "failed"
+    return _ratio(entry[key])
+
+
+def _auto_cell(result: dict[str, Any], column: str) -> str:
+    entry = result["columns"].get(column)
+    if entry is None or entry["error"]:
+        return "failed"
+    interval = entry.get("vs_best_peer_ci")
+    text = _ratio(entry["vs_best_peer"])
+    return f"{text} ({interval[1]:.2f}-{interval[2]:.2f})" if interval else text
+
+
+def _chosen(result: dict[str, Any], column: str) -> str:
+    run = result["auto"].get(column)
+    return run["chosen"] if isinstance(run, dict) else "failed"
+
+
+def _best_peak(result: dict[str, Any]) -> str:
+    best = result["best_peer"]
+    return _percent(result["columns"][best]["peak_fraction"]) if best else "-"
+
+
+SUMMARY = (
+    "model",
+    "batch",
+    "eager ms",
+    *PEERS[1:],
+    "best peer",
+    "of peak",
+    "auto",
+    "auto/best (95% CI)",
+    "auto chose",
+    "of peak ",
+    "budget",
+    "budget/best",
+    "budget chose",
+)
+
+
+def _summary_row(result: dict[str, Any]) -> list[str]:
+    eager = result["columns"]["eager"]
+    auto = result["columns"].get("auto") or {}
+    return [
+        result["model"],
+        str(result["batch"]),
+        "-" if eager["median_ms"] is None else f"{eager['median_ms']:.2f}",
+        *[_cell(result, p) for p in PEERS[1:]],
+        result["best_peer"] or "-",
+        _best_peak(result),
+        _cell(result, "auto"),
+        _auto_cell(result, "auto"),
+        _chosen(result, "auto"),
+        _percent(auto.get("peak_fraction")),
+        _cell(result, "auto-budget"),
+        _cell(result, "auto-budget", "vs_best_peer"),
+        _chosen(result, "auto-budget"),
+    ]
+
+
+LEGEND = (
+    "eager ms: eager's median; peers, auto and budget: speedup over eager (eager median / median; >1 is faster); "
+    "best peer: the fastest of eager, eager+cl, fx, jit, compile, ort; of peak: that peer's (then auto's) GFLOP/s "
+    "over the measured matmul peak of its precision; auto/best: the best peer's median over auto's with the 95% "
+    "bootstrap interval of the per-round ratios; budget: --auto with --min-agreement 0.99 (classifiers) or "
+    "--tolerance 0.05 (others), judged on random inputs, not real data"
+)
+
+
+def render(results: list[dict[str, Any]], machine: str, header: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    columns = [p for p in PEERS if any(p in r["speedup"] for r in results)] + ["fxforge-auto"]
-    table = Table(title="speedup over eager (eager median / median; >1 is faster)")
-    for column in ("model", "batch", "eager ms", *columns, "auto chose"):
-        table.add_column(column, justify="left" if column in ("model", "auto chose") else "right")
+    console = Console(width=200)
+    console.print(header)
+    console.print(f"machine: {machine}")
     for result in results:
-        cells = []
-        for column in columns:
-            if column in result["errors"]:
-                cells.append("failed")
+        table = Table(title=f"{result['model']}  {result['input']}  {result['repeats']} interleaved rounds")
+        table.add_column("column", no_wrap=True)
+        for column in (
+            "median ms",
+            "p10",
+            "p90",
+            "vs eager",
+            "vs best peer",
+            "GFLOP/s",
+            "of peak",
+            "max abs err",
+            "build s",
+            "note",
+        ):
+            table.add_column(column, justify="left" if column == "note" else "right")
+        for column, entry in result["columns"].items():
+            if entry["error"]:
+                table.add_row(column, *["-"] * 9, entry["error"][:80])
+                continue
+            note = _chosen(result, column) if column in result["auto"] else ""
+            if column == result["best_peer"]:
+                note = "best peer"
+            table.add_row(
+                column,
+                f"{entry['median_ms']:.2f}",
+                f"{entry['p10_ms']:.2f}",
+                f"{entry['p90_ms']:.2f}",
+                _ratio(entry["vs_eager"]),
+                _auto_cell(result, column) if column in result["auto"] else _ratio(entry["vs_best_peer"]),
+                "-" if entry["gflops"] is None else f"{entry['gflops']:.0f}",
+                _percent(entry["peak_fraction"]) + ("" if entry["precision"] == "fp32" else f" {entry['precision']}"),
+                "-" if entry["max_abs_err"] is None else f"{entry['max_abs_err']:.2g}",
+                "-" if entry["build_s"] is None else f"{entry['build_s']:.1f}",
+                note,
+            )
+        console.print(table)
+        for column, run in result["auto"].items():
+            if not isinstance(run, dict):
+                console.print(f"[dim]{column}: {run}[/]")
             else:
-                value = result["speedup"].get(column)
-                cells.append("-" if value is None else f"{value:.2f}x")
-        table.add_row(result["model"], str(result["batch"]), f"{result['eager_ms']:.2f}", *cells, result["auto_choice"])
-    console = Console(width=140)
-    console.print(table)
+                agreement = run["top1_agreement"]
+                on = f", top-1 agreement {agreement:.4f} on {run['verified_on']}" if agreement is not None else ""
+                console.print(
+                    f"[dim]{column}: chose {run['chosen']}{on}; --auto took {run['wall_s']:.0f} s "
+                    f"({', '.join(f'{k} {v:.0f} s' for k, v in run['seconds'].items() if k != 'total')})[/]"
+                )
+    table = Table(title="summary: speedup over eager")
+    for column in SUMMARY:
+        table.add_column(
+            column, justify="left" if column in ("model", "best peer", "auto chose", "budget chose") else "right"
+        )
     for result in results:
-        for backend, error in result["errors"].items():
-            console.print(f"[dim]{result['model']} batch {result['batch']} {backend}: {error}[/]")
+        table.add_row(*_summary_row(result))
+    console.print(table)
+    console.print(f"[dim]{LEGEND}[/]")
+
+
+def markdown(results: list[dict[str, Any]], machine: str, header: str) -> str:
+    lines = [
+        f"Machine: {machine}",
+        "",
+        header,
+        "",
+        "| " + " | ".join(c.strip() for c in SUMMARY) + " |",
+        "|" + "---|" * len(SUMMARY),
+    ]
+    lines += ["| " + " | ".join(_summary_row(result)) + " |" for result in results]
+    lines += ["", LEGEND + "."]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from {', '.join(MODELS)}")
     parser.add_argument("--batches", default="1,8")
-    parser.add_argument("--repeats", type=int, default=30)
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    parser.add_argument("--no-compile", action="store_true", help="skip torch.compile (slow to compile)")
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--repeats", type=int, default=30, help="most timed rounds per (model, batch)")
+    parser.add_argument(
+        "--budget-seconds",
+        type=float,
+        default=120.0,
+        help="seconds of timed rounds per (model, batch), fewer rounds for big models (min 5)",
+    )
+    parser.add_argument("--quick", action="store_true", help="--auto --quick (fewer candidates, 10 rounds)")
+    parser.add_argument("--threads", type=int, default=None, help="default: torch's")
+    parser.add_argument("--out", default=None, help="keep --auto's output directories here (default: temporary)")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan and the time estimate, run nothing")
+    output = parser.add_mutually_exclusive_group()
+    output.add_argument("--json", action="store_true")
+    output.add_argument("--markdown", action="store_true", help="the summary table in Markdown (docs/benchmarks.md)")
     args = parser.parse_args(argv)
+    names = [n.strip() for n in args.models.split(",") if n.strip()]
+    unknown = [n for n in names if n not in MODELS]
+    if unknown:
+        parser.error(f"unknown model {unknown[0]!r}; known: {', '.join(MODELS)}")
+    batches = [int(b) for b in args.batches.split(",")]
+    threads = args.threads or torch.get_num_threads()
+
+    peak = cached_peak(threads)
+    machine = describe(peak)
+    cpu = cpu_info()
+    found = versions()
+    header = (
+        f"torch {found.get('torch')}, onnxruntime {found.get('onnxruntime')}, transformers "
+        f"{found.get('transformers')}, Python {found.get('python')}; {threads} threads; native bf16: "
+        f"{'yes' if native_bf16(cpu) else 'no'}, int8 dot products (VNNI/AMX): "
+        f"{'yes' if native_int8_dot(cpu) else 'no'}"
+    )
+    seconds = estimate(names, batches, args, peak.gflops["fp32"])
+    print(f"machine: {machine}\n{header}", file=sys.stderr)
+    print(
+        f"plan: {', '.join(names)} at batch {', '.join(map(str, batches))}; estimated {seconds / 60:.0f} min "
+        "(rough: compilation and big models dominate)",
+        file=sys.stderr,
+        flush=True,
+    )
+    if args.dry_run:
+        return 0
+    started = time.perf_counter()
     results = []
-    for name in args.models.split(","):
-        for batch in (int(b) for b in args.batches.split(",")):
-            print(f"{name} batch {batch} ...", file=sys.stderr, flush=True)
-            results.append(run_one(name, batch, args.repeats, args.threads, not args.no_compile))
+    with tempfile.TemporaryDirectory(prefix="fxforge-peers-") as scratch:
+        workdir = Path(args.out) if args.out else Path(scratch)
+        for name in names:
+            for batch in batches:
+                results.append(run_one(name, batch, args, workdir))
+    header += f"; whole run {(time.perf_counter() - started) / 60:.0f} min"
     if args.json:
-        print(json.dumps(results, indent=2, default=str))
+        print(json.dumps({"machine": machine, "header": header, "results": results}, indent=2, default=str))
+    elif args.markdown:
+        print(markdown(results, machine, header))
     else:
-        _render(results)
+        render(results, machine, header)
     return 0
 
 
