@@ -338,21 +338,28 @@ def _summarise(name, batch, model, report, runs, auto_s, eager_s, budget, errors
 
 
 def estimate(names: list[str], batches: list[int], args: argparse.Namespace, peak_gflops: float) -> float:
-    """Rough seconds for the whole run on this machine: builds (compilation dominates), verification, timing."""
+    """Rough seconds for the whole run on this machine, in eager calls (``e``) and compilations.
+
+    Each ``--auto`` run verifies its exact passes (~70 e) and every candidate (16 cases, model and candidate: 32 e;
+    reduced precision: 8 batches, 16 e), times ``rounds x candidates`` calls, and compiles each ``compile``
+    candidate ahead of time; the peers add one torch.compile, an ONNX export, warm-up and the timed rounds.
+    """
     total = 0.0
     for name in names:
         model = MODELS[name]
-        compiles = (3 if model.conv else 2) if not args.quick else (2 if model.conv else 1)
+        exact = (4 if args.quick else 6 + (2 if model.conv else 0)) - 1  # besides eager
+        compiles = 1 if args.quick else 1 + (1 if model.conv else 0)  # ahead-of-time compiled candidates
+        reduced = 1 if args.quick else 3
+        columns = len(PEERS) + 2 - (0 if model.conv else 1)
         for batch in batches:
-            eager_s = model.gflop * batch / (peak_gflops * model.efficiency)
-            columns = len(PEERS) + 2 - (0 if model.conv else 1)
-            candidates = 6 + (2 if model.conv else 0) if not args.quick else 4
-            repeats = _rounds(eager_s, columns, args.budget_seconds, args.repeats)
-            auto_repeats = _rounds(eager_s, 10, args.budget_seconds, 10 if args.quick else 30)
-            builds = compiles * model.compile_s * (1.5 if batch > 1 else 1) + 30 + 10 * candidates
-            verify = candidates * 32 * eager_s  # 16 cases, reference and candidate
-            timing = (repeats * columns + auto_repeats * (candidates + 3)) * eager_s * 0.8
-            total += builds + verify + timing + 20 * eager_s
+            e = model.gflop * batch / (peak_gflops * model.efficiency)
+            scale = 1.5 if batch > 1 else 1.0  # compiling and exporting for a bigger batch takes a little longer
+            repeats = _rounds(e, columns, args.budget_seconds, args.repeats)
+            auto_repeats = _rounds(e, 10, args.budget_seconds, 10 if args.quick else 30)
+            auto = (compiles * model.compile_s + 15 * exact) * scale + (70 + 32 * exact + auto_repeats * exact) * e
+            budget = 30 * scale + (70 + 64 + 16 * reduced + auto_repeats * (2 + reduced)) * e
+            peers = (0.5 * model.compile_s + 30) * scale + (3 * columns + repeats * columns) * e
+            total += auto + budget + peers
     return total
 
 
@@ -569,6 +576,9 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     if args.dry_run:
+        for name in names:
+            minutes = estimate([name], batches, args, peak.gflops["fp32"]) / 60
+            print(f"  {name}: ~{minutes:.0f} min", file=sys.stderr)
         return 0
     started = time.perf_counter()
     results = []
