@@ -22,9 +22,11 @@ from fxforge.quantize import (
     RandomCalibrationWarning,
     Target,
     convert,
+    fallback_units,
     int8_backend,
     load_calibration,
     parse_target,
+    quantizable_layers,
     quantize,
 )
 from fxforge.quantize.flow import FX_MACHINERY
@@ -139,9 +141,17 @@ def test_static_int8_cnn_on_digits_keeps_accuracy(digits, trained_cnn):
     # agreement with float bounds the accuracy drop
     assert accuracy.top1_agreement >= 0.98
     assert float_accuracy - int8_accuracy <= 1 - accuracy.top1_agreement + 1e-9
-    # one sensitivity entry per quantizable layer, most harmful first
+    # one sensitivity entry per fallback unit, most harmful first: the four layers (BatchNorm and ReLU fused
+    # into the convs), the max pooling with conv2 (it shares conv2's output observer: int8 in, int8 out at the
+    # same scale); flatten and the functional relu after fc1 have no int8 pattern on x86 and stay float
     ranking = result.sensitivity
-    assert sorted(s.layer for s in ranking) == ["conv1", "conv2", "fc1", "fc2"]
+    assert {s.layer: (s.kind, s.type, s.nodes) for s in ranking} == {
+        "conv1": ("module", "Conv2d", ["conv1"]),
+        "conv2": ("module", "Conv2d", ["conv2", "pool"]),
+        "fc1": ("module", "Linear", ["fc1"]),
+        "fc2": ("module", "Linear", ["fc2"]),
+    }
+    assert [unit.name for unit in result.units] == ["conv1", "conv2", "fc1", "fc2"]  # graph order
     assert all(s.top1_drop is not None for s in ranking)
     errors = [s.mean_abs_err for s in ranking]
     assert errors == sorted(errors, reverse=True) and all(e > 0 for e in errors)
@@ -160,6 +170,7 @@ def test_keep_float_until_keeps_the_most_sensitive_layers(digits, trained_cnn):
     target = full.accuracy.rel_err / 2
     result = quantize(captured, "static", calibration=x_train, eval_data=x_test, keep_float_until=f"rel-err={target}")
     ranked = [s.layer for s in result.sensitivity]
+    assert sorted(ranked) == ["conv1", "conv2", "fc1", "fc2"]  # the fallback units (see the test above)
     assert 1 <= len(result.float_layers) <= len(ranked)
     assert result.float_layers == ranked[: len(result.float_layers)]  # most sensitive first
     assert set(result.quantized_layers) == set(ranked) - set(result.float_layers)
@@ -170,6 +181,159 @@ def test_keep_float_until_keeps_the_most_sensitive_layers(digits, trained_cnn):
         assert result.warnings
     for name in result.float_layers:
         assert not type(result.model.get_submodule(name)).__module__.startswith("torch.ao.nn.quantized")
+
+
+def _max_err(model: nn.Module, reference: nn.Module, batches: list[torch.Tensor]) -> tuple[float, float]:
+    """The largest abs difference of ``model``'s outputs from ``reference``'s, and the largest reference output."""
+    with torch.no_grad():
+        pairs = [(model(x), reference(x)) for x in batches]
+    return max(float((a - b).abs().max()) for a, b in pairs), max(float(b.abs().max()) for _, b in pairs)
+
+
+def _quantized_nodes(model: torch.fx.GraphModule) -> list[str]:
+    """The nodes of a converted graph that quantize, dequantize or run an int8 module."""
+    found = []
+    for node in model.graph.nodes:
+        target = getattr(node.target, "__name__", str(node.target))
+        if node.op == "call_module":
+            module = model.get_submodule(str(node.target))
+            if type(module).__module__.startswith("torch.ao.nn") and "quantized" in type(module).__module__:
+                found.append(node.name)
+        elif "quantize" in target:  # quantize_per_tensor, quantize_per_channel, dequantize
+            found.append(node.name)
+    return found
+
+
+def test_every_fallback_unit_in_float_is_the_float_model(digits, trained_cnn):
+    """The fallback covers every op static int8 quantizes: with all units in float, no quantize, dequantize
+    or int8 module is left, and the outputs are the float model's up to fp32 rounding (BatchNorm folded into
+    the conv weights reorders the arithmetic: we allow 1e-5 of the output's magnitude)."""
+    x_train, _, x_test, _ = digits
+    model, _ = trained_cnn
+    captured = capture(model, (x_test[:4],))
+    units = fallback_units(captured)
+    assert [unit.name for unit in units] == ["conv1", "conv2", "fc1", "fc2"]
+    result = quantize(captured, "static", calibration=_calibration(x_train), float_layers=[u.name for u in units])
+    assert _quantized_nodes(result.model) == [] and result.quantized_layers == []
+    err, scale = _max_err(result.model, model, list(x_test.split(128)))
+    assert err <= 1e-5 * scale, (err, scale)
+    # the float units are recorded by name, and the report says nothing was quantized
+    assert result.float_layers == ["conv1", "conv2", "fc1", "fc2"]
+    assert any("no layer was quantized" in w for w in result.warnings)
+
+
+@pytest.mark.slow
+def test_every_fallback_unit_in_float_is_float_resnet18():
+    """resnet18 (random weights, BatchNorm randomized): every layer in float still left quantized adds,
+    activations and quantize points (2.7% relative error); every fallback unit in float is the float model."""
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    model = randomize_batchnorm(torchvision.models.resnet18().eval())
+    x = torch.randn(2, 3, 64, 64)
+    captured = capture(model, (x,))
+    units = fallback_units(captured)
+    by_name = {unit.name: unit for unit in units}
+    # every conv (BatchNorm and ReLU fused in) and the fc are units; the stem's max pooling goes with conv1;
+    # each residual add is a unit with the ReLU fused after it; the last one also carries the average pooling
+    # and flatten that share its scale
+    convs = [name for name, m in model.named_modules() if isinstance(m, nn.Conv2d)]
+    adds = [f"add_{i}" if i else "add" for i in range(8)]
+    assert sorted(by_name) == sorted([*convs, *adds, "fc"])
+    assert by_name["conv1"].nodes == ["conv1", "maxpool"]
+    assert by_name["add"].nodes == ["add", "layer1_0_relu_1"] and by_name["add"].kind == "function"
+    assert by_name["add_7"].nodes == ["add_7", "layer4_1_relu_1", "avgpool", "flatten"]
+    calibration = [torch.randn(2, 3, 64, 64) for _ in range(2)]
+    everything = quantize(captured, "static", calibration=calibration, float_layers=list(by_name))
+    assert _quantized_nodes(everything.model) == []
+    batches = [x, torch.randn(2, 3, 64, 64)]
+    err, scale = _max_err(everything.model, model, batches)
+    assert err <= 1e-5 * scale, (err, scale)
+    # every *layer* in float is not enough: the adds and the quantize points around them stay int8
+    layers = [name for name, kind in quantizable_layers(captured.graph_module, "static")]
+    only_layers = quantize(captured, "static", calibration=calibration, float_layers=layers)
+    assert _quantized_nodes(only_layers.model)
+    assert _max_err(only_layers.model, model, batches)[0] > 100 * err
+
+
+def test_keep_float_until_meets_a_one_point_budget_and_stops_at_the_first(digits, trained_cnn):
+    """The digits CNN against a 1-point top-1 budget on held-out labelled digits. Calibrated on the training
+    digits, plain int8 already meets it (the first test); here the calibration batches are the training digits
+    at a quarter of their brightness -- a preprocessing mismatch -- and plain int8 loses several points. The
+    fallback keeps the most sensitive units in float until the budget is met, and stops there: with one unit
+    fewer in float the budget is missed, and most of the model stays int8."""
+    x_train, _, x_test, y_test = digits
+    model, float_accuracy = trained_cnn
+    captured = capture(model, (x_test[:4],))
+    calibration = _calibration(x_train * 0.25)
+    eval_data = (x_test, y_test)
+    plain = quantize(captured, "static", calibration=calibration, eval_data=eval_data)
+    assert plain.accuracy.top1_drop > 0.01, plain.accuracy.top1_drop  # plain int8 misses the budget
+
+    result = quantize(captured, "static", calibration=calibration, eval_data=eval_data, keep_float_until="drop=0.01")
+    assert result.target_met and result.accuracy.top1_drop <= 0.01
+    assert float_accuracy - _accuracy(result.model, x_test, y_test) <= 0.01  # measured again, outside fxforge
+    ranked = [s.layer for s in result.sensitivity]
+    assert result.float_layers == ranked[: len(result.float_layers)]
+    assert 1 <= len(result.float_layers) < len(ranked) and result.quantized_layers  # still (mostly) int8
+    # the first configuration on the path that meets the budget: one float unit fewer misses it
+    fewer = quantize(
+        captured, "static", calibration=calibration, eval_data=eval_data, float_layers=result.float_layers[:-1]
+    )
+    assert fewer.accuracy.top1_drop > 0.01
+    # and the chosen configuration is reproduced by naming its float units
+    again = quantize(captured, "static", calibration=calibration, eval_data=eval_data, float_layers=result.float_layers)
+    assert again.accuracy.top1_drop == pytest.approx(result.accuracy.top1_drop)
+
+
+def test_fallback_units_of_shared_modules_functions_and_methods():
+    """A module called twice is one unit (convert swaps the module object, so both calls are float or int8);
+    a function call is its own unit (addressed by its position among that function's calls); all calls of a
+    method are one unit (torch looks method qconfigs up by name). All in float: the float model, exactly."""
+
+    class Ops(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Conv2d(3, 8, 3, padding=1)
+            self.b = nn.Conv2d(3, 8, 3, padding=1)
+            self.act = nn.Hardswish()
+            self.c = nn.Conv2d(16, 8, 1)
+            self.fc = nn.Linear(8, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y, z = self.act(self.a(x)), self.act(self.b(x))
+            w = self.c(torch.cat([y, z], 1)) + y
+            w = (torch.sigmoid(w) * z).reshape(w.shape[0], 8, -1).mean(-1)
+            return self.fc(w.view(w.size(0), -1))
+
+    torch.manual_seed(0)
+    model = Ops().eval()
+    captured = capture(model, (torch.randn(2, 3, 8, 8),))
+    units = {unit.name: (unit.kind, unit.nodes) for unit in fallback_units(captured)}
+    assert units == {
+        "a": ("module", ["a"]),
+        "act": ("module", ["act", "act_1"]),
+        "b": ("module", ["b"]),
+        "cat": ("function", ["cat"]),
+        "c": ("module", ["c"]),
+        "add": ("function", ["add"]),
+        "sigmoid": ("function", ["sigmoid"]),
+        "mul": ("function", ["mul"]),
+        "reshape": ("method", ["reshape"]),
+        "mean": ("method", ["mean"]),
+        "view": ("method", ["view"]),
+        "fc": ("module", ["fc"]),
+    }
+    calibration = [torch.randn(2, 3, 8, 8) for _ in range(2)]
+    result = quantize(captured, "static", calibration=calibration, float_layers=list(units))
+    assert _quantized_nodes(result.model) == []
+    assert _max_err(result.model, model, calibration)[0] == 0.0  # no BatchNorm to fold: bit-exact
+    # one unit in int8, the rest in float: exactly that unit's nodes are quantized
+    result = quantize(captured, "static", calibration=calibration, float_layers=[u for u in units if u != "add"])
+    assert result.quantized_layers == [] and _quantized_nodes(result.model)
+    int8_ops = [n.target for n in result.model.graph.nodes if "quantized" in str(n.target)]
+    assert int8_ops == [torch.ops.quantized.add]
+    with pytest.raises(FxforgeError, match="no quantizable layer named 'nope'"):
+        quantize(captured, "static", calibration=calibration, float_layers=["nope"])
 
 
 def test_dynamic_int8_mlp_and_lstm_on_digits(digits):

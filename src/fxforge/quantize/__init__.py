@@ -4,8 +4,9 @@ ranking.
 
 The package, one module per concern: :mod:`.data` (calibration and evaluation data formats),
 :mod:`.accuracy` (int8 against float, targets), :mod:`.result` (:class:`QuantizeResult`), :mod:`.flow`
-(:func:`quantize`, sensitivity, "keep the most sensitive layers in float until a target is met", and the
-:func:`int8_backend` hook of ``fxforge.bench``), :mod:`.saving` (the output directory and the
+(:func:`quantize`, sensitivity, "keep the most sensitive units in float until a target is met", and the
+:func:`int8_backend` hook of ``fxforge.bench``), :mod:`.units` (the fallback units: every layer and op static
+quantization quantizes, and how each is kept in float), :mod:`.saving` (the output directory and the
 work-arounds that let torch 2.14.1 pickle and reload FX-quantized and QAT models) and :mod:`.engine`
 (the int8 kernel engine). What a node of a quantized graph is (``quant_kind``, ``int8_weights``,
 ``int8_flops``), which inspect and lint read without quantizing anything, is :mod:`fxforge.vocabulary`.
@@ -58,12 +59,14 @@ from fxforge.quantize.flow import (
     MODES,
     STATIC_LAYER_TYPES,
     convert,
+    fallback_units,
     int8_backend,
     quantizable_layers,
     quantize,
 )
 from fxforge.quantize.result import LayerSensitivity, QuantizeResult
 from fxforge.quantize.saving import picklable_quantized_modules, write_output
+from fxforge.quantize.units import Unit
 
 __all__ = [
     "BACKENDS",
@@ -79,8 +82,10 @@ __all__ = [
     "QuantizeResult",
     "RandomCalibrationWarning",
     "Target",
+    "Unit",
     "compare_batches",
     "convert",
+    "fallback_units",
     "int8_backend",
     "load_calibration",
     "parse_target",

@@ -1,12 +1,14 @@
 """The quantize flow: prepare, calibrate and convert with FX graph mode (or eager dynamic quantization), measure the
-result against the float model, rank layers by sensitivity and keep the worst in float until a target is met."""
+result against the float model, rank the fallback units (:mod:`.units`: every quantized layer and op in static
+mode, the quantized layers otherwise) by sensitivity and keep the worst in float until a target is met."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,7 @@ from fxforge.quantize.data import (
 from fxforge.quantize.engine import quantized_engine
 from fxforge.quantize.result import LayerSensitivity, QuantizeResult
 from fxforge.quantize.saving import write_output
+from fxforge.quantize.units import MODULE, Unit, find_units, keep_in_float
 from fxforge.runtime import quiet_quantization_notices
 
 MODES = ("static", "dynamic", "qat-prepare")
@@ -100,13 +103,15 @@ class _Plan:
     backend: str
     example_inputs: tuple[Any, ...]
     eager: bool  # dynamic quantization by module swap (no torch-dialect graph)
+    units: list[Unit] | None = None  # the fallback units, found on first use (fallback_units)
 
     @property
     def machinery(self) -> str:
         return EAGER_DYNAMIC_MACHINERY if self.eager else FX_MACHINERY
 
 
-def _qconfig_mapping(plan: _Plan, only: str | None, float_layers: Sequence[str]):
+def _qconfig_mapping(plan: _Plan, float_units: Sequence[Unit] = ()):
+    """The backend's default qconfigs (Linear/LSTM-like layers only in dynamic mode), ``float_units`` in float."""
     from torch.ao.quantization import QConfigMapping, default_dynamic_qconfig
     from torch.ao.quantization.qconfig_mapping import get_default_qat_qconfig_mapping, get_default_qconfig_mapping
 
@@ -115,55 +120,60 @@ def _qconfig_mapping(plan: _Plan, only: str | None, float_layers: Sequence[str])
             mapping = QConfigMapping()
             for layer_type in DYNAMIC_LAYER_TYPES:
                 mapping.set_object_type(layer_type, default_dynamic_qconfig)
-            qconfig = default_dynamic_qconfig
         elif plan.mode == "qat-prepare":
             mapping = get_default_qat_qconfig_mapping(plan.backend)
-            qconfig = mapping.global_qconfig
         else:
             mapping = get_default_qconfig_mapping(plan.backend)
-            qconfig = mapping.global_qconfig
-    if only is not None:
-        mapping = QConfigMapping().set_global(None).set_module_name(only, qconfig)
-    for name in float_layers:
-        mapping.set_module_name(name, None)
-    return mapping
+    return keep_in_float(mapping, float_units)
 
 
 def _quantize_once(
-    plan: _Plan,
-    calibration: Sequence[tuple[Any, ...]],
-    *,
-    only: str | None = None,
-    float_layers: Sequence[str] = (),
+    plan: _Plan, calibration: Sequence[tuple[Any, ...]], *, float_units: Sequence[Unit] = ()
 ) -> nn.Module:
-    """Prepare, calibrate and convert a fresh copy of ``plan.source`` (prepare only for QAT)."""
-    model = copy.deepcopy(plan.source)  # prepare_fx and the module swap change the module they are given
+    """Prepare, calibrate and convert a fresh copy of ``plan.source`` with ``float_units`` kept in float (prepare
+    only for QAT)."""
     if plan.eager:
         from torch.ao.quantization import default_dynamic_qconfig, quantize_dynamic
 
-        names = [only] if only is not None else [n for n, _ in quantizable_layers(model, "dynamic")]
-        spec = {name: default_dynamic_qconfig for name in names if name not in set(float_layers)}
+        model = copy.deepcopy(plan.source)  # the module swap changes the module it is given
+        floats = {unit.name for unit in float_units}
+        names = [n for n, _ in quantizable_layers(model, "dynamic") if n not in floats]
+        spec = {name: default_dynamic_qconfig for name in names}
         with quiet_quantization_notices(), quantized_engine(plan.backend):
             return quantize_dynamic(model.eval(), spec, dtype=torch.qint8) if spec else model.eval()
 
-    from torch.ao.quantization.fx.custom_config import PrepareCustomConfig
-    from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx, prepare_qat_fx
+    from torch.ao.quantization.quantize_fx import convert_fx
 
-    mapping = _qconfig_mapping(plan, only, float_layers)
+    with _fx_errors(), quiet_quantization_notices(), quantized_engine(plan.backend):
+        prepared = _prepare(plan, _qconfig_mapping(plan, float_units))
+        if plan.mode == "qat-prepare":
+            return _presize_per_channel_fake_quant(prepared)
+        if plan.mode == "static":
+            with torch.no_grad():
+                for batch in calibration:
+                    prepared(*batch)
+        return convert_fx(prepared)
+
+
+def _prepare(plan: _Plan, mapping: Any) -> fx.GraphModule:
+    """``prepare_fx`` (``prepare_qat_fx`` for QAT) on a fresh copy of ``plan.source``, capture's leaves untraced."""
+    from torch.ao.quantization.fx.custom_config import PrepareCustomConfig
+    from torch.ao.quantization.quantize_fx import prepare_fx, prepare_qat_fx
+
+    model = copy.deepcopy(plan.source)  # prepare_fx changes the module it is given
     custom = PrepareCustomConfig()
     if isinstance(model, fx.GraphModule):
         custom.set_non_traceable_module_names(_non_traceable(model))
+    if plan.mode == "qat-prepare":
+        return prepare_qat_fx(model.train(), mapping, plan.example_inputs, prepare_custom_config=custom)
+    return prepare_fx(model.eval(), mapping, plan.example_inputs, prepare_custom_config=custom)
+
+
+@contextlib.contextmanager
+def _fx_errors() -> Iterator[None]:
+    """FX graph mode's exceptions as one-line fxforge errors."""
     try:
-        with quiet_quantization_notices(), quantized_engine(plan.backend):
-            if plan.mode == "qat-prepare":
-                prepared = prepare_qat_fx(model.train(), mapping, plan.example_inputs, prepare_custom_config=custom)
-                return _presize_per_channel_fake_quant(prepared)
-            prepared = prepare_fx(model.eval(), mapping, plan.example_inputs, prepare_custom_config=custom)
-            if plan.mode == "static":
-                with torch.no_grad():
-                    for batch in calibration:
-                        prepared(*batch)
-            return convert_fx(prepared)
+        yield
     except FxforgeError:
         raise
     except Exception as exc:
@@ -171,6 +181,33 @@ def _quantize_once(
             f"FX graph-mode quantization failed: {one_line_reason(exc)}",
             hint="keep the offending submodule in float with --leaf NAME, or try --mode dynamic",
         ) from exc
+
+
+def _layer_unit(name: str, type_name: str) -> Unit:
+    return Unit(name, "module", type_name, [name], [(MODULE, name)])
+
+
+def _units(plan: _Plan) -> list[Unit]:
+    """The plan's fallback units: for static FX quantization every quantized layer and op, found by a probe
+    ``prepare_fx`` (see :mod:`.units`); otherwise (dynamic, QAT) the quantizable layers."""
+    if plan.units is None:
+        if plan.eager or plan.mode != "static":
+            plan.units = [_layer_unit(name, kind) for name, kind in quantizable_layers(plan.source, plan.mode)]
+        else:
+            with _fx_errors(), quiet_quantization_notices(), quantized_engine(plan.backend):
+                plan.units = find_units(_prepare(plan, _qconfig_mapping(plan)), plan.source)
+    return plan.units
+
+
+def fallback_units(captured: Captured, mode: str = "static", backend: str = "x86") -> list[Unit]:
+    """The units ``keep_float_until`` and ``float_layers`` can keep in float, in graph order.
+
+    Static mode: every layer and op FX graph mode quantizes (a conv with its fused BatchNorm/ReLU, an add
+    with its ReLU, a pooling layer, the calls of a method...), so that every unit in float is the float
+    model. Dynamic mode: the Linear/LSTM/GRU layers.
+    """
+    _check_options(mode, backend)
+    return list(_units(_plan(captured, mode, backend)))
 
 
 def _presize_per_channel_fake_quant(model: nn.Module) -> nn.Module:
@@ -269,10 +306,13 @@ def quantize(
         calibration: see :func:`load_calibration`; ``None`` calibrates on random inputs and warns
             (:class:`RandomCalibrationWarning`) that accuracy is unknown.
         eval_data: batches the float and int8 models are compared on (default: the calibration data).
-        sensitivity: also quantize one layer at a time and rank layers by the error each causes.
-        keep_float_until: a :func:`parse_target` target; keep the most sensitive layers in float,
-            one more at a time, until the target is met (implies ``sensitivity``).
-        float_layers: module names to keep in float from the start.
+        sensitivity: also quantize one fallback unit at a time (:func:`fallback_units`: in static mode every
+            quantized layer and op, else the quantized layers) and rank the units by the error each causes.
+        keep_float_until: a :func:`parse_target` target; keep the most sensitive units in float, one more
+            at a time, until the target is met (implies ``sensitivity``). With every unit in float the
+            model is the float model, so any target the float model meets is reachable.
+        float_layers: units to keep in float from the start: layer (module) names, or the names
+            :func:`fallback_units` gives ops (graph node names such as ``add_3``).
         output_dir: write ``model.pt``, ``inputs.txt`` and ``report.json`` there (atomically).
     """
     _check_options(mode, backend)
@@ -284,7 +324,7 @@ def quantize(
     if random_batches < 1:
         raise InputSpecError(f"--random-batches must be at least 1, got {random_batches}")
     plan = _plan(captured, mode, backend)
-    float_layers = _checked_float_layers(plan, float_layers)
+    float_units = _checked_float_units(plan, float_layers)
     result_warnings: list[str] = []
     notes: list[str] = []
     if plan.eager:
@@ -296,12 +336,13 @@ def quantize(
     calib = None
     if mode == "static":
         calib = load_calibration(calibration, plan.example_inputs, batches=random_batches, seed=seed)
-    model = _quantize_once(plan, calib.batches if calib else [], float_layers=float_layers)
+    model = _quantize_once(plan, calib.batches if calib else [], float_units=float_units)
     if mode == "qat-prepare":
         notes.append(
             "fake-quant model in training mode: train it, then fxforge.quantize's convert(model) makes it int8"
         )
-        result = QuantizeResult(model, mode, backend, plan.machinery, None, None, float_layers=float_layers)
+        float_names = [unit.name for unit in float_units]
+        result = QuantizeResult(model, mode, backend, plan.machinery, None, None, float_layers=float_names)
         result.quantized_layers = _quantized_layers(model, plan.source, mode)
         result.notes = notes
         return _finish(result, captured, output_dir, force, spec)
@@ -327,11 +368,11 @@ def quantize(
     target_met = None
     if goal is not None:
         model, accuracy = _keep_float_until(
-            plan, calib, goal, ranking, float_layers, model, accuracy, reference, evaluation
+            plan, calib, goal, ranking, float_units, model, accuracy, reference, evaluation
         )
         target_met = goal.met(accuracy)
         if not target_met:
-            result_warnings.append(f"target {goal} not met even with every ranked layer in float")
+            result_warnings.append(f"target {goal} not met even with every ranked layer and op in float")
 
     result = QuantizeResult(
         model=model,
@@ -342,7 +383,8 @@ def quantize(
         accuracy=accuracy,
         sensitivity=ranking,
         quantized_layers=_quantized_layers(model, plan.source, mode),
-        float_layers=float_layers,
+        float_layers=[unit.name for unit in float_units],
+        units=list(plan.units or []),
         target=str(goal) if goal is not None else None,
         target_met=target_met,
         warnings=result_warnings,
@@ -350,7 +392,7 @@ def quantize(
         evaluation=evaluation.describe(),
     )
     if not result.quantized_layers:
-        why = "every quantizable layer is kept in float" if float_layers else f"the model has no {_layer_kinds(mode)}"
+        why = "every quantizable layer is kept in float" if float_units else f"the model has no {_layer_kinds(mode)}"
         result.warnings.append(f"no layer was quantized: {why}")
     return _finish(result, captured, output_dir, force, spec)
 
@@ -367,13 +409,25 @@ def _layer_kinds(mode: str) -> str:
     return "/".join(sorted({t.__name__ for t in _layer_types(mode)})) + " layer"
 
 
-def _checked_float_layers(plan: _Plan, float_layers: Sequence[str]) -> list[str]:
-    known = {name for name, _ in quantizable_layers(plan.source, plan.mode)}
-    unknown = [name for name in float_layers if name not in known]
-    if unknown:
-        layers = ", ".join(sorted(known)) or "none"
-        raise FxforgeError(f"no quantizable layer named {unknown[0]!r}", hint=f"layers: {layers}")
-    return list(float_layers)
+def _checked_float_units(plan: _Plan, names: Sequence[str]) -> list[Unit]:
+    """The units named by ``float_layers``. Static mode: the fallback unit of that name (a layer's unit also
+    covers the ops that follow it on its scale, such as a max pooling), else the layer alone; other modes: the
+    quantizable layer of that name."""
+    if not names:
+        return []
+    layers = dict(quantizable_layers(plan.source, plan.mode))
+    by_name = {unit.name: unit for unit in _units(plan)} if plan.mode == "static" else {}
+    units: list[Unit] = []
+    for name in dict.fromkeys(names):
+        if name in by_name:
+            units.append(by_name[name])
+        elif name in layers:
+            units.append(_layer_unit(name, layers[name]))
+        else:
+            known = ", ".join(sorted(layers)) or "none"
+            ops = "; ops: see the sensitivity ranking (--sensitivity)" if plan.mode == "static" else ""
+            raise FxforgeError(f"no quantizable layer named {name!r}", hint=f"layers: {known}{ops}")
+    return units
 
 
 def _evaluation_data(
@@ -408,26 +462,28 @@ def _keep_float_until(
     calib: CalibrationData | None,
     goal: Target,
     ranking: Sequence[LayerSensitivity],
-    float_layers: list[str],
+    float_units: list[Unit],
     model: nn.Module,
     accuracy: AccuracyReport,
     reference: list[list[torch.Tensor]],
     evaluation: CalibrationData,
 ) -> tuple[nn.Module, AccuracyReport]:
-    """Put the most sensitive layers back in float, one more at a time, until ``goal`` is met.
+    """Put the most sensitive units back in float, one more at a time, until ``goal`` is met.
 
-    Greedy in ranking order: each step re-quantizes the model with one more float layer and measures
-    it again (so interactions between layers count), and stops at the first model that meets the goal.
-    ``float_layers`` is extended in place with the layers kept in float.
+    Greedy in ranking order: each step re-quantizes the model with one more float unit and measures
+    it again (so interactions between units count), and stops at the first model that meets the goal:
+    the one with the fewest float units on this path, so the most int8 and the fastest.
+    ``float_units`` is extended in place with the units kept in float.
     """
     batches = calib.batches if calib else []
-    for layer in (entry.layer for entry in ranking):
+    by_name = {unit.name: unit for unit in _units(plan)}
+    for entry in ranking:
         if goal.met(accuracy):
             break
-        if layer in float_layers:
+        if any(unit.name == entry.layer for unit in float_units):
             continue
-        float_layers.append(layer)
-        model = _quantize_once(plan, batches, float_layers=float_layers)
+        float_units.append(by_name[entry.layer])
+        model = _quantize_once(plan, batches, float_units=float_units)
         with quantized_engine(plan.backend):
             accuracy = compare_batches(
                 reference, run_batches(model, evaluation.batches), accuracy.data, evaluation.labels
@@ -454,25 +510,29 @@ def _sensitivity(
     evaluation: CalibrationData,
     label: str,
 ) -> list[LayerSensitivity]:
-    """Quantize each layer alone and rank layers by the error they cause, largest first.
+    """Quantize each fallback unit alone (every other unit in float) and rank the units by the error they
+    cause, largest first.
 
-    One-at-a-time (rather than leave-one-out) isolates each layer's own error; ranked by mean abs
+    One-at-a-time (rather than leave-one-out) isolates each unit's own error; ranked by mean abs
     error, which is continuous where top-1 agreement on a small set ties.
     """
     entries = []
+    units = _units(plan)
     with quantized_engine(plan.backend):
-        for name, type_name in quantizable_layers(plan.source, plan.mode):
-            model = _quantize_once(plan, calibration, only=name)
+        for unit in units:
+            model = _quantize_once(plan, calibration, float_units=[other for other in units if other is not unit])
             report = compare_batches(reference, run_batches(model, evaluation.batches), label, evaluation.labels)
             entries.append(
                 LayerSensitivity(
-                    name,
-                    type_name,
+                    unit.name,
+                    unit.type,
                     report.top1_agreement,
                     report.max_abs_err,
                     report.mean_abs_err,
                     report.rel_err,
                     report.top1_drop,
+                    kind=unit.kind,
+                    nodes=list(unit.nodes),
                 )
             )
     entries.sort(key=lambda e: (-e.mean_abs_err, e.top1_agreement if e.top1_agreement is not None else 1.0))

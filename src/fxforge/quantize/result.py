@@ -10,12 +10,14 @@ from torch import nn
 
 from fxforge.quantize.accuracy import AccuracyReport
 from fxforge.quantize.engine import ENGINES
+from fxforge.quantize.units import Unit
 from fxforge.visual import notebook
 
 
 @dataclass
 class LayerSensitivity:
-    """The error one layer causes when it is the only layer quantized."""
+    """The error one fallback unit (:class:`~fxforge.quantize.units.Unit`: a layer, or in static mode also an op)
+    causes when it is the only unit quantized. ``layer`` is the unit's name (a module path for layers)."""
 
     layer: str
     type: str
@@ -24,6 +26,8 @@ class LayerSensitivity:
     mean_abs_err: float
     rel_err: float
     top1_drop: float | None = None  # on labelled evaluation data
+    kind: str = "module"  # module (a layer), function or method (an op): how the unit is called in the graph
+    nodes: list[str] = field(default_factory=list)  # the graph nodes the unit covers
 
 
 @dataclass
@@ -43,12 +47,13 @@ class QuantizeResult:
     accuracy: AccuracyReport | None
     sensitivity: list[LayerSensitivity] = field(default_factory=list)
     quantized_layers: list[str] = field(default_factory=list)
-    float_layers: list[str] = field(default_factory=list)
+    float_layers: list[str] = field(default_factory=list)  # the units kept in float: layers, and ops by node name
     target: str | None = None
     target_met: bool | None = None
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     evaluation: dict[str, Any] | None = None  # the data ``accuracy`` was measured on
+    units: list[Unit] = field(default_factory=list)  # the fallback units, when sensitivity or keep-float ran
     output_dir: Path | None = None
     files: list[str] = field(default_factory=list)
 
@@ -80,6 +85,7 @@ class QuantizeResult:
             "sensitivity": [asdict(s) for s in self.sensitivity],
             "quantized_layers": self.quantized_layers,
             "float_layers": self.float_layers,
+            "units": [unit.to_dict() for unit in self.units],
             "target": self.target,
             "target_met": self.target_met,
             "warnings": self.warnings,
