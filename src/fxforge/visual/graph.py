@@ -546,11 +546,32 @@ def _attach_profile(model: dict[str, Any], builder: _Builder, profile: dict[str,
 # diffs
 
 
+_METADATA_ATTRS = frozenset({"shape", "dtype", "device", "ndim", "layout", "is_cuda", "is_quantized"})
+_METADATA_METHODS = frozenset({"size", "dim", "numel", "get_device"})
+_METADATA_OPS = re.compile(r"^aten\.(sym_size|sym_numel|sym_stride|dim)\b")
+
+
+def _reads_metadata(node: fx.Node) -> bool:
+    """``x.shape``, ``x.size(1)``, ``aten.sym_size``: reads what a value looks like, not what it holds."""
+    if node.op == "call_method":
+        return node.target in _METADATA_METHODS
+    if node.op != "call_function":
+        return False
+    if node.target is getattr:
+        return len(node.args) > 1 and node.args[1] in _METADATA_ATTRS
+    return bool(_METADATA_OPS.match(target_name(node)))
+
+
 def _signature(node: fx.Node) -> tuple[Any, ...]:
     """What a node computes, for telling a changed node from an unchanged one of the same name. Inputs are
     named by their origin: a relu whose input was ``bn1`` and is now the conv that computes ``bn1``'s value
-    (fold_bn) still computes the same thing."""
-    args = tuple(a.meta.get(ORIGIN, a.name) if isinstance(a, fx.Node) else repr(a) for a in node.args)
+    (fold_bn) still computes the same thing. A read of a value's shape or dtype does not change when a pass
+    rewrites the value (a verified pass keeps both): timm's BatchNormAct2d reads ``x.shape`` of the conv
+    before it, and fold_bn made each such read look changed -- two per folded norm."""
+    metadata = _reads_metadata(node)
+    args = tuple(
+        ("value" if metadata else a.meta.get(ORIGIN, a.name)) if isinstance(a, fx.Node) else repr(a) for a in node.args
+    )
     return node.op, target_name(node), args
 
 
@@ -574,7 +595,8 @@ def diff_model(
     original graph. The pass of each change comes from provenance; for removed nodes, from ``steps`` (the
     graph after each pass, as a pipeline records them) when given, else from the rewritten node that now
     computes the removed node's value, else from ``passes`` when only one pass ran. ``divergence`` (from
-    a failed verification) marks the first diverging node.
+    a failed verification) marks the first diverging node. ``counts`` counts the drawn nodes of each status
+    (weights and export's checks, drawn only in the details, are left out).
     """
     captured = original if isinstance(original, Captured) else None
     before = original.graph_module if isinstance(original, Captured) else original
@@ -615,7 +637,7 @@ def diff_model(
         else:
             status = UNCHANGED
         entry["st"] = status
-        counts[status] += 1
+        counts[status] += not entry.get("h")
     for name in removed:
         entry = builder.nodes[builder.index[(0, name)]]
         entry["st"] = REMOVED
@@ -629,7 +651,7 @@ def diff_model(
             entry["heir"] = heir.name
         if not entry["ps"]:
             entry.pop("ps")
-        counts[REMOVED] += 1
+        counts[REMOVED] += not entry.get("h")
     _removed_with_their_readers(builder, before, removed, value_now_in)
     findings = _attach_findings(builder, lint_report, key=1)
     model = builder.result(
