@@ -107,3 +107,31 @@ def test_broken_pass_page_opens_on_the_diverging_node(chromium, resnet_captures,
     assert page.locator(f'g.node.div[data-k="n{index}"]').count() == 1
     assert "First divergence" in page.locator(".fxg-side").inner_text()
     assert record.console_errors == [] and record.requests == []
+
+
+def test_a_profiled_graph_colours_its_nodes_by_time(chromium, resnet_captures, tmp_path):
+    captured = resnet_captures["torch"]
+    names = [n.name for n in captured.graph_module.graph.nodes if n.op not in ("placeholder", "output")]
+    times = {name: 0.01 for name in names} | {"conv1": 5.0, "layer4_1_conv2": 0.3}
+    total = sum(times.values())
+    profile = {
+        "total_ms": total,
+        "nodes": [{"name": name, "time_ms": ms, "share": ms / total} for name, ms in times.items()],
+        "modules": [],
+    }
+    view = fxforge.report(captured, tmp_path / "hot.html", profile=profile, spec="resnet18 profiled")
+    record = PageRecord()
+    page = open_page(chromium, tmp_path / "hot.html", record)
+    page.evaluate("window.fxgraph.setDepth(3)")
+    _wait_until(page, "document.querySelectorAll('#fxg-graph g.node').length > 40", True)
+
+    def fill(name: str) -> str:
+        index = next(i for i, n in enumerate(view.model["nodes"]) if n["n"] == name)
+        return page.locator(f'g.node[data-k="n{index}"] rect.box').evaluate("e => getComputedStyle(e).fill")
+
+    assert fill("conv1") == "rgb(255, 105, 55)"  # over 12% of the time: the hottest colour
+    red, green, blue = (int(c) for c in fill("layer1_0_relu")[4:-1].split(","))
+    assert red == 255 and green > 230 and blue > 225  # a tenth of a percent: almost white
+    assert fill("layer4_1_conv2") not in (fill("conv1"), fill("layer1_0_relu"))  # about 5%: in between
+    assert "time share" in page.locator(".fxg-legend").inner_text()
+    assert record.console_errors == [] and record.requests == []

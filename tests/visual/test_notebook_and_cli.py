@@ -3,6 +3,8 @@ input, and the example notebook run end to end by nbclient."""
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,13 @@ import fxforge
 from fxforge.cli.app import main
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def page_model(path: Path) -> dict:
+    """The graph model a written page carries (the JSON the viewer reads)."""
+    raw = re.search(r'<script type="application/json" id="fxg-model">(.*?)</script>', path.read_text(), re.S)
+    assert raw is not None, f"{path} has no graph model"
+    return json.loads(raw.group(1))
 
 
 def test_every_result_has_a_notebook_view(resnet_captures, tmp_path):
@@ -87,3 +96,22 @@ def test_example_notebook_runs(tmp_path):
     assert errors == []
     html = [o for cell in notebook.cells for o in cell.get("outputs", []) if "text/html" in o.get("data", {})]
     assert len(html) >= 6  # the tables and graphs the tour's cells end with
+
+
+def test_report_profile_times_every_node_and_colours_the_graph(tmp_path, capsys):
+    assert main(["report", "demo", "--profile", "-o", str(tmp_path / "r.html"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    model = page_model(tmp_path / "r.html")
+    timed = [n for n in model["nodes"] if "ms" in n]
+    computing = [n for n in model["nodes"] if n["op"] not in ("placeholder", "output") and not n.get("h")]
+    assert out["profile"] == model["profile"] and model["profile"]["matched"] == len(timed) == len(computing)
+    assert abs(sum(n["share"] for n in timed) - 1) < 1e-6
+    assert "coloured by time" in (tmp_path / "r.html").read_text()
+    # a saved profile (fxforge profile --json) colours the same way; both at once is a usage error
+    assert main(["profile", "demo", "--json"]) == 0
+    (tmp_path / "p.json").write_text(capsys.readouterr().out)
+    assert main(["report", "demo", "--profile-file", str(tmp_path / "p.json"), "-o", str(tmp_path / "s.html")]) == 0
+    assert page_model(tmp_path / "s.html")["profile"]["matched"] == len(computing)
+    args = ["report", "demo", "--profile", "--profile-file", str(tmp_path / "p.json"), "-o", str(tmp_path / "x.html")]
+    assert main(args) == 2
+    assert "--profile-file" in capsys.readouterr().err

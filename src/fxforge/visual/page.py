@@ -62,7 +62,7 @@ def graph_document(model: dict[str, Any], title: str, subtitle: str = "") -> str
 
 
 def describe(model: dict[str, Any]) -> str:
-    """One line under a graph's title: dialect, counts, totals, diff counts."""
+    """One line under a graph's title: dialect, counts, totals, diff counts, the profile that colours it."""
     visible = sum(1 for n in model["nodes"] if not n.get("h"))
     parts = [f"{model.get('dialect', '')} dialect", f"{visible} nodes", f"{len(model['modules'])} modules"]
     totals = model.get("totals") or {}
@@ -75,6 +75,9 @@ def describe(model: dict[str, Any]) -> str:
         parts.append(", ".join(f"{counts[k]} {k}" for k in ("changed", "inserted", "removed")))
     if model.get("divergence"):
         parts.append(f"first divergence at {model['divergence'].get('node')}")
+    timed = model.get("profile")
+    if timed:
+        parts.append(f"coloured by time: {timed['matched']} nodes timed, {timed['total_ms']:.3g} ms in all")
     return " · ".join(parts)
 
 

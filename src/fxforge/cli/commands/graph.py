@@ -46,7 +46,7 @@ def command(
         raise FxforgeError(f"cannot tell what to write from {output!r}", hint="name it .html (interactive) or .svg")
     if Path(output).exists() and not force:
         raise FxforgeError(f"{output} exists", hint="pass --force to replace it")
-    profile = _read_profile(profile_file) if profile_file else None
+    profile = read_profile(profile_file) if profile_file else None
     captured = opts.prepare()
     with status("drawing the graph", opts.as_json):
         title = opts.model or "model"
@@ -78,7 +78,7 @@ def command(
     render_page(stdout, view)
 
 
-def _read_profile(path: str) -> dict:
+def read_profile(path: str) -> dict:
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError) as exc:

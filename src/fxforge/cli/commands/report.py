@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from fxforge.cli.commands.graph import read_profile
 from fxforge.cli.options import CaptureOptions, capture_options, emit_json, split, status, stdout
 from fxforge.errors import FxforgeError
 
@@ -17,8 +18,10 @@ Examples:
   fxforge report torchvision:resnet18 -o report.html
   fxforge report torchvision:resnet18 -p fold_bn,remove_dropout --bench -o report.html
   fxforge report torchvision:resnet18 --quantize static -o report.html
+  fxforge report torchvision:resnet18 --profile -o report.html   # nodes coloured by their time
 The page holds the environment, capture, inspect table, lint findings (click one: the graph shows its node),
-the change log, verification and diff (with -p), bench latencies (--bench) and quantize accuracy (--quantize).
+the change log, verification and diff (with -p), bench latencies (--bench), quantize accuracy (--quantize) and
+each node's share of the time (--profile: the captured model's nodes timed one by one, as fxforge profile does).
 """,
 )
 @capture_options
@@ -40,6 +43,15 @@ the change log, verification and diff (with -p), bench latencies (--bench) and q
     default=None,
     help="Quantize and report accuracy.",
 )
+@click.option(
+    "--profile", "do_profile", is_flag=True, help="Time every node (fxforge profile) and colour the graph by time."
+)
+@click.option(
+    "--profile-file",
+    default=None,
+    metavar="FILE",
+    help="Colour by a saved profile instead (fxforge profile --json output).",
+)
 @click.option("--depth", type=click.IntRange(min=0), default=None, help="Open the graph's modules to this depth.")
 @click.option("--force", is_flag=True, help="Replace an existing file.")
 def command(
@@ -50,6 +62,8 @@ def command(
     backends: str,
     repeats: int,
     quantize_mode: str | None,
+    do_profile: bool,
+    profile_file: str | None,
     depth: int | None,
     force: bool,
 ) -> None:
@@ -62,10 +76,18 @@ def command(
         raise FxforgeError(f"a report is an HTML page, not {output!r}", hint="e.g. -o report.html")
     if Path(output).exists() and not force:
         raise FxforgeError(f"{output} exists", hint="pass --force to replace it")
+    if do_profile and profile_file:
+        raise FxforgeError("--profile and --profile-file both say where the times come from", hint="pass one")
     names = [name for group in pass_names for name in split(group)]
     for name in names:
         get_pass(name)  # an unknown pass fails now, before any work
+    profile = read_profile(profile_file) if profile_file else None
     captured = opts.prepare()
+    if do_profile:
+        from fxforge.profile import profile_model
+
+        with status("timing every node", opts.as_json):
+            profile = profile_model(captured)
     with status("building the report", opts.as_json):
         view = report(
             captured,
@@ -74,11 +96,19 @@ def command(
             bench=(split(backends) or True) if do_bench else False,
             bench_repeats=repeats,
             quantize=quantize_mode,
+            profile=profile,
             spec=opts.model,
             depth=depth,
             force=force,
         )
     if opts.as_json:
-        emit_json({"path": str(view.path), "nodes": len(view.model["nodes"]), "counts": view.model.get("counts")})
+        emit_json(
+            {
+                "path": str(view.path),
+                "nodes": len(view.model["nodes"]),
+                "counts": view.model.get("counts"),
+                "profile": view.model.get("profile"),
+            }
+        )
         return
     render_page(stdout, view)
