@@ -135,3 +135,27 @@ def test_a_profiled_graph_colours_its_nodes_by_time(chromium, resnet_captures, t
     assert fill("layer4_1_conv2") not in (fill("conv1"), fill("layer1_0_relu"))  # about 5%: in between
     assert "time share" in page.locator(".fxg-legend").inner_text()
     assert record.console_errors == [] and record.requests == []
+
+
+def test_clicking_a_search_result_opens_and_selects_it(chromium, report_page):
+    path, model = report_page
+    record = PageRecord()
+    page = open_page(chromium, path, record)
+    page.evaluate("window.fxgraph.setDepth(0)")
+    _wait_until(page, "window.fxgraph.isOpen('layer3')", False)
+    page.locator(".fxg-search").press_sequentially("layer3.0.down")
+    result = page.locator(".fxg-results [data-go='layer3.0.downsample']")
+    result.wait_for()
+    assert page.locator(".fxg-results [data-go]").count() >= 1
+    result.click()
+    module = next(i for i, m in enumerate(model["modules"]) if m["path"] == "layer3.0.downsample")
+    _wait_until(page, "window.fxgraph.selected()", f"m{module}")
+    assert page.evaluate("window.fxgraph.isOpen('layer3') && window.fxgraph.isOpen('layer3.0')")
+    assert page.locator(f'g.node.sel[data-k="m{module}"]').count() == 1  # drawn (collapsed) and selected
+    assert page.locator(".fxg-side h3").inner_text() == "layer3.0.downsample"
+    assert not page.locator(".fxg-results").is_visible()
+    # the details' expand button opens it: its conv and batch norm appear
+    page.locator(".fxg-side button[data-toggle]").click()
+    _wait_until(page, "window.fxgraph.isOpen('layer3.0.downsample')", True)
+    page.wait_for_selector('g.node[data-k^="n"]:has(text:text-is("layer3_0_downsample_0"))')
+    assert record.console_errors == [] and record.requests == []

@@ -176,3 +176,15 @@ def test_a_diff_of_an_output_directory_labels_the_nodes_the_passes_removed(tmp_p
     # the html page of the directory diff says the same
     view = fxforge.diff_html(captured, tmp_path / "out")
     assert changes(view.model) == disk
+
+
+def test_a_report_of_a_failing_pass_shows_the_first_diverging_node(resnet_captures, broken_pass, tmp_path):
+    captured = resnet_captures["torch"]
+    view = fxforge.report(captured, tmp_path / "r.html", passes=["fold_bn", broken_pass], spec="resnet18")
+    divergence = view.model["divergence"]
+    assert divergence["pass_name"] == broken_pass and divergence["i"] >= 0
+    node = view.model["nodes"][divergence["i"]]
+    assert node["div"] == 1 and node["st"] == "inserted" and node["ps"] == broken_pass
+    assert [n["n"] for n in view.model["nodes"] if n.get("div")] == [node["n"]]
+    assert f"first divergence at {node['n']}" in view.html
+    assert "failed" in view.html and broken_pass in view.html
