@@ -328,3 +328,49 @@ def test_compile_writes_compiled_code_or_a_recipe_the_loader_applies(tmp_path, m
     assert any("no C++ compiler found" in note for note in artifact.notes)
     loaded = load_model(str(tmp_path / "rc")).module
     assert isinstance(loaded, CompiledModule) and compare_outputs(model(x), loaded(x)).ok
+
+
+def test_ort_int8_is_a_reduced_candidate_whose_artifact_reloads(tmp_path):
+    """ONNX Runtime's static int8 (QDQ, per-channel weights) competes under an accuracy budget like fxforge's
+    int8: calibrated on the user's data, judged against float on it, written as model.onnx that
+    fxforge.load_model runs at any batch size."""
+    pytest.importorskip("onnxruntime")
+    from fxforge.auto import candidate_backends
+    from fxforge.bench import BuildSettings, get_backend
+    from fxforge.deploy import write_artifact
+    from fxforge.models import load_model
+    from fxforge.quantize import compare_batches
+
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 8 * 8, 4)
+    )
+    captured = capture(randomize_batchnorm(model.eval()), (torch.randn(2, 3, 8, 8),))
+    names = [b.name for b in candidate_backends(captured, None, Budget(min_agreement=0.9))]
+    assert "ort_int8" in names and "int8" in names
+    assert "ort_int8" not in [b.name for b in candidate_backends(captured, None, Budget())]  # exact: never
+
+    data = torch.randn(64, 3, 8, 8)
+    result = auto_optimize(
+        captured,
+        backends=["ort_int8"],
+        budget=Budget(min_agreement=0.5),
+        data=data,
+        repeats=2,
+        output_dir=tmp_path / "o",
+    )
+    ort = next(c for c in result.candidates if c.name == "ort_int8")
+    assert ort.status in ("accepted", "chosen"), ort.reason
+    assert not ort.exact and ort.top1_agreement >= 0.5 and ort.max_abs_err > 0 and not result.warnings
+    assert "QDQ" in " ".join(ort.notes) and "InferenceSession" in ort.load
+
+    settings = BuildSettings(1, tmp_path / "a", captured.original(*captured.example_inputs))
+    settings.calibration = [data[i : i + 16] for i in range(0, 64, 16)]
+    artifact = write_artifact(get_backend("ort_int8"), captured, tmp_path / "a", settings)
+    assert "model.onnx" in artifact.files
+    loaded = load_model(str(tmp_path / "a")).module
+    x = torch.randn(5, 3, 8, 8)  # another batch size: the file's batch dimension is dynamic
+    with torch.no_grad():
+        assert torch.equal(loaded(x), artifact.runner(x))  # what --auto timed is what the user loads
+        report = compare_batches([[model(x)]], [[loaded(x)]], "random")
+    assert 0 < report.rel_err < 0.05, report.rel_err  # int8: close to float, not equal

@@ -168,6 +168,66 @@ def test_onnxruntime_backend():
     assert ort_row.ok and ort_row.within_tolerance and "dynamo exporter" in ort_row.notes[0]
 
 
+def test_ort_int8_backend_quantizes_with_onnx_runtime(tmp_path):
+    """ONNX Runtime's own int8: QDQ nodes around the convs with per-channel weight scales, measured against
+    float like fxforge's int8, and without onnxruntime the error names the extra to install."""
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    from fxforge.bench import get_backend, write_ort_int8
+
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1),
+        nn.BatchNorm2d(16),
+        nn.ReLU(),
+        nn.Conv2d(16, 8, 3),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(8, 10),
+    )
+    captured = capture(randomize_batchnorm(model.eval()), (torch.randn(2, 3, 16, 16),))
+    report = bench(captured, ["eager", "ort_int8"], warmup=1, repeats=3)
+    row = report.rows[1]
+    assert row.ok, row.error
+    assert row.precision == "int8" and row.max_abs_err > 0 and row.within_tolerance is False
+    assert any("QDQ, per-channel weights" in note for note in row.notes)
+
+    # the file itself (bench's build directory is gone): QDQ around the convs, one weight scale per channel
+    path = tmp_path / "model.onnx"
+    write_ort_int8(captured, path, [torch.randn(4, 3, 16, 16) for _ in range(4)])
+    graph = onnx.load(str(path)).graph
+    ops = [node.op_type for node in graph.node]
+    assert ops.count("QuantizeLinear") >= 3 and ops.count("DequantizeLinear") >= 5 and ops.count("Conv") == 2
+    initializers = {init.name: init for init in graph.initializer}
+    weight_scales = [
+        initializers[node.input[1]]
+        for node in graph.node
+        if node.op_type == "DequantizeLinear"
+        and node.input[0] in initializers
+        and initializers[node.input[0]].dims
+        and len(initializers[node.input[0]].dims) == 4
+    ]
+    assert sorted(list(scale.dims) for scale in weight_scales) == [[8], [16]]  # one scale per output channel
+    assert get_backend("ort_int8").precision == "int8"
+
+
+def test_ort_int8_without_onnxruntime_names_the_extra(monkeypatch):
+    import sys
+
+    from fxforge.errors import MissingExtraError
+
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import fails as if not installed
+    captured = capture(nn.Sequential(nn.Linear(4, 2)).eval(), (torch.randn(2, 4),))
+    report = bench(captured, ["ort_int8"], warmup=1, repeats=1)
+    assert not report.rows[0].ok and "fxforge[onnx]" in report.rows[0].error
+    from fxforge.quantize.ort import quantize_onnx
+
+    with pytest.raises(MissingExtraError, match="onnxruntime") as info:
+        quantize_onnx("model.onnx", "out.onnx", [(torch.randn(1, 4),)])
+    assert info.value.extra == "onnx"
+
+
 def test_compile_time_is_kept_out_of_latency(mlp):
     report = bench(mlp, ["compile"], warmup=1, repeats=3)
     (row,) = report.rows

@@ -285,6 +285,25 @@ def test_keep_float_until_meets_a_one_point_budget_and_stops_at_the_first(digits
     assert again.accuracy.top1_drop == pytest.approx(result.accuracy.top1_drop)
 
 
+def test_ort_int8_on_digits_keeps_accuracy(digits, trained_cnn, tmp_path):
+    """ONNX Runtime's own static int8 (QDQ, per-channel weights) of the exported digits CNN, calibrated on the
+    training digits: top-1 on the held-out digits within 1 point of float."""
+    pytest.importorskip("onnxruntime")
+    from fxforge.artifacts import load_exported
+    from fxforge.bench import write_ort_int8
+
+    x_train, _, x_test, y_test = digits
+    model, float_accuracy = trained_cnn
+    captured = capture(model, (x_test[:4],))
+    notes = write_ort_int8(captured, tmp_path / "model.onnx", _calibration(x_train))
+    assert any("QDQ" in note for note in notes)
+    int8 = load_exported(tmp_path / "model.onnx", "onnx")
+    with torch.no_grad():
+        int8_accuracy = float((int8(x_test).argmax(1) == y_test).float().mean())  # the whole split: dynamic batch
+    assert float_accuracy - int8_accuracy <= 0.01, (float_accuracy, int8_accuracy)
+    assert not torch.equal(int8(x_test[:8]), model(x_test[:8]))  # int8 indeed
+
+
 def test_fallback_units_of_shared_modules_functions_and_methods():
     """A module called twice is one unit (convert swaps the module object, so both calls are float or int8);
     a function call is its own unit (addressed by its position among that function's calls); all calls of a

@@ -11,7 +11,8 @@ Steps:
    output directory delivers. The candidates: eager (the baseline), fx, torchscript (also with oneDNN graph
    fusion), onnxruntime and compile, plus channels-last variants for convolutional models -- and, only
    when the user grants an accuracy budget beyond fp32 round-off, bf16/autocast (where the CPU runs bf16
-   natively) and int8. ``quick`` tries the few that usually win for this kind of model on this hardware;
+   natively), fxforge's int8 and ONNX Runtime's (``ort_int8``: static QDQ, per-channel weights, calibrated on
+   the same data). ``quick`` tries the few that usually win for this kind of model on this hardware;
 3. verify each candidate against the original model: exact candidates on 16 varied inputs within
    ``tolerance`` (normwise: ``max|a - b| <= tolerance * max|ref| + tolerance / 10``); reduced-precision
    candidates against the budget on the user's data (``data``), or on random inputs with a warning;
@@ -45,7 +46,16 @@ import torch
 from torch import nn
 
 from fxforge.artifacts import INPUTS_FILE, MODEL_FILE, REPORT_FILE, atomic_directory, write_inputs
-from fxforge.bench import Backend, BenchReport, BuildSettings, Runner, bench, build_backend, get_backend
+from fxforge.bench import (
+    Backend,
+    BenchReport,
+    BuildSettings,
+    Runner,
+    bench,
+    build_backend,
+    build_failure,
+    get_backend,
+)
 from fxforge.capture import Captured, require_real_weights
 from fxforge.deploy import PLAIN_TORCH_LOAD, Artifact, deployable, write_artifact
 from fxforge.errors import FxforgeError, one_line_reason
@@ -60,7 +70,7 @@ FP32_TOLERANCE = TOLERANCES[torch.float32][0]  # fp32 round-off: what the exact 
 EXACT_BACKENDS = ("eager", "fx", "torchscript", "torchscript+onednn", "onnxruntime", "compile")
 # Layout variants tried for models with 2-D convolutions, where oneDNN's own layout can pay.
 CONV_VARIANTS = ("compile+channels_last", "torchscript+channels_last")
-REDUCED_BACKENDS = ("bf16", "autocast", "int8")
+REDUCED_BACKENDS = ("bf16", "autocast", "int8", "ort_int8")
 # --quick: the candidates that usually win, per kind of model (what was measured: docs/benchmarks.md)
 QUICK_EXACT = ("fx", "onnxruntime", "compile")
 QUICK_CONV = ("fx", "onnxruntime", "compile+channels_last")
@@ -69,7 +79,7 @@ QUICK_REPEATS = 10
 # Artifacts from simplest to most demanding to ship and load: the choice among candidates that tie within
 # noise (plain torch needs nothing else; TorchScript is deprecated upstream; AOTInductor code is compiled for
 # this CPU; ONNX Runtime is another runtime; reduced precision changes the numbers).
-SIMPLICITY = ("eager", "fx", "torchscript", "compile", "onnxruntime", "autocast", "bf16", "int8")
+SIMPLICITY = ("eager", "fx", "torchscript", "compile", "onnxruntime", "autocast", "bf16", "int8", "ort_int8")
 # A candidate this close to the fastest (median of the per-round ratios) ties with it whatever the interval says.
 PRACTICALLY_EQUAL = 0.02
 
@@ -341,7 +351,7 @@ def _build(
         try:
             artifact = write_artifact(backend, rewritten, settings.workdir, settings)
         except FxforgeError as exc:
-            candidate.status, candidate.reason = "failed", f"build failed: {exc.message}"
+            candidate.status, candidate.reason = "failed", f"build failed: {build_failure(exc)}"
             continue
         candidate.build_s = artifact.write_s + artifact.load_s
         candidate.notes, candidate.load = artifact.notes, artifact.load

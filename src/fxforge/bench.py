@@ -50,16 +50,17 @@ from torch.utils import _pytree as pytree
 from fxforge.artifacts import ONNX_FILE, AutocastModule, ChannelsLastModule, CompiledModule, load_exported
 from fxforge.capture import Captured, at_batch, require_real_weights
 from fxforge.compare import compare_outputs
-from fxforge.errors import FxforgeError, one_line_reason
+from fxforge.errors import FxforgeError, MissingExtraError, one_line_reason, require
 from fxforge.export import export_model
 from fxforge.graphs import ATEN
-from fxforge.inputs import specs_of
+from fxforge.inputs import make_inputs, specs_of
 from fxforge.inspect import count_flops
 from fxforge.machine import Peak, cached_peak, describe, gpus, native_bf16, peak_dict
 from fxforge.passes import exact_passes
 from fxforge.pipeline import Pipeline
 from fxforge.plugins import BACKENDS_GROUP, load_group
-from fxforge.quantize import int8_backend
+from fxforge.quantize import DEFAULT_RANDOM_BATCHES, int8_backend, load_calibration
+from fxforge.quantize.ort import quantize_onnx
 from fxforge.registry import Registry
 from fxforge.runtime import quiet_torch_logs, run_reference
 from fxforge.visual import notebook
@@ -78,7 +79,7 @@ class BuildSettings:
     workdir: Path  # a private temporary directory for exported files
     output_like: Any  # eager's output on the bench inputs (ONNX Runtime restores its structure)
     passes: Sequence[str] | None = None  # for "fx": passes to run (None: the exact passes)
-    calibration: Any = None  # for "int8": calibration data as fxforge.quantize takes it (None: random)
+    calibration: Any = None  # for "int8", "ort_int8": calibration data as fxforge.quantize takes it (None: random)
     notes: list[str] = field(default_factory=list)  # builders add what the row should say
     variants: tuple[str, ...] = ()  # the backend's variants asked for: "compile+channels_last" -> ("channels_last",)
 
@@ -291,6 +292,40 @@ def inductor_config(variants: Sequence[str]) -> dict[str, Any]:
 )
 def _int8(captured: Captured, settings: BuildSettings) -> Runner:
     return int8_backend(captured, settings.calibration)
+
+
+@register_backend(
+    "ort_int8",
+    "fxforge export --to onnx (dynamic batch), quantized by ONNX Runtime (static QDQ int8, per-channel weights, "
+    "calibrated), run by ONNX Runtime (CPU)",
+    precision="int8",
+)
+def _ort_int8(captured: Captured, settings: BuildSettings) -> Runner:
+    path = settings.workdir / ONNX_FILE
+    settings.notes.extend(write_ort_int8(captured, path, settings.calibration))
+    return load_exported(path, "onnx", output_like=settings.output_like, threads=settings.threads)
+
+
+def write_ort_int8(captured: Captured, path: Path, calibration: Any = None) -> list[str]:
+    """Export ``captured`` to ONNX (batch dimension dynamic, so that any batch size runs) and write ``path``: that
+    file quantized by ONNX Runtime (:func:`fxforge.quantize.ort.quantize_onnx`), calibrated on ``calibration``
+    (as ``fxforge.quantize`` takes it; ``None``: random batches shaped like the example, an ``int``: random
+    batches of that size). Returns notes."""
+    require("onnxruntime", "onnx", "ONNX Runtime int8 (ort_int8)")
+    if isinstance(calibration, int) and not isinstance(calibration, bool):
+        calibration = _random_batches(captured, calibration)
+    batches = load_calibration(calibration, captured.example_inputs).batches
+    with tempfile.TemporaryDirectory(prefix="fxforge-ort-int8-") as tmp:
+        float_path = Path(tmp) / ONNX_FILE
+        result = export_model(captured, "onnx", float_path, verify_export=False, force=True, dynamic_batch=True)
+        notes = [f"{result.exporter} exporter, opset {result.opset}, dynamic batch"]
+        notes += quantize_onnx(float_path, path, batches)
+    return notes
+
+
+def _random_batches(captured: Captured, batch: int) -> list[tuple[Any, ...]]:
+    specs = specs_of(captured.example_inputs)
+    return [make_inputs(specs, seed=i, batch=batch) for i in range(DEFAULT_RANDOM_BATCHES)]
 
 
 def _no_native_bf16() -> str | None:
@@ -590,7 +625,13 @@ def build_backend(
         with quiet_torch_logs():
             return backend.build(captured, settings), None, time.perf_counter() - start
     except Exception as exc:
-        return None, f"build failed: {one_line_reason(exc)}", time.perf_counter() - start
+        return None, f"build failed: {build_failure(exc)}", time.perf_counter() - start
+
+
+def build_failure(exc: BaseException) -> str:
+    """Why a build failed, in one line; a missing optional dependency also says what to install."""
+    reason = one_line_reason(exc)
+    return f"{reason} ({exc.hint})" if isinstance(exc, MissingExtraError) and exc.hint else reason
 
 
 def _bench_batch(captured: Captured, chosen: Sequence[Backend], batch: int, plan: _Plan) -> list[BenchRow]:

@@ -14,6 +14,8 @@ compile            ``model.aoti.pt2`` (AOTInductor: compiled      ``torch._induc
                    code and weights); without a working
                    compiler ``model.pt2`` + ``recipe.json``
 int8               ``model.pt`` (quantized GraphModule, pickled)  ``torch.load('model.pt', weights_only=False)``
+ort_int8           ``model.onnx`` (QDQ int8, by ONNX Runtime's    ``onnxruntime.InferenceSession('model.onnx')``
+                   static quantization; dynamic batch)
 bf16               ``model.pt2`` (bf16 inside, fp32 in and out)   ``torch.export.load('model.pt2').module()``
 autocast           ``model.pt2`` + ``recipe.json``                under ``torch.autocast('cpu', torch.bfloat16)``
 =================  =============================================  =========================================
@@ -48,7 +50,7 @@ from fxforge.artifacts import (
     save_graph_module,
     write_inputs,
 )
-from fxforge.bench import Backend, BuildSettings, bfloat16_graph, inductor_config
+from fxforge.bench import Backend, BuildSettings, bfloat16_graph, inductor_config, write_ort_int8
 from fxforge.capture import Captured
 from fxforge.errors import FxforgeError, first_line, one_line_reason
 from fxforge.export import export_model
@@ -67,6 +69,7 @@ PLAIN_TORCH_LOAD = {
     "compile": "torch.compile(torch.export.load('model.pt2').module()), first call under "
     "torch._inductor.config.patch(freezing=True)",
     "int8": "torch.load('model.pt', weights_only=False)  # with torch.backends.quantized.engine = 'x86'",
+    "ort_int8": "onnxruntime.InferenceSession('model.onnx')  # int8 QDQ, any batch size",
     "bf16": "torch.export.load('model.pt2').module()",
     "autocast": "torch.export.load('model.pt2').module(), called under torch.autocast('cpu', torch.bfloat16)",
 }
@@ -238,6 +241,13 @@ def _write_int8(captured: Captured, directory: Path, settings: BuildSettings, va
     a.notes.append("a pickled quantized GraphModule: loading it needs --trust-pickle")
 
 
+def _write_ort_int8(
+    captured: Captured, directory: Path, settings: BuildSettings, variants: set[str], a: Artifact
+) -> None:
+    a.notes.extend(write_ort_int8(captured, directory / ONNX_FILE, settings.calibration))
+    a.load = PLAIN_TORCH_LOAD["ort_int8"]
+
+
 def _write_bf16(captured: Captured, directory: Path, settings: BuildSettings, variants: set[str], a: Artifact) -> None:
     model = bfloat16_graph(captured.graph_module, captured.example_inputs, settings.output_like)
     save_graph_module(model, directory, captured.example_inputs, TORCH, notes=a.notes)
@@ -259,6 +269,7 @@ _WRITERS = {
     "onnxruntime": _write_onnx,
     "compile": _write_compiled,
     "int8": _write_int8,
+    "ort_int8": _write_ort_int8,
     "bf16": _write_bf16,
     "autocast": _write_autocast,
 }

@@ -6,7 +6,8 @@ The package, one module per concern: :mod:`.data` (calibration and evaluation da
 :mod:`.accuracy` (int8 against float, targets), :mod:`.result` (:class:`QuantizeResult`), :mod:`.flow`
 (:func:`quantize`, sensitivity, "keep the most sensitive units in float until a target is met", and the
 :func:`int8_backend` hook of ``fxforge.bench``), :mod:`.units` (the fallback units: every layer and op static
-quantization quantizes, and how each is kept in float), :mod:`.saving` (the output directory and the
+quantization quantizes, and how each is kept in float), :mod:`.ort` (ONNX Runtime's own static int8 of an
+exported ONNX file, used by the ``ort_int8`` backend of ``fxforge.bench``), :mod:`.saving` (the output directory and the
 work-arounds that let torch 2.14.1 pickle and reload FX-quantized and QAT models) and :mod:`.engine`
 (the int8 kernel engine). What a node of a quantized graph is (``quant_kind``, ``int8_weights``,
 ``int8_flops``), which inspect and lint read without quantizing anything, is :mod:`fxforge.vocabulary`.

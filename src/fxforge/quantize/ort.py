@@ -1,0 +1,117 @@
+"""ONNX Runtime's own int8: static quantization of an ONNX file (the one fxforge exports) into QDQ format.
+
+:func:`quantize_onnx` runs ``onnxruntime.quantization.quantize_static`` with
+
+* ``QuantFormat.QDQ``: QuantizeLinear/DequantizeLinear pairs around each op, which ONNX Runtime's graph
+  optimizer fuses into its int8 kernels (QLinearConv, MatMulInteger...) when the session is created, so the
+  file is still a standard ONNX model that any runtime can read;
+* per-channel weights (``per_channel=True``), int8 activations and weights (S8S8, ONNX Runtime's advice for
+  QDQ on CPU), MinMax calibration;
+* calibration on the batches given (the same batches fxforge's own int8 calibrates on), read by a
+  ``CalibrationDataReader`` that feeds them in the ONNX model's input order.
+
+The float file is first put through ``quant_pre_process`` (shape inference and graph optimisation, which ONNX
+Runtime recommends before quantizing); where that fails, the file is quantized as exported, and a note says so.
+Nothing here exports: the ``ort_int8`` backend of :mod:`fxforge.bench` exports the ONNX file and calls this.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from fxforge.errors import FxforgeError, one_line_reason, require
+
+FEATURE = "ONNX Runtime int8 (ort_int8)"
+
+
+def quantize_onnx(source: str | Path, target: str | Path, batches: Sequence[tuple[Any, ...]]) -> list[str]:
+    """Write ``target``: the ONNX model ``source`` quantized to int8 by ONNX Runtime (static, QDQ, per-channel
+    weights), calibrated on ``batches`` (each a tuple of positional inputs, as :func:`load_calibration` gives
+    them). Returns notes on what was done.
+
+    Raises:
+        MissingExtraError: onnx or onnxruntime is not installed (the ``onnx`` extra).
+        FxforgeError: no calibration batch, or ONNX Runtime's quantizer failed.
+    """
+    require("onnx", "onnx", FEATURE)
+    require("onnxruntime", "onnx", FEATURE)
+    quantization = require("onnxruntime.quantization", "onnx", FEATURE)
+    if not batches:
+        raise FxforgeError("ONNX Runtime int8 needs at least one calibration batch")
+    source, target = Path(source), Path(target)
+    notes: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="fxforge-ort-int8-") as tmp:
+        model = source
+        prepared = Path(tmp) / "prepared.onnx"
+        try:
+            quantization.shape_inference.quant_pre_process(str(source), str(prepared))
+            model = prepared
+        except Exception as exc:  # quantizing the exported file as it is still works, if less well fused
+            notes.append(f"quant_pre_process failed ({one_line_reason(exc, 120)}): quantized the file as exported")
+        reader = _Reader(_input_names(model), batches)
+        try:
+            quantization.quantize_static(
+                str(model),
+                str(target),
+                reader,
+                quant_format=quantization.QuantFormat.QDQ,
+                per_channel=True,
+                activation_type=quantization.QuantType.QInt8,
+                weight_type=quantization.QuantType.QInt8,
+                calibrate_method=quantization.CalibrationMethod.MinMax,
+            )
+        except FxforgeError:
+            raise
+        except Exception as exc:
+            target.unlink(missing_ok=True)
+            raise FxforgeError(f"ONNX Runtime's static quantization failed: {one_line_reason(exc)}") from exc
+    notes.append(
+        f"ONNX Runtime static int8: QDQ, per-channel weights, S8S8, MinMax calibration on {len(batches)} batches"
+    )
+    return notes
+
+
+def _input_names(path: Path) -> list[str]:
+    """The ONNX model's graph inputs (initializers listed as inputs by old exporters left out), in order."""
+    onnx = require("onnx", "onnx", FEATURE)
+    graph = onnx.load(str(path), load_external_data=False).graph
+    initializers = {init.name for init in graph.initializer}
+    return [value.name for value in graph.input if value.name not in initializers]
+
+
+class _Reader:
+    """ONNX Runtime's ``CalibrationDataReader`` protocol over fxforge's calibration batches: ``get_next()`` gives
+    one batch as ``{input name: array}``, then ``None``. The tensors of a batch are matched with the ONNX inputs
+    in order, the way :class:`~fxforge.artifacts.OnnxRuntimeModule` feeds them."""
+
+    def __init__(self, names: Sequence[str], batches: Sequence[tuple[Any, ...]]) -> None:
+        self.names = list(names)
+        self.batches = list(batches)
+        self.position = 0
+
+    def get_next(self) -> dict[str, Any] | None:
+        if self.position >= len(self.batches):
+            return None
+        batch = self.batches[self.position]
+        self.position += 1
+        flat = [t for t in pytree.tree_leaves(batch) if isinstance(t, torch.Tensor)]
+        if len(flat) != len(self.names):
+            raise FxforgeError(
+                f"a calibration batch has {len(flat)} tensors, the ONNX model takes {len(self.names)} inputs"
+            )
+        return {name: t.detach().cpu().contiguous().numpy() for name, t in zip(self.names, flat)}
+
+    def rewind(self) -> None:
+        self.position = 0
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+__all__ = ["quantize_onnx"]
