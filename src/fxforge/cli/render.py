@@ -317,11 +317,13 @@ def render_quantize(console: Console, spec: str, result: Any) -> None:
 
 
 def _render_sensitivity(console: Console, result: Any) -> None:
-    table = Table(title="Sensitivity: each layer quantized alone, most harmful first", title_justify="left")
+    table = Table(
+        title="Sensitivity: each unit (layer or op) quantized alone, most harmful first", title_justify="left"
+    )
     labelled = any(entry.top1_drop is not None for entry in result.sensitivity)
     classifier = any(entry.top1_agreement is not None for entry in result.sensitivity)
     table.add_column("rank", justify="right")
-    table.add_column("layer")
+    table.add_column("unit")
     table.add_column("type")
     for column in ("mean abs err", "max abs err", "rel err"):
         table.add_column(column, justify="right")
@@ -453,8 +455,10 @@ def render_auto(console: Any, spec: str, result: Any) -> None:
     if result.bench is not None and result.bench.machine:
         console.print(f"[dim]machine: {escape(result.bench.machine)}[/]")
     timed = ", ".join(f"{stage} {value:.0f} s" for stage, value in result.seconds.items() if stage != "total")
-    console.print(f"[dim]--auto took {result.seconds.get('total', 0):.0f} s ({timed}); every candidate was timed as "
-                  "its artifact, written and loaded back[/]")
+    console.print(
+        f"[dim]--auto took {result.seconds.get('total', 0):.0f} s ({timed}); every candidate was timed as "
+        "its artifact, written and loaded back[/]"
+    )
     where = f"wrote {result.output_dir} ({', '.join(result.files)})" if result.output_dir else "nothing written"
     console.print(f"chosen: [bold green]{result.chosen}[/]; {where}")
     if result.output_dir:

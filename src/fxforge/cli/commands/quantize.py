@@ -37,15 +37,25 @@ Exit code: 1 when --keep-float-until's target is not met (the model is written a
 )
 @click.option("--calib", default=None, metavar="SPEC", help="Calibration data (default: random inputs; warns).")
 @click.option("--eval", "eval_data", default=None, metavar="SPEC", help="Data to compare float and int8 on.")
-@click.option("--sensitivity", is_flag=True, help="Quantize one layer at a time and rank layers by their error.")
+@click.option(
+    "--sensitivity",
+    is_flag=True,
+    help="Quantize one unit (a layer or op int8 quantizes) at a time and rank the units by their error.",
+)
 @click.option(
     "--keep-float-until",
     "keep_float_until",
     default=None,
     metavar="TARGET",
-    help="Keep the most sensitive layers in float until TARGET: 0.99 / agreement=0.99, drop=0.01, rel-err=0.05.",
+    help="Keep the most sensitive units in float until TARGET: 0.99 / agreement=0.99, drop=0.01, rel-err=0.05.",
 )
-@click.option("--float-layer", "float_layers", multiple=True, metavar="NAME", help="Keep this layer in float.")
+@click.option(
+    "--float-layer",
+    "float_layers",
+    multiple=True,
+    metavar="NAME",
+    help="Keep this layer or unit (a name from the sensitivity ranking) in float.",
+)
 @click.option(
     "--random-batches",
     default=8,
