@@ -159,3 +159,27 @@ def test_clicking_a_search_result_opens_and_selects_it(chromium, report_page):
     _wait_until(page, "window.fxgraph.isOpen('layer3.0.downsample')", True)
     page.wait_for_selector('g.node[data-k^="n"]:has(text:text-is("layer3_0_downsample_0"))')
     assert record.console_errors == [] and record.requests == []
+
+
+@pytest.mark.slow
+def test_a_flat_10k_node_graph_opens_in_seconds_as_boxes(chromium, tmp_path):
+    """No module to collapse: boxes of 100 consecutive nodes are drawn instead, and open on a click."""
+    import torch
+
+    from test_graph_model import _Flat
+
+    captured = fxforge.capture(_Flat(9_998), (torch.randn(2, 4),), method="symbolic_trace", check=False)
+    start = time.perf_counter()
+    view = fxforge.graph_html(captured, tmp_path / "flat.html")
+    assert time.perf_counter() - start < 30  # about 3 s on the 2-core development machine
+    record = PageRecord()
+    page = open_page(chromium, tmp_path / "flat.html", record, timeout_ms=60_000)
+    assert page.evaluate("window.fxgraphReadyMs") < 5000
+    assert page.locator("#fxg-graph g.node").count() == 100
+    box = next(i for i, m in enumerate(view.model["modules"]) if m["path"] == "nodes 4901-5000")
+    page.evaluate("window.fxgraph.select('nodes 4901-5000').then(() => 1)")
+    page.locator(f'g.node[data-k="m{box}"] .toggle').click()
+    _wait_until(page, "window.fxgraph.isOpen('nodes 4901-5000')", True)
+    _wait_until(page, "document.querySelectorAll('#fxg-graph g.node').length", 199)
+    assert page.locator(f'g.mod[data-k="m{box}"]').count() == 1
+    assert record.console_errors == [] and record.requests == []

@@ -188,3 +188,67 @@ def test_a_report_of_a_failing_pass_shows_the_first_diverging_node(resnet_captur
     assert [n["n"] for n in view.model["nodes"] if n.get("div")] == [node["n"]]
     assert f"first divergence at {node['n']}" in view.html
     assert "failed" in view.html and broken_pass in view.html
+
+
+class _Flat(torch.nn.Module):
+    """A graph with no modules: ``length`` elementwise ops in one forward."""
+
+    def __init__(self, length):
+        super().__init__()
+        self.length = length
+
+    def forward(self, x):
+        for i in range(self.length):
+            x = x + 0.5 if i % 3 == 0 else (x * 0.5 if i % 3 == 1 else torch.relu(x))
+        return x
+
+
+def _flat(length):
+    return fxforge.capture(_Flat(length), (torch.randn(2, 4),), method="symbolic_trace", check=False)
+
+
+def test_a_flat_graph_opens_as_boxes_of_consecutive_nodes():
+    from fxforge.visual.graph import GROUP_SIZE, OPEN_BUDGET
+
+    model = graph_model(_flat(9_998), run_lint=False)  # + input and output: 10,000 nodes, no module
+    groups = model["modules"]
+    assert len(groups) == 100 and all(g["g"] and g["depth"] == 1 and g["parent"] == -1 for g in groups)
+    assert [g["nodes"] for g in groups] == [GROUP_SIZE] * 100
+    assert groups[0]["path"] == "nodes 1-100" and groups[0]["type"] == "x \u2026 relu_32"
+    assert all(n["m"] >= 0 for n in model["nodes"])
+    # nodes stay in graph order: group k holds the k-th hundred
+    assert [n["n"] for n in model["nodes"] if n["m"] == 1][:2] == ["add_33", "mul_33"]
+    assert model["depth"] == 0 and visible_count(model, 0) == 100 <= OPEN_BUDGET
+    assert "10000 nodes · 0 modules" in graph_document(model, "flat")
+    # more than 100 boxes: boxes of boxes
+    big = graph_model(_flat(25_000), run_inspect=False, run_lint=False)
+    top = [g for g in big["modules"] if g["parent"] == -1]
+    assert [g["path"] for g in top] == ["nodes 1-10000", "nodes 10001-20000", "nodes 20001-25002"]
+    inner = [g for g in big["modules"] if g["parent"] == 0]
+    assert len(inner) == 100 and inner[0]["path"] == "nodes 1-10000.nodes 1-100" and inner[0]["depth"] == 2
+    assert big["depth"] == 0 and visible_count(big, 0) == 3
+    assert top[0]["nodes"] == 10_000 and sum(g["nodes"] for g in inner) == 10_000
+
+
+def test_a_module_with_few_direct_nodes_is_not_grouped(resnet_captures):
+    model = graph_model(resnet_captures["aten"], run_lint=False)
+    assert not any(m.get("g") for m in model["modules"])
+
+
+def test_removed_nodes_of_a_flat_diff_join_the_box_of_their_neighbours():
+    captured = _flat(600)
+    rewritten = torch.fx.GraphModule(captured.graph_module, captured.graph_module.graph.__deepcopy__())
+    gone = [node for node in rewritten.graph.nodes if node.name in ("relu_50", "relu_150")]
+    for node in gone:
+        node.replace_all_uses_with(node.args[0])
+        rewritten.graph.erase_node(node)
+    rewritten.recompile()
+    model = diff_model(captured, rewritten, run_inspect=False)
+    removed = [n for n in model["nodes"] if n.get("st") == "removed"]
+    assert [n["n"] for n in removed] == ["relu_50", "relu_150"]
+    for entry in removed:
+        group = model["modules"][entry["m"]]
+        assert group.get("g") and group["parent"] == -1
+        members = [n["n"] for n in model["nodes"] if n["m"] == entry["m"] and n.get("st") != "removed"]
+        neighbour = "mul_" + entry["n"].split("_")[1]  # what it read
+        assert neighbour in members

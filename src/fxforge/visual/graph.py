@@ -15,7 +15,8 @@ Format (short keys: a 10k-node graph is a few MB): ``nodes`` is a list of dicts 
 guards, drawn only in the details), ``st`` diff status, ``ps`` pass, ``o`` origin, ``lint`` finding
 indices, ``ms``/``share`` profile time. ``edges`` are ``[source, target]`` index pairs (a third element
 ``1`` marks an edge of the original graph kept to show a removed node). ``modules`` have ``path``,
-``type``, ``parent``, ``depth`` and totals.
+``type``, ``parent``, ``depth`` and totals; ``g`` marks a box of consecutive nodes (a long run of nodes
+directly in one module, see ``GROUP_OVER``), not a module of the model.
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ from fxforge.vocabulary import ORIGIN, PASS
 
 # Visible nodes a graph opens with at most: deeper modules start collapsed (see default_depth).
 OPEN_BUDGET = 220
+# More nodes than this directly in one module (or at the top level: a flat graph) are put in boxes of
+# GROUP_SIZE consecutive nodes, which open and close like modules (see _Builder.group_long_runs).
+GROUP_OVER = 200
+GROUP_SIZE = 100
 
 UNCHANGED, CHANGED, INSERTED, REMOVED = "unchanged", "changed", "inserted", "removed"
 
@@ -425,9 +430,83 @@ class _Builder:
         self.modules = modules
         self.module_index = {record["path"]: i for i, record in enumerate(modules)}
 
+    def group_long_runs(self) -> None:
+        """Put long runs of nodes that sit directly in one module (or at the top) into boxes of consecutive nodes.
+
+        A module is what the page collapses; a graph with no modules -- one ``forward`` with a loop, a model
+        written as functions -- had nothing to collapse, and the page laid out every node at once (a flat
+        10k-node graph: minutes in the browser). More than :data:`GROUP_OVER` nodes directly in one place go
+        into boxes of :data:`GROUP_SIZE` in graph order ("nodes 1-100", named by their first and last node),
+        boxes of boxes when there are more than that many boxes. A diff's removed nodes join the box of a
+        node they were connected to.
+        """
+        direct: dict[int, list[int]] = {}
+        for i, entry in enumerate(self.nodes):
+            if not entry.get("h") and entry.get("st") != REMOVED:
+                direct.setdefault(entry["m"], []).append(i)
+        grouped: set[int] = set()
+        for parent, members in direct.items():
+            if len(members) > GROUP_OVER:
+                self._group(parent, members)
+                grouped.add(parent)
+        if not grouped:
+            return
+        group_of = {
+            i: entry["m"] for i, entry in enumerate(self.nodes) if entry["m"] >= 0 and self.modules[entry["m"]].get("g")
+        }
+        removed = {
+            i for i, e in enumerate(self.nodes) if e.get("st") == REMOVED and not e.get("h") and e["m"] in grouped
+        }
+        for edge in self.edges if removed else ():
+            for mine, other in ((edge[0], edge[1]), (edge[1], edge[0])):
+                if mine in removed and other in group_of:
+                    group = group_of[other]
+                    while self.modules[group]["parent"] != self.nodes[mine]["m"]:
+                        group = self.modules[group]["parent"]
+                    self._join(mine, group)
+                    removed.discard(mine)
+
+    def _group(self, parent: int, members: list[int]) -> None:
+        size = GROUP_SIZE
+        while -(-len(members) // size) > GROUP_SIZE:
+            size *= GROUP_SIZE
+        prefix = self.modules[parent]["path"] + "." if parent >= 0 else ""
+        depth = self.modules[parent]["depth"] + 1 if parent >= 0 else 1
+        for start in range(0, len(members), size):
+            chunk = members[start : start + size]
+            index = len(self.modules)
+            first, last = self.nodes[chunk[0]]["n"], self.nodes[chunk[-1]]["n"]
+            self.modules.append(
+                {
+                    "path": f"{prefix}nodes {start + 1}-{start + len(chunk)}",
+                    "type": f"{first} \u2026 {last}",
+                    "parent": parent,
+                    "depth": depth,
+                    "nodes": 0,
+                    "p": 0,
+                    "f": 0,
+                    "g": 1,
+                }
+            )
+            self.module_index[self.modules[index]["path"]] = index
+            for i in chunk:
+                self._join(i, index)
+            if len(chunk) > GROUP_OVER:
+                self._group(index, chunk)
+
+    def _join(self, node: int, group: int) -> None:
+        """Move a node into a group box (its totals count towards the group's)."""
+        entry = self.nodes[node]
+        entry["m"] = group
+        record = self.modules[group]
+        record["nodes"] += 1
+        record["p"] += entry.get("p", 0)
+        record["f"] += entry.get("f", 0)
+
     def result(self, **extra: Any) -> dict[str, Any]:
         self.totals()
         self.absorb_single_node_modules()
+        self.group_long_runs()
         model = {"nodes": self.nodes, "edges": self.edges, "modules": self.modules, **extra}
         model.setdefault("depth", default_depth(model))
         return model

@@ -64,7 +64,8 @@ def graph_document(model: dict[str, Any], title: str, subtitle: str = "") -> str
 def describe(model: dict[str, Any]) -> str:
     """One line under a graph's title: dialect, counts, totals, diff counts, the profile that colours it."""
     visible = sum(1 for n in model["nodes"] if not n.get("h"))
-    parts = [f"{model.get('dialect', '')} dialect", f"{visible} nodes", f"{len(model['modules'])} modules"]
+    modules = sum(1 for m in model["modules"] if not m.get("g"))  # not the boxes of consecutive nodes
+    parts = [f"{model.get('dialect', '')} dialect", f"{visible} nodes", f"{modules} modules"]
     totals = model.get("totals") or {}
     if totals.get("params") is not None:
         parts.append(f"{totals['params']:,} parameters")
