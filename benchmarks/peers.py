@@ -349,7 +349,7 @@ def estimate(names: list[str], batches: list[int], args: argparse.Namespace, pea
         model = MODELS[name]
         exact = (4 if args.quick else 6 + (2 if model.conv else 0)) - 1  # besides eager
         compiles = 1 if args.quick else 1 + (1 if model.conv else 0)  # ahead-of-time compiled candidates
-        reduced = 1 if args.quick else 3
+        reduced = 1 if args.quick else len(REDUCED_BACKENDS)
         columns = len(PEERS) + 2 - (0 if model.conv else 1)
         for batch in batches:
             e = model.gflop * batch / (peak_gflops * model.efficiency)
