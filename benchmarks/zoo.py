@@ -20,9 +20,11 @@ For each model, in a fresh forked process:
 
 Recorded per model: capture method and dialect, passes that changed the graph, rolled-back passes and why,
 BatchNorms before -> after and those left directly after a conv/linear (the fold target), whether the
-passes verified and the export verified, seconds per stage, and the first line of any error. A model
-whose three stages take more than ``--timeout`` seconds (default 120) is killed and reported as
-"skipped: over 2 min" with the stage it was in.
+passes verified and the export verified, seconds per stage (wall and CPU), and the first line of any error.
+A model whose three stages take more than ``--timeout`` seconds (default 120) is killed and reported as
+"skipped: over 2 min" with the stage it was in. The time is CPU time by default (``--time-by cpu``: the
+budget is timeout x torch's thread count, what 2 minutes of wall time are on a quiet machine), so that other
+jobs on a shared machine do not turn into skips; ``--time-by wall`` measures wall time.
 
     .venv/bin/python benchmarks/zoo.py [--corpus torchvision|timm|transformers|all] [--limit N]
         [--only NAME[,NAME]] [--timeout 120] [--json out.json]
@@ -41,6 +43,7 @@ import json
 import multiprocessing
 import os
 import platform
+import re
 import sys
 import tempfile
 import time
@@ -57,6 +60,7 @@ from torch import fx, nn
 
 import fxforge
 from fxforge.lint import FIX_ORDER
+from fxforge.passes.merge_convs import value_users
 
 CORPORA = ("torchvision", "timm", "transformers")
 DEFAULT_TIMEOUT = 120.0
@@ -489,8 +493,10 @@ def producer_kind(gm: nn.Module, node: fx.Node) -> str | None:
 
 
 def batch_norms(gm: fx.GraphModule) -> dict[str, Any]:
-    """BatchNorm calls in ``gm``; those whose input comes straight from a conv/linear (the fold target); and
-    BatchNorms hidden inside leaf modules that are not BatchNorms themselves (the graph cannot see them)."""
+    """BatchNorm calls in ``gm``; those whose input comes straight from a conv/linear, with the number of nodes
+    that read the conv/linear's value (a node that reads only its shape, rank or dtype does not count: timm's
+    ``assert x.ndim == 4``); and BatchNorms hidden inside leaf modules that are not BatchNorms themselves (the
+    graph cannot see them)."""
     total, after, hidden = 0, [], 0
     for node in gm.graph.nodes:
         if is_batch_norm(gm, node):
@@ -499,12 +505,27 @@ def batch_norms(gm: fx.GraphModule) -> dict[str, Any]:
             if isinstance(source, fx.Node):
                 kind = producer_kind(gm, source)
                 if kind is not None:
-                    after.append(f"{node.name} after {source.name} ({kind}, {len(source.users)} users)")
+                    readers = len(value_users(source))  # reads of its shape or rank (timm's asserts) do not count
+                    after.append(f"{node.name} after {source.name} ({kind}, {readers} users)")
         elif node.op == "call_module":
             module = _module(gm, node)
             if module is not None:
                 hidden += sum(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules())
     return {"count": total, "after_conv": after, "in_leaf_modules": hidden}
+
+
+_AFTER = re.compile(r"\((\w+), (\d+) users?\)$")
+
+
+def bn_left(census: dict[str, Any] | None) -> tuple[list[str], list[str]]:
+    """``census["after_conv"]`` split in two: BatchNorms that are the conv/linear's only user (the fold target:
+    folding is exact and free) and BatchNorms on a conv/linear output that other nodes also read (folding would
+    change what they read; it would take a second copy of the conv)."""
+    sole, shared = [], []
+    for item in (census or {}).get("after_conv", []):
+        match = _AFTER.search(item)
+        (sole if match is None or match.group(2) == "1" else shared).append(item)
+    return sole, shared
 
 
 # --------------------------------------------------------------------------------------------------
@@ -552,17 +573,22 @@ def run_model(model: ZooModel, report: Callable[[dict[str, Any]], None] | None =
         "export": None,
         "seconds": {},
     }
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
+    cpu = record["cpu_seconds"] = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         _stage(record, "capture", report)
         captured = _capture(model, record)
+        cpu["capture"] = round(time.process_time() - cpu_start, 1)
         if captured is not None:
             _stage(record, "passes", report)
             rewritten = _passes(captured, record)
+            cpu["passes"] = round(time.process_time() - cpu_start - cpu["capture"], 1)
             _stage(record, "export", report)
             _export(captured, rewritten, record)
+            cpu["export"] = round(time.process_time() - cpu_start - cpu["capture"] - cpu["passes"], 1)
     record["seconds"]["total"] = round(time.perf_counter() - start, 2)
+    cpu["total"] = round(time.process_time() - cpu_start, 1)  # every thread of this process
     record["load_average"] = round(os.getloadavg()[0], 2)  # other jobs on the machine slow every stage
     record["stage"] = None
     record["status"] = "ok" if model_ok(record) else "failed"
@@ -655,7 +681,7 @@ def model_ok(record: dict[str, Any]) -> bool:
         record["capture"]["ok"]
         and (record["passes"] or {}).get("ok")
         and (record["export"] or {}).get("ok")
-        and not record.get("bn_after", {}).get("after_conv")
+        and not bn_left(record.get("bn_after"))[0]
     )
 
 
@@ -663,11 +689,25 @@ def model_ok(record: dict[str, Any]) -> bool:
 # isolation: one forked process per model, killed past the time limit
 
 
-def run_isolated(model: ZooModel, timeout: float) -> dict[str, Any]:
-    """:func:`run_model` in a forked child; past ``timeout`` seconds it is killed and reported as skipped.
+def cpu_seconds_of(pid: int) -> float | None:
+    """User + system CPU time of process ``pid`` (all its threads) from ``/proc``; None where there is none."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14, 15)
+    except (OSError, ValueError, IndexError):
+        return None
 
-    Forking keeps the parent's imports (torch, fxforge, timm, transformers: seconds per model otherwise);
-    the parent runs no tensor code, so no thread pool is inherited half-started.
+
+def run_isolated(
+    model: ZooModel, timeout: float, *, by: str = "cpu", wall_limit: float | None = None
+) -> dict[str, Any]:
+    """:func:`run_model` in a forked child, killed and reported as skipped once it has taken ``timeout`` seconds.
+
+    ``by="cpu"`` (default) measures the child's CPU time against ``timeout`` x torch's thread count -- what
+    ``timeout`` seconds of wall time are on a quiet machine -- so that other jobs on a shared machine do not
+    turn slow wall clocks into skips; ``wall_limit`` (default 8 x ``timeout``) still stops a child that makes no
+    progress. ``by="wall"`` measures wall time only. Forking keeps the parent's imports (seconds per model
+    otherwise); the parent runs no tensor code, so no thread pool is inherited half-started.
     """
     context = multiprocessing.get_context("fork")
     receive, send = context.Pipe(duplex=False)
@@ -682,6 +722,9 @@ def run_isolated(model: ZooModel, timeout: float) -> dict[str, Any]:
         finally:
             send.close()
 
+    threads = torch.get_num_threads()
+    cpu_budget = timeout * threads if by == "cpu" else None
+    wall_budget = (wall_limit or 8 * timeout) if by == "cpu" else timeout
     process = context.Process(target=child, daemon=True)
     start = time.perf_counter()
     process.start()
@@ -689,12 +732,19 @@ def run_isolated(model: ZooModel, timeout: float) -> dict[str, Any]:
     last: dict[str, Any] = _empty_record(model)
     final: dict[str, Any] | None = None
     crash: str | None = None
+    over: str | None = None
+    used: float | None = None
     while final is None and crash is None:
-        remaining = timeout - (time.perf_counter() - start)
-        if remaining <= 0:
+        elapsed = time.perf_counter() - start
+        used = cpu_seconds_of(process.pid) if cpu_budget is not None else None
+        if elapsed >= wall_budget:
+            over = f"{elapsed:.0f} s wall"
+        elif used is not None and cpu_budget is not None and used >= cpu_budget:
+            over = f"{used:.0f} CPU s = {_duration(timeout)} on {threads} threads"
+        if over:
             break
         try:
-            if not receive.poll(min(remaining, 5.0)):
+            if not receive.poll(min(wall_budget - elapsed, 1.0)):
                 if not process.is_alive() and not receive.poll(0):
                     break
                 continue
@@ -716,17 +766,23 @@ def run_isolated(model: ZooModel, timeout: float) -> dict[str, Any]:
         return final
     last = dict(last)
     last["seconds"] = {**last.get("seconds", {}), "total": round(elapsed, 2)}
+    if used is not None:
+        last["cpu_seconds"] = {**last.get("cpu_seconds", {}), "total": round(used, 1)}
     stage = last.get("stage") or "start"
     if crash is not None:
         last["status"], last["reason"] = "failed", f"crashed in {stage}: {crash}"
-    elif elapsed >= timeout:
+    elif over is not None:
         last["status"] = "skipped"
-        last["reason"] = f"skipped: over {timeout / 60:g} min (in {stage}, after {elapsed:.0f} s)"
+        last["reason"] = f"skipped: over {_duration(timeout)} (in {stage}, after {over})"
     else:
         code = process.exitcode
         how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
         last["status"], last["reason"] = "failed", f"process died in {stage} ({how}; out of memory?)"
     return last
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 60:g} min" if seconds % 60 == 0 else f"{seconds:g} s"
 
 
 def _empty_record(model: ZooModel) -> dict[str, Any]:
@@ -780,7 +836,8 @@ def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     captured = [r for r in judged if r["capture"]["ok"]]
     verified = [r for r in captured if (r["passes"] or {}).get("ok")]
     exported = [r for r in captured if (r["export"] or {}).get("ok")]
-    left = [r for r in captured if r.get("bn_after", {}).get("after_conv")]
+    left = [r for r in captured if bn_left(r.get("bn_after"))[0]]
+    shared = [r for r in captured if bn_left(r.get("bn_after"))[1]]
     return {
         "models": len(records),
         "skipped": len(records) - len(judged),
@@ -788,8 +845,10 @@ def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "capture_failed": len(judged) - len(captured),
         "verified": len(verified),
         "verified_pct": _pct(len(verified), len(captured)),
-        "bn_after_conv_left": sum(len(r["bn_after"]["after_conv"]) for r in left),
+        "bn_after_conv_left": sum(len(bn_left(r["bn_after"])[0]) for r in left),
         "models_with_bn_after_conv_left": len(left),
+        "bn_after_shared_conv_left": sum(len(bn_left(r["bn_after"])[1]) for r in shared),
+        "models_with_bn_after_shared_conv_left": len(shared),
         "bn_before": sum(r.get("bn_before", {}).get("count", 0) for r in captured),
         "bn_after": sum(r.get("bn_after", {}).get("count", 0) for r in captured),
         "exported": len(exported),
@@ -811,8 +870,10 @@ def summary_line(corpus: str, summary: dict[str, Any]) -> str:
         f"{corpus}: {summary['models']} models, {summary['skipped']} skipped over the time limit, "
         f"{summary['captured']} captured ({summary['capture_failed']} failed), "
         f"verified {pct(summary['verified_pct'])} ({summary['verified']}/{summary['captured']}), "
-        f"BN after conv/linear left {summary['bn_after_conv_left']} (in {summary['models_with_bn_after_conv_left']} "
-        f"models; BNs {summary['bn_before']} -> {summary['bn_after']}), "
+        f"BN left after a conv/linear it alone reads {summary['bn_after_conv_left']} "
+        f"(in {summary['models_with_bn_after_conv_left']} models; BNs {summary['bn_before']} -> {summary['bn_after']}; "
+        f"{summary['bn_after_shared_conv_left']} more after a conv/linear other nodes read too, in "
+        f"{summary['models_with_bn_after_shared_conv_left']} models), "
         f"export verified {pct(summary['export_pct'])} of captured ({summary['exported']}/{summary['captured']}), "
         f"{summary['seconds'] / 60:.1f} min"
     )
@@ -841,9 +902,14 @@ def errors_of(record: dict[str, Any]) -> list[str]:
         lines.append(f"passes: {item['pass']} not verified: {item['reason']}")
     if passes.get("error"):
         lines.append(f"passes: {passes['error']}")
-    left = record.get("bn_after", {}).get("after_conv") or []
+    left, shared = bn_left(record.get("bn_after"))
     if left:
         lines.append(f"BN left after conv/linear: {', '.join(left[:3])}{' ...' if len(left) > 3 else ''}")
+    if shared:
+        more = " ..." if len(shared) > 2 else ""
+        lines.append(
+            f"note: {len(shared)} BN after a conv whose output is read elsewhere: {', '.join(shared[:2])}{more}"
+        )
     export = record["export"] or {}
     if export.get("error"):
         lines.append(f"export: {export['error']}")
@@ -865,6 +931,7 @@ def row_cells(record: dict[str, Any]) -> list[str]:
     if export.get("ok") and export.get("exporter") != "dynamo":
         exported += f" ({export.get('exporter')})"
     times = "/".join(f"{seconds[s]:.1f}" if s in seconds else "—" for s in ("capture", "passes", "export"))
+    cpu = record.get("cpu_seconds", {}).get("total")
     name = record["name"] + (f" ({record['family']})" if record.get("family") not in (None, record["name"]) else "")
     return [
         name,
@@ -873,12 +940,20 @@ def row_cells(record: dict[str, Any]) -> list[str]:
         method,
         ", ".join(passes.get("changed", [])),
         bn,
-        str(len(after["after_conv"])) if after else "",
+        _left_cell(after),
         verify,
         exported,
         times,
+        "" if cpu is None else f"{cpu:.0f}",
         "; ".join(errors_of(record)).replace("|", "\\|"),
     ]
+
+
+def _left_cell(census: dict[str, Any] | None) -> str:
+    if not census:
+        return ""
+    sole, shared = bn_left(census)
+    return f"{len(sole)}" + (f" (+{len(shared)} shared)" if shared else "")
 
 
 HEADERS = [
@@ -891,7 +966,8 @@ HEADERS = [
     "BN after conv left",
     "verified",
     "ONNX verified",
-    "s capture/passes/export",
+    "wall s capture/passes/export",
+    "CPU s",
     "errors",
 ]
 
@@ -912,13 +988,18 @@ def progress_line(index: int, total: int, record: dict[str, Any]) -> str:
     if capture["ok"] and record["passes"] is not None:
         parts.append("passes: " + (",".join(passes.get("changed", [])) or "none changed"))
         if before and after:
-            parts.append(f"BN {before['count']}->{after['count']} (left after conv {len(after['after_conv'])})")
+            parts.append(f"BN {before['count']}->{after['count']} (left after conv {_left_cell(after)})")
         if record["passes"] is not None:
             parts.append("verify " + ("ok" if passes.get("ok") else "FAIL"))
         if record["export"] is not None:
             parts.append("export " + ("ok" if export.get("ok") else "FAIL"))
     seconds = record["seconds"]
-    parts.append("(" + " + ".join(f"{seconds[s]:.1f}" for s in ("capture", "passes", "export") if s in seconds) + " s)")
+    stages = " + ".join(f"{seconds[s]:.1f}" for s in ("capture", "passes", "export") if s in seconds)
+    cpu = record.get("cpu_seconds", {}).get("total")
+    load = record.get("load_average")
+    parts.append(
+        f"({stages} s" + (f"; {cpu:.0f} CPU s" if cpu is not None else "") + (f"; load {load}" if load else "") + ")"
+    )
     line = "  ".join(parts)
     for error in errors_of(record):
         line += f"\n      {error}"
@@ -954,11 +1035,11 @@ def _is_timm_model(name: str) -> bool:
 
 
 def run_corpus(
-    corpus: str, models: Sequence[ZooModel], timeout: float, log: Callable[[str], None]
+    corpus: str, models: Sequence[ZooModel], timeout: float, log: Callable[[str], None], by: str = "cpu"
 ) -> list[dict[str, Any]]:
     records = []
     for index, model in enumerate(models, 1):
-        record = run_isolated(model, timeout)
+        record = run_isolated(model, timeout, by=by)
         records.append(record)
         log(progress_line(index, len(models), record))
     return records
@@ -996,6 +1077,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, help="the first N models of each corpus")
     parser.add_argument("--only", help="comma-separated model names (timm: any timm model name)")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds per model (default 120)")
+    parser.add_argument(
+        "--time-by",
+        choices=["cpu", "wall"],
+        default="cpu",
+        help="cpu (default): the limit is timeout x threads of CPU time (robust to other jobs); wall: wall time",
+    )
     parser.add_argument("--json", dest="json_path", help="write every record and summary to this file")
     parser.add_argument("--markdown", nargs="+", metavar="JSON", help="print docs tables from --json files and exit")
     args = parser.parse_args(argv)
@@ -1022,7 +1109,13 @@ def main(argv: list[str] | None = None) -> int:
     corpora = CORPORA if args.corpus == "all" else (args.corpus,)
     results: dict[str, list[dict[str, Any]]] = {}
     summaries: dict[str, dict[str, Any]] = {}
-    payload: dict[str, Any] = {"machine": info, "timeout_s": args.timeout, "corpora": results, "summary": summaries}
+    payload: dict[str, Any] = {
+        "machine": info,
+        "timeout_s": args.timeout,
+        "time_by": args.time_by,
+        "corpora": results,
+        "summary": summaries,
+    }
     wall: dict[str, float] = {}
     for corpus in corpora:
         start = time.perf_counter()
@@ -1030,7 +1123,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.limit is not None:
             models = models[: args.limit]
         log(f"{corpus}: {len(models)} models")
-        results[corpus] = run_corpus(corpus, models, args.timeout, log)
+        results[corpus] = run_corpus(corpus, models, args.timeout, log, args.time_by)
         summaries[corpus] = summarize(results[corpus])
         wall[corpus] = round(time.perf_counter() - start, 1)
         summaries[corpus]["wall_seconds"] = wall[corpus]

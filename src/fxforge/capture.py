@@ -141,6 +141,10 @@ def placeholder_values(gm: fx.GraphModule, args: Sequence[Any], kwargs: Mapping[
         return list(flat)
     values = []
     for i, node in enumerate(placeholders):
+        if str(node.target).startswith("**"):
+            # ``**kwargs``: its keywords are placeholders of their own; the Interpreter gives it what is left of
+            # the positional values, which is nothing (a transformers ``forward(pixel_values, ..., **kwargs)``)
+            continue
         name = str(node.target).lstrip("*")
         if i < len(args):
             values.append(args[i])
