@@ -249,6 +249,7 @@ def test_a_simpler_artifact_that_ties_within_noise_is_chosen():
     assert choose(candidates, report) == "fx"
     reason = candidates["onnxruntime"].reason
     assert "within noise" in reason and "fx is the simpler artifact" in reason
+    assert "ties with onnxruntime" not in reason  # the fastest is never said to tie with itself
     # the same data twice gives the same choice (the bootstrap is seeded)
     assert choose(_candidates(report), report) == "fx"
 
@@ -266,6 +267,22 @@ def test_a_clearly_faster_artifact_wins_despite_noise():
     median, low, high = ratio_interval(fx, ort)
     assert low > 1.3 and low <= median <= high  # paired rounds cancel the machine's 2x swings
     assert "slower than onnxruntime" in candidates["fx"].reason
+
+
+def test_a_much_slower_simple_artifact_does_not_win_on_a_noisy_machine():
+    """Seen under load: int8 at a third of ONNX Runtime's median time, with per-round ratios so noisy that the
+    interval reached 1; the simpler ONNX Runtime was chosen. A wide interval alone is no tie."""
+    from fxforge.auto import choose, ratio_interval
+
+    per_round = [3.7, 0.55, 4.0, 0.6, 3.5, 0.7, 3.9, 6.5, 0.8, 3.6]  # ONNX Runtime's time / int8's, by round
+    int8 = [15.0] * len(per_round)
+    ort = [15.0 * r for r in per_round]
+    report = _report({"onnxruntime": ort, "int8": int8})
+    candidates = _candidates(report)
+    median, low, _ = ratio_interval(ort, int8)
+    assert median > 1.5 and low <= 1.0  # statistically not separable, practically far apart
+    assert choose(candidates, report) == "int8"
+    assert "slower than int8" in candidates["onnxruntime"].reason
 
 
 # --------------------------------------------------------------------------------------------------
