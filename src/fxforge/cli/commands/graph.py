@@ -69,7 +69,7 @@ def command(
                 "path": str(view.path),
                 "depth": view.model["depth"],
                 "nodes": len(view.model["nodes"]),
-                "modules": len(view.model["modules"]),
+                "modules": sum(1 for m in view.model["modules"] if not m.get("g")),  # not boxes of nodes
                 "counts": view.model.get("counts"),
                 "divergence": view.model.get("divergence"),
             }
