@@ -38,7 +38,7 @@ class DigitsCNN(nn.Module):
 
 
 @functools.cache
-def _split() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def split() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Train/test split of the digits scaled to [0, 1]: (N, 1, 8, 8) images and int64 labels."""
     from sklearn import datasets, model_selection
 
@@ -53,7 +53,7 @@ def _split() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
 
 def trained(epochs: int = 8) -> nn.Module:
     """The CNN trained for ``epochs`` passes over the training split (Adam, batches of 64, seeded)."""
-    x, y, _, _ = _split()
+    x, y, _, _ = split()
     torch.manual_seed(0)
     model = DigitsCNN()
     generator = torch.Generator().manual_seed(0)
@@ -72,10 +72,10 @@ def trained(epochs: int = 8) -> nn.Module:
 
 def train_images() -> list[torch.Tensor]:
     """Calibration data: the training images in batches of 64."""
-    return list(_split()[0].split(64))
+    return list(split()[0].split(64))
 
 
 def test_set() -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Evaluation data: (images, labels) batches of the held-out split, so the report measures real accuracy."""
-    _, _, x, y = _split()
+    _, _, x, y = split()
     return list(zip(x.split(64), y.split(64)))

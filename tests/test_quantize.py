@@ -4,8 +4,10 @@ trains; torchvision models end to end; the CLI."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -37,34 +39,23 @@ sklearn_datasets = pytest.importorskip("sklearn.datasets")
 model_selection = pytest.importorskip("sklearn.model_selection")
 
 
+def _digits_example():
+    """examples/digits.py (the example of docs/commands/quantize.md): the CNN and the data split under test."""
+    path = Path(__file__).resolve().parents[1] / "examples" / "digits.py"
+    spec = importlib.util.spec_from_file_location("fxforge_examples_digits", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+digits_example = _digits_example()
+DigitsCNN = digits_example.DigitsCNN
+
+
 @pytest.fixture(scope="module")
 def digits():
     """Train/test split of the digits, scaled to [0, 1], as (N, 1, 8, 8) images and int64 labels."""
-    data = sklearn_datasets.load_digits()
-    x = torch.tensor(data.images, dtype=torch.float32).unsqueeze(1) / 16.0
-    y = torch.tensor(data.target, dtype=torch.int64)
-    train_idx, test_idx = model_selection.train_test_split(
-        torch.arange(len(y)).numpy(), test_size=0.25, random_state=0, stratify=y.numpy()
-    )
-    return x[train_idx], y[train_idx], x[test_idx], y[test_idx]
-
-
-class DigitsCNN(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 16, 3, padding=1)
-        self.bn1 = nn.BatchNorm2d(16)
-        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
-        self.bn2 = nn.BatchNorm2d(32)
-        self.relu = nn.ReLU()
-        self.pool = nn.MaxPool2d(2)
-        self.fc1 = nn.Linear(32 * 4 * 4, 64)
-        self.fc2 = nn.Linear(64, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.relu(self.bn1(self.conv1(x)))
-        x = self.pool(self.relu(self.bn2(self.conv2(x))))
-        return self.fc2(torch.relu(self.fc1(x.flatten(1))))
+    return digits_example.split()
 
 
 class DigitsLSTM(nn.Module):
@@ -658,8 +649,6 @@ def test_outputs_load_train_and_convert_with_torch_alone(tmp_path):
 
 def test_the_documented_digits_example_runs(tmp_path, capsys, monkeypatch):
     """docs/commands/quantize.md's example, as written: examples/digits.py trains, calibrates and evaluates."""
-    from pathlib import Path
-
     monkeypatch.chdir(Path(__file__).resolve().parents[1])
     spec = "examples/digits.py"
     code = main(

@@ -38,7 +38,7 @@ import random
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,7 +62,7 @@ from fxforge.plugins import BACKENDS_GROUP, load_group
 from fxforge.quantize import DEFAULT_RANDOM_BATCHES, int8_backend, load_calibration
 from fxforge.quantize.ort import quantize_onnx
 from fxforge.registry import Registry
-from fxforge.runtime import quiet_torch_logs, run_reference
+from fxforge.runtime import quiet_torch_logs, run_reference, torch_threads
 from fxforge.visual import notebook
 
 Runner = Callable[..., Any]
@@ -384,8 +384,6 @@ def bfloat16_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], output_lik
     return fx.GraphModule(root, graph, class_name="Bfloat16Model").eval()
 
 
-
-
 # --------------------------------------------------------------------------------------------------
 # results
 
@@ -514,16 +512,6 @@ MEMORY_METHOD = (
 # the benchmark
 
 
-@contextlib.contextmanager
-def _threads(count: int) -> Iterator[None]:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
-
-
 def _percentile(samples: Sequence[float], q: float) -> float:
     ordered = sorted(samples)
     if len(ordered) == 1:
@@ -577,7 +565,7 @@ def bench(
     steps_per_batch = 2 * len(chosen) + repeats
     counter = _Progress(progress, steps_per_batch * len(batches))
     rows: list[BenchRow] = []
-    with _threads(threads), tempfile.TemporaryDirectory(prefix="fxforge-bench-") as workdir:
+    with torch_threads(threads), tempfile.TemporaryDirectory(prefix="fxforge-bench-") as workdir:
         measured = cached_peak(threads) if peak else None
         plan = _Plan(seed, threads, warmup, repeats, passes, Path(workdir), counter, measured)
         for batch in batches:
@@ -749,4 +737,3 @@ def default_backends() -> list[str]:
     """Every registered backend this machine can run fast (``Backend.unsupported_here`` says why not)."""
     load_backend_plugins()
     return [name for name, backend in BACKENDS.items() if backend.unsupported_here() is None]
-

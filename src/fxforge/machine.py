@@ -14,7 +14,6 @@ import functools
 import os
 import platform
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from typing import Any
 import torch
 import torch.ao.nn.quantized as nnq
 
-from fxforge.runtime import quiet_quantization_notices
+from fxforge.runtime import quiet_quantization_notices, torch_threads
 
 # CPU flags (as /proc/cpuinfo spells them) that change which kernels are fast.
 RELEVANT_FLAGS = (
@@ -124,17 +123,6 @@ def torch_backends() -> dict[str, Any]:
     }
 
 
-@contextlib.contextmanager
-def _threads(count: int | None) -> Iterator[None]:
-    previous = torch.get_num_threads()
-    if count:
-        torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
-
-
 def _rate(work: float, run: Any, budget: float) -> float:
     """``work`` units per second of ``run()``: the best of as many timed calls as fit in ``budget`` seconds (the
     best, not the mean: a peak is what the machine can do when nothing else runs)."""
@@ -159,7 +147,7 @@ def measure_peak(seconds: float = 2.0, threads: int | None = None, size: int = 1
     peak = Peak(threads=threads or torch.get_num_threads())
     flop = 2.0 * size**3
     generator = torch.Generator().manual_seed(0)
-    with _threads(threads), torch.no_grad():
+    with torch_threads(threads), torch.no_grad():
         a = torch.randn(size, size, generator=generator)
         b = torch.randn(size, size, generator=generator)
         peak.gflops["fp32"] = _rate(flop, lambda: torch.mm(a, b), share) / 1e9

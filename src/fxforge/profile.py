@@ -40,7 +40,7 @@ from fxforge.capture import Captured, at_batch, require_real_weights
 from fxforge.errors import FxforgeError
 from fxforge.inspect import inspect_graph
 from fxforge.machine import Peak, cached_peak
-from fxforge.runtime import cloned, native_output_silenced, preserved_state, quiet_torch_logs
+from fxforge.runtime import cloned, native_output_silenced, preserved_state, quiet_torch_logs, torch_threads
 
 BACKENDS = ("fx", "eager")
 _NODE = "fxnode::"
@@ -148,22 +148,11 @@ def profile_model(
         raise FxforgeError("profile needs example inputs", hint="pass --input, e.g. --input 1x3x224x224")
     if batch is not None:
         captured = at_batch(captured, batch, seed)
-    with _threads(threads):
+    with torch_threads(threads):
         peak = peak or cached_peak(threads)
         if backend == "fx":
             return _profile_graph(captured, repeats, warmup, trace, peak, force)
         return _profile_eager(captured, repeats, warmup, trace, peak, force)
-
-
-@contextlib.contextmanager
-def _threads(count: int | None) -> Iterator[None]:
-    previous = torch.get_num_threads()
-    if count:
-        torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
 
 
 # --------------------------------------------------------------------------------------------------
