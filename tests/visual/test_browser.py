@@ -165,7 +165,6 @@ def test_clicking_a_search_result_opens_and_selects_it(chromium, report_page):
 def test_a_flat_10k_node_graph_opens_in_seconds_as_boxes(chromium, tmp_path):
     """No module to collapse: boxes of 100 consecutive nodes are drawn instead, and open on a click."""
     import torch
-
     from test_graph_model import _Flat
 
     captured = fxforge.capture(_Flat(9_998), (torch.randn(2, 4),), method="symbolic_trace", check=False)
