@@ -252,3 +252,14 @@ def test_removed_nodes_of_a_flat_diff_join_the_box_of_their_neighbours():
         members = [n["n"] for n in model["nodes"] if n["m"] == entry["m"] and n.get("st") != "removed"]
         neighbour = "mul_" + entry["n"].split("_")[1]  # what it read
         assert neighbour in members
+
+
+def test_the_diff_of_a_quantize_result_names_quantize_for_every_change(resnet_captures):
+    captured = resnet_captures["torch"]
+    result = fxforge.quantize(captured, "dynamic")
+    model = fxforge.diff_html(captured, result).model
+    assert model["passes"] == ["quantize (dynamic)"]
+    changes = [n for n in model["nodes"] if n.get("st") not in (None, "unchanged")]
+    assert model["counts"]["removed"] > 0 and model["counts"]["changed"] > 0
+    assert {n.get("ps") for n in changes} == {"quantize (dynamic)"}
+    assert len([n for n in changes if n["st"] == "removed" and n["c"] == "norm"]) == 20  # folded into the convs

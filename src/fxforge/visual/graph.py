@@ -717,6 +717,8 @@ def diff_model(
             status = UNCHANGED
         entry["st"] = status
         counts[status] += not entry.get("h")
+        if status != UNCHANGED and "ps" not in entry and len(passes) == 1 and not steps:
+            entry["ps"] = passes[0]  # one pass ran and left no provenance (quantize's convert_fx): it made this
     for name in removed:
         entry = builder.nodes[builder.index[(0, name)]]
         entry["st"] = REMOVED

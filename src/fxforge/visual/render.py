@@ -228,6 +228,9 @@ def diff_html(
         rewritten, saved_passes = load_output_dir(rewritten)
         passes = list(passes) or saved_passes
     graph, steps, found = rewritten_graph(rewritten)
+    mode = getattr(rewritten, "mode", None)
+    if not passes and not steps and isinstance(mode, str) and not isinstance(rewritten, fx.GraphModule):
+        passes = [f"quantize ({mode})"]  # a quantize result: torch's convert_fx records no provenance
     model = diff_model(
         original,
         graph,
