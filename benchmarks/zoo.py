@@ -1035,13 +1035,23 @@ def _is_timm_model(name: str) -> bool:
 
 
 def run_corpus(
-    corpus: str, models: Sequence[ZooModel], timeout: float, log: Callable[[str], None], by: str = "cpu"
+    corpus: str,
+    models: Sequence[ZooModel],
+    timeout: float,
+    log: Callable[[str], None],
+    by: str = "cpu",
+    records: list[dict[str, Any]] | None = None,
+    saved: Callable[[], None] | None = None,
 ) -> list[dict[str, Any]]:
-    records = []
+    """Every model in turn; each record is appended to ``records`` and ``saved()`` called after it, so an
+    interrupted run (hours on 2 cores) leaves every finished row in its ``--json`` file."""
+    records = [] if records is None else records
     for index, model in enumerate(models, 1):
         record = run_isolated(model, timeout, by=by)
         records.append(record)
         log(progress_line(index, len(models), record))
+        if saved is not None:
+            saved()
     return records
 
 
@@ -1123,12 +1133,17 @@ def main(argv: list[str] | None = None) -> int:
         if args.limit is not None:
             models = models[: args.limit]
         log(f"{corpus}: {len(models)} models")
-        results[corpus] = run_corpus(corpus, models, args.timeout, log, args.time_by)
+
+        def save() -> None:
+            if args.json_path:
+                Path(args.json_path).write_text(json.dumps(payload, indent=1, default=str))
+
+        results[corpus] = []
+        run_corpus(corpus, models, args.timeout, log, args.time_by, records=results[corpus], saved=save)
         summaries[corpus] = summarize(results[corpus])
         wall[corpus] = round(time.perf_counter() - start, 1)
         summaries[corpus]["wall_seconds"] = wall[corpus]
-        if args.json_path:
-            Path(args.json_path).write_text(json.dumps(payload, indent=1, default=str))
+        save()
     log("")
     for corpus in corpora:
         log(summary_line(corpus, summaries[corpus]) + f" (wall {wall[corpus] / 60:.1f} min)")
