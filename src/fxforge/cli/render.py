@@ -756,8 +756,9 @@ def render_page(console: Console, view: Any) -> None:
     divergence = model.get("divergence")
     first = f"; first divergence at {divergence['node']}" if divergence else ""
     size = len(view.html.encode()) / 1e6 if view.html else 0.0
+    modules = sum(1 for m in model.get("modules", []) if not m.get("g"))  # "g": a box of consecutive nodes
     console.print(
-        f"wrote {escape(str(view.path))} ({nodes} nodes, {len(model.get('modules', []))} modules, opens at depth "
+        f"wrote {escape(str(view.path))} ({nodes} nodes, {modules} modules, opens at depth "
         f"{model.get('depth', 0)}{diff}{first}; {size:.1f} MB)",
         highlight=False,
         soft_wrap=True,
