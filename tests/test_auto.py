@@ -347,6 +347,32 @@ def test_compile_writes_compiled_code_or_a_recipe_the_loader_applies(tmp_path, m
     assert isinstance(loaded, CompiledModule) and compare_outputs(model(x), loaded(x)).ok
 
 
+def test_the_recipe_variant_ships_the_compiled_model_without_aotinductor(tmp_path, monkeypatch):
+    """compile+recipe is the other way to ship compile (torch.compile's code can beat AOTInductor's): it
+    never builds a package, and --auto times it next to compile's AOTInductor package."""
+    from fxforge.artifacts import CompiledModule
+    from fxforge.auto import candidate_backends
+    from fxforge.bench import BuildSettings, get_backend
+    from fxforge.deploy import write_artifact
+    from fxforge.models import load_model
+
+    def no_package(*args, **kwargs):
+        raise AssertionError("the recipe variant must not build an AOTInductor package")
+
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", no_package)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)).eval()
+    captured = capture(model, (torch.randn(2, 8),))
+    assert "compile+recipe" in [b.name for b in candidate_backends(captured, None, Budget())]
+    expected = captured.original(*captured.example_inputs)
+    settings = BuildSettings(1, tmp_path, expected)
+    artifact = write_artifact(get_backend("compile+recipe"), captured, tmp_path / "recipe", settings)
+    assert {"model.pt2", "recipe.json"} <= set(artifact.files) and "model.aoti.pt2" not in artifact.files
+    loaded = load_model(str(tmp_path / "recipe")).module
+    x = torch.randn(2, 8)
+    assert isinstance(loaded, CompiledModule) and compare_outputs(model(x), loaded(x)).ok
+
+
 def test_ort_int8_is_a_reduced_candidate_whose_artifact_reloads(tmp_path):
     """ONNX Runtime's static int8 (QDQ, per-channel weights) competes under an accuracy budget like fxforge's
     int8: calibrated on the user's data, judged against float on it, written as model.onnx that

@@ -69,7 +69,9 @@ from fxforge.runtime import quiet_torch_logs, run_reference
 from fxforge.verify import TOLERANCES, compare_outputs, verify
 
 FP32_TOLERANCE = TOLERANCES[torch.float32][0]  # fp32 round-off: what the exact candidates are held to
-EXACT_BACKENDS = ("eager", "fx", "torchscript", "torchscript+onednn", "onnxruntime", "compile")
+# compile+recipe: the same compiled model shipped as model.pt2 + recipe (compiled when loaded), which can run
+# faster than compile's AOTInductor package (docs/commands/optimize.md)
+EXACT_BACKENDS = ("eager", "fx", "torchscript", "torchscript+onednn", "onnxruntime", "compile", "compile+recipe")
 # Layout variants tried for models with 2-D convolutions, where oneDNN's own layout can pay.
 CONV_VARIANTS = ("compile+channels_last", "torchscript+channels_last")
 REDUCED_BACKENDS = ("bf16", "autocast", "int8", "ort_int8")

@@ -258,6 +258,8 @@ COMPILE_VARIANTS = {
     **CHANNELS_LAST,
     "max_autotune": "Inductor's max-autotune mode (benchmarks kernel choices while compiling: slower to build)",
     "cpp_wrapper": "Inductor's C++ wrapper instead of the Python one (less per-call overhead)",
+    # bench runs it like plain compile; what differs is the artifact --auto writes (fxforge.deploy)
+    "recipe": "shipped as model.pt2 + recipe.json, compiled when loaded, instead of an AOTInductor package",
 }
 
 
