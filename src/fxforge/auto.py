@@ -76,7 +76,7 @@ EXACT_BACKENDS = ("eager", "fx", "torchscript", "torchscript+onednn", "onnxrunti
 CONV_VARIANTS = ("compile+channels_last", "torchscript+channels_last")
 REDUCED_BACKENDS = ("bf16", "autocast", "int8", "ort_int8")
 # --quick: the candidates that usually win, per kind of model (what was measured: docs/benchmarks.md)
-QUICK_EXACT = ("fx", "onnxruntime", "compile")
+QUICK_EXACT = ("fx", "onnxruntime", "compile", "compile+recipe")
 QUICK_CONV = ("fx", "onnxruntime", "compile+channels_last")
 QUICK_REPEATS = 10
 
