@@ -53,7 +53,7 @@ from fxforge.errors import EXIT_CAPTURE, FxforgeError, first_line, format_locati
 from fxforge.graphs import ATEN
 from fxforge.inputs import specs_of
 from fxforge.runtime import export_program, native_output_silenced, quiet_torch_logs, run_reference
-from fxforge.verify import DEFAULT_CASES, VerifyResult, verify
+from fxforge.verify import DEFAULT_CASES, VerifyResult, reference_output, verify
 
 ONNX_EXPORTERS = ("auto", "dynamo", "legacy")
 
@@ -204,7 +204,7 @@ def export_model(
             result = _export_pt2(source, inputs, staged.path, dynamic_batch)
         result.export_s = time.perf_counter() - start
         if verify_export:
-            loaded = load_exported(staged.path, to, output_like=run_reference(reference, inputs, {}))
+            loaded = load_exported(staged.path, to, output_like=_example_output(reference, inputs))
             # A traced TorchScript module runs any batch size its code allows, a dynamic-batch export any batch
             # size: prove that; a static ONNX/pt2 file takes the example's batch only.
             any_batch = to == "torchscript" or dynamic_batch
@@ -253,6 +253,16 @@ def _export_source(target: Captured | nn.Module, example_inputs: Sequence[Any] |
     if any(t.device.type == "meta" for t in inputs) or any(p.device.type == "meta" for p in source.parameters()):
         raise FxforgeError("export needs real weights", hint="drop --device meta")
     return source, reference, inputs
+
+
+def _example_output(reference: Any, inputs: tuple[Any, ...]) -> Any:
+    """The model's output on the example inputs, kept from an earlier run on equal inputs where there is one
+    (:func:`~fxforge.verify.reference_output`); read it only."""
+    try:
+        with quiet_torch_logs():
+            return reference_output(reference, inputs, {})
+    except Exception:
+        return run_reference(reference, inputs, {})  # the one-line error that says the inputs do not fit
 
 
 def _require_onnx(exporter: str) -> None:
@@ -401,7 +411,7 @@ def _onnx_legacy(
     dynamic_batch: bool,
 ) -> None:
     input_names = [f"input_{i}" for i in range(len(inputs))]
-    outputs = [v for v in pytree.tree_leaves(run_reference(reference, inputs, {})) if isinstance(v, torch.Tensor)]
+    outputs = [v for v in pytree.tree_leaves(_example_output(reference, inputs)) if isinstance(v, torch.Tensor)]
     output_names = [f"output_{i}" for i in range(len(outputs))]
     dynamic_axes = None
     if dynamic_batch:

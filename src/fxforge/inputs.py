@@ -231,10 +231,12 @@ def draw_like(example: Any, distribution: str, seed: int, batch: int | None) -> 
     return pytree.tree_map(redraw, example)
 
 
-def case_plan(batches: Sequence[int | None], count: int, seed: int = 0) -> list[tuple[int | None, str, int]]:
+def case_plan(
+    batches: Sequence[int | None], count: int, seed: int = 0, seed_step: int = 1
+) -> list[tuple[int | None, str, int]]:
     """(batch, distribution, seed) for at least ``count`` cases: every batch size with every distribution,
-    then again with new seeds until ``count`` is reached."""
+    then again with new seeds until ``count`` is reached. Case ``i`` has seed ``seed + i * seed_step``."""
     batches = list(batches) or [None]
     combos = [(batch, distribution) for distribution in DISTRIBUTIONS for batch in batches]
     total = max(count, len(combos))
-    return [(*combos[i % len(combos)], seed + i) for i in range(total)]
+    return [(*combos[i % len(combos)], seed + i * seed_step) for i in range(total)]

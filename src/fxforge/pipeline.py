@@ -39,6 +39,10 @@ from fxforge.references import parse_value
 from fxforge.registry import BUILTIN
 from fxforge.verify import Verifier, VerifyResult
 
+# The cases each pass that changed the graph is checked on as it runs (the first: the example's batch size, N(0, 1)),
+# to name and roll back a broken pass at once; the final graph is then checked on every case of the Verifier.
+QUICK_CASES = (0,)
+
 
 @dataclass
 class PassStep:
@@ -48,7 +52,9 @@ class PassStep:
 
 @dataclass
 class StepRecord:
-    """One entry of the change log. ``verification`` is None when the pass changed nothing (nothing to prove)."""
+    """One entry of the change log. ``verification`` is None when the pass changed nothing (nothing to prove); for a
+    pass that changed the graph it is the quick check on :data:`QUICK_CASES`, or the full check of its graph when the
+    final check failed and this pass was found to blame."""
 
     result: PassResult
     lint_findings: int | None = None
@@ -82,11 +88,7 @@ class PipelineResult:
 
     @property
     def ok(self) -> bool:
-        return (
-            self.failed_pass is None
-            and self.problem is None
-            and (self.verification is None or self.verification.ok)
-        )
+        return self.failed_pass is None and self.problem is None and (self.verification is None or self.verification.ok)
 
     @property
     def rolled_back(self) -> list[StepRecord]:
@@ -141,10 +143,15 @@ def _as_step(item: str | PassStep | tuple[str, Mapping[str, Any]] | Mapping[str,
 class Pipeline:
     """An ordered list of passes; :meth:`run` never mutates the captured graph unless ``inplace``.
 
-    ``verify_each``: prove every pass that changed the graph against the model (reference outputs are
-    computed once, :class:`~fxforge.verify.Verifier`). ``keep_going``: a pass that fails (raises, or fails
-    verification) is rolled back and reported, and the remaining passes still run; otherwise the run
-    stops at the first failure.
+    ``verify_each``: prove the passes against the model (reference outputs are computed once,
+    :class:`~fxforge.verify.Verifier`), in two stages: every pass that changed the graph is checked as it runs on
+    :data:`QUICK_CASES`, and the final graph on every case. When the final check fails, the graph each pass produced
+    is checked in order on the failing case: the first that fails it is the pass to blame (its record then holds
+    the full check of its graph, with the first diverging node). ``keep_going``: a pass that fails (raises, or
+    fails verification) is rolled back and reported, the remaining passes still run (after a failed final check,
+    again from the graph the blamed pass started from, and the final graph is checked again); otherwise the run
+    stops at the first failure. Either way ``PipelineResult.verification`` is the full check of the graph handed
+    back (or of the blamed pass's graph when a fail-fast run stops).
     """
 
     def __init__(
@@ -230,26 +237,63 @@ class Pipeline:
             if verifier.problems:
                 problem = "cannot verify: " + "; ".join(verifier.problems)
                 return PipelineResult(work, steps, verifier.check(work), problem=problem, timings=timings)
-        last_check: VerifyResult | None = None
-        for step in self.steps:
+        records: list[StepRecord] = []
+        befores: list[fx.GraphModule] = []  # the graph each step started from
+        position = 0
+        while True:
+            for step in self.steps[position:]:
+                befores.append(work)
+                start = time.perf_counter()
+                record, candidate = self._run_step(work, step, verifier)
+                record.seconds = time.perf_counter() - start
+                timings[step.name] = timings.get(step.name, 0.0) + record.seconds
+                records.append(record)
+                if record.rolled_back and not self.keep_going:
+                    return PipelineResult(work, records, record.verification, failed_pass=step.name, timings=timings)
+                if record.rolled_back:
+                    continue
+                work = candidate
+                if self.lint_between:
+                    record.lint_findings = len(lint(work).findings)
+            if verifier is None:
+                return PipelineResult(work, records, timings=timings)
+            # The final graph against the model on every case (also when nothing changed: the graph handed back).
             start = time.perf_counter()
-            record, candidate = self._run_step(work, step, verifier)
-            record.seconds = time.perf_counter() - start
-            timings[step.name] = timings.get(step.name, 0.0) + record.seconds
-            steps.append(record)
-            if record.rolled_back and not self.keep_going:
-                return PipelineResult(work, steps, record.verification, failed_pass=step.name, timings=timings)
-            if record.rolled_back:
+            final = verifier.check(work)
+            culprit = None if final.ok else self._culprit(records, final, verifier)
+            timings["verify"] = timings.get("verify", 0.0) + time.perf_counter() - start
+            if culprit is None:
+                return PipelineResult(work, records, final, timings=timings)
+            record = records[culprit]
+            if not self.keep_going:
+                return PipelineResult(
+                    befores[culprit],
+                    records[: culprit + 1],
+                    record.verification,
+                    failed_pass=record.result.name,
+                    timings=timings,
+                )
+            # Roll the pass back and run the passes after it again, on the graph it started from.
+            work, position = befores[culprit], culprit + 1
+            del records[position:], befores[position:]
+
+    @staticmethod
+    def _culprit(records: list[StepRecord], final: VerifyResult, verifier: Verifier) -> int | None:
+        """The first kept pass whose graph fails the case the final graph failed on, its record now holding the
+        full check of that graph (and the first diverging node) and why it is rolled back; None when no pass is
+        to blame (nothing changed the graph, or the failure does not repeat)."""
+        if final.failing_case is None:
+            return None
+        for index, record in enumerate(records):
+            if record.rolled_back or not record.result.changed:
                 continue
-            work = candidate
-            if record.verification is not None:
-                last_check = record.verification
-            if self.lint_between:
-                record.lint_findings = len(lint(work).findings)
-        if verifier is not None and last_check is None:
-            # Nothing changed the graph: prove the graph handed back (the captured one) all the same.
-            last_check = verifier.check(work)
-        return PipelineResult(work, steps, last_check, timings=timings)
+            graph = record.result.graph_module
+            if verifier.check(graph, only=[final.failing_case], bisect=False).ok:
+                continue
+            record.verification = check = verifier.check(graph)
+            record.rolled_back = _failure(check)
+            return index
+        return None
 
     def _run_step(
         self, work: fx.GraphModule, step: PassStep, verifier: Verifier | None
@@ -273,14 +317,18 @@ class Pipeline:
             return StepRecord(failed, rolled_back=f"crashed: {one_line_reason(exc)}"), work
         record = StepRecord(result)
         if verifier is not None and result.changed:
-            check = verifier.check(result.graph_module)
+            check = verifier.check(result.graph_module, only=QUICK_CASES)
             record.verification = check
             if not check.ok:
-                if check.divergence is not None:
-                    record.rolled_back = check.divergence.describe()
-                else:
-                    record.rolled_back = "; ".join(check.problems[:2]) or "verification failed"
+                record.rolled_back = _failure(check)
         return record, result.graph_module
+
+
+def _failure(check: VerifyResult) -> str:
+    """Why a pass whose graph failed ``check`` is rolled back: the first diverging node, or the problems."""
+    if check.divergence is not None:
+        return check.divergence.describe()
+    return "; ".join(check.problems[:2]) or "verification failed"
 
 
 def parse_option_assignments(assignments: Sequence[str]) -> dict[str, dict[str, Any]]:

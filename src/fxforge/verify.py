@@ -17,6 +17,7 @@ is documented in docs/verified.md; in short:
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -44,6 +45,7 @@ __all__ = [
     "as_structure",
     "bisect_graphs",
     "compare_outputs",
+    "reference_output",
     "tolerance_for",
     "verify",
 ]
@@ -93,6 +95,7 @@ class VerifyResult:
     warnings: list[str] = field(default_factory=list)
     nondeterministic: bool = False
     capture_differs: bool = False  # the captured graph itself differs from the model on a failing case
+    failing_case: int | None = field(default=None, repr=False)  # the Verifier's index of the first failing case
 
     def __repr__(self) -> str:
         return display.verify_repr(self)
@@ -112,6 +115,7 @@ class VerifyResult:
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
+        data.pop("failing_case")  # an index into one Verifier's cases: meaningless outside it
         data["tried"] = self.describe_inputs()
         return data
 
@@ -138,6 +142,73 @@ def _on_meta(values: Any, *modules: Any) -> bool:
         if isinstance(module, nn.Module):
             tensors += [p for p in module.parameters()][:1]
     return any(t.device.type == "meta" for t in tensors)
+
+
+# Reference outputs kept per model, so that verifications of one model (a pipeline's, then its export's) run it
+# once per case: model -> (its state when they were computed, [(args, kwargs, output)]). Weak: they go with the model.
+_KEPT: weakref.WeakKeyDictionary[nn.Module, tuple[tuple, list[tuple[tuple, dict, Any]]]] = weakref.WeakKeyDictionary()
+KEEP_LIMIT = 2**28  # bytes of inputs and outputs kept per model; past it, outputs are computed again
+
+
+def _state(module: nn.Module) -> tuple:
+    """What the outputs of ``module`` depend on that fxforge can see: every submodule (its identity, training flag
+    and plain attributes: numbers, strings, booleans), every parameter and buffer (identity, storage, version
+    counter, which in-place writes such as ``load_state_dict`` or an optimizer step increment)."""
+    state: list[Any] = []
+    for name, sub in module.named_modules(remove_duplicate=False):
+        plain = tuple((k, v) for k, v in vars(sub).items() if isinstance(v, (bool, int, float, str, type(None))))
+        state.append((name, id(sub), sub.training, plain))
+        for key, tensor in [*sub._parameters.items(), *sub._buffers.items()]:
+            if isinstance(tensor, torch.Tensor):
+                state.append((key, id(tensor), tensor.data_ptr(), tensor._version, tuple(tensor.shape), tensor.dtype))
+    return tuple(state)
+
+
+def _same_inputs(a: Any, b: Any) -> bool:
+    leaves_a, spec_a = pytree.tree_flatten(a)
+    leaves_b, spec_b = pytree.tree_flatten(b)
+    if spec_a != spec_b:
+        return False
+    for x, y in zip(leaves_a, leaves_b):
+        if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
+            same = (
+                isinstance(x, torch.Tensor)
+                and isinstance(y, torch.Tensor)
+                and x.dtype == y.dtype
+                and x.shape == y.shape
+                and x.device == y.device
+                and bool(torch.equal(x, y))
+            )
+            if not same:
+                return False
+        elif type(x) is not type(y) or x != y:
+            return False
+    return True
+
+
+def _bytes(value: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor))
+
+
+def reference_output(module: Any, args: tuple, kwargs: dict) -> Any:
+    """``run_isolated(module, args, kwargs)``, or the output of an earlier run of ``module`` on equal inputs (same
+    values, dtypes, shapes) while it was in the same state (:func:`_state`). The output is shared: read it only."""
+    if not isinstance(module, nn.Module):
+        return run_isolated(module, args, kwargs)
+    state = _state(module)
+    kept_state, entries = _KEPT.get(module, ((), []))
+    if kept_state != state:
+        entries = []
+    for kept_args, kept_kwargs, output in entries:
+        if _same_inputs((kept_args, kept_kwargs), (args, kwargs)):
+            return output
+    output = run_isolated(module, args, kwargs)
+    if _state(module) == state:  # a run that changed the model (and was not undone) is not kept
+        size = _bytes((args, kwargs, output)) + sum(_bytes(entry) for entry in entries)
+        if size <= KEEP_LIMIT:
+            entries = [*entries, (cloned(args), cloned(kwargs), output)]
+        _KEPT[module] = (state, entries)
+    return output
 
 
 class Verifier:
@@ -185,11 +256,14 @@ class Verifier:
             if _on_meta(template, self.module):
                 raise FxforgeError("cannot verify on the meta device: there are no values to compare")
             self.example_batch = _example_batch(template)
-            batches = self._usable_batches(template, batch_sizes)
+            batches = self._usable_batches(template, batch_sizes, seed)
             self.batch_sizes = [b for b in batches if b is not None]
+            # At the example's batch alone (a static export, or a model that takes no other), the cases are those
+            # the two-batch plan gives that batch (seeds 0, 2, 4, ...), and more: their reference outputs are shared.
+            step = 2 if self.example_batch is not None and batches == [self.example_batch] else 1
             self.cases = [
                 Case(batch, distribution, case_seed, *draw_like(template, distribution, case_seed, batch))
-                for batch, distribution, case_seed in case_plan(batches, cases, seed)
+                for batch, distribution, case_seed in case_plan(batches, cases, seed, step)
             ]
         self.expected = self._reference_outputs()
 
@@ -204,8 +278,14 @@ class Verifier:
             return self.captured.example_inputs, dict(self.captured.example_kwargs)
         raise InputSpecError("verify needs inputs or input shapes", hint="pass --input, e.g. --input 1x3x224x224")
 
-    def _usable_batches(self, template: tuple[tuple, dict], batch_sizes: Sequence[int | None] | None) -> list:
-        """The batch sizes to try: those the model (and the captured graph) accept; the others are skipped."""
+    def _usable_batches(
+        self, template: tuple[tuple, dict], batch_sizes: Sequence[int | None] | None, seed: int
+    ) -> list:
+        """The batch sizes to try: those the model (and the captured graph) accept; the others are skipped.
+
+        The model is tried on the first case the two-batch plan draws at that batch (N(0, 1), seed + 1): its
+        output is kept (:func:`reference_output`) and is that case's reference output.
+        """
         example_batch = _example_batch(template)
         wanted = list(batch_sizes) if batch_sizes is not None else default_batch_sizes(example_batch)
         usable = []
@@ -213,8 +293,8 @@ class Verifier:
             if batch == example_batch or example_batch is None:
                 usable.append(example_batch)
                 continue
-            args, kwargs = draw_like(template, "normal", 0, batch)
-            reason = self._rejects(self.module, args, kwargs, "the model")
+            args, kwargs = draw_like(template, "normal", seed + 1, batch)
+            reason = self._rejects(self.module, args, kwargs, "the model", keep=True)
             if reason is None and self.captured is not None:
                 reason = self._rejects(self.captured.graph_module, args, kwargs, "the captured graph")
                 if reason is not None:
@@ -226,10 +306,13 @@ class Verifier:
         return list(dict.fromkeys(usable)) or [None]
 
     @staticmethod
-    def _rejects(module: Any, args: tuple, kwargs: dict, what: str) -> str | None:
+    def _rejects(module: Any, args: tuple, kwargs: dict, what: str, keep: bool = False) -> str | None:
         try:
             with quiet_torch_logs():
-                run_isolated(module, args, kwargs)
+                if keep:
+                    reference_output(module, args, kwargs)
+                else:
+                    run_isolated(module, args, kwargs)
         except Exception as exc:
             return f"{what} rejects it ({one_line_reason(exc, 160)})"
         return None
@@ -240,7 +323,7 @@ class Verifier:
         for index, case in enumerate(self.cases):
             try:
                 with quiet_torch_logs():
-                    output = run_isolated(self.module, case.args, case.kwargs)
+                    output = reference_output(self.module, case.args, case.kwargs)
             except Exception as exc:
                 if index == 0:
                     raise InputSpecError(
@@ -279,22 +362,32 @@ class Verifier:
 
     # -- the candidate side
 
-    def check(self, candidate: Any, *, bisect: bool = True, candidate_may_fix_batch: bool = False) -> VerifyResult:
+    def check(
+        self,
+        candidate: Any,
+        *,
+        bisect: bool = True,
+        candidate_may_fix_batch: bool = False,
+        only: Sequence[int] | None = None,
+    ) -> VerifyResult:
         """Run ``candidate`` (a module, GraphModule, Captured or callable) on every case and compare.
 
         ``candidate_may_fix_batch``: a candidate that refuses a batch size other than the example's (a static
         torch.export or ONNX file) is not a mismatch: those cases are skipped and the result says so. Off for
         rewrites, where a graph that stopped taking other batch sizes is a broken rewrite.
+        ``only``: the indices of the cases to run (a pipeline's quick check of one pass); the result's ``trials``
+        and ``cases`` say which were run.
         """
         module = candidate.graph_module if isinstance(candidate, Captured) else candidate
+        chosen = list(range(len(self.cases))) if only is None else [i for i in only if 0 <= i < len(self.cases)]
         result = VerifyResult(
             True,
             0.0,
             0.0,
-            len(self.cases),
-            cases=[case.label for case in self.cases],
-            batch_sizes=list(self.batch_sizes),
-            distributions=list(dict.fromkeys(case.distribution for case in self.cases)),
+            len(chosen),
+            cases=[self.cases[i].label for i in chosen],
+            batch_sizes=[b for b in self.batch_sizes if any(self.cases[i].batch == b for i in chosen)],
+            distributions=list(dict.fromkeys(self.cases[i].distribution for i in chosen)),
             skipped=list(self.skipped),
             warnings=list(self.warnings),
             nondeterministic=self.nondeterministic,
@@ -305,7 +398,8 @@ class Verifier:
             return result
         failing: Case | None = None
         refused: set[int | None] = set()
-        for case, expected in zip(self.cases, self.expected):
+        for index in chosen:
+            case, expected = self.cases[index], self.expected[index]
             if case.batch in refused:
                 continue
             try:
@@ -320,6 +414,7 @@ class Verifier:
                 result.max_abs_err = result.max_rel_err = math.inf
                 result.problems.append(f"candidate failed to run on {case.label}: {one_line_reason(exc)}")
                 failing = failing or case
+                result.failing_case = index if result.failing_case is None else result.failing_case
                 break
             comparison = compare_outputs(
                 expected,
@@ -335,7 +430,8 @@ class Verifier:
                 result.ok = False
                 result.problems.extend(f"{case.label}: {problem}" for problem in comparison.problems[:3])
                 failing = failing or case
-        result.cases = [case.label for case in self.cases if case.batch not in refused]
+                result.failing_case = index if result.failing_case is None else result.failing_case
+        result.cases = [self.cases[i].label for i in chosen if self.cases[i].batch not in refused]
         result.trials = len(result.cases)
         result.batch_sizes = [b for b in result.batch_sizes if b not in refused]
         if failing is not None and self.captured is not None:
