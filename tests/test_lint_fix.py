@@ -10,7 +10,7 @@ import torch
 
 import fxforge
 from fxforge.cli import main
-from fxforge.errors import EXIT_FINDINGS, EXIT_USAGE
+from fxforge.errors import EXIT_OK, EXIT_USAGE
 from fxforge.optimize import fix
 from fxforge.verify import verify
 from model_helpers import randomize_batchnorm
@@ -25,9 +25,10 @@ def test_fix_demo_removes_what_its_passes_can_and_writes_a_verified_model(tmp_pa
     randomize_batchnorm(captured.original)  # the graph shares the model's modules: folding sees these stats
     result = fix(captured, str(tmp_path / "out"))
     assert {"FX004", "FX008"} <= _codes(result.before)
-    assert result.passes[:2] == ["remove_dropout", "fold_bn"]  # removals first, then folds
-    assert not {"FX004", "FX008"} & _codes(result.after)
-    assert "FX003" in _codes(result.after)  # a redundant relu has no fix pass: it stays, and is still reported
+    assert {"FX003"} <= _codes(result.before)  # the demo's relu after a relu
+    # removals first, then folds
+    assert result.passes[:3] == ["remove_dropout", "remove_redundant_activation", "fold_bn"]
+    assert not {"FX003", "FX004", "FX008"} & _codes(result.after)  # every warning with a fix pass is fixed
     assert result.optimized.pipeline.ok
     written = torch.load(tmp_path / "out" / "model.pt", weights_only=False)
     assert verify(captured, written).ok
@@ -46,9 +47,9 @@ def test_fix_cli_json_and_exit_code(tmp_path, capsys):
     out_dir = tmp_path / "fixed"
     code = main(["lint", "demo", "--fix", "-o", str(out_dir), "--json"])
     data = json.loads(capsys.readouterr().out)
-    assert code == EXIT_FINDINGS  # the redundant-activation warning has no fix and remains
-    assert data["fixed"]["passes"][:2] == ["remove_dropout", "fold_bn"]
-    assert data["fixed"]["after"]["warning"] < data["fixed"]["before"]["warning"]
+    assert code == EXIT_OK  # every warning had a fix pass (FX003's is remove_redundant_activation)
+    assert data["fixed"]["passes"][:3] == ["remove_dropout", "remove_redundant_activation", "fold_bn"]
+    assert data["fixed"]["after"]["warning"] == 0 < data["fixed"]["before"]["warning"]
     assert (out_dir / "model.pt").exists()
 
 
