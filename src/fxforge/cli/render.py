@@ -171,8 +171,8 @@ def render_optimize(console: Console, spec: str, result: Any) -> None:
         r = step.result
         check = step.verification
         verdict = "" if check is None else ("[green]ok[/]" if check.ok else "[bold red]FAIL[/]")
-        if check is not None:
-            verdict += f" {check.max_abs_err:.1e}"
+        if check is not None:  # a pass is checked on few cases as it runs; the final graph on all (below)
+            verdict += f" {check.max_abs_err:.1e} ({check.trials} case{'s' if check.trials != 1 else ''})"
         table.add_row(
             r.name,
             "yes" if r.changed else "no",
