@@ -119,6 +119,12 @@ class FixResult:
     passes: list[str]
     optimized: OptimizeResult
 
+    def __repr__(self) -> str:
+        return notebook.fix_repr(self)
+
+    def _repr_html_(self) -> str:  # Jupyter shows this for the last value of a cell
+        return notebook.fix_html(self)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "passes": self.passes,

@@ -11,6 +11,7 @@ import pytest
 
 import fxforge
 from fxforge.cli.app import main
+from fxforge.optimize import fix
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,6 +35,7 @@ def test_every_result_has_a_notebook_view(resnet_captures, tmp_path):
         "ExportResult": fxforge.export_model(captured, to="pt2", path=tmp_path / "m.pt2"),
         "BenchReport": fxforge.bench(captured, ["eager"], repeats=2, warmup=1),
         "QuantizeResult": fxforge.quantize(captured, "dynamic"),
+        "FixResult": fix(captured, None),
     }
     for name, value in objects.items():
         short = repr(value)
@@ -42,6 +44,7 @@ def test_every_result_has_a_notebook_view(resnet_captures, tmp_path):
         assert "<table" in page or "<svg" in page, name
     assert "fold_bn" in objects["OptimizeResult"]._repr_html_() and "<iframe" in objects["OptimizeResult"]._repr_html_()
     assert "eager" in objects["BenchReport"]._repr_html_()
+    assert "fold_bn" in objects["FixResult"]._repr_html_() and "fold_bn" in repr(objects["FixResult"])
     view = fxforge.show(captured)
     assert "<iframe" in view._repr_html_() and repr(view).startswith("<fxforge page")
 

@@ -31,6 +31,25 @@ def optimize_html(result: Any) -> str:
     return card("Optimize", *parts)
 
 
+def fix_repr(result: Any) -> str:
+    before, after = result.before.to_dict()["counts"], result.after.to_dict()["counts"]
+    verdict = "ok" if result.optimized.pipeline.ok else "FAILED"
+    return (
+        f"<FixResult {verdict}: passes {', '.join(result.passes) or 'none'}; findings {sum(before.values())} -> "
+        f"{sum(after.values())}>"
+    )
+
+
+def fix_html(result: Any) -> str:
+    """``lint --fix``: the findings before and after, then the optimize result of the fix passes."""
+    return card(
+        "Lint --fix",
+        result.after._repr_html_(),
+        optimize_html(result.optimized),
+        subtitle=f"fix passes: {', '.join(result.passes) or 'none'}; findings left after them below",
+    )
+
+
 def bench_repr(report: Any) -> str:
     rows = ", ".join(f"{r.backend} {r.median_ms:.2f} ms" if r.median_ms else f"{r.backend} failed" for r in report.rows)
     return f"<BenchReport {report.threads} threads, {report.repeats} rounds: {rows}>"
