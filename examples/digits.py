@@ -51,13 +51,11 @@ def split() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     return x[train], y[train], x[test], y[test]
 
 
-def trained(epochs: int = 8) -> nn.Module:
-    """The CNN trained for ``epochs`` passes over the training split (Adam, batches of 64, seeded)."""
-    x, y, _, _ = split()
-    torch.manual_seed(0)
-    model = DigitsCNN()
+def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, epochs: int, lr: float = 3e-3) -> list[float]:
+    """Train ``model`` on ``(x, y)`` with Adam in shuffled batches of 64 (seeded); returns the losses."""
     generator = torch.Generator().manual_seed(0)
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    losses = []
     model.train()
     for _ in range(epochs):
         order = torch.randperm(len(y), generator=generator)
@@ -67,6 +65,16 @@ def trained(epochs: int = 8) -> nn.Module:
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
+            losses.append(loss.item())
+    return losses
+
+
+def trained(epochs: int = 8) -> nn.Module:
+    """The CNN trained for ``epochs`` passes over the training split."""
+    x, y, _, _ = split()
+    torch.manual_seed(0)
+    model = DigitsCNN()
+    fit(model, x, y, epochs)
     return model.eval()
 
 

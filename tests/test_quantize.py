@@ -71,21 +71,7 @@ class DigitsLSTM(nn.Module):
         return self.head(out[:, -1])
 
 
-def _train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, epochs: int, lr: float = 3e-3) -> list[float]:
-    generator = torch.Generator().manual_seed(0)
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-    losses = []
-    model.train()
-    for _ in range(epochs):
-        order = torch.randperm(len(y), generator=generator)
-        for start in range(0, len(y), 64):
-            idx = order[start : start + 64]
-            loss = nn.functional.cross_entropy(model(x[idx]), y[idx])
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            losses.append(loss.item())
-    return losses
+_train = digits_example.fit
 
 
 def _accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
