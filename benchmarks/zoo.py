@@ -564,19 +564,7 @@ def run_model(model: ZooModel, report: Callable[[dict[str, Any]], None] | None =
     ``report`` is called with the record as it stands when each stage starts (the parent process keeps the
     last one, to say where a model that ran out of time was).
     """
-    record: dict[str, Any] = {
-        "corpus": model.corpus,
-        "name": model.name,
-        "family": model.family,
-        "spec": model.spec,
-        "note": model.note,
-        "status": "failed",
-        "stage": None,
-        "capture": {"ok": False},
-        "passes": None,
-        "export": None,
-        "seconds": {},
-    }
+    record = _empty_record(model)
     start, cpu_start = time.perf_counter(), time.process_time()
     cpu = record["cpu_seconds"] = {}
     with warnings.catch_warnings():

@@ -25,3 +25,25 @@ def randomize_batchnorm(model: nn.Module, seed: int = 0) -> nn.Module:
                     module.weight.copy_(torch.randn(n, generator=generator))
                     module.bias.copy_(torch.randn(n, generator=generator))
     return model
+
+
+def register_broken_scale_pass(name: str) -> str:
+    """Register a deliberately wrong pass ``name``: it scales resnet's ``layer2.0.conv1`` output by 1.01 and
+    marks the new node as the conv's, so verification must fail there and name it. Pop it from
+    ``fxforge.passes.PASSES`` when done."""
+    from fxforge.passes import PassResult, mark, register_pass
+
+    @register_pass(name, summary="test only", guarantees="none (deliberately wrong)")
+    def broken(gm, options):
+        result = PassResult(name, gm)
+        for node in list(gm.graph.nodes):
+            if node.op == "call_module" and node.target == "layer2.0.conv1":
+                with gm.graph.inserting_after(node):
+                    scaled = gm.graph.call_function(torch.mul, (node, 1.01))
+                node.replace_all_uses_with(scaled)
+                scaled.args = (node, 1.01)
+                mark(scaled, name, origin_of=node)
+                result.note("scaled layer2.0.conv1", inserted=1)
+        return result
+
+    return name

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 import fxforge
-from fxforge.passes import PASSES, PassResult, apply_pass, mark, register_pass
+from fxforge.passes import PASSES, apply_pass
 from fxforge.verify import TOLERANCES, compare_outputs, verify
+from model_helpers import register_broken_scale_pass
 
 X = (torch.randn(1, 3, 64, 64),)
 
@@ -55,21 +56,7 @@ def test_nan_in_both_counts_as_equal_but_nan_in_one_does_not():
 @pytest.fixture
 def broken_pass():
     """A deliberately broken pass: scales one conv's output by 1.01 and claims to compute the conv."""
-
-    @register_pass("test_broken_scale", summary="test only", guarantees="none (deliberately wrong)")
-    def broken(gm, options):
-        result = PassResult("test_broken_scale", gm)
-        for node in list(gm.graph.nodes):
-            if node.op == "call_module" and node.target == "layer2.0.conv1":
-                with gm.graph.inserting_after(node):
-                    scaled = gm.graph.call_function(torch.mul, (node, 1.01))
-                node.replace_all_uses_with(scaled)
-                scaled.args = (node, 1.01)
-                mark(scaled, "test_broken_scale", origin_of=node)
-                result.note("scaled layer2.0.conv1", inserted=1)
-        return result
-
-    yield "test_broken_scale"
+    yield register_broken_scale_pass("test_broken_scale")
     PASSES.pop("test_broken_scale")
 
 

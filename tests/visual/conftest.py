@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import fxforge
-from fxforge.passes import PASSES, PassResult, mark, register_pass
+from fxforge.passes import PASSES
+from model_helpers import register_broken_scale_pass
 
 X = torch.randn(1, 3, 64, 64)
 
@@ -25,19 +26,5 @@ def resnet_captures():
 @pytest.fixture
 def broken_pass():
     """Scales layer2.0.conv1's output by 1.01 and claims it still computes the conv (torch dialect)."""
-
-    @register_pass("test_visual_broken_scale", summary="test only", guarantees="none (deliberately wrong)")
-    def broken(gm, options):
-        result = PassResult("test_visual_broken_scale", gm)
-        for node in list(gm.graph.nodes):
-            if node.op == "call_module" and node.target == "layer2.0.conv1":
-                with gm.graph.inserting_after(node):
-                    scaled = gm.graph.call_function(torch.mul, (node, 1.01))
-                node.replace_all_uses_with(scaled)
-                scaled.args = (node, 1.01)
-                mark(scaled, "test_visual_broken_scale", origin_of=node)
-                result.note("scaled layer2.0.conv1", inserted=1)
-        return result
-
-    yield "test_visual_broken_scale"
+    yield register_broken_scale_pass("test_visual_broken_scale")
     PASSES.pop("test_visual_broken_scale")

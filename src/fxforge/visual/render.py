@@ -54,9 +54,13 @@ def graph_html(
     ``profile``: ``fxforge profile``'s dict (or an object with ``to_dict()``): nodes coloured by time share.
     """
     model = graph_model(target, report=report, lint_report=lint_report, profile=profile, title=title)
+    return _page(model, depth, title or "graph", path, force)
+
+
+def _page(model: dict[str, Any], depth: int | None, title: str, path: str | Path | None, force: bool) -> GraphView:
+    """The page of a graph or diff model, opened at ``depth`` when given, written to ``path`` when given."""
     if depth is not None:
         model["depth"] = depth
-    title = title or "graph"
     view = GraphView(graph_document(model, title), model, title=title)
     if path is not None:
         view.save(path, force=force)
@@ -240,13 +244,7 @@ def diff_html(
         profile=profile,
         title=title,
     )
-    if depth is not None:
-        model["depth"] = depth
-    title = title or "diff"
-    view = GraphView(graph_document(model, title), model, title=title)
-    if path is not None:
-        view.save(path, force=force)
-    return view
+    return _page(model, depth, title or "diff", path, force)
 
 
 _V8_LOCK = threading.Lock()
