@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 import fxforge
 from fxforge.capture import capture
@@ -127,6 +128,53 @@ def test_tricky_models_round_trip_onnx(name, inputs, tmp_path):
     x = torch.randn(*captured.example_inputs[0].shape)
     with torch.no_grad():
         assert compare_outputs(captured.original(x), loaded(x)).ok
+
+
+class BatchedAttention(nn.Module):
+    """Attention over windows (B, windows, heads, tokens, dim), as timm's NesT, Twins and SAM-ViT compute it, with a
+    mask that broadcasts over batch and windows; and single-head attention on 3-D tensors."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(16, 48)
+        self.register_buffer("bias", torch.randn(2, 6, 6))  # (heads, tokens, tokens)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, windows, tokens, 16)
+        b, w, t, _ = x.shape
+        q, k, v = self.qkv(x).reshape(b, w, t, 3, 2, 8).permute(3, 0, 1, 4, 2, 5).unbind(0)
+        windowed = F.scaled_dot_product_attention(q, k, v, attn_mask=self.bias)  # 5-D, mask 3-D
+        flat = windowed.transpose(2, 3).reshape(b * w, t, 16)
+        single = F.scaled_dot_product_attention(flat, flat, flat, is_causal=True)  # 3-D
+        return single.reshape(b, w, t, 16)
+
+
+@pytest.mark.parametrize("dynamic_batch", [False, True])
+def test_onnx_export_of_attention_on_non_4d_tensors(dynamic_batch, tmp_path):
+    # onnxscript translates scaled_dot_product_attention on 4-D tensors only (an assertion), and the legacy
+    # exporter refused these models' data-dependent traces: timm's nest_tiny, twins_svt_small and samvit did not
+    # export. The dynamo export now runs such calls as 4-D attention (leading dims broadcast and merged).
+    pytest.importorskip("onnxruntime")
+    torch.manual_seed(0)
+    model = BatchedAttention().eval()
+    captured = fxforge.prepare(model, ["2x3x6x16"])
+    result = export_model(captured, "onnx", tmp_path / "m.onnx", dynamic_batch=dynamic_batch)
+    assert result.ok and result.exporter == "dynamo", (result.notes, result.verification)
+    assert "2 attention call(s) on non-4-D tensors exported as 4-D attention" in result.notes
+    if dynamic_batch:
+        assert len(result.verified_batches) > 1
+
+
+def test_onnx_export_of_4d_attention_is_left_alone(tmp_path):
+    pytest.importorskip("onnxruntime")
+
+    class HeadsAttention(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, heads, tokens, dim): ONNX's own form
+            return F.scaled_dot_product_attention(x, x.flip(2), x * 2)
+
+    captured = fxforge.prepare(HeadsAttention(), ["2x4x6x8"])
+    result = export_model(captured, "onnx", tmp_path / "m.onnx")
+    assert result.ok and result.exporter == "dynamo"
+    assert not any("attention call" in note for note in result.notes)
 
 
 def test_data_dependent_branch_trace_is_caught_script_is_exact(tmp_path):

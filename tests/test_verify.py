@@ -96,3 +96,42 @@ def test_verify_needs_inputs_for_plain_modules():
 def test_verify_with_explicit_inputs_on_plain_modules():
     result = verify(torch.nn.ReLU(), torch.nn.ReLU6(), inputs=(torch.tensor([1.0, 10.0]),))
     assert not result.ok and result.max_abs_err == pytest.approx(4.0)
+
+
+class _SineOfLarge(torch.nn.Module):
+    """sin(x * 1e5): float32 rounds x * 1e5 to a spacing of up to 1/32, so its own output is up to ~0.02 from the
+    float64 value on every input -- far outside the float32 tolerance: an ill-conditioned model."""
+
+    def __init__(self, split: bool = False, wrong: bool = False) -> None:
+        super().__init__()
+        self.split, self.wrong = split, wrong
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scaled = (x * 1e2) * 1e3 if self.split else x * 1e5  # the same product, rounded differently
+        return scaled.cos() if self.wrong else scaled.sin()
+
+
+def test_a_case_sensitive_to_rounding_is_judged_against_float64():
+    # An exact rewrite of an ill-conditioned computation misses the model's float32 output by as much as the model
+    # misses the exact value: judged against float64 with the model's own distance as allowance, it passes, and
+    # the result says which cases needed it. A wrong rewrite of the same model still fails.
+    specs = ["2x64"]
+    strict = compare_outputs(_SineOfLarge()(torch.randn(2, 64)), _SineOfLarge(split=True)(torch.randn(2, 64)))
+    assert not strict.ok  # float32 against float32: the rewrite misses by far more than the tolerance
+
+    result = verify(_SineOfLarge(), _SineOfLarge(split=True), input_specs=specs)
+    assert result.ok, result.problems
+    assert result.warnings and all("sensitive to rounding" in w for w in result.warnings)
+
+    wrong = verify(_SineOfLarge(), _SineOfLarge(split=True, wrong=True), input_specs=specs)
+    assert not wrong.ok and any("outside the tolerance" in p for p in wrong.problems)
+
+
+def test_a_well_conditioned_miss_is_not_excused_by_float64():
+    model = torch.nn.Linear(8, 8)
+    broken = torch.nn.Linear(8, 8)
+    broken.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        broken.bias += 1e-3  # a real change, small but far outside what rounding allows
+    result = verify(model, broken, input_specs=["4x8"])
+    assert not result.ok and not result.warnings

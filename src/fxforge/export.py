@@ -12,7 +12,10 @@ export against the original model, and the atomic write of the result:
   :func:`load_exported` to re-apply ``optimize_for_inference`` after loading.
 * ``onnx`` -- ``torch.onnx.export`` with the dynamo exporter, falling back to the legacy
   (TorchScript-based) exporter when it fails; checked with ``onnx.checker`` and run with ONNX
-  Runtime.
+  Runtime. ONNX's attention translation takes 4-D tensors only, so during the dynamo export a
+  ``scaled_dot_product_attention`` call on tensors of another rank (timm's NesT, Twins, SAM-ViT) runs
+  as the same attention on 4-D views: the leading dimensions broadcast and merged into one. Attention
+  is independent across those dimensions, so this is the same computation; verification checks it.
 * ``pt2`` -- ``torch.export`` (non-strict), saved with ``torch.export.save``.
 
 What is exported: for a :class:`~fxforge.capture.Captured` in the torch dialect, its GraphModule
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import io
 import json
 import os
@@ -44,6 +48,8 @@ from typing import Any
 
 import torch
 from torch import fx, nn
+from torch.nn import functional as F
+from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
 from fxforge import display
@@ -355,8 +361,10 @@ def _export_onnx(
     used = exporter
     if exporter in ("auto", "dynamo"):
         try:
-            with _exporting(f"{type(module).__name__} to ONNX (dynamo exporter)", notes):
+            with _exporting(f"{type(module).__name__} to ONNX (dynamo exporter)", notes), _AttentionAs4D() as mode:
                 _onnx_dynamo(module, inputs, path, opset, dynamic_batch)
+            if mode.reshaped:
+                notes.append(f"{mode.reshaped} attention call(s) on non-4-D tensors exported as 4-D attention")
             used = "dynamo"
         except ExportError as dynamo_error:
             if exporter == "dynamo":
@@ -400,6 +408,63 @@ def _onnx_dynamo(
         module, inputs, dynamo=True, opset_version=opset, dynamic_shapes=dynamic_shapes, verbose=False
     )
     program.save(str(path))  # external data only for models over 2 GB
+
+
+class _AttentionAs4D(TorchFunctionMode):
+    """Runs ``F.scaled_dot_product_attention`` on tensors of rank other than 4 as attention on 4-D views.
+
+    q, k, v and the mask are broadcast over their leading dimensions (all but the last two), which are
+    merged into the head dimension of a batch of one; the output is viewed back. Counts the calls it
+    reshaped in ``reshaped``.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reshaped = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not F.scaled_dot_product_attention:
+            return func(*args, **kwargs)
+        bound = inspect.signature(_attention_on_4d).bind(*args, **kwargs)
+        query, key, value, mask = (bound.arguments.get(n) for n in ("query", "key", "value", "attn_mask"))
+        four_d = query.dim() == key.dim() == value.dim() == 4 and (mask is None or mask.dim() <= 4)
+        if four_d or bound.arguments.get("enable_gqa"):  # grouped heads do not merge with other leading dimensions
+            return func(*args, **kwargs)
+        self.reshaped += 1
+        return _attention_on_4d(*bound.args, **bound.kwargs)
+
+
+def _attention_on_4d(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> torch.Tensor:
+    shapes = [query.shape[:-2], key.shape[:-2], value.shape[:-2]]
+    if attn_mask is not None:
+        shapes.append(attn_mask.shape[:-2])
+    lead = torch.broadcast_shapes(*shapes)
+    length, source = query.shape[-2], key.shape[-2]
+
+    def as_4d(t: torch.Tensor, rows: Any, cols: Any) -> torch.Tensor:
+        return t.expand(*lead, rows, cols).reshape(1, -1, rows, cols)
+
+    mask = None if attn_mask is None else as_4d(attn_mask, length, source)
+    out = F.scaled_dot_product_attention(
+        as_4d(query, length, query.shape[-1]),
+        as_4d(key, source, key.shape[-1]),
+        as_4d(value, source, value.shape[-1]),
+        attn_mask=mask,
+        dropout_p=dropout_p,
+        is_causal=is_causal,
+        scale=scale,
+    )
+    return out.reshape(*lead, length, value.shape[-1])
 
 
 def _onnx_legacy(

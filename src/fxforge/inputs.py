@@ -99,9 +99,11 @@ def parse_input_spec(text: str) -> InputSpec:
 
 
 def make_inputs(
-    specs: Sequence[InputSpec], seed: int = 0, device: torch.device | str = "cpu", batch: int | None = None
+    specs: Sequence[InputSpec | str], seed: int = 0, device: torch.device | str = "cpu", batch: int | None = None
 ) -> tuple[torch.Tensor, ...]:
-    """Random example inputs for ``specs``; the same seed always gives the same tensors."""
+    """Random example inputs for ``specs`` (InputSpecs or strings such as ``"1x3x224x224"``); the same seed always
+    gives the same tensors."""
+    specs = [parse_input_spec(s) if isinstance(s, str) else s for s in specs]
     generator = torch.Generator().manual_seed(seed)
     if batch is not None:
         specs = [s.with_batch(batch) for s in specs]

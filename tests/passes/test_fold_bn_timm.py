@@ -339,3 +339,56 @@ def test_decomposed_training_batch_norm_is_refused_with_the_fix():
     assert not result.changed and "call model.eval() before capture" in result.skipped[0]
     (found,) = fx008(gm)
     assert "call model.eval() before capture" in found.message
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_same_padded_conv_that_reads_its_weight_shape(dialect):
+    # timm's Conv2dSame (TF "same" padding, pnasnet's and the tf_ efficientnets' convs) computes its padding from
+    # self.weight.shape, so the weight's get_attr had a second user, getattr(weight, "shape"); fold_bn counted it
+    # as a second reader of the weight and refused ("the weights of conv2d are used elsewhere"). A read of the
+    # shape is not a read of the value: the fold keeps it, pointed at the folded weight of the same shape.
+    layers = timm.layers
+    model = nn.Sequential(
+        layers.create_conv2d(3, 8, 3, stride=2, padding="same"),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        layers.create_conv2d(8, 8, 5, stride=2, padding="same", bias=True),
+        nn.BatchNorm2d(8),
+    )
+    assert isinstance(model[0], layers.Conv2dSame)
+    model = randomize_batchnorm(model, seed=3).eval()
+    captured = capture(model, (torch.randn(1, 3, 17, 17),), method=CAPTURE_METHOD[dialect])
+    assert len(after_a_layer(captured.graph_module)) == 2
+
+    result = check_fold(captured)
+
+    assert result.removed == 2
+    originals = {name for name, _ in model.named_parameters()}
+    assert originals.isdisjoint(dict(result.graph_module.named_parameters())), "the unfolded weights are still held"
+
+
+def test_conv_module_also_passed_whole_to_an_opaque_call():
+    # transformers' MobileNetV2 pads each conv's input with apply_tf_padding(features, self.convolution): symbolic
+    # tracing keeps that function as one opaque call that receives the conv *module*, so the conv is read from two
+    # places. fold_bn folds into a copy for the conv's call and leaves the opaque call the original module: exact
+    # whatever that call reads, at the price of the conv's weights stored twice.
+    transformers = pytest.importorskip("transformers")
+    config = transformers.MobileNetV2Config(image_size=32, depth_multiplier=0.35)
+    torch.manual_seed(0)
+    model = randomize_batchnorm(transformers.MobileNetV2Model(config), seed=2).eval()
+    before = {name: p.clone() for name, p in model.state_dict().items()}
+    captured = capture(model, (torch.randn(2, 3, 32, 32),), method="symbolic_trace")
+    gm = captured.graph_module
+    opaque = [n for n in gm.graph.nodes if n.op == "call_function" and "apply_tf_padding" in str(n.target)]
+    assert len(opaque) == 52 and len(after_a_layer(gm)) == 52
+
+    result = check_fold(captured)
+
+    assert result.removed == 52
+    folded = result.graph_module
+    for call in (n for n in folded.graph.nodes if n.op == "call_function" and "apply_tf_padding" in str(n.target)):
+        kept = folded.get_submodule(str(call.args[1].target))
+        assert str(call.args[1].target).endswith("_unfolded")
+        original = gm.get_submodule(str(call.args[1].target).removesuffix("_unfolded"))
+        assert torch.equal(kept.weight, original.weight) and kept.stride == original.stride  # the conv, unfolded
+    assert all(torch.equal(before[name], t) for name, t in model.state_dict().items()), "the model was changed"

@@ -53,7 +53,7 @@ from fxforge.graphs import (
 from fxforge.passes import ORIGIN, PassResult, mark, register_pass, store_tensor
 from fxforge.passes._analysis import impure_reason, written_args
 from fxforge.passes.dead_code import prune_attributes
-from fxforge.passes.merge_convs import count_uses, value_users
+from fxforge.passes.merge_convs import Uses, count_uses, value_users
 
 _LAYER_KINDS = ("conv", "conv_transpose", "linear")
 NAME = "fold_bn"
@@ -167,6 +167,9 @@ class Layer:
     groups: int = 1
     weight_node: fx.Node | None = None  # function and matmul forms: the stored weight and bias the fold replaces
     bias_node: fx.Node | None = None
+    # module form: the module object is also passed to other calls (get_attr of the module), which keep the
+    # original: the fold installs a folded copy for the call alone (the conv's weights are then stored twice)
+    passed_whole: bool = False
 
 
 @dataclass
@@ -509,7 +512,8 @@ def _read_module(gm: nn.Module, node: fx.Node, uses: Counter[str]) -> Layer | st
     target = str(node.target)
     if type(module) not in WEIGHTED_LAYER_TYPES:
         return f"{type(module).__name__} is not a plain conv/linear module"
-    if uses[target] > 1:
+    passed_whole = uses.whole[target] if isinstance(uses, Uses) else 0
+    if uses[target] - passed_whole > 1:
         return (
             f"module {target} is called, or its parameters read, from more than one place; "
             "folding would change the others"
@@ -518,7 +522,9 @@ def _read_module(gm: nn.Module, node: fx.Node, uses: Counter[str]) -> Layer | st
     channels = module.out_features if isinstance(module, nn.Linear) else module.out_channels
     transposed = isinstance(module, CONV_TRANSPOSE_TYPES)
     groups = getattr(module, "groups", 1)
-    return Layer(node, kind, "module", module.weight, module.bias, channels, transposed, groups)
+    layer = Layer(node, kind, "module", module.weight, module.bias, channels, transposed, groups)
+    layer.passed_whole = passed_whole > 0
+    return layer
 
 
 def _read_function(gm: nn.Module, node: fx.Node, uses: Counter[str]) -> Layer | str:
@@ -797,7 +803,7 @@ def _scan(gm: fx.GraphModule) -> _Scan:
     norms folds; dropping one can stop another from folding (its conv came from the dropped call), so the
     choice is repeated until it is stable.
     """
-    uses = count_uses(gm.graph)
+    uses = count_uses(gm.graph, shape_preserving=True)
     traces = {node: _trace_composite(gm, node, uses) for node in gm.graph.nodes if _is_composite(gm, node)}
     if not traces:
         return _Scan(_plans(gm, gm.graph, uses), {}, set())
@@ -805,7 +811,7 @@ def _scan(gm: fx.GraphModule) -> _Scan:
     inline = {n: t for n, t in traces.items() if isinstance(t, fx.Graph)}
     while True:
         graph, owner = _scratch(gm, inline)
-        plans = [(owner[node], plan) for node, plan in _plans(gm, graph, count_uses(graph))]
+        plans = [(owner[node], plan) for node, plan in _plans(gm, graph, count_uses(graph, shape_preserving=True))]
         folding = {node for node, plan in plans if node in inline and isinstance(plan, FoldPlan)}
         for node, plan in plans:
             if node in inline and node not in folding:
@@ -872,7 +878,7 @@ def fold_bn(gm: fx.GraphModule, options: None) -> PassResult:
         for call, traced in scan.inline.items():
             _inline_in_place(gm, call, traced)
     fetched_before = {str(n.target) for n in gm.graph.nodes if n.op == "get_attr"}  # inlined reads included
-    uses = count_uses(gm.graph)  # once: per-candidate scans would make the pass quadratic in graph size
+    uses = count_uses(gm.graph, shape_preserving=True)  # once: per-candidate scans would be quadratic
     erased: set[fx.Node] = set()  # by earlier folds (a frozen batch norm's arithmetic comes before it)
     # in graph order, so a BN after a folded BN (conv -> bn -> bn) sees the conv and folds too
     for node in list(gm.graph.nodes):
@@ -949,8 +955,20 @@ def _fold_module(gm: fx.GraphModule, plan: FoldPlan) -> tuple[torch.Tensor, torc
     fused = copy.deepcopy(module)
     fused.weight = nn.Parameter(weight, requires_grad=module.weight.requires_grad)
     fused.bias = nn.Parameter(bias, requires_grad=module.weight.requires_grad)
-    parent_name, _, child = str(plan.producer.target).rpartition(".")
-    setattr(gm.get_submodule(parent_name) if parent_name else gm, child, fused)
+    target = str(plan.producer.target)
+    parent_name, _, child = target.rpartition(".")
+    parent = gm.get_submodule(parent_name) if parent_name else gm
+    if plan.layer.passed_whole:
+        # Whatever the opaque calls read of the module (HF's apply_tf_padding reads only its stride and kernel
+        # size, but fxforge cannot see that), they keep reading the original. One scan per such fold only.
+        kept = child + "_unfolded"
+        while hasattr(parent, kept):
+            kept += "_"
+        parent.add_module(kept, module)
+        for node in gm.graph.nodes:
+            if node.op == "get_attr" and node.target == target:
+                node.target = f"{parent_name}.{kept}" if parent_name else kept
+    setattr(parent, child, fused)
     return weight, bias
 
 
@@ -977,8 +995,9 @@ def _fold_function(gm: fx.GraphModule, plan: FoldPlan) -> tuple[torch.Tensor, to
     """Functional conv/linear (torch dialect F.conv2d or ATen aten.conv2d) with stored weights."""
     producer, layer = plan.producer, plan.layer
     weight, bias = _folded(plan)
-    weight_node, bias_node = _store_pair(gm, plan, weight, bias, producer)
-    producer.replace_input_with(layer.weight_node, weight_node)
+    # Before the old weight's get_attr: its metadata reads (timm's same padding reads weight.shape) move too.
+    weight_node, bias_node = _store_pair(gm, plan, weight, bias, layer.weight_node)
+    layer.weight_node.replace_all_uses_with(weight_node)
     if layer.bias_node is not None:
         producer.replace_input_with(layer.bias_node, bias_node)
     else:

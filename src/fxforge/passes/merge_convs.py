@@ -135,22 +135,40 @@ class MergePlan:
         return self.second.out_channels * (self.first.in_channels // self.groups) * math.prod(self.geometry.kernel)
 
 
-def count_uses(graph: fx.Graph) -> Counter[str]:
+class Uses(Counter):
+    """Module calls and stored-tensor reads per target (see :func:`count_uses`). ``whole``: per called module,
+    the readers of the module *object* fetched by ``get_attr`` (HF MobileNetV2's ``apply_tf_padding(x,
+    self.convolution)`` is an opaque call that receives the conv module); they are in the total too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.whole: Counter[str] = Counter()
+
+
+def count_uses(graph: fx.Graph, shape_preserving: bool = False) -> Uses:
     """How often each module is called and each stored tensor read, counted once for the whole graph.
 
     A ``get_attr`` of a module's parameter counts as a use of that module too: merging replaces the
-    module, and the direct read would then see the merged weights.
+    module, and the direct read would then see the merged weights. ``shape_preserving``: the caller's
+    rewrite keeps every tensor's shape and dtype (fold_bn), so reads of a stored tensor's metadata only
+    (timm's same-padding conv reads ``weight.shape``) are not uses.
     """
-    uses: Counter[str] = Counter()
+    uses = Uses()
+    fetched: Counter[str] = Counter()
+    called: set[str] = set()
     for node in graph.nodes:
         if node.op == "call_module":
             uses[str(node.target)] += 1
+            called.add(str(node.target))
         elif node.op == "get_attr":
             target = str(node.target)
-            uses[target] += len(node.users)
+            users = len(value_users(node)) if shape_preserving else len(node.users)
+            uses[target] += users
+            fetched[target] += users
             owner = target.rpartition(".")[0]
             if owner:
-                uses[owner] += len(node.users)
+                uses[owner] += users
+    uses.whole.update({target: fetched[target] for target in called if fetched[target]})
     return uses
 
 
