@@ -17,9 +17,10 @@ is documented in docs/verified.md; in short:
   :data:`ILL_CONDITIONED_FACTOR` times the model's own distance from that float64 value -- as close to the
   exact result as the model itself, give or take its rounding. Only where that distance is a sizeable share
   of the tolerance (:data:`SENSITIVE_SHARE`): for a well-conditioned case the model is a few ulps from
-  float64 and the ordinary tolerance decides. The result's warnings name every case judged this way. Seen on timm's visformer_tiny with random weights: on inputs of scale 8 its attention logits
-  reach 1e4 and its own float32 output is 17% away from float64, so a BatchNorm fold or an ONNX export
-  (different float32 rounding, same math) missed the float32 output by as much.
+  float64 and the ordinary tolerance decides. The result's warnings name every case judged this way.
+  Seen on timm's visformer_tiny with random weights: on inputs of scale 8 its attention logits reach 1e4
+  and its own float32 output is 17% away from float64, so a BatchNorm fold or an ONNX export (different
+  float32 rounding, same math) missed the float32 output by as much.
 """
 
 from __future__ import annotations
