@@ -74,6 +74,8 @@ def test_n_matches_are_reported_and_the_rewrite_verifies(capture_as, run_verifie
 
 
 def test_non_exact_replacement_verifies_against_an_eager_reference_doing_the_same_math(capture_as):
+    # seeded: with some weights (2 seeds in 40) no value reaches 6 and relu6 equals relu on this input
+    torch.manual_seed(0)
     model = Blocks(4).eval()
     captured = capture_as(model, scaled((2, 8)), "torch")
 

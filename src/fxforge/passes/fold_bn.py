@@ -22,8 +22,10 @@ classes:
 * producers: conv/conv-transpose/linear modules, ``F.conv*``/``F.linear`` and their ATen ops with stored
   weights, and the decomposed ATen linear ``addmm(b, x, W.t())``, ``mm(x, W.t())`` and ``mm(x, W.t()) + b``.
 
-Reads of the producer's rank, shape or dtype (timm's ``assert x.ndim == 4``) are not users of its value:
-folding keeps them.
+Reads of the producer's rank, shape or dtype (timm's ``assert x.ndim == 4``), or of its weight's (timm's
+same-padding conv reads ``weight.shape``), are not users of its value: folding keeps them. A conv module also
+passed whole to an opaque call (HF MobileNetV2's ``apply_tf_padding(x, self.convolution)``) is folded into a
+copy for its own call; the opaque call keeps the original, whatever it reads of it.
 """
 
 from __future__ import annotations
@@ -855,8 +857,11 @@ def _nothing_left_to_fold(gm: fx.GraphModule) -> str | None:
         "FrozenBatchNorm2d) and batch norms inside a module called as one node (e.g. timm BatchNormAct2d, "
         "ConvNormAct: the module is inlined, keeping its other parts, only when that lets a batch norm fold), "
         "into conv/conv-transpose/linear modules, F.conv*/F.linear and ATen convolutions/linear with stored "
-        "weights, and ATen addmm/mm (+ add) linears. Reads of the layer output's shape, rank or dtype do not "
-        "block a fold. Never folds a BN in training mode (the reason says: call model.eval() before capture), "
+        "weights, and ATen addmm/mm (+ add) linears. Reads of the layer output's or its weight's shape, rank or "
+        "dtype (timm's same-padding convs read weight.shape) do not block a fold. A conv module that is also "
+        "passed whole to a call fxforge cannot see into (HF MobileNetV2's apply_tf_padding(x, conv)) is folded "
+        "into a copy for its own call; the opaque call keeps the original, so its weights are stored twice. "
+        "Never folds a BN in training mode (the reason says: call model.eval() before capture), "
         "without running statistics, or with statistics or scale/shift computed from graph inputs, from stored "
         "tensors read elsewhere or by calls fxforge cannot run; a conv/linear whose output has other users; a "
         "conv module called from more than one place or whose weight or bias the graph also reads directly; a "
