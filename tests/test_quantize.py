@@ -262,6 +262,35 @@ def test_keep_float_until_meets_a_one_point_budget_and_stops_at_the_first(digits
     assert again.accuracy.top1_drop == pytest.approx(result.accuracy.top1_drop)
 
 
+def test_auto_int8_falls_back_to_float_units_until_the_budget_holds(digits, tmp_path):
+    """optimize --auto under a budget plain int8 misses: a digits CNN trained for 2 epochs (small margins) and a
+    budget of every training digit's top-1 class kept. --auto then tries int8+fallback -- quantize's sensitivity
+    fallback toward the budget's target -- which keeps the fewest units in float that meet it, is verified
+    against the budget like any candidate, and is what the output directory loads."""
+    from fxforge.auto import Budget, auto_optimize
+    from fxforge.models import load_model
+
+    x_train, y_train, _, _ = digits
+    torch.manual_seed(0)
+    model = DigitsCNN()
+    _train(model, x_train, y_train, epochs=2)
+    captured = capture(model.eval(), (x_train[:4],))
+    result = auto_optimize(
+        captured, tmp_path / "o", backends=["eager", "int8"], budget=Budget(min_agreement=1.0), data=x_train, repeats=3
+    )
+    candidates = {c.name: c for c in result.candidates}
+    plain, fallback = candidates["int8"], candidates["int8+fallback"]
+    assert plain.status == "rejected" and plain.top1_agreement < 1.0, plain.reason
+    assert fallback.status in ("accepted", "chosen") and fallback.top1_agreement == 1.0, fallback.reason
+    kept = next(note for note in fallback.notes if "units kept in float" in note)
+    assert "top-1 agreement >= 1" in kept and not kept.startswith("fallback to top-1 agreement >= 1: 0 of")
+    assert "int8 fallback" in result.seconds
+    if result.chosen == "int8+fallback":  # what the directory loads is the configuration that met the budget
+        loaded = load_model(str(tmp_path / "o"), trust_pickle=True).module
+        with torch.no_grad():
+            assert torch.equal(loaded(x_train).argmax(1), model(x_train).argmax(1))
+
+
 def test_ort_int8_on_digits_keeps_accuracy(digits, trained_cnn, tmp_path):
     """ONNX Runtime's own static int8 (QDQ, per-channel weights) of the exported digits CNN, calibrated on the
     training digits: top-1 on the held-out digits within 1 point of float."""

@@ -64,7 +64,7 @@ from fxforge.errors import FxforgeError, one_line_reason
 from fxforge.machine import native_bf16
 from fxforge.passes import exact_passes
 from fxforge.pipeline import Pipeline
-from fxforge.quantize import compare_batches, load_calibration, run_batches
+from fxforge.quantize import Target, compare_batches, load_calibration, run_batches
 from fxforge.runtime import quiet_torch_logs, run_reference
 from fxforge.verify import TOLERANCES, compare_outputs, verify
 
@@ -233,6 +233,16 @@ def auto_optimize(
             if not _verify_candidate(captured, candidates[name], runner, budget, seeds, eval_data):
                 del built[name]
         seconds["verify"] = time.perf_counter() - mark
+        fallback = _int8_fallback(candidates, budget, backends)
+        if fallback is not None:
+            mark = time.perf_counter()
+            candidates[fallback.name] = Candidate(fallback.name, exact=False)
+            settings = {"keep_float_until": int8_target(budget)}
+            more = _build(rewritten, [fallback], candidates, Path(workdir), eval_data, threads, **settings)
+            for name, (runner, artifact) in more.items():
+                if _verify_candidate(captured, candidates[name], runner, budget, seeds, eval_data):
+                    built[name] = (runner, artifact)
+            seconds["int8 fallback"] = time.perf_counter() - mark
         if not built:
             raise FxforgeError("no candidate passed verification", hint="see the candidates' reasons with --json")
         mark = time.perf_counter()
@@ -331,6 +341,7 @@ def _build(
     workdir: Path,
     eval_data: Any,
     threads: int | None,
+    keep_float_until: Any = None,
 ) -> dict[str, tuple[Runner, Artifact | None]]:
     """Each candidate's runner: its artifact written and reloaded (eager: the model itself; a backend fxforge
     cannot write, such as a plug-in's: built in memory, timed, but never chosen)."""
@@ -342,6 +353,7 @@ def _build(
         settings = BuildSettings(threads or torch.get_num_threads(), workdir / backend.name, expected)
         settings.calibration = calibration
         settings.variants = backend.selected
+        settings.keep_float_until = keep_float_until
         if backend.base == "eager":
             built[backend.name] = (rewritten.original, None)
             candidate.artifact = "the model itself"
@@ -365,6 +377,30 @@ def _build(
         candidate.artifact = f"reloaded from {', '.join(artifact.files)}"
         built[backend.name] = (artifact.runner, artifact)
     return built
+
+
+def int8_target(budget: Budget) -> Target:
+    """The accuracy target int8's sensitivity fallback searches toward: the budget's top-1 agreement, else its
+    tolerance as a mean relative error (a proxy: the candidate is then verified against the budget itself)."""
+    if budget.min_agreement is not None:
+        return Target("agreement", budget.min_agreement)
+    return Target("rel_err", budget.tolerance)
+
+
+def _int8_fallback(
+    candidates: dict[str, Candidate], budget: Budget, asked: Sequence[str | Backend] | None
+) -> Backend | None:
+    """``int8+fallback`` when int8 ran but missed the budget: the same int8 with the units that cost most
+    accuracy kept in float, one more at a time, until the budget's target holds (the fewest, so the fastest
+    such configuration). Not when the user named the candidates without it."""
+    int8 = candidates.get("int8")
+    if not budget.reduced_precision or int8 is None or int8.status != "rejected" or "int8+fallback" in candidates:
+        return None
+    if int8.reason is None or int8.reason.startswith("failed to run"):
+        return None  # a candidate that crashes is not made accurate by keeping some of it in float
+    if asked is not None and not any(getattr(b, "name", b) == "int8" for b in asked):
+        return None
+    return get_backend("int8+fallback")
 
 
 class _AsModule(nn.Module):

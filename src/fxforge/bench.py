@@ -80,6 +80,8 @@ class BuildSettings:
     output_like: Any  # eager's output on the bench inputs (ONNX Runtime restores its structure)
     passes: Sequence[str] | None = None  # for "fx": passes to run (None: the exact passes)
     calibration: Any = None  # for "int8", "ort_int8": calibration data as fxforge.quantize takes it (None: random)
+    # for "int8+fallback": the accuracy target of quantize's keep_float_until (None: INT8_FALLBACK_TARGET)
+    keep_float_until: Any = None
     notes: list[str] = field(default_factory=list)  # builders add what the row should say
     variants: tuple[str, ...] = ()  # the backend's variants asked for: "compile+channels_last" -> ("channels_last",)
 
@@ -289,11 +291,29 @@ def inductor_config(variants: Sequence[str]) -> dict[str, Any]:
     return config
 
 
+INT8_FALLBACK_TARGET = "agreement=0.99"
+
+
+def int8_options(settings: BuildSettings, variants: Iterable[str], notes: list[str]) -> dict[str, Any]:
+    """:func:`~fxforge.quantize.int8_backend`'s options: with the ``fallback`` variant, quantize's sensitivity
+    fallback toward ``settings.keep_float_until`` (default :data:`INT8_FALLBACK_TARGET`), reported in ``notes``."""
+    target = None
+    if "fallback" in variants:
+        target = settings.keep_float_until if settings.keep_float_until is not None else INT8_FALLBACK_TARGET
+    return {"keep_float_until": target, "notes": notes}
+
+
 @register_backend(
-    "int8", "fxforge.quantize int8 (static for traced graphs, dynamic for exported ones)", precision="int8"
+    "int8",
+    "fxforge.quantize int8 (static for traced graphs, dynamic for exported ones)",
+    precision="int8",
+    variants={
+        "fallback": "the units that cost most accuracy kept in float until an accuracy target holds on the "
+        f"calibration data (quantize --keep-float-until; default {INT8_FALLBACK_TARGET})"
+    },
 )
 def _int8(captured: Captured, settings: BuildSettings) -> Runner:
-    return int8_backend(captured, settings.calibration)
+    return int8_backend(captured, settings.calibration, **int8_options(settings, settings.variants, settings.notes))
 
 
 @register_backend(

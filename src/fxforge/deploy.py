@@ -50,7 +50,7 @@ from fxforge.artifacts import (
     save_graph_module,
     write_inputs,
 )
-from fxforge.bench import Backend, BuildSettings, bfloat16_graph, inductor_config, write_ort_int8
+from fxforge.bench import Backend, BuildSettings, bfloat16_graph, inductor_config, int8_options, write_ort_int8
 from fxforge.capture import Captured
 from fxforge.errors import FxforgeError, first_line, one_line_reason
 from fxforge.export import export_model
@@ -245,7 +245,7 @@ def _write_aoti(program: Any, directory: Path, config: dict[str, Any], a: Artifa
 
 
 def _write_int8(captured: Captured, directory: Path, settings: BuildSettings, variants: set[str], a: Artifact) -> None:
-    model = int8_backend(captured, settings.calibration)
+    model = int8_backend(captured, settings.calibration, **int8_options(settings, variants, a.notes))
     with picklable_quantized_modules(model):
         torch.save(model, directory / MODEL_FILE)
     a.load = PLAIN_TORCH_LOAD["int8"]

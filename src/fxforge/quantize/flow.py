@@ -540,7 +540,13 @@ def _sensitivity(
 
 
 def int8_backend(
-    captured: Captured, calibration: Any = None, *, mode: str | None = None, backend: str = "x86"
+    captured: Captured,
+    calibration: Any = None,
+    *,
+    mode: str | None = None,
+    backend: str = "x86",
+    keep_float_until: float | str | Target | None = None,
+    notes: list[str] | None = None,
 ) -> nn.Module:
     """The int8 model ``fxforge.bench`` times in its "int8" row, in eval mode.
 
@@ -550,7 +556,8 @@ def int8_backend(
     size (speed does not depend on the calibration data, accuracy does -- the bench does not measure
     accuracy, so the random-data warning is not raised). Run the model with
     ``torch.backends.quantized.engine`` set for ``backend`` (:func:`quantized_engine`; ``x86`` is
-    torch's default on x86 machines).
+    torch's default on x86 machines). ``keep_float_until``: the sensitivity fallback of :func:`quantize`,
+    judged on the calibration data; which units stayed in float is added to ``notes``.
 
     Raises:
         FxforgeError: when nothing in the model could be quantized (timing it would time the float
@@ -565,7 +572,15 @@ def int8_backend(
         raise FxforgeError("the int8 backend needs a quantized model", hint="mode static or dynamic")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RandomCalibrationWarning)
-        result = quantize(captured, mode, backend, calibration)
+        result = quantize(captured, mode, backend, calibration, keep_float_until=keep_float_until)
+    if keep_float_until is not None and notes is not None:
+        kept = result.float_layers
+        listed = ", ".join(kept[:6]) + (f" and {len(kept) - 6} more" if len(kept) > 6 else "")
+        notes.append(
+            f"fallback to {result.target}: {len(kept)} of {len(result.units)} units kept in float"
+            + (f" ({listed})" if kept else "")
+            + ("" if result.target_met else "; the target was not met")
+        )
     if not result.quantized_layers:
         raise FxforgeError(
             f"{mode} int8 quantization found no layer to quantize in this model",
