@@ -237,8 +237,8 @@ def auto_optimize(
         if fallback is not None:
             mark = time.perf_counter()
             candidates[fallback.name] = Candidate(fallback.name, exact=False)
-            settings = {"keep_float_until": int8_target(budget)}
-            more = _build(rewritten, [fallback], candidates, Path(workdir), eval_data, threads, **settings)
+            target = int8_target(budget)
+            more = _build(rewritten, [fallback], candidates, Path(workdir), eval_data, threads, keep_float_until=target)
             for name, (runner, artifact) in more.items():
                 if _verify_candidate(captured, candidates[name], runner, budget, seeds, eval_data):
                     built[name] = (runner, artifact)

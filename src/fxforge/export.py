@@ -426,7 +426,7 @@ class _AttentionAs4D(TorchFunctionMode):
         kwargs = kwargs or {}
         if func is not F.scaled_dot_product_attention:
             return func(*args, **kwargs)
-        bound = inspect.signature(_attention_on_4d).bind(*args, **kwargs)
+        bound = _ATTENTION_SIGNATURE.bind(*args, **kwargs)
         query, key, value, mask = (bound.arguments.get(n) for n in ("query", "key", "value", "attn_mask"))
         four_d = query.dim() == key.dim() == value.dim() == 4 and (mask is None or mask.dim() <= 4)
         if four_d or bound.arguments.get("enable_gqa"):  # grouped heads do not merge with other leading dimensions
@@ -465,6 +465,9 @@ def _attention_on_4d(
         scale=scale,
     )
     return out.reshape(*lead, length, value.shape[-1])
+
+
+_ATTENTION_SIGNATURE = inspect.signature(_attention_on_4d)  # F.scaled_dot_product_attention's parameters
 
 
 def _onnx_legacy(
