@@ -10,8 +10,10 @@ rounds, same inputs, same threads; median, p10 and p90 of the rounds):
 * ``jit`` -- ``torch.jit.trace``, ``torch.jit.freeze``, ``torch.jit.optimize_for_inference``, in memory;
 * ``compile`` -- ``torch.compile`` with Inductor's ``freezing=True`` (PyTorch's advice for CPU inference);
 * ``ort`` -- fxforge's ONNX export of the captured graph (no fxforge passes), run by ONNX Runtime with its
-  *default* session options (threads, graph optimisation level), except that idle pool threads do not spin:
-  spinning threads keep the cores busy after each call and would slow whichever column runs next;
+  *default* session options (threads, graph optimisation level), except that pool threads stop spinning when a
+  call returns (``session.force_spinning_stop``): by default they go on spinning after each call and would slow
+  whichever column runs next. Alone, this runs as fast as the defaults (mobilenet_v2, batch 1: 2.7 vs 2.9 ms);
+  *no* spinning (``allow_spinning=0``, this benchmark's earlier setting) made it 1.9x slower;
 * ``auto`` -- ``fxforge.auto_optimize`` (what ``fxforge optimize --auto -o DIR`` runs: exact candidates only, no
   accuracy budget), its output directory loaded back with ``fxforge.load_model(DIR)``, which is what users get;
 * ``auto-budget`` -- the same with an accuracy budget, so reduced precision (int8, and bf16 where the CPU runs it
@@ -35,7 +37,8 @@ Big models take long: each (model, batch) run's timed rounds are capped by ``--b
 eager's latency; never fewer than 5 rounds), and ``--dry-run`` prints the plan with a time estimate.
 
     .venv/bin/python benchmarks/peers.py [--models resnet18,...] [--batches 1,8] [--repeats 30]
-        [--budget-seconds 120] [--quick] [--threads N] [--out DIR] [--json | --markdown] [--dry-run]
+        [--budget-seconds 120] [--quick] [--budget-models M,...] [--results FILE] [--threads N] [--out DIR]
+        [--json | --markdown] [--dry-run]
 """
 
 from __future__ import annotations
@@ -65,7 +68,7 @@ from fxforge.auto import (
     candidate_backends,
     ratio_interval,
 )
-from fxforge.bench import Backend, bench, get_backend
+from fxforge.bench import SETTLE_CALLS, Backend, bench, get_backend
 from fxforge.capture import Captured
 from fxforge.doctor import versions
 from fxforge.errors import one_line_reason
@@ -159,7 +162,7 @@ def _jit(captured: Captured, settings: Any):
 
 class _DefaultOrt(OnnxRuntimeModule):
     """fxforge's ONNX Runtime wrapper (tensors in, the model's output structure out), with a session built from
-    ONNX Runtime's default options but for non-spinning idle threads (see the module docstring)."""
+    ONNX Runtime's default options but for threads that stop spinning when a call returns (module docstring)."""
 
     def __init__(self, path: Path, output_like: Any) -> None:
         super().__init__(path, output_like)
@@ -167,7 +170,7 @@ class _DefaultOrt(OnnxRuntimeModule):
 
         options = ort.SessionOptions()
         options.log_severity_level = 3
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.add_session_config_entry("session.force_spinning_stop", "1")
         self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
@@ -211,8 +214,10 @@ def _loaded_back(directory: Path):
 
 
 def _rounds(eager_s: float, columns: int, budget_s: float, most: int) -> int:
-    """Timed rounds that fit ``budget_s`` (a round runs every column once; assume each about eager's time)."""
-    return max(MIN_REPEATS, min(most, int(budget_s / max(eager_s * columns, 1e-6))))
+    """Timed rounds that fit ``budget_s`` (a round runs every column once, after an untimed settling call of the
+    same column: see ``fxforge.bench``; assume each call about eager's time)."""
+    calls = columns * (1 + SETTLE_CALLS)
+    return max(MIN_REPEATS, min(most, int(budget_s / max(eager_s * calls, 1e-6))))
 
 
 def _eager_seconds(captured: Captured) -> float:
@@ -251,7 +256,10 @@ def run_one(name: str, batch: int, args: argparse.Namespace, workdir: Path) -> d
     errors: dict[str, str] = {}
     directory = workdir / f"{name}-b{batch}"
     budget = _budget(model)
-    for column, run_budget in (("auto", Budget()), ("auto-budget", budget)):
+    wanted = [("auto", Budget()), ("auto-budget", budget)]
+    if args.budget_models is not None and name not in args.budget_models.split(","):
+        wanted = wanted[:1]  # the budget column is left out of this row ("-" in the tables)
+    for column, run_budget in wanted:
         start = time.perf_counter()
         exact = runs["auto"].chosen if "auto" in runs else "eager"
         backends = None if column == "auto" else _budget_candidates(captured, budget, exact, args.quick)
@@ -375,6 +383,8 @@ def estimate(names: list[str], batches: list[int], args: argparse.Namespace, pea
             auto = (compiles * model.compile_s + 15 * exact) * scale + (70 + 32 * exact + auto_repeats * exact) * e
             budget = 30 * scale + (70 + 64 + 16 * reduced + auto_repeats * (2 + reduced)) * e
             peers = (0.5 * model.compile_s + 30) * scale + (3 * columns + repeats * columns) * e
+            if args.budget_models is not None and name not in args.budget_models.split(","):
+                budget = 0.0
             total += auto + budget + peers
     return total
 
@@ -410,7 +420,9 @@ def _auto_cell(result: dict[str, Any], column: str) -> str:
 
 
 def _chosen(result: dict[str, Any], column: str) -> str:
-    run = result["auto"].get(column)
+    if column not in result["auto"]:
+        return "-"  # not run (--budget-models)
+    run = result["auto"][column]
     return run["chosen"] if isinstance(run, dict) else "failed"
 
 
@@ -547,6 +559,19 @@ def markdown(results: list[dict[str, Any]], machine: str, header: str) -> str:
 # --------------------------------------------------------------------------------------------------
 
 
+def _load_results(path: str | None, machine: str) -> list[dict[str, Any]]:
+    """The rows an earlier run saved in ``path`` (JSON lines); a row from another machine is refused, since ratios
+    only compare within one machine."""
+    if not path or not Path(path).exists():
+        return []
+    entries = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    cpu = machine.split(";")[0]
+    for entry in entries:
+        if entry["machine"].split(";")[0] != cpu:
+            raise SystemExit(f"{path} holds rows from another machine ({entry['machine'].split(';')[0]}); not mixed")
+    return entries
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from {', '.join(MODELS)}")
@@ -561,6 +586,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="--auto --quick (fewer candidates, 10 rounds)")
     parser.add_argument("--threads", type=int, default=None, help="default: torch's")
     parser.add_argument("--out", default=None, help="keep --auto's output directories here (default: temporary)")
+    parser.add_argument(
+        "--budget-models",
+        default=None,
+        help="comma-separated: only these models get the auto-budget column (default: every model)",
+    )
+    parser.add_argument(
+        "--results",
+        default=None,
+        help="a JSON-lines file: each (model, batch) is appended as soon as it is measured, those already in it "
+        "are skipped, and the tables show every row in it (a run cut off resumes where it stopped)",
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the plan and the time estimate, run nothing")
     output = parser.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true")
@@ -597,13 +633,24 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name}: ~{minutes:.0f} min", file=sys.stderr)
         return 0
     started = time.perf_counter()
-    results = []
+    saved = _load_results(args.results, machine)
+    results = [entry["result"] for entry in saved]
+    done = {(r["model"], r["batch"]) for r in results}
     with tempfile.TemporaryDirectory(prefix="fxforge-peers-") as scratch:
         workdir = Path(args.out) if args.out else Path(scratch)
         for name in names:
             for batch in batches:
+                if (name, batch) in done:
+                    print(f"{name} batch {batch}: already in {args.results}, skipped", file=sys.stderr)
+                    continue
                 results.append(run_one(name, batch, args, workdir))
-    header += f"; whole run {(time.perf_counter() - started) / 60:.0f} min"
+                if args.results:
+                    with open(args.results, "a") as file:
+                        entry = {"machine": machine, "header": header, "result": results[-1]}
+                        file.write(json.dumps(entry, default=str) + "\n")
+    header += f"; this run {(time.perf_counter() - started) / 60:.0f} min"
+    if saved:
+        header += f" ({len(saved)} row(s) from earlier runs in {args.results})"
     if args.json:
         print(json.dumps({"machine": machine, "header": header, "results": results}, indent=2, default=str))
     elif args.markdown:

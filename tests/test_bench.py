@@ -65,6 +65,9 @@ def test_rounds_are_interleaved_and_shuffled(mlp):
     report = bench(mlp, backends, warmup=2, repeats=12)
     warmups, timed = calls[:6], calls[6:]
     assert warmups == ["a", "a", "b", "b", "c", "c"]  # warm-up is per backend, untimed
+    # each timed call comes right after an untimed settling call of the same backend
+    assert len(timed) == 12 * 3 * 2 and timed[0::2] == timed[1::2]
+    timed = timed[1::2]
     rounds = [timed[i : i + 3] for i in range(0, len(timed), 3)]
     assert len(rounds) == 12 and all(sorted(r) == ["a", "b", "c"] for r in rounds)  # each round runs all
     # No backend always runs right after the same one (a rotation would keep "b" after "a" forever and

@@ -347,8 +347,9 @@ class OnnxRuntimeModule(nn.Module):
     ``output_like`` (an output of the original model) restores the output's structure (tuples,
     dicts, model outputs) from ONNX's flat list; its non-tensor leaves are constants in an ONNX graph
     and are taken from it. Without it, one output is returned as a tensor and several as a tuple.
-    ``threads`` defaults to torch's intra-op thread count, so that both run on the same cores; idle
-    pool threads sleep instead of spinning, so that they leave the cores to the next thing that runs.
+    ``threads`` defaults to torch's intra-op thread count, so that both run on the same cores. Pool threads
+    spin during a run and stop when it returns (``session.force_spinning_stop``), so that they leave the cores
+    to the next thing that runs.
     """
 
     def __init__(self, path: str | Path, output_like: Any = None, threads: int | None = None) -> None:
@@ -358,9 +359,11 @@ class OnnxRuntimeModule(nn.Module):
         options.intra_op_num_threads = threads or torch.get_num_threads()
         options.inter_op_num_threads = 1
         options.log_severity_level = 3  # errors only
-        # ONNX Runtime's pool threads spin for a while after each run, taking the cores from whatever
-        # runs next (torch, in a benchmark's interleaved rounds): on 2 cores eager resnet18 ran 40x slower.
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        # By default ONNX Runtime's pool threads keep spinning after each run, taking the cores from whatever
+        # runs next (on 2 cores eager resnet18 ran 2.2x slower right after an ONNX run). Not spinning at all
+        # is no cure: waking sleeping threads between ops made mobilenet_v2 at batch 1 1.9x slower
+        # (5.1 vs 2.7 ms, Xeon, 2 threads). Spinning only while a run lasts has neither cost.
+        options.add_session_config_entry("session.force_spinning_stop", "1")
         self.path = str(path)
         self.session = ort.InferenceSession(self.path, options, providers=["CPUExecutionProvider"])
         self.input_names = [i.name for i in self.session.get_inputs()]

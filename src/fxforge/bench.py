@@ -13,6 +13,11 @@ shared with ``optimize --auto`` -- and the measurement:
   backends alike instead of the one that happened to be running; shuffling (not rotating) means no
   backend always runs right after the same other one, which would charge it that one's after-effects
   (a float model's weights evicting the caches made the int8 model timed after it 10% slower);
+* each timed call comes right after an untimed call of the same backend (``SETTLE_CALLS``): the timed call
+  then finds the backend's own threads awake and the other runtime's gone quiet, as when the model runs
+  alone in a loop. Without it, ONNX Runtime timed after a torch backend (whose OpenMP threads spin for a
+  while after their last op) was 19% slower than alone (mobilenet_v2, batch 1, 2 cores: 3.78 vs 3.18 ms),
+  and torch's oneDNN-fused TorchScript 21%; with it, 3% and 14%;
 * median and p90 latency over the timed calls, throughput = batch / median.
 
 Peak memory (``peak_mem_mib``) is the growth of the process's resident set while the backend runs
@@ -726,6 +731,9 @@ def _warm_up(runner: Runner, inputs: tuple[Any, ...], warmup: int, row: BenchRow
     row.within_tolerance = comparison.ok
 
 
+SETTLE_CALLS = 1  # untimed calls of a backend right before each of its timed calls (module docstring)
+
+
 def _timed_rounds(
     runners: dict[str, Runner],
     inputs: tuple[Any, ...],
@@ -734,7 +742,8 @@ def _timed_rounds(
     batch: int,
     counter: _Progress,
 ) -> dict[str, list[float]]:
-    """``repeats`` rounds; each calls every backend once, in a freshly shuffled order (see the module docstring)."""
+    """``repeats`` rounds; each times every backend once (after its settling calls), in a freshly shuffled order
+    (see the module docstring)."""
     order = list(runners)
     shuffler = random.Random(0)
     samples: dict[str, list[float]] = {name: [] for name in order}
@@ -746,6 +755,8 @@ def _timed_rounds(
                     continue
                 runner = runners[name]
                 try:
+                    for _ in range(SETTLE_CALLS):
+                        runner(*inputs)
                     start = time.perf_counter()
                     runner(*inputs)
                     samples[name].append(time.perf_counter() - start)

@@ -408,8 +408,9 @@ def render_bench(console: Any, spec: str, report: Any) -> None:
         console.print(f"[dim]machine: {escape(report.machine)}[/]")
     console.print(
         f"[dim]{report.repeats} timed calls per backend after {report.warmup} warm-up calls, interleaved "
-        f"in a shuffled order each round; max abs err vs eager on the same inputs; of peak: GFLOP/s over the "
-        f"measured matmul peak of the row's precision; peak MiB: {report.memory}[/]"
+        f"in a shuffled order each round, each right after an untimed call of the same backend; max abs err "
+        f"vs eager on the same inputs; of peak: GFLOP/s over the measured matmul peak of the row's precision; "
+        f"peak MiB: {report.memory}[/]"
     )
     for row in report.rows:
         for note in row.notes:
