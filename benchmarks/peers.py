@@ -44,6 +44,7 @@ eager's latency; never fewer than 5 rounds), and ``--dry-run`` prints the plan w
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import tempfile
@@ -239,11 +240,27 @@ def _budget_candidates(captured: Captured, budget: Budget, exact: str, quick: bo
     return list(dict.fromkeys(["eager", exact, *reduced]))
 
 
-def run_one(name: str, batch: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Trained:
+    """A model with trained weights and the labelled data its budget is judged on (``budget_digits.py``)."""
+
+    module: nn.Module
+    data: Any  # (inputs, labels), read by fxforge.quantize.load_calibration
+    source: str  # what the data is, for the tables
+
+
+def run_one(
+    name: str, batch: int, args: argparse.Namespace, workdir: Path, trained: Trained | None = None
+) -> dict[str, Any]:
+    """One row: ``--auto`` (exact, then under the budget) and every peer, timed side by side. Without ``trained``
+    the model has random weights (BatchNorm statistics measured) and the budget is judged on random inputs."""
     model = MODELS[name]
-    loaded = fxforge.load_model(model.spec, model_kwargs=model.kwargs)
-    _calibrate_batchnorm(loaded.module, model.input.format(b=8))
-    captured = fxforge.prepare(loaded.module, [model.input.format(b=batch)])
+    if trained is None:
+        module = fxforge.load_model(model.spec, model_kwargs=model.kwargs).module
+        _calibrate_batchnorm(module, model.input.format(b=8))
+    else:
+        module = trained.module
+    captured = fxforge.prepare(module, [model.input.format(b=batch)])
     threads = args.threads or torch.get_num_threads()
     columns = len(PEERS) + 2 - (0 if model.conv else 1)
     eager_s = _eager_seconds(captured)
@@ -271,6 +288,7 @@ def run_one(name: str, batch: int, args: argparse.Namespace, workdir: Path) -> d
                     directory / column,
                     budget=run_budget,
                     backends=backends,
+                    data=trained.data if trained is not None and column == "auto-budget" else None,
                     repeats=auto_repeats,
                     threads=threads,
                     quick=args.quick,
@@ -301,10 +319,11 @@ def run_one(name: str, batch: int, args: argparse.Namespace, workdir: Path) -> d
             Backend(column, f"{column}: {result.chosen}", _loaded_back(directory / column), None, {}, precision)
         )
     report = bench(captured, backends, repeats=repeats, threads=threads)
-    return _summarise(name, batch, model, report, runs, auto_s, eager_s, budget, errors)
+    source = trained.source if trained is not None else "random inputs"
+    return _summarise(name, batch, model, report, runs, auto_s, eager_s, budget, errors, source)
 
 
-def _summarise(name, batch, model, report, runs, auto_s, eager_s, budget, errors) -> dict[str, Any]:
+def _summarise(name, batch, model, report, runs, auto_s, eager_s, budget, errors, source) -> dict[str, Any]:
     rows = {row.backend: row for row in report.rows}
     peers = [rows[p] for p in PEERS if p in rows and rows[p].median_ms]
     best = min(peers, key=lambda row: row.median_ms) if peers else None
@@ -351,7 +370,7 @@ def _summarise(name, batch, model, report, runs, auto_s, eager_s, budget, errors
         "repeats": report.repeats,
         "eager_probe_ms": round(eager_s * 1e3, 2),
         "best_peer": best.backend if best else None,
-        "budget": {"min_agreement": budget.min_agreement, "tolerance": budget.tolerance, "data": "random inputs"},
+        "budget": {"min_agreement": budget.min_agreement, "tolerance": budget.tolerance, "data": source},
         "columns": columns,
         "auto": {**auto, **errors},
     }
@@ -644,10 +663,15 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{name} batch {batch}: already in {args.results}, skipped", file=sys.stderr)
                     continue
                 results.append(run_one(name, batch, args, workdir))
+                # Compiled candidates stay referenced from torch.compile's caches: without this the whole
+                # 16-row run grew past 24 GB and was killed on its last row.
+                torch._dynamo.reset()
+                gc.collect()
                 if args.results:
                     with open(args.results, "a") as file:
                         entry = {"machine": machine, "header": header, "result": results[-1]}
                         file.write(json.dumps(entry, default=str) + "\n")
+    results.sort(key=lambda r: (list(MODELS).index(r["model"]), r["batch"]))  # saved rows first otherwise
     header += f"; this run {(time.perf_counter() - started) / 60:.0f} min"
     if saved:
         header += f" ({len(saved)} row(s) from earlier runs in {args.results})"

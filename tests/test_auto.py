@@ -417,3 +417,25 @@ def test_ort_int8_is_a_reduced_candidate_whose_artifact_reloads(tmp_path):
         assert torch.equal(loaded(x), artifact.runner(x))  # what --auto timed is what the user loads
         report = compare_batches([[model(x)]], [[loaded(x)]], "random")
     assert 0 < report.rel_err < 0.05, report.rel_err  # int8: close to float, not equal
+
+
+def test_conv_nets_get_the_channels_last_candidates_and_a_vit_does_not():
+    """--quick's candidates follow the kind of model: conv nets (torchvision resnet18, mobilenet_v2) get the
+    channels-last variant; a ViT, whose only conv is its patch embedding, keeps plain compile."""
+    from fxforge.auto import candidate_backends, mostly_convolutional
+
+    torchvision = pytest.importorskip("torchvision")
+    transformers = pytest.importorskip("transformers")
+    assert mostly_convolutional(torchvision.models.resnet18())
+    assert mostly_convolutional(torchvision.models.mobilenet_v2())
+    config = transformers.ViTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128)
+    vit = transformers.ViTModel(config).eval()
+    assert any(isinstance(m, nn.Conv2d) for m in vit.modules()) and not mostly_convolutional(vit)
+    assert not mostly_convolutional(nn.Sequential(nn.Linear(4, 4)))
+
+    captured = fxforge.prepare(vit, ["1x3x224x224"])
+    names = [b.name for b in candidate_backends(captured, None, Budget(), quick=True)]
+    assert "compile" in names and "compile+channels_last" not in names
+    conv = fxforge.prepare("torchvision:resnet18", ["1x3x64x64"])
+    names = [b.name for b in candidate_backends(conv, None, Budget(), quick=True)]
+    assert "compile+channels_last" in names

@@ -279,12 +279,26 @@ def auto_optimize(
 # steps
 
 
+def mostly_convolutional(model: nn.Module) -> bool:
+    """Whether 2-D convolutions hold most of the weights of ``model``'s convolutions and linear layers: a conv net,
+    where channels-last layouts can pay. One Conv2d is not enough: a ViT's patch embedding is a conv holding 1.4%
+    of those weights, and taking the ViT for a conv net left plain ``compile`` out of ``--quick`` (ViT-small at
+    batch 1 then ran at 0.94x the compile peer)."""
+    conv = dense = 0
+    for module in model.modules():
+        if isinstance(module, nn.Conv2d):
+            conv += module.weight.numel()
+        elif isinstance(module, nn.Linear):
+            dense += module.weight.numel()
+    return conv > 0 and conv >= dense
+
+
 def candidate_backends(
     captured: Captured, backends: Sequence[str | Backend] | None, budget: Budget, quick: bool = False
 ) -> list[Backend]:
     """The candidates ``--auto`` tries: the user's, else those this model and machine make worth trying."""
     if backends is None:
-        convolutional = any(isinstance(m, nn.Conv2d) for m in captured.original.modules())
+        convolutional = mostly_convolutional(captured.original)
         if quick:
             names: list[str | Backend] = ["eager", *(QUICK_CONV if convolutional else QUICK_EXACT)]
         else:
