@@ -161,7 +161,7 @@ COLUMNS = (
     "eager ms",
     "best exact peer",
     "of peak",
-    "auto/best",
+    "auto/best (95% CI)",
     "budget chose",
     "budget/best (95% CI)",
     "float top-1",
@@ -180,7 +180,7 @@ def markdown(results: list[dict[str, Any]]) -> str:
             f"{result['columns']['eager']['median_ms']:.2f}",
             result["best_peer"] or "-",
             peers._best_peak(result),
-            peers._cell(result, "auto", "vs_best_peer"),
+            peers._auto_cell(result, "auto"),
             peers._chosen(result, "auto-budget"),
             peers._auto_cell(result, "auto-budget"),
             f"{accuracy['float_top1']:.2%}",
@@ -192,9 +192,9 @@ def markdown(results: list[dict[str, Any]]) -> str:
         "",
         "best exact peer: the fastest of eager, eager+cl, fx, jit, compile, ort (peers.py); auto/best: --auto with no "
         "budget; budget: --auto --min-agreement 0.99 judged (and int8 calibrated) on the held-out digits, loaded back "
-        "with fxforge.load_model; budget/best: the best exact peer's median over the budget artifact's, 95% bootstrap "
-        "interval of the per-round ratios; top-1 on the held-out digits; drop: float top-1 minus the budget "
-        "artifact's.",
+        "with fxforge.load_model; auto/best and budget/best: the median of the per-round ratios (the best exact peer's "
+        "time over the artifact's in the same round) with its 95% bootstrap interval; top-1 on the held-out digits; "
+        "drop: float top-1 minus the budget artifact's.",
     ]
     return "\n".join(lines)
 

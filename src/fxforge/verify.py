@@ -512,7 +512,7 @@ class Verifier:
         verdict = "within" if lenient.ok else "outside"
         note = (
             f"{label} is sensitive to rounding: the model's own output is {spread:.3g} from its float64 "
-            f"value (the larger of its output's and its output's on the input perturbed at the rounding level); "
+            f"value (the largest of its output's and its outputs' on inputs perturbed at the rounding level); "
             f"the candidate's, {lenient.max_abs_err:.3g}, is {verdict} the tolerance + {ILL_CONDITIONED_FACTOR:g}x that"
         )
         if lenient.ok:
