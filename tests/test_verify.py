@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -125,6 +127,36 @@ def test_a_case_sensitive_to_rounding_is_judged_against_float64():
 
     wrong = verify(_SineOfLarge(), _SineOfLarge(split=True, wrong=True), input_specs=specs)
     assert not wrong.ok and any("outside the tolerance" in p for p in wrong.problems)
+
+
+class _LuckySine(torch.nn.Module):
+    """sin(x * 1e5) computed in float64 (its float32 output is then nearly exact: lucky), plus a small term in
+    float32 so that the case still counts as sensitive; ``float32=True`` computes the sine in float32 instead -- the
+    same function rounded differently, as an exported or compiled copy would; ``wrong`` takes the cosine."""
+
+    def __init__(self, float32: bool = False, wrong: bool = False) -> None:
+        super().__init__()
+        self.float32, self.wrong = float32, wrong
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scaled = x * 1e5 if self.float32 else x.double() * 1e5
+        main = (scaled.cos() if self.wrong else scaled.sin()).float()
+        return main + 1e-2 * (x * 1e5).sin()
+
+
+def test_the_rounding_spread_counts_the_model_on_perturbed_inputs(monkeypatch):
+    """The model's own output is one draw of its rounding spread and can be lucky (here, nearly exact): judged by it
+    alone, a float32 copy of the same function is rejected; with the model's outputs on rounding-level
+    perturbations of the input in the spread, it passes. A wrong rewrite still fails."""
+    specs = ["2x64"]
+    monkeypatch.setattr(sys.modules["fxforge.verify"], "PERTURBED_RUNS", 0)
+    assert not verify(_LuckySine(), _LuckySine(float32=True), input_specs=specs).ok
+    monkeypatch.undo()
+
+    result = verify(_LuckySine(), _LuckySine(float32=True), input_specs=specs)
+    assert result.ok, result.problems
+    assert any("perturbed at the rounding level" in w for w in result.warnings)
+    assert not verify(_LuckySine(), _LuckySine(float32=True, wrong=True), input_specs=specs).ok
 
 
 def test_a_well_conditioned_miss_is_not_excused_by_float64():
