@@ -233,6 +233,11 @@ def _budget(model: Model) -> Budget:
     return Budget(min_agreement=AGREEMENT) if model.classifier else Budget(tolerance=TOLERANCE)
 
 
+def _with_budget(name: str, args: argparse.Namespace) -> bool:
+    """Whether the row of model ``name`` gets the auto-budget column (``--budget-models``; default: every model)."""
+    return args.budget_models is None or name in args.budget_models.split(",")
+
+
 def _budget_candidates(captured: Captured, budget: Budget, exact: str, quick: bool) -> list[str]:
     """eager, the exact run's choice, and the reduced-precision candidates ``--auto`` would try here."""
     tried = candidate_backends(captured, None, budget, quick)
@@ -274,7 +279,7 @@ def run_one(
     directory = workdir / f"{name}-b{batch}"
     budget = _budget(model)
     wanted = [("auto", Budget()), ("auto-budget", budget)]
-    if args.budget_models is not None and name not in args.budget_models.split(","):
+    if not _with_budget(name, args):
         wanted = wanted[:1]  # the budget column is left out of this row ("-" in the tables)
     for column, run_budget in wanted:
         start = time.perf_counter()
@@ -402,7 +407,7 @@ def estimate(names: list[str], batches: list[int], args: argparse.Namespace, pea
             auto = (compiles * model.compile_s + 15 * exact) * scale + (70 + 32 * exact + auto_repeats * exact) * e
             budget = 30 * scale + (70 + 64 + 16 * reduced + auto_repeats * (2 + reduced)) * e
             peers = (0.5 * model.compile_s + 30) * scale + (3 * columns + repeats * columns) * e
-            if args.budget_models is not None and name not in args.budget_models.split(","):
+            if not _with_budget(name, args):
                 budget = 0.0
             total += auto + budget + peers
     return total
@@ -589,8 +594,9 @@ def _load_results(path: str | None, machine: str) -> list[dict[str, Any]]:
     entries = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
     cpu = machine.split(";")[0]
     for entry in entries:
-        if entry["machine"].split(";")[0] != cpu:
-            raise SystemExit(f"{path} holds rows from another machine ({entry['machine'].split(';')[0]}); not mixed")
+        other = entry["machine"].split(";")[0]
+        if other != cpu:
+            raise SystemExit(f"{path} holds rows from another machine ({other}); not mixed")
     return entries
 
 

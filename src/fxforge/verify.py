@@ -303,6 +303,7 @@ class Verifier:
         self.expected = self._reference_outputs()
         self._double: nn.Module | None = None  # a float64 copy of the reference, made for an ill-conditioned case
         self._exact: dict[int, Any] = {}
+        self._spread: dict[int, float | None] = {}  # per case: see _rounding_spread
 
     # -- setup
 
@@ -490,23 +491,12 @@ class Verifier:
     def _against_float64(self, index: int, actual: Any, failed: Comparison, result: VerifyResult) -> Comparison:
         """A case the candidate missed, judged against the float64 result where the case is ill-conditioned
         (see the module docstring); else ``failed`` as it is."""
-        exact = self._float64_output(index)
-        if exact is None:
+        spread = self._rounding_spread(index)
+        if spread is None:
             return failed
-        own = compare_outputs(exact, self.expected[index], self.rtol, self.atol, allow_nonfinite=True)
-        dtype = next(t.dtype for t in pytree.tree_leaves(as_structure(self.expected[index])) if _low_precision(t))
-        rtol, default_atol = resolve_tolerances(dtype, self.rtol, self.atol)
-        if not own.max_rel_err > rtol * SENSITIVE_SHARE:
-            return failed  # well-conditioned: the model is a few ulps from float64, and the tolerance decides
-        spread = own.max_abs_err
-        for draw in range(PERTURBED_RUNS):
-            perturbed = self._perturbed_output(index, draw)
-            if perturbed is None:
-                break
-            shaken = compare_outputs(exact, perturbed, self.rtol, self.atol, allow_nonfinite=True)
-            if math.isfinite(shaken.max_abs_err):
-                spread = max(spread, shaken.max_abs_err)
+        _, default_atol = resolve_tolerances(self._float_dtype(index), self.rtol, self.atol)
         floor = spread * ILL_CONDITIONED_FACTOR
+        exact = self._float64_output(index)
         lenient = compare_outputs(exact, actual, self.rtol, default_atol + floor, allow_nonfinite=True)
         label = self.cases[index].label
         verdict = "within" if lenient.ok else "outside"
@@ -520,6 +510,35 @@ class Verifier:
             return lenient
         failed.problems.append(note)
         return failed
+
+    def _rounding_spread(self, index: int) -> float | None:
+        """How far float32 evaluations of the reference land from its float64 output on case ``index``: the
+        largest distance of its own output and of its outputs on :data:`PERTURBED_RUNS` rounding-level
+        perturbations of the input. None where the case has no float64 output or is well-conditioned (the
+        model's own output within :data:`SENSITIVE_SHARE` of rtol). Once per case: it depends on the reference
+        alone, not on the candidate that missed."""
+        if index in self._spread:
+            return self._spread[index]
+        spread = None
+        exact = self._float64_output(index)
+        if exact is not None:
+            own = compare_outputs(exact, self.expected[index], self.rtol, self.atol, allow_nonfinite=True)
+            rtol, _ = resolve_tolerances(self._float_dtype(index), self.rtol, self.atol)
+            if own.max_rel_err > rtol * SENSITIVE_SHARE:  # else well-conditioned: the tolerance decides
+                spread = own.max_abs_err
+                for draw in range(PERTURBED_RUNS):
+                    perturbed = self._perturbed_output(index, draw)
+                    if perturbed is None:
+                        break
+                    shaken = compare_outputs(exact, perturbed, self.rtol, self.atol, allow_nonfinite=True)
+                    if math.isfinite(shaken.max_abs_err):
+                        spread = max(spread, shaken.max_abs_err)
+        self._spread[index] = spread
+        return spread
+
+    def _float_dtype(self, index: int) -> torch.dtype:
+        """The dtype of the reference's first output below float64 on case ``index`` (its tolerances apply)."""
+        return next(t.dtype for t in pytree.tree_leaves(as_structure(self.expected[index])) if _low_precision(t))
 
     def _perturbed_output(self, index: int, draw: int) -> Any:
         """The reference run on case ``index`` with every floating-point input multiplied by ``1 + u``, ``u``
