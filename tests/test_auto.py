@@ -285,6 +285,52 @@ def test_a_much_slower_simple_artifact_does_not_win_on_a_noisy_machine():
     assert "slower than int8" in candidates["onnxruntime"].reason
 
 
+def test_a_tie_decided_only_by_a_wide_interval_is_timed_again(monkeypatch, classifier):
+    """vit_small batch 8: after 10 rounds the AOTInductor package (simpler) was 5% slower than the recipe with
+    an interval reaching 1, and was written. Such a close call is timed again, more rounds, and decided on all."""
+    from fxforge import auto
+
+    wobble = [1.25, 0.8, 1.3, 0.75, 1.2, 0.85, 1.0, 1.1, 0.9, 1.05]  # per-round noise, one candidate only
+    report = _report({"fx": [10.5 * w for w in wobble], "onnxruntime": [10.0] * 10})
+    candidates = _candidates(report)
+    assert auto.choose(candidates, report) == "fx"  # the tie by interval
+    assert candidates["fx"].vs_fastest[0] > 1 + auto.PRACTICALLY_EQUAL
+    calls = []
+
+    def more_rounds(rewritten, runners, warmup, repeats, threads):
+        calls.append((sorted(runners), repeats))
+        return _report({"fx": [10.5] * repeats, "onnxruntime": [10.0] * repeats})  # steady: fx is 5% slower
+
+    monkeypatch.setattr(auto, "_time", more_rounds)
+    built = {name: (None, None) for name in candidates}
+    chosen = auto._settle_close_call(classifier, built, candidates, report, "fx", set(built), 1, 10, None)
+    assert calls == [(["fx", "onnxruntime"], auto.RUNOFF_FACTOR * 10)]
+    assert chosen == "onnxruntime" and candidates["onnxruntime"].status == "chosen"
+    assert candidates["fx"].status == "accepted" and "slower than onnxruntime" in candidates["fx"].reason
+    assert len(report.rows[0].round_ms) == 30 and report.rows[0].samples == 30
+    assert "timed 20 more rounds" in candidates["fx"].notes[0]
+
+    # a choice within PRACTICALLY_EQUAL of the fastest stands without more timing
+    calls.clear()
+    report = _report({"fx": [10.1] * 10, "onnxruntime": [10.0] * 10})
+    candidates = _candidates(report)
+    assert auto.choose(candidates, report) == "fx"
+    assert auto._settle_close_call(classifier, built, candidates, report, "fx", set(built), 1, 10, None) == "fx"
+    assert calls == []
+
+
+def test_adding_rounds_to_a_bench_row_recomputes_its_statistics():
+    from fxforge.bench import BenchRow
+
+    row = BenchRow("fx", 8, gflops=100.0, peak_fraction=0.5)
+    row.set_rounds([10.0, 10.0])
+    assert row.median_ms == 10.0 and row.throughput == pytest.approx(800.0)
+    row.set_rounds([10.0, 10.0, 5.0, 5.0, 5.0], eager_ms=20.0)
+    assert row.median_ms == 5.0 and row.samples == 5 and row.min_ms == 5.0
+    assert row.gflops == pytest.approx(200.0) and row.peak_fraction == pytest.approx(1.0)  # twice as fast
+    assert row.speedup == pytest.approx(4.0)
+
+
 # --------------------------------------------------------------------------------------------------
 # the artifact delivers the measured speed: what is timed is the written file, loaded back
 

@@ -444,6 +444,26 @@ class BenchRow:
     def ok(self) -> bool:
         return self.error is None
 
+    def set_rounds(self, round_ms: Sequence[float], eager_ms: float | None = None) -> None:
+        """Set the timed rounds (ms, in round order) and the statistics over them. Rates that follow the median
+        (throughput, GFLOP/s, fraction of peak) are rescaled when rounds are added to a timed row; ``eager_ms``
+        (eager's median at this batch) gives the speedup."""
+        previous = self.median_ms
+        self.round_ms = list(round_ms)
+        self.samples = len(self.round_ms)
+        self.median_ms = statistics.median(self.round_ms)
+        self.p10_ms = _percentile(self.round_ms, 0.1)
+        self.p90_ms = _percentile(self.round_ms, 0.9)
+        self.min_ms = min(self.round_ms)
+        self.mean_ms = statistics.fmean(self.round_ms)
+        self.throughput = self.batch / (self.median_ms * 1e-3)
+        if previous:
+            scale = previous / self.median_ms
+            self.gflops = self.gflops * scale if self.gflops else self.gflops
+            self.peak_fraction = self.peak_fraction * scale if self.peak_fraction else self.peak_fraction
+        if eager_ms:
+            self.speedup = eager_ms / self.median_ms
+
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data.pop("round_ms")
@@ -678,16 +698,8 @@ def _bench_batch(captured: Captured, chosen: Sequence[Backend], batch: int, plan
     samples = _timed_rounds(runners, inputs, plan.repeats, rows, batch, plan.counter)
     for name, times in samples.items():
         row = rows[name]
-        if row.error or not times:
-            continue
-        row.samples = len(times)
-        row.median_ms = statistics.median(times) * 1e3
-        row.p10_ms = _percentile(times, 0.1) * 1e3
-        row.p90_ms = _percentile(times, 0.9) * 1e3
-        row.min_ms = min(times) * 1e3
-        row.mean_ms = statistics.fmean(times) * 1e3
-        row.throughput = batch / statistics.median(times)
-        row.round_ms = [t * 1e3 for t in times]
+        if not row.error and times:
+            row.set_rounds([t * 1e3 for t in times])
     _peak_fractions(rows.values(), resized, plan.peak)
     eager = rows.get("eager")
     for row in rows.values():
