@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import platform
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from fxforge.bench import BACKENDS, Backend, ResidentPeak, bench
 from fxforge.capture import capture
 from fxforge.cli import main
 from fxforge.errors import EXIT_OK, EXIT_USAGE, FxforgeError
+from fxforge.export import export_model
 from model_helpers import randomize_batchnorm
 
 TRICKY = str(Path(__file__).parent / "tricky_models.py")
@@ -213,6 +215,54 @@ def test_ort_int8_backend_quantizes_with_onnx_runtime(tmp_path):
     ]
     assert sorted(list(scale.dims) for scale in weight_scales) == [[8], [16]]  # one scale per output channel
     assert get_backend("ort_int8").precision == "int8"
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86's int8 format")
+def test_ort_int8_on_x86_runs_every_conv_in_int8(tmp_path):
+    """With int8 activations (S8S8), ONNX Runtime 1.32 on x86 left convolutions in float between Transposes and
+    ran resnet18 slower than float; with uint8 activations (U8S8) every conv and residual add is an int8 kernel."""
+    pytest.importorskip("onnxruntime")
+    import onnx
+    import onnxruntime
+
+    from fxforge.bench import write_ort_int8
+    from fxforge.quantize.ort import int8_types
+
+    assert int8_types() == ("uint8", "int8") and int8_types("aarch64") == ("int8", "int8")
+
+    class Residual(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU())
+            self.body = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU())
+            self.depthwise = nn.Conv2d(16, 16, 3, padding=1, groups=16)
+            self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))
+
+        def forward(self, x):
+            x = self.stem(x)
+            return self.head(self.depthwise(x + self.body(x)))
+
+    torch.manual_seed(0)
+    captured = capture(randomize_batchnorm(Residual().eval()), (torch.randn(2, 3, 16, 16),))
+    path = tmp_path / "model.onnx"
+    notes = write_ort_int8(captured, path, [torch.randn(4, 3, 16, 16) for _ in range(4)])
+    assert any("U8S8" in note for note in notes)
+    options = onnxruntime.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    ops = [node.op_type for node in onnx.load(str(tmp_path / "optimized.onnx")).graph.node]
+    assert ops.count("QLinearConv") == 3 and "Conv" not in ops, ops
+    assert "QLinearAdd" in ops and ops.count("Transpose") <= 2, ops  # to NHWC after the input, back before the pool
+
+    s8s8 = tmp_path / "s8s8.onnx"  # the format that was slow: the same check fails on it
+    from fxforge.quantize.ort import quantize_onnx
+
+    export_model(captured, "onnx", tmp_path / "float.onnx", verify_export=False)
+    quantize_onnx(tmp_path / "float.onnx", s8s8, [(torch.randn(2, 3, 16, 16),)], activations="int8")
+    options.optimized_model_filepath = str(tmp_path / "optimized_s8s8.onnx")
+    onnxruntime.InferenceSession(str(s8s8), options, providers=["CPUExecutionProvider"])
+    ops = [node.op_type for node in onnx.load(str(tmp_path / "optimized_s8s8.onnx")).graph.node]
+    assert "Conv" in ops or ops.count("Transpose") > 2, ops
 
 
 def test_ort_int8_without_onnxruntime_names_the_extra(monkeypatch):

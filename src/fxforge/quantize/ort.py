@@ -5,8 +5,12 @@
 * ``QuantFormat.QDQ``: QuantizeLinear/DequantizeLinear pairs around each op, which ONNX Runtime's graph
   optimizer fuses into its int8 kernels (QLinearConv, MatMulInteger...) when the session is created, so the
   file is still a standard ONNX model that any runtime can read;
-* per-channel weights (``per_channel=True``), int8 activations and weights (S8S8, ONNX Runtime's advice for
-  QDQ on CPU), MinMax calibration;
+* per-channel weights (``per_channel=True``), MinMax calibration;
+* on x86, uint8 activations and int8 weights (U8S8, :func:`int8_types`): ONNX Runtime's x86 int8 convolutions
+  multiply uint8 by int8 (VNNI's ``vpdpbusd``, AVX2's ``vpmaddubsw``). Its documentation proposes S8S8 as the
+  default, but with 1.32 on x86 an S8S8 file leaves a third of resnet18's convolutions in float between
+  Transposes and runs slower than float (resnet18 batch 1, Xeon, 2 threads: 11.75 ms S8S8, 10.45 ms float,
+  3.97 ms U8S8); elsewhere (ARM), S8S8;
 * calibration on the batches given (the same batches fxforge's own int8 calibrates on), read by a
   ``CalibrationDataReader`` that feeds them in the ONNX model's input order.
 
@@ -17,6 +21,7 @@ Nothing here exports: the ``ort_int8`` backend of :mod:`fxforge.bench` exports t
 
 from __future__ import annotations
 
+import platform
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,10 +35,21 @@ from fxforge.errors import FxforgeError, one_line_reason, require
 FEATURE = "ONNX Runtime int8 (ort_int8)"
 
 
-def quantize_onnx(source: str | Path, target: str | Path, batches: Sequence[tuple[Any, ...]]) -> list[str]:
+def int8_types(machine: str | None = None) -> tuple[str, str]:
+    """(activations, weights) for ONNX Runtime's int8 on ``machine`` (default: this one, ``platform.machine()``):
+    ``("uint8", "int8")`` on x86, where its int8 kernels take uint8 activations, else ``("int8", "int8")``."""
+    arch = (machine or platform.machine()).lower()
+    x86 = arch in ("x86_64", "amd64", "i386", "i686", "x86")
+    return ("uint8" if x86 else "int8"), "int8"
+
+
+def quantize_onnx(
+    source: str | Path, target: str | Path, batches: Sequence[tuple[Any, ...]], activations: str | None = None
+) -> list[str]:
     """Write ``target``: the ONNX model ``source`` quantized to int8 by ONNX Runtime (static, QDQ, per-channel
     weights), calibrated on ``batches`` (each a tuple of positional inputs, as :func:`load_calibration` gives
-    them). Returns notes on what was done.
+    them). ``activations``: ``uint8`` or ``int8`` (default: :func:`int8_types` for this machine). Returns notes on
+    what was done.
 
     Raises:
         MissingExtraError: onnx or onnxruntime is not installed (the ``onnx`` extra).
@@ -45,6 +61,10 @@ def quantize_onnx(source: str | Path, target: str | Path, batches: Sequence[tupl
     if not batches:
         raise FxforgeError("ONNX Runtime int8 needs at least one calibration batch")
     source, target = Path(source), Path(target)
+    activations = activations or int8_types()[0]
+    if activations not in ("uint8", "int8"):
+        raise FxforgeError(f"ONNX Runtime int8 activations are uint8 or int8, not {activations!r}")
+    activation_type = quantization.QuantType.QUInt8 if activations == "uint8" else quantization.QuantType.QInt8
     notes: list[str] = []
     with tempfile.TemporaryDirectory(prefix="fxforge-ort-int8-") as tmp:
         model = source
@@ -62,7 +82,7 @@ def quantize_onnx(source: str | Path, target: str | Path, batches: Sequence[tupl
                 reader,
                 quant_format=quantization.QuantFormat.QDQ,
                 per_channel=True,
-                activation_type=quantization.QuantType.QInt8,
+                activation_type=activation_type,
                 weight_type=quantization.QuantType.QInt8,
                 calibrate_method=quantization.CalibrationMethod.MinMax,
             )
@@ -72,7 +92,8 @@ def quantize_onnx(source: str | Path, target: str | Path, batches: Sequence[tupl
             target.unlink(missing_ok=True)
             raise FxforgeError(f"ONNX Runtime's static quantization failed: {one_line_reason(exc)}") from exc
     notes.append(
-        f"ONNX Runtime static int8: QDQ, per-channel weights, S8S8, MinMax calibration on {len(batches)} batches"
+        f"ONNX Runtime static int8: QDQ, per-channel weights, {'U8S8' if activations == 'uint8' else 'S8S8'}, "
+        f"MinMax calibration on {len(batches)} batches"
     )
     return notes
 
