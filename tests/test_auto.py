@@ -485,3 +485,20 @@ def test_conv_nets_get_the_channels_last_candidates_and_a_vit_does_not():
     conv = fxforge.prepare("torchvision:resnet18", ["1x3x64x64"])
     names = [b.name for b in candidate_backends(conv, None, Budget(), quick=True)]
     assert "compile+channels_last" in names
+
+
+def test_quick_under_a_budget_on_a_cpu_without_native_bf16_tries_both_int8_paths(monkeypatch, classifier):
+    """On an AVX2-only CPU bf16 is emulated (5x slower than fp32 on the AMD EPYC of issue 13) and never offered;
+    both int8 engines are: which one is faster depends on the model (resnet18 on AMX: fxforge's; mobilenet_v2:
+    ONNX Runtime's, 1.84 vs 5.8 ms), so --quick times both."""
+    import sys
+
+    from fxforge import auto
+
+    bench = sys.modules["fxforge.bench"]  # the package exports the function fxforge.bench under the same name
+    monkeypatch.setattr(auto, "native_bf16", lambda: False)
+    monkeypatch.setattr(bench, "native_bf16", lambda: False)
+    monkeypatch.setattr(bench, "gpus", lambda: [])
+    names = [b.name for b in auto.candidate_backends(classifier, None, Budget(min_agreement=0.99), quick=True)]
+    assert "int8" in names and "ort_int8" in names
+    assert "bf16" not in names and "autocast" not in names

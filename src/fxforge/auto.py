@@ -311,7 +311,7 @@ def candidate_backends(
             names = [*EXACT_BACKENDS, *(CONV_VARIANTS if convolutional else ())]
         if budget.reduced_precision:
             # bf16 only where the CPU runs it natively (see below); int8 everywhere (fbgemm/oneDNN on AVX2 too)
-            names += ["int8"] if quick and not native_bf16() else list(REDUCED_BACKENDS)
+            names += ["int8", "ort_int8"] if quick and not native_bf16() else list(REDUCED_BACKENDS)
         # never offer a path this machine cannot run fast (bf16 without AVX512-BF16/AMX: emulated, slower than fp32)
         names = [name for name in names if get_backend(str(name)).unsupported_here() is None]
     else:
