@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -380,20 +380,22 @@ def _profile_eager(
 
 
 @contextlib.contextmanager
-def _module_ranges(leaves: dict[str, nn.Module]) -> Iterator[None]:
-    """A ``record_function`` range around every call of every leaf module, opened and closed by forward hooks."""
+def _around_calls(
+    leaves: dict[str, nn.Module], start: Callable[[str], Any], stop: Callable[[str, Any], None]
+) -> Iterator[None]:
+    """``start(name)`` before and ``stop(name, token)`` after every call of every leaf module, by forward hooks;
+    ``token`` is what ``start`` returned for that call (a module that calls itself pairs its calls up last in,
+    first out)."""
     handles = []
     for name, module in leaves.items():
-        opened: list[Any] = []
+        pending: list[Any] = []
 
-        def enter(module: nn.Module, inputs: Any, name: str = name, opened: list[Any] = opened) -> None:
-            scope = record_function(_MODULE + name)
-            scope.__enter__()
-            opened.append(scope)
+        def enter(module: nn.Module, inputs: Any, name: str = name, pending: list[Any] = pending) -> None:
+            pending.append(start(name))
 
-        def leave(module: nn.Module, inputs: Any, output: Any, opened: list[Any] = opened) -> None:
-            if opened:
-                opened.pop().__exit__(None, None, None)
+        def leave(module: nn.Module, inputs: Any, output: Any, name: str = name, pending: list[Any] = pending) -> None:
+            if pending:
+                stop(name, pending.pop())
 
         handles.append(module.register_forward_pre_hook(enter))
         handles.append(module.register_forward_hook(leave))
@@ -404,27 +406,26 @@ def _module_ranges(leaves: dict[str, nn.Module]) -> Iterator[None]:
             handle.remove()
 
 
-@contextlib.contextmanager
-def _module_clocks(leaves: dict[str, nn.Module], times: dict[str, list[float]]) -> Iterator[None]:
-    """The wall-clock time of every call of every leaf module, taken by forward hooks."""
-    handles = []
-    for name, module in leaves.items():
-        started: list[float] = []
+def _module_ranges(leaves: dict[str, nn.Module]) -> contextlib.AbstractContextManager[None]:
+    """A ``record_function`` range around every call of every leaf module."""
 
-        def enter(module: nn.Module, inputs: Any, started: list[float] = started) -> None:
-            started.append(time.perf_counter())
+    def start(name: str) -> Any:
+        scope = record_function(_MODULE + name)
+        scope.__enter__()
+        return scope
 
-        def leave(module: nn.Module, inputs: Any, output: Any, name: str = name, started: list = started) -> None:
-            if started:
-                times.setdefault(name, []).append((time.perf_counter() - started.pop()) * 1e3)
+    return _around_calls(leaves, start, lambda name, scope: scope.__exit__(None, None, None))
 
-        handles.append(module.register_forward_pre_hook(enter))
-        handles.append(module.register_forward_hook(leave))
-    try:
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
+
+def _module_clocks(
+    leaves: dict[str, nn.Module], times: dict[str, list[float]]
+) -> contextlib.AbstractContextManager[None]:
+    """The wall-clock time (ms) of every call of every leaf module, appended to ``times[name]``."""
+
+    def stop(name: str, started: float) -> None:
+        times.setdefault(name, []).append((time.perf_counter() - started) * 1e3)
+
+    return _around_calls(leaves, lambda name: time.perf_counter(), stop)
 
 
 def _module_flops(captured: Captured) -> dict[str, int]:
