@@ -502,3 +502,16 @@ def test_quick_under_a_budget_on_a_cpu_without_native_bf16_tries_both_int8_paths
     names = [b.name for b in auto.candidate_backends(classifier, None, Budget(min_agreement=0.99), quick=True)]
     assert "int8" in names and "ort_int8" in names
     assert "bf16" not in names and "autocast" not in names
+
+
+def test_quick_skips_the_int8_fallback_when_another_int8_met_the_budget():
+    from fxforge.auto import Candidate, _int8_fallback
+
+    budget = Budget(min_agreement=0.99)
+    int8 = Candidate("int8", status="rejected", reason="top-1 agreement 0.97 < 0.99", exact=False)
+    ort_int8 = Candidate("ort_int8", status="accepted", exact=False)
+    candidates = {"int8": int8, "ort_int8": ort_int8}
+    assert _int8_fallback(candidates, budget, None).name == "int8+fallback"  # the full search always tries it
+    assert _int8_fallback(candidates, budget, None, quick=True) is None
+    ort_int8.status = "rejected"
+    assert _int8_fallback(candidates, budget, None, quick=True).name == "int8+fallback"  # no int8 met it: search
