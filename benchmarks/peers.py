@@ -252,6 +252,7 @@ class Trained:
     module: nn.Module
     data: Any  # (inputs, labels), read by fxforge.quantize.load_calibration
     source: str  # what the data is, for the tables
+    budget: Budget | None = None  # the auto-budget column's budget (None: the random-weight rows' budget)
 
 
 def run_one(
@@ -277,7 +278,7 @@ def run_one(
     auto_s: dict[str, float] = {}
     errors: dict[str, str] = {}
     directory = workdir / f"{name}-b{batch}"
-    budget = _budget(model)
+    budget = trained.budget if trained is not None and trained.budget is not None else _budget(model)
     wanted = [("auto", Budget()), ("auto-budget", budget)]
     if not _with_budget(name, args):
         wanted = wanted[:1]  # the budget column is left out of this row ("-" in the tables)
@@ -375,7 +376,12 @@ def _summarise(name, batch, model, report, runs, auto_s, eager_s, budget, errors
         "repeats": report.repeats,
         "eager_probe_ms": round(eager_s * 1e3, 2),
         "best_peer": best.backend if best else None,
-        "budget": {"min_agreement": budget.min_agreement, "tolerance": budget.tolerance, "data": source},
+        "budget": {
+            "min_agreement": budget.min_agreement,
+            "max_drop": budget.max_drop,
+            "tolerance": budget.tolerance,
+            "data": source,
+        },
         "columns": columns,
         "auto": {**auto, **errors},
     }

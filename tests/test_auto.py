@@ -197,7 +197,11 @@ def test_cli_optimize_auto(capsys, tmp_path):
     code, _, err = run(capsys, "optimize", "demo", "--auto", "-p", "fold_bn")
     assert code == EXIT_USAGE and "--auto picks the passes itself" in err
     code, _, err = run(capsys, "optimize", "demo", "--auto", "-b", "int8")
-    assert code == EXIT_USAGE and "--min-agreement" in err
+    assert code == EXIT_USAGE and "--min-agreement" in err and "--max-drop" in err
+    code, _, err = run(capsys, "optimize", "demo", "--auto", "-b", "int8", "--max-drop", "1.5")
+    assert code == EXIT_USAGE and "--max-drop is a fraction" in err and "Traceback" not in err
+    code, out, _ = run(capsys, "optimize", "demo", "--auto", "-b", "int8", "--max-drop", "0.5", "--repeats", "2")
+    assert code == EXIT_OK and "top-1 drop <= 0.5" in out
 
 
 @pytest.mark.parametrize(("form", "file"), [("torchscript", "model.torchscript.pt"), ("onnx", "model.onnx")])
@@ -515,3 +519,58 @@ def test_quick_skips_the_int8_fallback_when_another_int8_met_the_budget():
     assert _int8_fallback(candidates, budget, None, quick=True) is None
     ort_int8.status = "rejected"
     assert _int8_fallback(candidates, budget, None, quick=True).name == "int8+fallback"  # no int8 met it: search
+
+
+class _Relabel(nn.Module):
+    """The model, with its top-1 class moved on the samples it gets wrong (``hurt``: on those it gets right):
+    the same accuracy on the labels but agreement below 1, or an accuracy drop."""
+
+    def __init__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, hurt: bool = False) -> None:
+        super().__init__()
+        self.model, self.x, self.y, self.hurt = model, x, y, hurt
+
+    def forward(self, x):
+        logits = self.model(x).clone()
+        for i in range(len(x)):
+            row = int(torch.nonzero((self.x == x[i]).all(1))[0])
+            predicted = int(logits[i].argmax())
+            if (predicted == int(self.y[row])) == self.hurt:
+                other = next(c for c in range(logits.shape[1]) if c not in (predicted, int(self.y[row])))
+                logits[i, other] = logits[i].max() + 1.0
+        return logits
+
+
+def test_a_top1_drop_budget_is_judged_on_labels_and_bounded_by_agreement_without(classifier):
+    """--max-drop 0.01 is "at most one point of top-1 accuracy" measured on the labels of --data: a candidate
+    that changes its answer only where the model was wrong loses nothing (accepted, though its agreement is far
+    below 0.99); one that changes right answers is rejected; without labels the drop is bounded by 1 - agreement."""
+    from fxforge.auto import Candidate, _verify_reduced
+    from fxforge.quantize import load_calibration
+
+    model = classifier.original
+    torch.manual_seed(3)
+    x = torch.randn(64, 16)
+    with torch.no_grad():
+        predicted = model(x).argmax(1)
+    y = predicted.clone()
+    y[::2] = (predicted[::2] + 1) % 10  # the model is wrong on half the samples
+    labelled = load_calibration([(x[:32], y[:32]), (x[32:], y[32:])], classifier.example_inputs, kind="eval")
+    unlabelled = load_calibration([x[:32], x[32:]], classifier.example_inputs, kind="eval")
+
+    def judge(budget, module, data):
+        candidate = Candidate("int8", exact=False)
+        with torch.no_grad():
+            return _verify_reduced(classifier, candidate, module, budget, data), candidate
+
+    (ok, reason), candidate = judge(Budget(max_drop=0.0), _Relabel(model, x, y), labelled)
+    assert ok, reason
+    assert candidate.top1_drop == 0.0 and candidate.top1_agreement == pytest.approx(0.5)
+    (ok, reason), _ = judge(Budget(min_agreement=0.99), _Relabel(model, x, y), labelled)
+    assert not ok and "agreement 0.5000 < 0.99" in reason
+    (ok, reason), candidate = judge(Budget(max_drop=0.01), _Relabel(model, x, y, hurt=True), labelled)
+    assert not ok and "dropped by 0.5000 > 0.01 on the labels" in reason
+    (ok, reason), _ = judge(Budget(max_drop=0.01), _Relabel(model, x, y), unlabelled)
+    assert not ok and "without labels" in reason
+    with pytest.raises(FxforgeError, match="--max-drop"):
+        Budget(max_drop=1.5)
+    assert Budget(max_drop=0.01).reduced_precision

@@ -111,22 +111,27 @@ class Budget:
     ``tolerance`` holds for every candidate (normwise, see the module docstring). Reduced precision
     (bf16, int8) is tried only when the user grants more than fp32 round-off: ``tolerance`` above
     :data:`FP32_TOLERANCE` or a ``min_agreement`` (fraction of samples whose top-1 class must match
-    the original's; classifiers only). With ``min_agreement`` alone, reduced-precision candidates are
-    judged by agreement only.
+    the original's; classifiers only) or a ``max_drop`` (how much top-1 accuracy may fall, as a fraction:
+    measured on the labels of the evaluation data when it has them, else bounded by ``1 - agreement``, never
+    optimistic). With ``min_agreement`` or ``max_drop`` alone, reduced-precision candidates are judged by those
+    only.
     """
 
     tolerance: float = FP32_TOLERANCE
     min_agreement: float | None = None
+    max_drop: float | None = None
 
     def __post_init__(self) -> None:
         if not self.tolerance > 0:
             raise FxforgeError("--tolerance must be positive", hint="e.g. --tolerance 1e-4")
         if self.min_agreement is not None and not 0 < self.min_agreement <= 1:
             raise FxforgeError("--min-agreement is a fraction in (0, 1]", hint="e.g. --min-agreement 0.99")
+        if self.max_drop is not None and not 0 <= self.max_drop < 1:
+            raise FxforgeError("--max-drop is a fraction in [0, 1)", hint="e.g. --max-drop 0.01 for one point")
 
     @property
     def reduced_precision(self) -> bool:
-        return self.tolerance > FP32_TOLERANCE or self.min_agreement is not None
+        return self.tolerance > FP32_TOLERANCE or self.min_agreement is not None or self.max_drop is not None
 
     @property
     def rtol_atol(self) -> tuple[float, float]:
@@ -144,6 +149,7 @@ class Candidate:
     max_abs_err: float | None = None
     max_rel_err: float | None = None
     top1_agreement: float | None = None
+    top1_drop: float | None = None  # float's top-1 accuracy minus this candidate's, on labelled --data
     verified_on: str | None = None
     median_ms: float | None = None
     p90_ms: float | None = None
@@ -324,7 +330,8 @@ def candidate_backends(
         if refused:
             raise FxforgeError(
                 f"{', '.join(refused)} cannot meet fp32 round-off",
-                hint="grant an accuracy budget: --tolerance above 1e-4 or --min-agreement (e.g. 0.99)",
+                hint="grant an accuracy budget: --tolerance above 1e-4, --min-agreement (e.g. 0.99) or --max-drop "
+                "(e.g. 0.01)",
             )
     return chosen
 
@@ -401,9 +408,12 @@ def _build(
 
 def int8_target(budget: Budget) -> Target:
     """The accuracy target int8's sensitivity fallback searches toward: the budget's top-1 agreement, else its
-    tolerance as a mean relative error (a proxy: the candidate is then verified against the budget itself)."""
+    top-1 drop, else its tolerance as a mean relative error (a proxy: the candidate is then verified against the
+    budget itself)."""
     if budget.min_agreement is not None:
         return Target("agreement", budget.min_agreement)
+    if budget.max_drop is not None:
+        return Target("drop", budget.max_drop)
     return Target("rel_err", budget.tolerance)
 
 
@@ -480,15 +490,21 @@ def _verify_exact(captured: Captured, candidate: Candidate, module: nn.Module, b
 
 def _verify_reduced(captured: Captured, candidate: Candidate, module: nn.Module, budget: Budget, eval_data: Any):
     reference, actual = run_batches(captured.original, eval_data.batches), run_batches(module, eval_data.batches)
-    accuracy = compare_batches(reference, actual, eval_data.source)
+    accuracy = compare_batches(reference, actual, eval_data.source, eval_data.labels)
     candidate.max_abs_err, candidate.top1_agreement = accuracy.max_abs_err, accuracy.top1_agreement
-    candidate.max_rel_err = accuracy.rel_err
+    candidate.max_rel_err, candidate.top1_drop = accuracy.rel_err, accuracy.top1_drop
     candidate.verified_on = eval_data.source
-    if budget.min_agreement is not None:
-        if accuracy.top1_agreement is None:
-            return False, "top-1 agreement needs a classifier (2-D logits as the first output)"
-        if accuracy.top1_agreement < budget.min_agreement:
-            return False, f"top-1 agreement {accuracy.top1_agreement:.4f} < {budget.min_agreement}"
+    if (budget.min_agreement is not None or budget.max_drop is not None) and accuracy.top1_agreement is None:
+        return False, "top-1 agreement and drop need a classifier (2-D logits as the first output)"
+    if budget.min_agreement is not None and accuracy.top1_agreement < budget.min_agreement:
+        return False, f"top-1 agreement {accuracy.top1_agreement:.4f} < {budget.min_agreement}"
+    if budget.max_drop is not None and not Target("drop", budget.max_drop).met(accuracy):
+        if accuracy.top1_drop is not None:
+            return False, f"top-1 accuracy dropped by {accuracy.top1_drop:.4f} > {budget.max_drop} on the labels"
+        return False, (
+            f"top-1 agreement {accuracy.top1_agreement:.4f} < {1 - budget.max_drop:g}: without labels in --data the "
+            "drop is bounded by 1 - agreement"
+        )
     if budget.tolerance > FP32_TOLERANCE:
         rtol, atol = budget.rtol_atol
         for ref_batch, cand_batch in zip(reference, actual):

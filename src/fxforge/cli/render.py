@@ -432,13 +432,15 @@ def render_auto(console: Any, spec: str, result: Any) -> None:
         console.print(f"  [yellow]pass {name} rejected[/]: {escape(reason)}")
     table = Table(title=f"candidates (tolerance {result.budget.tolerance:g}" + _agreement(result.budget) + ")")
     table.add_column("candidate", no_wrap=True)
-    for column in ("median ms", "vs fastest (95% CI)", "speedup", "of peak", "build s", "max abs err", "top-1 agr."):
+    dropped = any(c.top1_drop is not None for c in result.candidates)
+    columns = ["median ms", "vs fastest (95% CI)", "speedup", "of peak", "build s", "max abs err", "top-1 agr."]
+    for column in columns + (["top-1 drop"] if dropped else []):
         table.add_column(column, justify="right")
     table.add_column("verdict")
     styles = {"chosen": "bold green", "accepted": "green", "rejected": "red", "failed": "red"}
     for c in result.candidates:
         verdict = f"[{styles.get(c.status, '')}]{c.status}[/]"
-        table.add_row(
+        cells = [
             c.name,
             _fmt(c.median_ms, ".2f"),
             _interval(c.vs_fastest),
@@ -447,8 +449,8 @@ def render_auto(console: Any, spec: str, result: Any) -> None:
             _fmt(c.build_s, ".1f"),
             _fmt(c.max_abs_err, ".2g"),
             _fmt(c.top1_agreement, ".4f"),
-            verdict,
-        )
+        ]
+        table.add_row(*cells, *([_fmt(c.top1_drop, "+.4f")] if dropped else []), verdict)
     console.print(table)
     for c in result.candidates:
         if c.reason:
@@ -475,7 +477,8 @@ def _interval(value: Any) -> str:
 
 
 def _agreement(budget: Any) -> str:
-    return f", top-1 agreement >= {budget.min_agreement:g}" if budget.min_agreement is not None else ""
+    text = f", top-1 agreement >= {budget.min_agreement:g}" if budget.min_agreement is not None else ""
+    return text + (f", top-1 drop <= {budget.max_drop:g}" if budget.max_drop is not None else "")
 
 
 def _fmt(value: float | None, spec: str, suffix: str = "") -> str:

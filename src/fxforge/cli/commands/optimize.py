@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import time
 import warnings
+from typing import TYPE_CHECKING
 
 import click
 
 from fxforge.cli.options import CaptureOptions, capture_options, emit_json, split, status, stdout, warn
 from fxforge.errors import EXIT_FINDINGS, FxforgeError
+
+if TYPE_CHECKING:
+    from fxforge.auto import Budget
 
 
 @click.command(
@@ -43,6 +47,12 @@ pass is rolled back and reported instead).
 @click.option("--auto", is_flag=True, help="Try every backend, verify, time the survivors, write the fastest.")
 @click.option("--tolerance", type=float, default=1e-4, show_default=True, help="--auto: normwise relative tolerance.")
 @click.option("--min-agreement", type=float, default=None, help="--auto: allow bf16/int8 at this top-1 agreement.")
+@click.option(
+    "--max-drop",
+    type=float,
+    default=None,
+    help="--auto: allow bf16/int8 that lose at most this much top-1 accuracy (0.01: one point) on --data's labels.",
+)
 @click.option("--data", default=None, metavar="FILE|file.py:fn", help="--auto: inputs to judge bf16/int8 on.")
 @click.option(
     "--backends", "-b", "auto_backends", default="", metavar="NAMES", help="--auto: candidates (compile+channels_last)."
@@ -65,6 +75,7 @@ def command(
     auto: bool,
     tolerance: float,
     min_agreement: float | None,
+    max_drop: float | None,
     data: str | None,
     auto_backends: str,
     quick: bool,
@@ -81,7 +92,10 @@ def command(
     if auto:
         if pass_names or pipeline or pass_options:
             raise FxforgeError("--auto picks the passes itself", hint="drop --passes/--pipeline/--option")
-        _auto(opts, output, force, tolerance, min_agreement, data, auto_backends, quick, repeats, threads)
+        from fxforge.auto import Budget
+
+        budget = Budget(tolerance, min_agreement, max_drop)
+        _auto(opts, output, force, budget, data, auto_backends, quick, repeats, threads)
         return
     plan = build_pipeline(
         pass_names, pass_options, pipeline_file=pipeline, verify=do_verify, keep_going=keep_going or None
@@ -105,18 +119,16 @@ def _auto(
     opts: CaptureOptions,
     output: str | None,
     force: bool,
-    tolerance: float,
-    min_agreement: float | None,
+    budget: Budget,
     data: str | None,
     backends: str,
     quick: bool,
     repeats: int | None,
     threads: int | None,
 ) -> None:
-    from fxforge.auto import AutoWarning, Budget, auto_optimize
+    from fxforge.auto import AutoWarning, auto_optimize
     from fxforge.cli.render import render_auto
 
-    budget = Budget(tolerance, min_agreement)
     captured = opts.prepare()
     with status("writing, verifying and timing every candidate", opts.as_json), warnings.catch_warnings():
         warnings.simplefilter("ignore", AutoWarning)  # printed below as one line, from result.warnings
