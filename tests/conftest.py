@@ -1,8 +1,11 @@
-"""Suite-wide settings: one intra-op thread per pytest-xdist worker (the CI machine has 2 cores),
-and fixtures shared by many test files (plain helpers live in model_helpers.py: test files import
-that by name, never ``conftest``, which is ambiguous once subfolders have conftests of their own)."""
+"""Suite-wide settings: one intra-op thread per pytest-xdist worker (the CI machine has 2 cores), Ctrl-C
+reaching the processes tests start, and fixtures shared by many test files (plain helpers live in
+model_helpers.py: test files import that by name, never ``conftest``, which is ambiguous once subfolders have
+conftests of their own)."""
 
 from __future__ import annotations
+
+import signal
 
 import pytest
 import torch
@@ -11,6 +14,12 @@ from fxforge.capture import Captured, capture
 from model_helpers import CAPTURE_METHOD, randomize_batchnorm
 
 torch.set_num_threads(1)
+
+# A shell starts a background job (`bash scripts/test.sh &`, nohup) with SIGINT ignored, and processes inherit
+# that: the Ctrl-C tests' fxforge processes would never see their SIGINT and run to the end. Python's own handler
+# here is reset to the default in every process started from this one.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture
