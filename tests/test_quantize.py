@@ -130,6 +130,12 @@ def test_static_int8_cnn_on_digits_keeps_accuracy(digits, trained_cnn):
     }
     assert [unit.name for unit in result.units] == ["conv1", "conv2", "fc1", "fc2"]  # graph order
     assert all(s.top1_drop is not None for s in ranking)
+    # ranked on a prefix of the data (the ranking quantizes once per unit); everything else on all of it
+    from fxforge.quantize.flow import SENSITIVITY_SAMPLES
+
+    ranked = [note for note in result.notes if note.startswith("units ranked on the first")]
+    assert len(ranked) == 1 and f"of {len(x_test)} evaluation samples" in ranked[0], result.notes
+    assert SENSITIVITY_SAMPLES <= int(ranked[0].split()[5]) < len(x_test)
     errors = [s.mean_abs_err for s in ranking]
     assert errors == sorted(errors, reverse=True) and all(e > 0 for e in errors)
     # each layer alone causes less error than quantizing all of them
