@@ -444,10 +444,10 @@ class BenchRow:
     def ok(self) -> bool:
         return self.error is None
 
-    def set_rounds(self, round_ms: Sequence[float], eager_ms: float | None = None) -> None:
+    def set_rounds(self, round_ms: Sequence[float]) -> None:
         """Set the timed rounds (ms, in round order) and the statistics over them. Rates that follow the median
-        (throughput, GFLOP/s, fraction of peak) are rescaled when rounds are added to a timed row; ``eager_ms``
-        (eager's median at this batch) gives the speedup."""
+        (throughput, GFLOP/s, fraction of peak) are rescaled when rounds are added to a timed row; the speedup,
+        which needs eager's median, is the caller's."""
         previous = self.median_ms
         self.round_ms = list(round_ms)
         self.samples = len(self.round_ms)
@@ -461,8 +461,6 @@ class BenchRow:
             scale = previous / self.median_ms
             self.gflops = self.gflops * scale if self.gflops else self.gflops
             self.peak_fraction = self.peak_fraction * scale if self.peak_fraction else self.peak_fraction
-        if eager_ms:
-            self.speedup = eager_ms / self.median_ms
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
