@@ -58,6 +58,7 @@ from fxforge.bench import (
     build_backend,
     build_failure,
     get_backend,
+    set_speedups,
 )
 from fxforge.capture import Captured, require_real_weights
 from fxforge.deploy import PLAIN_TORCH_LOAD, Artifact, deployable, write_artifact
@@ -556,7 +557,7 @@ def choose(candidates: dict[str, Candidate], report: BenchReport, writable: set[
     """
     rounds = {row.backend: row.round_ms for row in report.rows if row.round_ms}
     timed = [c for c in candidates.values() if c.status == "accepted" and c.median_ms is not None]
-    eligible = [c for c in timed if writable is None or c.name in writable or c.name == "eager"]
+    eligible = _eligible(timed, writable)
     if not eligible:
         raise FxforgeError("no verified candidate could be timed", hint="see the candidates' reasons with --json")
     fastest = min(eligible, key=lambda c: c.median_ms or 0.0)
@@ -590,6 +591,11 @@ def choose(candidates: dict[str, Candidate], report: BenchReport, writable: set[
     return chosen.name
 
 
+def _eligible(timed: list[Candidate], writable: set[str] | None) -> list[Candidate]:
+    """The timed candidates that can be chosen: those whose artifact can be written (None: all), and eager."""
+    return [c for c in timed if writable is None or c.name in writable or c.name == "eager"]
+
+
 def _settle_close_call(
     rewritten: Captured,
     built: dict[str, tuple[Runner, Artifact | None]],
@@ -613,7 +619,7 @@ def _settle_close_call(
     if picked.vs_fastest is None or picked.vs_fastest[0] <= 1.0 + PRACTICALLY_EQUAL:
         return chosen
     timed = [c for c in candidates.values() if c.status in ("accepted", "chosen") and c.median_ms is not None]
-    fastest = min((c for c in timed if c.name in writable or c.name == "eager"), key=lambda c: c.median_ms or 0.0)
+    fastest = min(_eligible(timed, writable), key=lambda c: c.median_ms or 0.0)  # as choose found it
     more = _time(
         rewritten, {name: built[name][0] for name in (chosen, fastest.name)}, warmup, RUNOFF_FACTOR * repeats, threads
     )
@@ -622,10 +628,7 @@ def _settle_close_call(
     rows = {row.backend: row for row in report.rows}
     for row in more.rows:
         rows[row.backend].set_rounds(rows[row.backend].round_ms + row.round_ms)
-    eager = rows.get("eager")
-    for row in rows.values():
-        if eager is not None and eager.median_ms and row.median_ms:
-            row.speedup = eager.median_ms / row.median_ms
+    set_speedups(report.rows)
     picked.status = "accepted"
     _record_timings(candidates, report)
     rechosen = choose(candidates, report, writable)

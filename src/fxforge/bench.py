@@ -699,11 +699,17 @@ def _bench_batch(captured: Captured, chosen: Sequence[Backend], batch: int, plan
         if not row.error and times:
             row.set_rounds([t * 1e3 for t in times])
     _peak_fractions(rows.values(), resized, plan.peak)
-    eager = rows.get("eager")
-    for row in rows.values():
+    set_speedups(rows.values())
+    return list(rows.values())
+
+
+def set_speedups(rows: Iterable[BenchRow]) -> None:
+    """Each timed row's speedup: eager's median over its median (rows of one batch size; no eager row, none)."""
+    rows = list(rows)
+    eager = next((row for row in rows if row.backend == "eager"), None)
+    for row in rows:
         if eager is not None and eager.median_ms and row.median_ms:
             row.speedup = eager.median_ms / row.median_ms
-    return list(rows.values())
 
 
 def _peak_fractions(rows: Iterable[BenchRow], resized: Captured, peak: Peak | None) -> None:

@@ -53,11 +53,7 @@ class CalibrationData:
 
     @property
     def samples(self) -> int:
-        total = 0
-        for batch in self.batches:
-            first = next((t for t in batch if isinstance(t, torch.Tensor)), None)
-            total += int(first.shape[0]) if first is not None and first.dim() > 0 else 1
-        return total
+        return sum(batch_samples(batch) for batch in self.batches)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -67,6 +63,22 @@ class CalibrationData:
             "random": self.random,
             "labels": self.labelled,
         }
+
+
+def batch_samples(batch: tuple[Any, ...]) -> int:
+    """How many samples ``batch`` holds: the first tensor's leading dimension (1 for a scalar or no tensor)."""
+    first = next((t for t in batch if isinstance(t, torch.Tensor)), None)
+    return int(first.shape[0]) if first is not None and first.dim() > 0 else 1
+
+
+def leading_batches(batches: Sequence[tuple[Any, ...]], samples: int) -> int:
+    """How many leading batches hold at least ``samples`` samples (all of them when they hold fewer)."""
+    held = 0
+    for count, batch in enumerate(batches, start=1):
+        held += batch_samples(batch)
+        if held >= samples:
+            return count
+    return len(batches)
 
 
 def _class_labels(value: Any, batch: tuple[Any, ...]) -> torch.Tensor | None:

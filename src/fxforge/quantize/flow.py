@@ -27,6 +27,8 @@ from fxforge.quantize.data import (
     RANDOM_WARNING,
     CalibrationData,
     RandomCalibrationWarning,
+    batch_samples,
+    leading_batches,
     load_calibration,
 )
 from fxforge.quantize.engine import quantized_engine
@@ -514,21 +516,6 @@ def _quantized_layers(model: nn.Module, source: nn.Module, mode: str) -> list[st
     return names
 
 
-def _samples(batch: tuple[Any, ...]) -> int:
-    first = next((t for t in batch if isinstance(t, torch.Tensor)), None)
-    return first.shape[0] if first is not None and first.dim() > 0 else 1
-
-
-def _leading_batches(batches: Sequence[tuple[Any, ...]], samples: int) -> int:
-    """How many leading batches hold at least ``samples`` samples (all of them when they hold fewer)."""
-    held = 0
-    for count, batch in enumerate(batches, start=1):
-        held += _samples(batch)
-        if held >= samples:
-            return count
-    return len(batches)
-
-
 def _sensitivity(
     plan: _Plan,
     calibration: Sequence[tuple[Any, ...]],
@@ -545,8 +532,8 @@ def _sensitivity(
     """
     entries = []
     units = _units(plan)
-    calibration = calibration[: _leading_batches(calibration, SENSITIVITY_SAMPLES)]
-    used = _leading_batches(evaluation.batches, SENSITIVITY_SAMPLES)
+    calibration = calibration[: leading_batches(calibration, SENSITIVITY_SAMPLES)]
+    used = leading_batches(evaluation.batches, SENSITIVITY_SAMPLES)
     reference, batches = reference[:used], evaluation.batches[:used]
     labels = evaluation.labels[:used] if evaluation.labels else evaluation.labels
     with quantized_engine(plan.backend):
@@ -567,7 +554,7 @@ def _sensitivity(
                 )
             )
     entries.sort(key=lambda e: (-e.mean_abs_err, e.top1_agreement if e.top1_agreement is not None else 1.0))
-    return entries, sum(_samples(batch) for batch in batches)
+    return entries, sum(batch_samples(batch) for batch in batches)
 
 
 def int8_backend(
