@@ -46,6 +46,7 @@ from torch import fx, nn
 from fxforge.capture import capture
 from fxforge.inspect import inspect_graph
 from fxforge.lint import lint
+from fxforge.machine import cpu_info, describe
 
 # Nodes each repeated unit adds to the captured graph, by capture method.
 #   blocks/symbolic_trace: call_module fc, call_module act, add
@@ -201,14 +202,11 @@ _STAGE_ORDER = ["plain", "capture", "capture+check", "inspect", "lint"]
 
 
 def machine() -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    cpu = cpu_info()
     return {
-        "cpu": cpu,
+        "cpu": cpu.model,
+        "features": cpu.features,
+        "description": describe(),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "python": platform.python_version(),
@@ -262,10 +260,10 @@ def main(argv: list[str] | None = None) -> int:
     out = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
     info = machine()
     out.print(
-        f"capture scaling, method={args.method}, gc {'on' if _GC_DURING_TIMING else 'off'} while timing  |  "
-        f"{info['cpu']}, torch {info['torch']} "
-        f"({info['threads']} threads), Python {info['python']}"
+        f"capture scaling, method={args.method}, gc {'on' if _GC_DURING_TIMING else 'off'} while timing; "
+        f"Python {info['python']}"
     )
+    out.print(f"machine: {info['description']}")
     out.print(f"one-time warm-up (lazy torch imports on first inspect/export): {warm:.2f} s")
     table = Table(title="Time per stage")
     for column, justify in (

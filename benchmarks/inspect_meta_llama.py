@@ -154,14 +154,13 @@ def machine() -> dict[str, Any]:
     import torch
     import transformers
 
-    cpu = platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    from fxforge.machine import cpu_info, describe
+
+    cpu = cpu_info()
     return {
-        "cpu": cpu,
+        "cpu": cpu.model,
+        "features": cpu.features,
+        "description": describe(),
         "cpus": os.cpu_count(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
@@ -219,9 +218,10 @@ def main(argv: list[str] | None = None) -> int:
 
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 140)
     console.print(
-        f"Llama-7B-shaped LlamaForCausalLM on meta, input 1x{SEQ} int64  |  {info['cpu']}, {info['cpus']} CPUs, "
-        f"torch {info['torch']}, transformers {info['transformers']}, Python {info['python']}"
+        f"Llama-7B-shaped LlamaForCausalLM on meta, input 1x{SEQ} int64; "
+        f"transformers {info['transformers']}, Python {info['python']}"
     )
+    console.print(f"machine: {info['description']}")
     console.print(f"config: {CONFIG}, use_cache={args.use_cache}")
     table = Table(title="Time (s) and peak RSS (MiB); every row is a fresh process")
     columns = ["layers", "nodes", "params", "FLOPs", "load s", "capture s", "inspect s", "process s"]

@@ -27,6 +27,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
+from fxforge.machine import describe
 from fxforge.passes import PASSES, PassError, PassSpec, all_passes, apply_pass, parse_options
 
 NODES_PER_BLOCK = 7  # conv, bn, relu (functional), add, dropout, identity, mul-by-one
@@ -166,7 +167,9 @@ def main() -> int:
             f"{r['peer_seconds']:.3f}" if "peer_seconds" in r else "",
             f"{r['peer_over_fxforge']:.2f}x" if "peer_over_fxforge" in r else "",
         )
-    Console(width=140).print(table)
+    console = Console(width=140)
+    console.print(table)
+    console.print(f"machine: {describe()}")
     return 0
 
 

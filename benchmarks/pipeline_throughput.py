@@ -35,19 +35,13 @@ def machine() -> dict[str, Any]:
     """CPU model and the flags that change what is fast, cores, versions."""
     import torch
 
-    model, flags = platform.machine(), []
-    try:
-        with open("/proc/cpuinfo") as f:
-            text = f.read()
-        model = next(line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name"))
-        present = set(next(line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")))
-        wanted = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile", "avx_vnni")
-        flags = [flag for flag in wanted if flag in present]
-    except (OSError, StopIteration):
-        pass
+    from fxforge.machine import cpu_info, describe
+
+    cpu = cpu_info()
     return {
-        "cpu": model,
-        "flags": flags,
+        "cpu": cpu.model,
+        "flags": cpu.features,
+        "description": describe(),
         "cores": os.cpu_count(),
         "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
         "torch": torch.__version__,
@@ -114,10 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     from rich.table import Table
 
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 130)
-    console.print(
-        f"{args.model}, microbatch {args.input}  |  {info['cpu']} ({', '.join(info['flags']) or 'no AVX flags'}), "
-        f"{info['cores']} cores, torch {info['torch']}, Python {info['python']}, GPU: {info['gpu'] or 'none'}"
-    )
+    console.print(f"{args.model}, microbatch {args.input}; Python {info['python']}, GPU: {info['gpu'] or 'none'}")
+    console.print(f"machine: {info['description']}")
     threads = sorted({key for row in rows for key in row if key.startswith("one_process_")})
     table = Table(title=f"samples/s, median of {args.rounds} interleaved rounds x {args.repeats} batches")
     for column in ("stages", "imbalance", "microbatches", "batch", "gpipe", "1f1b"):

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import platform
 import random
 import statistics
 import sys
@@ -42,6 +41,7 @@ from torch import nn
 
 import fxforge
 from fxforge.inputs import make_inputs, specs_of
+from fxforge.machine import describe
 from fxforge.quantize import RandomCalibrationWarning, quantize, quantized_engine
 from fxforge.vocabulary import int8_weights
 
@@ -214,11 +214,10 @@ def render(rows: list[Row], threads: int) -> str:
             f"{'yes' if r.same_outputs else 'NO'} | {r.fxforge_build_s:.1f} / {r.direct_build_s:.1f} | "
             f"{r.float_weight_mib:.1f} -> {r.int8_weight_mib:.1f} |"
         )
-    cpu = platform.processor() or platform.machine()
     lines.append("")
     lines.append(
-        f"medians of {rows[0].samples if rows else 0} interleaved calls, batch 1, {threads} threads, "
-        f"torch {torch.__version__}, engine x86, {cpu}"
+        f"medians of {rows[0].samples if rows else 0} interleaved calls, batch 1, {threads} threads, engine x86; "
+        f"machine: {describe()}"
     )
     return "\n".join(lines)
 

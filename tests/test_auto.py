@@ -368,6 +368,28 @@ def test_every_artifact_kind_reloads_through_load_model_and_matches(tmp_path):
         assert artifact.load, kind  # a plain-torch line for every kind
 
 
+def test_a_transformers_program_artifact_says_what_plain_torch_must_import(tmp_path):
+    """torch.export.load reads a transformers model's model.pt2 only once the module of its output class is
+    imported (a pytree type registered lazily): the load line says so, and the line runs in a fresh process."""
+    import subprocess
+    import sys
+
+    from fxforge.bench import BuildSettings, get_backend
+    from fxforge.deploy import write_artifact
+
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=37, vocab_size=99
+    )
+    captured = fxforge.prepare(transformers.BertModel(config).eval(), ["1x8:int64"])
+    expected = captured.original(*captured.example_inputs)
+    artifact = write_artifact(get_backend("fx"), captured, tmp_path / "fx", BuildSettings(1, tmp_path / "fx", expected))
+    assert artifact.load.startswith("import transformers.modeling_outputs; torch.export.load(")
+    statement = artifact.load.replace("'model.pt2'", repr(str(tmp_path / "fx" / "model.pt2")))
+    done = subprocess.run([sys.executable, "-c", "import torch; " + statement], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
 def test_compile_writes_compiled_code_or_a_recipe_the_loader_applies(tmp_path, monkeypatch):
     from fxforge.artifacts import AotiModule, CompiledModule
     from fxforge.bench import BuildSettings, get_backend

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 import torch
 from torch import nn
 
+from fxforge.artifacts import program_imports
 from fxforge.capture import LOADED, capture
 from fxforge.demo import DemoConvNet, DemoMLP
 from fxforge.errors import EXIT_USAGE, InputSpecError, MissingExtraError, ModelSpecError
@@ -341,6 +343,80 @@ def test_exported_program(tmp_path: Path):
     assert captured.record.ok
     with torch.no_grad():
         assert torch.allclose(captured.graph_module(*example), module(*example))
+
+
+def _fresh_python(code: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``code`` in a new interpreter: nothing this test process imported or registered is there."""
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def test_transformers_program_loads_in_a_fresh_process(tmp_path: Path):
+    # A transformers model returns a ModelOutput dataclass, a pytree type registered only once
+    # transformers.modeling_outputs is imported; torch.export.load refuses the file before that.
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=37, vocab_size=99
+    )
+    module = transformers.BertModel(config).eval()
+    example = (torch.randint(0, 99, (1, 8)),)
+    path = tmp_path / "bert.pt2"
+    torch.export.save(torch.export.export(module, example, strict=False), path)
+    assert program_imports(path) == ["transformers.modeling_outputs"]
+
+    done = _fresh_python(
+        f"import fxforge, torch; loaded = fxforge.load_model({str(path)!r}); "
+        "print(type(loaded.module(torch.zeros(1, 8, dtype=torch.int64))).__name__)",
+        tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == type(module(*example)).__name__
+    # the load line fxforge prints for plain torch (its imports first) works too
+    done = _fresh_python(f"import transformers.modeling_outputs, torch; torch.export.load({str(path)!r})", tmp_path)
+    assert done.returncode == 0, done.stderr
+
+
+def test_program_with_an_unknown_output_type_names_the_module_to_import(tmp_path: Path):
+    (tmp_path / "outtypes.py").write_text(
+        textwrap.dedent(
+            """
+            from dataclasses import dataclass
+
+            import torch
+
+
+            @dataclass
+            class Pair:
+                first: torch.Tensor
+                second: torch.Tensor
+
+
+            torch.utils._pytree.register_dataclass(Pair, serialized_type_name="outtypes.Pair")
+
+
+            class Split(torch.nn.Module):
+                def forward(self, x):
+                    return Pair(x + 1, x * 2)
+            """
+        )
+    )
+    path = tmp_path / "split.pt2"
+    done = _fresh_python(
+        f"import torch, outtypes; torch.export.save(torch.export.export(outtypes.Split(), (torch.ones(2),)), "
+        f"{str(path)!r})",
+        tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert program_imports(path) == ["outtypes"]
+
+    done = subprocess.run(
+        [sys.executable, "-m", "fxforge", "inspect", str(path)], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr
+    assert "outtypes.Pair" in done.stderr and "import outtypes before loading it" in done.stderr
+    # fxforge imports only the libraries it knows; with the user's import first, the file loads
+    done = _fresh_python(f"import outtypes, fxforge; fxforge.load_model({str(path)!r})", tmp_path)
+    assert done.returncode == 0, done.stderr
 
 
 def test_corrupt_exported_program(tmp_path: Path):

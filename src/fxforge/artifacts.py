@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib
 import json
 import os
 import shutil
 import tempfile
 import warnings
+import zipfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -338,7 +340,76 @@ def load_exported(
             return module
         if format == "onnx":
             return OnnxRuntimeModule(path, output_like, threads)
-        return torch.export.load(str(path)).module()
+        return load_program(path).module()
+
+
+# Libraries whose output classes (transformers' ModelOutput dataclasses...) register themselves as pytree types
+# when their module is imported, which transformers does lazily. torch.export.load needs every type a program's
+# signature names registered, so fxforge imports the modules of these packages itself (another package's type
+# is an error that names the module to import: fxforge does not import arbitrary modules a file names).
+PYTREE_TYPE_PACKAGES = ("transformers", "diffusers", "timm", "torchvision")
+
+
+def load_program(path: str | Path) -> torch.export.ExportedProgram:
+    """``torch.export.load(path)``, after importing the modules that define the pytree types its signature
+    names (see :data:`PYTREE_TYPE_PACKAGES`): a transformers model's program returns e.g.
+    ``BaseModelOutputWithPooling``, and in a process that has not imported ``transformers.modeling_outputs``,
+    plain ``torch.export.load`` refuses the file.
+
+    Raises:
+        FxforgeError: the program names a type from another package that is not imported yet.
+    """
+    for module in program_imports(path):
+        if module.partition(".")[0] in PYTREE_TYPE_PACKAGES:
+            with contextlib.suppress(ImportError):  # torch.export.load then says what is missing
+                importlib.import_module(module)
+    missing = sorted(name for name in _pytree_types(Path(path)) if name not in pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE)
+    if missing:
+        module = missing[0].rpartition(".")[0]
+        raise FxforgeError(
+            f"{Path(path).name} passes values of type {missing[0]}, which torch can read only once {module} is "
+            "imported",
+            hint=f"import {module} before loading it (fxforge imports only {', '.join(PYTREE_TYPE_PACKAGES)} "
+            "modules by itself)",
+        )
+    return torch.export.load(str(path))
+
+
+def program_imports(path: str | Path) -> list[str]:
+    """The modules to import before plain ``torch.export.load(path)`` can read it: those that define the pytree
+    types (output classes) its signature names, torch's own left out. Empty for a damaged file (torch reports
+    it when loading)."""
+    return sorted({name.rpartition(".")[0] for name in _pytree_types(Path(path)) if "." in name})
+
+
+def _pytree_types(path: Path) -> set[str]:
+    """The serialized type names in the input and output specs of a saved program's module call graph."""
+    names: set[str] = set()
+
+    def collect(spec: Any) -> None:
+        if isinstance(spec, dict):
+            if isinstance(spec.get("type"), str):
+                names.add(spec["type"])
+            for child in spec.get("children_spec") or ():
+                collect(child)
+        elif isinstance(spec, list):
+            for item in spec:
+                collect(item)
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for member in archive.namelist():
+                if not member.endswith("models/model.json"):
+                    continue
+                program = json.loads(archive.read(member))
+                for entry in program.get("graph_module", {}).get("module_call_graph", []):
+                    signature = entry.get("signature") or {}
+                    for key in ("in_spec", "out_spec"):
+                        if isinstance(signature.get(key), str):
+                            collect(json.loads(signature[key]))
+    except (OSError, zipfile.BadZipFile, ValueError, AttributeError, TypeError):
+        return set()
+    return {name for name in names if not name.startswith(("builtins.", "collections.", "torch."))}
 
 
 class OnnxRuntimeModule(nn.Module):
@@ -380,8 +451,6 @@ class OnnxRuntimeModule(nn.Module):
         leaves, spec = pytree.tree_flatten(self.output_like)
         tensors = iter(results)
         return pytree.tree_unflatten([next(tensors) if isinstance(v, torch.Tensor) else v for v in leaves], spec)
-
-
 
 
 class OnednnFusion(nn.Module):

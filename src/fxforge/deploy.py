@@ -47,6 +47,8 @@ from fxforge.artifacts import (
     ChannelsLastModule,
     apply_recipe,
     load_exported,
+    load_program,
+    program_imports,
     save_graph_module,
     write_inputs,
 )
@@ -137,7 +139,7 @@ def reload_artifact(directory: Path, output_like: Any = None, threads: int | Non
     elif (directory / ONNX_FILE).exists():
         module = load_exported(directory / ONNX_FILE, "onnx", output_like=output_like, threads=threads)
     elif (directory / PROGRAM_FILE).exists():
-        module = torch.export.load(str(directory / PROGRAM_FILE)).module()
+        module = load_program(directory / PROGRAM_FILE).module()
     elif (directory / MODEL_FILE).exists():
         module = torch.load(str(directory / MODEL_FILE), map_location="cpu", weights_only=False)
     else:
@@ -159,6 +161,13 @@ def _source(captured: Captured, variants: set[str]) -> nn.Module:
     return ChannelsLastModule(module).eval() if "channels_last" in variants else module
 
 
+def _program_load_line(kind: str, directory: Path) -> str:
+    """The plain-torch load line of a ``model.pt2`` artifact, after the imports that register its output types
+    (``import transformers.modeling_outputs``: torch.export.load refuses the file without it)."""
+    imports = program_imports(directory / PROGRAM_FILE)
+    return f"import {', '.join(imports)}; {PLAIN_TORCH_LOAD[kind]}" if imports else PLAIN_TORCH_LOAD[kind]
+
+
 def _write_eager(captured: Captured, directory: Path, settings: BuildSettings, variants: set[str], a: Artifact) -> None:
     torch.save(captured.original, directory / MODEL_FILE)
     a.load = PLAIN_TORCH_LOAD["eager"]
@@ -173,7 +182,7 @@ def _write_fx(captured: Captured, directory: Path, settings: BuildSettings, vari
         save_graph_module(captured.graph_module, directory, captured.example_inputs, captured.dialect, notes=a.notes)
         if not (directory / PROGRAM_FILE).exists():
             raise FxforgeError("the rewritten graph does not export to model.pt2: " + "; ".join(a.notes))
-    a.load = PLAIN_TORCH_LOAD["fx"]
+    a.load = _program_load_line("fx", directory)
 
 
 def _write_torchscript(
@@ -229,7 +238,7 @@ def _write_compiled(
     if "max_autotune" in variants:
         recipe["mode"] = "max-autotune-no-cudagraphs"
     (directory / RECIPE_FILE).write_text(json.dumps(recipe, indent=1))
-    a.load = PLAIN_TORCH_LOAD["compile"]
+    a.load = _program_load_line("compile", directory)
 
 
 def _write_aoti(program: Any, directory: Path, config: dict[str, Any], a: Artifact) -> None:
@@ -263,7 +272,7 @@ def _write_ort_int8(
 def _write_bf16(captured: Captured, directory: Path, settings: BuildSettings, variants: set[str], a: Artifact) -> None:
     model = bfloat16_graph(captured.graph_module, captured.example_inputs, settings.output_like)
     save_graph_module(model, directory, captured.example_inputs, TORCH, notes=a.notes)
-    a.load = PLAIN_TORCH_LOAD["bf16"]
+    a.load = _program_load_line("bf16", directory)
 
 
 def _write_autocast(
@@ -271,7 +280,7 @@ def _write_autocast(
 ) -> None:
     save_graph_module(captured.graph_module, directory, captured.example_inputs, captured.dialect, notes=a.notes)
     (directory / RECIPE_FILE).write_text(json.dumps({"run": "autocast", "dtype": "bfloat16"}))
-    a.load = PLAIN_TORCH_LOAD["autocast"]
+    a.load = _program_load_line("autocast", directory)
 
 
 _WRITERS = {

@@ -45,6 +45,7 @@ from fxforge.artifacts import (
     AotiModule,
     apply_recipe,
     load_exported,
+    load_program,
     load_provenance,
 )
 from fxforge.demo import DEMO_MODELS
@@ -368,12 +369,14 @@ def _load_pt2(path: Path, spec: str, trusted: bool) -> LoadedModel:
     try:
         # torch logs the whole failure (a traceback) before raising it: fxforge reports it in one line
         with quiet_torch_logs(), contextlib.redirect_stderr(io.StringIO()), _pickled_payloads_refused(trusted):
-            program = torch.export.load(str(path))
+            program = load_program(path)
     except PickleRefused:
         raise ModelSpecError(
             f"{spec} holds pickled Python objects, and unpickling can run arbitrary code",
             hint=f"if you trust this file, pass --trust-pickle (or set {TRUST_PICKLE_ENV}=1)",
         ) from None
+    except FxforgeError:
+        raise
     except Exception as exc:  # torch raises a wide variety of errors for damaged archives
         raise ModelSpecError(
             f"cannot read exported program {spec}: {first_line(exc)}", hint="is the file corrupt?"
