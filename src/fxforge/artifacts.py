@@ -359,11 +359,12 @@ def load_program(path: str | Path) -> torch.export.ExportedProgram:
     Raises:
         FxforgeError: the program names a type from another package that is not imported yet.
     """
-    for module in program_imports(path):
+    types = _pytree_types(Path(path))
+    for module in _modules_of(types):
         if module.partition(".")[0] in PYTREE_TYPE_PACKAGES:
-            with contextlib.suppress(ImportError):  # torch.export.load then says what is missing
+            with contextlib.suppress(ImportError):  # the check below then names what is missing
                 importlib.import_module(module)
-    missing = sorted(name for name in _pytree_types(Path(path)) if name not in pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE)
+    missing = sorted(name for name in types if name not in pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE)
     if missing:
         module = missing[0].rpartition(".")[0]
         raise FxforgeError(
@@ -379,7 +380,11 @@ def program_imports(path: str | Path) -> list[str]:
     """The modules to import before plain ``torch.export.load(path)`` can read it: those that define the pytree
     types (output classes) its signature names, torch's own left out. Empty for a damaged file (torch reports
     it when loading)."""
-    return sorted({name.rpartition(".")[0] for name in _pytree_types(Path(path)) if "." in name})
+    return _modules_of(_pytree_types(Path(path)))
+
+
+def _modules_of(types: set[str]) -> list[str]:
+    return sorted({name.rpartition(".")[0] for name in types if "." in name})
 
 
 def _pytree_types(path: Path) -> set[str]:

@@ -300,3 +300,27 @@ def test_torchvision_resnet18(dialect, capture_as, run_verified):
     assert len(removed) == result.removed == 20
     assert all("num_batches_tracked" in line for line in removed)
     assert "_guards_fn" in names(result.graph_module)  # torch.export's input check is an effect
+
+
+def test_a_metadata_assert_goes_only_when_the_recorded_value_proves_it():
+    """torch.export records ``_assert_tensor_metadata`` for each ``.to(dtype)``; once the no-op cast is gone the
+    assert is the only other user of its input (Inductor's attention fusion wants one). It cannot fail when the
+    input's recorded dtype, device and layout are the asserted ones; one that could fail stays."""
+
+    class Cast(nn.Module):
+        def forward(self, x):
+            return x.softmax(-1).to(torch.float32) * 2
+
+    gm = torch.export.export(Cast(), (torch.randn(2, 3),)).module()
+    asserts = [n for n in gm.graph.nodes if "_assert_tensor_metadata" in str(n.target)]
+    assert len(asserts) == 1
+    softmax = asserts[0].args[0]
+    with gm.graph.inserting_after(asserts[0]):  # the same check, but for float64: it would fail, so it stays
+        gm.graph.call_function(torch.ops.aten._assert_tensor_metadata.default, (softmax,), {"dtype": torch.float64})
+        # a size check is not proven from the recorded value (the batch may be symbolic): stays too
+        gm.graph.call_function(torch.ops.aten._assert_tensor_metadata.default, (softmax, [2, 3]), {})
+    gm.recompile()
+    result = apply_pass(gm, "dead_code")
+    left = [n for n in result.graph_module.graph.nodes if "_assert_tensor_metadata" in str(n.target)]
+    assert len(left) == 2 and {n.kwargs.get("dtype") for n in left} == {torch.float64, None}
+    assert "removed _assert_tensor_metadata" in " ".join(result.log)

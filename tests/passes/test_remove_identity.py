@@ -132,12 +132,13 @@ def test_keeps_arithmetic_that_promotes_the_dtype(dialect, capture_as, run_verif
 class Broadcasts(nn.Module):
     def forward(self, x):
         y = x.relu()
-        return y * torch.ones(3, 2, 4), y + torch.zeros(4), y * torch.tensor(1.0)
+        return y * torch.ones(3, 2, 4), y + torch.zeros(3, 2, 4), y * torch.tensor(1.0)
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
 def test_keeps_multiplication_by_a_tensor_one(dialect, capture_as, run_verified):
-    # a tensor of ones may broadcast to a bigger shape (or promote): only literal scalars count
+    # a tensor of ones may broadcast to a bigger shape (or promote): only literal scalars count for * and /;
+    # + and - take stored zeros that leave the shape alone (test_adding_a_stored_tensor_of_zeros...)
     captured = with_shapes(capture_as(Broadcasts(), torch.randn(2, 4), dialect))
     result = run_verified(captured, "remove_identity")
     assert not result.changed
@@ -283,3 +284,32 @@ def test_torchvision_shufflenet_keeps_the_channel_shuffle_contiguous(capture_as,
     result = run_verified(captured, "remove_identity", seeds=(0,))
     assert not result.changed and len(result.skipped) == 16
     assert all("not contiguous" in reason for reason in result.skipped)
+
+
+class ZeroMask(nn.Module):
+    """x + a stored tensor of zeros (what fold_constants leaves of an unpadded attention mask), and what stays."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.register_buffer("zeros", torch.zeros(1, 4))  # broadcasts over the batch, leaves x's shape
+        self.register_buffer("wide", torch.zeros(3, 2, 4))  # broadcasts x (2, 4) to (3, 2, 4)
+        self.register_buffer("ones", torch.ones(1, 4))  # not zeros
+        self.register_buffer("zeros64", torch.zeros(1, 4, dtype=torch.float64))  # promotes x to float64
+
+    def forward(self, x):
+        y = self.fc(x).relu()
+        y = ((y + self.zeros) - self.zeros).tanh()
+        return y + self.ones, y + self.wide, y + self.zeros64
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_adding_a_stored_tensor_of_zeros_goes_unless_it_broadcasts_or_promotes(dialect, capture_as, run_verified):
+    captured = with_shapes(capture_as(ZeroMask().eval(), torch.randn(2, 4), dialect))
+    result = run_verified(captured, "remove_identity")
+    assert result.removed == 2, (result.log, result.skipped)
+    assert calls(result.graph_module) == calls(captured.graph_module) - 2
+    kept = " ".join(result.skipped)
+    assert "broadcasts x to another shape" in kept and "promotes the dtype" in kept
+    outputs = result.graph_module(torch.randn(2, 4))
+    assert [o.shape for o in outputs] == [(2, 4), (3, 2, 4), (2, 4)] and outputs[2].dtype == torch.float64

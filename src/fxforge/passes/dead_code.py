@@ -4,7 +4,8 @@
 call whose result is unused -- ``y = x.clone(); y.mul_(2); return y`` loses the ``mul_``
 (pytorch/pytorch#68301). Here a node is live when its value reaches the output *or* it has an
 effect: in-place ops and buffer writes, ``out=`` calls, asserts, prints, random ops (they advance the
-generator) and calls into modules fxforge cannot see through. Writes are those of
+generator) and calls into modules fxforge cannot see through. An assert that provably holds
+(:func:`proven_metadata_assert`: torch.export's dtype/device/layout checks) is not an effect. Writes are those of
 :func:`~fxforge.passes._analysis.written_args` too, which knows the ones a call's name or schema does not
 show: a training-mode ``batch_norm`` updating its running statistics, ``F.relu(x, True)`` with ``inplace``
 given by position, ``F.embedding`` with ``max_norm`` renormalising its weight; and the torch.nn modules
@@ -19,9 +20,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import torch
 from torch import fx, nn
 
-from fxforge.graphs import submodule, target_name
+from fxforge.graphs import aten_packet, submodule, target_name
 from fxforge.passes import PassResult, register_pass
 from fxforge.passes._analysis import is_effectful, module_state_write, written_args
 
@@ -31,10 +33,40 @@ _LOG_LIMIT = 200  # a 100k-node graph can lose most of its nodes: keep the log r
 
 def has_effect(gm: nn.Module, node: fx.Node) -> bool:
     """Does running ``node`` matter even when nothing uses its value? Effects, any in-place write into an
-    argument, and torch.nn modules that update their own state (training-mode norms, max_norm embeddings)."""
+    argument, and torch.nn modules that update their own state (training-mode norms, max_norm embeddings).
+    An assert that cannot fail (:func:`proven_metadata_assert`) has none."""
+    if proven_metadata_assert(node):
+        return False
     if is_effectful(gm, node) or written_args(gm, node):
         return True
     return node.op == "call_module" and module_state_write(submodule(gm, node)) is not None
+
+
+def proven_metadata_assert(node: fx.Node) -> bool:
+    """``aten._assert_tensor_metadata(x, dtype=..., device=..., layout=...)`` whose every fact x's recorded value
+    (torch.export's ``val``) already has, with no size or stride to check: it cannot fail.
+
+    torch.export records one for each ``.to(dtype)`` in the model (transformers' attention casts its softmax
+    ``.to(query.dtype)``). Once remove_identity drops the no-op cast, the assert is the softmax's second user,
+    and Inductor's attention fusion, which wants the softmax used once, no longer matches: vit_small compiled
+    from its exported program ran math attention, 8% slower than the same model compiled from Python.
+    """
+    if aten_packet(node) != "_assert_tensor_metadata" or not node.args or not isinstance(node.args[0], fx.Node):
+        return False
+    value = node.args[0].meta.get("val")
+    if not isinstance(value, torch.Tensor):
+        return False
+    schema = node.target._schema  # type: ignore[union-attr]
+    checked = {arg.name: default for arg, default in zip(schema.arguments, node.args)}
+    checked.update(node.kwargs)
+    if checked.get("size") is not None or checked.get("stride") is not None:
+        return False
+    facts = {"dtype": value.dtype, "device": value.device, "layout": value.layout}
+    for name, fact in facts.items():
+        wanted = checked.get(name)
+        if wanted is not None and (torch.device(wanted) if name == "device" else wanted) != fact:
+            return False
+    return set(checked) <= {"a", "size", "stride", *facts}
 
 
 def live_nodes(gm: fx.GraphModule) -> set[fx.Node]:
@@ -54,7 +86,8 @@ def live_nodes(gm: fx.GraphModule) -> set[fx.Node]:
         "Exact: only nodes that cannot influence the outputs or any side effect go. Never removes placeholders, "
         "in-place ops (even with an unused result; inplace=True given by position too), buffer writes (the "
         "running statistics of training-mode norms and the max_norm renormalisation of embeddings, module or "
-        "functional), out= calls, asserts, prints, random ops or calls into user leaf modules. Unused get_attr "
+        "functional), out= calls, asserts (except torch.export's dtype/device/layout asserts that the value recorded "
+        "for their input already proves), prints, random ops or calls into user leaf modules. Unused get_attr "
         "nodes go, then the parameters, buffers and submodules that nothing references any more. Linear in "
         "graph size. Torch and ATen dialects."
     ),

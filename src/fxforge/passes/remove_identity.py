@@ -8,8 +8,10 @@ Two families, with different proofs:
   tensor object on the same memory: it stays when an in-place view op such as ``t_`` or ``unsqueeze_``,
   which changes only the object it is given, may reshape either.)
 * arithmetic with a neutral literal scalar -- ``x * 1``, ``1 * x``, ``x + 0``, ``0 + x``, ``x - 0``,
-  ``x / 1`` -- and copies (``aten.clone``, a no-op ``aten._to_copy``). These return a *new* tensor equal to
-  the input, so they go only when (a) the input's dtype is known and the literal cannot promote it
+  ``x / 1`` -- or with a stored tensor of zeros that does not broadcast ``x`` (``x + Z``, ``Z + x``,
+  ``x - Z``: the all-zero attention mask torch.export materialises for an unpadded transformer) -- and
+  copies (``aten.clone``, a no-op ``aten._to_copy``). These return a *new* tensor equal to the input, so
+  they go only when (a) the input's dtype is known and the literal cannot promote it
   (``bool_tensor * 1`` is int64, ``int_tensor / 1`` and ``int_tensor * 1.0`` are float), (b) no
   in-place op in the graph writes into either tensor and the result is not returned next to its input or
   as a graph input/parameter itself, where the caller could see they became one tensor, and (c) the copy has
@@ -29,7 +31,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from fxforge.graphs import ATEN, aten_packet, dialect_of, node_kind
+from fxforge.graphs import ATEN, aten_packet, dialect_of, get_attr_value, node_kind
 from fxforge.passes import PassResult, mark, register_pass
 from fxforge.passes._analysis import AliasClasses, copy_layout_problem, tensor_facts
 
@@ -80,8 +82,11 @@ _PRESERVE = (None, torch.preserve_format)
     guarantees=(
         "Exact: each removed call returns a value equal to its input with the same dtype, shape and device. Casts, "
         "contiguous and arithmetic go only when node metadata proves the dtype (and device, where one is named) "
-        "unchanged and the literal cannot promote it; only literal int/float scalars count (a tensor 0 could "
-        "broadcast). Calls that return a copy (x*1, clone) stay when an in-place op could write into either tensor, "
+        "unchanged and the literal cannot promote it; besides literal int/float scalars, x + Z and x - Z count "
+        "for a stored real tensor Z that is all zeros when the pass runs, that no in-place op writes, that cannot "
+        "promote x and whose broadcast leaves x's recorded shape as it is (torch.export's all-zero attention "
+        "masks, once fold_constants stored them). Calls that return a copy (x*1, clone) stay when an in-place op "
+        "could write into either tensor, "
         "when the caller would get an input, a parameter or another output back, or when the copy's strides differ "
         "from the input's (an expanded or gapped input; a later view could fail). aten.alias stays when an in-place "
         "view op (t_, unsqueeze_, resize_...) may reshape it or its input. x + 0 on floats maps -0.0 to "
@@ -171,7 +176,7 @@ def _classify(gm: fx.GraphModule, node: fx.Node) -> tuple[str, Any, str] | None:
         return None
     packet = aten_packet(node)
     if packet is not None:
-        return _classify_aten(node, packet)
+        return _classify_aten(gm, node, packet)
     if node.op == "call_method":
         name = str(node.target)
         source = node.args[0] if node.args else None
@@ -184,7 +189,7 @@ def _classify(gm: fx.GraphModule, node: fx.Node) -> tuple[str, Any, str] | None:
         if name == "to" or name in _CAST_METHODS:
             return "cast", source, f".{name}()"
         if name in _ARITHMETIC_METHODS:
-            return _classify_arithmetic(node, _ARITHMETIC_METHODS[name], method=True)
+            return _classify_arithmetic(gm, node, _ARITHMETIC_METHODS[name], method=True)
         return None
     if node.op == "call_function":
         try:
@@ -192,11 +197,13 @@ def _classify(gm: fx.GraphModule, node: fx.Node) -> tuple[str, Any, str] | None:
         except TypeError:
             return None
         if operation is not None:
-            return _classify_arithmetic(node, operation, method=False)
+            return _classify_arithmetic(gm, node, operation, method=False)
     return None
 
 
-def _classify_arithmetic(node: fx.Node, operation: str, method: bool) -> tuple[str, Any, str] | None:
+def _classify_arithmetic(
+    gm: fx.GraphModule, node: fx.Node, operation: str, method: bool
+) -> tuple[str, Any, str] | None:
     kwargs = dict(node.kwargs)
     if kwargs.pop("alpha", 1) != 1 or kwargs:  # rounding_mode, out=, other= ...: not a plain neutral op
         return None
@@ -208,7 +215,34 @@ def _classify_arithmetic(node: fx.Node, operation: str, method: bool) -> tuple[s
         return "copy", a, f"x {symbol} {b!r}"
     if not method and operation in _COMMUTATIVE and _is_neutral(a, operation) and isinstance(b, fx.Node):
         return "copy", b, f"{a!r} {symbol} x"
+    if operation in ("add", "sub") and isinstance(a, fx.Node) and _zero_tensor(gm, b) is not None:
+        return "copy", a, f"x {symbol} {b.target} (a stored tensor of zeros)"
+    if not method and operation == "add" and isinstance(b, fx.Node) and _zero_tensor(gm, a) is not None:
+        return "copy", b, f"{a.target} (a stored tensor of zeros) + x"
     return None
+
+
+_ZERO_TENSOR_LIMIT = 1 << 24  # elements read to prove a stored tensor all zeros: keeps the pass linear in practice
+
+
+def _zero_tensor(gm: fx.GraphModule, value: Any) -> torch.Tensor | None:
+    """The stored tensor ``value`` fetches (a ``get_attr``), if it is a real-valued tensor of zeros.
+
+    torch.export materialises the attention mask transformers builds when there is no padding: a constant
+    ``where(True, 0, -inf)`` that fold_constants turns into a stored tensor of zeros, added to the scores.
+    Adding it changes nothing but keeps Inductor's attention fusion from matching (measured on vit_small).
+    """
+    if not isinstance(value, fx.Node) or value.op != "get_attr":
+        return None
+    try:
+        tensor = get_attr_value(gm, str(value.target))
+    except AttributeError:
+        return None
+    if not isinstance(tensor, torch.Tensor) or tensor.is_complex() or tensor.device.type == "meta":
+        return None
+    if tensor.numel() > _ZERO_TENSOR_LIMIT or bool(tensor.any()):
+        return None
+    return tensor
 
 
 def _is_neutral(value: Any, operation: str) -> bool:
@@ -216,7 +250,7 @@ def _is_neutral(value: Any, operation: str) -> bool:
     return type(value) in (int, float) and value == _NEUTRAL[operation]
 
 
-def _classify_aten(node: fx.Node, packet: str) -> tuple[str, Any, str] | None:
+def _classify_aten(gm: fx.GraphModule, node: fx.Node, packet: str) -> tuple[str, Any, str] | None:
     target = node.target
     source = node.args[0] if node.args else None
     overload = target._overloadname
@@ -234,7 +268,7 @@ def _classify_aten(node: fx.Node, packet: str) -> tuple[str, Any, str] | None:
         return "copy", source, f"aten.{packet}"
     if packet in _NEUTRAL and overload in ("Tensor", "Scalar"):
         # torch.export keeps torch.add(0, x) as aten.add.Tensor(0, x): a literal first operand is possible here
-        return _classify_arithmetic(node, packet, method=False)
+        return _classify_arithmetic(gm, node, packet, method=False)
     return None
 
 
@@ -325,11 +359,17 @@ def _copy_check(
             return reason
     elif packet != "clone":
         operation = _arithmetic_operation(node)
-        literal = node.args[1] if isinstance(node.args[1], (int, float)) else node.args[0]
+        literal = next((arg for arg in node.args if isinstance(arg, (int, float))), None)
+        zeros = next((arg for arg in node.args if _zero_tensor(gm, arg) is not None), None)
+        neutral: Any = literal if zeros is None else torch.empty(1, dtype=_zero_tensor(gm, zeros).dtype)
         if dtype.is_complex:
             return "complex arithmetic with a literal is not exact (inf * 0 terms)"
-        if torch.result_type(torch.empty(1, dtype=dtype), literal) != dtype:
-            return f"{dtype} {operation} {literal!r} promotes the dtype"
+        if torch.result_type(torch.empty(1, dtype=dtype), neutral) != dtype:
+            return f"{dtype} {operation} {literal if zeros is None else zeros.target} promotes the dtype"
+        if zeros is not None:
+            reason = _zeros_check(node, source, zeros, aliases)
+            if reason is not None:
+                return reason
         if operation == "div" and not dtype.is_floating_point:
             return f"true division turns {dtype} into a floating dtype"
         if operation == "add" and options.signed_zeros and dtype.is_floating_point:
@@ -342,6 +382,25 @@ def _copy_check(
     if aliases.escapes(node) and (aliases.external(source) or aliases.escapes(source)):
         return "it returns a copy that the graph returns, and the input is a graph input, a parameter or an output"
     return copy_layout_problem(node, source, gm)
+
+
+def _zeros_check(node: fx.Node, source: fx.Node, zeros: fx.Node, aliases: AliasClasses) -> str | None:
+    """x + zeros is x only if the zeros stay zeros and broadcasting them does not change x's shape."""
+    if aliases.written(zeros):
+        return f"an in-place op writes into {zeros.target}"
+    own, given = _shape_text(node), _shape_text(source)
+    if own is None or given is None:
+        return "the shapes are not recorded, so adding the zeros may broadcast x to a larger shape"
+    if own != given:
+        return f"adding {zeros.target} broadcasts x to another shape"
+    return None
+
+
+def _shape_text(node: fx.Node) -> list[str] | None:
+    """A node's recorded shape, as text so that symbolic sizes compare too; None when not recorded."""
+    value = node.meta.get("val", node.meta.get("tensor_meta"))
+    shape = getattr(value, "shape", None)
+    return None if shape is None else [str(size) for size in shape]
 
 
 def _arithmetic_operation(node: fx.Node) -> str:
