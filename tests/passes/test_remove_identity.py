@@ -296,11 +296,12 @@ class ZeroMask(nn.Module):
         self.register_buffer("wide", torch.zeros(3, 2, 4))  # broadcasts x (2, 4) to (3, 2, 4)
         self.register_buffer("ones", torch.ones(1, 4))  # not zeros
         self.register_buffer("zeros64", torch.zeros(1, 4, dtype=torch.float64))  # promotes x to float64
+        self.fresh_bias = nn.Parameter(torch.zeros(4))  # a weight that is zero only until trained or loaded
 
     def forward(self, x):
         y = self.fc(x).relu()
         y = ((y + self.zeros) - self.zeros).tanh()
-        return y + self.ones, y + self.wide, y + self.zeros64
+        return y + self.ones, y + self.wide, y + self.zeros64, y + self.fresh_bias
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
@@ -312,4 +313,5 @@ def test_adding_a_stored_tensor_of_zeros_goes_unless_it_broadcasts_or_promotes(d
     kept = " ".join(result.skipped)
     assert "broadcasts x to another shape" in kept and "promotes the dtype" in kept
     outputs = result.graph_module(torch.randn(2, 4))
-    assert [o.shape for o in outputs] == [(2, 4), (3, 2, 4), (2, 4)] and outputs[2].dtype == torch.float64
+    assert [o.shape for o in outputs] == [(2, 4), (3, 2, 4), (2, 4), (2, 4)] and outputs[2].dtype == torch.float64
+    assert "fresh_bias" in str(result.graph_module.code)

@@ -57,7 +57,7 @@ def proven_metadata_assert(node: fx.Node) -> bool:
     if not isinstance(value, torch.Tensor):
         return False
     schema = node.target._schema  # type: ignore[union-attr]
-    checked = {arg.name: default for arg, default in zip(schema.arguments, node.args)}
+    checked = {arg.name: given for arg, given in zip(schema.arguments, node.args)}
     checked.update(node.kwargs)
     if checked.get("size") is not None or checked.get("stride") is not None:
         return False

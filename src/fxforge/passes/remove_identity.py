@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import fx
+from torch import fx, nn
 
 from fxforge.graphs import ATEN, aten_packet, dialect_of, get_attr_value, node_kind
 from fxforge.passes import PassResult, mark, register_pass
@@ -83,7 +83,8 @@ _PRESERVE = (None, torch.preserve_format)
         "Exact: each removed call returns a value equal to its input with the same dtype, shape and device. Casts, "
         "contiguous and arithmetic go only when node metadata proves the dtype (and device, where one is named) "
         "unchanged and the literal cannot promote it; besides literal int/float scalars, x + Z and x - Z count "
-        "for a stored real tensor Z that is all zeros when the pass runs, that no in-place op writes, that cannot "
+        "for a stored real tensor Z (a buffer or constant, not a parameter) that is all zeros when the pass runs, "
+        "that no in-place op writes, that cannot "
         "promote x and whose broadcast leaves x's recorded shape as it is (torch.export's all-zero attention "
         "masks, once fold_constants stored them). Calls that return a copy (x*1, clone) stay when an in-place op "
         "could write into either tensor, "
@@ -239,6 +240,8 @@ def _zero_tensor(gm: fx.GraphModule, value: Any) -> torch.Tensor | None:
     except AttributeError:
         return None
     if not isinstance(tensor, torch.Tensor) or tensor.is_complex() or tensor.device.type == "meta":
+        return None
+    if isinstance(tensor, nn.Parameter):  # a weight that happens to be zero now (a fresh bias) is still a weight
         return None
     if tensor.numel() > _ZERO_TENSOR_LIMIT or bool(tensor.any()):
         return None
