@@ -363,8 +363,8 @@ def _copy_check(
     elif packet != "clone":
         operation = _arithmetic_operation(node)
         literal = next((arg for arg in node.args if isinstance(arg, (int, float))), None)
-        zeros = next((arg for arg in node.args if _zero_tensor(gm, arg) is not None), None)
-        neutral: Any = literal if zeros is None else torch.empty(1, dtype=_zero_tensor(gm, zeros).dtype)
+        zeros, values = next(((arg, t) for arg in node.args if (t := _zero_tensor(gm, arg)) is not None), (None, None))
+        neutral: Any = literal if values is None else torch.empty(1, dtype=values.dtype)
         if dtype.is_complex:
             return "complex arithmetic with a literal is not exact (inf * 0 terms)"
         if torch.result_type(torch.empty(1, dtype=dtype), neutral) != dtype:
