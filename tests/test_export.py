@@ -364,3 +364,29 @@ def test_cli_export_failures_exit_codes(capsys, tmp_path):
     code, _, err = run(capsys, "export", "demo", "-o", str(tmp_path / "m.bin"))
     assert code == EXIT_USAGE and "cannot tell the format" in err
     assert _files(tmp_path) == []
+
+
+def test_an_onnx_file_is_a_model_spec_verify_compares_it(capsys, tmp_path):
+    """``fxforge verify MODEL file.onnx`` runs the file in ONNX Runtime against the model; its example inputs come
+    from the file's own input shapes (a symbolic batch as 1), and a file from other weights is a mismatch."""
+    pytest.importorskip("onnxruntime")
+    from fxforge.artifacts import OnnxRuntimeModule
+    from fxforge.models import load_model
+
+    static, dynamic = tmp_path / "static.onnx", tmp_path / "dynamic.onnx"
+    run(capsys, "export", "demo", "--input", "3x3x32x32", "-o", str(static))
+    run(capsys, "export", "demo", "--dynamic-batch", "-o", str(dynamic))
+    loaded = load_model(str(static))
+    assert isinstance(loaded.module, OnnxRuntimeModule)
+    assert [str(spec) for spec in loaded.default_inputs] == ["3x3x32x32"]
+    (demo_input,) = fxforge.prepare("demo").example_inputs
+    assert load_model(str(dynamic)).default_inputs[0].shape == (1, *demo_input.shape[1:])  # the batch: symbolic
+    code, out, _ = run(capsys, "verify", "demo", str(dynamic))
+    assert code == EXIT_OK and out.startswith(f"OK: {dynamic} matches demo")
+    code, out, _ = run(capsys, "verify", "demo", str(dynamic), "--seed", "1")  # other random weights
+    assert code == EXIT_FINDINGS and "OK" not in out
+    (tmp_path / "broken.onnx").write_bytes(b"not a protobuf")
+    code, _, err = run(capsys, "verify", "demo", str(tmp_path / "broken.onnx"))
+    assert code == EXIT_USAGE and err.startswith("error: cannot read") and "Traceback" not in err
+    code, _, err = run(capsys, "verify", "demo", str(tmp_path / "missing.onnx"))
+    assert code == EXIT_USAGE and "file not found" in err

@@ -438,7 +438,7 @@ def test_directory_without_model(tmp_path: Path):
         load_model(str(tmp_path))
 
 
-@pytest.mark.parametrize("spec", ["", "   ", "bad spec", "foo:", ":bar", "torchvision:", "model.onnx"])
+@pytest.mark.parametrize("spec", ["", "   ", "bad spec", "foo:", ":bar", "torchvision:", "model.tflite"])
 def test_bad_spec(spec: str):
     with pytest.raises(ModelSpecError) as info:
         load_model(spec)

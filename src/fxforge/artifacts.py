@@ -30,9 +30,9 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
-from fxforge.errors import FxforgeError, ModelSpecError, first_line, require
+from fxforge.errors import FxforgeError, InputSpecError, ModelSpecError, first_line, require
 from fxforge.graphs import ATEN
-from fxforge.inputs import specs_of
+from fxforge.inputs import InputSpec, parse_input_spec, specs_of
 from fxforge.runtime import export_program, quiet_torch_logs
 from fxforge.vocabulary import ORIGIN, PASS
 
@@ -444,6 +444,22 @@ class OnnxRuntimeModule(nn.Module):
         self.session = ort.InferenceSession(self.path, options, providers=["CPUExecutionProvider"])
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_like = output_like
+
+    def input_specs(self) -> list[InputSpec]:
+        """Example inputs from the file's own input shapes and types (a symbolic first dimension, the batch, as
+        1); empty when another dimension is symbolic or a type has no torch counterpart: then the user says."""
+        specs = []
+        for argument in self.session.get_inputs():
+            shape = argument.shape
+            dims = [d if isinstance(d, int) and d > 0 else (1 if i == 0 else None) for i, d in enumerate(shape)]
+            if None in dims:
+                return []
+            dtype = argument.type.removeprefix("tensor(").removesuffix(")")
+            try:
+                specs.append(parse_input_spec(f"{'x'.join(map(str, dims)) or 'scalar'}:{dtype}"))
+            except InputSpecError:
+                return []
+        return specs
 
     def forward(self, *args: Any) -> Any:
         flat = [t for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor)]

@@ -9,6 +9,7 @@ Spec forms (every command takes the same ones):
 * ``path/to/file.py:factory`` -- a function, class or module instance in a Python file
 * ``package.module:attr`` -- the same, imported from an installed package
 * ``model.pt`` -- a whole module saved with ``torch.save``; ``model.pt2`` -- a ``torch.export`` program
+* ``model.onnx`` -- an ONNX file, run by ONNX Runtime (verify and bench it; it has no Python code to capture)
 * ``OUTDIR`` -- a directory written by ``fxforge optimize`` or ``fxforge quantize`` (loads its ``model.pt``)
 
 Models are built under a fixed seed (so two runs see the same random weights), put in eval mode, and
@@ -180,6 +181,8 @@ def _dispatch(spec: str, kwargs: dict[str, Any], trusted: bool) -> LoadedModel:
         return _load_pt2(path, spec, trusted)
     if path.suffix in {".pt", ".pth", ".bin", ".pkl"}:
         return _load_pickled_module(path, spec, trusted)
+    if path.suffix == ".onnx":
+        return _load_onnx_file(path, spec)
     file_part, sep, attr = spec.rpartition(":")
     if sep and file_part.endswith(".py"):
         return _load_from_file(Path(file_part), attr, spec, kwargs)
@@ -192,7 +195,7 @@ def _dispatch(spec: str, kwargs: dict[str, Any], trusted: bool) -> LoadedModel:
 
 _SPEC_HINT = (
     "use demo, torchvision:NAME, timm:NAME, transformers:CLASS, path/to/file.py:factory, "
-    "package.module:attr, model.pt, model.pt2 or an fxforge output directory"
+    "package.module:attr, model.pt, model.pt2, model.onnx or an fxforge output directory"
 )
 
 
@@ -361,6 +364,14 @@ def _load_exported_file(path: Path, form: str, spec: str) -> LoadedModel:
         raise
     except Exception as exc:  # the runtimes raise their own error types for damaged files
         raise ModelSpecError(f"cannot read {path}: {first_line(exc)}", hint="is the file corrupt?") from None
+
+
+def _load_onnx_file(path: Path, spec: str) -> LoadedModel:
+    if not path.exists():
+        raise ModelSpecError(f"file not found: {spec}")
+    loaded = _load_exported_file(path, "onnx", spec)
+    loaded.default_inputs = loaded.module.input_specs()
+    return loaded
 
 
 def _load_pt2(path: Path, spec: str, trusted: bool) -> LoadedModel:

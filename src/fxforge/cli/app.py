@@ -34,7 +34,7 @@ def cli(ctx: click.Context, debug: bool) -> None:
     """Capture, inspect, lint, rewrite, verify, export and benchmark PyTorch models as torch.fx graphs.
 
     MODEL is a spec: demo, torchvision:resnet18, timm:NAME, transformers:CLASS, path/to/file.py:factory,
-    package.module:attr, model.pt2, model.pt (--trust-pickle), or a directory written by fxforge.
+    package.module:attr, model.pt2, model.pt (--trust-pickle), model.onnx, or a directory written by fxforge.
     """
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug or bool(os.environ.get("FXFORGE_DEBUG"))
