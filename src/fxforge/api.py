@@ -7,8 +7,10 @@ import contextlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+import torch
 from torch import nn
 
+from fxforge.artifacts import OnnxRuntimeModule
 from fxforge.capture import Captured, capture
 from fxforge.errors import CaptureError, InputSpecError
 from fxforge.inputs import InputSpec, make_inputs, parse_input_spec
@@ -117,6 +119,8 @@ def verify_specs(
     specs_source = cand_loaded if (inputs or cand_loaded.default_inputs) else ref_loaded
     specs = resolve_inputs(specs_source, inputs)
     example = make_inputs(specs, seed=seed)
+    _give_onnx_the_structure_of(cand_loaded.module, ref_loaded.module, example)
+    _give_onnx_the_structure_of(ref_loaded.module, cand_loaded.module, example)
     ref: Any = ref_loaded.module
     functions = [f if callable(f) else import_function(f, what="--wrap", error=CaptureError) for f in wrap]
     with contextlib.suppress(CaptureError):  # compared all the same; only the bisection to a node needs the graph
@@ -133,3 +137,15 @@ def verify_specs(
         # a saved program or ONNX file may be fixed to the example's batch size: compare what it can run, and say so
         candidate_may_fix_batch=True,
     )
+
+
+def _give_onnx_the_structure_of(onnx_side: Any, other: nn.Module, example: Sequence[Any]) -> None:
+    """An ONNX file returns a flat list of tensors where the model returned a structure (a transformers
+    ``ModelOutput``, a dict, nested tuples): one call of the other side gives the structure to put them back
+    into, so that the two compare leaf by leaf (a file whose outputs do not fill it stays flat, and differs)."""
+    if not isinstance(onnx_side, OnnxRuntimeModule) or onnx_side.output_like is not None:
+        return
+    if isinstance(other, OnnxRuntimeModule):
+        return
+    with torch.no_grad():
+        onnx_side.output_like = other(*example)

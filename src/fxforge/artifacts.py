@@ -467,9 +467,9 @@ class OnnxRuntimeModule(nn.Module):
             raise ValueError(f"the ONNX model takes {len(self.input_names)} inputs, got {len(flat)}")
         feeds = {name: t.detach().cpu().contiguous().numpy() for name, t in zip(self.input_names, flat)}
         results = [torch.from_numpy(array) for array in self.session.run(None, feeds)]
-        if self.output_like is None:
-            return results[0] if len(results) == 1 else tuple(results)
         leaves, spec = pytree.tree_flatten(self.output_like)
+        if self.output_like is None or sum(isinstance(v, torch.Tensor) for v in leaves) != len(results):
+            return results[0] if len(results) == 1 else tuple(results)  # not this structure: flat, as the file says
         tensors = iter(results)
         return pytree.tree_unflatten([next(tensors) if isinstance(v, torch.Tensor) else v for v in leaves], spec)
 
