@@ -13,7 +13,7 @@ DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 
 def passes_markdown() -> str:
-    from fxforge.passes import all_passes
+    from fxforge.passes import FIX_ORDER, all_passes
 
     lines = [
         "# Passes",
@@ -23,7 +23,8 @@ def passes_markdown() -> str:
         "changed (and what it left alone, with the reason) in its `PassResult`, and keeps node provenance",
         "so that `fxforge verify` can name the pass behind a divergence. Run them with",
         "`fxforge optimize MODEL -p NAME[,NAME...] --verify -o OUT`, a pipeline file, or",
-        "`fxforge.apply_pass(gm, NAME, options)`.",
+        "`fxforge.apply_pass(gm, NAME, options)`. `-p exact` (and `optimize` without `-p`) runs the exact passes, in",
+        f"the order `lint --fix` and `optimize --auto` run them: {', '.join(f'`{n}`' for n in FIX_ORDER)}.",
         "",
         "| pass | dialects | what it does |",
         "|---|---|---|",

@@ -85,6 +85,29 @@ def test_pipeline_files(tmp_path, suffix, text, resnet18):
     assert result.ok and result.verification is not None
 
 
+def test_exact_names_the_exact_passes_and_is_optimizes_default(tmp_path, resnet18, capsys):
+    """``-p exact`` (or no -p at all) runs FIX_ORDER, also inside a longer list or a pipeline file; on resnet18 it
+    folds every BatchNorm, verified; the table shows three skipped candidates per pass, --json all of them."""
+    from fxforge.cli import main
+    from fxforge.passes import FIX_ORDER
+    from fxforge.pipeline import build_pipeline
+
+    assert [s.name for s in build_pipeline().steps] == list(FIX_ORDER)
+    assert [s.name for s in build_pipeline(["exact,insert_after"]).steps] == [*FIX_ORDER, "insert_after"]
+    path = tmp_path / "pipe.yaml"
+    path.write_text("passes: [fold_bn, exact]\n")
+    assert [s.name for s in Pipeline.from_file(path).steps] == ["fold_bn", *FIX_ORDER]
+    result = Pipeline(["exact"], verify_each=True).run(fxforge.capture(resnet18, X))
+    assert result.ok and _bn_count(result.graph_module) == 0 and result.verification.ok
+    capsys.readouterr()
+    pytest.importorskip("timm")
+    assert main(["optimize", "timm:efficientnet_b0", "--input", "1x3x64x64"]) == 0
+    out = capsys.readouterr().out
+    assert "fold_bn" in out and "dead_code" in out and "cse skipped" in out
+    shown = [line for line in out.splitlines() if line.strip().startswith("cse skipped:")]
+    assert len(shown) == 3 and "more (--json lists all)" in out
+
+
 def test_bad_pipeline_file(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("passes: [fold_bn\n")

@@ -31,6 +31,7 @@ from fxforge.passes import (
     PassResult,
     apply_pass,
     copy_graph_module,
+    exact_passes,
     get_pass,
     resolve_pass_reference,
     stamp_provenance,
@@ -125,6 +126,14 @@ def _relative_to(folder: Path, step: Any) -> Any:
     return {**step, "name": resolved} if isinstance(step, Mapping) else resolved
 
 
+# `-p exact` (also a pipeline file's step): the exact passes, in the order lint --fix and optimize --auto run them.
+EXACT_GROUP = "exact"
+
+
+def _expand_groups(items: Sequence[Any]) -> list[Any]:
+    return [name for item in items for name in (exact_passes() if item == EXACT_GROUP else [item])]
+
+
 def _as_step(item: str | PassStep | tuple[str, Mapping[str, Any]] | Mapping[str, Any]) -> PassStep:
     if isinstance(item, PassStep):
         return item
@@ -164,7 +173,7 @@ class Pipeline:
         rtol: float | None = None,
         atol: float | None = None,
     ) -> None:
-        self.steps = [_as_step(s) for s in steps]
+        self.steps = [_as_step(s) for s in _expand_groups(steps)]
         for step in self.steps:
             get_pass(step.name)  # fail early, before any work, on an unknown name
         self.verify_each = verify_each
@@ -357,11 +366,13 @@ def build_pipeline(
 ) -> Pipeline:
     """The pipeline the CLI's ``--passes``/``--option``/``--pipeline`` describe, checked before any work.
 
-    ``passes``: names, comma-separated groups allowed. ``options``: ``{pass: {option: value}}`` or
+    ``passes``: names, comma-separated groups allowed; ``exact`` stands for the exact passes, and is what runs
+    when neither passes nor a pipeline file are given. ``options``: ``{pass: {option: value}}`` or
     ``PASS.KEY=VALUE`` strings, for passes in the list. ``verify``/``keep_going`` None keep a pipeline file's
     own settings (False for a list of names).
     """
     names = [pass_name(name) for group in passes for name in str(group).split(",") if name.strip()]
+    names = _expand_groups(names)
     parsed = dict(options) if isinstance(options, Mapping) else parse_option_assignments(list(options))
     if pipeline_file is not None and names:
         raise FxforgeError("give either --passes or --pipeline, not both")
@@ -370,7 +381,7 @@ def build_pipeline(
             raise FxforgeError("--option applies to --passes; put options in the pipeline file instead")
         return Pipeline.from_file(pipeline_file, verify_each=verify, keep_going=keep_going)
     if not names:
-        raise FxforgeError("no passes given", hint="e.g. -p fold_bn,remove_dropout (list them with: fxforge passes)")
+        names = exact_passes()
     unknown = [name for name in parsed if name not in names]
     if unknown:
         raise FxforgeError(f"--option names pass {unknown[0]!r}, which is not in the pipeline")

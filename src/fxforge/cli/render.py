@@ -162,6 +162,9 @@ def render_rules(console: Console, rules: list[Any]) -> None:
     console.print(table)
 
 
+SKIPPED_SHOWN = 3  # per pass; the JSON report has every skipped candidate and its reason
+
+
 def render_optimize(console: Console, spec: str, result: Any) -> None:
     pipeline = result.pipeline
     table = Table(title=f"Passes on {spec}")
@@ -185,8 +188,12 @@ def render_optimize(console: Console, spec: str, result: Any) -> None:
         )
     console.print(table)
     for step in pipeline.steps:
-        for line in step.result.skipped:
-            console.print(f"  [dim]{step.result.name} skipped: {line}[/]")
+        skipped = step.result.skipped
+        for line in skipped[:SKIPPED_SHOWN]:
+            console.print(f"  [dim]{step.result.name} skipped: {escape(line)}[/]")
+        if len(skipped) > SKIPPED_SHOWN:  # a timm net gave 33 lines of cse alone
+            more = len(skipped) - SKIPPED_SHOWN
+            console.print(f"  [dim]{step.result.name} skipped {more} more (--json lists all)[/]")
     for step in pipeline.rolled_back:
         if step.result.name != pipeline.failed_pass:
             console.print(f"  [yellow]pass {step.result.name} rolled back[/]: {step.rolled_back}")

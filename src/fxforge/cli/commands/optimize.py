@@ -31,7 +31,14 @@ pass is rolled back and reported instead).
 """,
 )
 @capture_options
-@click.option("--passes", "-p", "pass_names", multiple=True, metavar="NAMES", help="Comma-separated pass names.")
+@click.option(
+    "--passes",
+    "-p",
+    "pass_names",
+    multiple=True,
+    metavar="NAMES",
+    help="Comma-separated pass names; 'exact' is every exact pass (the default without --pipeline).",
+)
 @click.option("--pipeline", type=click.Path(exists=True, dir_okay=False), default=None, help="YAML/TOML pipeline.")
 @click.option("--option", "pass_options", multiple=True, metavar="PASS.KEY=VALUE", help="Option for one pass.")
 @click.option(
