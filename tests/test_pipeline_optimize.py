@@ -99,6 +99,8 @@ def test_exact_names_the_exact_passes_and_is_optimizes_default(tmp_path, resnet1
     assert [s.name for s in Pipeline.from_file(path).steps] == ["fold_bn", *FIX_ORDER]
     result = Pipeline(["exact"], verify_each=True).run(fxforge.capture(resnet18, X))
     assert result.ok and _bn_count(result.graph_module) == 0 and result.verification.ok
+    assert main(["report", "demo", "-p", "exact", "-o", str(tmp_path / "report.html")]) == 0  # report takes it too
+    assert "merge_convs" in (tmp_path / "report.html").read_text()  # only as a pass that ran
     capsys.readouterr()
     pytest.importorskip("timm")
     assert main(["optimize", "timm:efficientnet_b0", "--input", "1x3x64x64"]) == 0

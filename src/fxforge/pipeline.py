@@ -32,6 +32,7 @@ from fxforge.passes import (
     apply_pass,
     copy_graph_module,
     exact_passes,
+    expand_groups,
     get_pass,
     resolve_pass_reference,
     stamp_provenance,
@@ -126,14 +127,6 @@ def _relative_to(folder: Path, step: Any) -> Any:
     return {**step, "name": resolved} if isinstance(step, Mapping) else resolved
 
 
-# `-p exact` (also a pipeline file's step): the exact passes, in the order lint --fix and optimize --auto run them.
-EXACT_GROUP = "exact"
-
-
-def _expand_groups(items: Sequence[Any]) -> list[Any]:
-    return [name for item in items for name in (exact_passes() if item == EXACT_GROUP else [item])]
-
-
 def _as_step(item: str | PassStep | tuple[str, Mapping[str, Any]] | Mapping[str, Any]) -> PassStep:
     if isinstance(item, PassStep):
         return item
@@ -173,7 +166,7 @@ class Pipeline:
         rtol: float | None = None,
         atol: float | None = None,
     ) -> None:
-        self.steps = [_as_step(s) for s in _expand_groups(steps)]
+        self.steps = [_as_step(s) for s in expand_groups(steps)]
         for step in self.steps:
             get_pass(step.name)  # fail early, before any work, on an unknown name
         self.verify_each = verify_each
@@ -372,7 +365,7 @@ def build_pipeline(
     own settings (False for a list of names).
     """
     names = [pass_name(name) for group in passes for name in str(group).split(",") if name.strip()]
-    names = _expand_groups(names)
+    names = expand_groups(names)
     parsed = dict(options) if isinstance(options, Mapping) else parse_option_assignments(list(options))
     if pipeline_file is not None and names:
         raise FxforgeError("give either --passes or --pipeline, not both")

@@ -22,7 +22,7 @@ import importlib
 import inspect
 import pkgutil
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -346,3 +346,12 @@ def exact_passes() -> list[str]:
     """The registered exact passes, in the order ``lint --fix`` runs them."""
     _load_builtin_passes()
     return [name for name in FIX_ORDER if name in PASSES]
+
+
+# What a list of passes may say for exact_passes(): `-p exact`, a pipeline file's step.
+EXACT_GROUP = "exact"
+
+
+def expand_groups(items: Sequence[Any]) -> list[Any]:
+    """``items`` (pass names or pipeline steps) with each ``"exact"`` replaced by :func:`exact_passes`."""
+    return [name for item in items for name in (exact_passes() if item == EXACT_GROUP else [item])]

@@ -26,7 +26,9 @@ each node's share of the time (--profile: the captured model's nodes timed one b
 )
 @capture_options
 @click.option("--output", "-o", required=True, type=click.Path(path_type=str), help="report.html")
-@click.option("--passes", "-p", "pass_names", multiple=True, metavar="NAMES", help="Run these passes (verified).")
+@click.option(
+    "--passes", "-p", "pass_names", multiple=True, metavar="NAMES", help="Run these passes (verified); 'exact': all."
+)
 @click.option("--bench", "do_bench", is_flag=True, help="Time backends and chart their latencies.")
 @click.option(
     "--backends",
@@ -69,7 +71,7 @@ def command(
 ) -> None:
     """Write an HTML report: environment, capture, inspect, lint, optimize diff, bench and quantize charts."""
     from fxforge.cli.render import render_page
-    from fxforge.passes import get_pass
+    from fxforge.passes import expand_groups, get_pass
     from fxforge.report import report
 
     if Path(output).suffix.lower() not in (".html", ".htm"):
@@ -78,7 +80,7 @@ def command(
         raise FxforgeError(f"{output} exists", hint="pass --force to replace it")
     if do_profile and profile_file:
         raise FxforgeError("--profile and --profile-file both say where the times come from", hint="pass one")
-    names = [name for group in pass_names for name in split(group)]
+    names = expand_groups([name for group in pass_names for name in split(group)])
     for name in names:
         get_pass(name)  # an unknown pass fails now, before any work
     profile = read_profile(profile_file) if profile_file else None
