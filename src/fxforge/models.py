@@ -9,7 +9,7 @@ Spec forms (every command takes the same ones):
 * ``path/to/file.py:factory`` -- a function, class or module instance in a Python file
 * ``package.module:attr`` -- the same, imported from an installed package
 * ``model.pt`` -- a whole module saved with ``torch.save``; ``model.pt2`` -- a ``torch.export`` program
-* ``model.onnx`` -- an ONNX file, run by ONNX Runtime (verify and bench it; it has no Python code to capture)
+* ``model.onnx`` -- an ONNX file, run by ONNX Runtime (verify compares it with a model; nothing to capture)
 * ``OUTDIR`` -- a directory written by ``fxforge optimize`` or ``fxforge quantize`` (loads its ``model.pt``)
 
 Models are built under a fixed seed (so two runs see the same random weights), put in eval mode, and
