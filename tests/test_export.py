@@ -385,6 +385,9 @@ def test_an_onnx_file_is_a_model_spec_verify_compares_it(capsys, tmp_path):
     assert code == EXIT_OK and out.startswith(f"OK: {dynamic} matches demo")
     code, out, _ = run(capsys, "verify", "demo", str(dynamic), "--seed", "1")  # other random weights
     assert code == EXIT_FINDINGS and "OK" not in out
+    for candidate in (str(dynamic), "demo"):  # inputs the model rejects: one line, no traceback (torch's ShapeProp
+        code, _, err = run(capsys, "verify", "demo", candidate, "--input", "1x2")  # printed one; the file's side too)
+        assert code == EXIT_USAGE and err.startswith("error: the model rejected") and "Traceback" not in err
     (tmp_path / "broken.onnx").write_bytes(b"not a protobuf")
     code, _, err = run(capsys, "verify", "demo", str(tmp_path / "broken.onnx"))
     assert code == EXIT_USAGE and err.startswith("error: cannot read") and "Traceback" not in err

@@ -147,5 +147,8 @@ def _give_onnx_the_structure_of(onnx_side: Any, other: nn.Module, example: Seque
         return
     if isinstance(other, OnnxRuntimeModule):
         return
-    with torch.no_grad():
-        onnx_side.output_like = other(*example)
+    try:
+        with torch.no_grad():
+            onnx_side.output_like = other(*example)
+    except Exception:  # inputs the model rejects: verify runs it again and reports that in one line
+        return

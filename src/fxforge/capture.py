@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import functools
 import inspect as pyinspect
+import io
 import sys
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -541,7 +542,8 @@ def record_shapes(gm: fx.GraphModule, values: Sequence[Any]) -> bool:
     where tracing records none. The graph's state is restored; False when the run fails (the facts stay unknown).
     """
     try:
-        with torch.no_grad(), quiet_torch_logs(), preserved_state(gm):
+        # ShapeProp prints the traceback of a failing node itself before raising: the caller reports the failure
+        with torch.no_grad(), quiet_torch_logs(), preserved_state(gm), contextlib.redirect_stderr(io.StringIO()):
             ShapeProp(gm).propagate(*cloned(list(values)))
     except Exception:  # shape facts are an optimisation: passes that need them skip with a reason instead
         return False
