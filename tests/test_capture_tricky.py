@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fxforge.capture import EXPORT, LOADED, SYMBOLIC_TRACE, Captured, capture
-from fxforge.errors import CaptureError, InputSpecError
+from fxforge.errors import CaptureError, FxforgeError, InputSpecError
 from fxforge.graphs import ATEN, TORCH
 from fxforge.inputs import InputSpec, make_inputs
 from fxforge.models import load_model
@@ -75,6 +75,15 @@ def test_branch_in_submodule_becomes_leaf():
     # both branches of the leaf still work: the leaf runs the module's own Python code
     assert_same_outputs(model, captured, x())
     assert_same_outputs(model, captured, -100 * torch.ones(2, 8))
+
+
+def test_a_leaf_name_that_names_no_submodule_is_an_error_with_close_names():
+    """The tracer ignores a leaf name it never meets: capturing as if --leaf had not been given hid the typo."""
+    model = load("SubmoduleBranch")
+    assert capture(model, x(), leaf_modules=["gate"]).record.ok  # a real name: fine
+    with pytest.raises(FxforgeError, match="'gat' names no submodule") as info:
+        capture(model, x(), leaf_modules=["gat"])
+    assert info.value.hint == "did you mean gate?" and not isinstance(info.value, CaptureError)
 
 
 def test_branch_in_root_forward_is_a_clear_capture_error():

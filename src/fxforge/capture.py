@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 import functools
 import inspect as pyinspect
 import io
@@ -578,6 +579,21 @@ def _has_mode(module: nn.Module) -> bool:
     return isinstance(module, (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._NormBase))
 
 
+def _check_leaf_names(leaf_names: set[str], submodules: set[str]) -> None:
+    """A leaf name that names no submodule would be ignored by the tracer: say so rather than capture as if it
+    had not been given."""
+    unknown = sorted(leaf_names - submodules)
+    if not unknown:
+        return
+    close = difflib.get_close_matches(unknown[0], sorted(submodules), n=3)
+    raise FxforgeError(
+        f"--leaf {unknown[0]!r} names no submodule of the model",
+        hint=f"did you mean {' or '.join(close)}?"
+        if close
+        else "leaf names are dotted submodule paths such as layer1.0 (fxforge inspect MODEL --depth N lists them)",
+    )
+
+
 def _capture_module(
     model: nn.Module,
     inputs: tuple[Any, ...],
@@ -596,6 +612,7 @@ def _capture_module(
     user_leaves = set(leaf_names)
     wraps = [wrap for f in autowrap_functions for wrap in _wraps_for(f, model)]
     module_names = {id(m): name for name, m in model.named_modules()}
+    _check_leaf_names(user_leaves, set(module_names.values()) - {""})
     # Concrete args are passed as keywords to the model and the graph alike, on every capture path, so that
     # checks and every later run compute the branch the user chose (torch.export guards on their values).
     kwargs = {**kwargs, **(concrete_args or {})}
