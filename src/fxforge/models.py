@@ -27,6 +27,7 @@ import json
 import os
 import pickle
 import warnings
+import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,7 +51,7 @@ from fxforge.artifacts import (
     load_provenance,
 )
 from fxforge.demo import DEMO_MODELS
-from fxforge.errors import FxforgeError, ModelSpecError, first_line, require, user_location
+from fxforge.errors import FxforgeError, ModelSpecError, first_line, one_line_reason, require, user_location
 from fxforge.inputs import InputSpec, parse_input_spec
 from fxforge.references import import_file
 from fxforge.runtime import quiet_torch_logs
@@ -458,6 +459,13 @@ def _load_pickled_module(path: Path, spec: str, trusted: bool) -> LoadedModel:
         raise ModelSpecError(f"file not found: {spec}")
     if _is_torchscript_archive(path):
         return _load_exported_file(path, "torchscript", spec)
+    if not zipfile.is_zipfile(path) and not _is_bare_pickle(path):
+        # torch.save writes a zip archive (a pickle stream before torch 1.6); anything else fails deep in the
+        # unpickler with a message like "174812789" (a KeyError of a memo index)
+        raise ModelSpecError(
+            f"cannot read {spec}: not a file torch.save wrote (neither a zip archive nor a pickle stream)",
+            hint="is the file corrupt or truncated?",
+        )
     try:
         with warnings.catch_warnings():
             # int8 models (fxforge quantize): torch's own rebuild of quantized tensors uses APIs it deprecates
@@ -485,9 +493,9 @@ def _load_pickled_module(path: Path, spec: str, trusted: bool) -> LoadedModel:
             f"cannot read {spec}: {first_line(exc)}",
             hint="the code of the pickled module's classes must be importable (check PYTHONPATH)",
         ) from None
-    except Exception as exc:  # damaged files raise UnpicklingError, ValueError, UnicodeDecodeError, ...
+    except Exception as exc:  # damaged files raise UnpicklingError, ValueError, UnicodeDecodeError, KeyError...
         raise ModelSpecError(
-            f"cannot read {spec}: {first_line(exc)}", hint="is the file corrupt or truncated?"
+            f"cannot read {spec}: {one_line_reason(exc)}", hint="is the file corrupt or truncated?"
         ) from None
     if isinstance(obj, nn.Module):
         return LoadedModel(obj, spec)

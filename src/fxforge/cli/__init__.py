@@ -12,10 +12,32 @@ Exit codes (docs/commands/index.md): 0 success · 1 findings (lint) or mismatch 
 
 from __future__ import annotations
 
+import signal
 import sys
 from typing import Any
 
 EXIT_INTERRUPTED = 130
+_sigint_seen = False
+
+
+def _note_sigint(signum: int, frame: Any) -> None:
+    global _sigint_seen
+    _sigint_seen = True
+    raise KeyboardInterrupt
+
+
+def stop_if_interrupted() -> None:
+    """Raise the KeyboardInterrupt a library swallowed (see :func:`sigint_seen`): called once torch and the
+    library are imported, before any work starts."""
+    if _sigint_seen:
+        raise KeyboardInterrupt
+
+
+def sigint_seen() -> bool:
+    """Whether Ctrl-C reached this process. A KeyboardInterrupt raised while a C extension was being imported
+    can be swallowed by the library importing it; the next import of that module then fails with an unrelated
+    error ("cannot load module more than once per process"), which must still be reported as the interruption."""
+    return _sigint_seen
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,6 +48,10 @@ def main(argv: list[str] | None = None) -> int:
         return run_app(argv)
     except KeyboardInterrupt:  # while the commands (and torch) were still being imported
         return interrupted()
+    except Exception:
+        if sigint_seen():  # an import the interruption broke
+            return interrupted()
+        raise
 
 
 def interrupted() -> int:
@@ -40,6 +66,8 @@ def interrupted() -> int:
 
 def run() -> None:
     """Console-script entry point (``fxforge``)."""
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where SIGINT is ignored (nohup, &)
+        signal.signal(signal.SIGINT, _note_sigint)
     try:
         code = main()
     except KeyboardInterrupt:  # a second Ctrl-C while the first was being reported

@@ -16,7 +16,7 @@ import click
 from rich.text import Text
 
 from fxforge import __version__
-from fxforge.cli import interrupted
+from fxforge.cli import interrupted, sigint_seen, stop_if_interrupted
 from fxforge.cli.options import stderr
 from fxforge.errors import EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, FxforgeError, one_line_reason
 
@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         if any("\x00" in arg for arg in args):  # no file name, spec or value can hold one; os calls would raise
             raise FxforgeError("an argument contains a NUL character")
         cli.main(args=args, prog_name="fxforge", standalone_mode=False)
+        stop_if_interrupted()  # a command without a capture step: Ctrl-C still ends it with 130
     except KeyboardInterrupt:
         return interrupted()
     except click.exceptions.Abort:  # click's own Ctrl-C (at a prompt)
@@ -74,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     except FxforgeError as exc:
         if debug:
             raise
+        if sigint_seen():  # the failure came from the interruption (see sigint_seen)
+            return interrupted()
         _print_line("error:", "bold red", exc.message)
         if exc.hint:
             _print_line("hint:", "dim", exc.hint)
@@ -88,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         if debug:
             raise
+        if sigint_seen():
+            return interrupted()
         _print_line("internal error:", "bold red", one_line_reason(exc))
         _print_line("hint:", "dim", "rerun with --debug for the traceback, and please report it")
         return EXIT_INTERNAL

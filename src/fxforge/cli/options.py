@@ -19,6 +19,8 @@ from typing import Any
 import click
 from rich.console import Console
 
+from fxforge.cli import stop_if_interrupted
+
 # Piped output gets a fixed, roomy width instead of rich's 80-column fallback.
 stdout = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
 stderr = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 120)
@@ -48,6 +50,7 @@ class CaptureOptions:
         """Load and capture the model (:func:`fxforge.prepare`), with a spinner on a terminal."""
         from fxforge.api import prepare
 
+        stop_if_interrupted()  # Ctrl-C while torch was imported, swallowed on the way: stop before any work
         with status("capturing model", self.as_json):
             return prepare(
                 self.model or "",
