@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import random
 import subprocess
 import sys
@@ -301,6 +302,20 @@ def test_corrupt_file_odd_errors(tmp_path: Path, seed: int):
     path.write_bytes(bytes(rng.getrandbits(8) for _ in range(n)))
     with pytest.raises(ModelSpecError, match="cannot read"):
         load_model(str(path))
+
+
+def test_a_file_torch_save_did_not_write_says_so(tmp_path: Path):
+    """Text in a .pt file made the unpickler fail with KeyError(174812789), reported as 'cannot read: 174812789'."""
+    path = tmp_path / "model.pt"
+    path.write_text("junk\n")
+    for trusted in (False, True):
+        with pytest.raises(ModelSpecError, match=r"not a file torch\.save wrote") as info:
+            load_model(str(path), trust_pickle=trusted)
+        assert_one_line(info.value)
+    pickled = tmp_path / "pickled.pt"
+    pickled.write_bytes(pickle.dumps({"a": 1}))  # a plain pickle stream: torch.load's own error, with its type
+    with pytest.raises(ModelSpecError, match="RuntimeError: Invalid magic number"):
+        load_model(str(pickled), trust_pickle=True)
 
 
 def test_truncated_checkpoint(tmp_path: Path):
