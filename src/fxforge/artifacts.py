@@ -443,6 +443,8 @@ class OnnxRuntimeModule(nn.Module):
         self.path = str(path)
         self.session = ort.InferenceSession(self.path, options, providers=["CPUExecutionProvider"])
         self.input_names = [i.name for i in self.session.get_inputs()]
+        # per input, each dimension's fixed size (None: symbolic), to name a wrong shape in one line
+        self.input_dims = [[d if isinstance(d, int) else None for d in i.shape] for i in self.session.get_inputs()]
         self.output_like = output_like
 
     def input_specs(self) -> list[InputSpec]:
@@ -465,6 +467,13 @@ class OnnxRuntimeModule(nn.Module):
         flat = [t for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor)]
         if len(flat) != len(self.input_names):
             raise ValueError(f"the ONNX model takes {len(self.input_names)} inputs, got {len(flat)}")
+        for name, fixed, tensor in zip(self.input_names, self.input_dims, flat):
+            # ONNX Runtime's own message for a wrong shape spans lines ("... for the following indices\n index: 2
+            # Got: 200 Expected: 224"), and reports keep its first line only
+            if len(fixed) != tensor.dim() or any(d is not None and d != n for d, n in zip(fixed, tensor.shape)):
+                expected = "x".join("?" if d is None else str(d) for d in fixed) or "a scalar"
+                got = "x".join(map(str, tensor.shape)) or "a scalar"
+                raise ValueError(f"the ONNX model's input {name} has shape {expected} (? any), got {got}")
         feeds = {name: t.detach().cpu().contiguous().numpy() for name, t in zip(self.input_names, flat)}
         results = [torch.from_numpy(array) for array in self.session.run(None, feeds)]
         leaves, spec = pytree.tree_flatten(self.output_like)
