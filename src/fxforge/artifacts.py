@@ -451,9 +451,8 @@ class OnnxRuntimeModule(nn.Module):
         """Example inputs from the file's own input shapes and types (a symbolic first dimension, the batch, as
         1); empty when another dimension is symbolic or a type has no torch counterpart: then the user says."""
         specs = []
-        for argument in self.session.get_inputs():
-            shape = argument.shape
-            dims = [d if isinstance(d, int) and d > 0 else (1 if i == 0 else None) for i, d in enumerate(shape)]
+        for fixed, argument in zip(self.input_dims, self.session.get_inputs()):
+            dims = [d if d is not None and d > 0 else (1 if i == 0 else None) for i, d in enumerate(fixed)]
             if None in dims:
                 return []
             dtype = argument.type.removeprefix("tensor(").removesuffix(")")
