@@ -84,6 +84,12 @@ def test_a_leaf_name_that_names_no_submodule_is_an_error_with_close_names():
     with pytest.raises(FxforgeError, match="'gat' names no submodule") as info:
         capture(model, x(), leaf_modules=["gat"])
     assert info.value.hint == "did you mean gate?" and not isinstance(info.value, CaptureError)
+    torchvision = pytest.importorskip("torchvision")
+    resnet = torchvision.models.resnet18().eval()
+    with pytest.raises(FxforgeError, match=r"'layer1\.O' names no submodule") as info:  # a letter O for a zero
+        capture(resnet, (torch.randn(1, 3, 32, 32),), leaf_modules=["layer1.O"])
+    assert "layer1.0" in info.value.hint
+    assert capture(resnet, (torch.randn(1, 3, 32, 32),), leaf_modules=["layer1.0"]).record.ok
 
 
 def test_branch_in_root_forward_is_a_clear_capture_error():
