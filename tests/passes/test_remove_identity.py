@@ -315,3 +315,42 @@ def test_adding_a_stored_tensor_of_zeros_goes_unless_it_broadcasts_or_promotes(d
     outputs = result.graph_module(torch.randn(2, 4))
     assert [o.shape for o in outputs] == [(2, 4), (3, 2, 4), (2, 4), (2, 4)] and outputs[2].dtype == torch.float64
     assert "fresh_bias" in str(result.graph_module.code)
+
+
+class ZeroOperands(nn.Module):
+    """The stored zeros on either side and on both: Z + x, Z + Z, buffer + Z, each used once more below."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.register_buffer("zeros", torch.zeros(1, 4))
+        self.register_buffer("ones", torch.ones(1, 4))
+
+    def forward(self, x):
+        y = self.fc(x).relu()
+        z_plus_y = self.zeros + y
+        z_plus_z = self.zeros + self.zeros
+        ones_plus_z = self.ones + self.zeros
+        return (z_plus_y * ones_plus_z + z_plus_z).tanh()
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_stored_zeros_on_either_side_go_and_each_is_read_once(dialect, capture_as, run_verified, monkeypatch):
+    from fxforge.passes import remove_identity as module
+
+    captured = with_shapes(capture_as(ZeroOperands().eval(), torch.randn(2, 4), dialect))
+    proofs: list[str] = []
+    prove = module._zero_tensor
+
+    def counting(gm, value):
+        proofs.append(str(value.target))
+        return prove(gm, value)
+
+    monkeypatch.setattr(module, "_zero_tensor", counting)
+    result = run_verified(captured, "remove_identity")
+    # symbolic_trace computes buffer + buffer while tracing (Z + Z, ones + Z become constants): one add is left
+    expected = 3 if dialect == "aten" else 1
+    assert result.removed == expected, (result.log, result.skipped)
+    assert calls(result.graph_module) == calls(captured.graph_module) - expected
+    # the pass runs its plan once: every stored tensor it looked at was read once, however many adds use it
+    assert sorted(proofs) == sorted(set(proofs)) and proofs, proofs

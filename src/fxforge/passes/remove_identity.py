@@ -134,13 +134,14 @@ def plan_removals(gm: fx.GraphModule, options: RemoveIdentityOptions) -> tuple[l
     """
     static_shapes = dialect_of(gm) == ATEN  # torch.export specialises (and guards) every size it did not mark dynamic
     aliases: AliasClasses | None = None
+    stored_zeros = _StoredZeros(gm)
     stands_for: dict[fx.Node, fx.Node] = {}  # removed node -> the node its users will read
     removals: list[Removal] = []
     skipped: list[str] = []
     for node in gm.graph.nodes:
         if not node.op.startswith("call"):
             continue
-        found = _classify(gm, node)
+        found = _classify(gm, node, stored_zeros)
         if found is None:
             continue
         kind, source, describe = found
@@ -150,7 +151,7 @@ def plan_removals(gm: fx.GraphModule, options: RemoveIdentityOptions) -> tuple[l
         if aliases is None and (kind == "copy" or aten_packet(node) == "alias"):
             aliases = AliasClasses(gm)
         if kind == "copy":
-            reason = _copy_check(gm, node, source, options, aliases)
+            reason = _copy_check(gm, node, source, options, aliases, stored_zeros)
         elif aten_packet(node) == "alias":
             reason = _alias_check(node, aliases)
         elif kind == "layout":
@@ -169,7 +170,7 @@ def plan_removals(gm: fx.GraphModule, options: RemoveIdentityOptions) -> tuple[l
     return removals, skipped
 
 
-def _classify(gm: fx.GraphModule, node: fx.Node) -> tuple[str, Any, str] | None:
+def _classify(gm: fx.GraphModule, node: fx.Node, stored_zeros: _StoredZeros) -> tuple[str, Any, str] | None:
     """(kind, input, description) for a candidate, kind one of identity/layout/cast/copy; None otherwise."""
     if node.op == "call_module":
         if node_kind(gm, node) == "identity" and len(node.args) == 1 and not node.kwargs:
@@ -177,7 +178,7 @@ def _classify(gm: fx.GraphModule, node: fx.Node) -> tuple[str, Any, str] | None:
         return None
     packet = aten_packet(node)
     if packet is not None:
-        return _classify_aten(gm, node, packet)
+        return _classify_aten(node, packet, stored_zeros)
     if node.op == "call_method":
         name = str(node.target)
         source = node.args[0] if node.args else None
@@ -190,7 +191,7 @@ def _classify(gm: fx.GraphModule, node: fx.Node) -> tuple[str, Any, str] | None:
         if name == "to" or name in _CAST_METHODS:
             return "cast", source, f".{name}()"
         if name in _ARITHMETIC_METHODS:
-            return _classify_arithmetic(gm, node, _ARITHMETIC_METHODS[name], method=True)
+            return _classify_arithmetic(node, _ARITHMETIC_METHODS[name], stored_zeros, method=True)
         return None
     if node.op == "call_function":
         try:
@@ -198,12 +199,12 @@ def _classify(gm: fx.GraphModule, node: fx.Node) -> tuple[str, Any, str] | None:
         except TypeError:
             return None
         if operation is not None:
-            return _classify_arithmetic(gm, node, operation, method=False)
+            return _classify_arithmetic(node, operation, stored_zeros, method=False)
     return None
 
 
 def _classify_arithmetic(
-    gm: fx.GraphModule, node: fx.Node, operation: str, method: bool
+    node: fx.Node, operation: str, stored_zeros: _StoredZeros, method: bool
 ) -> tuple[str, Any, str] | None:
     kwargs = dict(node.kwargs)
     if kwargs.pop("alpha", 1) != 1 or kwargs:  # rounding_mode, out=, other= ...: not a plain neutral op
@@ -216,9 +217,9 @@ def _classify_arithmetic(
         return "copy", a, f"x {symbol} {b!r}"
     if not method and operation in _COMMUTATIVE and _is_neutral(a, operation) and isinstance(b, fx.Node):
         return "copy", b, f"{a!r} {symbol} x"
-    if operation in ("add", "sub") and isinstance(a, fx.Node) and _zero_tensor(gm, b) is not None:
+    if operation in ("add", "sub") and isinstance(a, fx.Node) and stored_zeros(b) is not None:
         return "copy", a, f"x {symbol} {b.target} (a stored tensor of zeros)"
-    if not method and operation == "add" and isinstance(b, fx.Node) and _zero_tensor(gm, a) is not None:
+    if not method and operation == "add" and isinstance(b, fx.Node) and stored_zeros(a) is not None:
         return "copy", b, f"{a.target} (a stored tensor of zeros) + x"
     return None
 
@@ -248,12 +249,28 @@ def _zero_tensor(gm: fx.GraphModule, value: Any) -> torch.Tensor | None:
     return tensor
 
 
+class _StoredZeros:
+    """The stored tensors of zeros a graph fetches, each proven once per plan: the proof reads the whole tensor."""
+
+    def __init__(self, gm: fx.GraphModule) -> None:
+        self._gm = gm
+        self._proven: dict[fx.Node, torch.Tensor | None] = {}
+
+    def __call__(self, value: Any) -> torch.Tensor | None:
+        """What :func:`_zero_tensor` says of ``value``, read once per ``get_attr`` node."""
+        if not isinstance(value, fx.Node) or value.op != "get_attr":
+            return None
+        if value not in self._proven:
+            self._proven[value] = _zero_tensor(self._gm, value)
+        return self._proven[value]
+
+
 def _is_neutral(value: Any, operation: str) -> bool:
     # bool is an int subclass, and True * x is a logical op on bool tensors: literal ints/floats only
     return type(value) in (int, float) and value == _NEUTRAL[operation]
 
 
-def _classify_aten(gm: fx.GraphModule, node: fx.Node, packet: str) -> tuple[str, Any, str] | None:
+def _classify_aten(node: fx.Node, packet: str, stored_zeros: _StoredZeros) -> tuple[str, Any, str] | None:
     target = node.target
     source = node.args[0] if node.args else None
     overload = target._overloadname
@@ -271,7 +288,7 @@ def _classify_aten(gm: fx.GraphModule, node: fx.Node, packet: str) -> tuple[str,
         return "copy", source, f"aten.{packet}"
     if packet in _NEUTRAL and overload in ("Tensor", "Scalar"):
         # torch.export keeps torch.add(0, x) as aten.add.Tensor(0, x): a literal first operand is possible here
-        return _classify_arithmetic(gm, node, packet, method=False)
+        return _classify_arithmetic(node, packet, stored_zeros, method=False)
     return None
 
 
@@ -349,7 +366,12 @@ def _cast_target(node: fx.Node) -> tuple[torch.dtype | None, torch.device | None
 
 
 def _copy_check(
-    gm: fx.GraphModule, node: fx.Node, source: fx.Node, options: RemoveIdentityOptions, aliases: AliasClasses
+    gm: fx.GraphModule,
+    node: fx.Node,
+    source: fx.Node,
+    options: RemoveIdentityOptions,
+    aliases: AliasClasses,
+    stored_zeros: _StoredZeros,
 ) -> str | None:
     facts = tensor_facts(source, gm)
     if facts is None:
@@ -363,7 +385,7 @@ def _copy_check(
     elif packet != "clone":
         operation = _arithmetic_operation(node)
         literal = next((arg for arg in node.args if isinstance(arg, (int, float))), None)
-        zeros, values = next(((arg, t) for arg in node.args if (t := _zero_tensor(gm, arg)) is not None), (None, None))
+        zeros, values = next(((arg, t) for arg in node.args if (t := stored_zeros(arg)) is not None), (None, None))
         neutral: Any = literal if values is None else torch.empty(1, dtype=values.dtype)
         if dtype.is_complex:
             return "complex arithmetic with a literal is not exact (inf * 0 terms)"
