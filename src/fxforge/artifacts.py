@@ -30,6 +30,7 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
+from fxforge.callstack import call_on_fresh_chunk
 from fxforge.errors import FxforgeError, InputSpecError, ModelSpecError, first_line, require
 from fxforge.graphs import ATEN
 from fxforge.inputs import InputSpec, parse_input_spec, specs_of
@@ -571,6 +572,11 @@ class CompiledModule(nn.Module):
         self.compiled = torch.compile(model, dynamic=False, mode=mode)
 
     def forward(self, *args: Any) -> Any:
+        # Inductor's wrapper and the config patch make Python calls in loops: keep them off a stack-chunk boundary
+        # of the caller's (fxforge.callstack; up to 8% on a reloaded BERT-base)
+        return call_on_fresh_chunk(self._run, *args)
+
+    def _run(self, *args: Any) -> Any:
         import torch._inductor.config as inductor_config  # Inductor is slow to import: only when compiled code runs
 
         with inductor_config.patch(self.config):
