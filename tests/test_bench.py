@@ -121,6 +121,32 @@ def test_peak_memory_sees_what_a_backend_allocates(mlp):
     assert "VmHWM" in report.memory
 
 
+def test_page_faults_per_call_are_counted_and_many_are_noted(mlp):
+    import mmap
+
+    from fxforge.bench import FAULTS_NOTED
+
+    if platform.system() != "Linux":
+        pytest.skip("per-thread fault counts need Linux")
+
+    def faulting(captured, settings):
+        def run(*args):
+            # 1 MiB mapped afresh and touched on every call: 256 page faults, as a chunk mapped per inner call
+            with mmap.mmap(-1, 1 << 20) as fresh:
+                for offset in range(0, 1 << 20, mmap.PAGESIZE):
+                    fresh[offset] = 1
+            return captured.original(*args)
+
+        return run
+
+    report = bench(mlp, ["eager", Backend("faulting", "maps memory per call", faulting)], warmup=2, repeats=3)
+    rows = {row.backend: row for row in report.rows}
+    assert rows["faulting"].faults_per_call >= (1 << 20) // mmap.PAGESIZE
+    assert any("page faults per call" in note for note in rows["faulting"].notes)
+    assert rows["eager"].faults_per_call < FAULTS_NOTED and not rows["eager"].notes
+    assert "faults_per_call" in report.to_dict()["rows"][0]
+
+
 def test_progress_reaches_the_total(mlp):
     seen: list[tuple[int, int]] = []
     bench(mlp, ["eager", "fx"], warmup=1, repeats=4, progress=lambda done, total, _: seen.append((done, total)))

@@ -18,7 +18,12 @@ shared with ``optimize --auto`` -- and the measurement:
   alone in a loop. Without it, ONNX Runtime timed after a torch backend (whose OpenMP threads spin for a
   while after their last op) was 19% slower than alone (mobilenet_v2, batch 1, 2 cores: 3.78 vs 3.18 ms),
   and torch's oneDNN-fused TorchScript 21%; with it, 3% and 14%;
-* median and p90 latency over the timed calls, throughput = batch / median.
+* median and p90 latency over the timed calls, throughput = batch / median;
+* page faults per timed call (``faults_per_call``, the median, counted for the calling thread where the OS says):
+  memory mapped afresh on every call. A row with many (:data:`FAULTS_NOTED` or more) gets a note: on CPython
+  3.11/3.12 a caller at a frame-stack chunk boundary makes every Python call inside the backend map a chunk
+  (:mod:`fxforge.callstack`; a reloaded BERT-base: 170 per call, 8% slower), or an allocator returns memory to the
+  OS between calls.
 
 Peak memory (``peak_mem_mib``) is the growth of the process's resident set while the backend runs
 its warm-up calls: the kernel's high-water mark (``VmHWM`` in ``/proc/self/status``) is reset
@@ -69,6 +74,11 @@ from fxforge.quantize.ort import quantize_onnx
 from fxforge.registry import Registry
 from fxforge.runtime import quiet_torch_logs, run_reference, torch_threads
 from fxforge.visual import notebook
+
+try:
+    import resource  # Unix only: page faults per timed call
+except ImportError:  # pragma: no cover - Windows
+    resource = None  # type: ignore[assignment]
 
 Runner = Callable[..., Any]
 # The torchscript backend's file in its work directory (.pt: the suffix names the format for load_exported)
@@ -438,6 +448,7 @@ class BenchRow:
     gflops: float | None = None  # the model's float FLOPs / median time
     peak_fraction: float | None = None  # gflops / the machine's measured matmul peak for this row's precision
     precision: str = "fp32"
+    faults_per_call: float | None = None  # median minor page faults per timed call (None: not counted here)
     round_ms: list[float] = field(default_factory=list, repr=False)  # one time per round, in round order
 
     @property
@@ -693,11 +704,12 @@ def _bench_batch(captured: Captured, chosen: Sequence[Backend], batch: int, plan
                 del runners[backend.name]
         plan.counter.step(f"warmed up {backend.name} (batch {batch})")
 
-    samples = _timed_rounds(runners, inputs, plan.repeats, rows, batch, plan.counter)
+    samples, faults = _timed_rounds(runners, inputs, plan.repeats, rows, batch, plan.counter)
     for name, times in samples.items():
         row = rows[name]
         if not row.error and times:
             row.set_rounds([t * 1e3 for t in times])
+            _note_faults(row, faults[name])
     _peak_fractions(rows.values(), resized, plan.peak)
     set_speedups(rows.values())
     return list(rows.values())
@@ -748,6 +760,25 @@ def _warm_up(runner: Runner, inputs: tuple[Any, ...], warmup: int, row: BenchRow
 
 
 SETTLE_CALLS = 1  # untimed calls of a backend right before each of its timed calls (module docstring)
+FAULTS_NOTED = 64  # page faults per timed call from which a row says so: a steady state faults a handful at most
+# faults of the calling thread only (Linux); elsewhere the whole process's, which other threads can add to
+_FAULT_SCOPE = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF) if resource is not None else None
+
+
+def _page_faults() -> int:
+    return resource.getrusage(_FAULT_SCOPE).ru_minflt if _FAULT_SCOPE is not None else 0
+
+
+def _note_faults(row: BenchRow, faults: list[int]) -> None:
+    if _FAULT_SCOPE is None or not faults:
+        return
+    row.faults_per_call = statistics.median(faults)
+    if row.faults_per_call >= FAULTS_NOTED:
+        row.notes.append(
+            f"{row.faults_per_call:.0f} page faults per call: memory mapped afresh on every call (on CPython "
+            "3.11/3.12 possibly a frame-stack chunk boundary under the caller, see fxforge.callstack; or an "
+            "allocator returning memory to the OS between calls), which costs time"
+        )
 
 
 def _timed_rounds(
@@ -757,12 +788,15 @@ def _timed_rounds(
     rows: dict[str, BenchRow],
     batch: int,
     counter: _Progress,
-) -> dict[str, list[float]]:
-    """``repeats`` rounds; each times every backend once (after its settling calls), in a freshly shuffled order
+) -> tuple[dict[str, list[float]], dict[str, list[int]]]:
+    """(seconds, page faults) of each timed call per backend, in round order.
+
+    ``repeats`` rounds; each times every backend once (after its settling calls), in a freshly shuffled order
     (see the module docstring)."""
     order = list(runners)
     shuffler = random.Random(0)
     samples: dict[str, list[float]] = {name: [] for name in order}
+    faults: dict[str, list[int]] = {name: [] for name in order}
     with torch.no_grad(), quiet_torch_logs():
         for round_index in range(repeats):
             shuffler.shuffle(order)
@@ -773,13 +807,15 @@ def _timed_rounds(
                 try:
                     for _ in range(SETTLE_CALLS):
                         runner(*inputs)
+                    faults_before = _page_faults()
                     start = time.perf_counter()
                     runner(*inputs)
                     samples[name].append(time.perf_counter() - start)
+                    faults[name].append(_page_faults() - faults_before)
                 except Exception as exc:
                     rows[name].error = f"run failed: {one_line_reason(exc)}"
             counter.step(f"round {round_index + 1}/{repeats} (batch {batch})")
-    return samples
+    return samples, faults
 
 
 def default_backends() -> list[str]:
