@@ -19,7 +19,7 @@ shared with ``optimize --auto`` -- and the measurement:
   while after their last op) was 19% slower than alone (mobilenet_v2, batch 1, 2 cores: 3.78 vs 3.18 ms),
   and torch's oneDNN-fused TorchScript 21%; with it, 3% and 14%;
 * median and p90 latency over the timed calls, throughput = batch / median;
-* page faults per timed call (``faults_per_call``, the median, counted for the calling thread where the OS says):
+* page faults per timed call (``faults_per_call``, the median; the calling thread's on Linux, the process's elsewhere):
   memory mapped afresh on every call. A row with many (:data:`FAULTS_NOTED` or more) gets a note: on CPython
   3.11/3.12 a caller at a frame-stack chunk boundary makes every Python call inside the backend map a chunk
   (:mod:`fxforge.callstack`; a reloaded BERT-base: 170 per call, 8% slower), or an allocator returns memory to the

@@ -1,12 +1,12 @@
 """Where a hot call sits on CPython's frame stack: :func:`call_on_fresh_chunk`.
 
 CPython 3.11 and 3.12 keep a thread's Python frames in chunks of 16 KiB and free a chunk the moment the frame at
-its base returns (python/cpython#142183, fixed in 3.13 and later by keeping one spare chunk). A function that calls
+its base returns (python/cpython#142183; 3.14 and the 3.13 releases of 2026 keep one spare chunk). A function that calls
 many Python functions in a loop -- the wrapper Inductor generates around its kernels, which calls an op overload
 per ``Linear`` -- therefore runs at one of two speeds, depending only on how deep its *caller* happens to be: when
 its own frame ends just short of a chunk boundary, every call it makes maps a new chunk and unmaps it on return.
 Measured on this project's machine, a reloaded torch.compile'd BERT-base at batch 1 called from stack depth 148
-took 173 page faults and 83 ms per call, 77 ms from depths 140-146 and 149-159 (4 faults): the 0.83-0.92x that
+took 173 page faults and 83 ms per call, 75-82 ms at the other depths from 140 to 159 (3-4 faults): the 0.83-0.92x that
 ``benchmarks/peers.py`` recorded for its ``compile+recipe`` artifacts, in some processes and not in others.
 
 :func:`call_on_fresh_chunk` makes the outcome independent of the caller: the call goes through a frame too large
