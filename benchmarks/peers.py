@@ -346,6 +346,7 @@ def _summarise(name, batch, model, report, runs, auto_s, eager_s, budget, errors
             "precision": row.precision,
             "max_abs_err": row.max_abs_err,
             "build_s": row.build_s,
+            "faults_per_call": row.faults_per_call,  # a slow row with many: see fxforge.callstack
             "error": row.error,
             "notes": row.notes,
         }
