@@ -438,8 +438,6 @@ def _pickled_payloads_refused(trusted: bool) -> Iterator[None]:
 
 def _is_torchscript_archive(path: Path) -> bool:
     """TorchScript archives (torch.jit.save) hold code run by the TorchScript interpreter, not pickled Python."""
-    import zipfile
-
     try:
         with zipfile.ZipFile(path) as archive:
             return any(name.endswith("/constants.pkl") or "/code/" in name for name in archive.namelist())

@@ -227,15 +227,13 @@ def _classify_arithmetic(
 _ZERO_TENSOR_LIMIT = 1 << 24  # elements read to prove a stored tensor all zeros: keeps the pass linear in practice
 
 
-def _zero_tensor(gm: fx.GraphModule, value: Any) -> torch.Tensor | None:
-    """The stored tensor ``value`` fetches (a ``get_attr``), if it is a real-valued tensor of zeros.
+def _zero_tensor(gm: fx.GraphModule, value: fx.Node) -> torch.Tensor | None:
+    """The stored tensor the ``get_attr`` node ``value`` fetches, if it is a real-valued tensor of zeros.
 
     torch.export materialises the attention mask transformers builds when there is no padding: a constant
     ``where(True, 0, -inf)`` that fold_constants turns into a stored tensor of zeros, added to the scores.
     Adding it changes nothing but keeps Inductor's attention fusion from matching (measured on vit_small).
     """
-    if not isinstance(value, fx.Node) or value.op != "get_attr":
-        return None
     try:
         tensor = get_attr_value(gm, str(value.target))
     except AttributeError:
