@@ -97,3 +97,43 @@ def test_compiled_module_runs_the_compiled_call_on_a_fresh_chunk():
     # innermost first: the config patch (_run) and the compiled call sit above the trampoline, forward below it
     trampoline = names.index("call_on_fresh_chunk")
     assert names.index("_run") < trampoline and "forward" in names[trampoline + 1 :], names
+
+
+def test_a_reloaded_compile_recipe_transformer_runs_off_chunk_boundaries_from_every_depth(tmp_path, monkeypatch):
+    """The case that was measured (a transformers model shipped as compile+recipe, reloaded), small: 4 layers."""
+    transformers = pytest.importorskip("transformers")
+    from fxforge import artifacts
+    from fxforge.bench import BuildSettings, get_backend
+    from fxforge.capture import capture
+    from fxforge.compare import compare_outputs
+    from fxforge.deploy import write_artifact
+    from fxforge.models import load_model
+
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        hidden_size=64, num_hidden_layers=4, num_attention_heads=4, intermediate_size=128, vocab_size=100
+    )
+    model = transformers.BertModel(config, add_pooling_layer=False).eval()
+    ids = torch.randint(0, 100, (1, 16))
+    captured = capture(model, (ids,))
+    expected = captured.original(*captured.example_inputs)
+    write_artifact(get_backend("compile+recipe"), captured, tmp_path / "recipe", BuildSettings(1, tmp_path, expected))
+    loaded = load_model(str(tmp_path / "recipe")).module
+    assert isinstance(loaded, CompiledModule)
+
+    def worst_depth() -> tuple[int, int]:
+        def faults() -> int:
+            with torch.no_grad():
+                return _faults(lambda: loaded(ids))
+
+        return max((_at_depth(depth, faults), depth) for depth in range(0, 400))
+
+    with torch.no_grad():
+        assert compare_outputs(model(ids), _at_depth(150, loaded, ids)).ok  # called deep, still the model's output
+    monkeypatch.setattr(artifacts, "call_on_fresh_chunk", lambda function, *args: function(*args))
+    plain_faults, plain_depth = worst_depth()
+    # without the trampoline, some depth makes the compiled call's Python calls map chunks (the check can fail)
+    assert plain_faults >= 32, (plain_faults, plain_depth)
+    monkeypatch.undo()
+    faults, depth = worst_depth()
+    assert faults < 20, (faults, depth)  # the trampoline's own chunk, at every depth
