@@ -26,7 +26,16 @@ from test_torchvision_models import DEFAULT_SIZE, INPUT_SIZE, ON_META
 pytest.importorskip("torchvision")
 
 # The exact passes, in the order `lint --fix` runs them; passes not registered yet are skipped.
-EXACT = ["remove_dropout", "remove_identity", "fold_bn", "merge_convs", "cse", "fold_constants", "dead_code"]
+EXACT = [
+    "remove_dropout",
+    "remove_identity",
+    "fold_bn",
+    "merge_convs",
+    "cse",
+    "merge_parallel_linears",
+    "fold_constants",
+    "dead_code",
+]
 # Numerics need real weights: the meta-device giants are covered by test_torchvision_models only.
 MODELS = [name for name in torchvision_classification_models() if name not in ON_META]
 

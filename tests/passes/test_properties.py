@@ -3,11 +3,11 @@
 Hypothesis builds small models from conv / transposed conv / linear / BatchNorm (random statistics) /
 activation / dropout (eval) / identity / ``x * 1`` / ``x + 0`` blocks, residual and branching blocks
 (a conv output with a second user, a conv module called twice, one activation computed twice), back-to-back
-conv pairs (merge_convs) and parameter-only arithmetic (fold_constants), with random channel counts,
-kernel sizes, strides, padding, groups and bias. Each model is captured in both dialects; each exact pass
-(the ``EXACT`` list of tests/test_passes_torchvision.py, as far as it is registered) must leave the
-captured graph untouched and produce a graph that ``verify`` finds equal, and so must the whole list
-run as one pipeline, after which no inactive dropout and no foldable BatchNorm may be left.
+conv pairs (merge_convs), parallel linears (merge_parallel_linears) and parameter-only arithmetic (fold_constants),
+with random channel counts, kernel sizes, strides, padding, groups and bias. Each model is captured in both
+dialects; each exact pass (the ``EXACT`` list of tests/test_passes_torchvision.py, as far as it is registered)
+must leave the captured graph untouched and produce a graph that ``verify`` finds equal, and so must the whole
+list run as one pipeline, after which no inactive dropout and no foldable BatchNorm may be left.
 
 The examples are derandomised, so CI sees the same models on every run.
 """
@@ -123,6 +123,11 @@ class RandomModel(nn.Module):
             return block, c
         if kind == "twin_activation":
             return ACTIVATIONS[p["name"]](), c
+        if kind == "parallel_linears":  # two linears over the last (width) dimension, both reading x
+            block = nn.Module()
+            block.a = nn.Linear(p["width"], p["width"], bias=p["bias"])
+            block.b = nn.Linear(p["width"], p["width"], bias=p["bias"])
+            return block, c
         if kind == "head":
             block = nn.Module()
             block.fc = nn.Linear(p["features"], p["out"], bias=p["bias"])
@@ -153,6 +158,8 @@ class RandomModel(nn.Module):
                 x = x * layer.scale.exp() + layer.shift * 2
             elif kind == "twin_activation":  # the same pure call twice
                 x = layer(x) * layer(x)
+            elif kind == "parallel_linears":  # merge_parallel_linears: one wider linear, split
+                x = layer.a(x) * layer.b(x).transpose(-1, -2).sigmoid()
             elif kind == "head":
                 x = layer.bn(layer.fc(x.flatten(1))).relu()
         return x
@@ -170,7 +177,7 @@ def programs(draw) -> tuple[int, int, list[tuple], int]:
     blocks: list[tuple] = []
     kinds = ["conv", "conv", "conv_transpose", "bn", "act", "dropout", "functional_dropout", "identity"]
     kinds += ["mul_one", "add_zero", "residual", "reused_output", "shared_conv", "conv_pair", "affine"]
-    kinds += ["twin_activation"]
+    kinds += ["twin_activation", "parallel_linears"]
     for _ in range(draw(st.integers(1, 7))):
         kind = draw(st.sampled_from(kinds))
         params: dict = {}
@@ -207,6 +214,8 @@ def programs(draw) -> tuple[int, int, list[tuple], int]:
             params = {"first": first, "second": second}
             h = (h + 2 * spatial["pad"] - spatial["k"]) // spatial["stride"] + 1
             c = second["out"]
+        elif kind == "parallel_linears":
+            params = {"width": h, "bias": draw(st.booleans())}
         elif kind in ("residual", "reused_output", "shared_conv"):
             params = {"k": draw(st.sampled_from([1, 3])), "groups": draw(st.sampled_from(_divisors(c)))}
             params["bias"] = draw(st.booleans())
