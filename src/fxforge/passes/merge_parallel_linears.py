@@ -3,7 +3,7 @@
 ``q = x @ Wq.T + bq``, ``k = x @ Wk.T + bk``, ``v = x @ Wv.T + bv`` are the column blocks of
 ``x @ cat(Wq, Wk, Wv).T + cat(bq, bk, bv)``: one GEMM with three times the columns, split back into the three
 results -- the horizontal fusion written by hand in many torch.fx tutorials. Measured on a 2-core Xeon with Inductor
-(docs/benchmarks.md): BERT-base at one sequence of 128 tokens 1.00-1.03x, ViT-small 1.02x, BERT-base at batch 8
+(docs/benchmarks.md): BERT-base at one sequence of 128 tokens 1.00-1.03x, ViT-small 1.00x, BERT-base at batch 8
 1.00x, so it is not one of the exact passes ``-p exact`` runs; name it to use it (a runtime without a GEMM library
 as good as MKL's at narrow shapes may gain more).
 
