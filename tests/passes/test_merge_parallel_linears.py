@@ -149,7 +149,6 @@ def test_linears_of_different_dtypes_or_bias_stay_apart():
     assert not apply_pass(captured(Mixed(), "torch", shape=(3, 6)).graph_module, NAME).changed
 
 
-transformers = pytest.importorskip("transformers")
 SMALL = {"num_hidden_layers": 2, "num_attention_heads": 2, "hidden_size": 32, "intermediate_size": 64}
 
 
@@ -161,31 +160,22 @@ def _eager(config):
 
 REAL = {
     # query, key, value per layer
-    "bert": (lambda: transformers.BertModel(_eager(transformers.BertConfig(**SMALL, vocab_size=100))), "ids", 2),
-    "vit": (
-        lambda: transformers.ViTModel(_eager(transformers.ViTConfig(**SMALL, image_size=32, patch_size=8))),
-        "pixels",
-        2,
-    ),
+    "bert": (lambda t: t.BertModel(_eager(t.BertConfig(**SMALL, vocab_size=100))), "ids", 2),
+    "vit": (lambda t: t.ViTModel(_eager(t.ViTConfig(**SMALL, image_size=32, patch_size=8))), "pixels", 2),
     # q/k/v without bias and the MLP's gate and up projections, per layer
     "llama": (
-        lambda: transformers.LlamaModel(
-            _eager(transformers.LlamaConfig(**SMALL, num_key_value_heads=1, vocab_size=100))
-        ),
+        lambda t: t.LlamaModel(_eager(t.LlamaConfig(**SMALL, num_key_value_heads=1, vocab_size=100))),
         "ids",
         4,
     ),
     # GPT-2 already computes q, k and v as one Conv1D: nothing to merge
-    "gpt2": (
-        lambda: transformers.GPT2Model(_eager(transformers.GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=100))),
-        "ids",
-        0,
-    ),
+    "gpt2": (lambda t: t.GPT2Model(_eager(t.GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=100))), "ids", 0),
 }
 
 
 @pytest.mark.parametrize("family", REAL)
 def test_transformers_attention_projections_merge_and_verify(family):
+    transformers = pytest.importorskip("transformers")
     build, kind, groups = REAL[family]
     torch.manual_seed(0)
     generator = torch.Generator().manual_seed(0)
@@ -194,9 +184,21 @@ def test_transformers_attention_projections_merge_and_verify(family):
         if kind == "ids"
         else torch.randn(2, 3, 32, 32, generator=generator)
     )
-    cap = capture(build().eval(), (example,), method="export")
+    cap = capture(build(transformers).eval(), (example,), method="export")
     result = Pipeline([*exact_passes(), NAME], verify_each=True, lint_between=False).run(cap)
     assert result.ok, (result.failed_pass, result.verification)
     merged = next(step.result for step in result.steps if step.result.name == NAME)
     assert len(merged.log) == groups, (merged.log, merged.skipped)
     assert len(linears(result.graph_module)) == len(linears(cap.graph_module)) - merged.removed
+
+
+def test_the_wide_linear_goes_before_the_earliest_even_when_uses_are_listed_out_of_order():
+    # a pass that rewires uses (cse, replace_all_uses_with) leaves node.users in the order uses were added, not
+    # graph order; the merged linear must still come before every result's first reader
+    cap = captured(Attention(), "torch")
+    gm = cap.graph_module
+    (source,) = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    source.users = dict(reversed(list(source.users.items())))
+    result = apply_pass(gm, NAME)  # lints the graph: a slice read before it is computed fails here
+    assert result.changed and len(linears(result.graph_module)) == 1
+    assert verify(cap, result.graph_module).ok

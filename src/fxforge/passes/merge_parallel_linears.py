@@ -37,10 +37,10 @@ NAME = "merge_parallel_linears"
 # aliasing of a later in-place write, which is refused anyway.
 _ANY_STRIDE_VIEWS = frozenset(
     {"transpose", "permute", "unsqueeze", "squeeze", "t", "expand", "select", "slice", "narrow", "swapaxes"}
-    | {"swapdims", "movedim", "detach", "alias", "reshape", "flatten", "contiguous"}
+    | {"swapdims", "movedim", "detach", "alias", "reshape", "reshape_as", "flatten", "contiguous"}
 )
 # Views that re-group dimensions: valid on a column slice only when the leading dimensions stay as they are.
-_REGROUPING_VIEWS = frozenset({"view", "_unsafe_view"})
+_REGROUPING_VIEWS = frozenset({"view", "view_as", "_unsafe_view"})
 
 
 def _call_name(node: fx.Node) -> str | None:
@@ -112,25 +112,32 @@ def _signature(layer: Layer) -> tuple:
 
 
 def plan_groups(gm: fx.GraphModule, result: PassResult | None = None) -> list[Group]:
-    """The groups of two or more linears this pass merges (refused candidates are recorded on ``result``)."""
+    """The groups of two or more linears this pass merges. Linears that have a partner of the same form and
+    input size but cannot be merged are recorded on ``result`` with the reason; a linear alone is not mentioned."""
     uses = count_uses(gm.graph)
+    position = {node: i for i, node in enumerate(gm.graph.nodes)}
     groups: list[Group] = []
     for source in gm.graph.nodes:
         by_signature: dict[tuple, list[Layer]] = {}
         for user in source.users:
             layer = read_layer(gm, user)
-            if not isinstance(layer, Layer) or layer.kind != "linear" or node_arg(user, 0, "input") is not source:
+            if isinstance(layer, Layer) and layer.kind == "linear" and node_arg(user, 0, "input") is source:
+                by_signature.setdefault(_signature(layer), []).append(layer)
+        for candidates in by_signature.values():
+            if len(candidates) < 2:
                 continue
-            reason = _layer_problem(gm, layer, uses)
-            if reason is not None:
-                if result is not None:
-                    result.skip(f"{user.name}: {reason}")
-                continue
-            by_signature.setdefault(_signature(layer), []).append(layer)
-        for layers in by_signature.values():
-            if len(layers) >= 2:
-                order = {node: i for i, node in enumerate(source.users)}
-                groups.append(Group(source, sorted(layers, key=lambda layer: order[layer.node])))
+            mergeable = []
+            for layer in candidates:
+                reason = _layer_problem(gm, layer, uses)
+                if reason is None:
+                    mergeable.append(layer)
+                elif result is not None:
+                    result.skip(f"{layer.node.name}: {reason}")
+            if len(mergeable) >= 2:
+                # the merged linear goes where the earliest of them was (users are not kept in graph order)
+                groups.append(Group(source, sorted(mergeable, key=lambda layer: position[layer.node])))
+            elif mergeable and result is not None:
+                result.skip(f"{mergeable[0].node.name}: no partner reading {source.name} can be merged with it")
     return groups
 
 
