@@ -4,8 +4,8 @@
 ``x @ cat(Wq, Wk, Wv).T + cat(bq, bk, bv)``: one GEMM with three times the columns, split back into the three
 results -- the horizontal fusion written by hand in many torch.fx tutorials. Measured on a 2-core Xeon with Inductor
 (docs/benchmarks.md): BERT-base at one sequence of 128 tokens 1.00-1.03x, ViT-small 1.00x, BERT-base at batch 8
-1.00x, so it is not one of the exact passes ``-p exact`` runs; name it to use it (a runtime without a GEMM library
-as good as MKL's at narrow shapes may gain more).
+1.00x, so it is not one of the exact passes ``-p exact`` runs; name it to use it, or let ``lint --fix`` run it where
+lint rule FX014 reports a group (a runtime without a GEMM library as good as MKL's at narrow shapes may gain more).
 
 Each result is then a column slice of the wide output, not a tensor of its own: same values, other strides. That
 is only safe where nothing can tell, so a group merges only when every use of each result, followed through the
@@ -241,7 +241,7 @@ def _fake_values(group: Group, wide: fx.Node, parts: fx.Node, pieces: list[fx.No
         "by a call fxforge cannot see into, or viewed in a way that depends on its strides (a view that merges the "
         "last dimension with another), nor one whose module or weights are used elsewhere; each refusal is listed "
         "with its reason. Torch and ATen dialects. Not in -p exact (it gained 0-3% on the transformers measured): "
-        "name it to run it."
+        "name it, or let lint --fix run it where lint rule FX014 finds a group."
     ),
     ensures=lambda gm, result: _group_left(gm),
 )
