@@ -202,3 +202,24 @@ def test_the_wide_linear_goes_before_the_earliest_even_when_uses_are_listed_out_
     result = apply_pass(gm, NAME)  # lints the graph: a slice read before it is computed fails here
     assert result.changed and len(linears(result.graph_module)) == 1
     assert verify(cap, result.graph_module).ok
+
+
+@pytest.mark.parametrize("dialect", METHODS)
+def test_a_group_reading_the_result_of_another_group(dialect):
+    # q and k read x; a and b read q: merging q and k first replaces q by a slice, which a and b must then read
+    class Chained(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.q, self.k = nn.Linear(6, 6), nn.Linear(6, 6)
+            self.a, self.b = nn.Linear(6, 3), nn.Linear(6, 3)
+
+        def forward(self, x):
+            q = self.q(x)
+            return (self.a(q) * self.b(q)).sum(-1) + self.k(x).sum(-1)
+
+    model = Chained()
+    cap = captured(model, dialect, shape=(4, 6))
+    result = apply_pass(cap.graph_module, NAME)
+    assert len(result.log) == 2 and len(linears(result.graph_module)) == 2, result.log
+    assert verify(cap, result.graph_module).ok
+    assert not hasattr(model, "q_k") and not hasattr(model, "a_b")  # the user's model is not touched

@@ -107,8 +107,7 @@ class Group:
 
 
 def _signature(layer: Layer) -> tuple:
-    bias = layer.bias
-    return (layer.form, layer.weight.shape[1], layer.weight.dtype, layer.weight.device, bias is None)
+    return (layer.form, layer.weight.shape[1], layer.weight.dtype, layer.weight.device, layer.bias is None)
 
 
 def plan_groups(gm: fx.GraphModule, result: PassResult | None = None) -> list[Group]:
@@ -151,13 +150,16 @@ def _layer_problem(gm: fx.GraphModule, layer: Layer, uses: dict[str, int]) -> st
     return strided_use_problem(gm, layer.node)
 
 
-def _merge(gm: fx.GraphModule, group: Group) -> set[str]:
-    """Rewrite ``group`` as one linear and a split; returns the stored tensors no node reads any more."""
+def _merge(gm: fx.GraphModule, group: Group, replaced: dict[fx.Node, fx.Node]) -> set[str]:
+    """Rewrite ``group`` as one linear and a split; returns the stored tensors no node reads any more. ``replaced``
+    maps each merged linear to the slice that now stands for it (and gets this group's entries): a later group may
+    read one of them."""
     layers = group.layers
     weight = torch.cat([layer.weight.detach() for layer in layers])
     bias = None if layers[0].bias is None else torch.cat([layer.bias.detach() for layer in layers])
     sizes = [layer.weight.shape[0] for layer in layers]
     first = layers[0].node
+    group.source = replaced.get(group.source, group.source)
     graph = gm.graph
     stale: set[str] = set()
     with graph.inserting_before(first):
@@ -179,6 +181,7 @@ def _merge(gm: fx.GraphModule, group: Group) -> set[str]:
     for layer, piece in zip(layers, pieces):
         mark(piece, NAME, origin_of=layer.node)  # the slice computes what the layer computed
         old_inputs = [n for n in layer.node.all_input_nodes if n.op == "get_attr"]
+        replaced[layer.node] = piece
         layer.node.replace_all_uses_with(piece)
         graph.erase_node(layer.node)
         for node in old_inputs:
@@ -248,9 +251,10 @@ def _fake_values(group: Group, wide: fx.Node, parts: fx.Node, pieces: list[fx.No
 def merge_parallel_linears(gm: fx.GraphModule, options: None) -> PassResult:
     result = PassResult(NAME, gm)
     stale: set[str] = set()
+    replaced: dict[fx.Node, fx.Node] = {}
     for group in plan_groups(gm, result):
         label, columns = group.label, sum(layer.weight.shape[0] for layer in group.layers)
-        stale |= _merge(gm, group)
+        stale |= _merge(gm, group, replaced)
         result.note(f"merged {label} into one linear of {columns} outputs", removed=len(group.layers) - 1)
     if result.changed:
         prune_attributes(gm, stale)
