@@ -182,12 +182,28 @@ def test_doctor_says_why_a_feature_is_missing(monkeypatch):
     report = doctor(peak=False)
     assert report.features["bf16 (cast and autocast)"] == UNSUPPORTED_HARDWARE
     assert "emulated" in report.reasons["bf16 (cast and autocast)"]
+    assert report.reasons["run-pipeline on GPUs (nccl)"] == "no CUDA GPU"
+
+
+def test_a_gpu_with_bf16_does_not_make_the_cpus_bf16_available(monkeypatch):
+    # bench and --auto run models on the CPU: an AVX2-only CPU beside a bf16 GPU would run the bf16 candidates
+    # emulated, several times slower than fp32
+    doctor_module = importlib.import_module("fxforge.doctor")
+    monkeypatch.setattr(doctor_module, "native_bf16", lambda cpu=None: False)
+    monkeypatch.setattr(
+        doctor_module,
+        "gpus",
+        lambda: [{"index": 0, "name": "NVIDIA H100", "memory_gib": 79.1, "capability": "9.0", "bf16": True}],
+    )
+    report = doctor(peak=False)
+    assert report.features["bf16 (cast and autocast)"] == UNSUPPORTED_HARDWARE
+    nccl = torch.distributed.is_available() and torch.distributed.is_nccl_available()
+    assert (report.features["run-pipeline on GPUs (nccl)"] == AVAILABLE) == nccl
 
 
 def test_bf16_backends_only_where_the_hardware_has_it(monkeypatch, resnet18):
     bench_module = importlib.import_module("fxforge.bench")  # fxforge.bench, the attribute, is the function
     monkeypatch.setattr(bench_module, "native_bf16", lambda cpu=None: False)
-    monkeypatch.setattr(bench_module, "gpus", lambda: [])
     assert "bf16" not in default_backends() and "autocast" not in default_backends()
     assert "emulated" in get_backend("autocast").unsupported_here()
     monkeypatch.setattr(bench_module, "native_bf16", lambda cpu=None: True)

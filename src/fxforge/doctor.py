@@ -117,10 +117,12 @@ def features(found: dict[str, str | None], cpu: CpuInfo, gpu_list: list[dict[str
          "this torch build has no x86/fbgemm quantized engine")
     need("int8 fast dot products (VNNI/AMX)", native_int8_dot(cpu), UNSUPPORTED_HARDWARE,
          "no AVX512-VNNI, AVX-VNNI or AMX: int8 gains far less here")
-    bf16 = native_bf16(cpu) or any(g["bf16"] for g in gpu_list)
-    need("bf16 (cast and autocast)", bf16, UNSUPPORTED_HARDWARE,
-         "no AVX512-BF16 or AMX (and no bf16 GPU): bf16 is emulated and slower than fp32 here")
-    need("fp16 autocast (CUDA)", bool(gpu_list), UNSUPPORTED_HARDWARE, "no CUDA GPU")
+    # bench and --auto run models on the CPU: a GPU's bf16 does not make the CPU's fast
+    need("bf16 (cast and autocast)", native_bf16(cpu), UNSUPPORTED_HARDWARE,
+         "no AVX512-BF16 or AMX: bf16 is emulated on this CPU, slower than fp32 (bench and --auto run on the CPU)")
+    nccl = torch.distributed.is_available() and torch.distributed.is_nccl_available()
+    need("run-pipeline on GPUs (nccl)", bool(gpu_list) and nccl, UNSUPPORTED_HARDWARE,
+         "this torch build has no NCCL" if gpu_list else "no CUDA GPU")
     distributed = torch.distributed.is_available() and torch.distributed.is_gloo_available()
     need("split / run-pipeline (gloo)", distributed, UNSUPPORTED_HARDWARE, "this torch build has no gloo backend")
     return status, reasons
