@@ -468,3 +468,19 @@ def test_load_plan_errors(tmp_path):
     (tmp_path / PLAN_FILE).write_text("{not json")
     with pytest.raises(FxforgeError, match="is corrupt"):
         load_plan(tmp_path)
+
+
+def test_device_auto_takes_gpus_only_when_every_local_stage_gets_one(monkeypatch):
+    # the documented rule: one GPU per stage with NCCL when the machine has one for each, else the CPU with gloo
+    # (auto used to pick CUDA on any GPU and then refuse 4 stages on a 1-GPU machine the user never asked to use)
+    from fxforge import distributed
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert distributed._backend_and_device("auto", 0, 2) == ("gloo", torch.device("cpu"))
+    assert distributed._backend_and_device("auto", 0, 1) == ("nccl", torch.device("cuda", 0))
+    assert distributed._backend_and_device("cpu", 0, 1) == ("gloo", torch.device("cpu"))
+    assert distributed._backend_and_device("cuda", 1, 2) == ("nccl", torch.device("cuda", 0))  # asked: used
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(FxforgeError, match="sees no GPU"):
+        distributed._backend_and_device("cuda", 0, 1)

@@ -212,9 +212,12 @@ def check_outputs(
     return OutputCheck(comparison.ok, comparison.max_abs_err, comparison.max_rel_err, comparison.problems[:5], how)
 
 
-def _backend_and_device(device: str, local_rank: int) -> tuple[str, torch.device]:
+def _backend_and_device(device: str, local_rank: int, local_world: int) -> tuple[str, torch.device]:
+    """(process-group backend, device) of one rank. ``auto`` takes a GPU per rank only where this machine has one
+    for each of its ``local_world`` ranks (NCCL refuses two ranks on one GPU); otherwise the CPU with gloo."""
     if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        enough = torch.cuda.is_available() and torch.cuda.device_count() >= local_world
+        device = "cuda" if enough else "cpu"
     if device == "cuda":
         if not torch.cuda.is_available():
             raise FxforgeError("--device cuda, but torch sees no GPU")
@@ -334,7 +337,8 @@ def _load_rank(args: argparse.Namespace, status: _Status) -> _Rank:
             f"{directory} holds {len(plan.stages)} stages, but {world} processes were started",
             hint=f"start one process per stage: torchrun --nproc-per-node {len(plan.stages)} (in all)",
         )
-    backend, device = _backend_and_device(args.device, local_rank)
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    backend, device = _backend_and_device(args.device, local_rank, local_world)
     module = load_stage(directory, rank, trust_pickle=args.trust_pickle or None, device=device)
     monitored = _Monitored(module, rank, status, _fault_for(rank))
     specs = run_inputs(plan, args.microbatches, args.input)
@@ -682,7 +686,7 @@ def run_pipeline(
     if not (timeout > 0):
         raise InputSpecError(f"--timeout must be positive, got {timeout}")
     specs = run_inputs(plan, microbatches, inputs)
-    backend, resolved = _backend_and_device(device, 0)
+    backend, resolved = _backend_and_device(device, 0, world)  # every stage runs on this machine
     if backend == "nccl" and torch.cuda.device_count() < world:
         raise FxforgeError(
             f"{world} stages need {world} GPUs on this machine, torch sees {torch.cuda.device_count()}",
