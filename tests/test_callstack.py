@@ -132,8 +132,9 @@ def test_a_reloaded_compile_recipe_transformer_runs_off_chunk_boundaries_from_ev
         assert compare_outputs(model(ids), _at_depth(150, loaded, ids)).ok  # called deep, still the model's output
     monkeypatch.setattr(artifacts, "call_on_fresh_chunk", lambda function, *args: function(*args))
     plain_faults, plain_depth = worst_depth()
-    # without the trampoline, some depth makes the compiled call's Python calls map chunks (the check can fail)
-    assert plain_faults >= 32, (plain_faults, plain_depth)
     monkeypatch.undo()
     faults, depth = worst_depth()
     assert faults < 20, (faults, depth)  # the trampoline's own chunk, at every depth
+    # without the trampoline, some depth makes the compiled call's Python calls map chunks, so the check can fail:
+    # at the worst depth 56 faults on CPython 3.11 here and 28 on 3.12 (a 16-core Xeon); with it, 8 here
+    assert plain_faults >= 2 * faults + 8, (plain_faults, plain_depth, faults)
