@@ -484,3 +484,27 @@ def test_device_auto_takes_gpus_only_when_every_local_stage_gets_one(monkeypatch
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(FxforgeError, match="sees no GPU"):
         distributed._backend_and_device("cuda", 0, 1)
+
+
+def test_gpu_stages_compute_float32_in_float32():
+    # cuDNN runs float32 convs in TF32 by default on Ampere and later: a resnet18 stage on an H200 then missed the
+    # float32 check by 100x; the ranks turn it off (settable without a GPU, so checked here)
+    from fxforge import distributed
+
+    cudnn, cublas = torch.backends.cudnn, torch.backends.cuda.matmul
+    new_api = hasattr(cudnn, "conv") and hasattr(cudnn.conv, "fp32_precision")
+    saved = (cudnn.conv.fp32_precision, cublas.fp32_precision) if new_api else (cudnn.allow_tf32, cublas.allow_tf32)
+    try:
+        if new_api:
+            cudnn.conv.fp32_precision = cublas.fp32_precision = "tf32"
+            distributed.full_fp32_on_gpu()
+            assert (cudnn.conv.fp32_precision, cublas.fp32_precision) == ("ieee", "ieee")
+        else:
+            cudnn.allow_tf32 = cublas.allow_tf32 = True
+            distributed.full_fp32_on_gpu()
+            assert not cudnn.allow_tf32 and not cublas.allow_tf32
+    finally:
+        if new_api:
+            cudnn.conv.fp32_precision, cublas.fp32_precision = saved
+        else:
+            cudnn.allow_tf32, cublas.allow_tf32 = saved
