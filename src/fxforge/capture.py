@@ -341,6 +341,12 @@ def _symbolic_trace(
             # Forget our tracer class: GraphModule pickles it and would need fxforge (and its arguments) to reload.
             graph._tracer_cls = None
             graph._tracer_extras = None
+            # A module written with ``from __future__ import annotations`` annotates forward with strings
+            # ("torch.Tensor"), which fx keeps as the nodes' types; torch 2.11 then cannot pickle the GraphModule
+            # (model.pt: "'str' object has no attribute '__name__'"; 2.14 can). Types are only annotations.
+            for node in graph.nodes:
+                if isinstance(node.type, str):
+                    node.type = None
             # Built before the state is restored: tracing stores tensor constants (``_tensor_constant0``) on the
             # root, and the GraphModule takes them from there.
             gm = fx.GraphModule(tracer.root, graph, model.__class__.__name__)
