@@ -230,7 +230,7 @@ def full_fp32_on_gpu() -> None:
     Ampere and later): the pipeline's outputs are checked against the model with float32 tolerances, and a TF32
     resnet18 stage missed them by 100x (max abs error 1.4e-3, measured on an H200)."""
     conv = getattr(getattr(torch.backends.cudnn, "conv", None), "fp32_precision", None)
-    if conv is not None:  # torch >= 2.9: the per-backend precision settings
+    if conv is not None:  # newer torch (2.11 and 2.14 have it): the per-backend precision settings
         torch.backends.cudnn.conv.fp32_precision = "ieee"
         torch.backends.cuda.matmul.fp32_precision = "ieee"
     else:
