@@ -247,3 +247,22 @@ def test_stages_torch_export_cannot_write_are_pickled_and_run_only_with_the_opt_
     )
     assert run.check is not None and run.check.ok and run.check.reference == "model.pt"
     assert _no_workers_left(directory)
+
+
+def test_a_gpu_run_says_its_one_process_baseline_ran_on_the_cpu():
+    # seen on an H200: "1 stages as 1 processes", and the CPU baseline was labelled like a GPU one
+    from rich.console import Console
+
+    from fxforge.cli.render import render_pipeline_run
+    from fxforge.distributed import Baseline, PipelineRun, ScheduleTiming
+
+    run = PipelineRun(
+        directory="out/r1", stages=1, microbatches=2, batch=4, inputs=["4x3x64x64"], backend="nccl", device="cuda",
+        threads=1, schedules=[ScheduleTiming("gpipe", 0.0047, 847.2, 4.38, [0.0047] * 3)],
+        baselines=[Baseline(1, 0.0207, 193.6, False)], check=None, output_shapes=[[4, 1000]], wall_s=13.8,
+    )  # fmt: skip
+    console = Console(record=True, width=120)
+    render_pipeline_run(console, run)
+    text = console.export_text()
+    assert "1 stage as 1 process (nccl on cuda" in text
+    assert "one process, unsplit (1 thread, CPU)" in text

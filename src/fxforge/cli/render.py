@@ -717,8 +717,10 @@ def _ratio(value: float) -> str:
 
 def render_pipeline_run(console: Console, run: Any) -> None:
     """run-pipeline: how it ran, throughput per schedule next to one process, and the output check."""
+    stages = f"{run.stages} stage{'s' if run.stages != 1 else ''}"
+    processes = f"{run.stages} process{'es' if run.stages != 1 else ''}"
     console.print(
-        f"[bold]{run.directory}[/]: {run.stages} stages as {run.stages} processes ({run.backend} on {run.device}, "
+        f"[bold]{run.directory}[/]: {stages} as {processes} ({run.backend} on {run.device}, "
         f"{run.threads} thread{'s' if run.threads != 1 else ''} each); batch {run.batch} = {run.microbatches} "
         f"microbatches ({', '.join(run.inputs)})"
     )
@@ -733,6 +735,8 @@ def render_pipeline_run(console: Console, run: Any) -> None:
     best = min((b.median_s for b in run.baselines), default=None)
     for base in run.baselines:
         how = ", once per microbatch" if base.per_microbatch else ""
+        if run.device != "cpu":  # the unsplit model is timed in this process, on the CPU
+            how += ", CPU"
         table.add_row(
             f"one process, unsplit ({base.threads} thread{'s' if base.threads != 1 else ''}{how})",
             f"{base.median_s * 1000:.1f}",
