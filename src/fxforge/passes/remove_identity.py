@@ -3,7 +3,8 @@
 Two families, with different proofs:
 
 * calls that return the input tensor itself when they are no-ops -- ``nn.Identity``, ``.contiguous()`` on a
-  contiguous tensor, ``.to(dtype)``/``.float()``... to the dtype (and device) it already has, ``aten.alias``.
+  contiguous tensor, ``.to(dtype)``/``.float()``... to the dtype (and device) it already has, ``aten.alias``,
+  ``aten.detach_`` of a fresh copy of a constant (``lift_fresh_copy``: no one else holds it).
   Their users can read the input directly; values and aliasing are unchanged. (``aten.alias`` returns a new
   tensor object on the same memory: it stays when an in-place view op such as ``t_`` or ``unsqueeze_``,
   which changes only the object it is given, may reshape either.)
@@ -274,6 +275,12 @@ def _classify_aten(node: fx.Node, packet: str, stored_zeros: _StoredZeros) -> tu
     overload = target._overloadname
     if packet == "alias":
         return "identity", source, "aten.alias"
+    origin = _before_detaches(source)
+    if packet == "detach_" and isinstance(origin, fx.Node) and aten_packet(origin) == "lift_fresh_copy":
+        # returns its input itself and only clears the autograd flag of a fresh copy of a constant, which nothing
+        # outside the graph holds (transformers 5.17 builds its attention mask on ``torch.tensor(0.0).detach_()``;
+        # left, it keeps fold_constants from storing the mask, and the mask from going)
+        return "identity", source, "aten.detach_ of a fresh constant"
     if packet == "contiguous":
         if node.kwargs.get("memory_format", torch.contiguous_format) is torch.contiguous_format:
             return "layout", source, "aten.contiguous"
@@ -288,6 +295,13 @@ def _classify_aten(node: fx.Node, packet: str, stored_zeros: _StoredZeros) -> tu
         # torch.export keeps torch.add(0, x) as aten.add.Tensor(0, x): a literal first operand is possible here
         return _classify_arithmetic(node, packet, stored_zeros, method=False)
     return None
+
+
+def _before_detaches(value: Any) -> Any:
+    """What ``value`` is once the ``aten.detach_`` calls it went through are skipped (torch.export may chain two)."""
+    while isinstance(value, fx.Node) and aten_packet(value) == "detach_" and value.args:
+        value = value.args[0]
+    return value
 
 
 # --------------------------------------------------------------------------------------------------
