@@ -91,9 +91,10 @@ _PRESERVE = (None, torch.preserve_format)
         "could write into either tensor, "
         "when the caller would get an input, a parameter or another output back, or when the copy's strides differ "
         "from the input's (an expanded or gapped input; a later view could fail). aten.alias stays when an in-place "
-        "view op (t_, unsqueeze_, resize_...) may reshape it or its input. x + 0 on floats maps -0.0 to "
-        "+0.0: kept with signed_zeros=True. Layout facts in the torch dialect come from the example inputs. "
-        "Torch and ATen dialects."
+        "view op (t_, unsqueeze_, resize_...) may reshape it or its input. aten.detach_ goes only on a fresh copy "
+        "of a constant (lift_fresh_copy), whose autograd flag nothing outside the graph sees. x + 0 on floats "
+        "maps -0.0 to +0.0: kept with signed_zeros=True. Layout facts in the torch dialect come from the example "
+        "inputs. Torch and ATen dialects."
     ),
     options=RemoveIdentityOptions,
 )
