@@ -276,8 +276,7 @@ def _classify_aten(node: fx.Node, packet: str, stored_zeros: _StoredZeros) -> tu
     overload = target._overloadname
     if packet == "alias":
         return "identity", source, "aten.alias"
-    origin = _before_detaches(source)
-    if packet == "detach_" and isinstance(origin, fx.Node) and aten_packet(origin) == "lift_fresh_copy":
+    if packet == "detach_" and _is_fresh_constant(_before_detaches(source)):
         # returns its input itself and only clears the autograd flag of a fresh copy of a constant, which nothing
         # outside the graph holds (transformers 5.17 builds its attention mask on ``torch.tensor(0.0).detach_()``;
         # left, it keeps fold_constants from storing the mask, and the mask from going)
@@ -296,6 +295,10 @@ def _classify_aten(node: fx.Node, packet: str, stored_zeros: _StoredZeros) -> tu
         # torch.export keeps torch.add(0, x) as aten.add.Tensor(0, x): a literal first operand is possible here
         return _classify_arithmetic(node, packet, stored_zeros, method=False)
     return None
+
+
+def _is_fresh_constant(value: Any) -> bool:
+    return isinstance(value, fx.Node) and aten_packet(value) == "lift_fresh_copy"
 
 
 def _before_detaches(value: Any) -> Any:
