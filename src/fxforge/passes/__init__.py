@@ -290,16 +290,22 @@ def mark(node: fx.Node, pass_name: str, origin_of: fx.Node | None = None) -> Non
         node.meta[ORIGIN] = origin_of.meta.get(ORIGIN, origin_of.name)
 
 
+def free_attribute_name(owner: nn.Module, base: str) -> str:
+    """``base``, or ``base_1``, ``base_2``... : the first name ``owner`` has no attribute of."""
+    name, i = base, 0
+    while hasattr(owner, name):
+        i += 1
+        name = f"{base}_{i}"
+    return name
+
+
 def store_tensor(gm: fx.GraphModule, base: str, value: torch.Tensor, *, parameter: bool = True) -> str:
     """Register ``value`` on ``gm`` under a free name derived from ``base`` (``base``, ``base_1``, ...).
 
     Passes store what they compute (folded weights, constants) as new attributes rather than overwrite the
     old ones, which the user's model may share. ``parameter=False`` stores a buffer (e.g. a folded constant).
     """
-    name, i = base, 0
-    while hasattr(gm, name):
-        i += 1
-        name = f"{base}_{i}"
+    name = free_attribute_name(gm, base)
     if parameter:
         gm.register_parameter(name, nn.Parameter(value, requires_grad=False))
     else:

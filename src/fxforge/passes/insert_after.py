@@ -65,7 +65,7 @@ from torch.fx.passes.shape_prop import TensorMetadata
 from fxforge import references
 from fxforge.errors import FxforgeError
 from fxforge.graphs import ATEN, NODE_KINDS, aten_packet, dialect_of, module_path, node_kind, node_value, target_name
-from fxforge.passes import PassError, PassResult, mark, register_pass
+from fxforge.passes import PassError, PassResult, free_attribute_name, mark, register_pass
 from fxforge.passes._analysis import AliasClasses
 from fxforge.passes._privacy import (
     MECHANISMS,
@@ -877,14 +877,6 @@ def _build(options: InsertAfterOptions, node: fx.Node, path: str) -> nn.Module:
     return CallableModule(node.name, path, fn=options.fn)
 
 
-def _free_name(gm: fx.GraphModule, base: str) -> str:
-    name, i = base, 0
-    while hasattr(gm, name):
-        i += 1
-        name = f"{base}_{i}"
-    return name
-
-
 def _insertion_point(gm: fx.GraphModule, node: fx.Node) -> fx.Node:
     # inputs stay together at the top of the graph: a site after an input goes after the last one
     if node.op != "placeholder":
@@ -1047,7 +1039,7 @@ def insert_after(gm: fx.GraphModule, options: InsertAfterOptions) -> PassResult:
             module, report = _noise_site(options, node, path, options.seed)
         else:
             module = _build(options, node, path)
-        module_name = _free_name(gm, f"{node.name}_{options.insert}")
+        module_name = free_attribute_name(gm, f"{node.name}_{options.insert}")
         gm.add_submodule(module_name, module)
         with gm.graph.inserting_after(_insertion_point(gm, node)):
             new = gm.graph.call_module(module_name, (node,))

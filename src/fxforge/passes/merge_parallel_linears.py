@@ -25,7 +25,7 @@ import torch
 from torch import fx, nn
 
 from fxforge.graphs import aten_packet, node_arg, submodule
-from fxforge.passes import PassResult, mark, register_pass, store_tensor
+from fxforge.passes import PassResult, free_attribute_name, mark, register_pass, store_tensor
 from fxforge.passes._analysis import returns_fresh, tensor_facts, written_args
 from fxforge.passes.dead_code import prune_attributes
 from fxforge.passes.merge_convs import Layer, count_uses, read_layer
@@ -200,11 +200,7 @@ def _install_module(
     paths = [str(layer.node.target).rpartition(".") for layer in layers]
     parent = paths[0][0] if all(path[0] == paths[0][0] for path in paths) else ""
     owner = gm.get_submodule(parent) if parent else gm
-    base, name, i = "_".join(path[2] for path in paths), "", 0
-    name = base
-    while hasattr(owner, name):
-        i += 1
-        name = f"{base}_{i}"
+    name = free_attribute_name(owner, "_".join(path[2] for path in paths))
     merged = nn.utils.skip_init(
         nn.Linear, weight.shape[1], weight.shape[0], bias=bias is not None, device=weight.device, dtype=weight.dtype
     )

@@ -36,7 +36,7 @@ from torch import fx, nn
 
 from fxforge import references
 from fxforge.graphs import module_path, submodule, target_name
-from fxforge.passes import PassError, PassResult, mark, register_pass
+from fxforge.passes import PassError, PassResult, free_attribute_name, mark, register_pass
 from fxforge.passes._analysis import AliasClasses
 
 NAME = "replace_modules"
@@ -470,10 +470,7 @@ def _install(
         except AttributeError:
             parent = ""  # the owner was traced through and is not kept in the GraphModule
     owner = gm.get_submodule(parent) if parent else gm
-    name, i = child, 0
-    while hasattr(owner, name):
-        i += 1
-        name = f"{child}_{i}"
+    name = free_attribute_name(owner, child)
     owner.add_module(name, new)
     return f"{parent}.{name}" if parent else name
 

@@ -30,7 +30,7 @@ from torch import fx, nn
 
 from fxforge.errors import first_line
 from fxforge.graphs import ATEN, dialect_of, get_attr_value
-from fxforge.passes import ORIGIN, PassError, PassResult, mark, register_pass
+from fxforge.passes import ORIGIN, PassError, PassResult, free_attribute_name, mark, register_pass
 from fxforge.passes.replace_modules import import_reference
 
 NAME = "replace_pattern"
@@ -370,11 +370,7 @@ class _AttributeCopier:
     def copy(self, target: str) -> str:
         if target not in self.copied:
             value = copy.deepcopy(get_attr_value(self.source, target))
-            base = "replacement_" + target.replace(".", "_")
-            name, i = base, 0
-            while hasattr(self.gm, name):
-                i += 1
-                name = f"{base}_{i}"
+            name = free_attribute_name(self.gm, "replacement_" + target.replace(".", "_"))
             if isinstance(value, nn.Module):
                 self.gm.add_module(name, value)
             elif isinstance(value, nn.Parameter):
