@@ -129,8 +129,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     peers = _load_peers()
+    names = args.models.split(",")
+    unknown = [name for name in names if name not in peers.MODELS]
+    if unknown:
+        parser.error(f"unknown model {unknown[0]!r}; choose from {', '.join(peers.MODELS)}")
+    if args.batch < 1:
+        parser.error("--batch must be at least 1")
     peak = measure_peak(4.0)
-    results = [measure(name, args.batch, peers) for name in args.models.split(",")]
+    results = [measure(name, args.batch, peers) for name in names]
     if args.json:
         print(json.dumps({"machine": describe(peak), "peak": peak.gflops, "results": results}, indent=2))
         return 0

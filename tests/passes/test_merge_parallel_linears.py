@@ -8,6 +8,7 @@ from torch import nn
 
 from fxforge.capture import capture
 from fxforge.graphs import node_kind
+from fxforge.lint import lint
 from fxforge.passes import ORIGIN, PASS, apply_pass, exact_passes
 from fxforge.pipeline import Pipeline
 from fxforge.verify import verify
@@ -185,6 +186,8 @@ def test_transformers_attention_projections_merge_and_verify(family):
         else torch.randn(2, 3, 32, 32, generator=generator)
     )
     cap = capture(build(transformers).eval(), (example,), method="export")
+    # lint rule FX014 reports the groups the pass merges (before the exact passes too: none of them touch a linear)
+    assert len(lint(cap, select=["FX014"]).findings) == groups
     result = Pipeline([*exact_passes(), NAME], verify_each=True, lint_between=False).run(cap)
     assert result.ok, (result.failed_pass, result.verification)
     merged = next(step.result for step in result.steps if step.result.name == NAME)
