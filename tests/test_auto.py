@@ -540,7 +540,7 @@ def test_quick_under_a_budget_on_a_cpu_without_native_bf16_tries_both_int8_paths
 
     bench = sys.modules["fxforge.bench"]  # the package exports the function fxforge.bench under the same name
     monkeypatch.setattr(auto, "native_bf16", lambda: False)
-    monkeypatch.setattr(bench, "native_bf16", lambda: False)
+    monkeypatch.setattr(bench, "bf16_unavailable", lambda cpu=None: "emulated")
     names = [b.name for b in auto.candidate_backends(classifier, None, Budget(min_agreement=0.99), quick=True)]
     assert "int8" in names and "ort_int8" in names
     assert "bf16" not in names and "autocast" not in names

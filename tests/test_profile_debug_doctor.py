@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -179,7 +182,7 @@ def test_doctor_json_has_every_field(capsys):
 
 def test_doctor_says_why_a_feature_is_missing(monkeypatch):
     doctor_module = importlib.import_module("fxforge.doctor")
-    monkeypatch.setattr(doctor_module, "native_bf16", lambda cpu=None: False)
+    monkeypatch.setattr(doctor_module, "bf16_unavailable", lambda cpu=None: "no AVX512-BF16 or AMX: emulated")
     monkeypatch.setattr(doctor_module, "gpus", lambda: [])
     report = doctor(peak=False)
     assert report.features["bf16 (cast and autocast)"] == UNSUPPORTED_HARDWARE
@@ -191,7 +194,7 @@ def test_a_gpu_with_bf16_does_not_make_the_cpus_bf16_available(monkeypatch):
     # bench and --auto run models on the CPU: an AVX2-only CPU beside a bf16 GPU would run the bf16 candidates
     # emulated, several times slower than fp32
     doctor_module = importlib.import_module("fxforge.doctor")
-    monkeypatch.setattr(doctor_module, "native_bf16", lambda cpu=None: False)
+    monkeypatch.setattr(doctor_module, "bf16_unavailable", lambda cpu=None: "no AVX512-BF16 or AMX: emulated")
     monkeypatch.setattr(
         doctor_module,
         "gpus",
@@ -205,11 +208,31 @@ def test_a_gpu_with_bf16_does_not_make_the_cpus_bf16_available(monkeypatch):
 
 def test_bf16_backends_only_where_the_hardware_has_it(monkeypatch, resnet18):
     bench_module = importlib.import_module("fxforge.bench")  # fxforge.bench, the attribute, is the function
-    monkeypatch.setattr(bench_module, "native_bf16", lambda cpu=None: False)
+    monkeypatch.setattr(bench_module, "bf16_unavailable", lambda cpu=None: "no AVX512-BF16 or AMX: emulated")
     assert "bf16" not in default_backends() and "autocast" not in default_backends()
     assert "emulated" in get_backend("autocast").unsupported_here()
-    monkeypatch.setattr(bench_module, "native_bf16", lambda cpu=None: True)
+    monkeypatch.setattr(bench_module, "bf16_unavailable", lambda cpu=None: None)
     assert {"bf16", "autocast"} <= set(default_backends())
+
+
+def test_bf16_is_native_only_where_it_measures_faster_than_fp32():
+    """CPU flags promise bf16; a measurement decides. With oneDNN limited to AVX2 (ONEDNN_MAX_CPU_ISA, as some
+    containers set it) an AMX Xeon ran bf16 matmuls at 0.01x fp32: doctor must say bf16 is unavailable and
+    --auto must not time bf16 candidates, whatever the flags. A new process: oneDNN reads the variable once."""
+    script = (
+        "import json; from fxforge.machine import bf16_unavailable, bf16_matmul_speedup, cpu_info; "
+        "from fxforge.doctor import doctor; report = doctor(peak=False); "
+        "print(json.dumps([bf16_unavailable(), bf16_matmul_speedup(), report.features['bf16 (cast and autocast)'], "
+        "bool(set(cpu_info().features) & {'avx512_bf16', 'amx_bf16'})]))"
+    )
+    limited = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    run = subprocess.run([sys.executable, "-c", script], env=limited, capture_output=True, text=True, check=True)
+    reason, speedup, feature, flags = json.loads(run.stdout.splitlines()[-1])
+    assert feature == UNSUPPORTED_HARDWARE and "emulated" in reason
+    if flags:  # the flags said yes: only the measurement can have said no
+        assert speedup < 1.0 and "ONEDNN_MAX_CPU_ISA=AVX2" in reason
+    # in this process (no limit) the measurement agrees with the flags: both yes, or no flags and no measurement
+    assert (machine.bf16_unavailable() is None) == bool(set(machine.cpu_info().features) & {"avx512_bf16", "amx_bf16"})
 
 
 def test_autocast_backend_keeps_float32_outputs_within_a_bf16_error():

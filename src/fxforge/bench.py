@@ -65,7 +65,7 @@ from fxforge.export import export_model
 from fxforge.graphs import ATEN
 from fxforge.inputs import make_inputs, specs_of
 from fxforge.inspect import count_flops
-from fxforge.machine import Peak, cached_peak, describe, native_bf16, peak_dict
+from fxforge.machine import Peak, bf16_unavailable, cached_peak, describe, peak_dict
 from fxforge.passes import exact_passes
 from fxforge.pipeline import Pipeline
 from fxforge.plugins import BACKENDS_GROUP, load_group
@@ -367,9 +367,8 @@ def _random_batches(captured: Captured, batch: int) -> list[tuple[Any, ...]]:
 
 def _no_native_bf16() -> str | None:
     # every backend runs the model on the CPU: a GPU with bf16 beside it does not make these fast
-    if native_bf16():
-        return None
-    return "this CPU has no AVX512-BF16 or AMX: bf16 is emulated here, slower than fp32 (see fxforge doctor)"
+    reason = bf16_unavailable()
+    return f"{reason} (see fxforge doctor)" if reason else None
 
 
 @register_backend(

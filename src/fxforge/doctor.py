@@ -19,10 +19,10 @@ import torch
 from fxforge.machine import (
     CpuInfo,
     Peak,
+    bf16_unavailable,
     cpu_info,
     gpus,
     measure_peak,
-    native_bf16,
     native_int8_dot,
     peak_dict,
     torch_backends,
@@ -118,8 +118,9 @@ def features(found: dict[str, str | None], cpu: CpuInfo, gpu_list: list[dict[str
     need("int8 fast dot products (VNNI/AMX)", native_int8_dot(cpu), UNSUPPORTED_HARDWARE,
          "no AVX512-VNNI, AVX-VNNI or AMX: int8 gains far less here")
     # bench and --auto run models on the CPU: a GPU's bf16 does not make the CPU's fast
-    need("bf16 (cast and autocast)", native_bf16(cpu), UNSUPPORTED_HARDWARE,
-         "no AVX512-BF16 or AMX: bf16 is emulated on this CPU, slower than fp32 (bench and --auto run on the CPU)")
+    bf16_reason = bf16_unavailable(cpu)
+    need("bf16 (cast and autocast)", bf16_reason is None, UNSUPPORTED_HARDWARE,
+         f"{bf16_reason} (bench and --auto run on the CPU)")
     nccl = torch.distributed.is_available() and torch.distributed.is_nccl_available()
     need("run-pipeline on GPUs (nccl)", bool(gpu_list) and nccl, UNSUPPORTED_HARDWARE,
          "this torch build has no NCCL" if gpu_list else "no CUDA GPU")
