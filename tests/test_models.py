@@ -209,7 +209,7 @@ def test_file_example_inputs_as_tensors_or_function(tmp_path: Path):
         ("not_a_model", "not_a_model is a int, not a model, class or factory"),
         ("returns_int", "returns_int() returned a int, not an nn.Module"),
         ("needs_width", "cannot be called without arguments"),
-        ("missing", "has no attribute 'missing'"),
+        ("missing", "factories.py has no attribute 'missing'"),  # the file, not fxforge's module name for it
     ],
 )
 def test_file_factory_errors(factories: Path, attr: str, needle: str):
@@ -217,6 +217,29 @@ def test_file_factory_errors(factories: Path, attr: str, needle: str):
         load_model(f"{factories}:{attr}")
     assert needle in info.value.message
     assert_one_line(info.value)
+
+
+def test_a_file_that_draws_random_numbers_on_import_builds_the_same_weights_every_time(tmp_path: Path):
+    """Only the first build from a file imports it; if its import-time draws (``example_inputs`` made with
+    torch.randn) came out of the seeded stream, the first build's weights would differ from every later one,
+    and ``verify file.py:A file.py:A`` would report a mismatch (QA found exactly that)."""
+    path = tmp_path / "draws_on_import.py"
+    path.write_text(
+        "import torch\nfrom torch import nn\n"
+        "example_inputs = (torch.randn(2, 8),)\n"
+        "class A(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.fc = nn.Linear(8, 8)\n"
+        "    def forward(self, x):\n        return self.fc(x)\n"
+    )
+    first, second = load_model(f"{path}:A").module, load_model(f"{path}:A").module
+    assert torch.equal(first.fc.weight, second.fc.weight)
+    assert not torch.equal(first.fc.weight, load_model(f"{path}:A", seed=1).module.fc.weight)
+    from fxforge.cli import main
+    from fxforge.errors import EXIT_OK
+
+    other = tmp_path / "other_file.py"  # a fresh import in this process: the first build of that file
+    other.write_text(path.read_text())
+    assert main(["verify", f"{other}:A", f"{other}:A"]) == EXIT_OK
 
 
 def test_file_errors(tmp_path: Path, factories: Path):

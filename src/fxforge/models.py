@@ -525,7 +525,11 @@ def _from_attribute(module: Any, attr: str, spec: str, kwargs: dict[str, Any]) -
     target = module
     for part in attr.split("."):
         if not hasattr(target, part):
-            raise ModelSpecError(f"{spec}: {getattr(module, '__name__', module)} has no attribute {attr!r}")
+            # a user file's module name (fxforge_user_<stem>) is fxforge's, not the user's: name the file
+            where = getattr(module, "__name__", module)
+            if str(where).startswith("fxforge_user_"):
+                where = Path(module.__file__).name
+            raise ModelSpecError(f"{spec}: {where} has no attribute {attr!r}")
         target = getattr(target, part)
     if isinstance(target, nn.Module):
         model = target

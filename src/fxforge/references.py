@@ -15,6 +15,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import torch
+
 from fxforge.errors import FxforgeError, first_line, user_location
 
 
@@ -43,7 +45,11 @@ def import_file(path: str | Path, *, error: type[FxforgeError] = FxforgeError, w
     folder = str(path.resolve().parent)
     sys.path.insert(0, folder)
     try:
-        spec.loader.exec_module(module)
+        # Import-time code may draw random numbers (`example_inputs = (torch.randn(...),)`): only the first build
+        # from a file imports it, so those draws must not come out of the stream the model's weights are drawn
+        # from, or the first build would differ from every later one (verify file.py:A file.py:A would differ).
+        with torch.random.fork_rng(devices=[]):
+            spec.loader.exec_module(module)
     except SyntaxError as exc:
         raise error(f"{path}:{exc.lineno}: syntax error: {exc.msg}") from None
     except FxforgeError:
