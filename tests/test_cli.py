@@ -150,3 +150,45 @@ def test_console_script_runs():
     assert "fxforge" in result.stdout
     result = subprocess.run([str(exe), "inspect", "torchvision:nope"], capture_output=True, text=True)
     assert result.returncode == EXIT_USAGE and result.stderr.startswith("error:")
+
+
+NOISY_MODEL = """
+import torch
+from torch import nn
+print("hello from import")
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        print("forward called")
+        return self.fc(x)
+
+
+def build():
+    print("building")
+    return Net()
+"""
+
+
+@pytest.mark.parametrize("command", ["inspect", "lint", "verify", "export", "debug"])
+def test_json_stdout_holds_only_json_when_the_users_code_prints(capsys, tmp_path, command):
+    """--json promises one JSON document on stdout and nothing else; a print in the user's file (at import, in
+    the factory, in forward) goes to stderr instead of breaking it."""
+    path = tmp_path / f"noisy_{command}.py"  # one file per case: each imports it afresh and prints on import
+    path.write_text(NOISY_MODEL)
+    spec = f"{path}:build"
+    extra = {
+        "inspect": [],
+        "lint": [],
+        "verify": [spec],
+        "export": ["--to", "onnx", "-o", str(tmp_path / "out.onnx")],
+        "debug": ["--stats"],
+    }[command]
+    code, out, err = run(capsys, command, spec, *extra, "-i", "2x4", "--json")
+    assert code in (EXIT_OK, EXIT_FINDINGS), err
+    json.loads(out)
+    assert "hello from import" in err and "forward called" in err

@@ -12,7 +12,7 @@ import contextlib
 import functools
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -198,8 +198,28 @@ def status(message: str, quiet: bool):
     return stderr.status(message)
 
 
+# Where emit_json writes while user_prints_to_stderr is in force: the stdout the command started with.
+_json_stdout: list[Any] = []
+
+
+@contextlib.contextmanager
+def user_prints_to_stderr(enabled: bool) -> Iterator[None]:
+    """``--json`` promises one JSON document on stdout and nothing else, but the user's code runs in between (a
+    ``print`` at import, in a factory or in ``forward``): while the command runs, stdout goes to stderr, and
+    :func:`emit_json` alone writes to the real stdout."""
+    if not enabled:
+        yield
+        return
+    _json_stdout.append(sys.stdout)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        _json_stdout.pop()
+
+
 def emit_json(payload: Any) -> None:
-    click.echo(json.dumps(payload, indent=2, default=str))
+    click.echo(json.dumps(payload, indent=2, default=str), file=_json_stdout[-1] if _json_stdout else None)
 
 
 def warn_failed_checks(captured: Any) -> None:
