@@ -354,6 +354,10 @@ def test_cli_bench_table_and_errors(capsys):
     assert code == EXIT_USAGE and "unknown backend 'tensorrt'" in err
     code, _, err = run(capsys, "bench", "demo", "--batch", "one")
     assert code == EXIT_USAGE and "--batch takes integers" in err
+    # an unknown pass is a usage error before anything runs: with the fx backend (not a failed row) and without it
+    for backends in ("eager,fx", "eager"):
+        code, out, err = run(capsys, "bench", "demo", "-b", backends, "--passes", "nosuch", "--repeats", "2")
+        assert code == EXIT_USAGE and "unknown pass 'nosuch'" in err and not out
 
 
 def test_variants_and_the_fraction_of_peak():

@@ -615,6 +615,10 @@ def bench(
             hint="pass it positionally (--input), or fix it with --concrete when it is a constant",
         )
     chosen = [b if isinstance(b, Backend) else get_backend(b) for b in (backends or default_backends())]
+    if passes is not None:
+        # an unknown pass is the caller's mistake (exit 2), not a row that failed to build -- nor, without the
+        # fx backend, nothing at all
+        Pipeline(passes, lint_between=False)
     example_batch = captured.example_inputs[0].shape[0] if captured.example_inputs[0].dim() else 1
     batches = list(batches or [example_batch])
     threads = threads or torch.get_num_threads()
