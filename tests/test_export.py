@@ -107,6 +107,28 @@ def test_mobilenet_v2_legacy_onnx_and_scripted_torchscript(tmp_path):
     assert _files(tmp_path) == ["m.onnx", "m.pt"]
 
 
+def test_the_opset_asked_for_is_the_opset_written_or_the_export_fails(tmp_path):
+    """torch's dynamo exporter, asked for an opset it cannot convert to, keeps its own without an error (opset 17
+    and 99 both wrote 18): fxforge checks the file, falls back to the legacy exporter under ``auto``, and fails
+    where no exporter writes that opset, writing nothing."""
+    pytest.importorskip("onnxruntime")
+    import onnx
+
+    captured = fxforge.prepare("demo")
+    result = export_model(captured, "onnx", tmp_path / "m17.onnx", opset=17)
+    assert result.ok and result.exporter == "legacy" and result.opset == 17
+    assert any("not the opset 17 asked for" in note for note in result.notes)
+    written = onnx.load(str(tmp_path / "m17.onnx")).opset_import
+    assert [o.version for o in written if o.domain in ("", "ai.onnx")] == [17]
+    with pytest.raises(ExportError, match="wrote opset 18, not the opset 17 asked for"):
+        export_model(captured, "onnx", tmp_path / "dynamo17.onnx", opset=17, exporter="dynamo")
+    with pytest.raises(ExportError) as info:
+        export_model(captured, "onnx", tmp_path / "m99.onnx", opset=99)
+    # the legacy exporter's own reason, not the dynamo error it was tried after
+    assert "not the opset 99 asked for" in info.value.message and "onnx_opset_version: 99" in info.value.message
+    assert _files(tmp_path) == ["m17.onnx"]
+
+
 def test_export_leaves_the_model_untouched(resnet18_captured, tmp_path):
     model = resnet18_captured.original
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -363,6 +385,9 @@ def test_cli_export_failures_exit_codes(capsys, tmp_path):
     assert len([line for line in err.splitlines() if line.startswith("error:")]) == 1
     code, _, err = run(capsys, "export", "demo", "-o", str(tmp_path / "m.bin"))
     assert code == EXIT_USAGE and "cannot tell the format" in err
+    # an ONNX file named .pt would not load again (fxforge reads a file by its suffix): refused, nothing written
+    code, _, err = run(capsys, "export", "demo", "--to", "onnx", "-o", str(tmp_path / "m.pt"))
+    assert code == EXIT_USAGE and "is the name of a torchscript file, not onnx" in err and "name it .onnx" in err
     assert _files(tmp_path) == []
 
 

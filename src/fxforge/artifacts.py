@@ -100,7 +100,9 @@ def atomic_directory(target: str | Path, *, force: bool = False) -> Iterator[Pat
     if target.exists() and not target.is_dir():
         raise FxforgeError(f"{target} exists and is not a directory")
     if target.exists() and any(target.iterdir()) and not force:
-        raise FxforgeError(f"output directory {target} is not empty", hint="pass --force to replace it")
+        raise FxforgeError(
+            f"output directory {target} is not empty", hint="pass --force (force=True in Python) to replace it"
+        )
     created = _missing_parents(target)
     try:
         for directory in created:
@@ -164,7 +166,7 @@ class StagedOutput:
         if self.target.is_dir():
             raise FxforgeError(f"{self.target} is a directory", hint="give a file name, e.g. -o out/model.onnx")
         if self.target.exists() and not self.force:
-            raise FxforgeError(f"{self.target} exists", hint="pass --force to replace it")
+            raise FxforgeError(f"{self.target} exists", hint="pass --force (force=True in Python) to replace it")
         try:
             for directory in _missing_parents(self.target):
                 directory.mkdir()

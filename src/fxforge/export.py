@@ -53,7 +53,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
 from fxforge import display
-from fxforge.artifacts import FORMATS, METADATA_FILE, StagedOutput, format_for, load_exported
+from fxforge.artifacts import FORMATS, METADATA_FILE, SUFFIXES, StagedOutput, format_for, load_exported
 from fxforge.capture import Captured
 from fxforge.errors import EXIT_CAPTURE, FxforgeError, first_line, format_location, require, strip_ansi, user_location
 from fxforge.graphs import ATEN
@@ -174,7 +174,14 @@ def export_model(
     Raises:
         ExportError: the exporter failed; the message names the operator or construct and where.
     """
-    to = to or format_for(path)
+    named = format_for(path)
+    if to in SUFFIXES and named is not None and named != to:
+        # fxforge (and every other tool) reads a file by its suffix: an ONNX file named .pt would not load again
+        raise FxforgeError(
+            f"{str(path)!r} is the name of a {named} file, not {to}",
+            hint=f"name it {SUFFIXES[to]}, or leave --to out to export {named}",
+        )
+    to = to or named
     if to is None:
         raise FxforgeError(f"cannot tell the format from {str(path)!r}", hint="pass --to torchscript, onnx or pt2")
     if to not in FORMATS:
@@ -359,16 +366,22 @@ def _export_onnx(
 
     notes: list[str] = []
     used = exporter
+    dynamo_error: ExportError | None = None
     if exporter in ("auto", "dynamo"):
         try:
             with _exporting(f"{type(module).__name__} to ONNX (dynamo exporter)", notes), _AttentionAs4D() as mode:
                 _onnx_dynamo(module, inputs, path, opset, dynamic_batch)
+            _check_opset(path, opset)
             if mode.reshaped:
                 notes.append(f"{mode.reshaped} attention call(s) on non-4-D tensors exported as 4-D attention")
             used = "dynamo"
-        except ExportError as dynamo_error:
+        except ExportError as error:
             if exporter == "dynamo":
                 raise
+            dynamo_error = error
+        # the fallback runs outside the except block: there, the legacy exporter's own exception would chain to
+        # the dynamo error (__context__), and its report would name the dynamo failure instead of its own
+        if dynamo_error is not None:
             for partial in path.parent.iterdir():  # the staging directory: whatever dynamo left there
                 partial.unlink()
             notes.append(f"dynamo exporter failed ({dynamo_error.message}); used the legacy exporter")
@@ -395,6 +408,23 @@ def _export_onnx(
     model = onnx.load(str(path), load_external_data=False)
     written_opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
     return ExportResult("onnx", None, True, used, opset=written_opset, dynamic_batch=dynamic_batch, notes=notes)
+
+
+def _check_opset(path: Path, opset: int | None) -> None:
+    """The dynamo exporter writes opset 18 or later and, asked for another, converts when it can and otherwise keeps
+    its own without an error (torch 2.14: ``--opset 17`` and ``--opset 99`` both wrote 18): a file of another
+    opset than the one asked for is a failed export (``auto`` then tries the legacy exporter)."""
+    if opset is None:
+        return
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    written = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if written != opset:
+        raise ExportError(
+            f"the dynamo exporter wrote opset {written}, not the opset {opset} asked for",
+            hint="the dynamo exporter writes opset 18 and later, the legacy exporter (--exporter legacy) older ones",
+        )
 
 
 def _onnx_dynamo(
