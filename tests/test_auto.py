@@ -310,6 +310,8 @@ def test_a_tie_decided_only_by_a_wide_interval_is_timed_again(monkeypatch, class
     chosen = auto._settle_close_call(classifier, built, candidates, report, "fx", set(built), 1, 10, None)
     assert calls == [(["fx", "onnxruntime"], auto.RUNOFF_FACTOR * 10)]
     assert chosen == "onnxruntime" and candidates["onnxruntime"].status == "chosen"
+    # what the first choice said of it ("the fastest by median, but fx ties with it...") no longer holds
+    assert candidates["onnxruntime"].reason is None
     assert candidates["fx"].status == "accepted" and "slower than onnxruntime" in candidates["fx"].reason
     assert len(report.rows[0].round_ms) == 30 and report.rows[0].samples == 30
     assert "timed 20 more rounds" in candidates["fx"].notes[0]

@@ -570,6 +570,8 @@ def choose(
     ties = [c for c in eligible if _ties(c, settled)]
     chosen = min(ties, key=lambda c: (_simplicity(c), c.median_ms))
     chosen.status = "chosen"
+    # a choice made again (after the extra rounds of a close call) must not keep what the first one said of it
+    chosen.reason = None
     for candidate in timed:
         if candidate is chosen:
             continue
