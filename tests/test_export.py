@@ -408,6 +408,12 @@ def test_an_onnx_file_is_a_model_spec_verify_compares_it(capsys, tmp_path):
     assert load_model(str(dynamic)).default_inputs[0].shape == (1, *demo_input.shape[1:])  # the batch: symbolic
     code, out, _ = run(capsys, "verify", "demo", str(dynamic))
     assert code == EXIT_OK and out.startswith(f"OK: {dynamic} matches demo")
+    # a file fixed to batch 3: every one of the 16 cases runs at batch 3 (not 8 of them, the other 8 skipped at
+    # batch 1), and the result says batch 1 was left out and why
+    code, out, _ = run(capsys, "verify", "demo", str(static), "--json")
+    report = json.loads(out)
+    assert code == EXIT_OK and report["trials"] == 16 and report["batch_sizes"] == [3]
+    assert any(line.startswith("batch 1: the candidate rejects it") for line in report["skipped"])
     code, out, _ = run(capsys, "verify", "demo", str(dynamic), "--seed", "1")  # other random weights
     assert code == EXIT_FINDINGS and "OK" not in out
     for candidate in (str(dynamic), "demo"):  # inputs the model rejects: one line, no traceback (torch's ShapeProp

@@ -16,7 +16,7 @@ from fxforge.errors import CaptureError, InputSpecError
 from fxforge.inputs import InputSpec, make_inputs, parse_input_spec
 from fxforge.models import LoadedModel, load_model
 from fxforge.references import import_function
-from fxforge.verify import DEFAULT_CASES, VerifyResult, verify
+from fxforge.verify import DEFAULT_CASES, VerifyResult, batches_a_candidate_takes, verify
 
 
 def resolve_inputs(loaded: LoadedModel, inputs: str | InputSpec | Sequence[str | InputSpec] | None) -> list[InputSpec]:
@@ -125,7 +125,10 @@ def verify_specs(
     functions = [f if callable(f) else import_function(f, what="--wrap", error=CaptureError) for f in wrap]
     with contextlib.suppress(CaptureError):  # compared all the same; only the bisection to a node needs the graph
         ref = capture(ref_loaded, example, leaf_modules=leaf_modules, autowrap_functions=functions, check=False)
-    return verify(
+    # a saved program or ONNX file may be fixed to the example's batch size: every case then runs at that batch
+    # (not half of them skipped), and the result says which batch was left out and why
+    batch_sizes, left_out = batches_a_candidate_takes(cand_loaded.module, example, seed)
+    result = verify(
         ref,
         cand_loaded.module,
         input_specs=specs,
@@ -134,9 +137,12 @@ def verify_specs(
         rtol=rtol,
         atol=atol,
         allow_dtype_change=allow_dtype_change,
-        # a saved program or ONNX file may be fixed to the example's batch size: compare what it can run, and say so
+        batch_sizes=batch_sizes,
         candidate_may_fix_batch=True,
     )
+    if left_out:
+        result.skipped.insert(0, left_out)
+    return result
 
 
 def _give_onnx_the_structure_of(onnx_side: Any, other: nn.Module, example: Sequence[Any]) -> None:

@@ -171,6 +171,23 @@ def default_batch_sizes(example_batch: int | None) -> list[int | None]:
     return [example_batch, 2 if example_batch == 1 else 1]
 
 
+def batches_a_candidate_takes(candidate: Any, args: Sequence[Any], seed: int = 0) -> tuple[list | None, str | None]:
+    """The batch sizes to verify a candidate on that may be fixed to its example's batch (a static ONNX file or
+    saved program): the default ones (None) if it runs one other batch size, else only the example's -- so all the
+    cases run at the batch it takes instead of half of them being skipped -- and why the other is left out."""
+    example_batch = _example_batch((tuple(args), {}))
+    if example_batch is None:
+        return None, None
+    other = default_batch_sizes(example_batch)[1]
+    other_args, other_kwargs = draw_like((tuple(args), {}), "normal", seed + 1, other)
+    try:
+        with quiet_torch_logs():
+            run_isolated(candidate, other_args, other_kwargs)
+    except Exception as exc:
+        return [None], f"batch {other}: the candidate rejects it ({one_line_reason(exc, 120)})"
+    return None, None
+
+
 def _on_meta(values: Any, *modules: Any) -> bool:
     tensors = [t for t in pytree.tree_leaves(values) if isinstance(t, torch.Tensor)]
     for module in modules:
