@@ -80,6 +80,14 @@ def test_graph_cli_writes_html_svg_and_diff(tmp_path, capsys):
     assert "--trust-pickle" in capsys.readouterr().err
     assert main(["graph", "demo", "--diff", str(out), "--trust-pickle", "-o", str(tmp_path / "d.html")]) == 0
     assert "removed" in capsys.readouterr().out
+    # another model's output: a node-by-node diff of two models is nonsense, refused before anything is loaded
+    assert main(["graph", "demo:mlp", "--diff", str(out), "--trust-pickle", "-o", str(tmp_path / "x.html")]) == 2
+    err = capsys.readouterr().err
+    assert f"{out} was written from demo, not demo:mlp" in err and not (tmp_path / "x.html").exists()
+    from fxforge.visual.render import same_model_spec
+
+    assert same_model_spec("models/net.py:build", "/elsewhere/net.py:build")  # optimize ran from another folder
+    assert not same_model_spec("net.py:A", "net.py:B") and not same_model_spec("demo", "demo:mlp")
     pytest.importorskip("py_mini_racer")
     assert main(["graph", "demo", "-o", str(tmp_path / "g.svg")]) == 0
     svg = (tmp_path / "g.svg").read_text()

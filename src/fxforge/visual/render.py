@@ -14,6 +14,7 @@ node) or a quantize result (``.model``). This module sits below optimize and qua
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import itertools
 import json
@@ -102,6 +103,23 @@ def load_output_dir(directory: str | Path, *, trust_pickle: bool | None = None) 
         )
     restore_saved_names(graph, path / PROVENANCE_FILE)
     return graph, passes
+
+
+def output_dir_model(directory: str | Path) -> str | None:
+    """The model spec an optimize output directory was written from (its ``report.json``), or None."""
+    with contextlib.suppress(OSError, UnicodeDecodeError, ValueError, AttributeError):
+        model = json.loads((Path(directory) / REPORT_FILE).read_text()).get("model")
+        return model if isinstance(model, str) else None
+    return None
+
+
+def same_model_spec(first: str, second: str) -> bool:
+    """Whether two model specs name the same model: equal, or ``file.py:attr`` specs of the same file name and
+    attribute (one written relative to another working directory)."""
+    if first.strip() == second.strip():
+        return True
+    (file_a, _, attr_a), (file_b, _, attr_b) = first.strip().rpartition(":"), second.strip().rpartition(":")
+    return file_a.endswith(".py") and attr_a == attr_b and Path(file_a).name == Path(file_b).name
 
 
 def _stem(name: str) -> str:
