@@ -17,7 +17,7 @@ import fxforge.plugins as plugins
 from fxforge.api import prepare
 from fxforge.bench import all_backends
 from fxforge.cli import main
-from fxforge.errors import EXIT_CAPTURE, EXIT_OK, EXIT_USAGE
+from fxforge.errors import EXIT_CAPTURE, EXIT_FINDINGS, EXIT_OK, EXIT_USAGE
 from fxforge.lint import all_rules, lint
 from fxforge.optimize import fix, optimize
 from fxforge.passes import PassError, all_passes, apply_pass, get_pass
@@ -421,8 +421,52 @@ def test_concrete_fixes_a_branch_on_every_command(capsys, helper_model, tmp_path
     assert rows["fx"]["max_abs_err"] == 0  # eager called with double=True, the graph has it built in
     code, _, err = run(capsys, "optimize", *base, "-p", "dead_code", "-o", str(tmp_path / "out"), "--verify")
     assert code == EXIT_OK, err
+    code, _, err = run(capsys, "verify", "net.py:Net", "net.py:Net", "--concrete", "triple=true")
+    assert code == EXIT_USAGE and "net.py:Net's forward has no argument 'triple'" in err
     code, _, err = run(capsys, "inspect", "net.py:Net", "--input", "2x8", "--concrete", "double")
     assert code == EXIT_USAGE and "--concrete 'double' is not KEY=VALUE" in err
+
+
+FLAG_MODEL = """
+import torch
+from torch import nn
+
+
+class Flag(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x, double: bool = False):
+        y = self.fc(x)
+        if double:
+            y = y * 2
+        return y
+"""
+
+
+def test_files_written_with_concrete_args_take_the_inputs_alone_and_verify_with_them(capsys, tmp_path):
+    """--concrete double=true fixes the value in what is written: model.pt2 (of optimize and export) and the ONNX
+    file run as model(x) -- model.pt2 demanded double= and guarded its value -- and verify --concrete calls the
+    reference the same way."""
+    (tmp_path / "flag_model.py").write_text(FLAG_MODEL)
+    spec, out = f"{tmp_path / 'flag_model.py'}:Flag", tmp_path / "out"
+    base = (spec, "--input", "2x8", "--concrete", "double=true")
+    code, _, err = run(capsys, "optimize", *base, "-p", "dead_code", "-o", str(out), "--verify")
+    assert code == EXIT_OK, err
+    program = torch.export.load(str(out / "model.pt2")).module()
+    model = prepare(spec, inputs="2x8").original
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(program(x), model(x, double=True))
+    code, result, err = run(capsys, "verify", spec, str(out), "--concrete", "double=true", "--json")
+    assert code == EXIT_OK and json.loads(result)["trials"] >= 16, err
+    code, _, _ = run(capsys, "verify", spec, str(out))  # the reference called with double=False: it differs
+    assert code == EXIT_FINDINGS
+    for name in ("flag.pt2", "flag.onnx"):  # export fixes the value the same way (it refused --concrete before)
+        code, _, err = run(capsys, "export", *base, "-o", str(tmp_path / name))
+        assert code == EXIT_OK, err
+    code, _, err = run(capsys, "verify", spec, str(tmp_path / "flag.onnx"), "--concrete", "double=true")
+    assert code == EXIT_OK, err
 
 
 def test_api_wrap_and_concrete_match_the_model(helper_model):

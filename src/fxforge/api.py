@@ -4,6 +4,7 @@ captured graph. Kept here so that the Python API does exactly what the CLI does.
 from __future__ import annotations
 
 import contextlib
+import inspect as pyinspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -16,6 +17,7 @@ from fxforge.errors import CaptureError, InputSpecError
 from fxforge.inputs import InputSpec, make_inputs, parse_input_spec
 from fxforge.models import LoadedModel, load_model
 from fxforge.references import import_function
+from fxforge.runtime import with_constant_kwargs
 from fxforge.verify import DEFAULT_CASES, VerifyResult, batches_a_candidate_takes, verify
 
 
@@ -103,17 +105,27 @@ def verify_specs(
     allow_dtype_change: bool = False,
     leaf_modules: Iterable[str | type] = (),
     wrap: Iterable[str | Callable[..., Any]] = (),
+    concrete_args: Mapping[str, Any] | None = None,
 ) -> VerifyResult:
     """``fxforge verify A B``: load both specs and compare them on at least ``cases`` varied inputs.
 
     The reference is captured when it can be (with ``leaf_modules`` and ``wrap`` as in :func:`prepare`), so that
     a mismatch can be bisected to the first diverging node; a reference that cannot be captured is still
     compared, without bisection. ``seeds`` (older API) raises the case count to at least that many.
+    ``concrete_args``: ``forward`` arguments fixed to a value, as ``--concrete`` fixed them when the candidate was
+    written: the reference is called with them, and so is a candidate whose ``forward`` names them (a file written
+    with them has them built in).
     """
     if cases < 1 or (seeds is not None and seeds < 1):
         raise InputSpecError("verify needs at least one case", hint="e.g. --cases 16")
     ref_loaded = load_model(reference, seed=seed, model_kwargs=model_kwargs, trust_pickle=trust_pickle)
     cand_loaded = load_model(candidate, seed=seed, trust_pickle=trust_pickle)
+    if concrete_args:
+        fixed = dict(concrete_args)
+        _refuse_unknown_arguments(ref_loaded.module, fixed, ref_loaded.spec)
+        ref_loaded.module = with_constant_kwargs(ref_loaded.module, fixed)
+        if set(fixed) <= _forward_parameters(cand_loaded.module):
+            cand_loaded.module = with_constant_kwargs(cand_loaded.module, fixed)
     # The candidate's own example shapes first: a saved program or an output directory records what it was built
     # (and possibly specialised) for; then the reference's defaults.
     specs_source = cand_loaded if (inputs or cand_loaded.default_inputs) else ref_loaded
@@ -124,7 +136,8 @@ def verify_specs(
     ref: Any = ref_loaded.module
     functions = [f if callable(f) else import_function(f, what="--wrap", error=CaptureError) for f in wrap]
     with contextlib.suppress(CaptureError):  # compared all the same; only the bisection to a node needs the graph
-        ref = capture(ref_loaded, example, leaf_modules=leaf_modules, autowrap_functions=functions, check=False)
+        if not concrete_args:  # the bound reference traces as forward(*args), which symbolic_trace cannot unpack
+            ref = capture(ref_loaded, example, leaf_modules=leaf_modules, autowrap_functions=functions, check=False)
     # a saved program or ONNX file may be fixed to the example's batch size: every case then runs at that batch
     # (not half of them skipped), and the result says which batch was left out and why
     batch_sizes, left_out = batches_a_candidate_takes(cand_loaded.module, example, seed)
@@ -143,6 +156,27 @@ def verify_specs(
     if left_out:
         result.skipped.insert(0, left_out)
     return result
+
+
+def _forward_parameters(module: Any) -> set[str]:
+    """The names ``module``'s forward takes as keywords (none for ``forward(*args)``, an ONNX or exported file)."""
+    try:
+        parameters = pyinspect.signature(module.forward).parameters.values()
+    except (TypeError, ValueError, AttributeError):
+        return set()
+    return {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+def _refuse_unknown_arguments(module: Any, fixed: Mapping[str, Any], spec: str) -> None:
+    with contextlib.suppress(TypeError, ValueError, AttributeError):
+        if any(p.kind == p.VAR_KEYWORD for p in pyinspect.signature(module.forward).parameters.values()):
+            return  # forward(**kwargs) takes any name
+    unknown = sorted(set(fixed) - _forward_parameters(module))
+    if unknown:
+        raise InputSpecError(
+            f"--concrete {unknown[0]}: {spec}'s forward has no argument {unknown[0]!r}",
+            hint=f"its forward takes {', '.join(sorted(_forward_parameters(module))) or 'no named arguments'}",
+        )
 
 
 def _give_onnx_the_structure_of(onnx_side: Any, other: nn.Module, example: Sequence[Any]) -> None:

@@ -34,7 +34,7 @@ from fxforge.callstack import call_on_fresh_chunk
 from fxforge.errors import FxforgeError, InputSpecError, ModelSpecError, first_line, require
 from fxforge.graphs import ATEN
 from fxforge.inputs import InputSpec, parse_input_spec, specs_of
-from fxforge.runtime import export_program, quiet_torch_logs
+from fxforge.runtime import export_program, holds_tensor, quiet_torch_logs, with_constant_kwargs
 from fxforge.vocabulary import ORIGIN, PASS
 
 MODEL_FILE = "model.pt"  # a pickled module (GraphModule, int8 model): needs --trust-pickle to load
@@ -51,6 +51,14 @@ METADATA_FILE = "fxforge.json"  # inside TorchScript archives, read by load_expo
 
 FORMATS = ("torchscript", "onnx", "pt2")
 SUFFIXES = {"torchscript": ".pt", "onnx": ".onnx", "pt2": ".pt2"}
+
+
+def is_pickle_stream(path: Path) -> bool:
+    """A bare pickle stream, as ``pickle.dump`` writes (and ``torch.save`` did before torch 1.6, when it did not
+    write a zip archive): protocol 2 and up begin with the PROTO opcode, 0x80."""
+    with path.open("rb") as file:
+        head = file.read(2)
+    return len(head) == 2 and head[0] == 0x80 and 2 <= head[1] <= 5
 
 
 def format_for(path: str | Path) -> str | None:
@@ -246,7 +254,11 @@ def save_graph_module(
             files.append(f"{PACKAGE_DIR}/")
     try:
         # a dynamic batch where the graph allows one, so that the program runs at every batch size the model does
-        program = export_program(gm, tuple(example_inputs), dict(example_kwargs or {}), dynamic_batch=True)
+        kwargs = dict(example_kwargs or {})
+        # keyword args fixed at capture are constants of the program: model(x) then runs it, as for model.pt
+        exported = gm if holds_tensor(kwargs) else with_constant_kwargs(gm, kwargs)
+        kwargs = kwargs if exported is gm else {}
+        program = export_program(exported, tuple(example_inputs), kwargs, dynamic_batch=True)
         with quiet_torch_logs():
             torch.export.save(program, str(directory / PROGRAM_FILE))
         files.append(PROGRAM_FILE)

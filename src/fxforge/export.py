@@ -58,7 +58,14 @@ from fxforge.capture import Captured
 from fxforge.errors import EXIT_CAPTURE, FxforgeError, first_line, format_location, require, strip_ansi, user_location
 from fxforge.graphs import ATEN
 from fxforge.inputs import specs_of
-from fxforge.runtime import export_program, native_output_silenced, quiet_torch_logs, run_reference
+from fxforge.runtime import (
+    export_program,
+    holds_tensor,
+    native_output_silenced,
+    quiet_torch_logs,
+    run_reference,
+    with_constant_kwargs,
+)
 from fxforge.verify import DEFAULT_CASES, VerifyResult, reference_output, verify
 
 ONNX_EXPORTERS = ("auto", "dynamo", "legacy")
@@ -250,11 +257,17 @@ def export_model(
 def _export_source(target: Captured | nn.Module, example_inputs: Sequence[Any] | None):
     """(module to export, reference module, example inputs)."""
     if isinstance(target, Captured):
-        if target.example_kwargs:
-            raise FxforgeError("export supports positional inputs only", hint="pass every input positionally")
+        keyword_tensors = [name for name, value in target.example_kwargs.items() if holds_tensor(value)]
+        if keyword_tensors:
+            raise FxforgeError(
+                f"export takes positional inputs; keyword input {keyword_tensors[0]!r} holds a tensor",
+                hint="pass every tensor input positionally",
+            )
         inputs = tuple(example_inputs) if example_inputs is not None else target.example_inputs
         source = target.original if target.dialect == ATEN else target.graph_module
-        reference = target.original
+        # --concrete values are fixed in the file: it takes the positional inputs alone, as the model was captured
+        source = with_constant_kwargs(source, target.example_kwargs)
+        reference = with_constant_kwargs(target.original, target.example_kwargs)
     else:
         if example_inputs is None:
             raise FxforgeError("exporting a module needs example inputs", hint="pass example_inputs=(x,)")

@@ -286,6 +286,31 @@ def with_batch(inputs: Sequence[Any], batch: int) -> tuple[Any, ...]:
 # torch.export as fxforge calls it
 
 
+class ConstantKeywords(nn.Module):
+    """``module`` called with keyword arguments fixed at capture (``--concrete flag=true``): a file written from
+    it takes the positional inputs alone, the values being constants of the program, not inputs its loader must
+    pass again (a ``model.pt2`` exported with ``flag`` as a keyword input refused ``model(x)``, and guarded
+    ``flag == True`` on any other value)."""
+
+    def __init__(self, module: nn.Module, kwargs: dict[str, Any]) -> None:
+        super().__init__()
+        self.module = module
+        self.kwargs = dict(kwargs)
+
+    def forward(self, *args: Any) -> Any:
+        return self.module(*args, **self.kwargs)
+
+
+def holds_tensor(value: Any) -> bool:
+    """Whether a (nested) value holds a tensor: a keyword input, not a constant to fix."""
+    return any(isinstance(leaf, torch.Tensor) for leaf in pytree.tree_leaves(value))
+
+
+def with_constant_kwargs(module: nn.Module, kwargs: dict[str, Any]) -> nn.Module:
+    """``module`` as it runs with ``kwargs`` fixed (see :class:`ConstantKeywords`); itself when there are none."""
+    return ConstantKeywords(module, kwargs) if kwargs else module
+
+
 def export_program(
     model: nn.Module, inputs: tuple[Any, ...], kwargs: dict[str, Any], dynamic_batch: bool
 ) -> torch.export.ExportedProgram:

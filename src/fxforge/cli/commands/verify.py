@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import click
 
-from fxforge.cli.options import emit_json, parse_model_args, status, stdout, trust_pickle_option
+from fxforge.cli.options import (
+    emit_json,
+    parse_assignments,
+    parse_model_args,
+    status,
+    stdout,
+    trust_pickle_option,
+)
 from fxforge.errors import EXIT_FINDINGS
 
 
@@ -44,6 +51,14 @@ See docs/verified.md for what is tried and what a pass cannot prove.
 @click.option(
     "--wrap", "wraps", multiple=True, metavar="FUNCTION", help="Capturing REFERENCE: keep this function as one call."
 )
+@click.option(
+    "--concrete",
+    "concrete",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="Call REFERENCE (and a CANDIDATE model that takes NAME) with this forward argument fixed, as "
+    "--concrete fixed it when CANDIDATE was written, e.g. --concrete return_dict=false.",
+)
 @trust_pickle_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout.")
 def command(
@@ -59,6 +74,7 @@ def command(
     model_args: tuple[str, ...],
     leaves: tuple[str, ...],
     wraps: tuple[str, ...],
+    concrete: tuple[str, ...],
     trust_pickle: bool,
     as_json: bool,
 ) -> None:
@@ -78,6 +94,7 @@ def command(
             atol=atol,
             model_kwargs=parse_model_args(model_args),
             trust_pickle=trust_pickle or None,
+            concrete_args=parse_assignments(concrete, "--concrete"),
             allow_dtype_change=allow_dtype_change,
             leaf_modules=list(leaves),
             wrap=list(wraps),
