@@ -46,6 +46,7 @@ from fxforge.artifacts import (
     TORCHSCRIPT_FILE,
     AotiModule,
     apply_recipe,
+    is_pickle_stream,
     load_exported,
     load_program,
     load_provenance,
@@ -445,19 +446,12 @@ def _is_torchscript_archive(path: Path) -> bool:
         return False
 
 
-def _is_bare_pickle(path: Path) -> bool:
-    """A pickle stream written by ``pickle.dump`` (protocol 2 and up begin with the PROTO opcode, 0x80)."""
-    with path.open("rb") as file:
-        head = file.read(2)
-    return len(head) == 2 and head[0] == 0x80 and 2 <= head[1] <= 5
-
-
 def _load_pickled_module(path: Path, spec: str, trusted: bool) -> LoadedModel:
     if not path.exists():
         raise ModelSpecError(f"file not found: {spec}")
     if _is_torchscript_archive(path):
         return _load_exported_file(path, "torchscript", spec)
-    if not zipfile.is_zipfile(path) and not _is_bare_pickle(path):
+    if not zipfile.is_zipfile(path) and not is_pickle_stream(path):
         # torch.save writes a zip archive (a pickle stream before torch 1.6); anything else fails deep in the
         # unpickler with a message like "174812789" (a KeyError of a memo index)
         raise ModelSpecError(
@@ -475,7 +469,7 @@ def _load_pickled_module(path: Path, spec: str, trusted: bool) -> LoadedModel:
                 # "Unsupported global": the file names Python classes to rebuild, i.e. it holds pickled objects
                 # (a whole module); so does a bare pickle stream the safe loader cannot read. Anything else is a
                 # damaged file, reported as such below.
-                if "unsupported global" not in str(exc).lower() and not _is_bare_pickle(path):
+                if "unsupported global" not in str(exc).lower() and not is_pickle_stream(path):
                     raise
                 if not trusted:
                     raise ModelSpecError(

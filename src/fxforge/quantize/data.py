@@ -5,6 +5,10 @@ Files are read with ``torch.load(weights_only=True)``: tensors, lists, tuples an
 
 from __future__ import annotations
 
+import pickle
+import re
+import warnings
+import zipfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +18,7 @@ import torch
 from torch import nn
 
 from fxforge import references
+from fxforge.artifacts import is_pickle_stream
 from fxforge.errors import InputSpecError, first_line
 from fxforge.inputs import make_inputs, specs_of
 
@@ -132,8 +137,6 @@ def _batches_of(obj: Any, arity: int | None, source: str, split: int, kind: str)
             hint="give a tensor (samples along dim 0), (inputs, labels) tensors, or a list of batches",
         )
     pairs = [_as_batch(item, arity, source) for item in obj]
-    if not pairs:
-        raise InputSpecError(f"{kind} data from {source} is empty")
     return CalibrationData([batch for batch, _ in pairs], source, labels=[labels for _, labels in pairs])
 
 
@@ -196,35 +199,83 @@ def load_calibration(
         specs = specs_of(example_inputs)
         data = [make_inputs(specs, seed=seed + 1 + i) for i in range(count)]
         source = f"random ({count} batches shaped like the example inputs)"
-        return CalibrationData(data, source, random=True, labels=[None] * len(data))
+        return _with_samples(CalibrationData(data, source, random=True, labels=[None] * len(data)), kind)
     if isinstance(spec, CalibrationData):
-        return spec
+        return _with_samples(spec, kind)
     if isinstance(spec, (str, Path)):
         text = str(spec)
         if ".py:" in text and not Path(text).exists():
             obj = _call_user(_load_callable(text, kind), text, kind)
-            return _described(_batches_of(obj, arity, text, split, kind), f"function {text}")
+            return _described(_batches_of(obj, arity, text, split, kind), f"function {text}", kind)
         path = Path(text)
         if not path.exists():
             raise InputSpecError(
                 f"{kind} file not found: {path}",
                 hint="give a file written by torch.save, file.py:function, or random[:N]",
             )
-        try:
-            obj = torch.load(str(path), map_location="cpu", weights_only=True)
-        except Exception as exc:
-            raise InputSpecError(
-                f"cannot read {kind} file {path}: {first_line(exc)}",
-                hint="save a tensor, (inputs, labels) tensors, or a list of batches with torch.save",
-            ) from None
-        return _described(_batches_of(obj, arity, str(path), split, kind), f"file {path}")
+        obj = _load_file(path, kind)
+        return _described(_batches_of(obj, arity, str(path), split, kind), f"file {path}", kind)
     if callable(spec) and not isinstance(spec, (torch.Tensor, nn.Module)):
         name = getattr(spec, "__qualname__", type(spec).__name__)
         obj = _call_user(spec, f"{name}()", kind)
-        return _described(_batches_of(obj, arity, f"{name}()", split, kind), f"callable {name}")
-    return _described(_batches_of(spec, arity, "the given data", split, kind), f"{type(spec).__name__} in memory")
+        return _described(_batches_of(obj, arity, f"{name}()", split, kind), f"callable {name}", kind)
+    return _described(_batches_of(spec, arity, "the given data", split, kind), f"{type(spec).__name__} in memory", kind)
 
 
-def _described(data: CalibrationData, source: str) -> CalibrationData:
+def _described(data: CalibrationData, source: str, kind: str) -> CalibrationData:
     data.source = source
+    return _with_samples(data, kind)
+
+
+def _with_samples(data: CalibrationData, kind: str) -> CalibrationData:
+    # Observers that see no sample keep no range, so the int8 model outputs zeros; and float and int8 compared
+    # on no sample "agree" with 0% error. Both would look like a good result.
+    if data.samples == 0:
+        count = len(data.batches)
+        held = f"{count} batch{'' if count == 1 else 'es'} of 0 samples" if count else "no batches"
+        raise InputSpecError(
+            f"{kind} data from {data.source} holds no samples ({held})",
+            hint="give at least one sample: a tensor with samples along dim 0, or a list of non-empty batches",
+        )
     return data
+
+
+def _load_file(path: Path, kind: str) -> Any:
+    """``torch.load(weights_only=True)`` of a data file, its failures as one line that says what the file is.
+
+    torch's own message for any file its safe unpickler refuses, random bytes included, is a page that advises
+    ``weights_only=False``: wrong for a damaged file, and fxforge never unpickles code from data files.
+    """
+    try:
+        if not zipfile.is_zipfile(path) and not is_pickle_stream(path):
+            raise InputSpecError(
+                f"cannot read {kind} file {path}: not a file torch.save wrote (neither a zip archive nor a pickle "
+                "stream)",
+                hint="is the file corrupt or truncated?",
+            )
+        with warnings.catch_warnings():
+            # pickle.dump's protocol 4 makes torch warn before it fails; the failure below says it all
+            warnings.filterwarnings("ignore", message=r"Detected pickle protocol")
+            return torch.load(str(path), map_location="cpu", weights_only=True)
+    except InputSpecError:
+        raise
+    except pickle.UnpicklingError as exc:
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(exc))
+        if found or zipfile.is_zipfile(path):
+            what = f" ({found.group(1)})" if found else ""
+            raise InputSpecError(
+                f"{kind} file {path} holds pickled Python objects{what}: fxforge reads tensors, lists, tuples and "
+                "dicts from data files and never unpickles code",
+                hint="save tensors (torch.from_numpy(array) for NumPy data), or return the batches from a "
+                "file.py:function",
+            ) from None
+        raise InputSpecError(
+            f"cannot read {kind} file {path}: a pickle stream, but not one torch.save wrote (pickle.dump?)",
+            hint="save a tensor, (inputs, labels) tensors, or a list of batches with torch.save",
+        ) from None
+    except OSError as exc:  # a directory, no permission
+        raise InputSpecError(f"cannot read {kind} file {path}: {first_line(exc)}") from None
+    except Exception as exc:  # a truncated archive, a damaged pickle
+        raise InputSpecError(
+            f"cannot read {kind} file {path}: {first_line(exc)}", hint="is the file corrupt or truncated?"
+        ) from None

@@ -35,7 +35,7 @@ from fxforge.quantize.engine import quantized_engine
 from fxforge.quantize.result import LayerSensitivity, QuantizeResult
 from fxforge.quantize.saving import write_output
 from fxforge.quantize.units import MODULE, Unit, find_units, keep_in_float
-from fxforge.runtime import quiet_quantization_notices
+from fxforge.runtime import describe_inputs, quiet_quantization_notices
 
 MODES = ("static", "dynamic", "qat-prepare")
 BACKENDS = ("x86", "qnnpack")
@@ -136,10 +136,10 @@ def _qconfig_mapping(plan: _Plan, float_units: Sequence[Unit] = ()):
 
 
 def _quantize_once(
-    plan: _Plan, calibration: Sequence[tuple[Any, ...]], *, float_units: Sequence[Unit] = ()
+    plan: _Plan, calibration: Sequence[tuple[Any, ...]], *, float_units: Sequence[Unit] = (), source: str = ""
 ) -> nn.Module:
     """Prepare, calibrate and convert a fresh copy of ``plan.source`` with ``float_units`` kept in float (prepare
-    only for QAT)."""
+    only for QAT). ``source``: where the calibration data came from, for the error when it does not fit the model."""
     if plan.eager:
         from torch.ao.quantization import default_dynamic_qconfig, quantize_dynamic
 
@@ -158,9 +158,44 @@ def _quantize_once(
             return _presize_per_channel_fake_quant(prepared)
         if plan.mode == "static":
             with torch.no_grad():
-                for batch in calibration:
-                    prepared(*batch)
+                for index, batch in enumerate(calibration):
+                    try:
+                        prepared(*batch)
+                    except Exception as exc:
+                        data = f"calibration data from {source}" if source else "calibration data"
+                        _check_batch_fits(plan, batch, index, data, exc)
+                        raise
         return convert_fx(prepared)
+
+
+def _data_error(plan: _Plan, batch: tuple[Any, ...], index: int, data: str, exc: Exception) -> InputSpecError:
+    return InputSpecError(
+        f"the model cannot run on batch {index} of the {data} (inputs {describe_inputs(batch) or 'none'}; the "
+        f"example inputs are {describe_inputs(plan.example_inputs)}): {one_line_reason(exc)}",
+        hint="give data shaped like the model's inputs, with samples along dim 0",
+    )
+
+
+def _check_batch_fits(plan: _Plan, batch: tuple[Any, ...], index: int, data: str, exc: Exception) -> None:
+    """Raise an input error when the float model, too, fails on the batch a prepared model failed on: the data
+    does not fit the model, and FX's observers were only where it showed."""
+    try:
+        run_batches(copy.deepcopy(plan.source).eval(), [batch])
+    except Exception:
+        raise _data_error(plan, batch, index, data, exc) from None
+
+
+def _float_outputs(plan: _Plan, data: CalibrationData, kind: str) -> list[list[torch.Tensor]]:
+    """The float model's outputs on every batch of ``data``. It ran on the example inputs when it was captured, so
+    a batch it cannot run is the data's fault: an input error naming the batch's shapes."""
+    model = copy.deepcopy(plan.source).eval()
+    outputs = []
+    for index, batch in enumerate(data.batches):
+        try:
+            outputs.extend(run_batches(model, [batch]))
+        except Exception as exc:
+            raise _data_error(plan, batch, index, f"{kind} data from {data.source}", exc) from None
+    return outputs
 
 
 def _prepare(plan: _Plan, mapping: Any) -> fx.GraphModule:
@@ -344,7 +379,9 @@ def quantize(
     calib = None
     if mode == "static":
         calib = load_calibration(calibration, plan.example_inputs, batches=random_batches, seed=seed)
-    model = _quantize_once(plan, calib.batches if calib else [], float_units=float_units)
+    model = _quantize_once(
+        plan, calib.batches if calib else [], float_units=float_units, source=calib.source if calib else ""
+    )
     if mode == "qat-prepare":
         notes.append(
             "fake-quant model in training mode: train it, then fxforge.quantize's convert(model) makes it int8"
@@ -363,7 +400,7 @@ def quantize(
         result_warnings.append(warning)
         warnings.warn(warning, RandomCalibrationWarning, stacklevel=2)
 
-    reference = run_batches(copy.deepcopy(plan.source).eval(), evaluation.batches)
+    reference = _float_outputs(plan, evaluation, "eval" if eval_data is not None else "calibration")
     with quantized_engine(backend):
         accuracy = compare_batches(reference, run_batches(model, evaluation.batches), label, evaluation.labels)
     if goal is not None and goal.metric != "rel_err" and not accuracy.classifier:

@@ -69,8 +69,11 @@ class QuantizeResult:
 
     @property
     def accuracy_known(self) -> bool:
-        """True when ``accuracy`` was measured on the user's data rather than on random inputs."""
-        return self.accuracy is not None and self.evaluation is not None and not self.evaluation["random"]
+        """True when ``accuracy`` was measured on the user's data rather than on random inputs (or on no sample:
+        nothing compared reads as 0% error)."""
+        if self.accuracy is None or self.evaluation is None or self.accuracy.samples == 0:
+            return False
+        return not self.evaluation["random"]
 
     def to_dict(self) -> dict[str, Any]:
         return {
