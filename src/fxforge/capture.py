@@ -13,7 +13,10 @@ Strategy, in order:
 
 After capture the original and the captured module run on the example inputs (and optionally on a
 second batch size) and any difference is recorded, because tracing can silently bake shapes into
-constants. The returned graph shares parameters with the original model; nothing here changes them.
+constants. Both run under the same random seed, so that random ops (``torch.rand_like``, dropout in
+training mode) draw the same numbers in each; a model whose own outputs still differ between two calls
+is reported as random rather than blamed on the trace. The returned graph shares parameters with the
+original model; nothing here changes them, nor the caller's random state.
 """
 
 from __future__ import annotations
@@ -421,6 +424,156 @@ def _find_culprit(
 
 
 # --------------------------------------------------------------------------------------------------
+# randomness
+
+# The seed the model and the captured graph both run under in the output checks: random ops then draw the same
+# numbers in each, as long as the graph calls them in the model's order (which tracing and exporting keep).
+CHECK_SEED = 0
+
+# Calls that draw random numbers, by function, method or ATen packet name.
+_RANDOM_CALLS = frozenset(
+    {
+        "rand",
+        "randn",
+        "randint",
+        "rand_like",
+        "randn_like",
+        "randint_like",
+        "randperm",
+        "bernoulli",
+        "bernoulli_",
+        "multinomial",
+        "normal",
+        "normal_",
+        "poisson",
+        "uniform_",
+        "exponential_",
+        "cauchy_",
+        "log_normal_",
+        "geometric_",
+        "random_",
+        "dropout",
+        "dropout1d",
+        "dropout2d",
+        "dropout3d",
+        "native_dropout",
+        "alpha_dropout",
+        "feature_alpha_dropout",
+        "feature_dropout",
+        "rrelu",
+        "rrelu_with_noise",
+        "gumbel_softmax",
+    }
+)
+_DROPOUT_CALLS = frozenset(name for name in _RANDOM_CALLS if "dropout" in name)
+_RANDOM_MODULES = (nn.modules.dropout._DropoutNd, nn.RReLU)
+
+
+@contextlib.contextmanager
+def rng_preserved(seed: int | None = None) -> Iterator[None]:
+    """Run the body on a fork of torch's random state: the caller's state is back afterwards, whatever the body
+    drew. With ``seed`` the CPU generator (and the CUDA ones already in use) start from it, so that two bodies
+    seeded alike draw the same numbers."""
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    with torch.random.fork_rng(devices=list(range(torch.cuda.device_count())) if cuda else []):
+        if seed is not None:
+            torch.default_generator.manual_seed(seed)
+            if cuda:
+                torch.cuda.manual_seed_all(seed)
+        yield
+
+
+def _random_sources(gm: fx.GraphModule) -> list[str]:
+    """What in ``gm`` may draw random numbers: random calls (``rand_like``) and dropout in training mode, as
+    named in the notes. Static and conservative: :func:`_differs_on_rerun` says whether the model is random."""
+    found = []
+    for node in gm.graph.nodes:
+        if node.op == "call_module":
+            try:
+                module = gm.get_submodule(str(node.target))
+            except AttributeError:
+                continue
+            found += [
+                f"{'dropout' if isinstance(sub, nn.modules.dropout._DropoutNd) else 'RReLU'} in training mode"
+                for sub in module.modules()
+                if sub.training and isinstance(sub, _RANDOM_MODULES)
+            ]
+        elif node.op in ("call_function", "call_method"):
+            target = node.target
+            if isinstance(target, torch._ops.OpOverload):
+                name = target._overloadpacket.__name__
+            else:
+                name = target if isinstance(target, str) else getattr(target, "__name__", "")
+            if name not in _RANDOM_CALLS:
+                continue
+            if name in _DROPOUT_CALLS:
+                # F.dropout(x, p, training), aten.dropout(x, p, train): only a training-mode call draws
+                positional = node.args[2] if len(node.args) > 2 else True
+                training = node.kwargs.get("training", node.kwargs.get("train", positional))
+                if training is False:
+                    continue
+                found.append("dropout in training mode")
+            else:
+                found.append(name)
+    return list(dict.fromkeys(found))
+
+
+def _seeded_reference(captured: Captured, seed: int, args: Sequence[Any] | None = None, kwargs: Any = None) -> Any:
+    args = captured.example_inputs if args is None else args
+    kwargs = captured.example_kwargs if kwargs is None else kwargs
+    with rng_preserved(seed):
+        return run_reference(captured.original, args, kwargs, captured.graph_module)
+
+
+def _differs_on_rerun(captured: Captured, reference: Any, seed: int) -> bool:
+    """Whether the model, run again on the example inputs under ``seed``, gives other outputs than ``reference``
+    (its run under :data:`CHECK_SEED`)."""
+    again = _seeded_reference(captured, seed)
+    return not compare_outputs(reference, again, allow_nonfinite=True).ok
+
+
+def _randomness_hint(sources: Sequence[str]) -> str:
+    if any("training mode" in source for source in sources):
+        return f"{' and '.join(s for s in sources if 'training mode' in s)}: call model.eval() for inference"
+    if sources:
+        return f"it calls {', '.join(sources)}"
+    return "training mode? call model.eval()"
+
+
+def _check(captured: Captured, reference: Any, check_batch: int | None) -> bool:
+    """Fill ``captured.record.checks`` (model and graph under the same seed) and say whether the graph passed.
+
+    A model whose random ops make two calls differ gets a note; one whose outputs differ between two calls even
+    under the same seed cannot be compared with any graph: its checks are dropped, with a note, and the graph is
+    not blamed (True). False: the graph computes something else than a model that repeats itself.
+    """
+    record = captured.record
+    if reference is None:
+        reference = _seeded_reference(captured, CHECK_SEED)
+    record.checks = [check_capture(captured, expected=reference)]
+    if check_batch is not None:
+        record.checks.append(check_capture(captured, check_batch))
+    sources = _random_sources(captured.graph_module)
+    if record.ok:
+        if sources and _differs_on_rerun(captured, reference, CHECK_SEED + 1):
+            record.notes.append(
+                f"the model is random: two calls on the same input differ ({_randomness_hint(sources)}); "
+                "the output check ran the model and the graph under the same random seed"
+            )
+        return True
+    if not _differs_on_rerun(captured, reference, CHECK_SEED):
+        return False
+    failed = next(c for c in record.checks if not c.ok)
+    record.checks = []
+    record.notes.append(
+        f"output check skipped: the model is random: two calls on the same input differ, even under the same "
+        f"random seed ({_randomness_hint(sources)}), so no captured graph can be compared with it "
+        f"(model vs graph: max abs err {failed.max_abs_err:.3g})"
+    )
+    return True
+
+
+# --------------------------------------------------------------------------------------------------
 # checks
 
 
@@ -431,15 +584,20 @@ def _on_meta(model: nn.Module, inputs: Sequence[Any]) -> bool:
 
 
 def check_capture(captured: Captured, batch: int | None = None, expected: Any = None) -> OutputCheck:
-    """Run original and captured module on the example inputs (resized to ``batch``) and compare."""
+    """Run original and captured module on the example inputs (resized to ``batch``) and compare.
+
+    Both run under :data:`CHECK_SEED` (``expected``, when given, must have too), so that random ops draw the same
+    numbers in each; the caller's random state is left as it was.
+    """
     args = captured.example_inputs if batch is None else with_batch(captured.example_inputs, batch)
     kwargs = captured.example_kwargs
     if batch is not None:  # keyword tensors (masks) share the batch dimension, as torch.export assumes too
         kwargs = dict(zip(kwargs, with_batch(tuple(kwargs.values()), batch)))
     if expected is None:
-        expected = run_reference(captured.original, args, kwargs, captured.graph_module)
+        expected = _seeded_reference(captured, CHECK_SEED, args, kwargs)
     try:
-        actual = run_isolated(captured.graph_module, args, kwargs, captured.original)
+        with rng_preserved(CHECK_SEED):
+            actual = run_isolated(captured.graph_module, args, kwargs, captured.original)
     except Exception as exc:
         return OutputCheck(batch, False, float("inf"), f"captured graph failed to run: {one_line_reason(exc)}")
     comparison = compare_outputs(expected, actual)
@@ -468,6 +626,7 @@ def _refuse_compiled_forms(model: nn.Module) -> None:
         )
 
 
+@rng_preserved()  # tracing, exporting and checking draw from torch's RNG: the caller's state is kept
 def capture(
     model: nn.Module | LoadedModel,
     example_inputs: Sequence[Any] | torch.Tensor = (),
@@ -536,10 +695,8 @@ def capture(
     if check and not captured.record.checks:
         if _on_meta(model, inputs):
             captured.record.notes.append("output check skipped: the model is on the meta device")
-        elif inputs or kwargs:
-            captured.record.checks.append(check_capture(captured))
-            if check_batch is not None:
-                captured.record.checks.append(check_capture(captured, check_batch))
+        elif captured.record.method == LOADED and (inputs or kwargs):
+            _check(captured, None, check_batch)
     return captured
 
 
@@ -550,7 +707,13 @@ def record_shapes(gm: fx.GraphModule, values: Sequence[Any]) -> bool:
     """
     try:
         # ShapeProp prints the traceback of a failing node itself before raising: the caller reports the failure
-        with torch.no_grad(), quiet_torch_logs(), preserved_state(gm), contextlib.redirect_stderr(io.StringIO()):
+        with (
+            torch.no_grad(),
+            quiet_torch_logs(),
+            preserved_state(gm),
+            rng_preserved(),
+            contextlib.redirect_stderr(io.StringIO()),
+        ):
             ShapeProp(gm).propagate(*cloned(list(values)))
     except Exception:  # shape facts are an optimisation: passes that need them skip with a reason instead
         return False
@@ -626,8 +789,12 @@ def _capture_module(
     # record the branch for a tensor the model never gets, so they are traced as the constants they are.
     traced_constants = {**_unprovided_defaults(model, inputs, kwargs), **(concrete_args or {})}
     can_check = check and (inputs or kwargs) and not _on_meta(model, inputs)
-    # Run the model once first: inputs it rejects are the user's error, not a capture failure.
-    reference = run_reference(model, inputs, kwargs) if can_check else None
+    # Run the model once first: inputs it rejects are the user's error, not a capture failure. Under the seed the
+    # captured graph will run under too: random ops draw the same numbers in both.
+    reference = None
+    if can_check:
+        with rng_preserved(CHECK_SEED):
+            reference = run_reference(model, inputs, kwargs)
     trace_error: BaseException | None = None
 
     if method in ("auto", SYMBOLIC_TRACE):
@@ -664,15 +831,20 @@ def _capture_module(
             captured = Captured(gm, model, inputs, record, kwargs)
             if not can_check:
                 return captured
-            checks = [check_capture(captured, expected=reference)]
-            if check_batch is not None:
-                checks.append(check_capture(captured, check_batch))
-            record.checks = checks
-            if record.ok or method == SYMBOLIC_TRACE:
+            if _check(captured, reference, check_batch) or method == SYMBOLIC_TRACE:
                 return captured
-            failed = next(c for c in checks if not c.ok)
+            failed = next(c for c in record.checks if not c.ok)
+            # the model repeats itself under one seed; if it is random, the trace ran a random op once, eagerly
+            frozen = (
+                " under the same random seed (the trace may have frozen a random draw into a constant)"
+                if _differs_on_rerun(captured, reference, CHECK_SEED + 1)
+                else ""
+            )
             attempts.append(
-                Attempt(SYMBOLIC_TRACE, f"traced graph differs from the model (batch {failed.batch}): {failed.message}")
+                Attempt(
+                    SYMBOLIC_TRACE,
+                    f"traced graph differs from the model{frozen} (batch {failed.batch}): {failed.message}",
+                )
             )
             break
         else:
@@ -692,9 +864,7 @@ def _capture_module(
         record = CaptureRecord(EXPORT, ATEN, attempts=attempts, notes=notes)
         captured = Captured(program.module(), model, inputs, record, kwargs, program)
         if can_check:
-            record.checks = [check_capture(captured, expected=reference)]
-            if check_batch is not None:
-                record.checks.append(check_capture(captured, check_batch))
+            _check(captured, reference, check_batch)
         return captured
     raise _capture_error(model, attempts, trace_error, None)
 
