@@ -421,8 +421,10 @@ def test_concrete_fixes_a_branch_on_every_command(capsys, helper_model, tmp_path
     assert rows["fx"]["max_abs_err"] == 0  # eager called with double=True, the graph has it built in
     code, _, err = run(capsys, "optimize", *base, "-p", "dead_code", "-o", str(tmp_path / "out"), "--verify")
     assert code == EXIT_OK, err
-    code, _, err = run(capsys, "verify", "net.py:Net", "net.py:Net", "--concrete", "triple=true")
-    assert code == EXIT_USAGE and "net.py:Net's forward has no argument 'triple'" in err
+    # a misspelt name, not "the model rejected the example inputs"
+    for args in (("verify", "net.py:Net", "net.py:Net"), ("inspect", "net.py:Net")):
+        code, _, err = run(capsys, *args, "--concrete", "triple=true")
+        assert code == EXIT_USAGE and "net.py:Net's forward has no argument 'triple'" in err
     code, _, err = run(capsys, "inspect", "net.py:Net", "--input", "2x8", "--concrete", "double")
     assert code == EXIT_USAGE and "--concrete 'double' is not KEY=VALUE" in err
 

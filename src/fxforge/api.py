@@ -68,6 +68,8 @@ def prepare(
     if check_batch is not None and check_batch < 1:
         raise InputSpecError(f"--check-batch must be at least 1, got {check_batch}", hint="e.g. --check-batch 2")
     loaded = load_model(model, seed=seed, device=device, model_kwargs=model_kwargs, trust_pickle=trust_pickle)
+    if concrete_args:  # a misspelt name would otherwise read as "the model rejected the example inputs"
+        _refuse_unknown_arguments(loaded.module, concrete_args, loaded.spec)
     specs = resolve_inputs(loaded, inputs)
     example = make_inputs(specs, seed=seed, device=device or "cpu")
     functions = [f if callable(f) else import_function(f, what="--wrap", error=CaptureError) for f in wrap]
