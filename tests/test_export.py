@@ -129,6 +129,28 @@ def test_the_opset_asked_for_is_the_opset_written_or_the_export_fails(tmp_path):
     assert _files(tmp_path) == ["m17.onnx"]
 
 
+class _TensorNoneAndNumber(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> tuple:
+        return self.fc(x), None, 3
+
+
+def test_a_model_that_also_returns_constants_exports_to_onnx(tmp_path):
+    """Both ONNX exporters failed on an int output ("'int' object has no attribute 'name'"): the file holds the
+    tensors, and loading it with the model's output puts the constants back, so it verifies and runs alike."""
+    pytest.importorskip("onnxruntime")
+    model, x = _TensorNoneAndNumber().eval(), torch.randn(2, 8)
+    result = export_model(model, "onnx", tmp_path / "m.onnx", example_inputs=(x,))
+    assert result.ok and result.verification.trials >= 16
+    loaded = load_exported(tmp_path / "m.onnx", "onnx", output_like=model(x))
+    y, none, three = loaded(x)
+    assert none is None and three == 3
+    torch.testing.assert_close(y, model(x)[0])
+
+
 def test_export_leaves_the_model_untouched(resnet18_captured, tmp_path):
     model = resnet18_captured.original
     before = {k: v.clone() for k, v in model.state_dict().items()}

@@ -218,7 +218,14 @@ def export_model(
             )
         elif to == "onnx":
             result = _export_onnx(
-                source, reference, inputs, staged.path, exporter, opset, dynamic_batch, allow_trace_warnings
+                _tensor_outputs_only(source, _example_output(reference, inputs)),
+                reference,
+                inputs,
+                staged.path,
+                exporter,
+                opset,
+                dynamic_batch,
+                allow_trace_warnings,
             )
         else:
             result = _export_pt2(source, inputs, staged.path, dynamic_batch)
@@ -279,6 +286,28 @@ def _export_source(target: Captured | nn.Module, example_inputs: Sequence[Any] |
     if any(t.device.type == "meta" for t in inputs) or any(p.device.type == "meta" for p in source.parameters()):
         raise FxforgeError("export needs real weights", hint="drop --device meta")
     return source, reference, inputs
+
+
+class _TensorOutputs(nn.Module):
+    """``module`` returning only the tensors of its output, in pytree order."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args: Any) -> tuple[torch.Tensor, ...]:
+        leaves = torch.utils._pytree.tree_leaves(self.module(*args))
+        return tuple(leaf for leaf in leaves if isinstance(leaf, torch.Tensor))
+
+
+def _tensor_outputs_only(module: nn.Module, output: Any) -> nn.Module:
+    """An ONNX graph outputs tensors: both exporters fail on a model that also returns a number (``(y, None, 3)``:
+    "'int' object has no attribute 'name'"). Such a model is exported with its tensors alone; the loader puts
+    them back into the model's structure with the constants from its output (``output_like``), as for a dict."""
+    leaves = torch.utils._pytree.tree_leaves(output)
+    if all(isinstance(leaf, torch.Tensor) for leaf in leaves):
+        return module
+    return _TensorOutputs(module)
 
 
 def _example_output(reference: Any, inputs: tuple[Any, ...]) -> Any:
