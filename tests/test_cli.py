@@ -192,3 +192,8 @@ def test_json_stdout_holds_only_json_when_the_users_code_prints(capsys, tmp_path
     assert code in (EXIT_OK, EXIT_FINDINGS), err
     json.loads(out)
     assert "hello from import" in err and "forward called" in err
+
+
+def test_rejected_inputs_are_echoed_as_given_dtype_included(capsys):
+    code, _, err = run(capsys, "inspect", "demo", "-i", "1x3x8x8:int64")
+    assert code == EXIT_USAGE and "the model rejected the example inputs (1x3x8x8:int64)" in err

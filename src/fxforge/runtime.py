@@ -252,8 +252,16 @@ def run_isolated(module: Any, args: Sequence[Any], kwargs: dict[str, Any], *othe
 
 
 def describe_inputs(args: Sequence[Any]) -> str:
-    """``1x3x224x224, 2x16`` for a list of inputs (type names for non-tensors)."""
-    return ", ".join("x".join(map(str, a.shape)) if isinstance(a, torch.Tensor) else type(a).__name__ for a in args)
+    """``1x3x224x224, 2x16:int64`` for a list of inputs, as ``--input`` spells them (float32, the default dtype,
+    left out; type names for non-tensors)."""
+
+    def spec(value: Any) -> str:
+        if not isinstance(value, torch.Tensor):
+            return type(value).__name__
+        shape = "x".join(map(str, value.shape)) or "scalar"
+        return shape if value.dtype == torch.float32 else f"{shape}:{str(value.dtype).removeprefix('torch.')}"
+
+    return ", ".join(spec(a) for a in args)
 
 
 def run_reference(module: Any, args: Sequence[Any], kwargs: dict[str, Any], *others: nn.Module) -> Any:
