@@ -127,8 +127,8 @@ ZERO_BY_CONVENTION = frozenset(
     upsample_linear1d upsample_bilinear2d upsample_bicubic2d upsample_trilinear3d pixel_shuffle pixel_unshuffle
     one_hot nonzero unique _unique2 bernoulli rand randn randint rand_like randn_like randint_like dropout
     native_dropout hardswish hardsigmoid gelu silu relu relu6 sigmoid tanh hardtanh leaky_relu elu mish softplus
-    clamp clamp_min clamp_max set_ resize_ _assert_async _assert_scalar sym_size sym_numel item slice_scatter
-    select_scatter diagonal sign isinf isnan all any bucketize searchsorted quantize_per_tensor
+    clamp clamp_min clamp_max set_ resize_ _assert_async _assert_scalar _assert_tensor_metadata sym_size sym_numel item
+    slice_scatter select_scatter diagonal sign isinf isnan all any bucketize searchsorted quantize_per_tensor
     quantize_per_channel dequantize _make_per_tensor_quantized_tensor _make_per_channel_quantized_tensor
     q_scale q_zero_point q_per_channel_scales q_per_channel_zero_points int_repr _linalg_check_errors""".split()
 )
