@@ -118,6 +118,12 @@ def test_bad_pipeline_file(tmp_path):
     path.write_text("steps: []\n")
     with pytest.raises(FxforgeError, match="'passes' list"):
         Pipeline.from_file(path)
+    toml = tmp_path / "quoted.toml"
+    toml.write_text('verify = "no"\npasses = ["fold_bn"]\n')  # bool("no") is True: refused, not switched on
+    with pytest.raises(FxforgeError, match="verify must be true or false, not 'no'"):
+        Pipeline.from_file(toml)
+    toml.write_text("verify = true\npasses = [\"fold_bn\"]\n")
+    assert Pipeline.from_file(toml).verify_each is True
 
 
 def test_optimize_writes_reloadable_output_with_torch_alone(resnet18, tmp_path):

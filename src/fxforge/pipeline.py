@@ -195,9 +195,16 @@ class Pipeline:
         unknown = set(data) - {"passes", "verify", "keep_going"}
         if unknown:
             raise FxforgeError(f"pipeline file {path} has unknown keys {sorted(unknown)}", hint="passes, verify")
+        for key in ("verify", "keep_going"):
+            # bool("no") is True: a quoted string must not switch a setting on
+            if not isinstance(data.get(key, False), bool):
+                raise FxforgeError(
+                    f"pipeline file {path}: {key} must be true or false, not {data[key]!r}",
+                    hint=f"{key} = true (TOML) or {key}: true (YAML), unquoted",
+                )
         settings: dict[str, Any] = {
-            "verify_each": bool(data.get("verify", False)),
-            "keep_going": bool(data.get("keep_going", False)),
+            "verify_each": data.get("verify", False),
+            "keep_going": data.get("keep_going", False),
         }
         settings.update({key: value for key, value in overrides.items() if value is not None})
         return cls([_relative_to(path.parent, step) for step in data["passes"]], **settings)
