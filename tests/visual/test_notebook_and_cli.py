@@ -126,3 +126,11 @@ def test_report_profile_times_every_node_and_colours_the_graph(tmp_path, capsys)
     args = ["report", "demo", "--profile", "--profile-file", str(tmp_path / "p.json"), "-o", str(tmp_path / "x.html")]
     assert main(args) == 2
     assert "--profile-file" in capsys.readouterr().err
+    # a profile of another model colours nothing: refused (as split does), nothing written
+    other = tmp_path / "other.json"
+    assert main(["profile", "demo:mlp", "--json"]) == 0
+    other.write_text(capsys.readouterr().out)
+    for command, option in (("report", "--profile-file"), ("graph", "--profile")):
+        assert main([command, "demo", option, str(other), "-o", str(tmp_path / f"o_{command}.html")]) == 2
+        assert "the profile names none of this graph's nodes" in capsys.readouterr().err
+        assert not (tmp_path / f"o_{command}.html").exists()

@@ -33,6 +33,7 @@ import torch
 from torch import fx, nn
 
 from fxforge.capture import Captured
+from fxforge.errors import FxforgeError
 from fxforge.graphs import ATEN, dialect_of, target_name
 from fxforge.inspect import InspectReport, inspect_graph
 from fxforge.lint import LintReport, lint
@@ -618,6 +619,13 @@ def _attach_profile(model: dict[str, Any], builder: _Builder, profile: dict[str,
         if row is not None:
             record["ms"] = float(row.get("time_ms") or 0.0)
             record["share"] = float(row.get("share") or 0.0)
+    if profile["nodes"] and not matched:
+        # a profile of another model (or capture) would colour nothing and say nothing: refused, as split does
+        raise FxforgeError(
+            "the profile names none of this graph's nodes",
+            hint="profile the same model with the same capture (dialect and inputs): fxforge profile MODEL --json "
+            "> profile.json",
+        )
     model["profile"] = {"total_ms": total, "matched": matched, "nodes": len(profile["nodes"])}
 
 
