@@ -131,10 +131,12 @@ def test_dropout_in_training_mode_quantizes_static():
 
     model = WithDropout().train()
     flags = training_flags(model)
+    state = torch.get_rng_state()
     with pytest.warns(UserWarning, match="random inputs"):  # no calibration data given
         result = quantize(model, "static", example_inputs=(image(),))
     assert result.mode == "static" and "fx" in result.machinery and result.quantized_layers
     assert training_flags(model) == flags
+    assert torch.equal(torch.get_rng_state(), state)  # calibration's dropout drew from a fork of the caller's RNG
 
 
 def test_eval_mode_dropout_is_not_called_random():

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from fxforge.capture import Captured, capture, require_real_weights
+from fxforge.capture import Captured, capture, require_real_weights, rng_preserved
 from fxforge.errors import DialectError, FxforgeError, InputSpecError, one_line_reason
 from fxforge.graphs import ATEN, WEIGHTED_LAYER_TYPES
 from fxforge.inputs import make_inputs, specs_of
@@ -320,6 +320,7 @@ def _as_captured(target: Captured | nn.Module, example_inputs: Sequence[Any] | N
     return capture(target, tuple(example_inputs))
 
 
+@rng_preserved()  # calibration runs the model: its random ops (dropout in training mode) draw from a fork
 def quantize(
     target: Captured | nn.Module,
     mode: str = "static",
