@@ -42,9 +42,11 @@ def command(
     from fxforge.api import example_inputs_for
     from fxforge.cli.render import render_debug
     from fxforge.debug import debug_model
-    from fxforge.errors import EXIT_FINDINGS
+    from fxforge.errors import EXIT_FINDINGS, FxforgeError
     from fxforge.models import load_model
 
+    if not nan and not stats:  # before building the model: a usage error should not wait for it
+        raise FxforgeError("debug needs something to look for", hint="pass --nan and/or --stats")
     loaded = load_model(model, seed=seed, model_kwargs=parse_model_args(model_args), trust_pickle=trust_pickle or None)
     example = example_inputs_for(loaded, list(inputs), seed=seed)
     with status("running with hooks", as_json):
