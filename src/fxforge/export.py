@@ -647,6 +647,8 @@ def _export_error(what: str, exc: BaseException) -> ExportError:
     text = strip_ansi("\n".join(str(e) for e in chain))
     location = user_location(exc) or _script_location(text)
     construct = next((m.group(1) for p in _OPERATOR_PATTERNS if (m := p.search(text))), None)
+    if construct:  # one spelling whichever exporter named it: the legacy one says 'ns::op' (and ends a sentence)
+        construct = construct.rstrip(".").replace("::", ".")
     where = f" at {location}" if location else ""
     if construct:
         return ExportError(
