@@ -167,3 +167,49 @@ def test_a_well_conditioned_miss_is_not_excused_by_float64():
         broken.bias += 1e-3  # a real change, small but far outside what rounding allows
     result = verify(model, broken, input_specs=["4x8"])
     assert not result.ok and not result.warnings
+
+
+class _ZeroHead(torch.nn.Module):
+    """A classifier head initialised to zeros: the output is zero for every input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = torch.nn.Linear(8, 8)
+        self.head = torch.nn.Linear(8, 4)
+        torch.nn.init.zeros_(self.head.weight)
+        torch.nn.init.zeros_(self.head.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.body(x)))
+
+
+def test_a_reference_that_ignores_its_input_cannot_verify_anything(capsys, tmp_path):
+    """Any candidate returning zeros would pass against it, whatever it computed (torchvision's ViTs built without
+    weights did): no verdict, with the reason; a rewrite that changes the body is not "verified"."""
+    model = _ZeroHead()
+    captured = fxforge.capture(model, (torch.randn(2, 8),))
+    broken = fxforge.capture(_ZeroHead(), (torch.randn(2, 8),)).graph_module  # another body, the same zeros
+    result = verify(captured, broken)
+    assert not result.ok and result.unverifiable and result.trials == 16
+    assert "the same on all 8 cases at batch 2, whatever the input" in result.problems[0]
+    assert verify(captured, broken, inputs=(torch.randn(2, 8),)).ok  # one given input: only that was claimed
+    from fxforge.cli import main
+
+    (tmp_path / "zero_head.py").write_text(
+        "import torch\nfrom torch import nn\n"
+        "class Net(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.head = nn.Linear(8, 4)\n"
+        "        nn.init.zeros_(self.head.weight)\n        nn.init.zeros_(self.head.bias)\n"
+        "    def forward(self, x):\n        return self.head(x)\n"
+    )
+    spec = f"{tmp_path / 'zero_head.py'}:Net"
+    assert main(["verify", spec, spec, "-i", "2x8"]) == 1
+    assert capsys.readouterr().out.startswith("CANNOT VERIFY")
+
+
+def test_torchvision_vit_built_without_weights_depends_on_its_input():
+    model = fxforge.load_model("torchvision:vit_b_16", model_kwargs={"image_size": 32}).module
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        out = model(x)
+    assert not torch.equal(out[0], out[1])  # the zero-initialised head got random weights

@@ -262,6 +262,7 @@ def _load_torchvision(name: str, spec: str, kwargs: dict[str, Any]) -> LoadedMod
         kwargs.setdefault("aux_logits", False)
         kwargs.setdefault("init_weights", True)
     model = _construct(lambda **kw: torchvision.models.get_model(name, **kw), kwargs, spec)
+    _redraw_zero_layers(model)
     classification = set(torchvision.models.list_models(module=torchvision.models))
     inputs = []
     if name in classification:
@@ -270,11 +271,31 @@ def _load_torchvision(name: str, spec: str, kwargs: dict[str, Any]) -> LoadedMod
     return LoadedModel(model, spec, inputs)
 
 
+def _redraw_zero_layers(model: nn.Module) -> None:
+    """Give a ``Linear`` or convolution whose weight is all zeros PyTorch's default random init instead.
+
+    Libraries zero-initialise some layers for training from scratch (torchvision's ViTs their classifier head);
+    with random weights and no training the model then outputs zeros for every input, and no check of a rewrite
+    could fail on it. fxforge's random weights are for checking, so those layers are drawn like any other.
+    """
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if (
+            isinstance(module, (nn.Linear, nn.modules.conv._ConvNd))
+            and isinstance(weight, torch.Tensor)
+            and weight.device.type != "meta"
+            and weight.numel()
+            and not weight.any()
+        ):
+            module.reset_parameters()
+
+
 def _load_timm(name: str, spec: str, kwargs: dict[str, Any]) -> LoadedModel:
     timm = require("timm", "timm", "timm models")
     if not timm.is_model(name):
         raise ModelSpecError(f"timm has no model named {name!r}", hint="list them with: timm.list_models()")
     model = _construct(lambda **kw: timm.create_model(name, pretrained=False, **kw), kwargs, spec)
+    _redraw_zero_layers(model)
     cfg = getattr(model, "pretrained_cfg", None) or {}
     channels, height, width = cfg.get("input_size", (3, 224, 224))
     return LoadedModel(model, spec, [InputSpec((1, channels, height, width))])

@@ -114,7 +114,9 @@ class VerifyResult:
 
     ``trials`` counts the cases compared; ``cases`` labels them; ``skipped`` says which batch sizes or
     cases were left out and why; ``warnings`` carries non-finite reference values and similar doubts.
-    ``nondeterministic`` is True when the reference gave two different outputs for one input.
+    ``nondeterministic`` is True when the reference gave two different outputs for one input. ``unverifiable``:
+    the reference itself gives nothing to check against (not deterministic, the same output for every input, NaN
+    everywhere): no candidate was run, ``problems`` say why.
     """
 
     ok: bool
@@ -129,6 +131,7 @@ class VerifyResult:
     skipped: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     nondeterministic: bool = False
+    unverifiable: bool = False
     capture_differs: bool = False  # the captured graph itself differs from the model on a failing case
     failing_case: int | None = field(default=None, repr=False)  # the Verifier's index of the first failing case
 
@@ -401,7 +404,33 @@ class Verifier:
                 "every floating-point value of the reference is NaN or Inf on every case tried: nothing to compare"
             )
         self.cases = kept if kept else self.cases[:0]
+        self._check_input_dependence(expected)
         return expected
+
+    def _check_input_dependence(self, expected: list[Any]) -> None:
+        """A reference whose floating-point outputs are the same on every case, though the inputs differ (a
+        zero-initialised classifier head gives zeros for every input), makes any candidate that returns those
+        values pass, whatever it computes from its inputs: no check could fail, so none is claimed."""
+        if len(self.cases) < 2 or self.cases[0].distribution == "given":
+            return
+        first_batch = self.cases[0].batch
+        same_batch = [out for case, out in zip(self.cases, expected) if case.batch == first_batch]
+        leaves = [
+            [t for t in pytree.tree_leaves(as_structure(out)) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+            for out in same_batch
+        ]
+        if len(leaves) < 2 or not leaves[0]:
+            return
+        first = leaves[0]
+        if all(
+            len(other) == len(first) and all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(other, first))
+            for other in leaves[1:]
+        ):
+            self.problems.append(
+                f"the reference's floating-point outputs are the same on all {len(leaves)} cases at batch "
+                f"{first_batch}, whatever the input: nothing that depends on the input can be checked (a layer "
+                "initialised to zeros, such as a classifier head? give it random weights)"
+            )
 
     def _check_determinism(self, case: Case, first: Any) -> None:
         with quiet_torch_logs():
@@ -448,7 +477,7 @@ class Verifier:
             nondeterministic=self.nondeterministic,
         )
         if self.problems:
-            result.ok = False
+            result.ok, result.unverifiable = False, True
             result.problems.extend(self.problems)
             return result
         failing: Case | None = None

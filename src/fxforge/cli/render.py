@@ -249,7 +249,10 @@ def render_verify(console: Console, reference: str, candidate: str, result: Any)
         )
         render_verify_doubts(console, result)
         return
-    console.print(f"[bold red]MISMATCH[/]: {candidate} differs from {reference} (tried {result.describe_inputs()})")
+    if result.unverifiable:  # the reference gives nothing to compare against: no verdict on the candidate
+        console.print(f"[bold red]CANNOT VERIFY[/]: {candidate} against {reference}: the reference cannot be checked")
+    else:
+        console.print(f"[bold red]MISMATCH[/]: {candidate} differs from {reference} (tried {result.describe_inputs()})")
     for problem in result.problems[:5]:
         console.print(f"  {problem}")
     if result.divergence is not None:
