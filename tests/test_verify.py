@@ -213,3 +213,18 @@ def test_torchvision_vit_built_without_weights_depends_on_its_input():
     with torch.no_grad():
         out = model(x)
     assert not torch.equal(out[0], out[1])  # the zero-initialised head got random weights
+
+
+def test_verify_takes_a_written_file_or_a_spec_as_the_candidate(tmp_path):
+    """A notebook user passing a path got "candidate failed to run: 'str' object is not callable" as a mismatch."""
+    pytest.importorskip("onnxruntime")
+    from fxforge.errors import ModelSpecError
+
+    captured = fxforge.prepare("demo")
+    fxforge.export_model(captured, "onnx", tmp_path / "demo.onnx")  # fixed to batch 1
+    result = verify(captured, str(tmp_path / "demo.onnx"))
+    assert result.ok and result.trials == 16 and result.batch_sizes == [1]
+    assert result.skipped[0].startswith("batch 2: the candidate rejects it")
+    assert verify(captured, "demo").ok and not verify(captured, "demo:mlp").ok
+    with pytest.raises(ModelSpecError):
+        verify(captured, tmp_path / "missing.onnx")

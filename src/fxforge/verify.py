@@ -34,6 +34,7 @@ import math
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -41,6 +42,7 @@ from torch import fx, nn
 from torch.utils import _pytree as pytree
 
 from fxforge import display
+from fxforge.artifacts import OnnxRuntimeModule
 from fxforge.capture import Captured, placeholder_values
 from fxforge.compare import (
     TOLERANCES,
@@ -54,6 +56,7 @@ from fxforge.compare import (
 from fxforge.errors import FxforgeError, InputSpecError, one_line_reason
 from fxforge.graphs import target_name
 from fxforge.inputs import Case, case_plan, draw_like, make_inputs
+from fxforge.models import load_model
 from fxforge.runtime import cloned, preserved_state, quiet_torch_logs, run_isolated
 from fxforge.vocabulary import ORIGIN, PASS
 
@@ -697,7 +700,9 @@ def verify(
 ) -> VerifyResult:
     """Check that ``candidate`` computes what ``reference`` computes (see the module docstring).
 
-    ``reference``/``candidate`` are modules, GraphModules or :class:`~fxforge.capture.Captured`. With
+    ``reference``/``candidate`` are modules, GraphModules or :class:`~fxforge.capture.Captured`; ``candidate`` may
+    also be a model spec or a written file (an output directory, ``.onnx``, ``.pt2``...), loaded as
+    ``fxforge verify`` loads it (a file fixed to the example's batch is compared at that batch). With
     ``inputs`` exactly those inputs are compared; otherwise at least ``cases`` varied cases shaped like
     ``example``, ``input_specs`` or the Captured's example inputs. ``seeds`` (older API) sets the first
     seed and raises the case count to its length. Tolerances default to the per-dtype values of
@@ -707,6 +712,15 @@ def verify(
     if seeds is not None:
         seeds = list(seeds)
         seed, cases = (seeds[0] if seeds else seed), max(cases, len(seeds))
+    left_out = None
+    if isinstance(candidate, (str, Path)):
+        # a spec or a written file, as the CLI takes it: loaded, and it may be fixed to the example's batch
+        candidate, candidate_may_fix_batch = load_model(str(candidate)).module, True
+        template = example[0] if example else make_inputs(list(input_specs), seed=seed) if input_specs else None
+        if template is None and isinstance(reference, Captured):
+            template = reference.example_inputs
+        if inputs is None and batch_sizes is None and template is not None:
+            batch_sizes, left_out = batches_a_candidate_takes(candidate, template, seed)
     verifier = Verifier(
         reference,
         inputs,
@@ -720,7 +734,12 @@ def verify(
         allow_dtype_change=allow_dtype_change,
         allow_nonfinite=allow_nonfinite,
     )
-    return verifier.check(candidate, bisect=bisect, candidate_may_fix_batch=candidate_may_fix_batch)
+    if isinstance(candidate, OnnxRuntimeModule) and candidate.output_like is None and verifier.expected:
+        candidate.output_like = verifier.expected[0]  # ONNX returns a flat list: put it into the model's structure
+    result = verifier.check(candidate, bisect=bisect, candidate_may_fix_batch=candidate_may_fix_batch)
+    if left_out:
+        result.skipped.insert(0, left_out)
+    return result
 
 
 # --------------------------------------------------------------------------------------------------
