@@ -228,3 +228,16 @@ def test_atomic_directory_gets_ordinary_permissions(tmp_path):
     finally:
         os.umask(umask)
     assert stat.S_IMODE((tmp_path / "out").stat().st_mode) == 0o755
+
+
+def test_the_api_takes_one_name_or_a_comma_list_where_it_takes_several():
+    """Iterating a string made each character a name: optimize(c, "fold_bn") said "unknown pass 'f'", and the same
+    for bench's backends, lint's select, quantize's float_layers and capture's leaf_modules."""
+    captured = fxforge.prepare("demo")
+    steps = fxforge.optimize(captured, "fold_bn,dead_code").pipeline.steps
+    assert [step.result.name for step in steps] == ["fold_bn", "dead_code"]
+    assert {f.code for f in fxforge.lint(captured, select="FX008", ignore="FX004").findings} == {"FX008"}
+    report = fxforge.bench(captured, "eager", passes="fold_bn", repeats=1, warmup=1, peak=False)
+    assert [row.backend for row in report.rows] == ["eager"]
+    leafed = fxforge.prepare("demo", leaf_modules="bn1")
+    assert any(n.op == "call_module" and n.target == "bn1" for n in leafed.graph_module.graph.nodes)

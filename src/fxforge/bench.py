@@ -71,6 +71,7 @@ from fxforge.pipeline import Pipeline
 from fxforge.plugins import BACKENDS_GROUP, load_group
 from fxforge.quantize import DEFAULT_RANDOM_BATCHES, int8_backend, load_calibration
 from fxforge.quantize.ort import quantize_onnx
+from fxforge.references import as_names
 from fxforge.registry import Registry
 from fxforge.runtime import quiet_torch_logs, run_reference, torch_threads
 from fxforge.visual import notebook
@@ -614,6 +615,7 @@ def bench(
             f"bench times positional inputs; keyword input {keyword_tensors[0]!r} holds a tensor",
             hint="pass it positionally (--input), or fix it with --concrete when it is a constant",
         )
+    backends, passes = as_names(backends), as_names(passes)
     chosen = [b if isinstance(b, Backend) else get_backend(b) for b in (backends or default_backends())]
     if passes is not None:
         # an unknown pass is the caller's mistake (exit 2), not a row that failed to build -- nor, without the

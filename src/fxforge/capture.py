@@ -53,6 +53,7 @@ from fxforge.errors import (
 from fxforge.graphs import ATEN, TORCH, dialect_of
 from fxforge.inputs import make_inputs, specs_of
 from fxforge.models import LoadedModel
+from fxforge.references import as_names
 from fxforge.runtime import (
     buffers_snapshot,
     changed_buffers,
@@ -776,6 +777,7 @@ def _capture_module(
     max_retries: int,
 ) -> Captured:
     attempts: list[Attempt] = []
+    leaf_modules = as_names(leaf_modules)
     leaf_names = {m for m in leaf_modules if isinstance(m, str)}
     leaf_types = tuple(m for m in leaf_modules if isinstance(m, type))
     user_leaves = set(leaf_names)

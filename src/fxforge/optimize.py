@@ -30,6 +30,7 @@ from fxforge.capture import Captured, require_real_weights
 from fxforge.lint import LintReport, lint
 from fxforge.passes import FIX_ORDER, registered_passes
 from fxforge.pipeline import Pipeline, PipelineResult
+from fxforge.references import as_names
 from fxforge.visual import notebook
 from fxforge.visual.report_page import REPORT_HTML, optimize_report_html, page_or_note
 
@@ -84,7 +85,7 @@ def optimize(
         if keep_going is not None:
             pipeline.keep_going = keep_going
     else:
-        pipeline = Pipeline(list(passes), verify_each=bool(verify), keep_going=bool(keep_going))
+        pipeline = Pipeline(list(as_names(passes)), verify_each=bool(verify), keep_going=bool(keep_going))
     result = pipeline.run(captured)
     if output_dir is None or not result.ok:
         return OptimizeResult(result, None, [], captured=captured)

@@ -37,7 +37,7 @@ from fxforge.passes import (
     resolve_pass_reference,
     stamp_provenance,
 )
-from fxforge.references import parse_value
+from fxforge.references import as_names, parse_value
 from fxforge.registry import BUILTIN
 from fxforge.verify import Verifier, VerifyResult
 
@@ -166,7 +166,7 @@ class Pipeline:
         rtol: float | None = None,
         atol: float | None = None,
     ) -> None:
-        self.steps = [_as_step(s) for s in expand_groups(steps)]
+        self.steps = [_as_step(s) for s in expand_groups(as_names(steps))]
         for step in self.steps:
             get_pass(step.name)  # fail early, before any work, on an unknown name
         self.verify_each = verify_each

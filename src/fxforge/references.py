@@ -20,6 +20,14 @@ import torch
 from fxforge.errors import FxforgeError, first_line, user_location
 
 
+def as_names(value: Any) -> Any:
+    """A name where the API takes several (``"fold_bn"``, or ``"fold_bn,dead_code"`` as the CLI spells a list) as
+    that list; anything else as it is. Iterating a string would make each character a name (``unknown pass 'f'``)."""
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
 def import_file(path: str | Path, *, error: type[FxforgeError] = FxforgeError, what: str = "") -> ModuleType:
     """Import a Python file as module ``fxforge_user_<stem>``.
 

@@ -21,7 +21,7 @@ from fxforge.errors import FxforgeError
 from fxforge.graphs import dialect_of, module_path
 from fxforge.passes import FIX_ORDER
 from fxforge.plugins import RULES_GROUP, load_group
-from fxforge.references import import_reference
+from fxforge.references import as_names, import_reference
 from fxforge.registry import Registry, registering_from
 
 SEVERITIES = ("info", "warning", "error")
@@ -182,7 +182,7 @@ def lint(
     else:
         context = LintContext(target)
     report = LintReport(dialect=context.dialect)
-    for current in _select_rules(select, ignore):
+    for current in _select_rules(as_names(select), as_names(ignore)):
         if context.dialect not in current.dialects:
             continue
         report.rules_run.append(current.code)

@@ -35,6 +35,7 @@ from fxforge.quantize.engine import quantized_engine
 from fxforge.quantize.result import LayerSensitivity, QuantizeResult
 from fxforge.quantize.saving import write_output
 from fxforge.quantize.units import MODULE, Unit, find_units, keep_in_float
+from fxforge.references import as_names
 from fxforge.runtime import describe_inputs, quiet_quantization_notices
 
 MODES = ("static", "dynamic", "qat-prepare")
@@ -368,6 +369,7 @@ def quantize(
     if random_batches < 1:
         raise InputSpecError(f"--random-batches must be at least 1, got {random_batches}")
     plan = _plan(captured, mode, backend)
+    float_layers = as_names(float_layers)
     float_units = _checked_float_units(plan, float_layers)
     result_warnings: list[str] = []
     notes: list[str] = []
