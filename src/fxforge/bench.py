@@ -73,7 +73,7 @@ from fxforge.quantize import DEFAULT_RANDOM_BATCHES, int8_backend, load_calibrat
 from fxforge.quantize.ort import quantize_onnx
 from fxforge.references import as_names
 from fxforge.registry import Registry
-from fxforge.runtime import quiet_torch_logs, run_reference, torch_threads
+from fxforge.runtime import preserved_state, quiet_torch_logs, run_reference, torch_threads
 from fxforge.visual import notebook
 
 try:
@@ -627,7 +627,13 @@ def bench(
     steps_per_batch = 2 * len(chosen) + repeats
     counter = _Progress(progress, steps_per_batch * len(batches))
     rows: list[BenchRow] = []
-    with torch_threads(threads), tempfile.TemporaryDirectory(prefix="fxforge-bench-") as workdir:
+    # the runners run the caller's modules (the graph shares them): a model in training mode would update its
+    # BatchNorm statistics on every timed call, so whatever the calls wrote is undone at the end
+    with (
+        torch_threads(threads),
+        tempfile.TemporaryDirectory(prefix="fxforge-bench-") as workdir,
+        preserved_state(captured.original, captured.graph_module),
+    ):
         measured = cached_peak(threads) if peak else None
         plan = _Plan(seed, threads, warmup, repeats, passes, Path(workdir), counter, measured)
         for batch in batches:

@@ -62,6 +62,7 @@ from fxforge.runtime import (
     export_program,
     holds_tensor,
     native_output_silenced,
+    preserved_state,
     quiet_torch_logs,
     run_reference,
     with_constant_kwargs,
@@ -204,7 +205,9 @@ def export_model(
         _require_onnx(exporter)
     source, reference, inputs = _export_source(target, example_inputs)
     start = time.perf_counter()
-    with StagedOutput(path, force=force) as staged:
+    # tracing and exporting run the caller's modules: a model in training mode would update its BatchNorm
+    # statistics (even when the export then fails); whatever the runs wrote is undone
+    with StagedOutput(path, force=force) as staged, preserved_state(source, reference):
         if to == "torchscript":
             result = _export_torchscript(
                 source,

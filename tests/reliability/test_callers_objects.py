@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from reliability_models import ConvBN, Counter, CounterThenBranch, WritesInput
 from torch import nn
@@ -9,6 +10,7 @@ from torch import nn
 import fxforge
 from fxforge.capture import capture
 from fxforge.errors import CaptureError
+from fxforge.export import ExportError
 from fxforge.passes import apply_pass
 from fxforge.verify import verify
 
@@ -110,3 +112,17 @@ def test_state_restore_leaves_dict_valued_attributes_alone():
     held = model.output_like
     assert torch.equal(run_isolated(model, (torch.zeros(2),), {}), torch.ones(2))
     assert model.output_like is held
+
+
+def test_bench_and_a_failed_export_do_not_update_the_callers_batchnorm_statistics(tmp_path):
+    """The runners and the TorchScript trace run the caller's modules (the graph shares them): in training mode
+    each call updated running statistics -- bench's eager and fx rows, and an export that then failed."""
+    model = ConvBN().train()
+    captured = capture(model, (torch.randn(2, 3, 8, 8),), method="symbolic_trace")
+    before = _state(model)
+    report = fxforge.bench(captured, ["eager", "fx"], repeats=2, warmup=1, peak=False)
+    assert all(row.ok for row in report.rows)
+    assert _same_state(model, before)
+    with pytest.raises(ExportError, match="the trace fixed a value"):  # BatchNorm's training-mode size check
+        fxforge.export_model(captured, "torchscript", tmp_path / "m.pt", verify_export=False)
+    assert _same_state(model, before) and model.training
