@@ -13,6 +13,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import fxforge
+from fxforge.artifacts import SUFFIXES
 from fxforge.capture import capture
 from fxforge.cli import main
 from fxforge.errors import EXIT_CAPTURE, EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, FxforgeError, MissingExtraError
@@ -171,7 +172,7 @@ EXPORTABLE = ["ShapeArithmetic", "TupleOut", "SharedBlock", "InPlace", "NaNBuffe
 def test_tricky_models_round_trip_torchscript_and_pt2(name, tmp_path):
     captured = fxforge.prepare(f"{TRICKY}:{name}", ["2x8"])
     for fmt, options in [("torchscript", {}), ("torchscript", {"script": True}), ("pt2", {})]:
-        result = export_model(captured, fmt, tmp_path / f"m.{fmt}", force=True, **options)
+        result = export_model(captured, fmt, tmp_path / f"m{SUFFIXES[fmt]}", force=True, **options)
         assert result.ok, (fmt, options, result.verification.problems)
 
 
@@ -410,6 +411,8 @@ def test_cli_export_failures_exit_codes(capsys, tmp_path):
     # an ONNX file named .pt would not load again (fxforge reads a file by its suffix): refused, nothing written
     code, _, err = run(capsys, "export", "demo", "--to", "onnx", "-o", str(tmp_path / "m.pt"))
     assert code == EXIT_USAGE and "is the name of a torchscript file, not onnx" in err and "name it .onnx" in err
+    code, _, err = run(capsys, "export", "demo", "--to", "torchscript", "-o", str(tmp_path / "m.torchscript"))
+    assert code == EXIT_USAGE and "has no suffix fxforge reads torchscript files by" in err and "name it .pt" in err
     assert _files(tmp_path) == []
 
 
@@ -469,3 +472,17 @@ def test_verify_puts_an_onnx_files_flat_outputs_back_into_the_models_structure(c
     one_output = OnnxRuntimeModule(tmp_path / "demo.onnx", output_like={"a": torch.zeros(1), "b": torch.zeros(1)})
     (x,) = fxforge.prepare("demo").example_inputs
     assert isinstance(one_output(x), torch.Tensor)  # two tensors asked for, one returned: left as the file says
+
+
+def test_load_exported_reports_a_missing_or_damaged_file_in_one_line(tmp_path):
+    """It raised each runtime's own error (onnxruntime's NoSuchFile, zipfile.BadZipFile...) where load_model
+    reported the same files in one line."""
+    from fxforge.errors import ModelSpecError
+
+    for name in ("m.onnx", "m.pt2", "m.pt"):
+        with pytest.raises(ModelSpecError, match="file not found"):
+            load_exported(tmp_path / name)
+        (tmp_path / name).write_bytes(b"not a model")
+        with pytest.raises(ModelSpecError, match=f"cannot read {tmp_path / name}") as info:
+            load_exported(tmp_path / name)
+        assert info.value.hint == "is the file corrupt?"

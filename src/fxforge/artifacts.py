@@ -343,6 +343,17 @@ def load_exported(
     format = format or next((f for f, suffix in SUFFIXES.items() if path.suffix == suffix), None)
     if format not in FORMATS:
         raise FxforgeError(f"cannot tell the format of {path}", hint="name it .pt, .onnx or .pt2, or pass the format")
+    if not path.is_file():
+        raise ModelSpecError(f"file not found: {path}")
+    try:
+        return _load_exported(path, format, output_like, threads)
+    except FxforgeError:
+        raise
+    except Exception as exc:  # each runtime raises its own error types for a damaged file
+        raise ModelSpecError(f"cannot read {path}: {first_line(exc)}", hint="is the file corrupt?") from None
+
+
+def _load_exported(path: Path, format: str, output_like: Any, threads: int | None) -> nn.Module:
     with quiet_torch_logs():
         if format == "torchscript":
             extra = {METADATA_FILE: ""}

@@ -189,6 +189,11 @@ def export_model(
             f"{str(path)!r} is the name of a {named} file, not {to}",
             hint=f"name it {SUFFIXES[to]}, or leave --to out to export {named}",
         )
+    if to in SUFFIXES and named is None:
+        # a file fxforge's own verify and load_exported could not read back (they go by the suffix)
+        raise FxforgeError(
+            f"{str(path)!r} has no suffix fxforge reads {to} files by", hint=f"name it {SUFFIXES[to]}"
+        )
     to = to or named
     if to is None:
         raise FxforgeError(f"cannot tell the format from {str(path)!r}", hint="pass --to torchscript, onnx or pt2")
