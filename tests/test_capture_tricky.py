@@ -498,3 +498,8 @@ def test_string_annotations_do_not_reach_the_graph(tmp_path):
     reloaded = torch.load(tmp_path / "model.pt", weights_only=False)
     x = torch.randn(2, 3)
     assert torch.equal(reloaded(x), x.relu() + 1)
+
+
+def test_capture_of_something_not_a_module_is_one_line():
+    with pytest.raises(CaptureError, match="capture takes an nn.Module, not a function"):
+        capture(lambda x: x + 1, (torch.randn(2),))

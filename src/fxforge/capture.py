@@ -666,6 +666,11 @@ def capture(
     kwargs = cloned(dict(example_kwargs or {}))
     if method not in ("auto", SYMBOLIC_TRACE, "export", EXPORT):
         raise CaptureError(f"unknown capture method {method!r}", hint="auto, symbolic_trace or export")
+    if not isinstance(model, nn.Module):
+        raise CaptureError(
+            f"capture takes an nn.Module, not a {type(model).__name__}",
+            hint="put a function in a module's forward, or name a model spec with fxforge.prepare",
+        )
     _refuse_compiled_forms(model)
 
     if exported_program is not None or isinstance(model, fx.GraphModule):
