@@ -501,5 +501,19 @@ def test_string_annotations_do_not_reach_the_graph(tmp_path):
 
 
 def test_capture_of_something_not_a_module_is_one_line():
-    with pytest.raises(CaptureError, match="capture takes an nn.Module, not a function"):
+    with pytest.raises(CaptureError, match=r"capture takes an nn\.Module, not a function"):
         capture(lambda x: x + 1, (torch.randn(2),))
+
+
+def test_a_transformers_cache_in_the_output_names_use_cache():
+    """T5 returns its EncoderDecoderCache, which torch.export cannot flatten; the fix is use_cache=False, not the
+    generic --leaf hint."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.T5Config(num_layers=1, d_model=32, d_ff=32, num_heads=2, d_kv=16, vocab_size=100)
+    ids = torch.randint(0, 100, (1, 8))
+    with pytest.raises(CaptureError) as info:
+        capture(transformers.T5Model(config).eval(), (), example_kwargs={"input_ids": ids, "decoder_input_ids": ids})
+    assert "use_cache=false" in info.value.hint
+    config.use_cache = False
+    kwargs = {"input_ids": ids, "decoder_input_ids": ids}
+    assert capture(transformers.T5Model(config).eval(), (), example_kwargs=kwargs).record.ok

@@ -897,6 +897,9 @@ def _capture_error(
         last = attempts[-1].error if attempts else "unknown error"
         reasons.append(last)
         hint = "mark the offending submodule with --leaf NAME, or wrap the helper function with torch.fx.wrap"
+        if "cache" in last.lower() and "found" in last.lower():
+            # transformers' encoder-decoders return their key/value cache object, which torch.export cannot flatten
+            hint = "a transformers model returning its key/value cache: build it with --model-arg use_cache=false"
     where = f" at {location}" if location else ""
     strategies = " and ".join(sorted({a.strategy for a in attempts}))
     message = f"cannot capture {type(model).__name__}: {strategies} stopped{where}: {reasons[0]}"
