@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import fxforge
 from fxforge.capture import capture
 from fxforge.errors import InputSpecError
 from fxforge.graphs import ATEN, TORCH
@@ -259,3 +260,24 @@ def test_vit_flops_on_cpu_match_published_figure():
     loaded = load_model("torchvision:vit_b_32")
     report = inspect_graph(capture(loaded, make_inputs(loaded.default_inputs), check=False), include_code=False)
     assert abs(report.totals["macs"] / 1e9 - 4.409) <= 0.0005  # torchvision's published GFLOPS (MACs)
+
+
+def test_api_results_have_short_reprs_and_inspect_refuses_a_negative_depth():
+    """A notebook prints the last value of a cell: PassResult, PipelineResult, SplitResult and LoadedModel
+    printed whole GraphModules (3-7 KB each)."""
+    from fxforge.errors import FxforgeError
+    from fxforge.passes import apply_pass
+
+    captured = fxforge.prepare("demo")
+    results = [
+        apply_pass(captured.graph_module, "fold_bn"),
+        fxforge.optimize(captured, ["fold_bn"], verify=True).pipeline,
+        fxforge.split(captured, 2),
+        fxforge.load_model("demo"),
+    ]
+    for result in results:
+        text = repr(result)
+        assert text.startswith("<") and len(text) < 300 and "GraphModule" not in text, text
+    assert repr(results[0]) == "<PassResult fold_bn: 2 rewrites, 2 removed, 5088 params folded>"
+    with pytest.raises(FxforgeError, match="depth must be at least 0"):
+        fxforge.inspect_graph(captured, depth=-1)

@@ -184,6 +184,10 @@ class AutoResult:
     runner: Any = field(default=None, repr=False)  # the chosen artifact, reloaded and verified
     seconds: dict[str, float] = field(default_factory=dict)  # where --auto's own time went
 
+    def __repr__(self) -> str:  # the dataclass's would print every candidate and the bench report
+        where = f", written to {self.output_dir}" if self.output_dir else ""
+        return f"<AutoResult chose {self.chosen} of {len(self.candidates)} candidates{where}>"
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "chosen": self.chosen,

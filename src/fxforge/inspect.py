@@ -29,7 +29,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from fxforge import display
 from fxforge.capture import Captured
-from fxforge.errors import InputSpecError, first_line
+from fxforge.errors import FxforgeError, InputSpecError, first_line
 from fxforge.graphs import get_attr_value, module_path, submodule, target_name
 from fxforge.runtime import buffers_snapshot, quiet_torch_logs, restore_buffers, run_isolated
 from fxforge.vocabulary import QUANT_KINDS, int8_flops, int8_weights, module_quant_kind, quant_kind
@@ -277,6 +277,8 @@ def inspect_graph(
 
     ``depth`` limits the module summary to paths with at most that many dotted components.
     """
+    if depth < 0:
+        raise FxforgeError(f"depth must be at least 0, got {depth}")
     gm = captured.graph_module
     values = captured.flat_inputs(inputs)
     counter = _flop_counter()

@@ -73,6 +73,10 @@ class LoadedModel:
     exported_program: Any | None = None
     # Extra keyword inputs (e.g. attention masks) are not supported in specs; models take positional inputs.
 
+    def __repr__(self) -> str:  # the dataclass's would print the whole module
+        inputs = ", ".join(str(spec) for spec in self.default_inputs) or "none recorded"
+        return f"<LoadedModel {self.spec}: {type(self.module).__name__}, inputs {inputs}>"
+
 
 @contextlib.contextmanager
 def _seeded(seed: int) -> Iterator[None]:

@@ -727,6 +727,12 @@ class SplitResult:
     def ok(self) -> bool:
         return self.verification is None or self.verification.ok
 
+    def __repr__(self) -> str:  # the dataclass's would print every stage's GraphModule
+        stages = len(self.plan.stages)
+        checked = f", {self.verification!r}" if self.verification is not None else ""
+        where = f", written to {self.directory}" if self.directory else ""
+        return f"<SplitResult {stages} stages{checked}{where}>"
+
     def chained(self) -> ChainedStages:
         """The stages chained in one process, callable like the captured model."""
         if self.stages is None or self.template is None:

@@ -56,6 +56,21 @@ class PassResult:
     skipped: list[str] = field(default_factory=list)  # one line per candidate left alone, with the reason
     artifacts: dict[str, Any] = field(default_factory=dict)  # e.g. the statistics recorder of insert_after
 
+    def __repr__(self) -> str:  # the dataclass's would print the whole GraphModule
+        if not self.changed:
+            return f"<PassResult {self.name}: unchanged, {len(self.skipped)} skipped>"
+        counts = ", ".join(
+            f"{value} {label}"
+            for label, value in (
+                ("replaced", self.replaced),
+                ("removed", self.removed),
+                ("inserted", self.inserted),
+                ("params folded", self.folded_params),
+            )
+            if value
+        )
+        return f"<PassResult {self.name}: {len(self.log)} rewrites{', ' + counts if counts else ''}>"
+
     def note(self, message: str, *, replaced: int = 0, removed: int = 0, inserted: int = 0, folded: int = 0) -> None:
         """Record one rewrite and mark the result changed."""
         self.changed = True
