@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
@@ -240,6 +240,9 @@ def _run_checked(captured: Captured, names: list[str]):
     result = Pipeline(names, lint_between=False).run(captured)
     assert captured.graph_module.code == before, f"{names} modified the captured graph"
     check = verify(captured, result.graph_module, seeds=(0,))
+    # a drawn model whose output is the same for every input (a 1-wide head behind a ReLU that is always 0) cannot
+    # show whether a pass kept its outputs: verify says so, and the example is dropped rather than counted
+    assume(not check.unverifiable)
     assert check.ok, (names, check.divergence.describe() if check.divergence else check.problems)
     return result
 
