@@ -50,7 +50,7 @@ from fxforge.errors import (
     one_line_reason,
     user_location,
 )
-from fxforge.graphs import ATEN, TORCH, dialect_of
+from fxforge.graphs import ATEN, TORCH, dialect_of, draws_random_numbers
 from fxforge.inputs import make_inputs, specs_of
 from fxforge.models import LoadedModel
 from fxforge.references import as_names
@@ -431,42 +431,6 @@ def _find_culprit(
 # numbers in each, as long as the graph calls them in the model's order (which tracing and exporting keep).
 CHECK_SEED = 0
 
-# Calls that draw random numbers, by function, method or ATen packet name.
-_RANDOM_CALLS = frozenset(
-    {
-        "rand",
-        "randn",
-        "randint",
-        "rand_like",
-        "randn_like",
-        "randint_like",
-        "randperm",
-        "bernoulli",
-        "bernoulli_",
-        "multinomial",
-        "normal",
-        "normal_",
-        "poisson",
-        "uniform_",
-        "exponential_",
-        "cauchy_",
-        "log_normal_",
-        "geometric_",
-        "random_",
-        "dropout",
-        "dropout1d",
-        "dropout2d",
-        "dropout3d",
-        "native_dropout",
-        "alpha_dropout",
-        "feature_alpha_dropout",
-        "feature_dropout",
-        "rrelu",
-        "rrelu_with_noise",
-        "gumbel_softmax",
-    }
-)
-_DROPOUT_CALLS = frozenset(name for name in _RANDOM_CALLS if "dropout" in name)
 _RANDOM_MODULES = (nn.modules.dropout._DropoutNd, nn.RReLU)
 
 
@@ -505,9 +469,9 @@ def _random_sources(gm: fx.GraphModule) -> list[str]:
                 name = target._overloadpacket.__name__
             else:
                 name = target if isinstance(target, str) else getattr(target, "__name__", "")
-            if name not in _RANDOM_CALLS:
+            if not draws_random_numbers(name):
                 continue
-            if name in _DROPOUT_CALLS:
+            if "dropout" in name:
                 # F.dropout(x, p, training), aten.dropout(x, p, train): only a training-mode call draws
                 positional = node.args[2] if len(node.args) > 2 else True
                 training = node.kwargs.get("training", node.kwargs.get("train", positional))

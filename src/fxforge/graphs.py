@@ -176,24 +176,39 @@ for _name in ("_assert_async", "_assert_scalar", "sym_constrain_range_for_size",
     if hasattr(torch, _name):
         _SIDE_EFFECT_FUNCTIONS.add(getattr(torch, _name))
 
-# Random ops give a new value each call: they are not pure even without writing memory.
-_RANDOM_NAMES = {
-    "rand",
-    "randn",
-    "randint",
-    "rand_like",
-    "randn_like",
-    "randint_like",
-    "bernoulli",
-    "normal",
-    "multinomial",
-    "dropout",
-    "native_dropout",
-    "randperm",
-    "uniform_",
-    "normal_",
-    "exponential_",
-}
+# Random Python-level calls with no ATen op of the same name to read the nondeterministic_seeded tag from.
+_RANDOM_PYTHON_NAMES = frozenset(
+    {
+        "gumbel_softmax",
+        "dropout1d",
+        "dropout2d",
+        "dropout3d",
+        "fractional_max_pool2d",
+        "fractional_max_pool3d",
+        "fractional_max_pool2d_with_indices",
+        "fractional_max_pool3d_with_indices",
+    }
+)
+_SEEDED_ATEN_NAMES: dict[str, bool] = {}
+
+
+def draws_random_numbers(name: str) -> bool:
+    """Whether a call named ``name`` (function, method or ATen packet: ``rand_like``, ``dropout``, ``normal_``) draws
+    from the RNG: some overload of ``aten.<name>`` is tagged ``nondeterministic_seeded``, or it is one of the few
+    Python-level random calls without an ATen op of that name. Random ops give a new value on each call: they are
+    not pure even without writing memory."""
+    if name in _RANDOM_PYTHON_NAMES:
+        return True
+    if name.startswith("_") or not name.isidentifier():
+        return False
+    if name not in _SEEDED_ATEN_NAMES:
+        try:
+            packet = getattr(torch.ops.aten, name)
+            seeded = any(torch.Tag.nondeterministic_seeded in getattr(packet, o).tags for o in packet.overloads())
+        except Exception:  # no such ATen op
+            seeded = False
+        _SEEDED_ATEN_NAMES[name] = seeded
+    return _SEEDED_ATEN_NAMES[name]
 
 
 def has_side_effects(gm: nn.Module, node: fx.Node) -> bool:
@@ -211,7 +226,8 @@ def has_side_effects(gm: nn.Module, node: fx.Node) -> bool:
         return True
     if node.op == "call_method":
         name = str(node.target)
-        return (name.endswith("_") and not name.endswith("__")) or name in _RANDOM_NAMES or name in ("copy_", "fill_")
+        in_place = name.endswith("_") and not name.endswith("__")
+        return in_place or draws_random_numbers(name) or name in ("copy_", "fill_")
     if node.op == "call_function":
         target = node.target
         if target in _SIDE_EFFECT_FUNCTIONS:
@@ -220,13 +236,13 @@ def has_side_effects(gm: nn.Module, node: fx.Node) -> bool:
             schema = target._schema
             if any(arg.alias_info is not None and arg.alias_info.is_write for arg in schema.arguments):
                 return True
-            if schema.is_mutable or target._overloadpacket.__name__ in _RANDOM_NAMES:
+            if schema.is_mutable or draws_random_numbers(target._overloadpacket.__name__):
                 return True
             return bool(target.namespace not in ("aten", "prims"))
         name = getattr(target, "__name__", "")
         if name.endswith("_") and not name.endswith("__"):
             return True
-        if name in _RANDOM_NAMES:
+        if draws_random_numbers(name):
             return True
         return node.kwargs.get("inplace") is True
     if node.op == "call_module":

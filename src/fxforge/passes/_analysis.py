@@ -23,7 +23,15 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from fxforge.graphs import WEIGHTED_LAYER_TYPES, aten_packet, get_attr_value, has_side_effects, node_arg, submodule
+from fxforge.graphs import (
+    WEIGHTED_LAYER_TYPES,
+    aten_packet,
+    draws_random_numbers,
+    get_attr_value,
+    has_side_effects,
+    node_arg,
+    submodule,
+)
 
 # fx's own list of calls with effects beyond their value (asserts, autocast and grad-mode switches,
 # profiler ranges); `has_side_effects` misses some of them, e.g. aten._assert_tensor_metadata.
@@ -705,20 +713,6 @@ _IMPURE_METHODS = frozenset(
 )
 # The value of these is whatever was in memory: two calls need not agree.
 _UNINITIALISED = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "empty_permuted"})
-# Random Python-level calls with no ATen op of the same name to read the nondeterministic_seeded tag from.
-_RANDOM_NAMES = frozenset(
-    {
-        "gumbel_softmax",
-        "dropout1d",
-        "dropout2d",
-        "dropout3d",
-        "fractional_max_pool2d",
-        "fractional_max_pool3d",
-        "fractional_max_pool2d_with_indices",
-        "fractional_max_pool3d_with_indices",
-    }
-)
-_SEEDED_ATEN_NAMES: dict[str, bool] = {}
 _MODE_SWITCH_NAMES = {
     "_enter_autocast",
     "_exit_autocast",
@@ -729,20 +723,6 @@ _MODE_SWITCH_NAMES = {
     "_jvp_decrement_nesting",
 }
 _MODE_SWITCHES = frozenset(f for f in _FX_EFFECTFUL if getattr(f, "__name__", "") in _MODE_SWITCH_NAMES)
-
-
-def _seeded_aten_name(name: str) -> bool:
-    """Is some overload of ``aten.<name>`` tagged ``nondeterministic_seeded`` (draws from the RNG)?"""
-    if name.startswith("_") or not name.isidentifier():
-        return False
-    if name not in _SEEDED_ATEN_NAMES:
-        try:
-            packet = getattr(torch.ops.aten, name)
-            seeded = any(torch.Tag.nondeterministic_seeded in getattr(packet, o).tags for o in packet.overloads())
-        except Exception:  # no such ATen op
-            seeded = False
-        _SEEDED_ATEN_NAMES[name] = seeded
-    return _SEEDED_ATEN_NAMES[name]
 
 
 def random_reason(node: fx.Node) -> str | None:
@@ -761,7 +741,7 @@ def random_reason(node: fx.Node) -> str | None:
         return None  # modules: see _module_impurity
     if name in _UNINITIALISED:
         return "returns uninitialised memory"
-    if name in _RANDOM_NAMES or _seeded_aten_name(name):
+    if draws_random_numbers(name):
         return "random op"
     return None
 
