@@ -304,7 +304,7 @@ class _TensorOutputs(nn.Module):
         self.module = module
 
     def forward(self, *args: Any) -> tuple[torch.Tensor, ...]:
-        leaves = torch.utils._pytree.tree_leaves(self.module(*args))
+        leaves = pytree.tree_leaves(self.module(*args))
         return tuple(leaf for leaf in leaves if isinstance(leaf, torch.Tensor))
 
 
@@ -312,7 +312,7 @@ def _tensor_outputs_only(module: nn.Module, output: Any) -> nn.Module:
     """An ONNX graph outputs tensors: both exporters fail on a model that also returns a number (``(y, None, 3)``:
     "'int' object has no attribute 'name'"). Such a model is exported with its tensors alone; the loader puts
     them back into the model's structure with the constants from its output (``output_like``), as for a dict."""
-    leaves = torch.utils._pytree.tree_leaves(output)
+    leaves = pytree.tree_leaves(output)
     if all(isinstance(leaf, torch.Tensor) for leaf in leaves):
         return module
     return _TensorOutputs(module)
