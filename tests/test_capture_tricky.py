@@ -517,3 +517,21 @@ def test_a_transformers_cache_in_the_output_names_use_cache():
     config.use_cache = False
     kwargs = {"input_ids": ids, "decoder_input_ids": ids}
     assert capture(transformers.T5Model(config).eval(), (), example_kwargs=kwargs).record.ok
+
+
+def test_a_loop_over_an_input_tensor_suggests_the_list_it_may_want():
+    """torchvision's detection models loop `for img in images:` over a list of images; given a batched tensor,
+    capture stops there, and the hint says what the loop means instead of suggesting torch.where."""
+
+    class LoopsOverImages(torch.nn.Module):
+        def forward(self, images: torch.Tensor) -> torch.Tensor:
+            sizes = []
+            for img in images:
+                if img.sum() > 0:  # data-dependent per image
+                    sizes.append(img.mean())
+            return torch.stack(sizes) if sizes else images.mean()
+
+    with pytest.raises(CaptureError) as info:
+        capture(LoopsOverImages(), (torch.randn(2, 3, 4, 4),))
+    assert "for img in images:" in info.value.message
+    assert "takes a list of tensors" in info.value.hint

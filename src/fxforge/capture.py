@@ -27,6 +27,7 @@ import difflib
 import functools
 import inspect as pyinspect
 import io
+import re
 import sys
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -857,6 +858,13 @@ def _capture_error(
             "express the branch with torch.where or torch.cond, or move it into a submodule so that "
             "fxforge can keep that submodule as a leaf (--leaf NAME)"
         )
+        if location and re.search(r"`for \w+ in \w+:`", location):
+            # `for img in images:` over an input: the model may want a list of tensors (torchvision's detection
+            # models do), which no positional tensor input can be
+            hint = (
+                "a loop over a tensor: if the model takes a list of tensors (torchvision's detection models take a "
+                "list of images), capture the part that takes tensors instead (e.g. its backbone)"
+            )
     else:
         last = attempts[-1].error if attempts else "unknown error"
         reasons.append(last)
