@@ -73,7 +73,7 @@ from fxforge.quantize import DEFAULT_RANDOM_BATCHES, int8_backend, load_calibrat
 from fxforge.quantize.ort import quantize_onnx
 from fxforge.references import as_names
 from fxforge.registry import Registry
-from fxforge.runtime import preserved_state, quiet_torch_logs, run_reference, torch_threads
+from fxforge.runtime import holds_tensor, preserved_state, quiet_torch_logs, run_reference, torch_threads
 from fxforge.visual import notebook
 
 try:
@@ -609,7 +609,7 @@ def bench(
         raise FxforgeError("--batch sizes must be at least 1")
     if not captured.example_inputs:
         raise FxforgeError("bench needs positional example inputs", hint="pass --input, e.g. --input 1x3x224x224")
-    keyword_tensors = [name for name, value in captured.example_kwargs.items() if _holds_tensor(value)]
+    keyword_tensors = [name for name, value in captured.example_kwargs.items() if holds_tensor(value)]
     if keyword_tensors:
         raise FxforgeError(
             f"bench times positional inputs; keyword input {keyword_tensors[0]!r} holds a tensor",
@@ -751,12 +751,6 @@ def _peak_fractions(rows: Iterable[BenchRow], resized: Captured, peak: Peak | No
         reference = (peak.gflops.get(row.precision) or peak.gflops.get("fp32")) if peak is not None else None
         if row.gflops and reference:
             row.peak_fraction = row.gflops / reference
-
-
-def _holds_tensor(value: Any) -> bool:
-    found: list[bool] = []
-    pytree.tree_map(lambda v: found.append(isinstance(v, torch.Tensor)), value)
-    return any(found)
 
 
 def _warm_up(runner: Runner, inputs: tuple[Any, ...], warmup: int, row: BenchRow, expected: Any) -> None:
