@@ -14,7 +14,6 @@ node) or a quantize result (``.model``). This module sits below optimize and qua
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import itertools
 import json
@@ -68,8 +67,13 @@ def _page(model: dict[str, Any], depth: int | None, title: str, path: str | Path
     return view
 
 
-def load_output_dir(directory: str | Path, *, trust_pickle: bool | None = None) -> tuple[fx.GraphModule, list[str]]:
+def load_output_dir(
+    directory: str | Path, *, trust_pickle: bool | None = None, model: str | None = None
+) -> tuple[fx.GraphModule, list[str]]:
     """The rewritten graph of an ``fxforge optimize`` output directory (with its provenance) and its passes.
+
+    ``model``: the spec of the model it is to be compared with; a directory whose ``report.json`` names another
+    model is refused before anything is unpickled (a node-by-node diff of two models draws nonsense).
 
     A torch-dialect result is its ``model.pt`` (a pickle: it loads only with ``trust_pickle``); its
     ``model.pt2`` is an ATen re-export whose nodes do not match the captured graph's, so it cannot be diffed
@@ -89,8 +93,14 @@ def load_output_dir(directory: str | Path, *, trust_pickle: bool | None = None) 
         saved = json.loads((path / REPORT_FILE).read_text())
         passes = [str(step["name"]) for step in saved.get("passes", [])]
         dialect = (saved.get("capture") or {}).get("dialect")
+        written_from = saved.get("model")
     except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError, AttributeError) as exc:
         raise ModelSpecError(f"{path / REPORT_FILE} is corrupt: {exc}") from None
+    if isinstance(written_from, str) and model and not same_model_spec(written_from, model):
+        raise ModelSpecError(
+            f"{directory} was written from {written_from}, not {model}",
+            hint=f"fxforge graph {written_from} --diff {directory}",
+        )
     loaded = load_model(str(path), trust_pickle=trust_pickle)
     graph = loaded.module
     if not isinstance(graph, fx.GraphModule):
@@ -103,14 +113,6 @@ def load_output_dir(directory: str | Path, *, trust_pickle: bool | None = None) 
         )
     restore_saved_names(graph, path / PROVENANCE_FILE)
     return graph, passes
-
-
-def output_dir_model(directory: str | Path) -> str | None:
-    """The model spec an optimize output directory was written from (its ``report.json``), or None."""
-    with contextlib.suppress(OSError, UnicodeDecodeError, ValueError, AttributeError):
-        model = json.loads((Path(directory) / REPORT_FILE).read_text()).get("model")
-        return model if isinstance(model, str) else None
-    return None
 
 
 def same_model_spec(first: str, second: str) -> bool:

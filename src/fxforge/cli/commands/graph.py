@@ -39,14 +39,7 @@ def command(
     """Draw a model's graph: modules you can open and close, shapes, FLOPs, source lines, lint findings."""
     from fxforge.cli.render import render_page
     from fxforge.visual.page import GraphView, write_text
-    from fxforge.visual.render import (
-        diff_html,
-        graph_html,
-        graph_svg,
-        load_output_dir,
-        output_dir_model,
-        same_model_spec,
-    )
+    from fxforge.visual.render import diff_html, graph_html, graph_svg, load_output_dir
 
     suffix = Path(output).suffix.lower()
     if suffix not in (".html", ".htm", ".svg"):
@@ -58,14 +51,7 @@ def command(
     with status("drawing the graph", opts.as_json):
         title = opts.model or "model"
         if diff_dir is not None:
-            written_from = output_dir_model(diff_dir)
-            if written_from and opts.model and not same_model_spec(written_from, opts.model):
-                # a node-by-node diff of two different models draws nonsense ("45 inserted, 7 removed")
-                raise FxforgeError(
-                    f"{diff_dir} was written from {written_from}, not {opts.model}",
-                    hint=f"fxforge graph {written_from} --diff {diff_dir}",
-                )
-            rewritten, passes = load_output_dir(diff_dir, trust_pickle=opts.trust_pickle or None)
+            rewritten, passes = load_output_dir(diff_dir, trust_pickle=opts.trust_pickle or None, model=opts.model)
             view = diff_html(
                 captured, rewritten, passes=passes, depth=depth, profile=profile, title=f"{title} vs {diff_dir}"
             )
