@@ -269,6 +269,19 @@ def reference_output(module: Any, args: tuple, kwargs: dict) -> Any:
     return output
 
 
+def _template(
+    captured: Captured | None, example: Any, input_specs: Sequence[Any] | None, seed: int
+) -> tuple[tuple, dict]:
+    """The inputs the cases are shaped like: ``example``, else ``input_specs``, else the Captured's examples."""
+    if example is not None:
+        return tuple(example[0]), dict(example[1])
+    if input_specs is not None:
+        return make_inputs(list(input_specs), seed=seed), {}
+    if captured is not None:
+        return captured.example_inputs, dict(captured.example_kwargs)
+    raise InputSpecError("verify needs inputs or input shapes", hint="pass --input, e.g. --input 1x3x224x224")
+
+
 class Verifier:
     """The reference side of a verification: the cases and the reference's outputs on them, computed once.
 
@@ -310,7 +323,7 @@ class Verifier:
             self.batch_sizes: list[int] = []
             self.example_batch: int | None = None
         else:
-            template = self._template(example, input_specs, seed)
+            template = _template(self.captured, example, input_specs, seed)
             if _on_meta(template, self.module):
                 raise FxforgeError("cannot verify on the meta device: there are no values to compare")
             self.example_batch = _example_batch(template)
@@ -329,15 +342,6 @@ class Verifier:
         self._spread: dict[int, float | None] = {}  # per case: see _rounding_spread
 
     # -- setup
-
-    def _template(self, example: Any, input_specs: Sequence[Any] | None, seed: int) -> tuple[tuple, dict]:
-        if example is not None:
-            return tuple(example[0]), dict(example[1])
-        if input_specs is not None:
-            return make_inputs(list(input_specs), seed=seed), {}
-        if self.captured is not None:
-            return self.captured.example_inputs, dict(self.captured.example_kwargs)
-        raise InputSpecError("verify needs inputs or input shapes", hint="pass --input, e.g. --input 1x3x224x224")
 
     def _usable_batches(
         self, template: tuple[tuple, dict], batch_sizes: Sequence[int | None] | None, seed: int
@@ -716,11 +720,10 @@ def verify(
     if isinstance(candidate, (str, Path)):
         # a spec or a written file, as the CLI takes it: loaded, and it may be fixed to the example's batch
         candidate, candidate_may_fix_batch = load_model(str(candidate)).module, True
-        template = example[0] if example else make_inputs(list(input_specs), seed=seed) if input_specs else None
-        if template is None and isinstance(reference, Captured):
-            template = reference.example_inputs
-        if inputs is None and batch_sizes is None and template is not None:
-            batch_sizes, left_out = batches_a_candidate_takes(candidate, template, seed)
+        if inputs is None and batch_sizes is None:
+            captured = reference if isinstance(reference, Captured) else None
+            args, _ = _template(captured, example, input_specs, seed)
+            batch_sizes, left_out = batches_a_candidate_takes(candidate, args, seed)
     verifier = Verifier(
         reference,
         inputs,
