@@ -228,3 +228,43 @@ def test_verify_takes_a_written_file_or_a_spec_as_the_candidate(tmp_path):
     assert verify(captured, "demo").ok and not verify(captured, "demo:mlp").ok
     with pytest.raises(ModelSpecError):
         verify(captured, tmp_path / "missing.onnx")
+
+
+class _LoopedMLP(torch.nn.Module):
+    """A loop over the batch size (torch.export captures it, symbolic_trace cannot) and a tanh to replace."""
+
+    def __init__(self):
+        super().__init__()
+        self.l1, self.l2, self.l3 = torch.nn.Linear(8, 16), torch.nn.Linear(16, 16), torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        for _ in range(x.size(0)):
+            x = x * 1.0
+        return self.l3(torch.tanh(self.l2(torch.relu(self.l1(x)))))
+
+
+def _aten_tanh(x):
+    return torch.ops.aten.tanh.default(x)
+
+
+def _aten_sigmoid(x):
+    return torch.ops.aten.sigmoid.default(x)
+
+
+def test_verify_of_a_reloaded_aten_output_names_the_node_and_pass_that_broke_it(tmp_path):
+    """model.pt2 is a re-export that numbers its nodes afresh: provenance restored by name landed on the wrong
+    nodes, and verify blamed ``linear_2`` (a correct node, compared with the wrong reference node) and no pass."""
+    torch.manual_seed(0)
+    captured = fxforge.capture(_LoopedMLP(), (torch.randn(2, 8),))
+    assert captured.dialect == "aten"
+    options = {"pattern": _aten_tanh, "replacement": _aten_sigmoid}
+    fxforge.optimize(captured, [("replace_pattern", options)], output_dir=tmp_path / "out")
+    result = verify(captured, str(tmp_path / "out"))
+    assert not result.ok and result.divergence is not None
+    assert result.divergence.reference_node.startswith("tanh")
+    assert result.divergence.pass_name == "replace_pattern"
+    reloaded = fxforge.load_model(str(tmp_path / "out")).module
+    assert [n.name for n in reloaded.graph.nodes if n.op == "call_function" and "sigmoid" in str(n.target)] == [
+        result.divergence.node
+    ]
+    assert reloaded(torch.ones(2, 8)).shape == (2, 4)  # renamed and recompiled, still runs

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import difflib
 import importlib
+import itertools
 import json
 import os
+import re
 import shutil
 import tempfile
 import warnings
@@ -305,7 +308,16 @@ def _make_folder_relocatable(folder: Path) -> None:
 
 
 def load_provenance(gm: fx.GraphModule, directory: Path) -> None:
-    """Restore node origins saved by :func:`save_graph_module` (pickling drops ``node.meta``)."""
+    """Restore the node names and origins saved by :func:`save_graph_module` (pickling drops ``node.meta``).
+
+    ``model.pt2`` is a re-export, and torch.export numbers nodes afresh: once fold_constants has removed
+    ``arange``, the graph's ``arange_3`` comes back as ``arange_1`` -- the name of a different node of the
+    captured graph, so provenance restored by name landed on the wrong nodes (verify then compared a node with
+    the wrong reference node, a diff called it changed). ``provenance.json`` lists the written graph's nodes in
+    graph order under their names: where the loaded graph's names differ, its nodes are matched to them (weights
+    by name, the rest in graph order by what each node is, see :func:`_align`) and renamed. Nodes the re-export
+    added (symbolic sizes, guards) keep a name no saved node has.
+    """
     path = Path(directory) / PROVENANCE_FILE
     if not path.exists():
         return
@@ -317,13 +329,95 @@ def load_provenance(gm: fx.GraphModule, directory: Path) -> None:
         raise ModelSpecError(
             f"{path} is corrupt: {first_line(exc)}", hint="delete it to load the model without provenance"
         ) from None
+    nodes = list(gm.graph.nodes)
+    if [node.name for node in nodes] != list(saved):
+        _rename_nodes(gm, _saved_names_of(nodes, list(saved)))
     for node in gm.graph.nodes:
+        node.meta.pop(ORIGIN, None)
+        node.meta.pop(PASS, None)
         entry = saved.get(node.name)
         if entry:
             if entry.get("origin"):
                 node.meta[ORIGIN] = entry["origin"]
             if entry.get("pass"):
                 node.meta[PASS] = entry["pass"]
+
+
+def _saved_names_of(nodes: list[fx.Node], saved_names: list[str]) -> dict[fx.Node, str]:
+    """The name each reloaded node had when it was saved; a node with no saved counterpart gets a new name that
+    no saved node has, so that it cannot pose as one."""
+    saved = set(saved_names)
+    renames = {node: node.name for node in nodes if node.op == "get_attr" and node.name in saved}
+    weights = set(renames.values())
+    computing = [node for node in nodes if node not in renames]
+    rest = [name for name in saved_names if name not in weights]
+    renames.update(_align(computing, rest))
+    taken = saved | {node.name for node in nodes}
+    for node in nodes:
+        if node not in renames:
+            if node.name in saved:
+                name = next(f"{node.name}_new{k}" for k in itertools.count() if f"{node.name}_new{k}" not in taken)
+                taken.add(name)
+                renames[node] = name
+            else:
+                renames[node] = node.name
+    return renames
+
+
+def _rename_nodes(gm: fx.GraphModule, names: dict[fx.Node, str]) -> None:
+    """Give ``gm``'s nodes ``names`` (all distinct) by copying them into a new graph under those names: fx's
+    namespace never frees a name, so renaming in place would turn a swap of two names into ``name_1``s, and a
+    node renamed behind the namespace's back could later be given a name that is taken."""
+    old = gm.graph
+    graph = fx.Graph(tracer_cls=old._tracer_cls, tracer_extras=old._tracer_extras)
+    graph._codegen = copy.deepcopy(old._codegen)
+    copies: dict[fx.Node, fx.Node] = {}
+    for node in old.nodes:
+        args = fx.map_arg(node.args, copies.__getitem__)
+        kwargs = fx.map_arg(node.kwargs, copies.__getitem__)
+        copy_ = graph.create_node(node.op, node.target, args, kwargs, names[node], node.type)
+        copy_.meta = copy.copy(node.meta)
+        copies[node] = copy_
+    gm.graph = graph  # recompiles forward from the renamed graph
+
+
+def _stem(name: str) -> str:
+    """``layer_norm_3`` -> ``layer_norm``, ``_assert_tensor_metadata_default_1`` -> ``_assert_tensor_metadata``:
+    what a node is, without the number that makes its name unique or the overload some exports spell out."""
+    return re.sub(r"_default$", "", re.sub(r"_\d+$", "", name))
+
+
+def _align(nodes: list[fx.Node], names: list[str]) -> list[tuple[fx.Node, str]]:
+    """Pairs of (reloaded node, saved name) that are the same node: in graph order within each stem.
+
+    The re-export keeps the order of the nodes it re-traces, so where a stem has as many nodes as saved names
+    the k-th node is the k-th name. Stems whose counts differ (the re-export added or dropped some: guards,
+    symbolic sizes) are aligned together by difflib -- on those nodes only, as a SequenceMatcher over a
+    10k-node graph of a few dozen repeating stems takes seconds.
+    """
+    by_stem: dict[str, tuple[list[fx.Node], list[str]]] = {}
+    for node in nodes:
+        by_stem.setdefault(_stem(node.name), ([], []))[0].append(node)
+    for name in names:
+        by_stem.setdefault(_stem(name), ([], []))[1].append(name)
+    pairs: list[tuple[fx.Node, str]] = []
+    odd_nodes: set[fx.Node] = set()
+    odd_names: set[str] = set()
+    for stem_nodes, stem_names in by_stem.values():
+        if len(stem_nodes) == len(stem_names):
+            pairs += zip(stem_nodes, stem_names)
+        else:
+            odd_nodes.update(stem_nodes)
+            odd_names.update(stem_names)
+    if odd_nodes and odd_names:
+        left = [node for node in nodes if node in odd_nodes]
+        right = [name for name in names if name in odd_names]
+        matcher = difflib.SequenceMatcher(
+            None, [_stem(node.name) for node in left], [_stem(name) for name in right], autojunk=False
+        )
+        for block in matcher.get_matching_blocks():
+            pairs += [(left[block.a + k], right[block.b + k]) for k in range(block.size)]
+    return pairs
 
 
 # --------------------------------------------------------------------------------------------------

@@ -14,10 +14,7 @@ node) or a quantize result (``.model``). This module sits below optimize and qua
 
 from __future__ import annotations
 
-import difflib
-import itertools
 import json
-import re
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,7 +31,6 @@ from fxforge.lint import LintReport
 from fxforge.verify import Divergence
 from fxforge.visual.graph import diff_model, graph_model
 from fxforge.visual.page import GraphView, asset, graph_document
-from fxforge.vocabulary import ORIGIN, PASS
 
 
 def graph_html(
@@ -111,7 +107,6 @@ def load_output_dir(
             hint="pass --trust-pickle (trust_pickle=True) if you trust the directory; model.pt2 is an ATen "
             "re-export whose nodes do not match the captured graph's",
         )
-    restore_saved_names(graph, path / PROVENANCE_FILE)
     return graph, passes
 
 
@@ -122,93 +117,6 @@ def same_model_spec(first: str, second: str) -> bool:
         return True
     (file_a, _, attr_a), (file_b, _, attr_b) = first.strip().rpartition(":"), second.strip().rpartition(":")
     return file_a.endswith(".py") and attr_a == attr_b and Path(file_a).name == Path(file_b).name
-
-
-def _stem(name: str) -> str:
-    """``layer_norm_3`` -> ``layer_norm``, ``_assert_tensor_metadata_default_1`` -> ``_assert_tensor_metadata``:
-    what a node is, without the number that makes its name unique or the overload some exports spell out."""
-    return re.sub(r"_default$", "", re.sub(r"_\d+$", "", name))
-
-
-def restore_saved_names(graph: fx.GraphModule, provenance_file: Path) -> int:
-    """Give the nodes of a reloaded ``model.pt2`` the names they had when optimize wrote it, with their provenance.
-
-    ``model.pt2`` is a re-export, and torch.export numbers nodes afresh: once fold_constants has removed
-    ``arange``, the graph's ``arange_3`` comes back as ``arange_1`` -- the name of a different node of the
-    captured graph, so a diff called it changed, and the provenance saved by name landed on the wrong nodes.
-    ``provenance.json`` lists the written graph's nodes in graph order under their names. Weights keep their
-    names (they are named after the attribute) but not their place, so they are matched by name; the other
-    nodes in graph order by what each node is (its name's stem, see :func:`_align`). Nodes the re-export added
-    (symbolic sizes, guards) keep a name no saved node has. Returns how many nodes were renamed.
-    """
-    try:
-        saved = json.loads(provenance_file.read_text())
-    except (OSError, UnicodeDecodeError, ValueError):
-        return 0  # load_model has already refused a corrupt file; a missing one leaves the names as they are
-    if not isinstance(saved, dict):
-        return 0
-    nodes = list(graph.graph.nodes)
-    saved_names = list(saved)
-    if [node.name for node in nodes] == saved_names:
-        return 0
-    renames = {node: node.name for node in nodes if node.op == "get_attr" and node.name in saved}
-    weights = set(renames.values())
-    computing = [node for node in nodes if node not in renames]
-    rest = [name for name in saved_names if name not in weights]
-    for node, name in _align(computing, rest):
-        renames[node] = name
-    taken = set(saved_names)
-    for node in nodes:
-        if node not in renames and node.name in taken:  # an unmatched node must not pose as a saved one
-            renames[node] = next(f"{node.name}_new{k}" for k in itertools.count() if f"{node.name}_new{k}" not in taken)
-    renamed = 0
-    for node, name in renames.items():
-        # The graph is only drawn and inspected (nodes run through an Interpreter), never recompiled, so the
-        # names can be set directly; node.meta's provenance is reset from the file under the right names.
-        renamed += node.name != name
-        node.name = name
-        node.meta.pop(ORIGIN, None)
-        node.meta.pop(PASS, None)
-        entry = saved.get(name)
-        if isinstance(entry, dict):
-            if entry.get("origin"):
-                node.meta[ORIGIN] = entry["origin"]
-            if entry.get("pass"):
-                node.meta[PASS] = entry["pass"]
-    return renamed
-
-
-def _align(nodes: list[fx.Node], names: list[str]) -> list[tuple[fx.Node, str]]:
-    """Pairs of (reloaded node, saved name) that are the same node: in graph order within each stem.
-
-    The re-export keeps the order of the nodes it re-traces, so where a stem has as many nodes as saved names
-    the k-th node is the k-th name. Stems whose counts differ (the re-export added or dropped some: guards,
-    symbolic sizes) are aligned together by difflib -- on those nodes only, as a SequenceMatcher over a
-    10k-node graph of a few dozen repeating stems takes seconds.
-    """
-    by_stem: dict[str, tuple[list[fx.Node], list[str]]] = {}
-    for node in nodes:
-        by_stem.setdefault(_stem(node.name), ([], []))[0].append(node)
-    for name in names:
-        by_stem.setdefault(_stem(name), ([], []))[1].append(name)
-    pairs: list[tuple[fx.Node, str]] = []
-    odd_nodes: set[fx.Node] = set()
-    odd_names: set[str] = set()
-    for stem_nodes, stem_names in by_stem.values():
-        if len(stem_nodes) == len(stem_names):
-            pairs += zip(stem_nodes, stem_names)
-        else:
-            odd_nodes.update(stem_nodes)
-            odd_names.update(stem_names)
-    if odd_nodes and odd_names:
-        left = [node for node in nodes if node in odd_nodes]
-        right = [name for name in names if name in odd_names]
-        matcher = difflib.SequenceMatcher(
-            None, [_stem(node.name) for node in left], [_stem(name) for name in right], autojunk=False
-        )
-        for block in matcher.get_matching_blocks():
-            pairs += [(left[block.a + k], right[block.b + k]) for k in range(block.size)]
-    return pairs
 
 
 def rewritten_graph(result: Any) -> tuple[fx.GraphModule, list[tuple[str, fx.GraphModule]], Divergence | None]:
