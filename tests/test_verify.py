@@ -268,3 +268,28 @@ def test_verify_of_a_reloaded_aten_output_names_the_node_and_pass_that_broke_it(
         result.divergence.node
     ]
     assert reloaded(torch.ones(2, 8)).shape == (2, 4)  # renamed and recompiled, still runs
+
+
+def test_a_mismatch_with_no_diverging_node_says_why():
+    """A mismatch printed "divergence: null" and nothing else for a candidate that is no graph or shares no node."""
+    torch.manual_seed(0)
+    model = _LoopedMLP()
+    reference = fxforge.capture(model, (torch.randn(2, 8),))  # aten: the loop needs torch.export
+    other = _LoopedMLP()  # other weights
+    result = verify(reference, other)
+    assert not result.ok and result.divergence is None
+    assert "is not an fx graph" in result.divergence_unknown
+
+    class Plain(torch.nn.Module):  # traceable: a torch-dialect graph, no node of which came from the reference
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            return self.inner.l3(torch.sigmoid(self.inner.l2(torch.relu(self.inner.l1(x)))))
+
+    candidate = fxforge.capture(Plain(model), (torch.randn(2, 8),), method="symbolic_trace").graph_module
+    result = verify(reference, candidate)
+    assert not result.ok and result.divergence is None
+    assert "reference graph is in the aten dialect, the candidate in the torch dialect" in result.divergence_unknown
+    assert "divergence_unknown" in result.to_dict()

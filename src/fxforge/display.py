@@ -186,6 +186,7 @@ def verify_html(result: Any) -> str:
         ("tried", result.describe_inputs()),
         ("max abs / rel error", f"{result.max_abs_err:.3g} / {result.max_rel_err:.3g}"),
         ("first divergence", result.divergence.describe() if result.divergence is not None else None),
+        ("no diverging node named", getattr(result, "divergence_unknown", None)),
         ("problems", "; ".join(result.problems[:4]) or None),
         ("skipped", "; ".join(result.skipped[:4]) or None),
         ("warnings", "; ".join(result.warnings[:4]) or None),

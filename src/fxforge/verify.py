@@ -54,7 +54,7 @@ from fxforge.compare import (
     tolerance_for,
 )
 from fxforge.errors import FxforgeError, InputSpecError, one_line_reason
-from fxforge.graphs import target_name
+from fxforge.graphs import dialect_of, target_name
 from fxforge.inputs import Case, case_plan, draw_like, make_inputs
 from fxforge.models import load_model
 from fxforge.runtime import cloned, preserved_state, quiet_torch_logs, run_isolated
@@ -136,6 +136,8 @@ class VerifyResult:
     nondeterministic: bool = False
     unverifiable: bool = False
     capture_differs: bool = False  # the captured graph itself differs from the model on a failing case
+    # on a mismatch with no divergence: why no node could be named (the candidate is not a graph...)
+    divergence_unknown: str | None = None
     failing_case: int | None = field(default=None, repr=False)  # the Verifier's index of the first failing case
 
     def __repr__(self) -> str:
@@ -529,17 +531,48 @@ class Verifier:
         result.batch_sizes = [b for b in result.batch_sizes if b not in refused]
         if failing is not None and self.captured is not None:
             self._blame_capture(failing, result)
-            graph = module if isinstance(module, fx.GraphModule) else None
-            if bisect and graph is not None and not result.capture_differs:
-                result.divergence = _bisect_or_none(
-                    self.captured.graph_module,
-                    graph,
-                    placeholder_values(self.captured.graph_module, failing.args, failing.kwargs),
-                    placeholder_values(graph, failing.args, failing.kwargs),
-                    self.rtol,
-                    self.atol,
-                )
+        if failing is not None and bisect and not result.capture_differs:  # if it does, the problems say so
+            self._bisect(module, failing, result)
         return result
+
+    def _bisect(self, module: Any, failing: Case, result: VerifyResult) -> None:
+        """Name the first candidate node that diverges on ``failing`` -- or say why none can be named."""
+        if self.captured is None:
+            result.divergence_unknown = "the reference is not a captured graph, so there are no nodes to compare"
+            return
+        if not isinstance(module, fx.GraphModule):
+            result.divergence_unknown = (
+                f"the candidate ({type(module).__name__}) is not an fx graph: a diverging node can be named only "
+                "between two graphs"
+            )
+            return
+        try:
+            result.divergence, compared = _first_divergence(
+                self.captured.graph_module,
+                module,
+                placeholder_values(self.captured.graph_module, failing.args, failing.kwargs),
+                placeholder_values(module, failing.args, failing.kwargs),
+                self.rtol,
+                self.atol,
+            )
+        except Exception as exc:  # the candidate already failed to run on that case: the problems say so
+            result.divergence_unknown = f"the graphs could not be rerun node by node ({one_line_reason(exc, 120)})"
+            return
+        if result.divergence is not None:
+            return
+        reference_dialect, candidate_dialect = dialect_of(self.captured.graph_module), dialect_of(module)
+        if not compared:
+            why = (
+                f"the reference graph is in the {reference_dialect} dialect, the candidate in the {candidate_dialect} dialect"
+                if reference_dialect != candidate_dialect
+                else "the candidate was not derived from this reference's graph by fxforge"
+            )
+            result.divergence_unknown = f"no candidate node corresponds to a reference node ({why})"
+        else:
+            result.divergence_unknown = (
+                f"the {compared} candidate nodes that correspond to reference nodes all agree: the difference "
+                "arises in nodes with no reference counterpart"
+            )
 
     def _against_float64(self, index: int, actual: Any, failed: Comparison, result: VerifyResult) -> Comparison:
         """A case the candidate missed, judged against the float64 result where the case is ill-conditioned
@@ -765,14 +798,6 @@ def _record_values(gm: fx.GraphModule, flat_inputs: Sequence[Any]) -> dict[str, 
     return values
 
 
-def _bisect_or_none(*args: Any) -> Divergence | None:
-    """:func:`bisect_graphs`, or None when a graph cannot be run node by node on the failing case."""
-    try:
-        return bisect_graphs(*args)
-    except Exception:  # the candidate already failed to run on that case: the problem says so
-        return None
-
-
 def bisect_graphs(
     reference: fx.GraphModule,
     candidate: fx.GraphModule,
@@ -782,16 +807,33 @@ def bisect_graphs(
     atol: float | None = None,
 ) -> Divergence | None:
     """Run both graphs node by node; return the first candidate node that differs from its origin."""
+    return _first_divergence(reference, candidate, reference_inputs, candidate_inputs, rtol, atol)[0]
+
+
+def _first_divergence(
+    reference: fx.GraphModule,
+    candidate: fx.GraphModule,
+    reference_inputs: Sequence[Any],
+    candidate_inputs: Sequence[Any],
+    rtol: float | None,
+    atol: float | None,
+) -> tuple[Divergence | None, int]:
+    """:func:`bisect_graphs`, and how many candidate nodes had a reference node to be compared with."""
     ref_values = _record_values(reference, reference_inputs)
     cand_values = _record_values(candidate, candidate_inputs)
+    compared = 0
+    # A node with no recorded origin is taken to compute the reference node of its name -- within one dialect:
+    # across dialects equal names (relu, linear) are a coincidence.
+    same_dialect = dialect_of(reference) == dialect_of(candidate)
     for node in candidate.graph.nodes:
         if node.op in ("placeholder", "output", "get_attr"):
             continue
-        origin = node.meta.get(ORIGIN, node.name)
+        origin = node.meta.get(ORIGIN, node.name if same_dialect else None)
         expected, actual = ref_values.get(origin), cand_values.get(node.name)
         if not isinstance(expected, torch.Tensor) or not isinstance(actual, torch.Tensor):
             continue
+        compared += 1
         if diverges(expected, actual, rtol, atol):
             error = compare_outputs(expected, actual, rtol, atol, allow_nonfinite=True).max_abs_err
-            return Divergence(node.name, origin, target_name(node), node.meta.get(PASS), error)
-    return None
+            return Divergence(node.name, origin, target_name(node), node.meta.get(PASS), error), compared
+    return None, compared

@@ -257,6 +257,8 @@ def render_verify(console: Console, reference: str, candidate: str, result: Any)
         console.print(f"  {problem}")
     if result.divergence is not None:
         console.print("  " + result.divergence.describe())
+    elif result.divergence_unknown:
+        console.print(f"  [dim]no diverging node named: {result.divergence_unknown}[/]")
 
 
 def render_passes(console: Console, specs: list[Any]) -> None:
