@@ -381,3 +381,27 @@ def test_variants_and_the_fraction_of_peak():
     assert rows["int8"].precision == "int8" and rows["eager"].precision == "fp32"
     assert report.peak is not None and report.peak.gflops["fp32"] > 0 and "torch" in report.machine
     assert "peak_fraction" in report.to_dict()["rows"][0] and "round_ms" not in report.to_dict()["rows"][0]
+
+
+def test_the_bf16_copy_of_an_aten_graph_casts_the_dtypes_it_spells_out():
+    """torch.export writes the float32 of ``zeros_like(x, dtype=x.dtype)`` and ``.to(x.dtype)`` into the graph: the
+    bf16 backend failed on every transformers model ("expected m1 and m2 to have the same dtype")."""
+    from fxforge.bench import bfloat16_graph
+
+    class Masked(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            mask = torch.zeros(x.shape, dtype=x.dtype)
+            scores = torch.softmax(self.proj(x) + mask, dim=-1, dtype=torch.float32).to(x.dtype)
+            return scores @ self.proj.weight
+
+    x, model = torch.randn(2, 8), Masked()
+    captured = fxforge.capture(model, (x,), method="export")
+    assert any(node.kwargs.get("dtype") is torch.float32 for node in captured.graph_module.graph.nodes)
+    out = bfloat16_graph(captured.graph_module, (x,), captured.graph_module(x))(x)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, model(x), rtol=0.05, atol=0.05)  # bf16 keeps ~3 significant digits
+    assert captured.graph_module(x).dtype == torch.float32  # the captured graph itself is not touched

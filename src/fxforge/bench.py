@@ -399,7 +399,7 @@ def bfloat16_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], output_lik
     import operator
 
     root = nn.Module()
-    root.add_module("model", copy.deepcopy(gm).to(torch.bfloat16))
+    root.add_module("model", _in_bfloat16(gm))
     graph = fx.Graph()
     args = []
     for index, value in enumerate(example_inputs):
@@ -420,6 +420,24 @@ def bfloat16_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], output_lik
         outputs.append(node)
     graph.output(pytree.tree_unflatten(outputs, spec))
     return fx.GraphModule(root, graph, class_name="Bfloat16Model").eval()
+
+
+def _in_bfloat16(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of ``gm`` whose weights and float32 dtype arguments are bfloat16: an ATen graph spells out the dtypes
+    the model computed from its inputs (``zeros(dtype=float32)`` for an attention mask, ``_to_copy(dtype=float32)``
+    for ``.to(query.dtype)``), and those float32 tensors met bfloat16 ones in a matmul."""
+
+    def bf16(value: Any) -> Any:
+        return torch.bfloat16 if value is torch.float32 else value
+
+    copied = copy.deepcopy(gm).to(torch.bfloat16)
+    for node in copied.graph.nodes:
+        node.args = fx.node.map_aggregate(node.args, bf16)
+        node.kwargs = fx.node.map_aggregate(node.kwargs, bf16)
+        if node.op == "call_method" and node.target == "float":
+            node.target = "bfloat16"
+    copied.recompile()
+    return copied
 
 
 # --------------------------------------------------------------------------------------------------
