@@ -486,3 +486,16 @@ def test_load_exported_reports_a_missing_or_damaged_file_in_one_line(tmp_path):
         with pytest.raises(ModelSpecError, match=f"cannot read {tmp_path / name}") as info:
             load_exported(tmp_path / name)
         assert info.value.hint == "is the file corrupt?"
+
+
+def test_a_saved_program_exports_to_torchscript(tmp_path):
+    """A .pt2 file (or an optimize output of an ATen graph) holds torch.export's input-shape check: the trace froze
+    its assertions ("the trace fixed a value computed from the input at torch/__init__.py") and script refused it."""
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).eval()
+    export_model(capture(model, (torch.randn(2, 8),)), "pt2", tmp_path / "m.pt2")
+    loaded = fxforge.prepare(str(tmp_path / "m.pt2"))
+    assert any(node.target == "_guards_fn" for node in loaded.graph_module.graph.nodes)
+    result = export_model(loaded, "torchscript", tmp_path / "m.pt")
+    assert result.ok and result.verification.ok
+    x = torch.randn(2, 8)
+    torch.testing.assert_close(torch.jit.load(str(tmp_path / "m.pt"))(x), model(x))

@@ -56,7 +56,7 @@ from fxforge import display
 from fxforge.artifacts import FORMATS, METADATA_FILE, SUFFIXES, StagedOutput, format_for, load_exported
 from fxforge.capture import Captured
 from fxforge.errors import EXIT_CAPTURE, FxforgeError, first_line, format_location, require, strip_ansi, user_location
-from fxforge.graphs import ATEN
+from fxforge.graphs import ATEN, without_input_guards
 from fxforge.inputs import specs_of
 from fxforge.runtime import (
     export_program,
@@ -352,6 +352,8 @@ def _export_torchscript(
 ) -> ExportResult:
     method = "script" if script else "trace"
     notes: list[str] = []
+    if isinstance(module, fx.GraphModule):  # a saved program's graph: its shape check is no part of the model
+        module = without_input_guards(module)
     with _exporting(f"{type(module).__name__} to TorchScript ({method})", notes, allow):
         if script:
             scripted = torch.jit.script(_scriptable(module))

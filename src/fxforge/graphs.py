@@ -11,6 +11,7 @@ so that lint rules and passes work on both dialects.
 
 from __future__ import annotations
 
+import copy
 import operator
 from collections.abc import Iterable
 from typing import Any
@@ -26,6 +27,27 @@ ATEN = "aten"
 CONV_TYPES: tuple[type[nn.Module], ...] = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 CONV_TRANSPOSE_TYPES: tuple[type[nn.Module], ...] = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
 WEIGHTED_LAYER_TYPES: tuple[type[nn.Module], ...] = (*CONV_TYPES, *CONV_TRANSPOSE_TYPES, nn.Linear)
+
+
+# The submodule torch.export's ``ExportedProgram.module()`` calls first to check the input shapes a program was
+# exported for: a graph node, but none of the user's model.
+INPUT_GUARDS = "_guards_fn"
+
+
+def is_input_guard(node: fx.Node) -> bool:
+    """Whether ``node`` calls torch.export's input-shape check (:data:`INPUT_GUARDS`)."""
+    return node.op == "call_module" and node.target == INPUT_GUARDS
+
+
+def without_input_guards(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of ``gm`` that does not call torch.export's input-shape check: TorchScript's trace froze the
+    check's Python assertions as if they were the model's control flow, and its script cannot compile them."""
+    copied = copy.deepcopy(gm)
+    for node in list(copied.graph.nodes):
+        if is_input_guard(node) and not node.users:
+            copied.graph.erase_node(node)
+    copied.recompile()
+    return copied
 
 
 def dialect_of(gm: fx.GraphModule) -> str:
@@ -53,6 +75,8 @@ def get_attr_value(gm: nn.Module, target: str) -> Any:
 
 def module_path(node: fx.Node) -> str:
     """Dotted path of the innermost user module that produced ``node`` ("" for the root)."""
+    if is_input_guard(node):
+        return ""  # torch.export's, run by the program's root before the model
     if node.op == "call_module":
         return str(node.target)
     if node.op == "get_attr":

@@ -30,7 +30,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from fxforge import display
 from fxforge.capture import Captured
 from fxforge.errors import FxforgeError, InputSpecError, first_line
-from fxforge.graphs import get_attr_value, module_path, submodule, target_name
+from fxforge.graphs import get_attr_value, is_input_guard, module_path, submodule, target_name
 from fxforge.runtime import buffers_snapshot, quiet_torch_logs, restore_buffers, run_isolated
 from fxforge.vocabulary import QUANT_KINDS, int8_flops, int8_weights, module_quant_kind, quant_kind
 
@@ -251,7 +251,7 @@ def count_flops(model: Any, inputs: Sequence[Any], kwargs: dict[str, Any] | None
 
 def _module_chain(node: fx.Node) -> list[tuple[str, str]]:
     """(path, type name) of every module enclosing ``node``, outermost first."""
-    if node.op == "call_module" and node.target == "_guards_fn":
+    if is_input_guard(node):
         return []  # torch.export's input-shape guard: it copies the first op's module stack but is no part of it
     stack = node.meta.get("nn_module_stack") or {}
     chain = []

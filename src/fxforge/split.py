@@ -44,7 +44,7 @@ from torch.utils import _pytree as pytree
 from fxforge.artifacts import MODEL_FILE, PROGRAM_FILE, atomic_directory, write_inputs
 from fxforge.capture import Captured, placeholder_values
 from fxforge.errors import FxforgeError, ModelSpecError, first_line, format_location, is_user_file
-from fxforge.graphs import get_attr_value, module_path, submodule
+from fxforge.graphs import get_attr_value, is_input_guard, module_path, submodule
 from fxforge.inputs import InputSpec, parse_input_spec
 from fxforge.inspect import NodeInfo, inspect_graph
 from fxforge.models import load_model, pickle_trusted
@@ -59,7 +59,6 @@ PLAN_FORMAT = "fxforge-split"
 PLAN_VERSION = 1
 _COMPUTE = ("call_function", "call_method", "call_module")
 # torch.export's input-shape check: no part of the model's computation, and no module a stage could hold
-_GUARDS = "_guards_fn"
 
 
 def stage_file(index: int, pickled: bool = False) -> str:
@@ -233,7 +232,7 @@ def _stored_tensors(gm: fx.GraphModule, node: fx.Node) -> list[torch.Tensor]:
 def _analyse(captured: Captured, infos: dict[str, NodeInfo]) -> _Graph:
     gm = captured.graph_module
     nodes = list(gm.graph.nodes)
-    compute = [n for n in nodes if n.op in _COMPUTE and not (n.op == "call_module" and n.target == _GUARDS)]
+    compute = [n for n in nodes if n.op in _COMPUTE and not is_input_guard(n)]
     position = {n: i for i, n in enumerate(compute)}
     n = len(compute)
     placeholders = [p for p in nodes if p.op == "placeholder"]
@@ -246,7 +245,7 @@ def _analyse(captured: Captured, infos: dict[str, NodeInfo]) -> _Graph:
 
     values = []
     for node in [*tensor_inputs, *compute]:
-        users = [u for u in node.users if u.op != "call_module" or u.target != _GUARDS]
+        users = [u for u in node.users if not is_input_guard(u)]
         if not users:
             continue
         start = 0 if node.op == "placeholder" else position[node] + 1
@@ -558,7 +557,7 @@ def _stage_plan(
 def _calls(node: fx.Node) -> list[tuple[str, str]]:
     """The module calls enclosing ``node``, outermost first: (call key, module path). A key with ``@N`` is the
     N+1-th call of a module called more than once."""
-    if node.op == "call_module" and node.target != _GUARDS and not node.meta.get("nn_module_stack"):
+    if node.op == "call_module" and not is_input_guard(node) and not node.meta.get("nn_module_stack"):
         parts = str(node.target).split(".")
         return [(".".join(parts[: i + 1]),) * 2 for i in range(len(parts))]
     stack = node.meta.get("nn_module_stack") or {}

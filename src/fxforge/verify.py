@@ -563,7 +563,8 @@ class Verifier:
         reference_dialect, candidate_dialect = dialect_of(self.captured.graph_module), dialect_of(module)
         if not compared:
             why = (
-                f"the reference graph is in the {reference_dialect} dialect, the candidate in the {candidate_dialect} dialect"
+                f"the reference graph is in the {reference_dialect} dialect, "
+                f"the candidate in the {candidate_dialect} dialect"
                 if reference_dialect != candidate_dialect
                 else "the candidate was not derived from this reference's graph by fxforge"
             )

@@ -34,7 +34,7 @@ from torch import fx, nn
 
 from fxforge.capture import Captured
 from fxforge.errors import FxforgeError
-from fxforge.graphs import ATEN, dialect_of, target_name
+from fxforge.graphs import ATEN, dialect_of, is_input_guard, target_name
 from fxforge.inspect import InspectReport, inspect_graph
 from fxforge.lint import LintReport, lint
 from fxforge.verify import Divergence
@@ -222,7 +222,7 @@ def _chain(node: fx.Node, known: Mapping[str, list[tuple[str, Any]]] | None = No
     a diff loaded from an output directory drew every ``add`` of resnet18's blocks at the top level. A node a
     pass inserted without a module stack sits where the node whose value it computes (provenance) sat.
     """
-    if node.op == "call_module" and node.target == "_guards_fn":
+    if is_input_guard(node):
         return []
     if known is not None:
         if node.name in known:
@@ -279,7 +279,7 @@ _CHECKS = re.compile(r"^aten\.(_assert_|sym_constrain_range)")
 
 
 def _hidden(node: fx.Node) -> bool:
-    if node.op == "get_attr" or (node.op == "call_module" and node.target == "_guards_fn"):
+    if node.op == "get_attr" or is_input_guard(node):
         return True
     return node.op == "call_function" and bool(_CHECKS.match(target_name(node)))
 

@@ -6,7 +6,7 @@ from collections import Counter
 
 from torch import fx, nn
 
-from fxforge.graphs import get_attr_value
+from fxforge.graphs import get_attr_value, is_input_guard
 from fxforge.lint import LintContext, rule
 
 
@@ -21,7 +21,7 @@ def _module_calls(graph: fx.Graph) -> tuple[dict[str, set[str]], dict[str, fx.No
     for node in graph.nodes:
         if node.op == "call_module":
             path = str(node.target)
-            if path == "_guards_fn":  # torch.export's input guard, not the user's
+            if is_input_guard(node):  # torch.export's, not the user's
                 continue
             calls.setdefault(path, set()).add(f"node:{node.name}")
             first.setdefault(path, node)
@@ -68,7 +68,7 @@ def check(ctx: LintContext):
     first_reader: dict[int, fx.Node] = {}
     order = {node: i for i, node in enumerate(ctx.graph.nodes)}
     for node in ctx.graph.nodes:
-        if node.op == "call_module" and str(node.target) != "_guards_fn":
+        if node.op == "call_module" and not is_input_guard(node):
             prefix = str(node.target)
             params = gm.get_submodule(prefix).named_parameters(prefix=prefix)
             reading = [node]
