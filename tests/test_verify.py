@@ -293,3 +293,25 @@ def test_a_mismatch_with_no_diverging_node_says_why():
     assert not result.ok and result.divergence is None
     assert "reference graph is in the aten dialect, the candidate in the torch dialect" in result.divergence_unknown
     assert "divergence_unknown" in result.to_dict()
+
+
+def test_a_candidate_is_compared_at_every_batch_the_model_takes_though_the_captured_graph_is_static():
+    """A reference only torch.export captures is fixed to its example's batch; the model and a candidate that take
+    another batch were compared at the example's alone ("the captured graph rejects it", a hint to a flag verify
+    does not have)."""
+    torch.manual_seed(0)
+    model = _LoopedMLP()
+    reference = fxforge.capture(model, (torch.randn(2, 8),))  # the loop over the batch makes the graph static
+    result = verify(reference, model)
+    assert result.ok and sorted(result.batch_sizes) == [1, 2] and not result.skipped
+
+    class WrongAtBatchOne(torch.nn.Module):
+        def forward(self, x):
+            return model(x) + (x.shape[0] == 1)
+
+    result = verify(reference, WrongAtBatchOne())
+    assert not result.ok and result.divergence is None
+    assert "takes batch 2 only, and the candidate differs at batch 1 alone" in result.divergence_unknown
+    # a candidate derived from the static graph still runs its cases at the batch it takes, none skipped as failures
+    result = verify(reference, reference.graph_module)
+    assert result.ok and result.batch_sizes == [2] and result.trials == 16

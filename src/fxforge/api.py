@@ -18,7 +18,7 @@ from fxforge.inputs import InputSpec, make_inputs, parse_input_spec
 from fxforge.models import LoadedModel, load_model
 from fxforge.references import import_function
 from fxforge.runtime import with_constant_kwargs
-from fxforge.verify import DEFAULT_CASES, VerifyResult, batches_a_candidate_takes, verify
+from fxforge.verify import DEFAULT_CASES, VerifyResult, verify
 
 
 def resolve_inputs(loaded: LoadedModel, inputs: str | InputSpec | Sequence[str | InputSpec] | None) -> list[InputSpec]:
@@ -141,10 +141,9 @@ def verify_specs(
     with contextlib.suppress(CaptureError):  # compared all the same; only the bisection to a node needs the graph
         if not concrete_args:  # the bound reference traces as forward(*args), which symbolic_trace cannot unpack
             ref = capture(ref_loaded, example, leaf_modules=leaf_modules, autowrap_functions=functions, check=False)
-    # a saved program or ONNX file may be fixed to the example's batch size: every case then runs at that batch
-    # (not half of them skipped), and the result says which batch was left out and why
-    batch_sizes, left_out = batches_a_candidate_takes(cand_loaded.module, example, seed)
-    result = verify(
+    # a saved program or ONNX file may be fixed to the example's batch size: verify then runs every case at that
+    # batch (not half of them skipped), and the result says which batch was left out and why
+    return verify(
         ref,
         cand_loaded.module,
         input_specs=specs,
@@ -153,12 +152,8 @@ def verify_specs(
         rtol=rtol,
         atol=atol,
         allow_dtype_change=allow_dtype_change,
-        batch_sizes=batch_sizes,
         candidate_may_fix_batch=True,
     )
-    if left_out:
-        result.skipped.insert(0, left_out)
-    return result
 
 
 def _forward_parameters(module: Any) -> set[str]:

@@ -291,7 +291,9 @@ class Verifier:
     reference, its captured graph is used to bisect a mismatch, and the cases are shaped like its example
     inputs). Inputs, in order of precedence: ``inputs`` (exactly these positional inputs, one case);
     ``example`` (``(args, kwargs)`` to shape the cases like); ``input_specs``; the Captured's examples.
-    ``batch_sizes`` defaults to :func:`default_batch_sizes`; ``None`` entries mean "as the example".
+    ``batch_sizes`` defaults to :func:`default_batch_sizes`; ``None`` entries mean "as the example". A batch size
+    the captured graph rejects (a static torch.export) is left out, unless ``keep_batches_the_graph_rejects``
+    (the candidate takes it): then it is compared with the model, and only a mismatch there cannot be bisected.
     """
 
     def __init__(
@@ -308,6 +310,7 @@ class Verifier:
         atol: float | None = None,
         allow_dtype_change: bool = False,
         allow_nonfinite: bool = False,
+        keep_batches_the_graph_rejects: bool = False,
     ) -> None:
         if cases < 1:
             raise FxforgeError(f"verification needs at least one case, got {cases}")
@@ -319,6 +322,10 @@ class Verifier:
         self.warnings: list[str] = []
         self.problems: list[str] = []
         self.nondeterministic = False
+        # batch sizes the model takes but its captured graph (a static torch.export) does not: compared all the
+        # same when keep_batches_the_graph_rejects (the candidate takes them), but not bisected there
+        self.keep_batches_the_graph_rejects = keep_batches_the_graph_rejects
+        self.graph_rejects: set[int] = set()
         if inputs is not None:
             args = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
             self.cases = [Case(None, "given", seed, args, dict(example[1]) if example else {})]
@@ -364,7 +371,10 @@ class Verifier:
             reason = self._rejects(self.module, args, kwargs, "the model", keep=True)
             if reason is None and self.captured is not None:
                 reason = self._rejects(self.captured.graph_module, args, kwargs, "the captured graph")
-                if reason is not None:
+                if reason is not None and self.keep_batches_the_graph_rejects:
+                    self.graph_rejects.add(batch)
+                    reason = None
+                elif reason is not None:
                     reason += f" (fixed to batch {example_batch}; capture with --check-batch for a dynamic one)"
             if reason is None:
                 usable.append(batch)
@@ -490,6 +500,7 @@ class Verifier:
             result.problems.extend(self.problems)
             return result
         failing: Case | None = None
+        bisectable: Case | None = None  # the first failing case at a batch size the captured graph takes
         refused: set[int | None] = set()
         for index in chosen:
             case, expected = self.cases[index], self.expected[index]
@@ -507,6 +518,7 @@ class Verifier:
                 result.max_abs_err = result.max_rel_err = math.inf
                 result.problems.append(f"candidate failed to run on {case.label}: {one_line_reason(exc)}")
                 failing = failing or case
+                bisectable = bisectable or (case if case.batch not in self.graph_rejects else None)
                 result.failing_case = index if result.failing_case is None else result.failing_case
                 break
             comparison = compare_outputs(
@@ -525,14 +537,20 @@ class Verifier:
                 result.ok = False
                 result.problems.extend(f"{case.label}: {problem}" for problem in comparison.problems[:3])
                 failing = failing or case
+                bisectable = bisectable or (case if case.batch not in self.graph_rejects else None)
                 result.failing_case = index if result.failing_case is None else result.failing_case
         result.cases = [self.cases[i].label for i in chosen if self.cases[i].batch not in refused]
         result.trials = len(result.cases)
         result.batch_sizes = [b for b in result.batch_sizes if b not in refused]
-        if failing is not None and self.captured is not None:
-            self._blame_capture(failing, result)
-        if failing is not None and bisect and not result.capture_differs:  # if it does, the problems say so
-            self._bisect(module, failing, result)
+        if failing is not None and bisectable is None and self.captured is not None:
+            result.divergence_unknown = (
+                f"the reference's captured graph, which bisection reruns, takes batch {self.example_batch} only, and "
+                f"the candidate differs at batch {failing.batch} alone"
+            )
+        elif failing is not None and self.captured is not None:
+            self._blame_capture(bisectable, result)
+        if bisectable is not None and bisect and not result.capture_differs:  # if it does, the problems say so
+            self._bisect(module, bisectable, result)
         return result
 
     def _bisect(self, module: Any, failing: Case, result: VerifyResult) -> None:
@@ -750,14 +768,20 @@ def verify(
     if seeds is not None:
         seeds = list(seeds)
         seed, cases = (seeds[0] if seeds else seed), max(cases, len(seeds))
-    left_out = None
+    left_out, keep_batches_the_graph_rejects = None, False
     if isinstance(candidate, (str, Path)):
         # a spec or a written file, as the CLI takes it: loaded, and it may be fixed to the example's batch
         candidate, candidate_may_fix_batch = load_model(str(candidate)).module, True
-        if inputs is None and batch_sizes is None:
-            captured = reference if isinstance(reference, Captured) else None
-            args, _ = _template(captured, example, input_specs, seed)
-            batch_sizes, left_out = batches_a_candidate_takes(candidate, args, seed)
+    captured = reference if isinstance(reference, Captured) else None
+    if inputs is None and batch_sizes is None and (candidate_may_fix_batch or captured is not None):
+        args, _ = _template(captured, example, input_specs, seed)
+        taken, why_not = batches_a_candidate_takes(candidate, args, seed)
+        if taken is None:
+            # it takes another batch size: compare it there with the model, even where the reference's captured
+            # graph (a static torch.export, only rerun to bisect) does not take it
+            keep_batches_the_graph_rejects = True
+        elif candidate_may_fix_batch:
+            batch_sizes, left_out = taken, why_not
     verifier = Verifier(
         reference,
         inputs,
@@ -770,6 +794,7 @@ def verify(
         atol=atol,
         allow_dtype_change=allow_dtype_change,
         allow_nonfinite=allow_nonfinite,
+        keep_batches_the_graph_rejects=keep_batches_the_graph_rejects,
     )
     if isinstance(candidate, OnnxRuntimeModule) and candidate.output_like is None and verifier.expected:
         candidate.output_like = verifier.expected[0]  # ONNX returns a flat list: put it into the model's structure
