@@ -84,6 +84,16 @@ def test_graph_cli_writes_html_svg_and_diff(tmp_path, capsys):
     assert main(["graph", "demo:mlp", "--diff", str(out), "--trust-pickle", "-o", str(tmp_path / "x.html")]) == 2
     err = capsys.readouterr().err
     assert f"{out} was written from demo, not demo:mlp" in err and not (tmp_path / "x.html").exists()
+    # an output captured by torch.export: the model is captured the same way, unless --method says otherwise
+    aten = tmp_path / "aten"
+    assert main(["optimize", "demo", "--method", "export", "-p", "fold_bn", "-o", str(aten)]) == 0
+    capsys.readouterr()
+    assert main(["graph", "demo", "--diff", str(aten), "-o", str(tmp_path / "a.html"), "--json"]) == 0
+    counts = json.loads(capsys.readouterr().out)["counts"]
+    assert counts["changed"] > 0 and counts["inserted"] == 0  # the folded convs, not every node removed and inserted
+    args = ["graph", "demo", "--method", "symbolic_trace", "--diff", str(aten), "-o", str(tmp_path / "b.html")]
+    assert main(args) == 2
+    assert "the rewritten graph is in the aten dialect, the original in the torch dialect" in capsys.readouterr().err
     from fxforge.visual.render import same_model_spec
 
     assert same_model_spec("models/net.py:build", "/elsewhere/net.py:build")  # optimize ran from another folder

@@ -110,6 +110,16 @@ def load_output_dir(
     return graph, passes
 
 
+def recorded_capture_method(directory: str | Path) -> str | None:
+    """How the model of an ``fxforge optimize`` output directory was captured, as ``--method`` names it
+    (``symbolic_trace`` or ``export``); None when its ``report.json`` does not say."""
+    try:
+        method = (json.loads((Path(directory) / REPORT_FILE).read_text()).get("capture") or {}).get("method")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        return None  # load_output_dir reports a missing or corrupt report.json
+    return {"torch.export": "export", "symbolic_trace": "symbolic_trace"}.get(method)
+
+
 def same_model_spec(first: str, second: str) -> bool:
     """Whether two model specs name the same model: equal, or ``file.py:attr`` specs of the same file name and
     attribute (one written relative to another working directory)."""
@@ -160,6 +170,14 @@ def diff_html(
         rewritten, saved_passes = load_output_dir(rewritten)
         passes = list(passes) or saved_passes
     graph, steps, found = rewritten_graph(rewritten)
+    original_dialect = dialect_of(original.graph_module if isinstance(original, Captured) else original)
+    if original_dialect != dialect_of(graph):  # no node of one corresponds to a node of the other
+        other = "export" if original_dialect == TORCH else "symbolic_trace"
+        raise FxforgeError(
+            f"the rewritten graph is in the {dialect_of(graph)} dialect, the original in the {original_dialect} "
+            "dialect: a node-by-node diff needs both in one",
+            hint=f"capture the original as the rewritten graph was (--method {other})",
+        )
     mode = getattr(rewritten, "mode", None)
     if not passes and not steps and isinstance(mode, str) and not isinstance(rewritten, fx.GraphModule):
         passes = [f"quantize ({mode})"]  # a quantize result: torch's convert_fx records no provenance

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -39,7 +40,7 @@ def command(
     """Draw a model's graph: modules you can open and close, shapes, FLOPs, source lines, lint findings."""
     from fxforge.cli.render import render_page
     from fxforge.visual.page import GraphView, write_text
-    from fxforge.visual.render import diff_html, graph_html, graph_svg, load_output_dir
+    from fxforge.visual.render import diff_html, graph_html, graph_svg, load_output_dir, recorded_capture_method
 
     suffix = Path(output).suffix.lower()
     if suffix not in (".html", ".htm", ".svg"):
@@ -47,6 +48,8 @@ def command(
     if Path(output).exists() and not force:
         raise FxforgeError(f"{output} exists", hint="pass --force to replace it")
     profile = read_profile(profile_file) if profile_file else None
+    if diff_dir is not None and opts.method == "auto":  # capture the model as the output's graph was captured
+        opts = dataclasses.replace(opts, method=recorded_capture_method(diff_dir) or opts.method)
     captured = opts.prepare()
     with status("drawing the graph", opts.as_json):
         title = opts.model or "model"
