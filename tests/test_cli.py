@@ -197,3 +197,21 @@ def test_json_stdout_holds_only_json_when_the_users_code_prints(capsys, tmp_path
 def test_rejected_inputs_are_echoed_as_given_dtype_included(capsys):
     code, _, err = run(capsys, "inspect", "demo", "-i", "1x3x8x8:int64")
     assert code == EXIT_USAGE and "the model rejected the example inputs (1x3x8x8:int64)" in err
+
+
+def test_a_full_disk_is_one_error_line_and_exit_2_not_an_internal_error(capsys, tmp_path, monkeypatch):
+    """optimize and quantize on a full disk printed "internal error: OSError: [Errno 28] ... please report it"."""
+    import errno
+
+    real_write_text = Path.write_text
+
+    def full_disk(self, *args, **kwargs):
+        if self.suffix == ".html":
+            raise OSError(errno.ENOSPC, "No space left on device", str(self))
+        return real_write_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", full_disk)
+    assert main(["optimize", "demo", "-p", "fold_bn", "-o", str(tmp_path / "out")]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith("error: the system refused: No space left on device") and "internal error" not in err
+    assert list(tmp_path.iterdir()) == []  # nothing half-written

@@ -7,6 +7,7 @@ Errors print one ``error:`` line (plus a ``hint:`` line) on stderr; an unexpecte
 
 from __future__ import annotations
 
+import errno
 import importlib
 import os
 import pkgutil
@@ -94,10 +95,31 @@ def main(argv: list[str] | None = None) -> int:
             raise
         if sigint_seen():
             return interrupted()
+        refused = _refused_by_the_system(exc)
+        if refused is not None:  # a full disk or a read-only folder is the machine's state, not a bug in fxforge
+            where = f": {refused.filename}" if refused.filename else ""
+            _print_line("error:", "bold red", f"the system refused: {refused.strerror}{where}")
+            return EXIT_USAGE
         _print_line("internal error:", "bold red", one_line_reason(exc))
         _print_line("hint:", "dim", "rerun with --debug for the traceback, and please report it")
         return EXIT_INTERNAL
     return EXIT_OK
+
+
+# Why the system refused a write: the disk or quota is full, the file system is read-only, no permission.
+_SYSTEM_REFUSALS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+
+
+def _refused_by_the_system(exc: BaseException) -> OSError | None:
+    """The OSError in ``exc``'s chain (itself, its cause or context) that says the system refused a write."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in _SYSTEM_REFUSALS:
+            return current
+        current = current.__cause__ or current.__context__
+    return None
 
 
 def _print_line(label: str, style: str, message: str) -> None:
