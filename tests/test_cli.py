@@ -64,6 +64,7 @@ def test_inspect_user_file_with_leaf(capsys):
         (["inspect", "missing_file.py:f"], EXIT_USAGE, "file not found"),
         (["inspect", "nonsense-spec"], EXIT_USAGE, "unknown model spec"),
         (["optimize", "demo", "-p", "fold_bm", "-o", "unused"], EXIT_USAGE, "unknown pass 'fold_bm'"),
+        (["optimize", "demo", "-p", "", "-o", "unused"], EXIT_USAGE, "--passes names no pass"),  # ran 'exact'
         (["lint", "demo", "--select", "FX999"], EXIT_USAGE, "unknown lint rule"),
         (["inspect", f"{TRICKY}:RootBranch", "-i", "2x8"], EXIT_CAPTURE, "cli_models.py:"),
     ],
@@ -74,6 +75,28 @@ def test_bad_input_gives_one_clear_line(capsys, args, code, needle):
     assert needle in err
     assert "Traceback" not in err and "Traceback" not in out
     assert err.count("\n") <= 4  # an error line and a hint, wrapped at most once each
+
+
+def test_odd_files_are_one_line_each(capsys, tmp_path):
+    """A FIFO hung forever; a bare pickle stream printed torch's two-line protocol warning before the refusal; an
+    empty directory was said to lack model.pt alone; a damaged model.pt2 was named by its directory."""
+    import os
+    import pickle
+
+    os.mkfifo(tmp_path / "pipe.pt2")
+    code, _, err = run(capsys, "inspect", str(tmp_path / "pipe.pt2"))
+    assert code == EXIT_USAGE and "is not a regular file" in err
+    with (tmp_path / "raw.pt").open("wb") as file:
+        pickle.dump({"weights": [1.0]}, file, protocol=4)
+    code, _, err = run(capsys, "inspect", str(tmp_path / "raw.pt"))
+    assert code == EXIT_USAGE and err.startswith("error:") and "holds a pickled module" in err and "Warning" not in err
+    (tmp_path / "empty").mkdir()
+    code, _, err = run(capsys, "inspect", str(tmp_path / "empty"))
+    assert code == EXIT_USAGE and "holds no model (model.pt, model.pt2" in err
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "model.pt2").write_bytes(b"PK\x03\x04 damaged")
+    code, _, err = run(capsys, "inspect", str(tmp_path / "out"))
+    assert code == EXIT_USAGE and "out/model.pt2" in err
 
 
 def test_corrupt_model_file(capsys, tmp_path):

@@ -472,7 +472,7 @@ def test_missing_saved_file(tmp_path: Path, name: str):
 
 
 def test_directory_without_model(tmp_path: Path):
-    with pytest.raises(ModelSpecError, match=r"has no model\.pt"):
+    with pytest.raises(ModelSpecError, match="holds no model"):
         load_model(str(tmp_path))
 
 

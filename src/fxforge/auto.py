@@ -359,7 +359,7 @@ def _evaluation_data(
 ) -> Any:
     if not any(b.base in REDUCED_BACKENDS for b in backends):
         return None
-    loaded = load_calibration(data, captured.example_inputs, kind="eval")
+    loaded = load_calibration(data, captured.example_inputs, kind="evaluation (--data)")
     if loaded.random:
         warnings.warn(RANDOM_DATA_WARNING, AutoWarning, stacklevel=3)
         notes.append(RANDOM_DATA_WARNING)

@@ -183,6 +183,8 @@ def _dispatch(spec: str, kwargs: dict[str, Any], trusted: bool) -> LoadedModel:
     path = Path(spec)
     if path.is_dir():
         return _load_output_dir(path, spec, trusted)
+    if path.exists() and not path.is_file():  # a FIFO or device: reading it would wait forever
+        raise ModelSpecError(f"{spec} is not a regular file", hint="give a model file, a directory or a spec")
     if path.suffix == ".pt2":
         return _load_pt2(path, spec, trusted)
     if path.suffix in {".pt", ".pth", ".bin", ".pkl"}:
@@ -352,11 +354,13 @@ def _load_output_dir(path: Path, spec: str, trusted: bool) -> LoadedModel:
     elif model_file.exists() and (trusted or not program_file.exists()):
         loaded = _load_pickled_module(model_file, spec, trusted)
     elif program_file.exists():
-        loaded = _load_pt2(program_file, spec, trusted)
+        loaded = _load_pt2(program_file, str(program_file), trusted)  # errors name the file, not the directory
+        loaded.spec = spec
     elif any(file.exists() for file, _ in exported):
         loaded = _load_exported_file(*next((f, form) for f, form in exported if f.exists()), spec)
     else:
-        raise ModelSpecError(f"directory {spec!r} has no {MODEL_FILE}", hint="is it an fxforge output?")
+        looked_for = ", ".join((MODEL_FILE, PROGRAM_FILE, AOTI_FILE, TORCHSCRIPT_FILE, ONNX_FILE))
+        raise ModelSpecError(f"directory {spec!r} holds no model ({looked_for})", hint="is it an fxforge output?")
     if isinstance(loaded.module, torch.fx.GraphModule):
         load_provenance(loaded.module, path)
     recipe_file = path / RECIPE_FILE
@@ -488,6 +492,8 @@ def _load_pickled_module(path: Path, spec: str, trusted: bool) -> LoadedModel:
             # int8 models (fxforge quantize): torch's own rebuild of quantized tensors uses APIs it deprecates
             warnings.filterwarnings("ignore", message=r"TypedStorage is deprecated")
             warnings.filterwarnings("ignore", message=r"torch\.quantize_per_tensor, torch\.quantize_per_channel")
+            # a bare pickle stream of protocol 4: the refusal below says what the file is, in one line
+            warnings.filterwarnings("ignore", message=r"Detected pickle protocol")
             try:
                 obj = torch.load(str(path), map_location="cpu", weights_only=True)
             except pickle.UnpicklingError as exc:

@@ -377,6 +377,8 @@ def build_pipeline(
     ``PASS.KEY=VALUE`` strings, for passes in the list. ``verify``/``keep_going`` None keep a pipeline file's
     own settings (False for a list of names).
     """
+    if passes and not any(name.strip() for group in passes for name in str(group).split(",")):
+        raise FxforgeError("--passes names no pass", hint="e.g. --passes fold_bn,dead_code; leave it out for 'exact'")
     names = [pass_name(name) for group in passes for name in str(group).split(",") if name.strip()]
     names = expand_groups(names)
     parsed = dict(options) if isinstance(options, Mapping) else parse_option_assignments(list(options))
