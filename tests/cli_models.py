@@ -35,6 +35,15 @@ class RootBranch(nn.Module):
         return -y
 
 
+class KeywordOnly(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, *, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x)
+
+
 def Relu() -> nn.Module:
     return nn.Sequential(nn.ReLU())
 

@@ -270,10 +270,26 @@ def run_reference(module: Any, args: Sequence[Any], kwargs: dict[str, Any], *oth
         with quiet_torch_logs():
             return run_isolated(module, args, kwargs, *others)
     except Exception as exc:
+        keyword_only = _keyword_only_inputs(module)
+        hint = "pass --input with the shape and dtype the model expects, e.g. --input 1x3x224x224"
+        if keyword_only and args and not kwargs:
+            hint = (
+                f"forward takes {', '.join(keyword_only)} by keyword only, and the CLI passes inputs by position: "
+                f"use the Python API, fxforge.capture(model, (), example_kwargs={{{keyword_only[0]!r}: ...}})"
+            )
         raise InputSpecError(
             f"the model rejected the example inputs ({describe_inputs(args) or 'none'}): {one_line_reason(exc)}",
-            hint="pass --input with the shape and dtype the model expects, e.g. --input 1x3x224x224",
+            hint=hint,
         ) from None
+
+
+def _keyword_only_inputs(module: Any) -> list[str]:
+    """The names ``module``'s forward takes by keyword only (``forward(self, *, x)``)."""
+    try:
+        parameters = pyinspect.signature(module.forward if isinstance(module, nn.Module) else module).parameters
+    except (TypeError, ValueError):  # a builtin or a C++ module: no signature to read
+        return []
+    return [name for name, p in parameters.items() if p.kind is pyinspect.Parameter.KEYWORD_ONLY]
 
 
 def with_batch(inputs: Sequence[Any], batch: int) -> tuple[Any, ...]:
