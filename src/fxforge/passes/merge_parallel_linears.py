@@ -251,7 +251,8 @@ def merge_parallel_linears(gm: fx.GraphModule, options: None) -> PassResult:
     for group in plan_groups(gm, result):
         label, columns = group.label, sum(layer.weight.shape[0] for layer in group.layers)
         stale |= _merge(gm, group, replaced)
-        result.note(f"merged {label} into one linear of {columns} outputs", removed=len(group.layers) - 1)
+        # each linear's node is replaced by a column slice (getitem) of the one wide linear and its split, inserted
+        result.note(f"merged {label} into one linear of {columns} outputs", replaced=len(group.layers), inserted=2)
     if result.changed:
         prune_attributes(gm, stale)
     return result
