@@ -35,6 +35,15 @@ class RootBranch(nn.Module):
         return -y
 
 
+class RootNumpy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(self.lin(x).detach().numpy().clip(0))  # numpy in the root: no leaf can hold it
+
+
 class KeywordOnly(nn.Module):
     def __init__(self) -> None:
         super().__init__()

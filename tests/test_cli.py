@@ -68,6 +68,7 @@ def test_inspect_user_file_with_leaf(capsys):
         (["lint", "demo", "--select", "FX999"], EXIT_USAGE, "unknown lint rule"),
         (["inspect", f"{TRICKY}:RootBranch", "-i", "2x8"], EXIT_CAPTURE, "cli_models.py:"),
         (["inspect", f"{TRICKY}:KeywordOnly", "-i", "2x8"], EXIT_USAGE, "forward takes x by keyword only"),
+        (["inspect", f"{TRICKY}:RootNumpy", "-i", "2x8"], EXIT_CAPTURE, "RootNumpy.forward itself, which cannot"),
     ],
 )
 def test_bad_input_gives_one_clear_line(capsys, args, code, needle):

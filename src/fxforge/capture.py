@@ -49,6 +49,7 @@ from fxforge.errors import (
     caller_location,
     is_user_file,
     one_line_reason,
+    user_code,
     user_location,
 )
 from fxforge.graphs import ATEN, TORCH, dialect_of, draws_random_numbers
@@ -869,6 +870,17 @@ def _capture_error(
         last = attempts[-1].error if attempts else "unknown error"
         reasons.append(last)
         hint = "mark the offending submodule with --leaf NAME, or wrap the helper function with torch.fx.wrap"
+        stopped_in = user_code(trace_error) if trace_error is not None else None
+        if stopped_in is not None and stopped_in is getattr(type(model).forward, "__code__", None):
+            # the model's own forward cannot be a leaf, and --wrap takes functions, not methods
+            export_untried = all(attempt.strategy != EXPORT for attempt in attempts)
+            hint = (
+                f"the call is in {type(model).__name__}.forward itself, which cannot be a leaf: move it into a "
+                "submodule (then --leaf NAME) or a helper function (--wrap file.py:function)"
+                + (", or pass --method export" if export_untried else "")
+            )
+        elif "co_varnames is too small" in last:
+            hint = "symbolic_trace cannot trace a forward that takes **kwargs: pass --method export (or auto)"
         if "cache" in last.lower() and "found" in last.lower():
             # transformers' encoder-decoders return their key/value cache object, which torch.export cannot flatten
             hint = "a transformers model returning its key/value cache: build it with --model-arg use_cache=false"

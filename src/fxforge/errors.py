@@ -15,6 +15,7 @@ import os
 import re
 import sysconfig
 import traceback
+import types
 
 # Exit codes, documented in docs/commands/index.md.
 EXIT_OK = 0
@@ -153,6 +154,20 @@ def user_location(exc: BaseException) -> str | None:
                 location = format_location(frame.f_code.co_filename, lineno)
         if location:
             return location
+    return None
+
+
+def user_code(exc: BaseException) -> types.CodeType | None:
+    """The code object of the innermost frame of the user's code in ``exc``'s traceback (see
+    :func:`user_location`): which function of theirs stopped."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        codes = [f.f_code for f, _ in traceback.walk_tb(current.__traceback__) if is_user_file(f.f_code.co_filename)]
+        if codes:
+            return codes[-1]
+        current = current.__cause__ or current.__context__
     return None
 
 
