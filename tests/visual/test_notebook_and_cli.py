@@ -89,8 +89,12 @@ def test_graph_cli_writes_html_svg_and_diff(tmp_path, capsys):
     assert main(["optimize", "demo", "--method", "export", "-p", "fold_bn", "-o", str(aten)]) == 0
     capsys.readouterr()
     assert main(["graph", "demo", "--diff", str(aten), "-o", str(tmp_path / "a.html"), "--json"]) == 0
-    counts = json.loads(capsys.readouterr().out)["counts"]
+    data = json.loads(capsys.readouterr().out)
+    counts = data["counts"]
     assert counts["changed"] > 0 and counts["inserted"] == 0  # the folded convs, not every node removed and inserted
+    assert data["hidden_nodes"] > 0  # the ATen graph's weights: in the details, not drawn
+    assert main(["graph", "demo", "--diff", str(aten), "-o", str(tmp_path / "a.html"), "--force"]) == 0
+    assert f"({data['nodes']} nodes," in capsys.readouterr().out  # the line and --json count the same nodes
     args = ["graph", "demo", "--method", "symbolic_trace", "--diff", str(aten), "-o", str(tmp_path / "b.html")]
     assert main(args) == 2
     assert "the rewritten graph is in the aten dialect, the original in the torch dialect" in capsys.readouterr().err

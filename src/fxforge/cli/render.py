@@ -639,7 +639,7 @@ def render_split(console: Console, spec: str, capture: dict[str, Any], result: A
     """The split plan: a row per stage, a row per cut (what crosses it), the balance, verification, files."""
     plan = result.plan
     render_capture(console, spec, capture)
-    table = Table(title=f"{len(plan.stages)} stages, balanced by {plan.balance}")
+    table = Table(title=f"{len(plan.stages)} stage{'s' if len(plan.stages) != 1 else ''}, balanced by {plan.balance}")
     table.add_column("stage", justify="right")
     table.add_column("nodes", justify="right")
     table.add_column("modules (first .. last)")
@@ -694,16 +694,18 @@ def render_split(console: Console, spec: str, capture: dict[str, Any], result: A
             console.print(f"torch.distributed.pipelining.pipeline(model, mb_args, split_spec={{{entries}}})")
         elif inside:
             console.print(
-                f"[dim]{len(inside)} cut(s) fall inside a module call: pipe_split() {inside[0].pipe_split}[/]"
+                f"[dim]{len(inside)} cut{' falls' if len(inside) == 1 else 's fall'} inside a module call: "
+                f"pipe_split() {inside[0].pipe_split}[/]"
             )
         else:
             console.print("[dim]two cuts fall on one module: no single split_spec; see each cut's pipe_split[/]")
     verification = result.verification
     if verification is not None:
         if verification.ok:
-            stages = f"{len(plan.stages)} stage{'s' if len(plan.stages) != 1 else ''}"
+            one = len(plan.stages) == 1
+            stages = f"{len(plan.stages)} stage{'' if one else 's'}"
             console.print(
-                f"  [green]verified[/]: the {stages} chained in one process match the model on "
+                f"  [green]verified[/]: the {stages} chained in one process match{'es' if one else ''} the model on "
                 f"{verification.describe_inputs()} (max abs err {verification.max_abs_err:.3g})"
             )
             render_verify_doubts(console, verification)
@@ -729,7 +731,8 @@ def render_pipeline_run(console: Console, run: Any) -> None:
         f"{run.threads} thread{'s' if run.threads != 1 else ''} each); batch {run.batch} = {run.microbatches} "
         f"microbatches ({', '.join(run.inputs)})"
     )
-    table = Table(title=f"Throughput, median of {len(run.schedules[0].times_s) if run.schedules else 0} runs")
+    runs = len(run.schedules[0].times_s) if run.schedules else 0
+    table = Table(title=f"Throughput, median of {runs} run{'s' if runs != 1 else ''}")
     for column in ("run", "ms per batch", "samples/s", "vs best one-process"):
         table.add_column(column, justify="left" if column == "run" else "right")
     for timing in run.schedules:
@@ -765,21 +768,28 @@ def render_pipeline_run(console: Console, run: Any) -> None:
     console.print(f"  [dim]{run.wall_s:.1f} s in all (process start-up, loading, every run)[/]")
 
 
+def page_node_counts(model: dict[str, Any]) -> dict[str, int]:
+    """The nodes a graph page draws and those it keeps in the details only (weights, torch.export's checks), as the
+    line ``render_page`` prints and the commands' ``--json`` both count them."""
+    hidden = sum(1 for n in model.get("nodes", []) if n.get("h"))
+    return {"nodes": len(model.get("nodes", [])) - hidden, "hidden_nodes": hidden}
+
+
 def render_page(console: Console, view: Any) -> None:
     """``fxforge graph`` / ``fxforge report``: what was written, in one line (the page holds the rest)."""
     model = view.model or {}
-    nodes = sum(1 for n in model.get("nodes", []) if not n.get("h"))
+    nodes = page_node_counts(model)["nodes"]
     counts = model.get("counts")
     diff = ""
     if counts:
         diff = f"; {counts['changed']} changed, {counts['inserted']} inserted, {counts['removed']} removed"
     divergence = model.get("divergence")
     first = f"; first divergence at {divergence['node']}" if divergence else ""
-    size = len(view.html.encode()) / 1e6 if view.html else 0.0
+    size = human_bytes(len(view.html.encode()) if view.html else 0)
     modules = sum(1 for m in model.get("modules", []) if not m.get("g"))  # "g": a box of consecutive nodes
     console.print(
         f"wrote {escape(str(view.path))} ({nodes} nodes, {modules} modules, opens at depth "
-        f"{model.get('depth', 0)}{diff}{first}; {size:.1f} MB)",
+        f"{model.get('depth', 0)}{diff}{first}; {size})",
         highlight=False,
         soft_wrap=True,
     )

@@ -38,7 +38,7 @@ def command(
     opts: CaptureOptions, output: str, depth: int | None, diff_dir: str | None, profile_file: str | None, force: bool
 ) -> None:
     """Draw a model's graph: modules you can open and close, shapes, FLOPs, source lines, lint findings."""
-    from fxforge.cli.render import render_page
+    from fxforge.cli.render import page_node_counts, render_page
     from fxforge.visual.page import GraphView, write_text
     from fxforge.visual.render import diff_html, graph_html, graph_svg, load_output_dir, recorded_capture_method
 
@@ -71,7 +71,7 @@ def command(
             {
                 "path": str(view.path),
                 "depth": view.model["depth"],
-                "nodes": len(view.model["nodes"]),
+                **page_node_counts(view.model),
                 "modules": sum(1 for m in view.model["modules"] if not m.get("g")),  # not boxes of nodes
                 "counts": view.model.get("counts"),
                 "divergence": view.model.get("divergence"),

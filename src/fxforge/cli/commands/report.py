@@ -70,7 +70,7 @@ def command(
     force: bool,
 ) -> None:
     """Write an HTML report: environment, capture, inspect, lint, optimize diff, bench and quantize charts."""
-    from fxforge.cli.render import render_page
+    from fxforge.cli.render import page_node_counts, render_page
     from fxforge.passes import expand_groups, get_pass
     from fxforge.report import report
 
@@ -107,7 +107,7 @@ def command(
         emit_json(
             {
                 "path": str(view.path),
-                "nodes": len(view.model["nodes"]),
+                **page_node_counts(view.model),
                 "counts": view.model.get("counts"),
                 "profile": view.model.get("profile"),
             }
