@@ -10,17 +10,19 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
+from fxforge import distributed
 from fxforge.api import prepare
 from fxforge.cli import main
 from fxforge.distributed import FAULT_ENV, PipelineError, run_pipeline
-from fxforge.errors import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, FxforgeError
-from fxforge.split import split
+from fxforge.errors import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, FxforgeError, ModelSpecError
+from fxforge.split import PLAN_FILE, split
 
 pytestmark = pytest.mark.slow  # every test starts processes that import torch
 
@@ -183,9 +185,88 @@ def test_a_corrupt_stage_file_is_named(small_split):
     assert _no_workers_left(small_split)
 
 
+def test_swapped_stage_files_are_named_before_they_run(small_split):
+    # they ran, and failed inside the schedule with "stage 1 failed: KeyError: 2"
+    (small_split / "stage_0.pt2").rename(small_split / "swap")
+    (small_split / "stage_1.pt2").rename(small_split / "stage_0.pt2")
+    (small_split / "swap").rename(small_split / "stage_1.pt2")
+    pattern = r"stage (\d) failed: stage_\1\.pt2 does not match stage \1 of plan\.json \(it takes .*; the plan says "
+    with pytest.raises(PipelineError, match=pattern):
+        run_pipeline(small_split, microbatches=2, repeats=1, warmup=0, timeout=120)
+    assert _no_workers_left(small_split)
+
+
+def test_a_lost_unsplit_model_is_an_error_unless_the_split_said_why_it_wrote_none(small_split, capsys):
+    # a missing model.pt2 ran unverified with exit 0, pointing at plan.json's notes, which were empty
+    (small_split / "model.pt2").unlink()
+    with pytest.raises(ModelSpecError, match=r"has no model\.pt2: the unsplit model"):
+        run_pipeline(small_split, microbatches=2)
+    assert not _workers(small_split)  # refused before any stage started
+    assert main(["run-pipeline", str(small_split)]) == EXIT_USAGE
+    assert "--no-verify" in capsys.readouterr().err
+    plan = json.loads((small_split / PLAN_FILE).read_text())
+    why = "no unsplit model written (TorchScript submodule; cannot pickle): run-pipeline cannot verify the pipeline"
+    plan["notes"].append(why)
+    (small_split / PLAN_FILE).write_text(json.dumps(plan))
+    run = run_pipeline(small_split, microbatches=2, schedules=["gpipe"], repeats=1, warmup=0)
+    assert run.check is None and f"not verified, no baseline: {why}" in run.notes
+
+
+def test_pickled_stages_run_from_any_directory_and_wherever_the_split_is_copied(tmp_path, monkeypatch):
+    # a pickled stage names its classes by the module fxforge imported the model's file as: run from another
+    # directory, the ranks failed with "No module named 'fxforge_user_...'"; the split now keeps a copy of the file
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "leafy_pipeline_model.py").write_text(
+        textwrap.dedent(
+            """\
+            import torch
+            from torch import nn
+
+            class Gate(nn.Module):
+                def forward(self, x):
+                    if x.mean() > 0:  # data-dependent: a leaf, which torch.export cannot write
+                        return x.relu()
+                    return -x
+
+            class Net(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.a, self.gate, self.b = nn.Linear(8, 8), Gate(), nn.Linear(8, 8)
+
+                def forward(self, x):
+                    return self.b(self.gate(self.a(x)))
+            """
+        )
+    )
+    monkeypatch.chdir(project)
+    args = ["split", "leafy_pipeline_model.py:Net", "--input", "2x8", "--stages", "2", "--no-verify", "-o", "out"]
+    assert main(args) == EXIT_OK
+    copied = tmp_path / "elsewhere" / "split"
+    shutil.copytree(project / "out", copied)
+    (project / "leafy_pipeline_model.py").unlink()  # only the copy in the split directory is left
+    monkeypatch.chdir(tmp_path)
+    plan = json.loads((copied / PLAN_FILE).read_text())
+    assert plan["model_source"] == "source/leafy_pipeline_model.py"
+    assert any(stage["file"].endswith(".pt") for stage in plan["stages"])
+    options = {"microbatches": 2, "schedules": ["gpipe"], "repeats": 1, "warmup": 0, "baseline": False}
+    run = run_pipeline("elsewhere/split", trust_pickle=True, **options)
+    assert run.check is not None and run.check.ok
+    shutil.rmtree(copied / "source")
+    expected = (
+        r"stage \d failed: cannot read .*stage_\d\.pt: its classes are in the model's file leafy_pipeline_model\.py "
+        r"\(split from leafy_pipeline_model\.py:Net\), and it is not at .*source/leafy_pipeline_model\.py"
+    )
+    with pytest.raises(PipelineError, match=expected):
+        run_pipeline("elsewhere/split", trust_pickle=True, **options)
+    assert _no_workers_left(copied)
+
+
 @pytest.mark.parametrize("sent", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "launcher-killed"])
-def test_interrupting_or_killing_the_launcher_stops_every_stage(small_split, sent):
-    env = {**os.environ, FAULT_ENV: "1:hang"}
+def test_interrupting_or_killing_the_launcher_stops_every_stage(small_split, sent, tmp_path):
+    work_root = tmp_path / "tmp"  # where the launcher makes its work directory (fxforge-pipeline-XXXX)
+    work_root.mkdir()
+    env = {**os.environ, FAULT_ENV: "1:hang", "TMPDIR": str(work_root)}
     cli = Path(sys.executable).with_name("fxforge")
     process = subprocess.Popen(
         [str(cli), "run-pipeline", str(small_split), "--microbatches", "2", "--timeout", "120"],
@@ -203,9 +284,10 @@ def test_interrupting_or_killing_the_launcher_stops_every_stage(small_split, sen
     _, err = process.communicate(timeout=30)
     if sent == signal.SIGINT:  # the launcher kills the ranks and reports
         assert process.returncode == 130 and err.strip().endswith("interrupted")
-    else:  # no launcher left to clean up: each rank sees its parent gone and exits by itself
+    else:  # no launcher left to clean up: each rank sees its parent gone, removes its work directory and exits
         assert process.returncode == -signal.SIGKILL
     assert _no_workers_left(small_split)
+    assert not list(work_root.glob("fxforge-pipeline-*"))  # SIGKILL left it behind
 
 
 # --------------------------------------------------------------------------------------------------
@@ -227,7 +309,39 @@ def test_the_worker_runs_under_torchrun(splits):
         timeout=180,
     )  # fmt: skip
     assert process.returncode == 0, process.stderr[-2000:]
-    assert "gpipe:" in process.stdout and "verified: pipeline output vs model.pt2" in process.stdout
+    # the worker's defaults are run-pipeline's: both schedules (it ran gpipe alone)
+    assert "gpipe:" in process.stdout and "1f1b:" in process.stdout
+    assert "verified: pipeline output vs model.pt2" in process.stdout
+
+
+def test_the_worker_checks_its_options_before_loading_anything(splits, tmp_path, monkeypatch, capsys):
+    # under torchrun, --schedule 1f1b with too few microbatches failed late, with torch's ValueError and a
+    # traceback on every rank; the worker now checks what run-pipeline checks, in one line (rank 0's), exit 2
+    directory = splits["gpt2-2"]
+    monkeypatch.delenv("MASTER_ADDR", raising=False)  # a worker that went on would fail to connect, not hang
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for rank, printed in (("0", True), ("1", False)):
+        monkeypatch.setenv("RANK", rank)
+        assert distributed.main([str(directory), "--microbatches", "1", "--schedule", "1f1b"]) == EXIT_USAGE
+        message = "1f1b needs at least as many microbatches as stages (2), got 1"
+        assert capsys.readouterr().err == (f"fxforge stage 0: {message}\n" if printed else "")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert distributed.main([str(directory)]) == EXIT_USAGE
+    assert "holds 2 stages, but 1 process was started" in capsys.readouterr().err  # "1 processes were"
+    # the last rank verifies under torchrun: without model.pt2 it says so before the run, not after it
+    lost = tmp_path / "lost"
+    shutil.copytree(directory, lost)
+    (lost / "model.pt2").unlink()
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert distributed.main([str(lost), "--microbatches", "2"]) == EXIT_USAGE
+    assert "has no model.pt2" in capsys.readouterr().err
+    # the defaults are run-pipeline's: microbatches = stages, at least 4; 1f1b too when there are enough
+    notes: list[str] = []
+    assert distributed._run_options(2, None, None, 5, 1, 1, 300.0, notes) == (4, ["gpipe", "1f1b"])
+    assert distributed._run_options(8, None, None, 5, 1, 1, 300.0, notes) == (8, ["gpipe", "1f1b"])
+    assert distributed._run_options(4, 2, None, 5, 1, 1, 300.0, notes) == (2, ["gpipe"]) and notes
 
 
 def test_stages_torch_export_cannot_write_are_pickled_and_run_only_with_the_opt_in(tmp_path, capsys):
@@ -250,7 +364,7 @@ def test_stages_torch_export_cannot_write_are_pickled_and_run_only_with_the_opt_
 
 
 def test_a_gpu_run_says_its_one_process_baseline_ran_on_the_cpu():
-    # seen on an H200: "1 stages as 1 processes", and the CPU baseline was labelled like a GPU one
+    # seen on an H200: "1 stages as 1 processes", and the CPU baseline was labelled like a GPU one; "median of 1 runs"
     from rich.console import Console
 
     from fxforge.cli.render import render_pipeline_run
@@ -258,7 +372,7 @@ def test_a_gpu_run_says_its_one_process_baseline_ran_on_the_cpu():
 
     run = PipelineRun(
         directory="out/r1", stages=1, microbatches=2, batch=4, inputs=["4x3x64x64"], backend="nccl", device="cuda",
-        threads=1, schedules=[ScheduleTiming("gpipe", 0.0047, 847.2, 4.38, [0.0047] * 3)],
+        threads=1, schedules=[ScheduleTiming("gpipe", 0.0047, 847.2, 4.38, [0.0047])],
         baselines=[Baseline(1, 0.0207, 193.6, False)], check=None, output_shapes=[[4, 1000]], wall_s=13.8,
     )  # fmt: skip
     console = Console(record=True, width=120)
@@ -266,3 +380,4 @@ def test_a_gpu_run_says_its_one_process_baseline_ran_on_the_cpu():
     text = console.export_text()
     assert "1 stage as 1 process (nccl on cuda" in text
     assert "one process, unsplit (1 thread, CPU)" in text
+    assert "Throughput, median of 1 run" in text and "1 runs" not in text

@@ -434,6 +434,62 @@ def test_cli_tables(capsys):
     code, out, _ = _run(capsys, "split", "demo", "--stages", "3")
     assert code == EXIT_OK
     assert "3 stages, balanced by flops" in out and "imbalance" in out and "verified" in out
+    # one stage is singular (it said "1 stages" and "the 1 stage chained in one process match")
+    code, out, _ = _run(capsys, "split", "demo", "--stages", "1", "--cases", "1")
+    assert code == EXIT_OK
+    assert "1 stage, balanced by flops" in out and "the 1 stage chained in one process matches the model" in out
+
+
+class SizeKeptToTheEnd(nn.Module):
+    """``x.size(0)``, a Python int, is alive from the first node to the last: no cut is possible."""
+
+    def forward(self, x):
+        batch = x.size(0)
+        return torch.relu(x).reshape(batch, -1)
+
+
+def test_too_many_stages_for_the_possible_cuts_says_how_many_in_good_english():
+    captured = capture(SizeKeptToTheEnd(), (torch.randn(2, 3, 4),))
+    with pytest.raises(FxforgeError, match=r"can be cut in only 0 places") as info:
+        plan_split(captured, 2)
+    assert info.value.hint == "at most 1 stage"  # it said "at most 1 stages"
+
+
+def test_force_replaces_an_earlier_split_or_an_empty_directory_never_a_project(capsys, tmp_path):
+    # --force used to delete whatever -o named: a project folder with .git and sources went with it
+    project = tmp_path / "project"
+    (project / ".git").mkdir(parents=True)
+    (project / "src").mkdir()
+    (project / "src" / "main.py").write_text("x\n")
+    args = ["split", "demo", "--stages", "2", "--no-verify", "--force", "-o"]
+    code, out, err = _run(capsys, *args, str(project))
+    assert code == EXIT_USAGE and "replacing it would delete files fxforge did not write" in out + err
+    assert (project / "src" / "main.py").read_text() == "x\n" and (project / ".git").is_dir()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert _run(capsys, *args, str(empty))[0] == EXIT_OK and (empty / PLAN_FILE).is_file()
+    (empty / "notes.txt").write_text("an earlier split is replaced whole, whatever was added to it")
+    assert _run(capsys, *args, str(empty))[0] == EXIT_OK and not (empty / "notes.txt").exists()
+
+
+def test_a_stage_file_that_is_not_the_plans_stage_is_refused_by_name(tmp_path):
+    # swapped stage files ran and failed deep in the schedule with "KeyError: 2"
+    torch.manual_seed(0)
+    captured = capture(ThreeLayers().eval(), (torch.randn(2, 16),))
+    directory = tmp_path / "three"
+    split(captured, 3, "flops", output_dir=directory, verify_stages=False)
+    assert isinstance(load_stage(directory, 1), nn.Module)  # the written files match their plan
+    (directory / "stage_0.pt2").rename(tmp_path / "stage_0.pt2")
+    (directory / "stage_1.pt2").rename(directory / "stage_0.pt2")
+    (tmp_path / "stage_0.pt2").rename(directory / "stage_1.pt2")
+    plan = load_plan(directory)
+    with pytest.raises(FxforgeError) as info:
+        load_stage(directory, 1)
+    expected = (
+        f"stage_1.pt2 does not match stage 1 of plan.json (it takes x 2x16 float32; the plan says "
+        f"{plan.stages[1].inputs[0].name} 2x16 float32)"
+    )
+    assert info.value.message == expected and "swapped" in info.value.hint
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ peer, done) to a status file, and its first error line to an error file. The par
 one exits with an error, dies, or the run passes ``timeout`` seconds, it kills every rank's process group and
 raises :class:`PipelineError` naming the stage that failed first (a stage that merely lost its peer is not
 blamed) with its first error line, or the stage that hung and what it was doing. Ctrl-C kills them too; a rank
-whose parent is gone exits by itself. Nothing is left running.
+whose parent is gone removes the parent's work directory and exits by itself. Nothing is left running.
 
 ``FXFORGE_PIPELINE_FAULT=K:raise|hang|exit`` makes stage ``K`` fail on its first microbatch (raise an error, hang,
 or exit at once): a way to check that a deployment's timeouts and clean-up work, used by the tests.
@@ -53,12 +53,13 @@ from fxforge.errors import EXIT_FINDINGS, FxforgeError, InputSpecError, ModelSpe
 from fxforge.inputs import InputSpec, make_inputs, parse_input_spec
 from fxforge.models import pickle_trusted
 from fxforge.runtime import quiet_torch_logs
-from fxforge.split import SplitPlan, load_plan, load_reference, load_stage
+from fxforge.split import SplitPlan, load_plan, load_reference, load_stage, missing_reference_reason
 
 SCHEDULES = ("gpipe", "1f1b")
 FAULT_ENV = "FXFORGE_PIPELINE_FAULT"
 _PARENT_ENV = "FXFORGE_PIPELINE_PARENT"
 _OUTPUTS_FILE = "outputs.pt"
+_WORK_PREFIX = "fxforge-pipeline-"  # the launcher's temporary directory, where the ranks report
 DEFAULT_TIMEOUT = 300.0
 
 
@@ -238,6 +239,47 @@ def full_fp32_on_gpu() -> None:
         torch.backends.cuda.matmul.allow_tf32 = False
 
 
+def _counted(count: int, noun: str, plural: str | None = None) -> str:
+    """``1 process``, ``4 processes``: the messages quote counts that are often 1 (a one-stage split)."""
+    return f"{count} {noun if count == 1 else plural or noun + 's'}"
+
+
+def _run_options(
+    stages: int,
+    microbatches: int | None,
+    schedules: Sequence[str] | None,
+    repeats: int,
+    warmup: int,
+    threads: int,
+    timeout: float,
+    notes: list[str],
+) -> tuple[int, list[str]]:
+    """The microbatch count and the schedules to run, checked before any stage starts: the same defaults and
+    refusals for ``run-pipeline`` and for the worker under torchrun (torch's own error comes late, on every rank)."""
+    microbatches = microbatches if microbatches is not None else max(4, stages)
+    if microbatches < 1:
+        raise InputSpecError(f"--microbatches must be at least 1, got {microbatches}")
+    chosen = _schedules(schedules, microbatches, stages, notes)
+    if repeats < 1 or warmup < 0 or threads < 1:
+        raise InputSpecError("--repeats and --threads must be at least 1, --warmup at least 0")
+    if not (timeout > 0):
+        raise InputSpecError(f"--timeout must be positive, got {timeout}")
+    return microbatches, chosen
+
+
+def _require_reference(directory: Path, plan: SplitPlan) -> None:
+    """Verifying needs the unsplit model the split wrote: a directory that lost it is refused up front, unless the
+    split said why it could not write one (then the run is not verified, and says so)."""
+    if (directory / PROGRAM_FILE).exists() or (directory / MODEL_FILE).exists():
+        return
+    if missing_reference_reason(plan) is None:
+        raise ModelSpecError(
+            f"{directory} has no {PROGRAM_FILE}: the unsplit model, which fxforge split wrote to verify the "
+            "pipeline's output against, is missing",
+            hint=f"copy {PROGRAM_FILE} along with the stages, or pass --no-verify to run without checking the output",
+        )
+
+
 # --------------------------------------------------------------------------------------------------
 # the worker (one rank)
 
@@ -303,8 +345,9 @@ def _fault_for(rank: int) -> str | None:
     return None
 
 
-def _watch_parent() -> None:
-    """Exit when the launching fxforge process is gone (killed with SIGKILL, say), instead of waiting forever."""
+def _watch_parent(result_dir: Path | None) -> None:
+    """Exit when the launching fxforge process is gone (killed with SIGKILL, say), instead of waiting forever, and
+    remove its work directory: nobody else will (every rank may try; the first one removes it)."""
     parent = os.environ.get(_PARENT_ENV)
     if not parent:
         return
@@ -312,6 +355,9 @@ def _watch_parent() -> None:
     def watch() -> None:
         while True:
             if os.getppid() != int(parent):
+                # only a directory the launcher made: --result-dir is a hidden option, but someone may pass one
+                if result_dir is not None and result_dir.name.startswith(_WORK_PREFIX):
+                    shutil.rmtree(result_dir, ignore_errors=True)
                 os._exit(1)
             time.sleep(0.5)
 
@@ -335,6 +381,7 @@ class _Rank:
     module: _Monitored
     specs: list[InputSpec]
     inputs: tuple[torch.Tensor, ...]  # the whole batch on rank 0, nothing elsewhere
+    notes: list[str] = field(default_factory=list)  # printed by the last rank under torchrun
 
 
 def _load_rank(args: argparse.Namespace, status: _Status) -> _Rank:
@@ -346,10 +393,20 @@ def _load_rank(args: argparse.Namespace, status: _Status) -> _Rank:
     status("loading")
     plan = load_plan(directory)
     if world != len(plan.stages):
-        raise FxforgeError(
-            f"{directory} holds {len(plan.stages)} stages, but {world} processes were started",
+        raise InputSpecError(
+            f"{directory} holds {_counted(len(plan.stages), 'stage')}, but "
+            f"{_counted(world, 'process', 'processes')} {'was' if world == 1 else 'were'} started",
             hint=f"start one process per stage: torchrun --nproc-per-node {len(plan.stages)} (in all)",
         )
+    notes: list[str] = []
+    # before the stage loads: a bad option should cost nothing (what run-pipeline checks before starting ranks)
+    args.microbatches, args.schedule = _run_options(
+        world, args.microbatches, args.schedule, args.repeats, args.warmup, args.threads, args.timeout, notes
+    )
+    if rank == world - 1 and args.verify and args.result_dir is None:
+        # under torchrun the last rank verifies (under run-pipeline the launcher does, and checked already): a
+        # missing model.pt2 should fail now, not after the whole run
+        _require_reference(directory, plan)
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
     backend, device = _backend_and_device(args.device, local_rank, local_world)
     if device.type == "cuda":
@@ -358,7 +415,7 @@ def _load_rank(args: argparse.Namespace, status: _Status) -> _Rank:
     monitored = _Monitored(module, rank, status, _fault_for(rank))
     specs = run_inputs(plan, args.microbatches, args.input)
     inputs = tuple(t.to(device) for t in make_inputs(specs, seed=args.seed)) if rank == 0 else ()
-    return _Rank(rank, world, directory, plan, device, backend, monitored, specs, inputs)
+    return _Rank(rank, world, directory, plan, device, backend, monitored, specs, inputs, notes)
 
 
 def _run_schedules(args: argparse.Namespace, me: _Rank, status: _Status) -> tuple[dict[str, list[float]], Any]:
@@ -401,7 +458,7 @@ def _worker(args: argparse.Namespace) -> int:
     result_dir = Path(args.result_dir) if args.result_dir else None
     status = _Status(result_dir, int(os.environ.get("RANK", "0")))
     monitored: _Monitored | None = None
-    _watch_parent()
+    _watch_parent(result_dir)
     try:
         me = _load_rank(args, status)
         monitored = me.module
@@ -410,7 +467,7 @@ def _worker(args: argparse.Namespace) -> int:
         last = me.rank == me.world - 1
         outputs = [t.cpu() for t in _tensor_leaves(output)] if last else []
         if result_dir is None:  # under torchrun: the last rank reports
-            return _report(me.directory, me.specs, args, outputs, times) if last else 0
+            return _report(me, args, outputs, times) if last else 0
         (result_dir / f"times_{me.rank}.json").write_text(json.dumps(times))
         if last:
             torch.save(outputs, result_dir / _OUTPUTS_FILE)
@@ -433,8 +490,13 @@ def _failed(exc: BaseException, monitored: _Monitored | None, status: _Status, r
     if result_dir is not None:
         with contextlib.suppress(OSError):
             (result_dir / f"error_{status.rank}.json").write_text(json.dumps({"kind": kind, "message": message}))
-    print(f"fxforge stage {status.rank}: {message}", file=sys.stderr)
-    return 130 if isinstance(exc, KeyboardInterrupt) else 1
+    if status.rank == 0 or not isinstance(exc, InputSpecError):
+        # a bad option or input fails every rank alike: under torchrun, one line (rank 0's) says it
+        print(f"fxforge stage {status.rank}: {message}", file=sys.stderr)
+    if isinstance(exc, KeyboardInterrupt):
+        return 130
+    # bad input (an option, a missing or mismatched file) exits 2, as run-pipeline does; anything else 1
+    return exc.exit_code if isinstance(exc, FxforgeError) else 1
 
 
 def _is_communication(exc: BaseException) -> bool:
@@ -444,24 +506,20 @@ def _is_communication(exc: BaseException) -> bool:
     return any(word in text for word in words)
 
 
-def _report(
-    directory: Path,
-    specs: list[InputSpec],
-    args: argparse.Namespace,
-    outputs: list[torch.Tensor],
-    times: dict[str, list[float]],
-) -> int:
+def _report(me: _Rank, args: argparse.Namespace, outputs: list[torch.Tensor], times: dict[str, list[float]]) -> int:
     """The last rank's summary under torchrun (no fxforge parent to print it); exit code 1 on a mismatch."""
-    batch = specs[0].shape[0]
+    batch = me.specs[0].shape[0]
     for name, values in times.items():
         median = statistics.median(values)
         print(f"{name}: {median * 1000:.2f} ms per batch of {batch} ({batch / median:.1f} samples/s)")
+    for note in me.notes:
+        print(f"note: {note}")
     if not args.verify:
         return 0
-    inputs = make_inputs(specs, seed=args.seed)
-    reference = load_reference(directory, trust_pickle=args.trust_pickle or None)
-    if reference is None:
-        print(f"not verified: {directory} holds no unsplit model (see the notes in plan.json)")
+    inputs = make_inputs(me.specs, seed=args.seed)
+    reference = load_reference(me.directory, trust_pickle=args.trust_pickle or None)
+    if reference is None:  # _require_reference let it through: the split said why it wrote none
+        print(f"not verified: {missing_reference_reason(me.plan)}")
         return 0
     check = check_outputs(reference, inputs, outputs, args.microbatches)
     verdict = "verified" if check.ok else "MISMATCH"
@@ -476,12 +534,19 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m fxforge.distributed",
         description="One pipeline rank of a directory written by fxforge split -o; run one process per stage "
-        "(fxforge run-pipeline does, torchrun -m fxforge.distributed does across machines).",
+        "(fxforge run-pipeline does, torchrun -m fxforge.distributed does across machines). The options and their "
+        "defaults are run-pipeline's.",
     )
     parser.add_argument("directory")
     parser.add_argument("--input", action="append", default=None, help="whole-batch input spec (repeat)")
-    parser.add_argument("--microbatches", type=int, default=4)
-    parser.add_argument("--schedule", action="append", choices=SCHEDULES, default=None)
+    parser.add_argument("--microbatches", type=int, default=None, help="default: the stage count, at least 4")
+    parser.add_argument(
+        "--schedule",
+        action="append",
+        choices=SCHEDULES,
+        default=None,
+        help="repeat for several (default: both; 1f1b only when microbatches >= stages)",
+    )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
@@ -497,7 +562,6 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """The rank's entry point: ``python -m fxforge.distributed DIR ...`` (what torchrun runs on every rank)."""
     args = _parser().parse_args(argv)
-    args.schedule = args.schedule or ["gpipe"]
     return _worker(args)
 
 
@@ -694,17 +758,14 @@ def run_pipeline(
             hint="if you trust this directory, pass --trust-pickle (or set FXFORGE_TRUST_PICKLE=1)",
         )
     notes: list[str] = []
-    microbatches = microbatches if microbatches is not None else max(4, world)
-    chosen = _schedules(schedules, microbatches, world, notes)
-    if repeats < 1 or warmup < 0 or threads < 1:
-        raise InputSpecError("--repeats and --threads must be at least 1, --warmup at least 0")
-    if not (timeout > 0):
-        raise InputSpecError(f"--timeout must be positive, got {timeout}")
+    microbatches, chosen = _run_options(world, microbatches, schedules, repeats, warmup, threads, timeout, notes)
     specs = run_inputs(plan, microbatches, inputs)
+    if verify:
+        _require_reference(directory, plan)
     backend, resolved = _backend_and_device(device, 0, world)  # every stage runs on this machine
     if backend == "nccl" and torch.cuda.device_count() < world:
         raise FxforgeError(
-            f"{world} stages need {world} GPUs on this machine, torch sees {torch.cuda.device_count()}",
+            f"{_counted(world, 'stage')} need {world} GPUs on this machine, torch sees {torch.cuda.device_count()}",
             hint="pass --device cpu, or run across machines with torchrun (docs/commands/run-pipeline.md)",
         )
     worker_args = [
@@ -720,7 +781,7 @@ def run_pipeline(
     ]  # fmt: skip
     if trust_pickle:
         worker_args.append("--trust-pickle")
-    work = Path(tempfile.mkdtemp(prefix="fxforge-pipeline-"))
+    work = Path(tempfile.mkdtemp(prefix=_WORK_PREFIX))
     try:
         try:
             _launch(directory, world, worker_args, timeout, threads, work)
@@ -745,8 +806,9 @@ def run_pipeline(
             notes.append(f"the unsplit model is a pickled {MODEL_FILE}: pass --trust-pickle to verify and time it")
         else:
             reference = load_reference(directory, trust_pickle=trust_pickle)
-            if reference is None:
-                notes.append(f"no unsplit model in {directory} (plan.json's notes say why): not verified, no baseline")
+            if reference is None:  # with verify, _require_reference let it through: the split said why
+                why = missing_reference_reason(plan) or f"{directory} has no {PROGRAM_FILE}"
+                notes.append(f"{'not verified, no baseline' if verify else 'no baseline'}: {why}")
     check = check_outputs(reference, batch_inputs, outputs, microbatches) if verify and reference else None
     bases = []
     if baseline and reference is not None:
@@ -762,8 +824,8 @@ def run_pipeline(
         results.append(ScheduleTiming(name, median, batch / median, speedup, per_run))
     if threads * world > (os.cpu_count() or 1):
         notes.append(
-            f"{world} stages x {threads} thread(s) on {os.cpu_count()} cores: the stages share cores, so they cannot "
-            "all compute at once"
+            f"{_counted(world, 'stage')} x {_counted(threads, 'thread')} on {_counted(os.cpu_count() or 1, 'core')}: "
+            "the stages share cores, so they cannot all compute at once"
         )
     return PipelineRun(
         directory=str(directory),

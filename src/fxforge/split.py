@@ -22,7 +22,10 @@ weights.
 A split directory holds ``plan.json`` (plain JSON), one ``stage_K.pt2`` per stage (a ``torch.export`` program:
 loads with torch alone, without unpickling code) and ``model.pt2``, the unsplit model, which ``run-pipeline``
 verifies the pipeline's output against. A stage graph that cannot be exported is written as a pickled
-GraphModule ``stage_K.pt`` instead, which loads only with the pickle opt-in (docs/security.md).
+GraphModule ``stage_K.pt`` instead, which loads only with the pickle opt-in (docs/security.md). Unpickling it
+needs the classes of the model's Python file (a ``file.py:factory`` spec): the split keeps a copy of that file in
+``source/`` and records where the original was, so that the stages load from any working directory and on any
+machine the directory is copied to.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ import inspect as pyinspect
 import json
 import math
 import re
+import shutil
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -41,13 +46,13 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
-from fxforge.artifacts import MODEL_FILE, PROGRAM_FILE, atomic_directory, write_inputs
+from fxforge.artifacts import MODEL_FILE, PROGRAM_FILE, atomic_directory, output_target, write_inputs
 from fxforge.capture import Captured, placeholder_values
 from fxforge.errors import FxforgeError, ModelSpecError, first_line, format_location, is_user_file
 from fxforge.graphs import get_attr_value, is_input_guard, module_path, submodule
 from fxforge.inputs import InputSpec, parse_input_spec
 from fxforge.inspect import NodeInfo, inspect_graph
-from fxforge.models import load_model, pickle_trusted
+from fxforge.models import LoadedModel, load_model, pickle_trusted
 from fxforge.partition import partition, prefix_sums
 from fxforge.references import import_file
 from fxforge.runtime import export_program, preserved_state, quiet_torch_logs
@@ -57,12 +62,19 @@ BALANCES = ("flops", "params", "memory", "time")
 PLAN_FILE = "plan.json"
 PLAN_FORMAT = "fxforge-split"
 PLAN_VERSION = 1
+SOURCE_DIR = "source"  # the model's Python file, copied when a stage is pickled: unpickling needs its classes
+_NO_REFERENCE_NOTE = "no unsplit model written"  # the note that says why a split directory has no model.pt2
 _COMPUTE = ("call_function", "call_method", "call_module")
 # torch.export's input-shape check: no part of the model's computation, and no module a stage could hold
 
 
 def stage_file(index: int, pickled: bool = False) -> str:
     return f"stage_{index}.pt" if pickled else f"stage_{index}.pt2"
+
+
+def _counted(count: int, noun: str) -> str:
+    """``1 stage``, ``2 stages``: the messages quote counts that are often 1 (a one-stage split, a one-node graph)."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -136,6 +148,10 @@ class SplitPlan:
     on_meta: bool
     plan_s: float
     notes: list[str] = field(default_factory=list)
+    # The model's Python file (a file.py:factory spec) where it was split, and its copy inside the split directory
+    # (written when a stage or the unsplit model is pickled): unpickling them imports it for the classes.
+    model_file: str | None = None
+    model_source: str | None = None
 
     @property
     def split_spec(self) -> dict[str, str] | None:
@@ -413,14 +429,17 @@ def _plan(
         _match_profile(graph, times, notes)
     n = len(graph.compute)
     if stages > n:
-        raise FxforgeError(f"--stages {stages} is more than the graph's {n} compute nodes", hint=f"at most {n}")
+        raise FxforgeError(
+            f"--stages {stages} is more than the graph's {_counted(n, 'compute node')}",
+            hint=f"at most {_counted(n, 'stage')}",
+        )
     crossing, allowed = _crossings(graph)
     possible = sum(allowed)
     if stages - 1 > possible:
         raise FxforgeError(
-            f"the graph can be cut in only {possible} places (elsewhere values that are not single tensors cross), "
-            f"too few for {stages} stages",
-            hint=f"at most {possible + 1} stages",
+            f"the graph can be cut in only {_counted(possible, 'place')} (elsewhere values that are not single "
+            f"tensors cross), too few for {stages} stages",
+            hint=f"at most {_counted(possible + 1, 'stage')}",
         )
     _note_blocked_cuts(graph, allowed, notes)
     costs = _node_costs(graph, balance, times)
@@ -768,6 +787,8 @@ def split(
     ``plan.json`` and the unsplit ``model.pt2``, and what is verified is the written files, reloaded. On the
     ``meta`` device only the plan is made (and ``plan.json`` written).
     """
+    if output_dir is not None:  # before the work: refusing afterwards would waste it
+        _refuse_foreign_directory(output_dir, force)
     plan, graph = _plan(captured, stages, balance, profile, slack, model_name)
     if plan.on_meta:
         plan.notes.append("the model is on the meta device: planned only, no stage modules (they need weights)")
@@ -791,9 +812,11 @@ def split(
             examples = _stage_examples(graph, plan, captured)
             result.files = _write_stages(staging, plan, modules, examples)
             result.files += _write_reference(staging, captured, plan)
+            if any(name.endswith(".pt") for name in result.files):
+                result.files += _write_model_source(staging, plan)
             tensors = [v for v in captured.flat_inputs() if isinstance(v, torch.Tensor)]
             result.files.append(write_inputs(staging, tensors))
-            loaded = [_load_stage(staging, stage, trust_pickle=True, model=plan.model) for stage in plan.stages]
+            loaded = [_load_stage(staging, stage, plan, trust_pickle=True) for stage in plan.stages]
             candidate = ChainedStages(loaded, captured.graph_module)
             if verify_stages:
                 # the stage programs are fixed to the example's shapes (the microbatch shape): every case at that batch
@@ -819,6 +842,19 @@ class SplitVerificationError(FxforgeError):
         problems = "; ".join((result.verification.problems if result.verification else [])[:2])
         super().__init__(f"the split stages do not match the model: {problems}; nothing was written")
         self.result = result
+
+
+def _refuse_foreign_directory(output_dir: str | Path, force: bool) -> None:
+    """``--force`` replaces an earlier split (it has ``plan.json``) or an empty directory, never one holding other
+    files: a project folder given as ``-o`` by mistake would be deleted with everything in it."""
+    target = output_target(output_dir)
+    if not force or not target.is_dir() or not any(target.iterdir()) or (target / PLAN_FILE).is_file():
+        return
+    raise FxforgeError(
+        f"refusing to replace {target}: it holds files but no {PLAN_FILE}, so it is not the output of fxforge "
+        "split, and replacing it would delete files fxforge did not write",
+        hint="give a new or empty directory, e.g. -o out/model-split",
+    )
 
 
 def _write_plan(directory: Path, plan: SplitPlan) -> None:
@@ -888,13 +924,36 @@ def _write_reference(directory: Path, captured: Captured, plan: SplitPlan) -> li
             torch.save(captured.graph_module, directory / MODEL_FILE)
     except Exception as exc:  # a TorchScript submodule, say: there is nothing to verify the pipeline against
         (directory / MODEL_FILE).unlink(missing_ok=True)
-        plan.notes.append(f"no unsplit model written ({problems[-1]}; {first_line(exc)}): run-pipeline cannot verify")
+        plan.notes.append(
+            f"{_NO_REFERENCE_NOTE} ({problems[-1]}; {first_line(exc)}): run-pipeline cannot verify the pipeline"
+        )
         return []
     plan.notes.append(
         f"the unsplit model does not export ({problems[-1]}): written as a pickled GraphModule {MODEL_FILE}, "
         "which loads only with --trust-pickle"
     )
     return [MODEL_FILE]
+
+
+def _write_model_source(directory: Path, plan: SplitPlan) -> list[str]:
+    """Copy the model's Python file (a ``file.py:factory`` spec) into ``source/``: a pickled stage names its classes
+    by the module fxforge imported that file as, so loading it needs the file, wherever the directory is run from
+    or copied to. Its absolute path is recorded too, for a file that imports sibling modules of its own."""
+    file = _spec_file(plan.model)
+    if file is None or not file.is_file():
+        return []
+    plan.model_file = str(file.resolve())
+    copy = Path(SOURCE_DIR) / file.name
+    (directory / SOURCE_DIR).mkdir()
+    shutil.copy2(file, directory / copy)
+    plan.model_source = copy.as_posix()
+    return [copy.as_posix()]
+
+
+def _spec_file(model: str) -> Path | None:
+    """The Python file of a ``file.py:factory`` spec, else None."""
+    file, sep, _attr = model.rpartition(":")
+    return Path(file) if sep and file.endswith(".py") else None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -918,15 +977,15 @@ def load_plan(directory: str | Path) -> SplitPlan:
 def _load_stage(
     directory: Path,
     stage: StagePlan,
+    plan: SplitPlan,
     trust_pickle: bool | None = None,
     device: torch.device | None = None,
-    model: str = "",
 ) -> nn.Module:
     if stage.file is None:
         raise ModelSpecError(f"stage {stage.index} has no module file: the plan was made on the meta device")
-    if stage.file.endswith(".pt") and pickle_trusted(trust_pickle):
-        _import_model_file(model)
-    loaded = load_model(str(directory / stage.file), trust_pickle=trust_pickle)
+    path = directory / stage.file
+    loaded = _load_pickle_aware(path, directory, plan, trust_pickle)
+    _check_stage_signature(loaded, stage)
     if device is None or device.type == "cpu":
         return loaded.module
     if loaded.exported_program is not None:
@@ -941,30 +1000,170 @@ def load_stage(
     directory: str | Path, index: int, *, trust_pickle: bool | None = None, device: torch.device | str | None = None
 ) -> nn.Module:
     """Stage ``index`` of a split directory, as a module on ``device`` (default: the CPU); a ``.pt2`` program
-    loads without unpickling code, a pickled ``stage_K.pt`` needs the opt-in."""
+    loads without unpickling code, a pickled ``stage_K.pt`` needs the opt-in. A file that does not take and return
+    the tensors the plan says of that stage (files swapped or mixed from two splits) is refused."""
     plan = load_plan(directory)
     if not 0 <= index < len(plan.stages):
-        raise FxforgeError(f"stage {index} does not exist: the plan has {len(plan.stages)} stages")
+        raise FxforgeError(f"stage {index} does not exist: the plan has {_counted(len(plan.stages), 'stage')}")
     where = torch.device(device) if device else None
-    return _load_stage(Path(directory), plan.stages[index], trust_pickle, where, plan.model)
+    return _load_stage(Path(directory), plan.stages[index], plan, trust_pickle, where)
 
 
 def load_reference(directory: str | Path, *, trust_pickle: bool | None = None) -> tuple[nn.Module, str] | None:
     """The unsplit model of a split directory and its file name (``model.pt2``, else a pickled ``model.pt``
-    with the opt-in), or None when the split could write neither."""
+    with the opt-in), or None when the directory holds neither (:func:`missing_reference_reason` says whether the
+    split could not write one)."""
     directory = Path(directory)
     if (directory / PROGRAM_FILE).exists():
         return load_model(str(directory / PROGRAM_FILE)).module, PROGRAM_FILE
     if (directory / MODEL_FILE).exists():
-        if pickle_trusted(trust_pickle):
-            _import_model_file(load_plan(directory).model)
-        return load_model(str(directory / MODEL_FILE), trust_pickle=trust_pickle).module, MODEL_FILE
+        loaded = _load_pickle_aware(directory / MODEL_FILE, directory, load_plan(directory), trust_pickle)
+        return loaded.module, MODEL_FILE
     return None
 
 
-def _import_model_file(model: str) -> None:
-    """A pickled stage of a model from ``file.py:attr`` names the file's classes under the module name fxforge
-    imported it as: import the file again (as the split did) before unpickling, when it is where it was."""
-    file, sep, _attr = model.rpartition(":")
-    if sep and file.endswith(".py") and Path(file).is_file():
-        import_file(file, error=ModelSpecError, what="the pickled stage's classes")
+def missing_reference_reason(plan: SplitPlan) -> str | None:
+    """Why the split wrote no unsplit model (its note in ``plan.json``), or None when it wrote one: then a split
+    directory without ``model.pt2`` (or ``model.pt``) has lost it."""
+    return next((note for note in plan.notes if note.startswith(_NO_REFERENCE_NOTE)), None)
+
+
+def _load_pickle_aware(path: Path, directory: Path, plan: SplitPlan, trust_pickle: bool | None) -> LoadedModel:
+    """``load_model`` of a stage or unsplit-model file; before a pickled one, the model's Python file is imported
+    (its classes are what the pickle names), and when they still cannot be found, the error says which file."""
+    import_problem = None
+    if path.suffix == ".pt" and pickle_trusted(trust_pickle):
+        import_problem = _import_model_file(directory, plan)
+    try:
+        return load_model(str(path), trust_pickle=trust_pickle)
+    except ModelSpecError as exc:
+        missing = re.search(r"No module named '(fxforge_user_\w+)", exc.message)
+        if missing is None:
+            raise
+        raise _model_file_error(path, directory, plan, missing.group(1), import_problem) from None
+
+
+def _model_file_candidates(directory: Path, plan: SplitPlan) -> list[Path]:
+    """Where the model's Python file may be, best first: the copy in the split directory (the code the stages were
+    pickled from, and it travels with the directory), the file where it was split, and the spec as written
+    (relative to the working directory: all that plans written before the copy have)."""
+    candidates = [directory / plan.model_source] if plan.model_source else []
+    if plan.model_file:
+        candidates.append(Path(plan.model_file))
+    spec_file = _spec_file(plan.model)
+    if spec_file is not None:
+        candidates.append(spec_file)
+    return list(dict.fromkeys(candidates))
+
+
+def _import_model_file(directory: Path, plan: SplitPlan) -> str | None:
+    """Import the model's Python file as the split did, so that unpickling finds its classes; None when done (or
+    there is no such file to import), else why none of the candidates imported."""
+    candidates = _model_file_candidates(directory, plan)
+    if not candidates:
+        return None
+    imported = sys.modules.get(f"fxforge_user_{candidates[0].stem}")
+    imported_from = getattr(imported, "__file__", None)
+    if imported_from and Path(imported_from).resolve() in {c.resolve() for c in candidates}:
+        return None  # this process built the model from it (the split itself): importing again would fork its classes
+    problems = []
+    for candidate in candidates:
+        if candidate.is_file():
+            try:
+                import_file(candidate, error=ModelSpecError, what="the pickled stage's classes")
+                return None
+            except ModelSpecError as exc:  # a copy whose sibling imports are elsewhere: the original may work
+                problems.append(exc.message)
+    return problems[-1] if problems else f"it is not at {' nor at '.join(str(c.absolute()) for c in candidates)}"
+
+
+def _model_file_error(
+    path: Path, directory: Path, plan: SplitPlan, module_name: str, import_problem: str | None
+) -> ModelSpecError:
+    file_name = module_name.removeprefix("fxforge_user_") + ".py"
+    if not _model_file_candidates(directory, plan):  # split through the API without model_name: nothing recorded
+        return ModelSpecError(
+            f"cannot read {path}: its classes are in the model's file {file_name}, and the split did not record where "
+            "that file is",
+            hint=f"import {file_name} with fxforge.references.import_file before loading, or split from a "
+            "file.py:factory spec (fxforge split keeps a copy of the file)",
+        )
+    reason = import_problem or "it could not be imported"
+    return ModelSpecError(
+        f"cannot read {path}: its classes are in the model's file {file_name} (split from {plan.model}), and {reason}",
+        hint=f"put {file_name} where it was split, or split again: fxforge split keeps a copy in {SOURCE_DIR}/",
+    )
+
+
+def _signature_of(loaded: LoadedModel) -> tuple[list[TensorInfo | str], list[TensorInfo | str]] | None:
+    """What a loaded stage takes and returns: a ``TensorInfo`` where its shape and dtype are recorded (a program's
+    are; its output names are torch.export's own, left out), else the input's name; None for other modules."""
+
+    def described(node: fx.Node, name: str) -> TensorInfo | str:
+        value = node.meta.get("val", node.meta.get("tensor_meta"))
+        shape = getattr(value, "shape", None)
+        if shape is None or not all(isinstance(d, int) for d in shape):
+            return name
+        return TensorInfo(name, list(shape), str(value.dtype).removeprefix("torch."), 0)
+
+    program = loaded.exported_program
+    if program is not None:
+        nodes = {node.name: node for node in program.graph.nodes}
+        signature = program.graph_signature
+        inputs = [described(nodes[name], name) for name in signature.user_inputs if name in nodes]
+        outputs = [described(nodes[name], "") for name in signature.user_outputs if name in nodes]
+        return inputs, outputs
+    if isinstance(loaded.module, fx.GraphModule):
+        graph = loaded.module.graph
+        inputs = [described(node, node.name) for node in graph.nodes if node.op == "placeholder"]
+        output = next(node for node in reversed(graph.nodes) if node.op == "output")
+        leaves: list[fx.Node] = []
+        fx.node.map_arg(output.args[0] if output.args else (), leaves.append)
+        return inputs, [described(node, "") for node in leaves]
+    return None
+
+
+def _check_stage_signature(loaded: LoadedModel, stage: StagePlan) -> None:
+    """Refuse a stage file that does not take and return what the plan says stage K does: files renamed, swapped,
+    or copied from another split fail here, by name, instead of deep in the schedule (``KeyError: 2``)."""
+    signature = _signature_of(loaded)
+    if signature is None:
+        return
+    inputs, outputs = signature
+    if not _same_tensors(inputs, stage.inputs, names=True):
+        verb, found, planned = "takes", _describe_tensors(inputs), _describe_tensors(stage.inputs)
+    elif not _same_tensors(outputs, stage.outputs, names=False):
+        verb = "returns"
+        found, planned = _describe_tensors(outputs, names=False), _describe_tensors(stage.outputs, names=False)
+    else:
+        return
+    raise ModelSpecError(
+        f"{stage.file} does not match stage {stage.index} of {PLAN_FILE} (it {verb} {found}; the plan says {planned})",
+        hint="the stage files were renamed, swapped or mixed from two splits: split the model again",
+    )
+
+
+def _same_tensors(found: list[TensorInfo | str], planned: list[TensorInfo], names: bool) -> bool:
+    if len(found) != len(planned):
+        return False
+    for have, want in zip(found, planned):
+        name = have if isinstance(have, str) else have.name
+        if names and name != want.name:
+            return False
+        if isinstance(have, TensorInfo) and (have.shape, have.dtype) != (want.shape, want.dtype):
+            return False
+    return True
+
+
+def _describe_tensors(tensors: Sequence[TensorInfo | str], names: bool = True, limit: int = 6) -> str:
+    if not tensors:
+        return "no tensors"
+    parts = []
+    for tensor in tensors[:limit]:
+        if isinstance(tensor, str):
+            parts.append(tensor or "a tensor")
+            continue
+        shape = "x".join(map(str, tensor.shape)) or "scalar"
+        parts.append(f"{tensor.name} {shape} {tensor.dtype}" if names else f"{shape} {tensor.dtype}")
+    more = f" and {len(tensors) - limit} more" if len(tensors) > limit else ""
+    return ", ".join(parts) + more
