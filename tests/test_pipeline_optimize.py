@@ -187,6 +187,11 @@ def test_atomic_directory_refuses_non_empty_without_force(tmp_path):
     with pytest.raises(FxforgeError, match="not empty"), atomic_directory(target):
         pass
     assert (target / "keep.txt").read_text() == "user data"
+    # --force replaces an earlier fxforge output, never a folder of the user's (optimize -o myproject --force)
+    with pytest.raises(FxforgeError, match="not an fxforge output"), atomic_directory(target, force=True):
+        pass
+    assert (target / "keep.txt").read_text() == "user data"
+    (target / "report.json").write_text("{}")
     with atomic_directory(target, force=True) as staging:
         (staging / "new.txt").write_text("new")
     assert [p.name for p in target.iterdir()] == ["new.txt"]

@@ -44,6 +44,9 @@ MODEL_FILE = "model.pt"  # a pickled module (GraphModule, int8 model): needs --t
 PROGRAM_FILE = "model.pt2"  # a torch.export program: loads without unpickling code
 PACKAGE_DIR = "optimized_model"  # not "code": that would shadow the standard library module on import
 REPORT_FILE = "report.json"
+PLAN_FILE = "plan.json"  # a split directory's plan (fxforge split)
+# Every output directory fxforge writes holds one of these: --force replaces only such a directory (or an empty one)
+OUTPUT_MARKERS = (REPORT_FILE, PLAN_FILE)
 PROVENANCE_FILE = "provenance.json"
 INPUTS_FILE = "inputs.txt"
 TORCHSCRIPT_FILE = "model.torchscript.pt"
@@ -98,6 +101,32 @@ def output_target(path: str | Path) -> Path:
     return target
 
 
+def check_output_directory(target: str | Path, *, force: bool = False) -> Path:
+    """Where an output directory goes (:func:`output_target`), once it is known that writing there replaces nothing
+    but an earlier fxforge output: called before the work too, so that a refusal does not waste it.
+
+    A non-empty directory is replaced only with ``force``, and only when it holds a file every fxforge output has
+    (:data:`OUTPUT_MARKERS`): a project folder given as ``-o`` by mistake would be deleted with all it holds.
+    """
+    target = output_target(target)
+    _refuse_unsafe_target(target)
+    if target.exists() and not target.is_dir():
+        raise FxforgeError(f"{target} exists and is not a directory")
+    if not target.exists() or not any(target.iterdir()):
+        return target
+    if not force:
+        raise FxforgeError(
+            f"output directory {target} is not empty", hint="pass --force (force=True in Python) to replace it"
+        )
+    if not any((target / marker).is_file() for marker in OUTPUT_MARKERS):
+        raise FxforgeError(
+            f"refusing to replace {target}: it holds files but no {' or '.join(OUTPUT_MARKERS)}, so it is not an "
+            "fxforge output, and replacing it would delete files fxforge did not write",
+            hint="give a new or empty directory, e.g. -o out/model",
+        )
+    return target
+
+
 @contextlib.contextmanager
 def atomic_directory(target: str | Path, *, force: bool = False) -> Iterator[Path]:
     """Yield a temporary directory that replaces ``target`` only if the block succeeds.
@@ -106,14 +135,7 @@ def atomic_directory(target: str | Path, *, force: bool = False) -> Iterator[Pat
     (``force``) is moved aside first and deleted after. On any failure -- an exception, Ctrl-C -- the
     staging directory is removed and the old output stays as it was.
     """
-    target = output_target(target)
-    _refuse_unsafe_target(target)
-    if target.exists() and not target.is_dir():
-        raise FxforgeError(f"{target} exists and is not a directory")
-    if target.exists() and any(target.iterdir()) and not force:
-        raise FxforgeError(
-            f"output directory {target} is not empty", hint="pass --force (force=True in Python) to replace it"
-        )
+    target = check_output_directory(target, force=force)
     created = _missing_parents(target)
     try:
         for directory in created:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fxforge.artifacts import REPORT_FILE, atomic_directory, save_graph_module, write_json
+from fxforge.artifacts import REPORT_FILE, atomic_directory, check_output_directory, save_graph_module, write_json
 from fxforge.capture import Captured, require_real_weights
 from fxforge.lint import LintReport, lint
 from fxforge.passes import FIX_ORDER, registered_passes
@@ -78,6 +78,8 @@ def optimize(
     own settings (a pipeline file's ``verify: true``), and means False for a list of names.
     """
     require_real_weights(captured, "optimize")
+    if output_dir is not None:  # before the work: refusing afterwards would waste it
+        check_output_directory(output_dir, force=force)
     if isinstance(passes, Pipeline):
         pipeline = passes
         if verify is not None:

@@ -46,7 +46,14 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
-from fxforge.artifacts import MODEL_FILE, PROGRAM_FILE, atomic_directory, output_target, write_inputs
+from fxforge.artifacts import (
+    MODEL_FILE,
+    PLAN_FILE,
+    PROGRAM_FILE,
+    atomic_directory,
+    check_output_directory,
+    write_inputs,
+)
 from fxforge.capture import Captured, placeholder_values
 from fxforge.errors import FxforgeError, ModelSpecError, first_line, format_location, is_user_file
 from fxforge.graphs import get_attr_value, is_input_guard, module_path, submodule
@@ -59,7 +66,6 @@ from fxforge.runtime import export_program, preserved_state, quiet_torch_logs
 from fxforge.verify import DEFAULT_CASES, VerifyResult, verify
 
 BALANCES = ("flops", "params", "memory", "time")
-PLAN_FILE = "plan.json"
 PLAN_FORMAT = "fxforge-split"
 PLAN_VERSION = 1
 SOURCE_DIR = "source"  # the model's Python file, copied when a stage is pickled: unpickling needs its classes
@@ -788,7 +794,7 @@ def split(
     ``meta`` device only the plan is made (and ``plan.json`` written).
     """
     if output_dir is not None:  # before the work: refusing afterwards would waste it
-        _refuse_foreign_directory(output_dir, force)
+        check_output_directory(output_dir, force=force)
     plan, graph = _plan(captured, stages, balance, profile, slack, model_name)
     if plan.on_meta:
         plan.notes.append("the model is on the meta device: planned only, no stage modules (they need weights)")
@@ -842,19 +848,6 @@ class SplitVerificationError(FxforgeError):
         problems = "; ".join((result.verification.problems if result.verification else [])[:2])
         super().__init__(f"the split stages do not match the model: {problems}; nothing was written")
         self.result = result
-
-
-def _refuse_foreign_directory(output_dir: str | Path, force: bool) -> None:
-    """``--force`` replaces an earlier split (it has ``plan.json``) or an empty directory, never one holding other
-    files: a project folder given as ``-o`` by mistake would be deleted with everything in it."""
-    target = output_target(output_dir)
-    if not force or not target.is_dir() or not any(target.iterdir()) or (target / PLAN_FILE).is_file():
-        return
-    raise FxforgeError(
-        f"refusing to replace {target}: it holds files but no {PLAN_FILE}, so it is not the output of fxforge "
-        "split, and replacing it would delete files fxforge did not write",
-        hint="give a new or empty directory, e.g. -o out/model-split",
-    )
 
 
 def _write_plan(directory: Path, plan: SplitPlan) -> None:
