@@ -22,6 +22,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from fxforge import display
 from fxforge.errors import FxforgeError, InputSpecError, one_line_reason
 from fxforge.inputs import DISTRIBUTIONS, draw_like
 from fxforge.passes.insert_after import SiteStats, StatsRecorder, read_stats
@@ -71,6 +72,12 @@ class DebugReport:
     nan: NonFinite | None = None
     stats: dict[str, SiteStats] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)  # a case on which the model itself raised
+
+    def __repr__(self) -> str:  # the dataclass's would print every module's statistics
+        return display.debug_repr(self)
+
+    def _repr_html_(self) -> str:  # Jupyter shows this for the last value of a cell
+        return display.debug_html(self)
 
     def to_dict(self) -> dict[str, Any]:
         return {

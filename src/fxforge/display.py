@@ -1,9 +1,11 @@
 """Display: small HTML tables for notebooks, shared by every result object's ``_repr_html_``.
 
 Jupyter shows the last value of a cell through its ``_repr_html_``; fxforge's results (``Captured``,
-``InspectReport``, lint reports, verification, export, bench and quantize results) build theirs from
-:func:`table` and :func:`card` so that they look alike. Standard library only (bottom layer): the
-interactive graph pictures live in :mod:`fxforge.visual`, which sits higher up.
+``InspectReport``, lint reports, verification, export, profile, debug and doctor reports, split plans and
+results, pipeline runs; bench and quantize results through :mod:`fxforge.visual.notebook`) build theirs from
+:func:`table` and :func:`card` so that they look alike, and keep their ``__repr__`` to one short line. Standard
+library only (bottom layer): results are read by attribute, and the interactive graph pictures live in
+:mod:`fxforge.visual`, which sits higher up.
 """
 
 from __future__ import annotations
@@ -212,3 +214,320 @@ def export_html(result: Any) -> str:
         ("notes", "; ".join(result.notes) or None),
     ]
     return card(f"Export: {result.format}", key_values(pairs))
+
+
+def _plural(count: int, word: str, many: str = "") -> str:
+    return f"{count} {word if count == 1 else many or word + 's'}"
+
+
+def _heading(text: str) -> str:
+    return f"<p><b>{escape(text)}</b></p>"
+
+
+def profile_repr(report: Any) -> str:
+    parts = "nodes" if report.backend == "fx" else "leaf modules"
+    hottest = report.top(1)
+    hot = f", hottest {hottest[0].name} ({hottest[0].share:.0%})" if hottest else ""
+    return (
+        f"<ProfileReport {report.backend} backend, inputs {', '.join(report.inputs) or 'none'}: "
+        f"{report.total_ms:.2f} ms summed over {len(report.nodes)} {parts}, whole model {report.whole_ms:.2f} ms{hot}>"
+    )
+
+
+def _bound(node: Any) -> str:
+    if node.bound and node.peak_fraction is not None:
+        return f"{node.bound} ({node.peak_fraction:.0%})"
+    return node.bound
+
+
+def profile_html(report: Any, top: int = 15, depth: int = 1) -> str:
+    """The ``top`` slowest nodes, the modules down to ``depth`` levels by time, and the notes."""
+    parts = "nodes" if report.backend == "fx" else "leaf modules"
+    hottest = report.top(top)
+    node_rows = [
+        (
+            n.name,
+            n.target,
+            f"{n.time_ms:.3f}",
+            f"{n.share:.1%}",
+            f"{n.gflops:.1f}" if n.flops else "-",
+            byte_size(n.bytes) if n.bytes else "",
+            _bound(n),
+        )
+        for n in hottest
+    ]
+    body = [
+        _heading(f"The {len(hottest)} slowest of {len(report.nodes)} {parts}"),
+        table(
+            ["node" if report.backend == "fx" else "module", "target", "ms", "share", "GFLOP/s", "alloc", "bound"],
+            node_rows,
+            numeric=[2, 3, 4, 5],
+        ),
+    ]
+    modules = sorted((m for m in report.modules if m.path.count(".") < depth), key=lambda m: m.time_ms, reverse=True)
+    if modules:
+        module_rows = [(m.path, m.nodes, f"{m.time_ms:.3f}", f"{m.share:.1%}", number(m.flops)) for m in modules]
+        body += [
+            _heading("Modules"),
+            table(["module", "nodes", "ms", "share", "FLOPs"], module_rows, numeric=[1, 2, 3, 4]),
+        ]
+    body += [paragraph(f"note: {note}") for note in report.notes]
+    if report.trace:
+        body.append(paragraph(f"trace written to {report.trace} (chrome://tracing, https://ui.perfetto.dev)"))
+    subtitle = (
+        f"inputs {', '.join(report.inputs) or 'none'}, median of {report.repeats} runs: {report.total_ms:.2f} ms "
+        f"summed over {len(report.nodes)} {parts}; the whole model unprofiled {report.whole_ms:.2f} ms"
+    )
+    return card(f"Profile ({report.backend} backend)", *body, subtitle=subtitle)
+
+
+def _non_finite_verdict(report: Any) -> str:
+    if report.nan is not None:
+        return f"NaN/Inf first in {report.nan.module or 'the model itself'} ({report.nan.type})"
+    # with statistics alone the run was not checked for a first NaN, but every module's counts were kept
+    seen = sum(1 for s in report.stats.values() if s.nan_count or s.inf_count)
+    return f"NaN/Inf in the output of {_plural(seen, 'module')}" if seen else "no NaN or Inf in any module's output"
+
+
+def debug_repr(report: Any) -> str:
+    stats = f", statistics of {_plural(sum(1 for s in report.stats.values() if s.calls), 'module')}"
+    raised = f", the model raised on {_plural(len(report.errors), 'case')}" if report.errors else ""
+    return (
+        f"<DebugReport {_non_finite_verdict(report)}: {report.modules} modules watched, "
+        f"{_plural(len(report.cases), 'case')}{stats if report.stats else ''}{raised}>"
+    )
+
+
+def _tensor_summary(summary: Any) -> str:
+    span = "" if summary.min is None else f", finite values in [{summary.min:.4g}, {summary.max:.4g}]"
+    shape = "x".join(map(str, summary.shape)) or "scalar"
+    return f"{shape} {summary.dtype}: {summary.nan} NaN, {summary.inf} Inf{span}"
+
+
+def _value(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+def debug_html(report: Any) -> str:
+    """The first module to produce NaN/Inf (with what it got and gave), the activation statistics, the errors."""
+    body = []
+    found = report.nan
+    if found is not None:
+        pairs = [("first NaN/Inf", found.describe()), ("output", _tensor_summary(found.output))]
+        pairs += [(f"input {index}", _tensor_summary(value)) for index, value in enumerate(found.inputs)]
+        body.append(key_values(pairs))
+    else:
+        verdict = _non_finite_verdict(report)
+        body.append(paragraph(f"{verdict[0].upper()}{verdict[1:]}."))
+    rows = [
+        (
+            name or "<root>",
+            s.calls,
+            _value(s.min),
+            _value(s.max),
+            _value(s.mean),
+            _value(s.std),
+            "-" if s.zero_fraction is None else f"{s.zero_fraction:.1%}",
+            s.nan_count,
+            s.inf_count,
+        )
+        for name, s in report.stats.items()
+        if s.calls
+    ]
+    if rows:
+        headers = ["module", "calls", "min", "max", "mean", "std", "zeros", "NaN", "Inf"]
+        body += [_heading("Activation statistics"), table(headers, rows, numeric=range(1, 9), limit=100)]
+    body += [paragraph(f"the model raised on {error}") for error in report.errors]
+    subtitle = f"{report.modules} modules watched; inputs run: {'; '.join(report.cases) or 'none'}"
+    return card("Debug", *body, subtitle=subtitle)
+
+
+_FEATURE_CLASS = {"available": "fxf-ok", "missing-extra": "fxf-warn", "unsupported-hardware": "fxf-bad"}
+
+
+def doctor_repr(report: Any) -> str:
+    available = sum(1 for state in report.features.values() if state == "available")
+    cpu = report.cpu
+    return (
+        f"<DoctorReport torch {report.versions.get('torch')}, {cpu.cores} CPUs "
+        f"({cpu.torch_capability or 'ISA unknown'}), {_plural(len(report.gpus), 'GPU')}: {available} of "
+        f"{len(report.features)} features available>"
+    )
+
+
+def doctor_html(report: Any) -> str:
+    """The machine in a few lines, then every feature with its status and, when it is not available, why."""
+    cpu, backends, peak = report.cpu, report.backends, report.peak
+    versions = ", ".join(f"{name} {version}" for name, version in report.versions.items() if version)
+    missing = ", ".join(name for name, version in report.versions.items() if version is None)
+    gpus = "; ".join(f"{g['name']} ({g['memory_gib']} GiB, sm {g['capability']})" for g in report.gpus)
+    pairs = [
+        ("versions", versions),
+        ("not installed", missing or None),
+        ("cpu", f"{cpu.model}; {cpu.cores} CPUs; torch ISA {cpu.torch_capability or 'unknown'}"),
+        ("cpu features", " ".join(cpu.features) or "none of the ones that matter"),
+        ("torch threads", f"{backends.get('threads')} ({backends.get('interop_threads')} inter-op)"),
+        ("gpus", gpus or "none"),
+        (
+            "peak",
+            None
+            if peak is None
+            else f"matmul GFLOP/s {', '.join(f'{k} {v:,.0f}' for k, v in peak.gflops.items())}; "
+            f"memory copy {peak.bandwidth_gbs:.1f} GB/s ({peak.threads} threads)",
+        ),
+    ]
+    rows = [
+        (
+            feature,
+            f'<span class="{_FEATURE_CLASS.get(state, "")}">{escape(state)}</span>',
+            report.reasons.get(feature, ""),
+        )
+        for feature, state in report.features.items()
+    ]
+    capabilities = table(["feature", "status", "why not"], rows, raw=[1])
+    return card("Doctor", key_values(pairs), _heading("Features"), capabilities)
+
+
+# --------------------------------------------------------------------------------------------------
+# split plans and pipeline runs (split and distributed sit above this module: read by attribute)
+
+
+def split_plan_repr(plan: Any) -> str:
+    name = f" {plan.model}" if plan.model else ""
+    return (
+        f"<SplitPlan{name}: {_plural(len(plan.stages), 'stage')} balanced by {plan.balance}, imbalance "
+        f"{plan.imbalance:.3f}, {byte_size(plan.crossing_bytes)} cross the cuts>"
+    )
+
+
+def _cost(value: float, balance: str) -> str:
+    if balance == "time":
+        return f"{value:.2f} ms"
+    # a mean cost is a float: rounded first, or number() would print it to 4 digits rather than with a suffix
+    return number(round(value)) if balance == "flops" else byte_size(round(value))
+
+
+def _split_plan_parts(plan: Any) -> list[str]:
+    """The stage table, the cut table and the notes of a split plan."""
+    timed = plan.balance == "time"
+    stage_rows = []
+    for stage in plan.stages:
+        row = [
+            stage.index,
+            stage.nodes,
+            f"{stage.first_module or stage.first_node} .. {stage.last_module or stage.last_node}",
+            number(stage.params),
+            byte_size(stage.param_bytes),
+            number(stage.flops),
+            byte_size(stage.activation_bytes),
+            byte_size(stage.input_bytes),
+            byte_size(stage.memory_bytes),
+            f"{stage.cost / plan.total_cost:.1%}" if plan.total_cost else "-",
+        ]
+        if timed:
+            row.append("-" if stage.time_ms is None else f"{stage.time_ms:.2f} ms")
+        stage_rows.append(row)
+    headers = ["stage", "nodes", "modules (first .. last)", "params", "weights", "FLOPs", "activations", "receives"]
+    headers += ["memory", "cost"] + (["time"] if timed else [])
+    parts = [table(headers, stage_rows, numeric=[0, 1, *range(3, len(headers))])]
+    if plan.cuts:
+        cut_rows = [
+            (
+                f"{cut.after_stage}|{cut.after_stage + 1}",
+                f"{cut.after_node} .. {cut.before_node}",
+                ", ".join(f"{t.name} {'x'.join(map(str, t.shape)) or 'scalar'} {t.dtype}" for t in cut.tensors),
+                byte_size(cut.bytes),
+                ", ".join(f"{k}: {v}" for k, v in cut.split_spec.items()) if cut.split_spec else "inside a call",
+            )
+            for cut in plan.cuts
+        ]
+        parts += [
+            _heading("Cuts: tensors sent from one stage to the next (per microbatch)"),
+            table(["cut", "after .. before", "tensors", "bytes", "torch split_spec"], cut_rows, numeric=[3]),
+        ]
+    parts += [paragraph(f"note: {note}") for note in plan.notes]
+    return parts
+
+
+def _split_subtitle(plan: Any) -> str:
+    mean = plan.total_cost / len(plan.stages) if plan.stages else 0.0
+    return (
+        f"{plan.model or 'model'} ({plan.dialect} dialect), inputs {', '.join(plan.inputs) or 'none'}: imbalance "
+        f"{plan.imbalance:.3f} (largest stage {_cost(plan.bottleneck, plan.balance)} / mean "
+        f"{_cost(mean, plan.balance)}), {byte_size(plan.crossing_bytes)} cross the cuts"
+    )
+
+
+def split_plan_html(plan: Any) -> str:
+    title = f"Split plan: {_plural(len(plan.stages), 'stage')} balanced by {plan.balance}"
+    return card(title, *_split_plan_parts(plan), subtitle=_split_subtitle(plan))
+
+
+def split_result_html(result: Any) -> str:
+    """The plan, how the chained stages were verified, and the files written."""
+    plan = result.plan
+    parts = _split_plan_parts(plan)
+    if result.verification is not None:
+        parts.append(verify_html(result.verification))
+    if result.directory:
+        parts.append(paragraph(f"wrote {result.directory}/: {', '.join(result.files)}"))
+    title = f"Split: {_plural(len(plan.stages), 'stage')} balanced by {plan.balance}"
+    return card(title, *parts, subtitle=_split_subtitle(plan))
+
+
+def _ratio(value: float) -> str:
+    return f"{value:.2f}x" if value >= 0.1 else f"{value:.2g}x"
+
+
+def pipeline_run_repr(run: Any) -> str:
+    fastest = max(run.schedules, key=lambda t: t.samples_per_s, default=None)
+    speed = ""
+    if fastest is not None:
+        versus = f" ({_ratio(fastest.speedup)} the best one-process run)" if fastest.speedup is not None else ""
+        speed = f": {fastest.schedule} {fastest.samples_per_s:.1f} samples/s{versus}"
+    check = "" if run.check is None else (", verified" if run.check.ok else ", output MISMATCH")
+    return (
+        f"<PipelineRun {_plural(run.stages, 'stage')} on {run.device} ({run.backend}), batch {run.batch} in "
+        f"{run.microbatches} microbatches{speed}{check}>"
+    )
+
+
+def pipeline_run_html(run: Any) -> str:
+    """Throughput per schedule next to the unsplit model in one process, and the output check."""
+    rows = [
+        (
+            f"pipeline, {t.schedule}",
+            f"{t.median_s * 1000:.1f}",
+            f"{t.samples_per_s:.1f}",
+            "-" if t.speedup is None else _ratio(t.speedup),
+        )
+        for t in run.schedules
+    ]
+    best = min((b.median_s for b in run.baselines), default=None)
+    for base in run.baselines:
+        how = ", once per microbatch" if base.per_microbatch else ""
+        rows.append(
+            (
+                f"one process, unsplit ({_plural(base.threads, 'thread')}{how})",
+                f"{base.median_s * 1000:.1f}",
+                f"{base.samples_per_s:.1f}",
+                _ratio(best / base.median_s) if best else "-",
+            )
+        )
+    parts = [table(["run", "ms per batch", "samples/s", "vs best one-process"], rows, numeric=[1, 2, 3])]
+    check = run.check
+    if check is not None:
+        verdict = status(check.ok, "verified", "MISMATCH")
+        detail = escape(
+            f"against {check.reference}: max abs err {check.max_abs_err:.3g}, max rel err {check.max_rel_err:.3g}"
+            + (f"; {'; '.join(check.problems[:3])}" if check.problems else "")
+        )
+        parts.append(f"<p>{verdict} {detail}</p>")
+    parts += [paragraph(f"note: {note}") for note in run.notes]
+    parts.append(paragraph(f"{run.wall_s:.1f} s in all (process start-up, loading, every run)"))
+    subtitle = (
+        f"{run.directory}: {_plural(run.stages, 'stage')} as {_plural(run.stages, 'process', 'processes')} "
+        f"({run.backend} on {run.device}, {_plural(run.threads, 'thread')} each); batch {run.batch} = "
+        f"{run.microbatches} microbatches ({', '.join(run.inputs)})"
+    )
+    return card("Pipeline run", *parts, subtitle=subtitle)

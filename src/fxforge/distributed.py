@@ -47,6 +47,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from fxforge import display
 from fxforge.artifacts import MODEL_FILE, PROGRAM_FILE
 from fxforge.compare import compare_outputs
 from fxforge.errors import EXIT_FINDINGS, FxforgeError, InputSpecError, ModelSpecError, first_line, one_line_reason
@@ -131,6 +132,12 @@ class PipelineRun:
     @property
     def ok(self) -> bool:
         return self.check is None or self.check.ok
+
+    def __repr__(self) -> str:  # the dataclass's would print every timing list
+        return display.pipeline_run_repr(self)
+
+    def _repr_html_(self) -> str:  # Jupyter shows this for the last value of a cell
+        return display.pipeline_run_html(self)
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "ok": self.ok}

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from fxforge import display
 from fxforge.machine import (
     CpuInfo,
     Peak,
@@ -56,6 +57,12 @@ class DoctorReport:
     features: dict[str, str]
     reasons: dict[str, str] = field(default_factory=dict)  # why a feature is not available
     peak: Peak | None = None
+
+    def __repr__(self) -> str:  # the dataclass's would print every version, CPU flag and feature reason
+        return display.doctor_repr(self)
+
+    def _repr_html_(self) -> str:  # Jupyter shows this for the last value of a cell
+        return display.doctor_html(self)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -11,8 +11,13 @@ Each node's time is the median over ``repeats`` runs (after warm-up runs). Timin
 node, not by ``torch.profiler``'s events: the profiler records every ATen op inside a node, which on a small
 input cost three times the model's own time (resnet18 at 64x64). One more run under ``torch.profiler``, with a
 ``record_function`` range per node, gives the memory each node allocated and, when asked, the
-Chrome/Perfetto trace. The sum of the node times is compared with the median of unprofiled whole-model runs;
-the difference is the interpreter's (or hooks') overhead, reported as such.
+Chrome/Perfetto trace. The sum of the node times is compared with the median of unprofiled whole-model runs,
+warmed up like the node runs and interleaved with them (one after each), so that both see the same machine: a
+shared machine's load changes within seconds, and a whole-model time taken after the node runs compared two
+different machines. Nodes adding up to more is the interpreter's (or hooks') overhead; to less, either other
+work interrupted the runs (a node's median leaves the interruptions out, a whole run cannot) or time is spent
+outside the nodes (eager: outside leaf modules). A note says which, unless the gap is small or within the
+whole-model runs' own spread.
 
 Achieved GFLOP/s per node (FLOPs from ``inspect``) is compared with the machine's measured matmul peak for the
 node's dtype, and its arithmetic intensity (FLOPs per byte read and written) with the machine's balance (peak
@@ -35,6 +40,7 @@ from torch.profiler import ProfilerActivity, record_function
 from torch.profiler import profile as torch_profile
 from torch.utils.flop_counter import FlopCounterMode
 
+from fxforge import display
 from fxforge.artifacts import StagedOutput
 from fxforge.capture import Captured, at_batch, require_real_weights
 from fxforge.errors import FxforgeError
@@ -47,6 +53,10 @@ _NODE = "fxnode::"
 _MODULE = "fxmodule::"
 # Below this share of the total a node is not worth a verdict on what bounds it (noise dominates).
 _HOT_SHARE = 0.01
+# Whole-model runs timed at least, whatever --repeats: their spread decides whether a gap is noise.
+_MIN_WHOLE_RUNS = 3
+# Node sum and whole model closer than this (relative) are not worth a note.
+_NOTED_GAP = 0.25
 
 
 @dataclass
@@ -96,6 +106,12 @@ class ProfileReport:
 
     def top(self, count: int = 15) -> list[NodeTime]:
         return sorted(self.nodes, key=lambda n: n.time_ms, reverse=True)[:count]
+
+    def __repr__(self) -> str:  # the dataclass's would print every node (27,502 characters for resnet18)
+        return display.profile_repr(self)
+
+    def _repr_html_(self) -> str:  # Jupyter shows this for the last value of a cell
+        return display.profile_html(self)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -195,13 +211,31 @@ def _write_trace(prof: Any, path: Path, force: bool) -> None:
         staged.commit()
 
 
-def _unprofiled_ms(run: Any, repeats: int) -> float:
-    times = []
-    for _ in range(max(repeats, 3)):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+def _timed_ms(call: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    call()
+    return (time.perf_counter() - start) * 1e3
+
+
+@dataclass
+class _RunTotals:
+    """Whole runs as the clock saw them: each unprofiled whole-model run, and each node-timed run's node times
+    added up. The second tells apart a whole model slower than its nodes because of time outside them (the
+    node-timed runs add up to little too) from one slowed by other work on the machine (they add up to as
+    much: a node's median leaves out the interruptions, a sum over one run cannot)."""
+
+    whole: list[float] = field(default_factory=list)
+    node_timed: list[float] = field(default_factory=list)
+
+    def time_nodes(self, times: dict[str, list[float]], run: Callable[[dict[str, list[float]]], Any]) -> None:
+        """``run(run_times)`` once; each node's time in that run is added to ``times`` and their total to
+        ``node_timed``. A leaf module called twice in a run (one ReLU used twice) counts both calls, as its FLOPs
+        do, so that its share is of the run."""
+        run_times: dict[str, list[float]] = {}
+        run(run_times)
+        for name, calls in run_times.items():
+            times.setdefault(name, []).append(sum(calls))
+        self.node_timed.append(sum(sum(calls) for calls in run_times.values()))
 
 
 def _allocated(events: Sequence[Any], prefix: str) -> dict[str, int]:
@@ -226,18 +260,26 @@ def _profile_graph(
     values = captured.flat_inputs()
 
     times: dict[str, list[float]] = {}
+    totals = _RunTotals()
 
-    def whole_run() -> None:
-        gm(*cloned(list(captured.example_inputs)), **cloned(captured.example_kwargs))
+    def whole_call() -> Callable[[], Any]:
+        # the inputs are copied before the clock starts, as the interpreter's are
+        args, kwargs = cloned(list(captured.example_inputs)), cloned(captured.example_kwargs)
+        return lambda: gm(*args, **kwargs)
+
+    def timed_run(run_times: dict[str, list[float]]) -> None:
+        _TimedInterpreter(gm, run_times).run(*cloned(values))
 
     with torch.no_grad(), quiet_torch_logs(), preserved_state(gm, captured.original):
         for _ in range(warmup):
-            _TimedInterpreter(gm, {}).run(*cloned(values))
-        for _ in range(repeats):
-            _TimedInterpreter(gm, times).run(*cloned(values))
+            timed_run({})
+            whole_call()()
+        for index in range(max(repeats, _MIN_WHOLE_RUNS)):
+            if index < repeats:
+                totals.time_nodes(times, timed_run)
+            totals.whole.append(_timed_ms(whole_call()))
         ranged = _TimedInterpreter(gm, {}, ranges=True)
         allocated = _allocated(_profiled_run(lambda: ranged.run(*cloned(values)), trace, force), _NODE)
-        whole_ms = _unprofiled_ms(whole_run, repeats)
     producers = {n.name: [i.name for i in n.all_input_nodes] for n in gm.graph.nodes}
     nodes = []
     for node in gm.graph.nodes:
@@ -252,7 +294,7 @@ def _profile_graph(
         nodes.append(
             _node_time(node.name, node.op, target, info.module, times[node.name], sizes, info.flops, moved, info.dtype)
         )
-    return _report("fx", captured, repeats, nodes, whole_ms, peak, trace, _modules(nodes))
+    return _report("fx", captured, repeats, nodes, totals, peak, trace, _modules(nodes))
 
 
 def _element_size(dtype: str | None) -> int:
@@ -318,12 +360,13 @@ def _report(
     captured: Captured,
     repeats: int,
     nodes: list[NodeTime],
-    whole_ms: float,
+    totals: _RunTotals,
     peak: Peak,
     trace: str | Path | None,
     modules: list[ModuleTime],
 ) -> ProfileReport:
     total = sum(n.time_ms for n in nodes)
+    whole_ms = statistics.median(totals.whole)
     for node in nodes:
         node.share = node.time_ms / total if total else 0.0
         _judge(node, peak)
@@ -333,12 +376,55 @@ def _report(
     overhead = total / whole_ms - 1 if whole_ms > 0 else 0.0
     report = ProfileReport(backend, inputs, repeats, total, whole_ms, overhead, peak, nodes, modules)
     report.trace = str(trace) if trace is not None else None
-    if abs(overhead) > 0.25:
-        report.notes.append(
-            f"the node times add up to {total:.2f} ms against {whole_ms:.2f} ms for the whole model unprofiled "
-            f"({overhead:+.0%}): for many small nodes, the per-node ranges cost more than the nodes"
-        )
+    note = _overhead_note(backend, total, totals)
+    if note:
+        report.notes.append(note)
     return report
+
+
+def _overhead_note(backend: str, total_ms: float, totals: _RunTotals) -> str | None:
+    """What the gap between the sum of the node medians and the whole model's median means, or None when it is
+    small or within the spread (interquartile range) of the whole-model runs themselves."""
+    whole_ms = statistics.median(totals.whole)
+    if whole_ms <= 0:
+        return None
+    gap = total_ms - whole_ms
+    if abs(gap) <= max(_NOTED_GAP * whole_ms, _interquartile_range(totals.whole)):
+        return None
+    parts = "nodes" if backend == "fx" else "leaf modules"
+    compared = (
+        f"the {parts}' times add up to {total_ms:.2f} ms against {whole_ms:.2f} ms for the whole model unprofiled "
+        f"({gap / whole_ms:+.0%})"
+    )
+    if gap > 0:
+        if backend == "fx":
+            cost = "the interpreter's work around each node (fetching its arguments, reading the clock) is counted"
+        else:
+            cost = "the forward hooks around each leaf module are counted"
+        return f"{compared}: {cost} in its time, and for many small {parts} that outweighs what they compute"
+    node_timed_ms = statistics.median(totals.node_timed) if totals.node_timed else 0.0
+    if node_timed_ms >= (1 - _NOTED_GAP) * whole_ms:
+        return (
+            f"{compared}: other work on this machine interrupted the runs -- the node-timed runs added up to "
+            f"{node_timed_ms:.2f} ms each (median), but a node is short and its median leaves the interruptions "
+            f"out. The {parts}' times are the uninterrupted ones; on a quiet machine the two agree"
+        )
+    if backend == "eager":
+        return (
+            f"{compared}: {-gap:.2f} ms of each run are spent outside leaf modules, in the forward methods' own "
+            "operations (torch.flatten, additions, functional calls), which no row shows; --backend fx times them"
+        )
+    return (
+        f"{compared}: that time is spent outside the nodes, in the graph's own call (argument flattening, input "
+        "checks, output packing)"
+    )
+
+
+def _interquartile_range(values: Sequence[float]) -> float:
+    if len(values) < 2:
+        return 0.0
+    low, _, high = statistics.quantiles(values, n=4, method="inclusive")
+    return high - low
 
 
 # --------------------------------------------------------------------------------------------------
@@ -356,16 +442,27 @@ def _profile_eager(
     def run() -> None:
         model(*cloned(list(args)), **cloned(kwargs))
 
+    def whole_call() -> Callable[[], Any]:
+        # the inputs are copied before the clock starts
+        copied_args, copied_kwargs = cloned(list(args)), cloned(kwargs)
+        return lambda: model(*copied_args, **copied_kwargs)
+
+    def timed_run(run_times: dict[str, list[float]]) -> None:
+        with _module_clocks(leaves, run_times):
+            run()
+
     times: dict[str, list[float]] = {}
+    totals = _RunTotals()
     with torch.no_grad(), quiet_torch_logs(), preserved_state(model):
         for _ in range(warmup):
+            timed_run({})
             run()
-        with _module_clocks(leaves, times):
-            for _ in range(repeats):
-                run()
+        for index in range(max(repeats, _MIN_WHOLE_RUNS)):
+            if index < repeats:
+                totals.time_nodes(times, timed_run)
+            totals.whole.append(_timed_ms(whole_call()))
         with _module_ranges(leaves):
             allocated = _allocated(_profiled_run(run, trace, force), _MODULE)
-        whole_ms = _unprofiled_ms(run, repeats)
     nodes = []
     for name, module in leaves.items():
         if name not in times:
@@ -376,7 +473,7 @@ def _profile_eager(
         nodes.append(
             _node_time(name, "call_module", type(module).__name__, name, times[name], sizes, flops, moved, "float32")
         )
-    return _report("eager", captured, repeats, nodes, whole_ms, peak, trace, _modules(nodes))
+    return _report("eager", captured, repeats, nodes, totals, peak, trace, _modules(nodes))
 
 
 @contextlib.contextmanager

@@ -46,6 +46,7 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
+from fxforge import display
 from fxforge.artifacts import (
     MODEL_FILE,
     PLAN_FILE,
@@ -158,6 +159,12 @@ class SplitPlan:
     # (written when a stage or the unsplit model is pickled): unpickling them imports it for the classes.
     model_file: str | None = None
     model_source: str | None = None
+
+    def __repr__(self) -> str:  # the dataclass's would print every stage and cut
+        return display.split_plan_repr(self)
+
+    def _repr_html_(self) -> str:  # Jupyter shows this for the last value of a cell
+        return display.split_plan_html(self)
 
     @property
     def split_spec(self) -> dict[str, str] | None:
@@ -762,6 +769,9 @@ class SplitResult:
         if self.stages is None or self.template is None:
             raise FxforgeError("no stage modules: the model is on the meta device")
         return ChainedStages(self.stages, self.template)
+
+    def _repr_html_(self) -> str:  # Jupyter shows this for the last value of a cell
+        return display.split_result_html(self)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -57,7 +57,7 @@ def test_timm_graph_and_report_with_a_fold_bn_diff(tmp_path, capsys):
     spec = ["timm:mobilenetv3_small_050", "--input", "1x3x32x32"]
     graph = run_cli(["graph", *spec, "-o", str(tmp_path / "g.html")], capsys)
     model = page_model(tmp_path / "g.html")
-    assert graph["nodes"] == len(model["nodes"]) and model["dialect"] == "torch"
+    assert graph["nodes"] + graph["hidden_nodes"] == len(model["nodes"]) and model["dialect"] == "torch"
     modules = {m["path"]: m for m in model["modules"]}
     assert modules["blocks.1.0"]["type"] == "InvertedResidual" and modules["blocks.2.0.se"]["type"] == "SqueezeExcite"
     assert model["modules"][modules["blocks.1"]["parent"]]["path"] == "blocks"

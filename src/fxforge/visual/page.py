@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from fxforge.artifacts import StagedOutput
+from fxforge.display import byte_size
 from fxforge.errors import FxforgeError
 
 ASSETS = ("elk.bundled.js", "graphview.js", "graphpage.js")
@@ -38,10 +39,22 @@ def script_json(data: Any) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
+def opening_depth(model: dict[str, Any]) -> int:
+    """The depth a page opens at: the model's ``depth`` brought within 0 and its deepest module level. The page's
+    depth menu offers only those levels (a deeper one showed a blank menu) and opening deeper changes nothing."""
+    deepest = max((module["depth"] for module in model.get("modules", [])), default=0)
+    return max(0, min(int(model["depth"]), deepest))
+
+
 def document(title: str, subtitle: str, body: str, model: dict[str, Any] | None, extra_script: str = "") -> str:
-    """A whole page: header, ``body`` (HTML), and -- with ``model`` -- the graph viewer's data and scripts."""
+    """A whole page: header, ``body`` (HTML), and -- with ``model`` -- the graph viewer's data and scripts.
+
+    The model's ``depth`` is clamped in place (:func:`opening_depth`), so that what the caller prints or records
+    about the page is the depth it opens at."""
     scripts = ""
     if model is not None:
+        if "depth" in model:
+            model["depth"] = opening_depth(model)
         scripts = f'<script type="application/json" id="fxg-model">{script_json(model)}</script>\n'
         scripts += "\n".join(f"<script>\n{asset(name)}\n</script>" for name in ASSETS)
     if extra_script:
@@ -111,7 +124,9 @@ class GraphView:
     def __repr__(self) -> str:
         nodes = sum(1 for n in self.model["nodes"] if not n.get("h")) if self.model else 0
         where = f", saved to {self.path}" if self.path else ""
-        return f"<fxforge page {self.title!r}: {nodes} nodes, {len(self.html) / 1e6:.1f} MB{where}>"
+        # in bytes as written, scaled to their size: an SVG of 15 KB read "0.0 MB" in megabytes
+        size = byte_size(len(self.html.encode()))
+        return f"<fxforge page {self.title!r}: {nodes} nodes, {size}{where}>"
 
     def _repr_html_(self) -> str:
         # An iframe: the page's scripts and styles stay inside it, and the notebook's stay out.

@@ -16,7 +16,10 @@
   FXG.mount = function (container, model, options) {
     options = options || {};
     var ix = FXG.index(model);
-    var open = FXG.expandedAt(model, model.depth);
+    var maxDepth = model.modules.reduce(function (a, m) { return Math.max(a, m.depth); }, 0);
+    /* The depth menu offers 0..maxDepth: a depth outside it (a model asking for 99) would leave the menu blank. */
+    function clampDepth(d) { return Math.max(0, Math.min(+d || 0, maxDepth)); }
+    var open = FXG.expandedAt(model, clampDepth(model.depth));
     var view = { x: 0, y: 0, k: 1 }, laid = null, selected = null, matches = {};
     var profile = !!model.profile;
     var busy = Promise.resolve();
@@ -26,9 +29,8 @@
     var search = el("input", { type: "search", placeholder: "search nodes and modules\u2026", class: "fxg-search", "aria-label": "search" });
     var results = el("div", { class: "fxg-results" });
     var depthSel = el("select", { class: "fxg-depth", title: "open modules to depth" });
-    var maxDepth = model.modules.reduce(function (a, m) { return Math.max(a, m.depth); }, 0);
     for (var d = 0; d <= maxDepth; d++) depthSel.appendChild(el("option", { value: d }, d === 0 ? "all collapsed" : "open to depth " + d));
-    depthSel.value = model.depth;
+    depthSel.value = clampDepth(model.depth);
     var fit = el("button", { type: "button" }, "fit");
     var svgButton = el("button", { type: "button", title: "download the current view as SVG" }, "SVG");
     var info = el("span", { class: "fxg-info" });
@@ -295,7 +297,7 @@
       select: select,
       expand: function (path) { return queue(function () { return setOpen(ix.byPath[path], true); }); },
       collapse: function (path) { return queue(function () { return setOpen(ix.byPath[path], false); }); },
-      setDepth: function (d) { depthSel.value = d; return queue(function () { open = FXG.expandedAt(model, d); return render().then(fitView); }); },
+      setDepth: function (d) { d = clampDepth(d); depthSel.value = d; return queue(function () { open = FXG.expandedAt(model, d); return render().then(fitView); }); },
       isOpen: function (path) { return !!open[ix.byPath[path]]; },
       selected: function () { return selected; },
       fit: fitView
