@@ -535,3 +535,13 @@ def test_a_loop_over_an_input_tensor_suggests_the_list_it_may_want():
         capture(LoopsOverImages(), (torch.randn(2, 3, 4, 4),))
     assert "for img in images:" in info.value.message
     assert "takes a list of tensors" in info.value.hint
+
+
+def test_a_graph_captured_again_claims_no_output_check_it_could_not_fail():
+    """``inspect model.pt2`` printed "check (example batch): outputs match (max abs err 0)": the graph against itself."""
+    graph = capture(torch.nn.Sequential(torch.nn.Linear(8, 4)), (torch.randn(2, 8),)).graph_module
+    again = capture(graph, (torch.randn(2, 8),), check_batch=3)
+    assert again.record.checks == []
+    assert "no output check: the model is already a graph (it ran on the inputs and at batch 3)" in again.record.notes
+    with pytest.raises(InputSpecError):  # inputs it does not take are still an error
+        capture(graph, (torch.randn(2, 9),))
