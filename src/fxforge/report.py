@@ -10,6 +10,7 @@ everything below it; the page itself is assembled by :mod:`fxforge.visual`.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from fxforge.capture import Captured
 from fxforge.inspect import inspect_graph
 from fxforge.lint import lint
 from fxforge.optimize import optimize
+from fxforge.quantize import RandomCalibrationWarning
 from fxforge.quantize import quantize as run_quantize
 from fxforge.visual.graph import diff_model, graph_model
 from fxforge.visual.page import GraphView, describe
@@ -103,7 +105,10 @@ def report(
         backends = list(REPORT_BACKENDS) if bench is True else list(bench)
         after.append(bench_section(run_bench(captured, backends, repeats=bench_repeats).to_dict()))
     if quantize:
-        after.append(quantize_section(run_quantize(captured, quantize, calibration=calibration).to_dict()))
+        with warnings.catch_warnings():  # the quantize section shows the result's warnings
+            warnings.simplefilter("ignore", RandomCalibrationWarning)
+            quantized = run_quantize(captured, quantize, calibration=calibration)
+        after.append(quantize_section(quantized.to_dict()))
     after += [capture_section(spec, captured.record.to_dict()), environment_section(environment())]
     title = f"fxforge report: {spec}"
     html = report_document(title, describe(model_data), sections, model_data, graph_title, after)

@@ -148,3 +148,14 @@ def test_report_profile_times_every_node_and_colours_the_graph(tmp_path, capsys)
         assert main([command, "demo", option, str(other), "-o", str(tmp_path / f"o_{command}.html")]) == 2
         assert "the profile names none of this graph's nodes" in capsys.readouterr().err
         assert not (tmp_path / f"o_{command}.html").exists()
+
+
+def test_report_with_quantize_shows_the_random_calibration_warning_in_the_page_not_as_a_raw_warning(tmp_path, capsys):
+    """report --quantize printed Python's own warning (file:line, then the source line) on stderr."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as raised:
+        warnings.simplefilter("always")
+        assert main(["report", "demo:mlp", "--quantize", "dynamic", "-o", str(tmp_path / "r.html")]) == 0
+    assert not [w for w in raised if w.category.__name__ == "RandomCalibrationWarning"]
+    assert "fxf-warn" in (tmp_path / "r.html").read_text()  # the quantize section says accuracy is unknown

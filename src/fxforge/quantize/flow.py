@@ -299,7 +299,8 @@ def _plan(captured: Captured, mode: str, backend: str) -> _Plan:
             f"{mode} quantization needs a torch-dialect graph (symbolic_trace); this model was captured "
             "with torch.export (ATen dialect), whose ops FX graph-mode quantization does not match",
             hint="make the untraceable submodule a leaf (--leaf NAME) so symbolic tracing succeeds, "
-            "or use --mode dynamic (Linear/LSTM layers only, works on any model)",
+            "or quantize in dynamic mode (Linear/LSTM layers only, works on any model: quantize --mode dynamic, "
+            "report --quantize dynamic)",
         )
     return _Plan(captured.original, mode, backend, tuple(captured.example_inputs), eager=True)
 
