@@ -499,3 +499,20 @@ def test_a_saved_program_exports_to_torchscript(tmp_path):
     assert result.ok and result.verification.ok
     x = torch.randn(2, 8)
     torch.testing.assert_close(torch.jit.load(str(tmp_path / "m.pt"))(x), model(x))
+
+
+def test_a_torchscript_trace_of_an_untypeable_output_names_the_reason_not_the_values(tmp_path):
+    """The error was cut inside the printout of every output tensor, before torch's reason."""
+
+    class DictOut(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(8, 4), nn.Linear(8, 2)
+
+        def forward(self, x):
+            return {"a": self.a(x), "pair": (self.b(x), None)}
+
+    with pytest.raises(ExportError) as info:
+        export_model(capture(DictOut().eval(), (torch.randn(2, 8),)), "torchscript", tmp_path / "d.pt")
+    assert "the trace cannot type the model's output: Dictionary inputs" in info.value.message
+    assert "tensor([[" not in info.value.message and not (tmp_path / "d.pt").exists()

@@ -679,6 +679,11 @@ def _export_error(what: str, exc: BaseException) -> ExportError:
     innermost = chain[-1]
     reason = f"{type(innermost).__name__}: {first_line(innermost)}"
     hint = "export with trace (the default) instead" if "script" in what else "try another format or exporter"
+    untyped = re.search(r"\n:(.+)$", str(innermost)) if "cannot infer type of" in str(innermost) else None
+    if untyped:
+        # "Tracer cannot infer type of {<every output tensor printed>}\n:<the reason>": the reason, not the values
+        reason = f"the trace cannot type the model's output: {untyped.group(1).strip()}"
+        hint = "return tensors, or tuples and dicts of tensors of one type (no None); onnx and pt2 keep such outputs"
     construct = type(innermost).__name__
     return ExportError(f"cannot export {what}: {reason}{where}", hint=hint, construct=construct, location=location)
 
