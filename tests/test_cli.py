@@ -240,3 +240,12 @@ def test_a_full_disk_is_one_error_line_and_exit_2_not_an_internal_error(capsys, 
     err = capsys.readouterr().err
     assert err.startswith("error: the system refused: No space left on device") and "internal error" not in err
     assert list(tmp_path.iterdir()) == []  # nothing half-written
+
+
+def test_optimize_names_the_users_line_that_kept_model_pt2_from_being_written(capsys, tmp_path):
+    output = str(tmp_path / "o")
+    code, out, _ = run(capsys, "optimize", f"{TRICKY}:GatedNet", "-i", "2x8", "-p", "dead_code", "-o", output)
+    assert code == EXIT_OK
+    out = " ".join(out.split())  # rich wraps the line
+    assert "not written: model.pt2: data-dependent control flow at " in out
+    assert "cli_models.py:11 `if x.mean() > 0:" in out

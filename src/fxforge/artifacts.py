@@ -34,7 +34,7 @@ from torch import fx, nn
 from torch.utils import _pytree as pytree
 
 from fxforge.callstack import call_on_fresh_chunk
-from fxforge.errors import FxforgeError, InputSpecError, ModelSpecError, first_line, require
+from fxforge.errors import FxforgeError, InputSpecError, ModelSpecError, first_line, require, user_location
 from fxforge.graphs import ATEN
 from fxforge.inputs import InputSpec, parse_input_spec, specs_of
 from fxforge.runtime import export_program, holds_tensor, quiet_torch_logs, with_constant_kwargs
@@ -289,7 +289,9 @@ def save_graph_module(
         files.append(PROGRAM_FILE)
     except Exception as exc:  # an untraceable leaf module, say: model.pt still holds everything
         (directory / PROGRAM_FILE).unlink(missing_ok=True)
-        problems.append(f"{PROGRAM_FILE}: {first_line(exc)}")
+        location = user_location(exc)  # the user's line torch.export stopped at, as export and capture name it
+        reason = "data-dependent control flow" if "data-dependent" in str(exc) else first_line(exc)
+        problems.append(f"{PROGRAM_FILE}: {reason}" + (f" at {location}" if location else ""))
     if not files:
         raise FxforgeError(
             "cannot save the rewritten model in any form: " + "; ".join(problems),
