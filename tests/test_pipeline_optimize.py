@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -246,3 +247,17 @@ def test_the_api_takes_one_name_or_a_comma_list_where_it_takes_several():
     assert [row.backend for row in report.rows] == ["eager"]
     leafed = fxforge.prepare("demo", leaf_modules="bn1")
     assert any(n.op == "call_module" and n.target == "bn1" for n in leafed.graph_module.graph.nodes)
+
+
+def test_a_staging_directory_abandoned_by_a_killed_process_is_removed_by_the_next_write(tmp_path):
+    """split on a full disk died in a C++ abort inside torch's zip writer, leaving .s.partial-XXXX/ with stage files."""
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    abandoned = tmp_path / f".out.partial-{int(dead.stdout)}-x1"
+    abandoned.mkdir()
+    (abandoned / "stage_0.pt2").write_bytes(b"half")
+    running = tmp_path / f".out.partial-{os.getppid()}-x2"  # another process still writing: left alone
+    running.mkdir()
+    with atomic_directory(tmp_path / "out") as staging:
+        (staging / "report.json").write_text("{}")
+    assert not abandoned.exists() and running.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [running.name, "out"]

@@ -140,7 +140,8 @@ def atomic_directory(target: str | Path, *, force: bool = False) -> Iterator[Pat
     try:
         for directory in created:
             directory.mkdir()
-        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
+        _remove_abandoned_staging(target)
+        staging = Path(tempfile.mkdtemp(prefix=_staging_prefix(target), dir=target.parent))
         # mkdtemp makes it private (0700); the output should get the permissions of any directory the user makes.
         umask = os.umask(0)
         os.umask(umask)
@@ -161,6 +162,35 @@ def atomic_directory(target: str | Path, *, force: bool = False) -> Iterator[Pat
         shutil.rmtree(staging, ignore_errors=True)
         _remove_empty(created)
         raise
+
+
+def _staging_prefix(target: Path) -> str:
+    """``.NAME.partial-PID-``: the staging directory beside ``target`` names the process that writes it."""
+    return f".{target.name}.partial-{os.getpid()}-"
+
+
+def _remove_abandoned_staging(target: Path) -> None:
+    """Remove staging directories of ``target`` left by a process that no longer runs. A process killed outright
+    (SIGKILL, the out-of-memory killer, a C++ abort in torch's zip writer on a full disk) runs no cleanup, and
+    its half-written output would stay beside the target for good."""
+    pattern = re.compile(rf"^\.{re.escape(target.name)}\.partial-(\d+)-")
+    with contextlib.suppress(OSError):
+        for entry in target.parent.iterdir():
+            match = pattern.match(entry.name)
+            if match and entry.is_dir() and not _process_alive(int(match.group(1))):
+                shutil.rmtree(entry, ignore_errors=True)
+
+
+def _process_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, owned by another user
+        return True
+    return True
 
 
 def _missing_parents(target: Path) -> list[Path]:
@@ -204,7 +234,8 @@ class StagedOutput:
             for directory in _missing_parents(self.target):
                 directory.mkdir()
                 self._created.append(directory)
-            self.directory = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.partial-", dir=self.target.parent))
+            _remove_abandoned_staging(self.target)
+            self.directory = Path(tempfile.mkdtemp(prefix=_staging_prefix(self.target), dir=self.target.parent))
         except OSError as exc:
             self._remove_created()
             raise FxforgeError(f"cannot write to {self.target.parent}: {exc.strerror or exc}") from None
