@@ -883,12 +883,15 @@ def _capture_error(
         reasons.append(last)
         hint = "mark the offending submodule with --leaf NAME, or wrap the helper function with torch.fx.wrap"
         stopped_in = user_code(trace_error) if trace_error is not None else None
-        if stopped_in is not None and stopped_in is getattr(type(model).forward, "__code__", None):
-            # the model's own forward cannot be a leaf, and --wrap takes functions, not methods
+        method = getattr(type(model), stopped_in.co_name, None) if stopped_in is not None else None
+        if stopped_in is not None and getattr(method, "__code__", None) is stopped_in:
+            # the model's own methods cannot be leaves, and --wrap takes module-level functions, not methods
             export_untried = all(attempt.strategy != EXPORT for attempt in attempts)
+            where = f"{type(model).__name__}.{stopped_in.co_name}"
+            where += " itself" if stopped_in.co_name == "forward" else ", a method of the model itself"
             hint = (
-                f"the call is in {type(model).__name__}.forward itself, which cannot be a leaf: move it into a "
-                "submodule (then --leaf NAME) or a helper function (--wrap file.py:function)"
+                f"the call is in {where}, which cannot be a leaf: move "
+                "it into a submodule (then --leaf NAME) or a module-level function (--wrap file.py:function)"
                 + (", or pass --method export" if export_untried else "")
             )
         elif "co_varnames is too small" in last:
