@@ -538,7 +538,7 @@ def test_a_loop_over_an_input_tensor_suggests_the_list_it_may_want():
 
 
 def test_a_graph_captured_again_claims_no_output_check_it_could_not_fail():
-    """``inspect model.pt2`` printed "check (example batch): outputs match (max abs err 0)": the graph against itself."""
+    """``inspect model.pt2`` printed "check (example batch): outputs match (max abs err 0)": a graph against itself."""
     graph = capture(torch.nn.Sequential(torch.nn.Linear(8, 4)), (torch.randn(2, 8),)).graph_module
     again = capture(graph, (torch.randn(2, 8),), check_batch=3)
     assert again.record.checks == []
