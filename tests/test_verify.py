@@ -315,3 +315,18 @@ def test_a_candidate_is_compared_at_every_batch_the_model_takes_though_the_captu
     # a candidate derived from the static graph still runs its cases at the batch it takes, none skipped as failures
     result = verify(reference, reference.graph_module)
     assert result.ok and result.batch_sizes == [2] and result.trials == 16
+
+
+def test_bisection_blames_no_node_that_only_reads_a_value_no_reference_node_checks(tmp_path):
+    """The model.pt2 of a torch-dialect output is an ATen re-export: ReLU6's hardtanh matches no saved node, and the
+    node after it was blamed, with the exact pass that last touched it (remove_dropout) for replace_modules' change."""
+    captured = fxforge.prepare("demo")
+    steps = ["fold_bn", "remove_dropout", ("replace_modules", {"mapping": {"ReLU": "ReLU6"}})]
+    fxforge.optimize(captured, steps, output_dir=tmp_path / "out")
+    result = verify(captured, str(tmp_path / "out"))  # model.pt2: no pickle trusted
+    assert not result.ok and result.divergence is None
+    assert "which no reference node corresponds to" in result.divergence_unknown
+    assert "bisected from its model.pt (--trust-pickle)" in result.divergence_unknown
+    trusted = fxforge.load_model(str(tmp_path / "out"), trust_pickle=True).module  # the torch-dialect graph
+    result = verify(captured, trusted)
+    assert result.divergence is not None and result.divergence.pass_name == "replace_modules"

@@ -54,7 +54,7 @@ from fxforge.compare import (
     tolerance_for,
 )
 from fxforge.errors import FxforgeError, InputSpecError, one_line_reason
-from fxforge.graphs import dialect_of, target_name
+from fxforge.graphs import ATEN, TORCH, dialect_of, target_name
 from fxforge.inputs import Case, case_plan, draw_like, make_inputs
 from fxforge.models import load_model
 from fxforge.runtime import cloned, preserved_state, quiet_torch_logs, run_isolated
@@ -565,7 +565,7 @@ class Verifier:
             )
             return
         try:
-            result.divergence, compared = _first_divergence(
+            result.divergence, compared, suspect = _first_divergence(
                 self.captured.graph_module,
                 module,
                 placeholder_values(self.captured.graph_module, failing.args, failing.kwargs),
@@ -579,19 +579,25 @@ class Verifier:
         if result.divergence is not None:
             return
         reference_dialect, candidate_dialect = dialect_of(self.captured.graph_module), dialect_of(module)
-        if not compared:
-            why = (
+        if suspect is not None:
+            why = suspect
+        elif not compared:
+            cause = (
                 f"the reference graph is in the {reference_dialect} dialect, "
                 f"the candidate in the {candidate_dialect} dialect"
                 if reference_dialect != candidate_dialect
                 else "the candidate was not derived from this reference's graph by fxforge"
             )
-            result.divergence_unknown = f"no candidate node corresponds to a reference node ({why})"
+            why = f"no candidate node corresponds to a reference node ({cause})"
         else:
-            result.divergence_unknown = (
+            why = (
                 f"the {compared} candidate nodes that correspond to reference nodes all agree: the difference "
                 "arises in nodes with no reference counterpart"
             )
+        if reference_dialect == TORCH and candidate_dialect == ATEN:
+            # the model.pt2 of a torch-dialect optimize output is an ATen re-export: few of its nodes match
+            why += "; an optimize output of a torch-dialect graph is bisected from its model.pt (--trust-pickle)"
+        result.divergence_unknown = why
 
     def _against_float64(self, index: int, actual: Any, failed: Comparison, result: VerifyResult) -> Comparison:
         """A case the candidate missed, judged against the float64 result where the case is ill-conditioned
@@ -843,23 +849,43 @@ def _first_divergence(
     candidate_inputs: Sequence[Any],
     rtol: float | None,
     atol: float | None,
-) -> tuple[Divergence | None, int]:
-    """:func:`bisect_graphs`, and how many candidate nodes had a reference node to be compared with."""
+) -> tuple[Divergence | None, int, str | None]:
+    """:func:`bisect_graphs`; how many candidate nodes had a reference node to be compared with; and, when no node
+    can be blamed, the first node that differs after a node no reference node corresponds to.
+
+    A differing node is blamed only when every value it reads is known to agree: a placeholder, a weight, or a
+    node compared and found equal. One that reads a tensor with no reference counterpart (ReLU6's ``hardtanh``
+    in an ATen re-export of a torch graph whose ``relu`` module it replaced) differs perhaps only because that
+    tensor does: blaming it named an exact pass for another pass's change."""
     ref_values = _record_values(reference, reference_inputs)
     cand_values = _record_values(candidate, candidate_inputs)
     compared = 0
+    # a tensor no reference value corresponds to, and what reads it unchecked: each mapped to the first such tensor
+    unchecked: dict[fx.Node, fx.Node] = {}
+    suspect = None
     # A node with no recorded origin is taken to compute the reference node of its name -- within one dialect:
     # across dialects equal names (relu, linear) are a coincidence.
     same_dialect = dialect_of(reference) == dialect_of(candidate)
     for node in candidate.graph.nodes:
         if node.op in ("placeholder", "output", "get_attr"):
             continue
+        reads_unchecked = next((unchecked[i] for i in node.all_input_nodes if i in unchecked), None)
         origin = node.meta.get(ORIGIN, node.name if same_dialect else None)
         expected, actual = ref_values.get(origin), cand_values.get(node.name)
         if not isinstance(expected, torch.Tensor) or not isinstance(actual, torch.Tensor):
+            if reads_unchecked is not None or isinstance(actual, torch.Tensor):
+                unchecked[node] = reads_unchecked or node
             continue
         compared += 1
-        if diverges(expected, actual, rtol, atol):
+        if not diverges(expected, actual, rtol, atol):
+            continue  # agreed: what reads it is checked from here on
+        if reads_unchecked is None:
             error = compare_outputs(expected, actual, rtol, atol, allow_nonfinite=True).max_abs_err
-            return Divergence(node.name, origin, target_name(node), node.meta.get(PASS), error), compared
-    return None, compared
+            return Divergence(node.name, origin, target_name(node), node.meta.get(PASS), error), compared, None
+        unchecked[node] = reads_unchecked
+        suspect = suspect or (
+            f"the first node that differs, {node.name} ({target_name(node)}), comes after {reads_unchecked.name} "
+            f"({target_name(reads_unchecked)}), which no reference node corresponds to: the difference may begin "
+            "there or before it"
+        )
+    return None, compared, suspect
