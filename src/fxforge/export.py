@@ -209,6 +209,8 @@ def export_model(
     if to == "onnx":
         _require_onnx(exporter)
     source, reference, inputs = _export_source(target, example_inputs)
+    # errors name the user's model, not the GraphModule or wrapper that is exported
+    name = type(target.original if isinstance(target, Captured) else target).__name__
     start = time.perf_counter()
     # tracing and exporting run the caller's modules: a model in training mode would update its BatchNorm
     # statistics (even when the export then fails); whatever the runs wrote is undone
@@ -216,6 +218,7 @@ def export_model(
         if to == "torchscript":
             result = _export_torchscript(
                 source,
+                name,
                 inputs,
                 staged.path,
                 script=script,
@@ -227,6 +230,7 @@ def export_model(
         elif to == "onnx":
             result = _export_onnx(
                 _tensor_outputs_only(source, _example_output(reference, inputs)),
+                name,
                 reference,
                 inputs,
                 staged.path,
@@ -236,7 +240,7 @@ def export_model(
                 allow_trace_warnings,
             )
         else:
-            result = _export_pt2(source, inputs, staged.path, dynamic_batch)
+            result = _export_pt2(source, name, inputs, staged.path, dynamic_batch)
         result.export_s = time.perf_counter() - start
         if verify_export:
             loaded = load_exported(staged.path, to, output_like=_example_output(reference, inputs))
@@ -341,6 +345,7 @@ def _require_onnx(exporter: str) -> None:
 
 def _export_torchscript(
     module: nn.Module,
+    name: str,
     inputs: tuple[Any, ...],
     path: Path,
     *,
@@ -354,7 +359,7 @@ def _export_torchscript(
     notes: list[str] = []
     if isinstance(module, fx.GraphModule):  # a saved program's graph: its shape check is no part of the model
         module = without_input_guards(module)
-    with _exporting(f"{type(module).__name__} to TorchScript ({method})", notes, allow):
+    with _exporting(f"{name} to TorchScript ({method})", notes, allow):
         if script:
             scripted = torch.jit.script(_scriptable(module))
         else:
@@ -406,6 +411,7 @@ def _saves_and_reloads(scripted: torch.jit.ScriptModule, path: Path) -> bool:
 
 def _export_onnx(
     module: nn.Module,
+    name: str,
     reference: nn.Module,
     inputs: tuple[Any, ...],
     path: Path,
@@ -421,7 +427,7 @@ def _export_onnx(
     dynamo_error: ExportError | None = None
     if exporter in ("auto", "dynamo"):
         try:
-            with _exporting(f"{type(module).__name__} to ONNX (dynamo exporter)", notes), _AttentionAs4D() as mode:
+            with _exporting(f"{name} to ONNX (dynamo exporter)", notes), _AttentionAs4D() as mode:
                 _onnx_dynamo(module, inputs, path, opset, dynamic_batch)
             _check_opset(path, opset)
             if mode.reshaped:
@@ -438,7 +444,7 @@ def _export_onnx(
                 partial.unlink()
             notes.append(f"dynamo exporter failed ({dynamo_error.message}); used the legacy exporter")
             try:
-                with _exporting(f"{type(module).__name__} to ONNX (legacy exporter)", notes, allow_trace_warnings):
+                with _exporting(f"{name} to ONNX (legacy exporter)", notes, allow_trace_warnings):
                     _onnx_legacy(module, reference, inputs, path, opset, dynamic_batch)
             except ExportError as legacy_error:
                 same = legacy_error.construct == dynamo_error.construct
@@ -451,7 +457,7 @@ def _export_onnx(
                 ) from None
             used = "legacy"
     else:
-        with _exporting(f"{type(module).__name__} to ONNX (legacy exporter)", notes, allow_trace_warnings):
+        with _exporting(f"{name} to ONNX (legacy exporter)", notes, allow_trace_warnings):
             _onnx_legacy(module, reference, inputs, path, opset, dynamic_batch)
     try:
         onnx.checker.check_model(str(path))
@@ -583,9 +589,9 @@ def _onnx_legacy(
 # torch.export
 
 
-def _export_pt2(module: nn.Module, inputs: tuple[Any, ...], path: Path, dynamic_batch: bool) -> ExportResult:
+def _export_pt2(module: nn.Module, name: str, inputs: tuple[Any, ...], path: Path, dynamic_batch: bool) -> ExportResult:
     notes: list[str] = []
-    with _exporting(f"{type(module).__name__} with torch.export", notes):
+    with _exporting(f"{name} with torch.export", notes):
         program = export_program(module, inputs, {}, dynamic_batch=dynamic_batch)
         torch.export.save(program, str(path))
     return ExportResult("pt2", None, True, "torch.export", dynamic_batch=dynamic_batch, notes=notes)
