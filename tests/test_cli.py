@@ -249,3 +249,12 @@ def test_optimize_names_the_users_line_that_kept_model_pt2_from_being_written(ca
     out = " ".join(out.split())  # rich wraps the line
     assert "not written: model.pt2: data-dependent control flow at " in out
     assert "cli_models.py:11 `if x.mean() > 0:" in out
+
+
+def test_specs_are_printed_as_written_not_as_emoji_or_markup(capsys, tmp_path):
+    """``rnd.py:zero`` printed as ``rnd.py0️⃣`` (rich's emoji codes), and ``[x]`` in a path would be markup."""
+    model = tmp_path / "net[x].py"
+    model.write_text("from torch import nn\n\ndef zero():\n    return nn.Linear(8, 8)\n")
+    spec = f"{model}:zero"
+    code, out, _ = run(capsys, "verify", spec, spec, "-i", "2x8")
+    assert code == EXIT_OK and f"{spec} matches {spec}" in " ".join(out.split())

@@ -22,8 +22,8 @@ from rich.console import Console
 from fxforge.cli import stop_if_interrupted
 
 # Piped output gets a fixed, roomy width instead of rich's 80-column fallback.
-stdout = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
-stderr = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 120)
+stdout = Console(highlight=False, emoji=False, width=None if sys.stdout.isatty() else 120)
+stderr = Console(stderr=True, highlight=False, emoji=False, width=None if sys.stderr.isatty() else 120)
 
 
 @dataclass

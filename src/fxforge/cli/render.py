@@ -41,7 +41,7 @@ def human_bytes(value: float) -> str:
 
 def render_capture(console: Console, spec: str, capture: dict[str, Any]) -> None:
     leaves = ", ".join(capture["leaves"]) or "none"
-    line = f"[bold]{spec}[/]  captured by [green]{capture['method']}[/] ({capture['dialect']} dialect)"
+    line = f"[bold]{escape(spec)}[/]  captured by [green]{capture['method']}[/] ({capture['dialect']} dialect)"
     console.print(line)
     if capture["leaves"] or capture["wrapped"]:
         console.print(f"  leaves: {leaves}; wrapped: {', '.join(capture['wrapped']) or 'none'}")
@@ -131,9 +131,9 @@ def _shape(shape: Any) -> str:
 
 def render_findings(console: Console, spec: str, findings: list[Any]) -> None:
     if not findings:
-        console.print(f"{spec}: [green]All checks passed![/]")
+        console.print(f"{escape(spec)}: [green]All checks passed![/]")
         return
-    table = Table(title=f"Lint findings for {spec}", title_justify="left")
+    table = Table(title=f"Lint findings for {escape(spec)}", title_justify="left")
     for column in ("rule", "severity", "node", "module", "message", "fix"):
         table.add_column(column, overflow="fold")
     for finding in findings:
@@ -167,7 +167,7 @@ SKIPPED_SHOWN = 3  # per pass; the JSON report has every skipped candidate and i
 
 def render_optimize(console: Console, spec: str, result: Any) -> None:
     pipeline = result.pipeline
-    table = Table(title=f"Passes on {spec}")
+    table = Table(title=f"Passes on {escape(spec)}")
     for column in ("pass", "changed", "replaced", "removed", "inserted", "folded params", "lint", "verify"):
         table.add_column(column, justify="left" if column == "pass" else "right")
     for step in pipeline.steps:
@@ -244,15 +244,21 @@ def render_verify_doubts(console: Console, result: Any) -> None:
 def render_verify(console: Console, reference: str, candidate: str, result: Any) -> None:
     if result.ok:
         console.print(
-            f"[green]OK[/]: {candidate} matches {reference} on {result.describe_inputs()} "
+            f"[green]OK[/]: {escape(candidate)} matches {escape(reference)} on {result.describe_inputs()} "
             f"(max abs err {result.max_abs_err:.3g}, max rel err {result.max_rel_err:.3g})"
         )
         render_verify_doubts(console, result)
         return
     if result.unverifiable:  # the reference gives nothing to compare against: no verdict on the candidate
-        console.print(f"[bold red]CANNOT VERIFY[/]: {candidate} against {reference}: the reference cannot be checked")
+        console.print(
+            f"[bold red]CANNOT VERIFY[/]: {escape(candidate)} against {escape(reference)}: "
+            "the reference cannot be checked"
+        )
     else:
-        console.print(f"[bold red]MISMATCH[/]: {candidate} differs from {reference} (tried {result.describe_inputs()})")
+        console.print(
+            f"[bold red]MISMATCH[/]: {escape(candidate)} differs from {escape(reference)} "
+            f"(tried {result.describe_inputs()})"
+        )
     for problem in result.problems[:5]:
         console.print(f"  {problem}")
     if result.divergence is not None:
@@ -291,7 +297,7 @@ def render_backends(console: Console, backends: list[dict[str, Any]]) -> None:
 def render_quantize(console: Console, spec: str, result: Any) -> None:
     """The quantize report: what ran, the accuracy against float, the sensitivity ranking, the layers."""
     mode = {"static": "static int8", "dynamic": "dynamic int8", "qat-prepare": "QAT preparation"}[result.mode]
-    console.print(f"[bold]{spec}[/]: {mode} ({result.backend} backend) with {result.machinery}")
+    console.print(f"[bold]{escape(spec)}[/]: {mode} ({result.backend} backend) with {result.machinery}")
     for name, data in (("calibration", result.calibration), ("evaluation", result.evaluation)):
         if data is not None and not (name == "evaluation" and data == result.calibration):
             labels = ", with labels" if data.get("labels") else ""
@@ -363,7 +369,7 @@ def render_export(console: Any, spec: str, result: Any) -> None:
     opset = f", opset {result.opset}" if result.opset else ""
     if result.ok:
         console.print(
-            f"[green]exported[/] {spec} to {result.path} ({result.format} via {result.exporter}{opset}, "
+            f"[green]exported[/] {escape(spec)} to {result.path} ({result.format} via {result.exporter}{opset}, "
             f"{human_bytes(result.size_bytes)}, {result.export_s:.1f} s)"
         )
         if check is not None:
@@ -377,7 +383,7 @@ def render_export(console: Any, spec: str, result: Any) -> None:
             console.print("  [yellow]not verified[/] (--no-verify)")
     else:
         console.print(
-            f"[bold red]MISMATCH[/]: the {result.format} export of {spec} (via {result.exporter}) computes "
+            f"[bold red]MISMATCH[/]: the {result.format} export of {escape(spec)} (via {result.exporter}) computes "
             "something else; nothing was written"
         )
         for problem in (check.problems if check else [])[:5]:
@@ -390,7 +396,7 @@ def render_export(console: Any, spec: str, result: Any) -> None:
 
 def render_bench(console: Any, spec: str, report: Any) -> None:
     """Print a bench report as a rich table (the CLI's human output)."""
-    table = Table(title=f"{spec}  inputs {', '.join(report.inputs)}  threads {report.threads}")
+    table = Table(title=f"{escape(spec)}  inputs {', '.join(report.inputs)}  threads {report.threads}")
     table.add_column("backend", no_wrap=True)
     columns = ("batch", "median ms", "p90 ms", "samples/s", "speedup", "GFLOP/s", "of peak", "peak MiB")
     for column in (*columns, "max abs err", "build s"):
@@ -439,7 +445,7 @@ def _peak_share(row: Any) -> str:
 def render_auto(console: Any, spec: str, result: Any) -> None:
     """Print an auto-optimize result on a rich console (the CLI's human output)."""
     passes = ", ".join(result.passes) or "none changed the graph"
-    console.print(f"[bold]{spec}[/]  exact passes: {passes}")
+    console.print(f"[bold]{escape(spec)}[/]  exact passes: {passes}")
     for name, reason in result.rejected_passes.items():
         console.print(f"  [yellow]pass {name} rejected[/]: {escape(reason)}")
     table = Table(title=f"candidates (tolerance {result.budget.tolerance:g}" + _agreement(result.budget) + ")")
@@ -501,7 +507,8 @@ def render_profile(console: Console, spec: str, report: Any, top: int, depth: in
     """The hottest nodes, the module roll-up, and how the sum of node times compares with the whole model."""
     peak = report.peak
     gflops = ", ".join(f"{dtype} {value:.0f}" for dtype, value in peak.gflops.items())
-    title = f"{spec}: {report.backend} backend, inputs {', '.join(report.inputs)}, median of {report.repeats} runs"
+    inputs = ", ".join(report.inputs)
+    title = f"{escape(spec)}: {report.backend} backend, inputs {inputs}, median of {report.repeats} runs"
     table = Table(title=title, title_justify="left")
     table.add_column("node" if report.backend == "fx" else "module")
     table.add_column("target")
@@ -598,7 +605,9 @@ def render_debug(console: Console, spec: str, report: Any) -> None:
             shape = "x".join(map(str, value.shape))
             console.print(f"  input {index}: {shape} {value.dtype}: {value.nan} NaN, {value.inf} Inf{span}")
     elif report.cases:
-        console.print(f"{spec}: [green]no NaN or Inf[/] in any module's output ({report.modules} modules, {cases})")
+        console.print(
+            f"{escape(spec)}: [green]no NaN or Inf[/] in any module's output ({report.modules} modules, {cases})"
+        )
     if report.stats:
         table = Table(title=f"Activation statistics ({cases})", title_justify="left")
         table.add_column("module")
