@@ -258,3 +258,15 @@ def test_specs_are_printed_as_written_not_as_emoji_or_markup(capsys, tmp_path):
     spec = f"{model}:zero"
     code, out, _ = run(capsys, "verify", spec, spec, "-i", "2x8")
     assert code == EXIT_OK and f"{spec} matches {spec}" in " ".join(out.split())
+
+
+def test_a_batch_both_sides_reject_is_said_to_be_rejected_by_the_model(capsys, tmp_path):
+    """verify said "not tried: batch 2: the candidate rejects it" when the model itself takes batch 1 only."""
+    model = tmp_path / "b1.py"
+    model.write_text(
+        "from torch import nn\n\nclass B(nn.Linear):\n    def forward(self, x):\n"
+        "        assert x.shape[0] == 1, 'batch 1 only'\n        return super().forward(x)\n\n"
+        "def build():\n    return B(8, 8)\n"
+    )
+    code, out, _ = run(capsys, "verify", f"{model}:build", f"{model}:build", "-i", "1x8")
+    assert code == EXIT_OK and "not tried: batch 2: the model rejects it" in out

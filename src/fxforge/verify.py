@@ -788,6 +788,9 @@ def verify(
             keep_batches_the_graph_rejects = True
         elif candidate_may_fix_batch:
             batch_sizes, left_out = taken, why_not
+            model = reference.original if isinstance(reference, Captured) else reference
+            if batches_a_candidate_takes(model, args, seed)[0] is not None:  # the model rejects it as well
+                left_out = why_not.replace("the candidate rejects it", "the model rejects it", 1)
     verifier = Verifier(
         reference,
         inputs,
