@@ -216,7 +216,8 @@ def export_html(result: Any) -> str:
     return card(f"Export: {result.format}", key_values(pairs))
 
 
-def _plural(count: int, word: str, many: str = "") -> str:
+def counted(count: int, word: str, many: str = "") -> str:
+    """``1 stage``, ``4 stages``, ``1 process`` / ``4 processes`` (``many``): counts in results are often 1."""
     return f"{count} {word if count == 1 else many or word + 's'}"
 
 
@@ -286,15 +287,15 @@ def _non_finite_verdict(report: Any) -> str:
         return f"NaN/Inf first in {report.nan.module or 'the model itself'} ({report.nan.type})"
     # with statistics alone the run was not checked for a first NaN, but every module's counts were kept
     seen = sum(1 for s in report.stats.values() if s.nan_count or s.inf_count)
-    return f"NaN/Inf in the output of {_plural(seen, 'module')}" if seen else "no NaN or Inf in any module's output"
+    return f"NaN/Inf in the output of {counted(seen, 'module')}" if seen else "no NaN or Inf in any module's output"
 
 
 def debug_repr(report: Any) -> str:
-    stats = f", statistics of {_plural(sum(1 for s in report.stats.values() if s.calls), 'module')}"
-    raised = f", the model raised on {_plural(len(report.errors), 'case')}" if report.errors else ""
+    stats = f", statistics of {counted(sum(1 for s in report.stats.values() if s.calls), 'module')}"
+    raised = f", the model raised on {counted(len(report.errors), 'case')}" if report.errors else ""
     return (
         f"<DebugReport {_non_finite_verdict(report)}: {report.modules} modules watched, "
-        f"{_plural(len(report.cases), 'case')}{stats if report.stats else ''}{raised}>"
+        f"{counted(len(report.cases), 'case')}{stats if report.stats else ''}{raised}>"
     )
 
 
@@ -350,7 +351,7 @@ def doctor_repr(report: Any) -> str:
     cpu = report.cpu
     return (
         f"<DoctorReport torch {report.versions.get('torch')}, {cpu.cores} CPUs "
-        f"({cpu.torch_capability or 'ISA unknown'}), {_plural(len(report.gpus), 'GPU')}: {available} of "
+        f"({cpu.torch_capability or 'ISA unknown'}), {counted(len(report.gpus), 'GPU')}: {available} of "
         f"{len(report.features)} features available>"
     )
 
@@ -395,7 +396,7 @@ def doctor_html(report: Any) -> str:
 def split_plan_repr(plan: Any) -> str:
     name = f" {plan.model}" if plan.model else ""
     return (
-        f"<SplitPlan{name}: {_plural(len(plan.stages), 'stage')} balanced by {plan.balance}, imbalance "
+        f"<SplitPlan{name}: {counted(len(plan.stages), 'stage')} balanced by {plan.balance}, imbalance "
         f"{plan.imbalance:.3f}, {byte_size(plan.crossing_bytes)} cross the cuts>"
     )
 
@@ -459,7 +460,7 @@ def _split_subtitle(plan: Any) -> str:
 
 
 def split_plan_html(plan: Any) -> str:
-    title = f"Split plan: {_plural(len(plan.stages), 'stage')} balanced by {plan.balance}"
+    title = f"Split plan: {counted(len(plan.stages), 'stage')} balanced by {plan.balance}"
     return card(title, *_split_plan_parts(plan), subtitle=_split_subtitle(plan))
 
 
@@ -471,7 +472,7 @@ def split_result_html(result: Any) -> str:
         parts.append(verify_html(result.verification))
     if result.directory:
         parts.append(paragraph(f"wrote {result.directory}/: {', '.join(result.files)}"))
-    title = f"Split: {_plural(len(plan.stages), 'stage')} balanced by {plan.balance}"
+    title = f"Split: {counted(len(plan.stages), 'stage')} balanced by {plan.balance}"
     return card(title, *parts, subtitle=_split_subtitle(plan))
 
 
@@ -487,7 +488,7 @@ def pipeline_run_repr(run: Any) -> str:
         speed = f": {fastest.schedule} {fastest.samples_per_s:.1f} samples/s{versus}"
     check = "" if run.check is None else (", verified" if run.check.ok else ", output MISMATCH")
     return (
-        f"<PipelineRun {_plural(run.stages, 'stage')} on {run.device} ({run.backend}), batch {run.batch} in "
+        f"<PipelineRun {counted(run.stages, 'stage')} on {run.device} ({run.backend}), batch {run.batch} in "
         f"{run.microbatches} microbatches{speed}{check}>"
     )
 
@@ -508,7 +509,7 @@ def pipeline_run_html(run: Any) -> str:
         how = ", once per microbatch" if base.per_microbatch else ""
         rows.append(
             (
-                f"one process, unsplit ({_plural(base.threads, 'thread')}{how})",
+                f"one process, unsplit ({counted(base.threads, 'thread')}{how})",
                 f"{base.median_s * 1000:.1f}",
                 f"{base.samples_per_s:.1f}",
                 _ratio(best / base.median_s) if best else "-",
@@ -526,8 +527,8 @@ def pipeline_run_html(run: Any) -> str:
     parts += [paragraph(f"note: {note}") for note in run.notes]
     parts.append(paragraph(f"{run.wall_s:.1f} s in all (process start-up, loading, every run)"))
     subtitle = (
-        f"{run.directory}: {_plural(run.stages, 'stage')} as {_plural(run.stages, 'process', 'processes')} "
-        f"({run.backend} on {run.device}, {_plural(run.threads, 'thread')} each); batch {run.batch} = "
+        f"{run.directory}: {counted(run.stages, 'stage')} as {counted(run.stages, 'process', 'processes')} "
+        f"({run.backend} on {run.device}, {counted(run.threads, 'thread')} each); batch {run.batch} = "
         f"{run.microbatches} microbatches ({', '.join(run.inputs)})"
     )
     return card("Pipeline run", *parts, subtitle=subtitle)

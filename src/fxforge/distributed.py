@@ -246,11 +246,6 @@ def full_fp32_on_gpu() -> None:
         torch.backends.cuda.matmul.allow_tf32 = False
 
 
-def _counted(count: int, noun: str, plural: str | None = None) -> str:
-    """``1 process``, ``4 processes``: the messages quote counts that are often 1 (a one-stage split)."""
-    return f"{count} {noun if count == 1 else plural or noun + 's'}"
-
-
 def _run_options(
     stages: int,
     microbatches: int | None,
@@ -401,8 +396,8 @@ def _load_rank(args: argparse.Namespace, status: _Status) -> _Rank:
     plan = load_plan(directory)
     if world != len(plan.stages):
         raise InputSpecError(
-            f"{directory} holds {_counted(len(plan.stages), 'stage')}, but "
-            f"{_counted(world, 'process', 'processes')} {'was' if world == 1 else 'were'} started",
+            f"{directory} holds {display.counted(len(plan.stages), 'stage')}, but "
+            f"{display.counted(world, 'process', 'processes')} {'was' if world == 1 else 'were'} started",
             hint=f"start one process per stage: torchrun --nproc-per-node {len(plan.stages)} (in all)",
         )
     notes: list[str] = []
@@ -772,7 +767,8 @@ def run_pipeline(
     backend, resolved = _backend_and_device(device, 0, world)  # every stage runs on this machine
     if backend == "nccl" and torch.cuda.device_count() < world:
         raise FxforgeError(
-            f"{_counted(world, 'stage')} need {world} GPUs on this machine, torch sees {torch.cuda.device_count()}",
+            f"{display.counted(world, 'stage')} need {world} GPUs on this machine, "
+            f"torch sees {torch.cuda.device_count()}",
             hint="pass --device cpu, or run across machines with torchrun (docs/commands/run-pipeline.md)",
         )
     worker_args = [
@@ -831,8 +827,9 @@ def run_pipeline(
         results.append(ScheduleTiming(name, median, batch / median, speedup, per_run))
     if threads * world > (os.cpu_count() or 1):
         notes.append(
-            f"{_counted(world, 'stage')} x {_counted(threads, 'thread')} on {_counted(os.cpu_count() or 1, 'core')}: "
-            "the stages share cores, so they cannot all compute at once"
+            f"{display.counted(world, 'stage')} x {display.counted(threads, 'thread')} on "
+            f"{display.counted(os.cpu_count() or 1, 'core')}: the stages share cores, so they cannot all compute "
+            "at once"
         )
     return PipelineRun(
         directory=str(directory),

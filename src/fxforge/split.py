@@ -79,11 +79,6 @@ def stage_file(index: int, pickled: bool = False) -> str:
     return f"stage_{index}.pt" if pickled else f"stage_{index}.pt2"
 
 
-def _counted(count: int, noun: str) -> str:
-    """``1 stage``, ``2 stages``: the messages quote counts that are often 1 (a one-stage split, a one-node graph)."""
-    return f"{count} {noun}{'' if count == 1 else 's'}"
-
-
 # --------------------------------------------------------------------------------------------------
 # the plan
 
@@ -443,16 +438,16 @@ def _plan(
     n = len(graph.compute)
     if stages > n:
         raise FxforgeError(
-            f"--stages {stages} is more than the graph's {_counted(n, 'compute node')}",
-            hint=f"at most {_counted(n, 'stage')}",
+            f"--stages {stages} is more than the graph's {display.counted(n, 'compute node')}",
+            hint=f"at most {display.counted(n, 'stage')}",
         )
     crossing, allowed = _crossings(graph)
     possible = sum(allowed)
     if stages - 1 > possible:
         raise FxforgeError(
-            f"the graph can be cut in only {_counted(possible, 'place')} (elsewhere values that are not single "
+            f"the graph can be cut in only {display.counted(possible, 'place')} (elsewhere values that are not single "
             f"tensors cross), too few for {stages} stages",
-            hint=f"at most {_counted(possible + 1, 'stage')}",
+            hint=f"at most {display.counted(possible + 1, 'stage')}",
         )
     _note_blocked_cuts(graph, allowed, notes)
     costs = _node_costs(graph, balance, times)
@@ -1007,7 +1002,7 @@ def load_stage(
     the tensors the plan says of that stage (files swapped or mixed from two splits) is refused."""
     plan = load_plan(directory)
     if not 0 <= index < len(plan.stages):
-        raise FxforgeError(f"stage {index} does not exist: the plan has {_counted(len(plan.stages), 'stage')}")
+        raise FxforgeError(f"stage {index} does not exist: the plan has {display.counted(len(plan.stages), 'stage')}")
     where = torch.device(device) if device else None
     return _load_stage(Path(directory), plan.stages[index], plan, trust_pickle, where)
 
