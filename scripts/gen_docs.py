@@ -18,7 +18,8 @@ def passes_markdown() -> str:
     lines = [
         "# Passes",
         "",
-        "Generated from the pass registry by `scripts/gen_docs.py`; `fxforge passes` prints the same.",
+        "Generated from the pass registry by `scripts/gen_docs.py`; `fxforge passes` prints the same, and the",
+        "passes of installed plug-ins besides ([plug-ins](plugins.md)).",
         "Every pass works on a copy of the graph unless called with `inplace=True`, records what it",
         "changed (and what it left alone, with the reason) in its `PassResult`, and keeps node provenance",
         "so that `fxforge verify` can name the pass behind a divergence. Run them with",
@@ -90,7 +91,8 @@ def rules_markdown() -> str:
     lines = [
         "# Lint rules",
         "",
-        "Generated from the rule registry by `scripts/gen_docs.py`; `fxforge lint --rules` prints the same.",
+        "Generated from the rule registry by `scripts/gen_docs.py`; `fxforge lint --rules` prints the same, and the",
+        "rules of installed plug-ins besides ([plug-ins](plugins.md)).",
         "Select or skip rules by code or name with `--select` / `--ignore`. `fxforge lint` exits 1 when a",
         "finding at or above `--fail-on` (default `warning`) exists. `fxforge lint --fix -o OUT` runs the",
         "passes named in the fix column (verified) and reports what remains.",
