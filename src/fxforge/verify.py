@@ -882,7 +882,11 @@ def _first_divergence(
         compared += 1
         if not diverges(expected, actual, rtol, atol):
             continue  # agreed: what reads it is checked from here on
-        if reads_unchecked is None:
+        # an unchecked value the same pass produced (a replacement's inner nodes) leaves no doubt about the pass
+        pass_name = node.meta.get(PASS)
+        unchecked_pass = reads_unchecked.meta.get(PASS) if reads_unchecked is not None else None
+        same_pass = pass_name is not None and unchecked_pass == pass_name
+        if reads_unchecked is None or same_pass:
             error = compare_outputs(expected, actual, rtol, atol, allow_nonfinite=True).max_abs_err
             return Divergence(node.name, origin, target_name(node), node.meta.get(PASS), error), compared, None
         unchecked[node] = reads_unchecked
