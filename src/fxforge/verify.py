@@ -856,10 +856,11 @@ def _first_divergence(
     """:func:`bisect_graphs`; how many candidate nodes had a reference node to be compared with; and, when no node
     can be blamed, the first node that differs after a node no reference node corresponds to.
 
-    A differing node is blamed only when every value it reads is known to agree: a placeholder, a weight, or a
-    node compared and found equal. One that reads a tensor with no reference counterpart (ReLU6's ``hardtanh``
-    in an ATen re-export of a torch graph whose ``relu`` module it replaced) differs perhaps only because that
-    tensor does: blaming it named an exact pass for another pass's change."""
+    A differing node is blamed only when every value it reads is known to agree (a placeholder, a weight, or a
+    node compared and found equal) or was made by the same pass (a replacement's inner nodes: the pass is certain
+    either way). One that reads a tensor with no reference counterpart from elsewhere (ReLU6's ``hardtanh`` in an
+    ATen re-export of a torch graph whose ``relu`` module it replaced) differs perhaps only because that tensor
+    does: blaming it named an exact pass for another pass's change."""
     ref_values = _record_values(reference, reference_inputs)
     cand_values = _record_values(candidate, candidate_inputs)
     compared = 0
