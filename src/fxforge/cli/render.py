@@ -13,6 +13,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from fxforge.display import byte_size
+
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 # inspect's quant column, in fxforge.vocabulary.QUANT_KINDS order: what is left of calibration stands out
 _QUANT_STYLE = {
@@ -30,13 +32,6 @@ def human_count(value: float, unit: str = "") -> str:
         if abs(value) >= threshold:
             return f"{value / threshold:.2f}{suffix}{unit}"
     return f"{value:g}{unit}"
-
-
-def human_bytes(value: float) -> str:
-    for threshold, suffix in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
-        if value >= threshold:
-            return f"{value / threshold:.1f} {suffix}"
-    return f"{int(value)} B"
 
 
 def render_capture(console: Console, spec: str, capture: dict[str, Any]) -> None:
@@ -79,7 +74,7 @@ def render_inspect(console: Console, spec: str, report: Any, show_nodes: bool, s
                 *((_quant_cell(node.quant),) if quantized else ()),
                 human_count(node.params) if node.params else "",
                 human_count(node.flops) if node.flops else "",
-                human_bytes(node.activation_bytes) if node.activation_bytes else "",
+                byte_size(node.activation_bytes) if node.activation_bytes else "",
             )
         console.print(table)
     if report.modules:
@@ -96,14 +91,14 @@ def render_inspect(console: Console, spec: str, report: Any, show_nodes: bool, s
                 str(module.nodes),
                 human_count(module.params),
                 human_count(module.flops),
-                human_bytes(module.activation_bytes),
+                byte_size(module.activation_bytes),
             )
         console.print(table)
     totals = report.totals
     console.print(
         f"[bold]Total[/]: {totals['nodes']} nodes, {totals['params']:,} parameters "
-        f"({human_bytes(totals['param_bytes'])}), {human_count(totals['flops'], ' FLOPs')} "
-        f"({human_count(totals['macs'], ' MACs')}), activations {human_bytes(totals['activation_bytes'])}"
+        f"({byte_size(totals['param_bytes'])}), {human_count(totals['flops'], ' FLOPs')} "
+        f"({human_count(totals['macs'], ' MACs')}), activations {byte_size(totals['activation_bytes'])}"
     )
     unknown = totals.get("flops_unknown_ops") or []
     if unknown:
@@ -370,7 +365,7 @@ def render_export(console: Any, spec: str, result: Any) -> None:
     if result.ok:
         console.print(
             f"[green]exported[/] {escape(spec)} to {result.path} ({result.format} via {result.exporter}{opset}, "
-            f"{human_bytes(result.size_bytes)}, {result.export_s:.1f} s)"
+            f"{byte_size(result.size_bytes)}, {result.export_s:.1f} s)"
         )
         if check is not None:
             console.print(
@@ -526,7 +521,7 @@ def render_profile(console: Console, spec: str, report: Any, top: int, depth: in
             f"{node.share:.1%}",
             f"{node.gflops:.1f}" if node.flops else "-",
             f"{node.intensity:.1f}" if node.intensity else "-",
-            human_bytes(node.bytes) if node.bytes else "",
+            byte_size(node.bytes) if node.bytes else "",
             bound,
         )
     console.print(table)
@@ -637,7 +632,7 @@ def _cost_text(value: float, balance: str) -> str:
         return f"{value:.2f} ms"
     if balance == "flops":
         return human_count(value)
-    return human_bytes(value)
+    return byte_size(value)
 
 
 def _tensors_text(tensors: list[Any]) -> str:
@@ -664,11 +659,11 @@ def render_split(console: Console, spec: str, capture: dict[str, Any], result: A
             str(stage.nodes),
             span,
             human_count(stage.params),
-            human_bytes(stage.param_bytes),
+            byte_size(stage.param_bytes),
             human_count(stage.flops),
-            human_bytes(stage.activation_bytes),
-            human_bytes(stage.input_bytes),
-            human_bytes(stage.memory_bytes),
+            byte_size(stage.activation_bytes),
+            byte_size(stage.input_bytes),
+            byte_size(stage.memory_bytes),
             share,
         ]
         if plan.balance == "time":
@@ -687,13 +682,13 @@ def render_split(console: Console, spec: str, capture: dict[str, Any], result: A
                 f"{cut.after_stage}|{cut.after_stage + 1}",
                 f"{cut.after_node} .. {cut.before_node}",
                 _tensors_text(cut.tensors),
-                human_bytes(cut.bytes),
+                byte_size(cut.bytes),
                 point,
             )
         console.print(cuts)
     console.print(
         f"[bold]imbalance[/] {plan.imbalance:.3f} (largest stage {_cost_text(plan.bottleneck, plan.balance)} / mean "
-        f"{_cost_text(plan.total_cost / len(plan.stages), plan.balance)}), {human_bytes(plan.crossing_bytes)} cross "
+        f"{_cost_text(plan.total_cost / len(plan.stages), plan.balance)}), {byte_size(plan.crossing_bytes)} cross "
         f"the cuts; {plan.nodes} nodes planned in {plan.plan_s:.2f} s"
     )
     if plan.cuts:
@@ -794,7 +789,7 @@ def render_page(console: Console, view: Any) -> None:
         diff = f"; {counts['changed']} changed, {counts['inserted']} inserted, {counts['removed']} removed"
     divergence = model.get("divergence")
     first = f"; first divergence at {divergence['node']}" if divergence else ""
-    size = human_bytes(len(view.html.encode()) if view.html else 0)
+    size = byte_size(len(view.html.encode()) if view.html else 0)
     modules = sum(1 for m in model.get("modules", []) if not m.get("g"))  # "g": a box of consecutive nodes
     console.print(
         f"wrote {escape(str(view.path))} ({nodes} nodes, {modules} modules, opens at depth "
