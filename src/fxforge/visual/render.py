@@ -110,16 +110,6 @@ def load_output_dir(
     return graph, passes
 
 
-def recorded_capture_method(directory: str | Path) -> str | None:
-    """How the model of an ``fxforge optimize`` output directory was captured, as ``--method`` names it
-    (``symbolic_trace`` or ``export``); None when its ``report.json`` does not say."""
-    try:
-        method = (json.loads((Path(directory) / REPORT_FILE).read_text()).get("capture") or {}).get("method")
-    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
-        return None  # load_output_dir reports a missing or corrupt report.json
-    return {"torch.export": "export", "symbolic_trace": "symbolic_trace"}.get(method)
-
-
 def same_model_spec(first: str, second: str) -> bool:
     """Whether two model specs name the same model: equal, or ``file.py:attr`` specs of the same file name and
     attribute (one written relative to another working directory)."""

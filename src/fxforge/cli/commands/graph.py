@@ -39,8 +39,9 @@ def command(
 ) -> None:
     """Draw a model's graph: modules you can open and close, shapes, FLOPs, source lines, lint findings."""
     from fxforge.cli.render import page_node_counts, render_page
+    from fxforge.graphs import ATEN, dialect_of
     from fxforge.visual.page import GraphView, write_text
-    from fxforge.visual.render import diff_html, graph_html, graph_svg, load_output_dir, recorded_capture_method
+    from fxforge.visual.render import diff_html, graph_html, graph_svg, load_output_dir
 
     suffix = Path(output).suffix.lower()
     if suffix not in (".html", ".htm", ".svg"):
@@ -48,13 +49,14 @@ def command(
     if Path(output).exists() and not force:
         raise FxforgeError(f"{output} exists", hint="pass --force to replace it")
     profile = read_profile(profile_file) if profile_file else None
-    if diff_dir is not None and opts.method == "auto":  # capture the model as the output's graph was captured
-        opts = dataclasses.replace(opts, method=recorded_capture_method(diff_dir) or opts.method)
+    if diff_dir is not None:
+        rewritten, passes = load_output_dir(diff_dir, trust_pickle=opts.trust_pickle or None, model=opts.model)
+        if opts.method == "auto":  # capture the model in the dialect of the output's graph: a diff needs one
+            opts = dataclasses.replace(opts, method="export" if dialect_of(rewritten) == ATEN else "symbolic_trace")
     captured = opts.prepare()
     with status("drawing the graph", opts.as_json):
         title = opts.model or "model"
         if diff_dir is not None:
-            rewritten, passes = load_output_dir(diff_dir, trust_pickle=opts.trust_pickle or None, model=opts.model)
             view = diff_html(
                 captured, rewritten, passes=passes, depth=depth, profile=profile, title=f"{title} vs {diff_dir}"
             )
