@@ -405,3 +405,19 @@ def test_the_bf16_copy_of_an_aten_graph_casts_the_dtypes_it_spells_out():
     assert out.dtype == torch.float32
     torch.testing.assert_close(out, model(x), rtol=0.05, atol=0.05)  # bf16 keeps ~3 significant digits
     assert captured.graph_module(x).dtype == torch.float32  # the captured graph itself is not touched
+
+
+def test_the_bf16_copy_runs_a_transformers_bert_captured_by_torch_export():
+    pytest.importorskip("transformers")
+    from fxforge.bench import bfloat16_graph
+
+    captured = fxforge.prepare(
+        "transformers:BertModel",
+        model_kwargs={"num_hidden_layers": 1, "hidden_size": 64, "num_attention_heads": 2, "intermediate_size": 128},
+    )
+    assert captured.dialect == "aten"
+    x = captured.example_inputs
+    expected = captured.graph_module(*x)
+    out = bfloat16_graph(captured.graph_module, x, expected)(*x)
+    assert out["last_hidden_state"].dtype == torch.float32  # the bf16 copy returns the output's fields as a dict
+    torch.testing.assert_close(out["last_hidden_state"], expected.last_hidden_state, rtol=0.05, atol=0.1)
