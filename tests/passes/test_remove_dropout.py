@@ -84,6 +84,27 @@ def test_refuses_module_in_training_mode(dialect, capture_as):
     assert "module drop" in reason and "model.eval()" in reason and "self.training" not in reason
 
 
+class InPlaceDropouts(nn.Module):
+    # nn.Dropout(inplace=True), as in torchvision's EfficientNets and MobileNetV3: aten.dropout_ in the ATen dialect
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.drop = nn.Dropout(0.2, inplace=True)
+
+    def forward(self, x):
+        return F.dropout(self.drop(self.fc(x)).relu(), 0.1, self.training, inplace=True) * 2
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_removes_in_place_dropout(dialect, capture_as, run_verified):
+    captured = capture_as(InPlaceDropouts().eval(), torch.randn(2, 8), dialect)
+    if dialect == "aten":
+        assert sum("dropout_" in str(n.target) for n in captured.graph_module.graph.nodes) == 2
+    result = run_verified(captured, "remove_dropout")
+    assert result.removed == 2 and result.skipped == []
+    assert not any("dropout" in str(n.target) for n in result.graph_module.graph.nodes)
+
+
 class NativeDropout(nn.Module):
     def forward(self, x):
         return torch.native_dropout(x, 0.5, False)[0] * 2

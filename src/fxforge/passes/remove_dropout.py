@@ -33,7 +33,11 @@ _FUNCTIONAL_FLAG: dict[Any, tuple[int, str, bool | None]] = {
     F.feature_alpha_dropout: (2, "training", False),
     torch.dropout: (2, "train", None),
 }
-_ATEN_DROPOUTS = ("dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout", "native_dropout")
+_ATEN_DROPOUTS = (
+    *("dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout", "native_dropout"),
+    # the in-place forms (nn.Dropout(inplace=True): torchvision's EfficientNets and MobileNetV3) return their input
+    *("dropout_", "feature_dropout_", "alpha_dropout_", "feature_alpha_dropout_"),
+)
 
 
 def _flag(node: fx.Node, position: int, keyword: str, default: bool | None) -> Any:
