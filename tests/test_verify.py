@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
@@ -330,3 +331,39 @@ def test_bisection_blames_no_node_that_only_reads_a_value_no_reference_node_chec
     trusted = fxforge.load_model(str(tmp_path / "out"), trust_pickle=True).module  # the torch-dialect graph
     result = verify(captured, trusted)
     assert result.divergence is not None and result.divergence.pass_name == "replace_modules"
+
+
+def _aten_tanh_one_percent_off(x):
+    return torch.ops.aten.mul.Tensor(torch.ops.aten.tanh.default(x), 1.01)
+
+
+def test_a_reloaded_node_whose_saved_name_spells_its_overload_gets_that_name_back(tmp_path):
+    """A pass's ``aten.mul.Tensor`` node is named ``mul_tensor``; the re-export in model.pt2 calls it ``mul``, like
+    the model's own multiplications. Matched by name stem, it took a ``mul`` of the model's loop: verify named
+    the wrong node and no pass."""
+    torch.manual_seed(0)
+    captured = fxforge.capture(_LoopedMLP(), (torch.randn(2, 8),))
+    options = {"pattern": _aten_tanh, "replacement": _aten_tanh_one_percent_off}
+    fxforge.optimize(captured, [("replace_pattern", options)], output_dir=tmp_path / "out")
+    saved = json.loads((tmp_path / "out" / "provenance.json").read_text())
+    wrong = [name for name, entry in saved.items() if entry["op"] == "mul" and entry["pass"] == "replace_pattern"]
+    assert len(wrong) == 1 and wrong[0] != "mul"  # the overload is in its saved name
+    result = verify(captured, str(tmp_path / "out"))
+    assert not result.ok and result.divergence is not None
+    assert result.divergence.node == wrong[0] and result.divergence.pass_name == "replace_pattern"
+
+
+def test_a_program_exported_for_other_shapes_cannot_be_verified_at_these(tmp_path, capsys):
+    """model.pt2 checks its input shapes; at others it was a MISMATCH that blamed no rewrite ('Guard failed')."""
+    from fxforge.cli import main
+
+    assert main(["optimize", "demo", "-i", "1x3x32x32", "-o", str(tmp_path / "out")]) == 0
+    capsys.readouterr()
+    model = fxforge.load_model("demo").module
+    result = verify(model, str(tmp_path / "out"), input_specs=["1x3x24x24"])
+    assert not result.ok and result.unverifiable and result.divergence is None
+    assert "rejects the inputs" in result.problems[0] and "inputs.txt" in result.problems[0]
+    assert main(["verify", "demo", str(tmp_path / "out"), "-i", "1x3x24x24"]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("CANNOT VERIFY") and "nothing could be compared" in " ".join(out.split())
+    assert verify(model, str(tmp_path / "out"), input_specs=["1x3x32x32"]).ok  # at the shape it was written for

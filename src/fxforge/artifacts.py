@@ -35,7 +35,7 @@ from torch.utils import _pytree as pytree
 
 from fxforge.callstack import call_on_fresh_chunk
 from fxforge.errors import FxforgeError, InputSpecError, ModelSpecError, first_line, require, user_location
-from fxforge.graphs import ATEN
+from fxforge.graphs import ATEN, aten_packet
 from fxforge.inputs import InputSpec, parse_input_spec, specs_of
 from fxforge.runtime import export_program, holds_tensor, quiet_torch_logs, with_constant_kwargs
 from fxforge.vocabulary import ORIGIN, PASS
@@ -329,7 +329,10 @@ def save_graph_module(
             hint="a TorchScript submodule cannot be pickled: keep the PyTorch module it came from in the model",
         )
     notes.extend(f"not written: {problem}" for problem in problems)
-    provenance = {node.name: {"origin": node.meta.get(ORIGIN), "pass": node.meta.get(PASS)} for node in gm.graph.nodes}
+    provenance = {
+        node.name: {"origin": node.meta.get(ORIGIN), "pass": node.meta.get(PASS), "op": node_stem(node)}
+        for node in gm.graph.nodes
+    }
     (directory / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=1))
     files += [PROVENANCE_FILE, write_inputs(directory, example_inputs)]
     return files
@@ -386,7 +389,9 @@ def load_provenance(gm: fx.GraphModule, directory: Path) -> None:
         ) from None
     nodes = list(gm.graph.nodes)
     if [node.name for node in nodes] != list(saved):
-        _rename_nodes(gm, _saved_names_of(nodes, list(saved)))
+        # files written before "op" was recorded: what a node computes is read from its name
+        stems = {name: str(entry.get("op") or _stem(name)) for name, entry in saved.items()}
+        _rename_nodes(gm, _saved_names_of(nodes, stems))
     for node in gm.graph.nodes:
         node.meta.pop(ORIGIN, None)
         node.meta.pop(PASS, None)
@@ -398,15 +403,17 @@ def load_provenance(gm: fx.GraphModule, directory: Path) -> None:
                 node.meta[PASS] = entry["pass"]
 
 
-def _saved_names_of(nodes: list[fx.Node], saved_names: list[str]) -> dict[fx.Node, str]:
-    """The name each reloaded node had when it was saved; a node with no saved counterpart gets a new name that
-    no saved node has, so that it cannot pose as one."""
+def _saved_names_of(nodes: list[fx.Node], saved_stems: dict[str, str]) -> dict[fx.Node, str]:
+    """The name each reloaded node had when it was saved (``saved_stems``: saved name -> what the node computed,
+    in graph order); a node with no saved counterpart gets a new name that no saved node has, so that it cannot
+    pose as one."""
+    saved_names = list(saved_stems)
     saved = set(saved_names)
     renames = {node: node.name for node in nodes if node.op == "get_attr" and node.name in saved}
     weights = set(renames.values())
     computing = [node for node in nodes if node not in renames]
     rest = [name for name in saved_names if name not in weights]
-    renames.update(_align(computing, rest))
+    renames.update(_align(computing, rest, saved_stems))
     taken = saved | {node.name for node in nodes}
     for node in nodes:
         if node not in renames:
@@ -442,7 +449,14 @@ def _stem(name: str) -> str:
     return re.sub(r"_default$", "", re.sub(r"_\d+$", "", name))
 
 
-def _align(nodes: list[fx.Node], names: list[str]) -> list[tuple[fx.Node, str]]:
+def node_stem(node: fx.Node) -> str:
+    """What ``node`` computes, for matching a reloaded node to its saved self: an ATen op's name without overload
+    (a pass's ``aten.mul.Tensor`` node is named ``mul_tensor``, its re-export ``mul``), else :func:`_stem` of its
+    name."""
+    return aten_packet(node) or _stem(node.name)
+
+
+def _align(nodes: list[fx.Node], names: list[str], stems: dict[str, str]) -> list[tuple[fx.Node, str]]:
     """Pairs of (reloaded node, saved name) that are the same node: in graph order within each stem.
 
     The re-export keeps the order of the nodes it re-traces, so where a stem has as many nodes as saved names
@@ -452,9 +466,9 @@ def _align(nodes: list[fx.Node], names: list[str]) -> list[tuple[fx.Node, str]]:
     """
     by_stem: dict[str, tuple[list[fx.Node], list[str]]] = {}
     for node in nodes:
-        by_stem.setdefault(_stem(node.name), ([], []))[0].append(node)
+        by_stem.setdefault(node_stem(node), ([], []))[0].append(node)
     for name in names:
-        by_stem.setdefault(_stem(name), ([], []))[1].append(name)
+        by_stem.setdefault(stems[name], ([], []))[1].append(name)
     pairs: list[tuple[fx.Node, str]] = []
     odd_nodes: set[fx.Node] = set()
     odd_names: set[str] = set()
@@ -468,7 +482,7 @@ def _align(nodes: list[fx.Node], names: list[str]) -> list[tuple[fx.Node, str]]:
         left = [node for node in nodes if node in odd_nodes]
         right = [name for name in names if name in odd_names]
         matcher = difflib.SequenceMatcher(
-            None, [_stem(node.name) for node in left], [_stem(name) for name in right], autojunk=False
+            None, [node_stem(node) for node in left], [stems[name] for name in right], autojunk=False
         )
         for block in matcher.get_matching_blocks():
             pairs += [(left[block.a + k], right[block.b + k]) for k in range(block.size)]

@@ -61,7 +61,7 @@ class StepRecord:
     result: PassResult
     lint_findings: int | None = None
     verification: VerifyResult | None = None
-    rolled_back: str | None = None  # why the pass's result was discarded (--keep-going)
+    rolled_back: str | None = None  # why the pass's result was discarded (the run then stopped, unless keep_going)
     seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -284,6 +285,13 @@ def _template(
     raise InputSpecError("verify needs inputs or input shapes", hint="pass --input, e.g. --input 1x3x224x224")
 
 
+def _input_guard_failed(exc: BaseException) -> bool:
+    """Whether ``exc`` is a torch.export program refusing an input of another shape (its input guard, or the
+    shape check of a loaded program), rather than a failure while computing."""
+    text = str(exc)
+    return "Guard failed" in text or bool(re.search(r"Expected input at \S+ to be equal to", text))
+
+
 class Verifier:
     """The reference side of a verification: the cases and the reference's outputs on them, computed once.
 
@@ -516,6 +524,16 @@ class Verifier:
                     continue
                 result.ok = False
                 result.max_abs_err = result.max_rel_err = math.inf
+                if _input_guard_failed(exc):
+                    # a program exported for other shapes checks its inputs: nothing was compared, and there is
+                    # no node to bisect to (the same program at the shapes it takes is what can be verified)
+                    result.unverifiable = True
+                    result.problems.append(
+                        f"the candidate rejects the inputs of {case.label} ({one_line_reason(exc, 120)}): it was "
+                        "exported for other input shapes; verify with those (an output directory's inputs.txt)"
+                    )
+                    result.failing_case = index
+                    break
                 result.problems.append(f"candidate failed to run on {case.label}: {one_line_reason(exc)}")
                 failing = failing or case
                 bisectable = bisectable or (case if case.batch not in self.graph_rejects else None)

@@ -244,10 +244,9 @@ def render_verify(console: Console, reference: str, candidate: str, result: Any)
         )
         render_verify_doubts(console, result)
         return
-    if result.unverifiable:  # the reference gives nothing to compare against: no verdict on the candidate
+    if result.unverifiable:  # nothing could be compared (the problems say why): no verdict on the candidate
         console.print(
-            f"[bold red]CANNOT VERIFY[/]: {escape(candidate)} against {escape(reference)}: "
-            "the reference cannot be checked"
+            f"[bold red]CANNOT VERIFY[/]: {escape(candidate)} against {escape(reference)}: nothing could be compared"
         )
     else:
         console.print(
