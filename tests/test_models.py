@@ -654,3 +654,37 @@ def test_transformers_kv_cache_is_off_by_default_so_llama_captures_on_meta():
     assert captured.record.method == "torch.export"
     asked = load_model("transformers:LlamaForCausalLM", model_kwargs={**tiny, "use_cache": True}, device="meta")
     assert asked.module.config.use_cache is True  # the user's explicit choice wins
+
+
+@pytest.mark.parametrize("spec", ["demo", "torchvision:resnet18", "timm:resnet18"])
+def test_built_batchnorms_are_not_the_identity(spec):
+    """Built without weights a BatchNorm passes its input through, and a rewrite that dropped it or folded its mean
+    or shift wrongly could not fail a check: the loader draws every BatchNorm term (seeded)."""
+    if spec != "demo":
+        pytest.importorskip(spec.partition(":")[0])
+    norms = [m for m in load_model(spec).module.modules() if isinstance(m, nn.BatchNorm2d)]
+    assert norms
+    for bn in norms:
+        for tensor, identity in ((bn.running_mean, 0.0), (bn.running_var, 1.0), (bn.weight, 1.0), (bn.bias, 0.0)):
+            assert (tensor - identity).abs().max() > 0.01
+    again = [m for m in load_model(spec).module.modules() if isinstance(m, nn.BatchNorm2d)]
+    assert torch.equal(again[0].running_mean, norms[0].running_mean)  # the same seed, the same model
+    other = next(m for m in load_model(spec, seed=1).module.modules() if isinstance(m, nn.BatchNorm2d))
+    assert not torch.equal(other.running_mean, norms[0].running_mean)
+
+
+def test_verify_fails_a_rewrite_that_drops_the_batchnorms():
+    """The rewrite the loader's BatchNorm draw exists for: with identity BatchNorms it passed --verify."""
+    import fxforge
+
+    loaded = load_model("torchvision:resnet18")
+    x = torch.randn(1, 3, 32, 32)
+    captured = capture(loaded, (x,))
+    gm = captured.graph_module
+    modules = dict(gm.named_modules())
+    for node in list(gm.graph.nodes):
+        if node.op == "call_module" and isinstance(modules[node.target], nn.BatchNorm2d):
+            node.replace_all_uses_with(node.args[0])
+            gm.graph.erase_node(node)
+    gm.recompile()
+    assert not fxforge.verify(loaded.module, gm, inputs=[x]).ok

@@ -211,7 +211,9 @@ def _load_demo(name: str, spec: str, kwargs: dict[str, Any]) -> LoadedModel:
     if name not in DEMO_MODELS:
         raise ModelSpecError(f"unknown demo model {name!r}", hint=f"one of {', '.join(DEMO_MODELS)}")
     cls, inputs = DEMO_MODELS[name]
-    return LoadedModel(_construct(cls, kwargs, spec), spec, [parse_input_spec(s) for s in inputs])
+    model = _construct(cls, kwargs, spec)
+    _randomise_batchnorms(model)
+    return LoadedModel(model, spec, [parse_input_spec(s) for s in inputs])
 
 
 def _construct(factory: Callable[..., Any], kwargs: dict[str, Any], spec: str) -> Any:
@@ -269,6 +271,7 @@ def _load_torchvision(name: str, spec: str, kwargs: dict[str, Any]) -> LoadedMod
         kwargs.setdefault("init_weights", True)
     model = _construct(lambda **kw: torchvision.models.get_model(name, **kw), kwargs, spec)
     _redraw_zero_layers(model)
+    _randomise_batchnorms(model)
     classification = set(torchvision.models.list_models(module=torchvision.models))
     inputs = []
     if name in classification:
@@ -296,12 +299,37 @@ def _redraw_zero_layers(model: nn.Module) -> None:
             module.reset_parameters()
 
 
+def _randomise_batchnorms(model: nn.Module) -> None:
+    """Give every BatchNorm statistics and an affine transform that are not the identity.
+
+    Built without weights, a BatchNorm has mean 0, variance 1, scale 1 and shift 0: it passes its input through
+    (up to eps), so a rewrite that drops it, or folds its mean or shift wrongly, changes nothing and no check
+    could fail. Drawn around the identity (mean and shift N(0, 0.1), variance and scale U(0.5, 1.5)), every
+    BatchNorm term matters while activations keep about the scale they had. From torch's RNG (``--seed``).
+    """
+    with torch.no_grad():
+        for module in model.modules():
+            if not isinstance(module, nn.modules.batchnorm._BatchNorm):
+                continue
+            tensors = [module.running_mean, module.running_var, module.weight, module.bias]
+            if any(t is not None and t.device.type == "meta" for t in tensors):
+                continue  # no values to draw (--device meta)
+            if module.running_mean is not None and module.running_var is not None:
+                module.running_mean.normal_(0.0, 0.1)
+                module.running_var.uniform_(0.5, 1.5)
+            if module.weight is not None:
+                module.weight.uniform_(0.5, 1.5)
+            if module.bias is not None:
+                module.bias.normal_(0.0, 0.1)
+
+
 def _load_timm(name: str, spec: str, kwargs: dict[str, Any]) -> LoadedModel:
     timm = require("timm", "timm", "timm models")
     if not timm.is_model(name):
         raise ModelSpecError(f"timm has no model named {name!r}", hint="list them with: timm.list_models()")
     model = _construct(lambda **kw: timm.create_model(name, pretrained=False, **kw), kwargs, spec)
     _redraw_zero_layers(model)
+    _randomise_batchnorms(model)
     cfg = getattr(model, "pretrained_cfg", None) or {}
     channels, height, width = cfg.get("input_size", (3, 224, 224))
     return LoadedModel(model, spec, [InputSpec((1, channels, height, width))])
