@@ -3,7 +3,8 @@
 It runs what is asked and puts the results on one page: the environment (versions, CPU), the capture
 record, the inspect table, lint findings (a click selects the node in the graph), the optimize change log
 and its verification with the diff graph (when passes are given), bench latencies as a chart (``bench``)
-and quantize accuracy and sensitivity as a chart (``quantize``). A profile (``fxforge profile``'s dict, or
+and the int8 model's accuracy (``quantize``; a sensitivity chart is in the page ``fxforge quantize --sensitivity
+-o DIR`` writes: ranking here would quantize once per unit, on random data). A profile (``fxforge profile``'s dict, or
 its result object) colours the graph's nodes by time share. Sits at the top of the library: it may call
 everything below it; the page itself is assembled by :mod:`fxforge.visual`.
 """

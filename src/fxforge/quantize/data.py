@@ -21,6 +21,7 @@ from fxforge import references
 from fxforge.artifacts import is_pickle_stream
 from fxforge.errors import InputSpecError, first_line
 from fxforge.inputs import make_inputs, specs_of
+from fxforge.runtime import describe_inputs
 
 # Random calibration data is split into this many batches; files holding one tensor are split into
 # batches of this many samples.
@@ -29,7 +30,8 @@ DEFAULT_SPLIT = 32
 
 
 class RandomCalibrationWarning(UserWarning):
-    """Calibrated or evaluated on random data: the int8 model's accuracy on real data is unknown."""
+    """Calibrated or evaluated on random data, or static int8 evaluated on its own calibration data: the int8
+    model's accuracy on real, unseen data is unknown."""
 
 
 RANDOM_WARNING = (
@@ -122,7 +124,47 @@ def _dataset_with_labels(obj: Any, arity: int | None) -> bool:
     return _class_labels(obj[arity], tuple(obj[:arity])) is not None and obj[0].shape[0] > 0
 
 
-def _batches_of(obj: Any, arity: int | None, source: str, split: int, kind: str) -> CalibrationData:
+ACCEPTED_FORMATS = (
+    "accepted: a tensor with samples along dim 0 (one-input models); a tuple (inputs..., labels) of such tensors, "
+    "one per model input, then one integer class per sample; or a list of batches, each a tuple with one tensor "
+    "per model input, e.g. torch.save(list(zip(a.split(32), b.split(32))), 'data.pt')"
+)
+
+
+def _refuse_unreadable_tuple(obj: Any, examples: Sequence[Any], source: str, kind: str) -> None:
+    """Refuse whole tensors in a tuple (``torch.save((a, b), f)``) that are not ``(inputs..., labels)`` for this
+    model and are not a list of one-input batches either.
+
+    Read as batches, ``(input_ids, attention_mask)`` would feed the mask as token ids, and ``(x, y)`` with fewer
+    labels than samples would feed the labels as images: each fails, or worse, runs, far from the cause.
+    """
+    if not examples or not isinstance(obj, (tuple, list)) or len(obj) < 2:
+        return
+    if not all(isinstance(t, torch.Tensor) and t.dim() > 0 for t in obj):
+        return
+    arity = len(examples)
+    example = examples[0]
+    if arity == 1 and (not isinstance(example, torch.Tensor) or all(t.dim() == example.dim() for t in obj)):
+        return  # a list of batches for a one-input model, each shaped like its example input
+    inputs, last = obj[:-1], obj[-1]
+    counts = {int(t.shape[0]) for t in inputs}
+    if len(obj) == arity + 1 and last.dim() == 1 and not last.is_floating_point() and len(counts) == 1:
+        raise InputSpecError(
+            f"{kind} data from {source} holds {counts.pop()} samples but {last.shape[0]} labels: (inputs..., "
+            "labels) needs one integer class per sample",
+            hint=ACCEPTED_FORMATS,
+        )
+    noun = "tuple" if isinstance(obj, tuple) else "list"
+    raise InputSpecError(
+        f"{kind} data from {source} is a {noun} of {len(obj)} whole tensors ({describe_inputs(obj)}): neither "
+        f"(inputs..., labels) for this model's {arity} input{'s' if arity > 1 else ''} nor a list of batches",
+        hint=ACCEPTED_FORMATS,
+    )
+
+
+def _batches_of(
+    obj: Any, arity: int | None, source: str, split: int, kind: str, examples: Sequence[Any] = ()
+) -> CalibrationData:
     if isinstance(obj, torch.Tensor):
         # One tensor holds samples along dim 0 (a dataset), not one giant batch.
         chunks = [(chunk,) for chunk in obj.split(split)] if obj.dim() > 0 else [(obj,)]
@@ -131,6 +173,7 @@ def _batches_of(obj: Any, arity: int | None, source: str, split: int, kind: str)
         columns = [t.split(split) for t in obj]
         batches = [tuple(column[i] for column in columns[:-1]) for i in range(len(columns[0]))]
         return CalibrationData(batches, source, labels=list(columns[-1]))
+    _refuse_unreadable_tuple(obj, examples, source, kind)
     if isinstance(obj, Mapping) or not isinstance(obj, Iterable):
         raise InputSpecError(
             f"{kind} data from {source} is a {type(obj).__name__}",
@@ -206,7 +249,8 @@ def load_calibration(
         text = str(spec)
         if ".py:" in text and not Path(text).exists():
             obj = _call_user(_load_callable(text, kind), text, kind)
-            return _described(_batches_of(obj, arity, text, split, kind), f"function {text}", kind)
+            source = f"function {text}"
+            return _described(_batches_of(obj, arity, source, split, kind, example_inputs), source, kind)
         path = Path(text)
         if not path.exists():
             raise InputSpecError(
@@ -214,12 +258,15 @@ def load_calibration(
                 hint="give a file written by torch.save, file.py:function, or random[:N]",
             )
         obj = _load_file(path, kind)
-        return _described(_batches_of(obj, arity, str(path), split, kind), f"file {path}", kind)
+        source = f"file {path}"
+        return _described(_batches_of(obj, arity, source, split, kind, example_inputs), source, kind)
     if callable(spec) and not isinstance(spec, (torch.Tensor, nn.Module)):
         name = getattr(spec, "__qualname__", type(spec).__name__)
         obj = _call_user(spec, f"{name}()", kind)
-        return _described(_batches_of(obj, arity, f"{name}()", split, kind), f"callable {name}", kind)
-    return _described(_batches_of(spec, arity, "the given data", split, kind), f"{type(spec).__name__} in memory", kind)
+        source = f"callable {name}"
+        return _described(_batches_of(obj, arity, source, split, kind, example_inputs), source, kind)
+    source = f"{type(spec).__name__} in memory"
+    return _described(_batches_of(spec, arity, source, split, kind, example_inputs), source, kind)
 
 
 def _described(data: CalibrationData, source: str, kind: str) -> CalibrationData:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from fxforge.artifacts import check_output_directory
 from fxforge.capture import Captured, capture, require_real_weights, rng_preserved
 from fxforge.errors import DialectError, FxforgeError, InputSpecError, one_line_reason
 from fxforge.graphs import ATEN, WEIGHTED_LAYER_TYPES
@@ -32,11 +33,12 @@ from fxforge.quantize.data import (
     load_calibration,
 )
 from fxforge.quantize.engine import quantized_engine
-from fxforge.quantize.result import LayerSensitivity, QuantizeResult
+from fxforge.quantize.result import IN_SAMPLE, LayerSensitivity, QuantizeResult
 from fxforge.quantize.saving import write_output
 from fxforge.quantize.units import MODULE, Unit, find_units, keep_in_float
 from fxforge.references import as_names
 from fxforge.runtime import describe_inputs, quiet_quantization_notices
+from fxforge.vocabulary import quant_kind
 
 MODES = ("static", "dynamic", "qat-prepare")
 BACKENDS = ("x86", "qnnpack")
@@ -50,6 +52,13 @@ EAGER_DYNAMIC_MACHINERY = "torch.ao.quantization.quantize_dynamic (eager module 
 # checks its target on all of it, so only the order in which units go back to float can change.
 SENSITIVITY_SAMPLES = 128
 
+# Static int8 fits its value ranges to the calibration data: compared on that same data, the error is in-sample
+# and can be smaller than on data the model has not seen.
+IN_SAMPLE_WARNING = (
+    "accuracy measured on the calibration data itself: the int8 value ranges were fitted to it, so the error on "
+    "new data can be larger; pass held-out data (--eval) to measure it"
+)
+
 # Layers a sensitivity run quantizes one at a time. Fused neighbours (BatchNorm, ReLU) go with their
 # conv/linear, so the conv's name stands for the fused block.
 STATIC_LAYER_TYPES: tuple[type[nn.Module], ...] = WEIGHTED_LAYER_TYPES
@@ -61,6 +70,51 @@ def _check_options(mode: str, backend: str) -> None:
         raise FxforgeError(f"unknown quantization mode {mode!r}", hint=f"one of {', '.join(MODES)}")
     if backend not in BACKENDS:
         raise FxforgeError(f"unknown quantization backend {backend!r}", hint=f"one of {', '.join(BACKENDS)}")
+
+
+def check_arguments(
+    mode: str,
+    backend: str = "x86",
+    *,
+    calibration: Any = None,
+    eval_data: Any = None,
+    sensitivity: bool = False,
+    keep_float_until: float | str | Target | None = None,
+    random_batches: int = DEFAULT_RANDOM_BATCHES,
+    output_dir: str | Path | None = None,
+    force: bool = False,
+) -> Target | None:
+    """Refuse what :func:`quantize` would refuse without looking at the model, and return the parsed target.
+
+    Called before the model is captured (by the CLI) and by :func:`quantize` before any work: a refusal after
+    capture, calibration and a sensitivity search (minutes on big models) would waste all of it.
+    """
+    _check_options(mode, backend)
+    if mode == "qat-prepare" and (sensitivity or keep_float_until is not None):
+        raise FxforgeError("sensitivity and keep-float need a quantized model", hint="use --mode static or dynamic")
+    # Data the mode never reads would be accepted unread, even a missing or corrupt file, and the user would
+    # believe it had been used (docs/commands/quantize.md, "data it needs").
+    if mode == "qat-prepare" and (calibration is not None or eval_data is not None):
+        given = " and ".join(
+            name for name, value in (("--calib", calibration), ("--eval", eval_data)) if value is not None
+        )
+        raise InputSpecError(
+            f"--mode qat-prepare uses no data, but {given} {'were' if ' and ' in given else 'was'} given: it only "
+            "inserts fake-quant nodes, whose ranges your training loop sets",
+            hint=f"drop {given}; measure the model after training and convert, or quantize with --mode static",
+        )
+    if mode == "dynamic" and calibration is not None and eval_data is not None:
+        raise InputSpecError(
+            "--mode dynamic does not use --calib when --eval is given: dynamic quantization calibrates nothing, and "
+            "--calib data only stands in for --eval in the accuracy comparison",
+            hint="drop --calib (or drop --eval to compare the models on the --calib data)",
+        )
+    goal = parse_target(keep_float_until) if keep_float_until is not None else None
+    if random_batches < 1:
+        raise InputSpecError(f"--random-batches must be at least 1, got {random_batches}")
+    if output_dir is not None:
+        check_output_directory(output_dir, force=force)
+    return goal
 
 
 def _layer_types(mode: str) -> tuple[type[nn.Module], ...]:
@@ -359,19 +413,38 @@ def quantize(
             model is the float model, so any target the float model meets is reachable.
         float_layers: units to keep in float from the start: layer (module) names, or the names
             :func:`fallback_units` gives ops (graph node names such as ``add_3``).
-        output_dir: write ``model.pt``, ``inputs.txt`` and ``report.json`` there (atomically).
+        output_dir: write ``model.pt``, ``inputs.txt`` and ``report.json`` there (atomically); a non-empty
+            directory is refused (without ``force``) before any work.
+
+    Raises:
+        InputSpecError: data ``mode`` does not read (any data for ``qat-prepare``; ``calibration`` together with
+            ``eval_data`` for ``dynamic``), data that does not fit the model, or a model that is already quantized.
     """
-    _check_options(mode, backend)
-    if mode == "qat-prepare" and (sensitivity or keep_float_until is not None):
-        raise FxforgeError("sensitivity and keep-float need a quantized model", hint="use --mode static or dynamic")
-    goal = parse_target(keep_float_until) if keep_float_until is not None else None
+    # a module without example inputs is captured on the first calibration batch: then that data is used
+    captures_on_calibration = not isinstance(target, Captured) and example_inputs is None
+    goal = check_arguments(
+        mode,
+        backend,
+        calibration=None if captures_on_calibration else calibration,
+        eval_data=eval_data,
+        sensitivity=sensitivity,
+        keep_float_until=keep_float_until,
+        random_batches=random_batches,
+        output_dir=output_dir,
+        force=force,
+    )
     captured = _as_captured(target, example_inputs, calibration)
     require_real_weights(captured, "quantize")
-    if random_batches < 1:
-        raise InputSpecError(f"--random-batches must be at least 1, got {random_batches}")
+    _refuse_quantized(captured)
     plan = _plan(captured, mode, backend)
     float_layers = as_names(float_layers)
     float_units = _checked_float_units(plan, float_layers)
+    nothing_to_quantize = mode == "static" and not quantizable_layers(plan.source, mode)
+    if nothing_to_quantize:
+        # Without a conv or linear layer, static int8 would only quantize ops (tanh, mul, add...): quantize and
+        # dequantize steps around float-sized work, slower and less accurate than float. Every unit in float is
+        # the float model (see fallback_units), so that is what comes back, and the report says so.
+        float_units += [unit for unit in _units(plan) if unit not in float_units]
     result_warnings: list[str] = []
     notes: list[str] = []
     if plan.eager:
@@ -391,7 +464,9 @@ def quantize(
             "fake-quant model in training mode: train it, then fxforge.quantize's convert(model) makes it int8"
         )
         float_names = [unit.name for unit in float_units]
-        result = QuantizeResult(model, mode, backend, plan.machinery, None, None, float_layers=float_names)
+        result = QuantizeResult(
+            model, mode, backend, plan.machinery, None, None, float_layers=float_names, units=plan.units
+        )
         result.quantized_layers = _quantized_layers(model, plan.source, mode)
         result.notes = notes
         return _finish(result, captured, output_dir, force, spec)
@@ -399,7 +474,8 @@ def quantize(
     if mode == "dynamic":
         notes.append("dynamic quantization needs no calibration: activation ranges are measured on every batch")
     evaluation, label = _evaluation_data(plan, calib, calibration, eval_data, random_batches, seed)
-    warning = _random_data_warning(calib, evaluation)
+    # a model left in float has no int8 ranges for random data to get wrong
+    warning = None if nothing_to_quantize else _random_data_warning(calib, evaluation, label)
     if warning:
         result_warnings.append(warning)
         warnings.warn(warning, RandomCalibrationWarning, stacklevel=2)
@@ -438,17 +514,45 @@ def quantize(
         sensitivity=ranking,
         quantized_layers=_quantized_layers(model, plan.source, mode),
         float_layers=[unit.name for unit in float_units],
-        units=list(plan.units or []),
+        units=list(plan.units) if plan.units is not None else None,  # None: nothing needed them, not computed
         target=str(goal) if goal is not None else None,
         target_met=target_met,
         warnings=result_warnings,
         notes=notes,
         evaluation=evaluation.describe(),
     )
-    if not result.quantized_layers:
+    if nothing_to_quantize:
+        result.warnings.append(
+            f"nothing was quantized: the model has no {_layer_kinds(mode)}, and int8 ops alone would only add "
+            "quantize/dequantize steps and error; the model is returned in float"
+        )
+    elif not result.quantized_layers:
         why = "every quantizable layer is kept in float" if float_units else f"the model has no {_layer_kinds(mode)}"
+        floats = {unit.name for unit in float_units}
+        int8_ops = [unit.name for unit in plan.units or [] if unit.name not in floats] if mode == "static" else []
+        if int8_ops:  # the units that are not layers: ResNet's add, a mean... still computed in int8
+            why += f"; these ops are still int8: {', '.join(int8_ops)} (--float-layer NAME keeps one in float)"
         result.warnings.append(f"no layer was quantized: {why}")
     return _finish(result, captured, output_dir, force, spec)
+
+
+def _refuse_quantized(captured: Captured) -> None:
+    """An int8, QAT-prepared or observed model cannot be quantized again: torch fails deep in its kernels
+    (``aten::aminmax.out`` on quantized tensors). Judged by the graph's nodes, not by every submodule: a float
+    model may hold modules from torch's quantized namespace that compute in float (``FloatFunctional``)."""
+    gm = captured.graph_module
+    kinds = {quant_kind(gm, node) for node in gm.graph.nodes}
+    kinds.discard(None)
+    if kinds:
+        qat = bool(kinds & {"qat", "fake_quant"})
+        raise InputSpecError(
+            "this model is already quantized (its graph has "
+            + ", ".join(kind.replace("_", "-") for kind in sorted(kinds))
+            + " nodes)",
+            hint="convert a QAT-prepared model with fxforge.quantize's convert(model)"
+            if qat
+            else "quantize the float model it was made from",
+        )
 
 
 def _finish(
@@ -470,7 +574,7 @@ def _checked_float_units(plan: _Plan, names: Sequence[str]) -> list[Unit]:
     if not names:
         return []
     layers = dict(quantizable_layers(plan.source, plan.mode))
-    by_name = {unit.name: unit for unit in _units(plan)} if plan.mode == "static" else {}
+    by_name = {unit.name: unit for unit in _units(plan)}
     units: list[Unit] = []
     for name in dict.fromkeys(names):
         if name in by_name:
@@ -493,12 +597,12 @@ def _evaluation_data(
         data = load_calibration(eval_data, plan.example_inputs, batches=random_batches, seed=seed + 1000, kind="eval")
         return data, "eval data"
     if calib is not None:
-        return calib, "calibration data"
+        return calib, IN_SAMPLE
     data = load_calibration(calibration, plan.example_inputs, batches=random_batches, seed=seed)
     return data, "random inputs" if data.random else "the given data"
 
 
-def _random_data_warning(calib: CalibrationData | None, evaluation: CalibrationData) -> str | None:
+def _random_data_warning(calib: CalibrationData | None, evaluation: CalibrationData, label: str) -> str | None:
     if calib is not None and calib.random:
         if evaluation.random:
             return RANDOM_WARNING
@@ -508,6 +612,8 @@ def _random_data_warning(calib: CalibrationData | None, evaluation: CalibrationD
         )
     if evaluation.random:
         return RANDOM_EVAL_WARNING
+    if label == IN_SAMPLE:
+        return IN_SAMPLE_WARNING
     return None
 
 

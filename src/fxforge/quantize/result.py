@@ -13,6 +13,9 @@ from fxforge.quantize.engine import ENGINES
 from fxforge.quantize.units import Unit
 from fxforge.visual import notebook
 
+# ``AccuracyReport.data`` when static int8 was measured on its own calibration data (no eval data): in-sample
+IN_SAMPLE = "calibration data"
+
 
 @dataclass
 class LayerSensitivity:
@@ -53,7 +56,8 @@ class QuantizeResult:
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     evaluation: dict[str, Any] | None = None  # the data ``accuracy`` was measured on
-    units: list[Unit] = field(default_factory=list)  # the fallback units, when sensitivity or keep-float ran
+    # the fallback units; None when nothing needed them (no sensitivity, keep-float or float layers): not computed
+    units: list[Unit] | None = None
     output_dir: Path | None = None
     files: list[str] = field(default_factory=list)
 
@@ -69,11 +73,12 @@ class QuantizeResult:
 
     @property
     def accuracy_known(self) -> bool:
-        """True when ``accuracy`` was measured on the user's data rather than on random inputs (or on no sample:
-        nothing compared reads as 0% error)."""
+        """True when ``accuracy`` was measured on the user's data, and not on the data static int8 was calibrated
+        on: random inputs say nothing about real data, the calibration data itself gives an in-sample error
+        (the int8 ranges were fitted to it), and no sample at all reads as 0% error."""
         if self.accuracy is None or self.evaluation is None or self.accuracy.samples == 0:
             return False
-        return not self.evaluation["random"]
+        return not self.evaluation["random"] and self.accuracy.data != IN_SAMPLE
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -88,7 +93,7 @@ class QuantizeResult:
             "sensitivity": [asdict(s) for s in self.sensitivity],
             "quantized_layers": self.quantized_layers,
             "float_layers": self.float_layers,
-            "units": [unit.to_dict() for unit in self.units],
+            "units": [unit.to_dict() for unit in self.units] if self.units is not None else None,
             "target": self.target,
             "target_met": self.target_met,
             "warnings": self.warnings,

@@ -82,7 +82,20 @@ def command(
     from fxforge.cli.render import render_quantize
     from fxforge.quantize import RandomCalibrationWarning
     from fxforge.quantize import quantize as run_quantize
+    from fxforge.quantize.flow import check_arguments
 
+    # before capturing: a refused option or output directory must not cost a capture (minutes for big models)
+    check_arguments(
+        mode,
+        backend,
+        calibration=calib,
+        eval_data=eval_data,
+        sensitivity=sensitivity,
+        keep_float_until=keep_float_until,
+        random_batches=random_batches,
+        output_dir=output,
+        force=force,
+    )
     captured = opts.prepare()
     with status("quantizing", opts.as_json), warnings.catch_warnings():
         warnings.simplefilter("ignore", RandomCalibrationWarning)  # printed below from result.warnings

@@ -1,0 +1,239 @@
+"""Findings of a QA pass on ``fxforge quantize``: the output directory is checked before any work, data a mode does
+not read is refused, a model with nothing to quantize comes back in float, ambiguous data tuples are refused,
+``units`` and ``accuracy_known`` say what was computed and measured, an int8 model is not quantized again, and the
+docs say where the sensitivity chart is."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import fxforge
+from fxforge.cli import main
+from fxforge.errors import EXIT_OK, EXIT_USAGE, InputSpecError
+from fxforge.quantize import RandomCalibrationWarning, load_calibration, quantize
+from fxforge.quantize import flow as quantize_flow
+from fxforge.vocabulary import quant_kind
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "commands"
+DEMO = (torch.zeros(1, 3, 32, 32),)  # the demo model's example inputs
+
+
+def _cli(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _one_error(err: str) -> str:
+    lines = err.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("error: ") and lines[1].startswith("hint: "), err
+    return lines[0]
+
+
+class Tanh(nn.Module):
+    """No conv or linear layer: static int8 could only quantize the ops."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x) * 2
+
+
+# --------------------------------------------------------------------------------------------------
+# 1. the output directory is checked before the model is captured
+
+
+def test_a_non_empty_output_directory_is_refused_before_capture(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    marker = tmp_path / "built"
+    models = tmp_path / "models.py"
+    models.write_text(
+        "import pathlib, torch\n"
+        "example_inputs = ['2x8']\n"
+        "def small():\n"
+        f"    pathlib.Path({str(marker)!r}).write_text('built')\n"
+        "    return torch.nn.Linear(8, 4)\n"
+    )
+    code, _, err = _cli(capsys, "quantize", f"{models}:small", "-o", str(out))
+    assert code == EXIT_USAGE and f"output directory {out} is not empty" in _one_error(err)
+    assert not marker.exists()  # the model was never built, let alone captured and calibrated
+    # the Python API checks before it captures a module
+    captured = []
+    monkeypatch.setattr(quantize_flow, "capture", lambda *args, **kwargs: captured.append(args))
+    with pytest.raises(fxforge.FxforgeError, match="is not empty"):
+        quantize(nn.Linear(8, 4), "static", example_inputs=(torch.randn(2, 8),), output_dir=out)
+    assert captured == [] and (out / "keep.txt").read_text() == "mine"
+
+
+# --------------------------------------------------------------------------------------------------
+# 2. data a mode does not read is refused, not ignored
+
+
+def test_data_the_mode_does_not_use_is_refused(tmp_path, capsys):
+    good, corrupt = tmp_path / "good.pt", tmp_path / "corrupt.pt"
+    torch.save(torch.randn(4, 3, 32, 32), good)
+    corrupt.write_bytes(b"garbage" * 10)
+    missing = tmp_path / "missing.pt"
+    out = tmp_path / "out"
+    qat = ("quantize", "demo", "--mode", "qat-prepare")
+    code, _, err = _cli(capsys, *qat, "--calib", str(missing), "--eval", str(corrupt), "-o", str(out))
+    line = _one_error(err)
+    assert code == EXIT_USAGE and "--mode qat-prepare uses no data" in line and "--calib and --eval" in line
+    assert not out.exists()
+    code, _, err = _cli(capsys, "quantize", "demo", "--mode", "dynamic", "--calib", str(missing), "--eval", str(good))
+    line = _one_error(err)
+    assert code == EXIT_USAGE and "--mode dynamic does not use --calib when --eval is given" in line
+    # what the docs keep: --calib alone is dynamic mode's comparison data, and QAT on a bare module still
+    # captures it on the first calibration batch
+    mlp = fxforge.prepare("demo:mlp")
+    result = quantize(mlp, "dynamic", calibration=torch.randn(8, *mlp.example_inputs[0].shape[1:]))
+    assert result.evaluation["samples"] == 8 and result.accuracy_known
+    qat = quantize(nn.Sequential(nn.Linear(8, 4)), "qat-prepare", calibration=torch.randn(4, 8))
+    assert qat.quantized_layers == ["0"]
+    with pytest.raises(InputSpecError, match="qat-prepare uses no data, but --eval was given"):
+        quantize(mlp, "qat-prepare", eval_data=torch.randn(2, 8))
+
+
+# --------------------------------------------------------------------------------------------------
+# 3. nothing to quantize: the float model, and a report that says so
+
+
+def test_a_model_without_layers_comes_back_in_float(tmp_path):
+    captured = fxforge.capture(Tanh(), (torch.randn(2, 8),))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RandomCalibrationWarning)  # nothing int8 for random ranges to get wrong
+        result = quantize(captured, "static", calibration="random:2", output_dir=tmp_path / "q")
+    assert result.quantized_layers == [] and result.float_layers == [unit.name for unit in result.units]
+    assert result.float_layers  # the ops static int8 would have quantized, listed as kept in float
+    assert [w for w in result.warnings if w.startswith("nothing was quantized")] == result.warnings
+    saved = torch.load(tmp_path / "q" / "model.pt", weights_only=False)
+    for model in (result.model, saved):
+        assert [quant_kind(model, node) for node in model.graph.nodes if quant_kind(model, node)] == []
+    x = torch.randn(16, 8)
+    assert torch.allclose(saved(x), Tanh()(x)) and result.accuracy.max_abs_err == 0
+
+
+def test_every_layer_in_float_names_the_ops_still_int8():
+    class AddModel(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 3, 1)
+
+        def forward(self, x):
+            return self.conv(x) + x
+
+    captured = fxforge.capture(AddModel(), (torch.randn(1, 3, 8, 8),))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RandomCalibrationWarning)
+        result = quantize(captured, "static", calibration="random:2", float_layers=["conv"])
+    (warning,) = [w for w in result.warnings if w.startswith("no layer was quantized")]
+    assert "these ops are still int8: add" in warning
+
+
+# --------------------------------------------------------------------------------------------------
+# 4. whole tensors in a tuple: (inputs..., labels) or refused
+
+
+def test_a_tuple_of_inputs_without_labels_is_refused_with_the_formats(tmp_path):
+    ids, mask = torch.randint(0, 100, (40, 16)), torch.ones(40, 16, dtype=torch.long)
+    two_inputs = (torch.zeros(2, 16, dtype=torch.long), torch.zeros(2, 16, dtype=torch.long))
+    path = tmp_path / "ids_mask.pt"
+    torch.save((ids, mask), path)
+    with pytest.raises(InputSpecError) as caught:
+        load_calibration(str(path), two_inputs, kind="eval")
+    message = str(caught.value)
+    assert f"eval data from file {path} is a tuple of 2 whole tensors (40x16:int64, 40x16:int64)" in message
+    assert "neither (inputs..., labels) for this model's 2 inputs nor a list of batches" in message
+    assert "a list of batches, each a tuple with one tensor per model input" in caught.value.hint
+    # what the hint suggests reads as 2 batches of both inputs
+    torch.save(list(zip(ids.split(32), mask.split(32))), path)
+    data = load_calibration(str(path), two_inputs)
+    assert data.samples == 40 and [len(batch) for batch in data.batches] == [2, 2]
+    # a list of one-input batches is still a list of batches
+    assert len(load_calibration([torch.randn(3, 3, 32, 32), torch.randn(2, 3, 32, 32)], DEMO).batches) == 2
+
+
+def test_labels_that_do_not_match_the_samples_are_named(tmp_path, capsys):
+    path = tmp_path / "xy.pt"
+    torch.save((torch.randn(4, 3, 32, 32), torch.randint(0, 10, (3,))), path)
+    code, _, err = _cli(capsys, "quantize", "demo", "--calib", str(path))
+    line = _one_error(err)
+    assert code == EXIT_USAGE and f"calibration data from file {path} holds 4 samples but 3 labels" in line
+    assert "histogram" not in err
+
+
+# --------------------------------------------------------------------------------------------------
+# 5. the report page's quantize section, and where the sensitivity chart is
+
+
+def test_the_sensitivity_chart_is_where_the_docs_say(tmp_path, capsys):
+    code, _, err = _cli(capsys, "report", "demo", "--quantize", "static", "-o", str(tmp_path / "r.html"))
+    assert code == EXIT_OK, err
+    assert "sensitivity: relative error" not in (tmp_path / "r.html").read_text()
+    code, _, err = _cli(capsys, "quantize", "demo", "--sensitivity", "-o", str(tmp_path / "q"))
+    assert code == EXIT_OK, err
+    assert "sensitivity: relative error" in (tmp_path / "q" / "report.html").read_text()
+    doc = " ".join((DOCS / "report.md").read_text().split())
+    assert "per-layer sensitivity as a chart (`--quantize" not in doc
+    assert "--sensitivity -o DIR`" in doc and "`DIR/report.html` has both" in doc
+
+
+# --------------------------------------------------------------------------------------------------
+# 6. units: null when not computed
+
+
+def test_units_are_null_unless_computed(tmp_path, capsys):
+    code, _, err = _cli(capsys, "quantize", "demo", "-o", str(tmp_path / "a"))
+    assert code == EXIT_OK, err
+    assert json.loads((tmp_path / "a" / "report.json").read_text())["units"] is None
+    code, _, err = _cli(capsys, "quantize", "demo", "--float-layer", "fc", "-o", str(tmp_path / "b"))
+    assert code == EXIT_OK, err
+    units = json.loads((tmp_path / "b" / "report.json").read_text())["units"]
+    assert [unit["name"] for unit in units] == ["conv1", "conv2", "pool", "dropout", "fc"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RandomCalibrationWarning)
+        dynamic = quantize(fxforge.prepare("demo:mlp"), "dynamic", float_layers=["layers.0"])
+    assert [unit.name for unit in dynamic.units] == ["layers.0", "layers.2", "layers.4"]
+    assert "`units` is `null` when the fallback units were not computed" in (DOCS / "quantize.md").read_text()
+
+
+# --------------------------------------------------------------------------------------------------
+# 7. an int8 model is not quantized again; in-sample accuracy is not "known"
+
+
+def test_an_int8_model_is_not_quantized_again(tmp_path, capsys):
+    out = tmp_path / "int8"
+    code, _, err = _cli(capsys, "quantize", "demo", "-o", str(out))
+    assert code == EXIT_OK, err
+    code, _, err = _cli(capsys, "quantize", str(out), "--trust-pickle")
+    line = _one_error(err)
+    assert code == EXIT_USAGE and "this model is already quantized" in line
+    assert "Traceback" not in err and "aminmax" not in err
+    qat = quantize(fxforge.prepare("demo"), "qat-prepare").model
+    with pytest.raises(InputSpecError, match="already quantized") as caught:
+        quantize(qat, "static", example_inputs=DEMO)
+    assert "convert" in caught.value.hint
+
+
+def test_accuracy_on_the_calibration_data_itself_is_not_known(tmp_path, capsys):
+    labelled = tmp_path / "labelled.pt"
+    x, y = torch.randn(20, 3, 32, 32), torch.randint(0, 10, (20,))
+    torch.save((x, y), labelled)
+    code, out, err = _cli(capsys, "quantize", "demo", "--calib", str(labelled), "--json")
+    assert code == EXIT_OK, err
+    data = json.loads(out)
+    assert data["accuracy"]["data"] == "calibration data" and data["evaluation"]["labels"]
+    assert data["accuracy_known"] is False
+    assert [w for w in data["warnings"] if w.startswith("accuracy measured on the calibration data itself")]
+    # held-out data is a measured accuracy; so is dynamic mode's comparison on --calib (it calibrates nothing)
+    demo = fxforge.prepare("demo")
+    assert quantize(demo, "static", calibration=x[:10], eval_data=(x[10:], y[10:])).accuracy_known
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RandomCalibrationWarning)
+        assert quantize(demo, "dynamic", calibration=(x, y)).accuracy_known
