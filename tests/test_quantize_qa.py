@@ -237,3 +237,21 @@ def test_accuracy_on_the_calibration_data_itself_is_not_known(tmp_path, capsys):
     with warnings.catch_warnings():
         warnings.simplefilter("error", RandomCalibrationWarning)
         assert quantize(demo, "dynamic", calibration=(x, y)).accuracy_known
+
+
+def test_the_page_says_when_accuracy_was_measured_on_the_calibration_data():
+    from fxforge.visual.sections import _evaluation
+
+    data = {"samples": 64, "random": False}
+    assert "in-sample" in _evaluation(data, accuracy_known=False)
+    assert _evaluation(data, accuracy_known=True) == "64 samples of your data"
+    assert "random inputs" in _evaluation({**data, "random": True}, accuracy_known=False)
+
+
+def test_float_functional_is_not_counted_as_int8():
+    from torch.ao.nn.quantized import FloatFunctional, QFunctional
+
+    from fxforge.vocabulary import module_quant_kind
+
+    assert module_quant_kind(FloatFunctional()) is None  # the float stand-in eager-mode models hold
+    assert module_quant_kind(QFunctional()) == "int8"

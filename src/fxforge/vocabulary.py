@@ -47,8 +47,10 @@ def module_quant_kind(module: nn.Module) -> str | None:
     name = type(module).__module__ + "."
     if name.startswith(_QAT_MODULE_PREFIXES):
         return "qat"
-    # reference modules are float modules carrying weight qparams, not int8 kernels
-    if name.startswith(_INT8_MODULE_PREFIXES) and ".reference." not in name:
+    # reference modules are float modules carrying weight qparams, not int8 kernels; FloatFunctional (and FX's
+    # copy) is the float stand-in for QFunctional that eager-mode models hold before conversion
+    float_stand_in = type(module).__name__ in ("FloatFunctional", "FXFloatFunctional")
+    if name.startswith(_INT8_MODULE_PREFIXES) and ".reference." not in name and not float_stand_in:
         kind = type(module).__name__
         return {"Quantize": "quantize", "DeQuantize": "dequantize"}.get(kind, "int8")
     return None

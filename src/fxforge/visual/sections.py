@@ -323,7 +323,7 @@ def quantize_section(result: Mapping[str, Any]) -> str:
     accuracy = result.get("accuracy") or {}
     pairs = [
         ("mode", f"{result.get('mode')} ({result.get('backend')} backend, {result.get('machinery')})"),
-        ("evaluated on", _evaluation(result.get("evaluation"))),
+        ("evaluated on", _evaluation(result.get("evaluation"), result.get("accuracy_known"))),
         (
             "top-1 agreement",
             f"{100 * accuracy['top1_agreement']:.2f}%" if accuracy.get("top1_agreement") is not None else None,
@@ -357,10 +357,15 @@ def quantize_section(result: Mapping[str, Any]) -> str:
     return section("Quantize", body, anchor="quantize")
 
 
-def _evaluation(evaluation: Mapping[str, Any] | None) -> str | None:
+def _evaluation(evaluation: Mapping[str, Any] | None, accuracy_known: bool | None = None) -> str | None:
     if not evaluation:
         return None
-    what = "random inputs (accuracy on real data unknown)" if evaluation.get("random") else "your data"
+    if evaluation.get("random"):
+        what = "random inputs (accuracy on real data unknown)"
+    elif accuracy_known is False and evaluation.get("samples"):  # the user's data, but the calibration data itself
+        what = "the calibration data itself (in-sample: the error on new data can be larger)"
+    else:
+        what = "your data"
     return f"{evaluation.get('samples', '?')} samples of {what}"
 
 
