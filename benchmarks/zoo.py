@@ -1,4 +1,4 @@
-"""The zoo: capture -> ``lint --fix``'s exact passes (verified) -> ONNX export (verified), model after model.
+"""The zoo: capture -> the exact passes (verified) -> ONNX export (verified), model after model.
 
 Three corpora:
 
@@ -12,8 +12,8 @@ Three corpora:
 For each model, in a fresh forked process:
 
 1. **capture**: ``fxforge.prepare`` (build, seeded inputs, ``symbolic_trace`` then ``torch.export``, check);
-2. **passes**: ``fxforge.optimize(captured, FIX_ORDER, verify=True, keep_going=True)`` -- every exact pass
-   ``lint --fix`` can run, in its order, each pass that changes the graph verified against the model, a
+2. **passes**: ``fxforge.optimize(captured, FIX_ORDER, verify=True, keep_going=True)`` -- every exact pass, in
+   the order ``optimize`` runs them, each pass that changes the graph verified against the model, a
    failing pass rolled back with its reason; nothing is written;
 3. **export**: ``fxforge.export_model(captured with the rewritten graph, "onnx", tmp)`` -- written to a
    temporary directory, reloaded with ONNX Runtime and verified against the model.
@@ -1096,7 +1096,7 @@ def main(argv: list[str] | None = None) -> int:
         print(line, flush=True)
 
     info = machine()
-    log(f"zoo: capture -> lint --fix passes {','.join(FIX_ORDER)} (verified, keep going) -> ONNX (verified)")
+    log(f"zoo: capture -> exact passes {','.join(FIX_ORDER)} (verified, keep going) -> ONNX (verified)")
     log(f"machine: {machine_line(info)}")
     log(f"fxforge: {info['fxforge']}")
     # Import the exporters once here: forked children then start without it (pure imports, no tensor code).

@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from torch import nn
 
 import fxforge
 from fxforge.cli import main
@@ -57,3 +58,43 @@ def test_fix_needs_an_output_directory(capsys):
     code = main(["lint", "demo", "--fix"])
     err = capsys.readouterr().err
     assert code == EXIT_USAGE and "add -o OUTDIR" in err and "Traceback" not in err
+
+
+CLEAN_MODEL = "from torch import nn\n\ndef clean():\n    return nn.Sequential(nn.Linear(8, 8), nn.ReLU()).eval()\n"
+
+
+def test_fix_with_nothing_to_fix_still_writes_the_model(tmp_path):
+    """-o asks for the model there: a script that runs lint --fix and then loads the output must find it."""
+    captured = fxforge.capture(nn.Sequential(nn.Linear(8, 8), nn.ReLU()).eval(), (torch.randn(2, 8),))
+    result = fix(captured, str(tmp_path / "out"))
+    assert result.passes == [] and result.optimized.output_dir == tmp_path / "out"
+    written = torch.load(tmp_path / "out" / "model.pt", weights_only=False)
+    assert verify(captured, written).ok
+
+
+def test_fix_cli_with_nothing_to_fix_says_the_model_is_written_unchanged(tmp_path, capsys):
+    model = tmp_path / "clean.py"
+    model.write_text(CLEAN_MODEL)
+    out_dir = tmp_path / "fixed"
+    code = main(["lint", f"{model}:clean", "-i", "2x8", "--fix", "-o", str(out_dir)])
+    out = " ".join(capsys.readouterr().out.split())
+    assert code == EXIT_OK and "No finding names a fix pass: the model is written unchanged." in out
+    assert f"wrote {out_dir}/" in out and (out_dir / "model.pt").exists()
+
+
+def test_fix_cli_eval_mode_functional_batch_norm_is_not_a_warning(tmp_path, capsys):
+    """timm's BatchNormAct2d calls F.batch_norm with training=self.training: traced in eval mode that is False,
+    the model's inference behaviour. lint --fix exited 1 on such FX011 warnings, which no pass can fix."""
+    model = tmp_path / "bnact.py"
+    model.write_text(
+        "import torch.nn.functional as F\nfrom torch import nn\n\n"
+        "class BatchNormAct(nn.BatchNorm2d):\n    def forward(self, x):\n"
+        "        return F.relu(F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,\n"
+        "                                   self.training, 0.1, self.eps))\n\n"
+        # after a ReLU: no pass folds the batch norm away, so the lint after the fix sees it in the rewritten graph
+        "def net():\n    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), BatchNormAct(4)).eval()\n"
+    )
+    code = main(["lint", f"{model}:net", "-i", "1x3x8x8", "--fix", "-o", str(tmp_path / "fixed"), "--json"])
+    data = json.loads(capsys.readouterr().out)
+    assert data["fixed"]["before"]["warning"] == 0 == data["fixed"]["after"]["warning"]
+    assert "FX011" not in {f["code"] for f in data["findings"]} and code == EXIT_OK

@@ -127,7 +127,11 @@ NODE_KINDS: dict[str, tuple[tuple[type, ...], tuple[Any, ...], tuple[str, ...], 
         (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout),
         (F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, F.feature_alpha_dropout, torch.dropout),
         (),
-        ("dropout", "native_dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout"),
+        # with the in-place forms (nn.Dropout(inplace=True): torchvision's EfficientNets and MobileNetV3)
+        (
+            *("dropout", "native_dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout"),
+            *("dropout_", "feature_dropout_", "alpha_dropout_", "feature_alpha_dropout_"),
+        ),
     ),
     "identity": ((nn.Identity,), (), (), ()),
     "conv": (

@@ -146,14 +146,15 @@ def fix(
     force: bool = False,
     spec: str | None = None,
 ) -> FixResult:
-    """Lint, run (verified) the passes named by the findings' ``fix`` fields, and lint the result."""
+    """Lint, run (verified) the passes named by the findings' ``fix`` fields (only those, in ``FIX_ORDER``), write
+    the result to ``output_dir`` when given (the model unchanged when no finding names a pass), and lint it."""
     before = lint(captured, select=select, ignore=ignore)
     wanted = {f.fix for f in before.findings if f.fix and f.fix in registered_passes()}
     names = [name for name in FIX_ORDER if name in wanted] + sorted(wanted - set(FIX_ORDER))
     # keep_going: a fix pass that fails verification is rolled back and reported; the other fixes still land.
-    optimized = optimize(
-        captured, names, output_dir=output_dir if names else None, verify=True, keep_going=True, force=force, spec=spec
-    )
+    # The output directory is written even when no finding names a pass: the caller asked for the model there,
+    # and a script that loads it next must find it (unchanged, with its report), not a missing directory.
+    optimized = optimize(captured, names, output_dir=output_dir, verify=True, keep_going=True, force=force, spec=spec)
     # The rewritten graph is the model now. FX006 compares the graph with its model: against the rewritten graph
     # it finds nothing, against the original it would count the BatchNorms fold_bn consumed as unused. No fix pass
     # makes a weight of the model used or unused, so FX006's findings after the fix are those before it.

@@ -5,6 +5,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fxforge.passes import apply_pass
+
 
 class WithDropout(nn.Module):
     def __init__(self):
@@ -48,6 +50,27 @@ def test_active_dropout(capture_as, findings, dialect):
 def test_zero_probability_is_a_no_op(capture_as, findings, dialect):
     found = findings(capture_as(ZeroDropout(), X, dialect), "FX004")
     assert [f.node for f in found] == ["dropout"] and "no-op" in found[0].message
+
+
+class InplaceDropout(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.drop = nn.Dropout(0.3, inplace=True)  # torchvision's EfficientNets and MobileNetV3
+
+    def forward(self, x):
+        return self.drop(self.fc(x))
+
+
+@pytest.mark.parametrize(("dialect", "node"), [("torch", "drop"), ("aten", "dropout_")])
+def test_inplace_dropout_in_eval_mode(capture_as, findings, dialect, node):
+    # torch.export records nn.Dropout(inplace=True) as aten.dropout_, which remove_dropout removes too
+    captured = capture_as(InplaceDropout().eval(), X, dialect)
+    found = findings(captured, "FX004")
+    assert [(f.node, f.fix) for f in found] == [(node, "remove_dropout")] and "no-op" in found[0].message
+    # the fix clears it: the rule reports what its pass removes
+    fixed = apply_pass(captured.graph_module, "remove_dropout").graph_module
+    assert findings(fixed, "FX004") == []
 
 
 def test_mobilenet_v2_classifier_dropout(findings, mobilenet_v2_captured):

@@ -5,6 +5,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fxforge.lint import lint
+from fxforge.passes import apply_pass
+
 
 class Pair(nn.Module):
     def __init__(self, first: nn.Module, second: nn.Module, between=None, reuse: bool = False):
@@ -53,6 +56,31 @@ def test_exactly_mergeable_convs(capture_as, findings, dialect, case):
     names = {"torch": ("first", "second"), "aten": ("conv2d", "conv2d_1")}[dialect]
     assert [(f.code, f.node, f.fix) for f in found] == [("FX009", names[1], "merge_convs")]
     assert found[0].message.startswith(f"{names[0]} and {names[1]} can be merged") and reason in found[0].message
+
+
+# Exact, but the merged layer is larger: merge_convs merges it only with allow_larger, which lint --fix does not set.
+# A depthwise 3x3 then a 1x1 (ShuffleNet, MobileNet): 72 + 64 weights now, a dense 3x3 of 8 * 8 * 9 = 576 merged.
+LARGER = (conv(8, 8, 3, padding=1, groups=8), conv(8, 8, 1))
+X8 = torch.randn(2, 8, 9, 9)
+
+
+@pytest.mark.parametrize("dialect", ["torch", "aten"])
+def test_pair_whose_merge_is_larger_is_not_reported(capture_as, findings, dialect):
+    captured = capture_as(Pair(*LARGER).eval(), X8, dialect)
+    assert findings(captured, "FX009") == []
+    # the pass agrees: refused with its defaults, merged with allow_larger (so the rule's silence is that choice)
+    assert not apply_pass(captured.graph_module, "merge_convs").changed
+    assert apply_pass(captured.graph_module, "merge_convs", {"allow_larger": True}).changed
+
+
+@pytest.mark.parametrize("dialect", ["torch", "aten"])
+@pytest.mark.parametrize("case", [*sorted(MERGEABLE), "larger"])
+def test_every_finding_is_cleared_by_merge_convs(capture_as, dialect, case):
+    """What lint --fix relies on: merge_convs with its default options leaves no FX009 finding behind."""
+    first, second = LARGER if case == "larger" else MERGEABLE[case][:2]
+    captured = capture_as(Pair(first, second).eval(), X8 if case == "larger" else X, dialect)
+    merged = apply_pass(captured.graph_module, "merge_convs").graph_module
+    assert lint(merged, select=["FX009"]).findings == []
 
 
 @pytest.mark.parametrize("dialect", ["torch", "aten"])

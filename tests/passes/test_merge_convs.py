@@ -13,7 +13,7 @@ from fxforge.capture import capture
 from fxforge.graphs import node_kind
 from fxforge.lint import lint
 from fxforge.passes import ORIGIN, PASS, apply_pass
-from fxforge.passes.merge_convs import count_uses, merged_parameters, plan_merge
+from fxforge.passes.merge_convs import MergeConvsOptions, MergePlan, count_uses, merged_parameters, plan_merge
 from fxforge.verify import verify
 
 NAME = "merge_convs"
@@ -45,6 +45,18 @@ def layers(gm) -> list:
 
 def fx009(target) -> list:
     return lint(target, select=["FX009"]).findings
+
+
+def mergeable(target) -> list[MergePlan]:
+    """Every pair one layer computes exactly, whatever the merged layer's size (the pass with allow_larger)."""
+    gm = getattr(target, "graph_module", target)
+    uses = count_uses(gm.graph)
+    return [plan for node in gm.graph.nodes if isinstance(plan := plan_merge(gm, node, uses), MergePlan)]
+
+
+def merged_by_default(plans: list[MergePlan]) -> int:
+    """How many of ``plans`` the pass merges with its default options: what FX009 reports (lint --fix's options)."""
+    return sum(plan.refused(MergeConvsOptions()) is None for plan in plans)
 
 
 def merged_module(result):
@@ -146,7 +158,8 @@ def test_merges_into_one_layer(capture_as, run_verified, dialect, case):
     first, second, shape = MERGEABLE[case]
     model = seeded(lambda: Pair(first(), second()).eval())
     captured = capture_as(model, torch.randn(*shape), dialect)
-    assert len(fx009(captured)) == 1
+    plans = mergeable(captured)
+    assert len(plans) == 1 and len(fx009(captured)) == merged_by_default(plans)
 
     # exact whatever the sizes: a merge that grows the layer (3x3 then 3x3 is a 5x5) is allowed here
     result = run_verified(captured, NAME, {"allow_larger": True})
@@ -316,7 +329,8 @@ def test_larger_merge_is_skipped_unless_allowed(capture_as, run_verified):
         "first -> second: the merged layer would have 256 weights, the two together have 64 "
         "(set allow_larger to merge anyway)"
     ]
-    assert len(fx009(captured)) == 1  # the rule still names the pair, with both counts
+    # exact, but lint --fix (default options) would not merge it: the rule does not report it
+    assert len(mergeable(captured)) == 1 and fx009(captured) == []
     result = run_verified(captured, NAME, {"allow_larger": True})
     assert result.changed and len(layers(result.graph_module)) == 1
 
@@ -466,7 +480,7 @@ def test_mobilenet_v2_bottleneck_pairs_after_fold_bn(capture_as, run_verified, d
     larger = [reason for reason in default.skipped if "set allow_larger" in reason]
     assert not default.changed and len(larger) == 2
     assert len(default.skipped) > 2 and all("users" in r for r in default.skipped if r not in larger)
-    assert len(fx009(folded)) == 2
+    assert len(mergeable(folded)) == 2 and fx009(folded) == []  # larger: not reported
 
     allowed = run_verified(after_fold_bn, NAME, {"allow_larger": True})
     assert allowed.changed and allowed.removed == 2 and fx009(allowed.graph_module) == []
@@ -537,9 +551,10 @@ def test_every_merge_of_random_geometries_is_exact(capture_as, run_verified):
     merged = refused = 0
     for model, inputs in _random_pairs(0, 150, [1, 2, 2], ["zeros", "zeros", "reflect", "circular"]):
         captured = capture_as(model, inputs, "torch")
-        reported = len(fx009(captured))
+        plans = mergeable(captured)
+        assert len(fx009(captured)) == merged_by_default(plans)
         result = run_verified(captured, NAME, {"allow_larger": True}, seeds=(0,))
-        assert result.removed == reported == _exactly_one_conv(model.first, model.second), (model, result.skipped)
+        assert result.removed == len(plans) == _exactly_one_conv(model.first, model.second), (model, result.skipped)
         merged += result.removed
         refused += len(result.skipped)
     assert merged >= 60 and refused >= 20  # the sample exercises both the merges and the refusals
@@ -549,18 +564,23 @@ def test_every_merge_of_random_geometries_is_exact_in_the_aten_dialect(capture_a
     # zero padding only: torch.export writes reflect/circular padding as a node of its own between the convs
     for model, inputs in _random_pairs(1, 25, [2], ["zeros"]):
         captured = capture_as(model, inputs, "aten")
-        reported = len(fx009(captured))
+        plans = mergeable(captured)
+        assert len(fx009(captured)) == merged_by_default(plans)
         result = run_verified(captured, NAME, {"allow_larger": True}, seeds=(0,))
-        assert result.removed == reported == _exactly_one_conv(model.first, model.second), (model, result.skipped)
+        assert result.removed == len(plans) == _exactly_one_conv(model.first, model.second), (model, result.skipped)
 
 
 def test_merged_larger_by_default_only_when_allowed(capture_as):
-    """Without allow_larger the pass merges exactly FX009's pairs whose merged layer is no larger."""
+    """Without allow_larger the pass merges exactly FX009's pairs, whose merged layer is no larger."""
+    larger = 0
     for model, inputs in _random_pairs(2, 40, [2], ["zeros"]):
         captured = capture_as(model, inputs, "torch")
-        smaller = [f for f in fx009(captured) if _weights(f.message)[1] <= _weights(f.message)[0]]
+        reported = fx009(captured)
+        assert all(_weights(f.message)[1] <= _weights(f.message)[0] for f in reported)
         result = apply_pass(captured.graph_module, NAME)
-        assert result.removed == len(smaller), (model, result.skipped)
+        assert result.removed == len(reported), (model, result.skipped)
+        larger += len(mergeable(captured)) - len(reported)
+    assert larger > 0  # the sample has pairs FX009 leaves out as larger
 
 
 def _weights(message: str) -> tuple[int, int]:

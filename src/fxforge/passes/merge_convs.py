@@ -23,8 +23,9 @@ channels, each of which reads one block of A's inputs, so the merged conv has ``
 groups (a dense conv when one of them is ungrouped). Everything is computed in float64 and cast back, so
 results differ from the pair by float round-off only.
 
-The same detection (:func:`plan_merge`) drives lint rule FX009, so the rule reports exactly the pairs
-this pass merges (and the larger-merged pairs it leaves alone unless ``allow_larger``).
+The same detection (:func:`plan_merge`, :meth:`MergePlan.refused`) drives lint rule FX009, so the rule reports
+exactly the pairs this pass merges with its default options (a pair whose merged layer is larger than the two is
+merged only with ``allow_larger``, and not reported).
 """
 
 from __future__ import annotations
@@ -133,6 +134,16 @@ class MergePlan:
     @property
     def merged_weights(self) -> int:
         return self.second.out_channels * (self.first.in_channels // self.groups) * math.prod(self.geometry.kernel)
+
+    def refused(self, options: MergeConvsOptions) -> str | None:
+        """Why the pass leaves this pair alone with ``options`` (a larger merged layer), else None. FX009 asks the
+        same question with the default options, which ``lint --fix`` runs."""
+        if self.merged_weights > self.separate_weights and not options.allow_larger:
+            return (
+                f"the merged layer would have {self.merged_weights:,} weights, the two together have "
+                f"{self.separate_weights:,} (set allow_larger to merge anyway)"
+            )
+        return None
 
 
 class Uses(Counter):
@@ -578,11 +589,9 @@ def merge_convs(gm: fx.GraphModule, options: MergeConvsOptions) -> PassResult:
             if isinstance(plan, str):
                 result.skip(f"{_label(node)}: {plan}")
                 break
-            if plan.merged_weights > plan.separate_weights and not options.allow_larger:
-                result.skip(
-                    f"{_label(node)}: the merged layer would have {plan.merged_weights:,} weights, the two "
-                    f"together have {plan.separate_weights:,} (set allow_larger to merge anyway)"
-                )
+            refusal = plan.refused(options)
+            if refusal is not None:
+                result.skip(f"{_label(node)}: {refusal}")
                 break
             message = f"merged {plan.first.node.name} into {node.name}: {plan.reason}"
             separate, merged = plan.separate_weights, plan.merged_weights
@@ -598,6 +607,6 @@ def _smaller_pair_left(gm: fx.GraphModule) -> str | None:
     uses = count_uses(gm.graph)
     for node in gm.graph.nodes:
         plan = plan_merge(gm, node, uses)
-        if isinstance(plan, MergePlan) and plan.merged_weights <= plan.separate_weights:
+        if isinstance(plan, MergePlan) and plan.refused(MergeConvsOptions()) is None:
             return f"{_label(node)} can still be merged"
     return None

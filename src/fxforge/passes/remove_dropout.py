@@ -33,11 +33,6 @@ _FUNCTIONAL_FLAG: dict[Any, tuple[int, str, bool | None]] = {
     F.feature_alpha_dropout: (2, "training", False),
     torch.dropout: (2, "train", None),
 }
-_ATEN_DROPOUTS = (
-    *("dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout", "native_dropout"),
-    # the in-place forms (nn.Dropout(inplace=True): torchvision's EfficientNets and MobileNetV3) return their input
-    *("dropout_", "feature_dropout_", "alpha_dropout_", "feature_alpha_dropout_"),
-)
 
 
 def _flag(node: fx.Node, position: int, keyword: str, default: bool | None) -> Any:
@@ -73,7 +68,7 @@ def remove_dropout(gm: fx.GraphModule, options: None) -> PassResult:
     aliases: AliasClasses | None = None
     removed_modules = False
     for node in list(gm.graph.nodes):
-        if node_kind(gm, node) != "dropout" and aten_packet(node) not in _ATEN_DROPOUTS:
+        if node_kind(gm, node) != "dropout":
             continue
         source = node.args[0] if node.args else node.kwargs.get("input")
         if not isinstance(source, fx.Node):

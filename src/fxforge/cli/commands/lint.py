@@ -81,6 +81,8 @@ def command(
         if opts.as_json:
             emit_json({**report.to_dict(), "fixed": fixed.to_dict()})
         else:
+            if not fixed.passes:  # else an empty pass table would be all there is to read
+                stdout.print("No finding names a fix pass: the model is written unchanged.")
             render_optimize(stdout, opts.model, fixed.optimized)
             stdout.print(f"Remaining findings after {', '.join(fixed.passes) or 'no passes'}:")
             render_findings(stdout, opts.model, report.findings)

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from torch import fx, nn
 
 from fxforge.graphs import aten_packet, node_arg, node_kind, submodule, target_name
 from fxforge.lint import LintContext, rule
+
+
+def _is_dropout(gm: nn.Module, node: fx.Node) -> bool:
+    """The nodes remove_dropout looks at, by the same test as the pass (node_kind knows the in-place ATen forms)."""
+    return node_kind(gm, node) == "dropout"
 
 
 def _mode(gm: nn.Module, node: fx.Node) -> bool | None:
@@ -28,14 +35,15 @@ def _mode(gm: nn.Module, node: fx.Node) -> bool | None:
 
 
 @rule("FX004", "leftover-dropout", "warning", "dropout left in an inference graph", fix="remove_dropout")
-def check(ctx: LintContext):
+def check(ctx: LintContext) -> Iterator[tuple[fx.Node, str]]:
     """Every dropout node: ``nn.Dropout*`` modules (torch dialect), ``F.dropout*``/``torch.dropout`` calls
-    and the ATen dropout ops (``aten.dropout``, ``native_dropout``...). torch.export keeps an eval-mode
-    dropout as ``aten.dropout(x, p, False)``, so the rule sees it in both dialects. The message says
+    and the ATen dropout ops (``aten.dropout``, ``native_dropout``..., and the in-place ``aten.dropout_``... of
+    ``nn.Dropout(inplace=True)``). torch.export keeps an eval-mode dropout as ``aten.dropout(x, p, False)``
+    (``aten.dropout_`` when in place), so the rule sees it in both dialects. The message says
     whether the dropout is a no-op (eval mode, p=0) or active (it zeroes activations at random)."""
     gm = ctx.gm
     for node in ctx.graph.nodes:
-        if node_kind(gm, node) != "dropout":
+        if not _is_dropout(gm, node):
             continue
         active = _mode(gm, node)
         what = f"{node.name} ({target_name(node) if node.op != 'call_module' else type(submodule(gm, node)).__name__})"

@@ -1,16 +1,16 @@
-"""FX009 mergeable-convs: back-to-back convs (or linears) that one layer computes exactly; the second is wasted work."""
+"""FX009 mergeable-convs: back-to-back convs (or linears) that one no larger layer computes exactly: wasted work."""
 
 from __future__ import annotations
 
 from fxforge.lint import LintContext, rule
-from fxforge.passes.merge_convs import MergePlan, count_uses, plan_merge
+from fxforge.passes.merge_convs import MergeConvsOptions, MergePlan, count_uses, plan_merge
 
 
 @rule(
     "FX009",
     "mergeable-convs",
     "info",
-    "two consecutive linear layers that one layer computes exactly",
+    "two consecutive linear layers that one layer, no larger than the two, computes exactly",
     fix="merge_convs",
 )
 def check(ctx: LintContext):
@@ -29,16 +29,22 @@ def check(ctx: LintContext):
     A conv that pads another conv's output is never reported: that padding is no conv of the input.
     Modules, ``F.conv*``/``F.linear`` with stored weights, and ATen ``conv1d/2d/3d``, ``convolution`` and
     ``linear`` (arguments read from the call, weights from the ``get_attr`` nodes). Layers whose
-    module or weights are used elsewhere are skipped: merging would change the other use. The merged
-    layer is not always cheaper (a bottleneck pair has fewer weights than its product, two 3x3 convs become
-    a 5x5); the message gives both weight counts, and ``merge_convs`` merges such a pair only with
-    ``allow_larger``.
+    module or weights are used elsewhere are skipped: merging would change the other use.
+
+    The merged layer is not always cheaper (a bottleneck pair has fewer weights than its product, two 3x3 convs
+    become a 5x5). ``merge_convs`` merges such a pair only with ``allow_larger``, which ``lint --fix`` does not
+    set, so such pairs are not reported: a finding the fix cannot clear would stay after every ``lint --fix``.
+    The message gives both weight counts.
     """
+    # lint --fix runs merge_convs with its default options: report only the pairs those options merge.
+    options = MergeConvsOptions()
     uses = count_uses(ctx.graph)
     for node in ctx.graph.nodes:
         plan = plan_merge(ctx.gm, node, uses)
         if not isinstance(plan, MergePlan):
             continue
+        if plan.refused(options) is not None:
+            continue  # merge_convs leaves it alone with these options
         yield (
             node,
             f"{plan.first.node.name} and {node.name} can be merged into one layer: {plan.reason} "
