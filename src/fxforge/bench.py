@@ -44,6 +44,7 @@ import ctypes.util
 import dataclasses
 import functools
 import gc
+import io
 import random
 import statistics
 import tempfile
@@ -773,7 +774,10 @@ def _peak_fractions(rows: Iterable[BenchRow], resized: Captured, peak: Peak | No
 
 def _warm_up(runner: Runner, inputs: tuple[Any, ...], warmup: int, row: BenchRow, expected: Any) -> None:
     peak = ResidentPeak()
-    with torch.no_grad(), quiet_torch_logs(), peak:
+    # A GraphModule whose generated code raises prints that code and a traceback to stderr itself (torch.fx's
+    # _WrappedCall) before the exception reaches us; the row states the reason in one line. The timed calls
+    # are left unsilenced (the progress bar draws on stderr): their inputs already ran here.
+    with torch.no_grad(), quiet_torch_logs(), contextlib.redirect_stderr(io.StringIO()), peak:
         output = runner(*inputs)
         for _ in range(warmup - 1):
             runner(*inputs)

@@ -236,9 +236,7 @@ def profile_repr(report: Any) -> str:
 
 
 def _bound(node: Any) -> str:
-    if node.bound and node.peak_fraction is not None:
-        return f"{node.bound} ({node.peak_fraction:.0%})"
-    return node.bound
+    return node.verdict
 
 
 def profile_html(report: Any, top: int = 15, depth: int = 1) -> str:
@@ -350,7 +348,7 @@ def doctor_repr(report: Any) -> str:
     available = sum(1 for state in report.features.values() if state == "available")
     cpu = report.cpu
     return (
-        f"<DoctorReport torch {report.versions.get('torch')}, {cpu.cores} CPUs "
+        f"<DoctorReport torch {report.versions.get('torch')}, {counted(cpu.cores, 'CPU')} "
         f"({cpu.torch_capability or 'ISA unknown'}), {counted(len(report.gpus), 'GPU')}: {available} of "
         f"{len(report.features)} features available>"
     )
@@ -365,7 +363,7 @@ def doctor_html(report: Any) -> str:
     pairs = [
         ("versions", versions),
         ("not installed", missing or None),
-        ("cpu", f"{cpu.model}; {cpu.cores} CPUs; torch ISA {cpu.torch_capability or 'unknown'}"),
+        ("cpu", f"{cpu.model}; {counted(cpu.cores, 'CPU')}; torch ISA {cpu.torch_capability or 'unknown'}"),
         ("cpu features", " ".join(cpu.features) or "none of the ones that matter"),
         ("torch threads", f"{backends.get('threads')} ({backends.get('interop_threads')} inter-op)"),
         ("gpus", gpus or "none"),
@@ -374,7 +372,7 @@ def doctor_html(report: Any) -> str:
             None
             if peak is None
             else f"matmul GFLOP/s {', '.join(f'{k} {v:,.0f}' for k, v in peak.gflops.items())}; "
-            f"memory copy {peak.bandwidth_gbs:.1f} GB/s ({peak.threads} threads)",
+            f"memory copy {peak.bandwidth_gbs:.1f} GB/s ({counted(peak.threads, 'thread')})",
         ),
     ]
     rows = [

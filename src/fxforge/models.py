@@ -505,14 +505,14 @@ def _is_torchscript_archive(path: Path) -> bool:
 
 def _load_pickled_module(path: Path, spec: str, trusted: bool) -> LoadedModel:
     if not path.exists():
-        raise ModelSpecError(f"file not found: {spec}")
+        raise ModelSpecError(f"file not found: {path}")
     if _is_torchscript_archive(path):
         return _load_exported_file(path, "torchscript", spec)
     if not zipfile.is_zipfile(path) and not is_pickle_stream(path):
         # torch.save writes a zip archive (a pickle stream before torch 1.6); anything else fails deep in the
         # unpickler with a message like "174812789" (a KeyError of a memo index)
         raise ModelSpecError(
-            f"cannot read {spec}: not a file torch.save wrote (neither a zip archive nor a pickle stream)",
+            f"cannot read {path}: not a file torch.save wrote (neither a zip archive nor a pickle stream)",
             hint="is the file corrupt or truncated?",
         )
     try:
@@ -541,12 +541,12 @@ def _load_pickled_module(path: Path, spec: str, trusted: bool) -> LoadedModel:
         raise
     except (AttributeError, ImportError) as exc:
         raise ModelSpecError(
-            f"cannot read {spec}: {first_line(exc)}",
+            f"cannot read {path}: {first_line(exc)}",
             hint="the code of the pickled module's classes must be importable (check PYTHONPATH)",
         ) from None
     except Exception as exc:  # damaged files raise UnpicklingError, ValueError, UnicodeDecodeError, KeyError...
         raise ModelSpecError(
-            f"cannot read {spec}: {one_line_reason(exc)}", hint="is the file corrupt or truncated?"
+            f"cannot read {path}: {one_line_reason(exc)}", hint="is the file corrupt or truncated?"
         ) from None
     if isinstance(obj, nn.Module):
         return LoadedModel(obj, spec)

@@ -41,9 +41,11 @@ from torch.profiler import profile as torch_profile
 from torch.utils.flop_counter import FlopCounterMode
 
 from fxforge import display
-from fxforge.artifacts import StagedOutput
+from fxforge.artifacts import StagedOutput, output_target
 from fxforge.capture import Captured, at_batch, require_real_weights
 from fxforge.errors import FxforgeError
+from fxforge.graphs import is_input_guard
+from fxforge.inputs import specs_of
 from fxforge.inspect import inspect_graph
 from fxforge.machine import Peak, cached_peak
 from fxforge.runtime import cloned, native_output_silenced, preserved_state, quiet_torch_logs, torch_threads
@@ -57,6 +59,8 @@ _HOT_SHARE = 0.01
 _MIN_WHOLE_RUNS = 3
 # Node sum and whole model closer than this (relative) are not worth a note.
 _NOTED_GAP = 0.25
+# A node's verdict where it beat the measured limit (NodeTime.verdict), by bound.
+ABOVE_LIMIT = {"memory": ">100%: in cache", "compute": ">100%: peak measured low"}
 
 
 @dataclass
@@ -75,8 +79,21 @@ class NodeTime:
     flops: int
     gflops: float  # achieved
     intensity: float | None  # FLOPs per byte read and written; None without FLOPs
-    bound: str  # "compute", "memory" or "" for nodes too small to judge
-    peak_fraction: float | None  # of the compute peak (compute-bound) or the bandwidth (memory-bound)
+    bound: str  # "compute", "memory" or "" for nodes too small to judge or doing no work
+    # of the compute peak (compute-bound) or the bandwidth (memory-bound); above 1 where the node beat the measured
+    # limit (see ``verdict``)
+    peak_fraction: float | None
+
+    @property
+    def verdict(self) -> str:
+        """What the tables print for the bound: ``memory (58%)``; above the measured limit, no impossible percentage
+        but why -- a memory-bound node whose data stayed in cache beats the bandwidth, which is measured on a buffer
+        larger than any cache, and a compute peak measured while other work held the cores can be beaten too."""
+        if not self.bound or self.peak_fraction is None:
+            return self.bound
+        if self.peak_fraction <= 1:
+            return f"{self.bound} ({self.peak_fraction:.0%})"
+        return f"{self.bound} ({ABOVE_LIMIT[self.bound]})"
 
 
 @dataclass
@@ -162,6 +179,8 @@ def profile_model(
     require_real_weights(captured, "profile")
     if not captured.example_inputs and not captured.example_kwargs:
         raise FxforgeError("profile needs example inputs", hint="pass --input, e.g. --input 1x3x224x224")
+    if trace is not None:
+        _check_trace_target(trace, force)
     if batch is not None:
         captured = at_batch(captured, batch, seed)
     with torch_threads(threads):
@@ -203,6 +222,16 @@ def _profiled_run(run: Any, trace: str | Path | None, force: bool) -> list[Any]:
     if trace is not None:
         _write_trace(prof, Path(trace), force)
     return list(prof.events())
+
+
+def _check_trace_target(trace: str | Path, force: bool) -> None:
+    """Refuse a trace path that cannot be written before the runs, not after them, and with a hint about --trace
+    (StagedOutput's, checked again when writing, is about export's -o)."""
+    target = output_target(trace)
+    if target.is_dir():
+        raise FxforgeError(f"--trace {trace} is a directory", hint=f"name a file, e.g. --trace {target / 'trace.json'}")
+    if target.exists() and not force:
+        raise FxforgeError(f"--trace {trace} exists", hint="pass --force (force=True in Python) to replace it")
 
 
 def _write_trace(prof: Any, path: Path, force: bool) -> None:
@@ -281,6 +310,8 @@ def _profile_graph(
         ranged = _TimedInterpreter(gm, {}, ranges=True)
         allocated = _allocated(_profiled_run(lambda: ranged.run(*cloned(values)), trace, force), _NODE)
     producers = {n.name: [i.name for i in n.all_input_nodes] for n in gm.graph.nodes}
+    # torch.export's input guard checks shapes and a get_attr fetches a tensor: timed, but doing no work to judge
+    idle = {n.name for n in gm.graph.nodes if is_input_guard(n) or n.op == "get_attr"}
     nodes = []
     for node in gm.graph.nodes:
         if node.name not in times:
@@ -294,7 +325,7 @@ def _profile_graph(
         nodes.append(
             _node_time(node.name, node.op, target, info.module, times[node.name], sizes, info.flops, moved, info.dtype)
         )
-    return _report("fx", captured, repeats, nodes, totals, peak, trace, _modules(nodes))
+    return _report("fx", captured, repeats, nodes, totals, peak, trace, _modules(nodes), idle)
 
 
 def _element_size(dtype: str | None) -> int:
@@ -364,15 +395,19 @@ def _report(
     peak: Peak,
     trace: str | Path | None,
     modules: list[ModuleTime],
+    idle: set[str] | None = None,
 ) -> ProfileReport:
+    """The report; ``idle``: nodes that do no work, given no verdict."""
     total = sum(n.time_ms for n in nodes)
     whole_ms = statistics.median(totals.whole)
     for node in nodes:
         node.share = node.time_ms / total if total else 0.0
-        _judge(node, peak)
+        if node.name not in (idle or set()):
+            _judge(node, peak)
     for module in modules:
         module.share = module.time_ms / total if total else 0.0
-    inputs = ["x".join(map(str, t.shape)) for t in captured.example_inputs if isinstance(t, torch.Tensor)]
+    # as the other commands spell them: 2x16:int64 (float32 goes unsaid)
+    inputs = [str(spec) for spec in specs_of([t for t in captured.example_inputs if isinstance(t, torch.Tensor)])]
     overhead = total / whole_ms - 1 if whole_ms > 0 else 0.0
     report = ProfileReport(backend, inputs, repeats, total, whole_ms, overhead, peak, nodes, modules)
     report.trace = str(trace) if trace is not None else None

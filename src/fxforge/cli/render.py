@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from fxforge.display import byte_size
+from fxforge.display import byte_size, counted
 
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 # inspect's quant column, in fxforge.vocabulary.QUANT_KINDS order: what is left of calibration stands out
@@ -510,9 +510,7 @@ def render_profile(console: Console, spec: str, report: Any, top: int, depth: in
         table.add_column(column, justify="right")
     table.add_column("bound (of its limit)")
     for node in report.top(top):
-        bound = node.bound
-        if node.bound and node.peak_fraction is not None:
-            bound = f"{node.bound} ({node.peak_fraction:.0%})"
+        bound = node.verdict
         table.add_row(
             Text(node.name),
             Text(node.target),
@@ -545,7 +543,8 @@ def render_profile(console: Console, spec: str, report: Any, top: int, depth: in
         f"{report.whole_ms:.2f} ms (profiling overhead {report.overhead:+.0%})"
     )
     console.print(
-        f"[dim]peak on this machine ({peak.threads} threads): GFLOP/s {gflops}; memory {peak.bandwidth_gbs:.1f} GB/s. "
+        f"[dim]peak on this machine ({counted(peak.threads, 'thread')}): GFLOP/s {gflops}; "
+        f"memory {peak.bandwidth_gbs:.1f} GB/s. "
         "compute-bound: FLOP/byte above peak FLOP/s over bandwidth; (%) of the peak it reached[/]"
     )
     for note in report.notes:
@@ -562,11 +561,12 @@ def render_doctor(console: Console, report: Any) -> None:
     missing = ", ".join(name for name, version in report.versions.items() if version is None)
     console.print(f"[bold]versions[/]: {versions}" + (f" (not installed: {missing})" if missing else ""))
     cpu = report.cpu
-    console.print(f"[bold]cpu[/]: {cpu.model}; {cpu.cores} CPUs; torch ISA {cpu.torch_capability or 'unknown'}")
+    isa = cpu.torch_capability or "unknown"
+    console.print(f"[bold]cpu[/]: {cpu.model}; {counted(cpu.cores, 'CPU')}; torch ISA {isa}")
     console.print(f"  features: {' '.join(cpu.features) or 'none of the ones that matter'}")
     backends = report.backends
     console.print(
-        f"[bold]torch[/]: {backends['threads']} threads ({backends['interop_threads']} inter-op), oneDNN "
+        f"[bold]torch[/]: {counted(backends['threads'], 'thread')} ({backends['interop_threads']} inter-op), oneDNN "
         f"{'yes' if backends['mkldnn'] else 'no'}, quantized engines {', '.join(backends['quantized_engines'])} "
         f"(current {backends['quantized_engine']})"
     )
@@ -575,7 +575,8 @@ def render_doctor(console: Console, report: Any) -> None:
     if report.peak is not None:
         gflops = ", ".join(f"{dtype} {value:,.0f}" for dtype, value in report.peak.gflops.items())
         console.print(
-            f"[bold]peak[/] ({report.peak.threads} threads, {report.peak.seconds:.1f} s): matmul GFLOP/s {gflops}; "
+            f"[bold]peak[/] ({counted(report.peak.threads, 'thread')}, {report.peak.seconds:.1f} s): "
+            f"matmul GFLOP/s {gflops}; "
             f"memory copy {report.peak.bandwidth_gbs:.1f} GB/s"
         )
     table = Table(title="features", title_justify="left")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import click
+from click.core import ParameterSource
 
 from fxforge.cli.options import CaptureOptions, capture_options, emit_json, split, stderr, stdout
 from fxforge.errors import FxforgeError
@@ -42,9 +43,11 @@ def command(
 
     from fxforge.bench import all_backends, bench, get_backend
     from fxforge.cli.render import render_backends, render_bench, render_plugin_failures
+    from fxforge.pipeline import Pipeline
     from fxforge.plugins import BACKENDS_GROUP, failures
 
     if list_backends:
+        _refuse_with_list_backends()
         listed = [backend.to_dict() for backend in all_backends()]
         if opts.as_json:
             emit_json({"backends": listed, "plugin_failures": [f.describe() for f in failures(BACKENDS_GROUP)]})
@@ -54,8 +57,15 @@ def command(
         return
     if not opts.model:
         raise FxforgeError("bench needs a MODEL", hint="e.g. fxforge bench torchvision:resnet18")
-    for name in split(backends):
-        get_backend(name)  # an unknown name fails before the model is loaded
+    chosen = [get_backend(name) for name in split(backends)]  # an unknown name fails before the model is loaded
+    if pass_names is not None:
+        Pipeline(split(pass_names), lint_between=False)  # an unknown pass: named before anything else
+    if pass_names is not None and chosen and not any(backend.base == "fx" for backend in chosen):
+        # only fx runs passes (the default backends include it): they would change nothing
+        raise FxforgeError(
+            f"--passes applies to the fx backend only, and it is not among the backends ({backends})",
+            hint="add fx to --backends, or leave --passes out",
+        )
     try:
         batches = [int(b) for group in batch_sizes for b in split(group)]
     except ValueError:
@@ -64,7 +74,10 @@ def command(
         raise FxforgeError("--batch sizes must be at least 1")
     captured = opts.prepare()
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"))
-    with Progress(*columns, TimeElapsedColumn(), console=stderr, transient=True, disable=opts.as_json) as progress:
+    # Off when stderr is not a terminal, like the other commands' spinner: there rich draws no bar, but stopping
+    # it still writes an empty line, which landed before an error message or in a redirected log.
+    quiet = opts.as_json or not stderr.is_terminal
+    with Progress(*columns, TimeElapsedColumn(), console=stderr, transient=True, disable=quiet) as progress:
         task = progress.add_task("benchmarking", total=None)
 
         def advance(done: int, total: int, description: str) -> None:
@@ -85,3 +98,19 @@ def command(
         emit_json({"model": opts.model, **report.to_dict()})
     else:
         render_bench(stdout, opts.model, report)
+
+
+def _refuse_with_list_backends() -> None:
+    """--list-backends lists and exits: a MODEL or another option given with it would be silently ignored."""
+    context = click.get_current_context()
+    given = [
+        param.opts[0] if isinstance(param, click.Option) else param.human_readable_name
+        for param in context.command.params
+        if param.name not in ("list_backends", "as_json")
+        and context.get_parameter_source(param.name) is ParameterSource.COMMANDLINE
+    ]
+    if given:
+        raise FxforgeError(
+            f"--list-backends takes no model or other options (got {', '.join(given)})",
+            hint="fxforge bench --list-backends [--json]",
+        )

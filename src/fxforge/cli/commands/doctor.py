@@ -22,7 +22,7 @@ Examples:
     type=click.FloatRange(min=0.2, max=60),
     default=2.0,
     show_default=True,
-    help="Time for the peak measurement.",
+    help="About how long the peak measurement takes (at least what its memory copy needs, about 1 s).",
 )
 @json_option
 def command(no_peak: bool, seconds: float, as_json: bool) -> None:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import click
+from click.core import ParameterSource
 
 from fxforge.cli.options import CaptureOptions, capture_options, emit_json, status, stdout
+from fxforge.errors import FxforgeError
 
 
 @click.command(
@@ -50,6 +52,16 @@ def command(
     from fxforge.cli.render import render_profile
     from fxforge.profile import profile_model
 
+    context = click.get_current_context()
+    given = ParameterSource.COMMANDLINE
+    shaping = [f"--{name}" for name in ("top", "depth") if context.get_parameter_source(name) is given]
+    if opts.as_json and shaping:
+        # the JSON is every node and module, whole: graph --profile colours each node from it, and a script picks
+        # its own top rows (jq '.nodes | sort_by(-.time_ms)[:5]'); cutting it silently would mislead both
+        raise FxforgeError(
+            f"{' and '.join(shaping)} shape the tables; --json always holds every node and module",
+            hint="drop them, or select from the JSON, e.g. jq '.nodes | sort_by(-.time_ms) | .[:5]'",
+        )
     captured = opts.prepare()
     with status("profiling", opts.as_json):
         report = profile_model(

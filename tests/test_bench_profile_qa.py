@@ -1,0 +1,135 @@
+"""bench, profile and doctor after a QA pass: one error line and nothing else on stderr, options that would be
+ignored are refused, and no impossible verdict or percentage."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from torch import fx, nn
+
+from fxforge import machine
+from fxforge.bench import Backend, bench
+from fxforge.capture import capture
+from fxforge.cli import main
+from fxforge.errors import EXIT_OK, EXIT_USAGE, FxforgeError
+from fxforge.profile import NodeTime, profile_model
+
+# profile compares node times with a peak: a small one measured once, not 2 s per test
+PEAK = machine.measure_peak(seconds=0.2, size=128)
+
+
+def run(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+class Reshapes(nn.Module):
+    def forward(self, x):
+        return x.view(7, -1)  # 2x16 has no 7 rows: fails inside the generated forward
+
+
+def test_a_graph_failing_in_warm_up_is_one_row_and_nothing_on_stderr(capfd):
+    model = nn.Sequential(nn.Linear(16, 16)).eval()
+    captured = capture(model, (torch.randn(2, 16),))
+    failing = Backend("failing", "generated code that raises", lambda c, s: fx.symbolic_trace(Reshapes()))
+    report = bench(captured, ["eager", failing], repeats=2, peak=False)
+    row = {r.backend: r for r in report.rows}["failing"]
+    assert row.error.startswith("run failed:") and "[7, -1]" in row.error
+    _, err = capfd.readouterr()
+    # torch.fx prints the generated code and a traceback on its own; the row's reason is all that is said
+    assert err == ""
+
+
+def test_bench_refuses_options_it_would_ignore(capsys):
+    code, out, err = run(capsys, "bench", "demo", "-b", "eager", "-p", "fold_bn", "--repeats", "2")
+    assert code == EXIT_USAGE and "--passes applies to the fx backend only" in err and not out
+    code, out, err = run(capsys, "bench", "--list-backends", "torchvision:resnet18", "--repeats", "2")
+    assert code == EXIT_USAGE and "MODEL, --repeats" in err and not out
+    code, out, _ = run(capsys, "bench", "--list-backends", "--json")
+    assert code == EXIT_OK and '"backends"' in out
+
+
+def test_bench_errors_are_the_first_line_on_stderr(capsys):
+    # the progress bar, off when stderr is not a terminal, wrote an empty line before the error when it stopped
+    for args in (["-p", "nosuch"], ["--device", "meta"]):
+        code, _, err = run(capsys, "bench", "demo", "-b", "eager,fx", "--repeats", "2", *args)
+        assert code == EXIT_USAGE and err.startswith("error:"), err
+
+
+def _node(bound: str, fraction: float | None) -> NodeTime:
+    return NodeTime("n", "call_module", "Conv2d", "n", "float32", 1.0, 0.5, 0, 0, 0, 0.0, None, bound, fraction)
+
+
+def test_a_node_beyond_the_measured_limit_shows_why_not_a_percentage():
+    assert _node("memory", 0.58).verdict == "memory (58%)"
+    assert _node("memory", 1.19).verdict == "memory (>100%: in cache)"
+    assert _node("compute", 1.3).verdict == "compute (>100%: peak measured low)"
+    assert _node("", None).verdict == ""
+
+
+class Small(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.conv(x)).mean((2, 3)))
+
+
+def test_nodes_that_do_no_work_get_no_verdict():
+    captured = capture(Small().eval(), (torch.randn(1, 3, 16, 16),), method="export")
+    graph = captured.graph_module.graph
+    idle = {n.name for n in graph.nodes if n.op == "get_attr" or n.target == "_guards_fn"}
+    assert "_guards_fn" in idle  # torch.export's input guard: the case this test is about
+    report = profile_model(captured, repeats=2, warmup=1, peak=PEAK)
+    timed = {n.name: n for n in report.nodes}
+    assert idle <= set(timed)  # still timed: their time is spent
+    assert all(timed[name].bound == "" and timed[name].peak_fraction is None for name in idle)
+    assert any(n.bound for n in report.nodes)
+
+
+class Embeds(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embedding = nn.Embedding(100, 8)
+
+    def forward(self, ids):
+        return self.embedding(ids).sum(1)
+
+
+def test_profile_names_the_inputs_with_their_dtype():
+    captured = capture(Embeds().eval(), (torch.randint(0, 100, (2, 16)),))
+    assert profile_model(captured, repeats=1, warmup=0, peak=PEAK).inputs == ["2x16:int64"]
+
+
+def test_profile_refuses_a_trace_directory_with_a_trace_hint(tmp_path):
+    captured = capture(Small().eval(), (torch.randn(1, 3, 16, 16),))
+    with pytest.raises(FxforgeError, match="is a directory") as raised:
+        profile_model(captured, repeats=1, trace=tmp_path, peak=PEAK)
+    assert raised.value.hint.startswith("name a file, e.g. --trace ") and "model.onnx" not in raised.value.hint
+
+
+def test_profile_json_is_whole_and_refuses_options_that_shape_tables(capsys):
+    code, out, err = run(capsys, "profile", "demo", "--json", "--top", "3", "--repeats", "1")
+    assert code == EXIT_USAGE and "--top" in err and "every node" in err and not out
+
+
+def test_the_peak_takes_about_the_seconds_asked_for(monkeypatch):
+    # the copy's fixed cost (filling a 768 MiB buffer) comes out of the budget instead of adding to it
+    def slow_copy(budget: float) -> float:
+        time.sleep(0.6)
+        return 10.0
+
+    monkeypatch.setattr(machine, "_copy_bandwidth", slow_copy)
+    peak = machine.measure_peak(seconds=0.8, size=64)
+    assert peak.bandwidth_gbs == 10.0 and 0.75 <= peak.seconds < 1.05, peak.seconds  # it was 0.6 + 0.6
+    assert machine._rate(1.0, lambda: None, 0.0) > 0  # a budget spent by the copy still times one call
+
+
+def test_the_machine_line_counts_one_cpu_in_the_singular(monkeypatch):
+    monkeypatch.setattr(machine, "cpu_info", lambda: machine.CpuInfo("a CPU", ["avx2"], 1, "AVX2"))
+    assert "a CPU; 1 CPU, torch threads" in machine.describe()
