@@ -22,7 +22,6 @@ from typing import Any
 import torch
 import torch.ao.nn.quantized as nnq
 
-from fxforge.display import counted
 from fxforge.runtime import quiet_quantization_notices, torch_threads
 
 # CPU flags (as /proc/cpuinfo spells them) that change which kernels are fast.
@@ -251,7 +250,8 @@ def describe(peak: Peak | None = None) -> str:
     cpu = cpu_info()
     features = " ".join(cpu.features) or "none of " + "/".join(RELEVANT_FLAGS[:4])
     line = (
-        f"{cpu.model}; {counted(cpu.cores, 'CPU')}, torch threads {torch.get_num_threads()}; features: {features}; "
+        f"{cpu.model}; {cpu.cores} CPU{'' if cpu.cores == 1 else 's'}, torch threads {torch.get_num_threads()}; "
+        f"features: {features}; "
         f"torch {torch.__version__} ({cpu.torch_capability or 'unknown ISA'})"
     )
     if peak is not None:
