@@ -261,7 +261,8 @@ def export_model(
             )
             result.verified_batches = list(result.verification.batch_sizes)
             result.ok = result.verification.ok
-            if dynamic_batch and any("failed to run on batch" in p for p in result.verification.problems):
+            check = result.verification
+            if dynamic_batch and (check.rejected_inputs or any("failed to run on" in p for p in check.problems)):
                 result.verification.problems.append(
                     "the export does not run at every batch size: the model's code fixes the batch size "
                     "(e.g. a loop over it); export without a dynamic batch"

@@ -137,6 +137,7 @@ class VerifyResult:
     nondeterministic: bool = False
     unverifiable: bool = False
     capture_differs: bool = False  # the captured graph itself differs from the model on a failing case
+    rejected_inputs: str | None = None  # the case a program exported for other shapes refused to run
     # on a mismatch with no divergence: why no node could be named (the candidate is not a graph...)
     divergence_unknown: str | None = None
     failing_case: int | None = field(default=None, repr=False)  # the Verifier's index of the first failing case
@@ -525,15 +526,16 @@ class Verifier:
                 result.ok = False
                 result.max_abs_err = result.max_rel_err = math.inf
                 if _input_guard_failed(exc):
-                    # a program exported for other shapes checks its inputs: nothing was compared, and there is
-                    # no node to bisect to (the same program at the shapes it takes is what can be verified)
-                    result.unverifiable = True
+                    # a program exported for other shapes checks its inputs: it differs from the model there, but
+                    # computed nothing, so no node can be named (the shapes it takes are what can be verified)
+                    result.rejected_inputs = case.label
                     result.problems.append(
                         f"the candidate rejects the inputs of {case.label} ({one_line_reason(exc, 120)}): it was "
                         "exported for other input shapes; verify with those (an output directory's inputs.txt)"
                     )
+                    result.divergence_unknown = "the candidate did not run on these inputs"
                     result.failing_case = index
-                    break
+                    break  # neither failing nor bisectable: there is nothing to blame or bisect
                 result.problems.append(f"candidate failed to run on {case.label}: {one_line_reason(exc)}")
                 failing = failing or case
                 bisectable = bisectable or (case if case.batch not in self.graph_rejects else None)

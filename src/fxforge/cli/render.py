@@ -244,9 +244,15 @@ def render_verify(console: Console, reference: str, candidate: str, result: Any)
         )
         render_verify_doubts(console, result)
         return
-    if result.unverifiable:  # nothing could be compared (the problems say why): no verdict on the candidate
+    if result.unverifiable:  # the reference gives nothing to compare against: no verdict on the candidate
         console.print(
-            f"[bold red]CANNOT VERIFY[/]: {escape(candidate)} against {escape(reference)}: nothing could be compared"
+            f"[bold red]CANNOT VERIFY[/]: {escape(candidate)} against {escape(reference)}: "
+            "the reference cannot be checked"
+        )
+    elif result.rejected_inputs:  # a program exported for other shapes: it computed nothing to compare
+        console.print(
+            f"[bold red]REJECTED[/]: {escape(candidate)} does not run on inputs {escape(reference)} takes "
+            f"({result.rejected_inputs})"
         )
     else:
         console.print(

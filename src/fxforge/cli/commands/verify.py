@@ -21,8 +21,9 @@ from fxforge.errors import EXIT_FINDINGS
 Examples:
   fxforge verify torchvision:resnet18 out/resnet18
   fxforge verify my_model.py:Net out/net --input 4x3x32x32 --cases 64 --json
-Exit code: 1 when the outputs differ beyond the tolerance, or nothing can be compared (a reference
-that is not deterministic or gives the same output for every input, a program exported for other shapes).
+Exit code: 1 when the outputs differ beyond the tolerance, the candidate does not run on the inputs
+(a program exported for other shapes), or the reference cannot be checked (not deterministic, or the
+same output for every input).
 See docs/verified.md for what is tried and what a pass cannot prove.
 """,
 )
