@@ -260,7 +260,7 @@ def test_data_dependent_branch_trace_is_caught_script_is_exact(tmp_path):
 def test_dynamic_batch_refused_for_a_model_that_fixes_the_batch(tmp_path):
     captured = fxforge.prepare(f"{TRICKY}:BatchLoop", ["2x8"])
     result = export_model(captured, "pt2", tmp_path / "m.pt2", dynamic_batch=True)
-    assert not result.ok and "fixes the batch size" in result.verification.problems[-1]
+    assert not result.ok and "fixed the batch dimension" in result.verification.problems[-1]
     assert _files(tmp_path) == []
     assert export_model(captured, "pt2", tmp_path / "m.pt2").ok  # the fixed-batch export is fine
 
@@ -517,3 +517,58 @@ def test_a_torchscript_trace_of_an_untypeable_output_names_the_reason_not_the_va
         export_model(capture(DictOut().eval(), (torch.randn(2, 8),)), "torchscript", tmp_path / "d.pt")
     assert "the trace cannot type the model's output: Dictionary inputs" in info.value.message
     assert "tensor([[" not in info.value.message and not (tmp_path / "d.pt").exists()
+
+
+def test_cli_names_a_rejected_batch_and_a_model_that_cannot_be_checked(tmp_path, capsys):
+    """A failed export check was always 'MISMATCH ... computes something else', also when the file computed the
+    right thing at the batch it takes, or when the model itself gave nothing to compare (a zero head)."""
+    dynamic = ["--to", "pt2", "--dynamic-batch", "-o", str(tmp_path / "a.pt2")]
+    code = main(["export", f"{TRICKY}:BatchLoop", "-i", "2x8", *dynamic])
+    out = " ".join(capsys.readouterr().out.split())
+    assert code == 1 and out.startswith("REJECTED") and "fixed the batch dimension" in out and "MISMATCH" not in out
+    zero_head = tmp_path / "zero_head.py"
+    zero_head.write_text(
+        "import torch\n"
+        "def build():\n"
+        "    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))\n"
+        "    torch.nn.init.zeros_(model[1].weight); torch.nn.init.zeros_(model[1].bias)\n"
+        "    return model\n"
+    )
+    code = main(["export", f"{zero_head}:build", "-i", "1x4", "--to", "pt2", "-o", str(tmp_path / "b.pt2")])
+    out = " ".join(capsys.readouterr().out.split())
+    assert code == 1 and out.startswith("CANNOT VERIFY") and "MISMATCH" not in out
+    assert _files(tmp_path) == ["zero_head.py"]
+
+
+class _WritesItsInput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x.mul_(2))
+
+
+def test_a_trace_leaves_the_callers_inputs_alone(tmp_path):
+    x = torch.randn(2, 4)
+    before = x.clone()
+    export_model(_WritesItsInput().eval(), "torchscript", tmp_path / "m.pt", example_inputs=(x,), verify_export=False)
+    assert torch.equal(x, before)
+
+
+@pytest.mark.parametrize("command", [["export", "demo", "-o", "{out}/m.pt"], ["optimize", "demo", "-o", "{out}/opt"]])
+def test_a_disk_without_room_for_the_weights_is_refused_before_writing(tmp_path, monkeypatch, capsys, command):
+    """Out of space, torch's archive writer aborted the process from C++ (exit 134, no message, a staging
+    directory left behind): the free space is checked first, and the refusal is one line, exit 2."""
+    import collections
+
+    import fxforge.artifacts
+
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(fxforge.artifacts.shutil, "disk_usage", lambda path: usage(2**20, 2**20 - 4096, 4096))
+    out = tmp_path / "out"
+    out.mkdir()
+    assert main([part.format(out=out) for part in command]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: the system refused: no room for") and "MiB free" in err
+    assert list(out.iterdir()) == []  # nothing half-written, no staging directory

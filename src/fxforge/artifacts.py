@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import difflib
+import errno
 import importlib
 import itertools
 import json
@@ -277,6 +278,28 @@ def write_inputs(directory: Path, example_inputs: Sequence[Any]) -> str:
     return INPUTS_FILE
 
 
+# Room left beyond the weights' bytes for what else is written (code, JSON, archive headers).
+FREE_SPACE_MARGIN = 16 * 2**20
+
+
+def check_free_space(directory: Path, module: nn.Module, copies: int = 1) -> None:
+    """Refuse, before writing, a disk without room for ``copies`` of the module's weights.
+
+    Out of space, torch's archive writer (torch.save, torch.jit.save, torch.export.save) throws from a C++
+    destructor and the process aborts: no Python error, a half-written file, the staging directory left behind.
+    Raises ``OSError(ENOSPC)``, which the CLI reports as the system's refusal.
+    """
+    tensors = itertools.chain(module.parameters(), module.buffers())
+    needed = copies * sum(t.numel() * t.element_size() for t in tensors if t.device.type != "meta")
+    free = shutil.disk_usage(directory).free
+    if needed + FREE_SPACE_MARGIN > free:
+        raise OSError(
+            errno.ENOSPC,
+            f"no room for {needed / 2**20:,.1f} MiB of weights ({free / 2**20:,.1f} MiB free)",
+            str(directory),
+        )
+
+
 def save_graph_module(
     gm: fx.GraphModule,
     directory: Path,
@@ -298,6 +321,7 @@ def save_graph_module(
     notes = notes if notes is not None else []
     files: list[str] = []
     problems: list[str] = []
+    check_free_space(directory, gm, copies=2 if dialect == ATEN else 4)  # model.pt, its package, model.pt2
     if dialect != ATEN:
         try:
             with quiet_torch_logs():

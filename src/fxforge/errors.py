@@ -8,6 +8,7 @@ Library code raises these instead of letting torch's long tracebacks reach the u
 from __future__ import annotations
 
 import contextlib
+import errno
 import importlib
 import importlib.util
 import linecache
@@ -23,6 +24,10 @@ EXIT_FINDINGS = 1  # lint found problems / verify found a mismatch
 EXIT_USAGE = 2  # bad model spec, input spec, file, option or missing extra
 EXIT_CAPTURE = 3  # the model could not be captured as a graph
 EXIT_INTERNAL = 4  # a bug in fxforge (or torch); rerun with --debug for the traceback
+
+# Why the system refused a write: the disk or quota is full, the file system is read-only, no permission. The
+# machine's state, not a bug and not a failed capture or export: the CLI says "the system refused" (exit 2).
+SYSTEM_REFUSALS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
 
 
 class FxforgeError(Exception):

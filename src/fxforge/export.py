@@ -53,12 +53,30 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
 from fxforge import display
-from fxforge.artifacts import FORMATS, METADATA_FILE, SUFFIXES, StagedOutput, format_for, load_exported
+from fxforge.artifacts import (
+    FORMATS,
+    METADATA_FILE,
+    SUFFIXES,
+    StagedOutput,
+    check_free_space,
+    format_for,
+    load_exported,
+)
 from fxforge.capture import Captured
-from fxforge.errors import EXIT_CAPTURE, FxforgeError, first_line, format_location, require, strip_ansi, user_location
+from fxforge.errors import (
+    EXIT_CAPTURE,
+    SYSTEM_REFUSALS,
+    FxforgeError,
+    first_line,
+    format_location,
+    require,
+    strip_ansi,
+    user_location,
+)
 from fxforge.graphs import ATEN, without_input_guards
 from fxforge.inputs import specs_of
 from fxforge.runtime import (
+    cloned,
     export_program,
     holds_tensor,
     native_output_silenced,
@@ -215,6 +233,7 @@ def export_model(
     # tracing and exporting run the caller's modules: a model in training mode would update its BatchNorm
     # statistics (even when the export then fails); whatever the runs wrote is undone
     with StagedOutput(path, force=force) as staged, preserved_state(source, reference):
+        check_free_space(staged.path.parent, source, copies=2)  # the file, and the copy it may be verified from
         if to == "torchscript":
             result = _export_torchscript(
                 source,
@@ -264,8 +283,10 @@ def export_model(
             check = result.verification
             if dynamic_batch and (check.rejected_inputs or any("failed to run on" in p for p in check.problems)):
                 result.verification.problems.append(
-                    "the export does not run at every batch size: the model's code fixes the batch size "
-                    "(e.g. a loop over it); export without a dynamic batch"
+                    "the export does not run at every batch size: torch.export fixed the batch dimension, because "
+                    "the model's code does (a loop over it, a shape check) or because torch specialises it for a "
+                    "batch-1 example (size 1 broadcasts, and the program then holds for 1 only or for 2 and up); "
+                    "export without a dynamic batch, one file per batch size"
                 )
         if result.ok:
             result.size_bytes = sum(p.stat().st_size for p in staged.directory.iterdir())  # type: ignore[union-attr]
@@ -364,7 +385,8 @@ def _export_torchscript(
         if script:
             scripted = torch.jit.script(_scriptable(module))
         else:
-            scripted = torch.jit.trace(module, inputs, strict=False, check_trace=False)
+            # tracing runs forward: on copies, so a model that writes into its input leaves the caller's alone
+            scripted = torch.jit.trace(module, cloned(inputs), strict=False, check_trace=False)
         scripted = scripted.eval()
         if optimize:
             # freeze returns a copy, and optimize_for_inference rewrites that copy in place
@@ -637,6 +659,10 @@ def _exporting(what: str, notes: list[str], allow_trace_warnings: bool = False) 
             yield
     except ExportError:
         raise
+    except OSError as exc:
+        if exc.errno in SYSTEM_REFUSALS:  # a full disk, a read-only folder: the machine's state, said as such
+            raise
+        raise _export_error(what, exc) from None
     except Exception as exc:
         raise _export_error(what, exc) from None
     traced = [w for w in caught if issubclass(w.category, torch.jit.TracerWarning)]

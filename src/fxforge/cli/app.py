@@ -7,7 +7,6 @@ Errors print one ``error:`` line (plus a ``hint:`` line) on stderr; an unexpecte
 
 from __future__ import annotations
 
-import errno
 import importlib
 import os
 import pkgutil
@@ -19,7 +18,7 @@ from rich.text import Text
 from fxforge import __version__
 from fxforge.cli import interrupted, sigint_seen, stop_if_interrupted
 from fxforge.cli.options import stderr, user_prints_to_stderr
-from fxforge.errors import EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, FxforgeError, one_line_reason
+from fxforge.errors import EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, SYSTEM_REFUSALS, FxforgeError, one_line_reason
 
 
 class _Group(click.Group):
@@ -106,17 +105,13 @@ def main(argv: list[str] | None = None) -> int:
     return EXIT_OK
 
 
-# Why the system refused a write: the disk or quota is full, the file system is read-only, no permission.
-_SYSTEM_REFUSALS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
-
-
 def _refused_by_the_system(exc: BaseException) -> OSError | None:
     """The OSError in ``exc``'s chain (itself, its cause or context) that says the system refused a write."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        if isinstance(current, OSError) and current.errno in _SYSTEM_REFUSALS:
+        if isinstance(current, OSError) and current.errno in SYSTEM_REFUSALS:
             return current
         current = current.__cause__ or current.__context__
     return None

@@ -382,10 +382,16 @@ def render_export(console: Any, spec: str, result: Any) -> None:
         else:
             console.print("  [yellow]not verified[/] (--no-verify)")
     else:
-        console.print(
-            f"[bold red]MISMATCH[/]: the {result.format} export of {escape(spec)} (via {result.exporter}) computes "
-            "something else; nothing was written"
-        )
+        what = f"the {result.format} export of {escape(spec)} (via {result.exporter})"
+        if check is not None and check.unverifiable:  # the model itself gives nothing to compare against
+            console.print(f"[bold red]CANNOT VERIFY[/]: {what}: the model cannot be checked; nothing was written")
+        elif check is not None and check.rejected_inputs:
+            console.print(
+                f"[bold red]REJECTED[/]: {what} does not run on inputs the model takes ({check.rejected_inputs}); "
+                "nothing was written"
+            )
+        else:
+            console.print(f"[bold red]MISMATCH[/]: {what} computes something else; nothing was written")
         for problem in (check.problems if check else [])[:5]:
             console.print(f"  {problem}")
         if any(note.startswith("trace:") for note in result.notes):
