@@ -572,3 +572,13 @@ def test_a_disk_without_room_for_the_weights_is_refused_before_writing(tmp_path,
     err = capsys.readouterr().err
     assert err.startswith("error: the system refused: no room for") and "MiB free" in err
     assert list(out.iterdir()) == []  # nothing half-written, no staging directory
+
+
+def test_cli_scripts_a_model_whose_own_forward_branches_on_data(tmp_path, capsys):
+    """--script exists for Python control flow no capture can keep; the CLI captured first and stopped there,
+    while export_model scripted the model itself."""
+    code = main(["export", f"{TRICKY}:RootBranch", "-i", "2x8", "--script", "-o", str(tmp_path / "m.pt")])
+    out = " ".join(capsys.readouterr().out.split())
+    assert code == 0 and "verified" in out and "the model itself was scripted" in out
+    assert _files(tmp_path) == ["m.pt"]
+    assert main(["export", f"{TRICKY}:RootBranch", "-i", "2x8", "-o", str(tmp_path / "n.pt")]) == 3  # without it

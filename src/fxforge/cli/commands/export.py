@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from fxforge.cli.options import CaptureOptions, capture_options, emit_json, status, stdout
@@ -78,12 +80,13 @@ def command(
 
     if (to_format or format_for(output)) is None:  # before the model loads: a typo costs nothing
         raise FxforgeError(f"cannot tell the format from {output!r}", hint="pass --to torchscript, onnx or pt2")
-    captured = opts.prepare()
+    target, example, scripted_model = _target(opts, script and (to_format or format_for(output)) == "torchscript")
     with status(f"exporting to {to_format or format_for(output)}", opts.as_json):
         result = export_model(
-            captured,
+            target,
             to_format,
             output,
+            example_inputs=example,
             script=script,
             freeze=not no_freeze,
             optimize=not (no_optimize or no_freeze),
@@ -98,9 +101,37 @@ def command(
             allow_trace_warnings=allow_trace_warnings,
             force=force,
         )
+    if scripted_model is not None:
+        result.notes.insert(0, scripted_model)
     if opts.as_json:
         emit_json(result.to_dict())
     else:
         render_export(stdout, opts.model, result)
     if not result.ok:
         raise SystemExit(EXIT_FINDINGS)
+
+
+def _target(opts: CaptureOptions, scripting: bool) -> tuple[Any, Any, str | None]:
+    """(what to export, its example inputs when it is a module, a note): the captured graph; with --script, the
+    model itself where no graph can be captured -- torch.jit.script compiles Python control flow that neither
+    symbolic_trace nor torch.export can capture, which is what --script is for (as export_model does)."""
+    from fxforge.api import resolve_inputs
+    from fxforge.errors import CaptureError
+    from fxforge.inputs import make_inputs
+    from fxforge.models import load_model
+
+    try:
+        return opts.prepare(), None, None
+    except CaptureError as exc:
+        if not scripting:
+            raise
+        reason = exc.message
+    loaded = load_model(
+        opts.model or "",
+        seed=opts.seed,
+        device=opts.device,
+        model_kwargs=opts.model_kwargs(),
+        trust_pickle=opts.trust_pickle or None,
+    )
+    example = make_inputs(resolve_inputs(loaded, list(opts.inputs)), seed=opts.seed, device=opts.device or "cpu")
+    return loaded.module, example, f"no graph could be captured ({reason}): the model itself was scripted"
