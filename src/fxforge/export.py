@@ -204,7 +204,7 @@ def export_model(
     if to in SUFFIXES and named is not None and named != to:
         # fxforge (and every other tool) reads a file by its suffix: an ONNX file named .pt would not load again
         raise FxforgeError(
-            f"{str(path)!r} is the name of a {named} file, not {to}",
+            f"{str(path)!r} is the name of {'an' if named[0] in 'aeiou' else 'a'} {named} file, not {to}",
             hint=f"name it {SUFFIXES[to]}, or leave --to out to export {named}",
         )
     if to in SUFFIXES and named is None:

@@ -148,6 +148,11 @@ class VerifyResult:
     def _repr_html_(self) -> str:  # Jupyter shows this for the last value of a cell
         return display.verify_html(self)
 
+    @property
+    def tried(self) -> str:
+        """What was tried, as ``to_dict()["tried"]`` has it (:meth:`describe_inputs`)."""
+        return self.describe_inputs()
+
     def describe_inputs(self) -> str:
         """One line: what was tried (``16 cases: batch 1, 2; N(0, 1), U[0, 1), ...``)."""
         parts = [f"{self.trials} case{'s' if self.trials != 1 else ''}"]
