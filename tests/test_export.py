@@ -582,3 +582,27 @@ def test_cli_scripts_a_model_whose_own_forward_branches_on_data(tmp_path, capsys
     assert code == 0 and "verified" in out and "the model itself was scripted" in out
     assert _files(tmp_path) == ["m.pt"]
     assert main(["export", f"{TRICKY}:RootBranch", "-i", "2x8", "-o", str(tmp_path / "n.pt")]) == 3  # without it
+
+
+def test_split_is_refused_before_writing_on_a_disk_without_room(tmp_path, monkeypatch, capsys):
+    import collections
+
+    import fxforge.artifacts
+
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(fxforge.artifacts.shutil, "disk_usage", lambda path: usage(2**20, 2**20 - 4096, 4096))
+    assert main(["split", "demo", "--stages", "2", "-o", str(tmp_path / "split")]) == 2
+    assert capsys.readouterr().err.startswith("error: the system refused: no room for")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_auto_is_refused_before_writing_a_candidate_on_a_disk_without_room(tmp_path, monkeypatch, capsys):
+    import collections
+
+    import fxforge.artifacts
+
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(fxforge.artifacts.shutil, "disk_usage", lambda path: usage(2**20, 2**20 - 4096, 4096))
+    code = main(["optimize", "demo", "--auto", "--quick", "-b", "eager", "-o", str(tmp_path / "auto")])
+    assert code == 2 and capsys.readouterr().err.startswith("error: the system refused: no room for")
+    assert list(tmp_path.iterdir()) == []

@@ -48,7 +48,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from fxforge.artifacts import INPUTS_FILE, MODEL_FILE, REPORT_FILE, atomic_directory, write_inputs
+from fxforge.artifacts import (
+    INPUTS_FILE,
+    MODEL_FILE,
+    REPORT_FILE,
+    atomic_directory,
+    check_free_space,
+    write_inputs,
+)
 from fxforge.bench import (
     Backend,
     BenchReport,
@@ -702,7 +709,8 @@ def _write(
             for path in artifact.directory.iterdir():
                 copy = shutil.copytree if path.is_dir() else shutil.copy
                 copy(path, staging / path.name)
-        else:  # eager: the model itself
+        else:  # eager: the model itself (torch.save aborts the process on a full disk: check first)
+            check_free_space(staging, rewritten.original)
             _save_module(rewritten.original, staging / MODEL_FILE, rewritten)
         if not (staging / INPUTS_FILE).exists():
             write_inputs(staging, rewritten.example_inputs)

@@ -46,6 +46,7 @@ from fxforge.artifacts import (
     AotiModule,
     ChannelsLastModule,
     apply_recipe,
+    check_free_space,
     load_exported,
     load_program,
     program_imports,
@@ -106,6 +107,8 @@ def write_artifact(backend: Backend, captured: Captured, directory: Path, settin
     writer = _WRITERS.get(backend.base)
     if writer is None:
         raise FxforgeError(f"backend {backend.base!r} has no artifact fxforge can write (it is timed by bench only)")
+    # out of space, torch's archive writer aborts the process: refuse first (the system's refusal, not the backend's)
+    check_free_space(directory, captured.graph_module, copies=2)
     start = time.perf_counter()
     try:
         with quiet_torch_logs():

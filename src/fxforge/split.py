@@ -52,6 +52,7 @@ from fxforge.artifacts import (
     PLAN_FILE,
     PROGRAM_FILE,
     atomic_directory,
+    check_free_space,
     check_output_directory,
     write_inputs,
 )
@@ -820,6 +821,7 @@ def split(
     candidate: nn.Module = result.chained()
     if output_dir is not None:
         with atomic_directory(output_dir, force=force) as staging:
+            check_free_space(staging, captured.graph_module, copies=2)  # the stages, and the unsplit reference
             examples = _stage_examples(graph, plan, captured)
             result.files = _write_stages(staging, plan, modules, examples)
             result.files += _write_reference(staging, captured, plan)
