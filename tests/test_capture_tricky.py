@@ -545,3 +545,22 @@ def test_a_graph_captured_again_claims_no_output_check_it_could_not_fail():
     assert "no output check: the model is already a graph (it ran on the inputs and at batch 3)" in again.record.notes
     with pytest.raises(InputSpecError):  # inputs it does not take are still an error
         capture(graph, (torch.randn(2, 9),))
+
+
+class _ReadsANumber(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale = float(x.abs().max())
+        return self.fc(x) / max(scale, 1.0)
+
+
+def test_a_number_read_from_a_tensor_is_not_called_a_branch():
+    """No branch on the line that stopped capture: it was 'data-dependent control flow', hinting torch.where."""
+    with pytest.raises(CaptureError) as info:
+        capture(_ReadsANumber(), (torch.randn(2, 4),))
+    message, hint = info.value.message, info.value.hint
+    assert "read as a Python number" in message and "control flow" not in message
+    assert "float(x.abs().max())" in message and "torch.where" not in hint

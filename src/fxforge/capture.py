@@ -871,6 +871,14 @@ def _capture_error(
             "express the branch with torch.where or torch.cond, or move it into a submodule so that "
             "fxforge can keep that submodule as a leaf (--leaf NAME)"
         )
+        code = re.search(r"`(.+)`", location or "")
+        if code and not re.search(r"\b(if|elif|while|for|assert)\b|\band\b|\bor\b|\bnot\b", code.group(1)):
+            # no branch on that line: a tensor's value read as a Python number (float(t), t.item(), int(t))
+            reasons[-1] = "a tensor's value read as a Python number (float(), int(), .item()): it depends on the data"
+            hint = (
+                "keep the value a tensor (use it in torch ops instead of float()/.item()), or move that code into a "
+                "submodule so that fxforge can keep it as a leaf (--leaf NAME)"
+            )
         if location and re.search(r"`for \w+ in \w+:`", location):
             # `for img in images:` over an input: the model may want a list of tensors (torchvision's detection
             # models do), which no positional tensor input can be
