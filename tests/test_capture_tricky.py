@@ -564,3 +564,11 @@ def test_a_number_read_from_a_tensor_is_not_called_a_branch():
     message, hint = info.value.message, info.value.hint
     assert "read as a Python number" in message and "control flow" not in message
     assert "float(x.abs().max())" in message and "torch.where" not in hint
+
+
+def test_torchs_debug_logging_advice_is_left_out_of_the_line_we_quote():
+    from fxforge.errors import first_line
+
+    message = 'Constraints violated (batch)! For more information, run with TORCH_LOGS="+dynamic".\nmore detail'
+    assert first_line(RuntimeError(message)) == "Constraints violated (batch)!"
+    assert first_line(RuntimeError("Guard failed: x.size()[0] == 2")) == "Guard failed: x.size()[0] == 2"

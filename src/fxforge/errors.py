@@ -97,7 +97,15 @@ def first_line(exc: BaseException | Warning | str) -> str:
     """The first non-blank line of an exception's (or warning's) message, without terminal colour codes, or the
     type name when it has none: torch's errors run to dozens of lines, and a user-facing message quotes one."""
     lines = [line.strip() for line in strip_ansi(str(exc)).strip().splitlines() if line.strip()]
-    return lines[0] if lines else type(exc).__name__
+    if not lines:
+        return type(exc).__name__
+    # torch's advice to rerun with its debug logging is for torch developers, not a step for fxforge's user
+    return _TORCH_LOGS_ADVICE.sub("", lines[0]).strip() or lines[0]
+
+
+_TORCH_LOGS_ADVICE = re.compile(
+    r"\s*(For more information, )?(re)?run with TORCH_LOGS=\S+( for more info(rmation)?)?\.?", re.IGNORECASE
+)
 
 
 def one_line_reason(exc: BaseException, limit: int = 300) -> str:
