@@ -685,7 +685,8 @@ class OnnxRuntimeModule(nn.Module):
             if len(fixed) != tensor.dim() or any(d is not None and d != n for d, n in zip(fixed, tensor.shape)):
                 expected = "x".join("?" if d is None else str(d) for d in fixed) or "a scalar"
                 got = "x".join(map(str, tensor.shape)) or "a scalar"
-                raise ValueError(f"the ONNX model's input {name} has shape {expected} (? any), got {got}")
+                any_size = " (? any size)" if "?" in expected else ""  # a legend only where a dimension is free
+                raise ValueError(f"the ONNX model's input {name} has shape {expected}{any_size}, got {got}")
         feeds = {name: t.detach().cpu().contiguous().numpy() for name, t in zip(self.input_names, flat)}
         results = [torch.from_numpy(array) for array in self.session.run(None, feeds)]
         leaves, spec = pytree.tree_flatten(self.output_like)
