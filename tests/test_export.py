@@ -606,3 +606,21 @@ def test_auto_is_refused_before_writing_a_candidate_on_a_disk_without_room(tmp_p
     code = main(["optimize", "demo", "--auto", "--quick", "-b", "eager", "-o", str(tmp_path / "auto")])
     assert code == 2 and capsys.readouterr().err.startswith("error: the system refused: no room for")
     assert list(tmp_path.iterdir()) == []
+
+
+class _AssertsOnData(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        torch._assert(x.sum() > -1000, "too negative")  # MARK:assert-on-data
+        return self.fc(x)
+
+
+def test_a_trace_warning_raised_inside_torch_names_the_models_line(tmp_path):
+    """torch._assert warns from torch's own `if not condition:`; the error named that line, not the model's."""
+    with pytest.raises(ExportError) as info:
+        export_model(_AssertsOnData(), "torchscript", tmp_path / "m.pt", example_inputs=(torch.randn(2, 4),))
+    assert "test_export.py" in info.value.message and "torch._assert(x.sum()" in info.value.message
+    assert "__init__.py" not in info.value.message

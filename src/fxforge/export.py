@@ -40,6 +40,7 @@ import json
 import os
 import re
 import time
+import traceback
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -69,6 +70,7 @@ from fxforge.errors import (
     FxforgeError,
     first_line,
     format_location,
+    is_user_file,
     require,
     strip_ansi,
     user_location,
@@ -646,6 +648,7 @@ def _exporting(what: str, notes: list[str], allow_trace_warnings: bool = False) 
     as notes.
     """
     sink = io.StringIO()
+    where_from: dict[int, tuple[str, int]] = {}  # id of a recorded warning -> the user's line that raised it
     try:
         with (
             warnings.catch_warnings(record=True) as caught,
@@ -656,6 +659,7 @@ def _exporting(what: str, notes: list[str], allow_trace_warnings: bool = False) 
             torch.no_grad(),
         ):
             warnings.simplefilter("always", torch.jit.TracerWarning)
+            _note_where_warnings_come_from(where_from)
             yield
     except ExportError:
         raise
@@ -668,13 +672,14 @@ def _exporting(what: str, notes: list[str], allow_trace_warnings: bool = False) 
     traced = [w for w in caught if issubclass(w.category, torch.jit.TracerWarning)]
     for warning in traced:
         first_sentence = first_line(warning.message).split(". ")[0].rstrip(".")
-        note = f"trace: {first_sentence} ({Path(warning.filename).name}:{warning.lineno})"
+        filename, lineno = where_from.get(id(warning), (warning.filename, warning.lineno))
+        note = f"trace: {first_sentence} ({Path(filename).name}:{lineno})"
         if note not in notes:
             notes.append(note)
     if traced and not allow_trace_warnings:
         warning = traced[0]
         first_sentence = first_line(warning.message).split(". ")[0].rstrip(".")
-        where = format_location(warning.filename, warning.lineno)
+        where = format_location(*where_from.get(id(warning), (warning.filename, warning.lineno)))
         raise ExportError(
             f"cannot export {what}: the trace fixed a value computed from the input at {where} ({first_sentence}); "
             "the file would compute what the example computed, for every input",
@@ -683,6 +688,30 @@ def _exporting(what: str, notes: list[str], allow_trace_warnings: bool = False) 
             construct="data-dependent value in a trace",
             location=where,
         )
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+
+
+def _note_where_warnings_come_from(where_from: dict[int, tuple[str, int]]) -> None:
+    """Inside ``catch_warnings(record=True)``: also note, per recorded warning, the innermost line of the user's
+    code on the stack. A warning names the line that called ``warnings.warn``, which for ``torch._assert`` (ViT's
+    image-size check) is torch's own ``if not condition:``, not the model's line that made the value.
+    CPython's recording hook is private: without it, warnings keep their own line."""
+    record = getattr(warnings, "_showwarnmsg_impl", None)
+    if record is None:  # pragma: no cover - every CPython fxforge supports has it
+        return
+
+    def record_with_the_users_line(message: warnings.WarningMessage) -> None:
+        stack = traceback.extract_stack()
+        # only frames the exporter called into (below its first torch frame): the model's code, not the caller's
+        entry = next((k for k, frame in enumerate(stack) if frame.filename.startswith(_TORCH_DIR)), len(stack))
+        user_frames = [frame for frame in stack[entry:] if is_user_file(frame.filename)]
+        if user_frames and not is_user_file(message.filename):
+            where_from[id(message)] = (user_frames[-1].filename, user_frames[-1].lineno or 0)
+        record(message)
+
+    warnings._showwarnmsg_impl = record_with_the_users_line  # type: ignore[attr-defined]  # restored on exit
 
 
 def _export_error(what: str, exc: BaseException) -> ExportError:
