@@ -315,8 +315,9 @@ def test_unsupported_onnx_operator_is_named_and_nothing_is_left(tmp_path):
     assert "operator fxforge_test.mystery has no translation" in info.value.message
     assert "legacy exporter fails on it too" in info.value.message
     assert _files(tmp_path) == []  # the parent directories it created are gone too
-    # torch.export and TorchScript handle a registered custom op
-    assert export_model(CustomOp(), "pt2", tmp_path / "m.pt2", example_inputs=(torch.randn(2, 4),)).ok
+    # torch.export and TorchScript handle a registered custom op; the file needs it registered to load
+    result = export_model(CustomOp(), "pt2", tmp_path / "m.pt2", example_inputs=(torch.randn(2, 4),))
+    assert result.ok and any("custom operators (fxforge_test::mystery)" in note for note in result.notes)
 
 
 def test_failed_verification_writes_nothing(tmp_path):

@@ -263,6 +263,7 @@ def export_model(
         else:
             result = _export_pt2(source, name, inputs, staged.path, dynamic_batch)
         result.export_s = time.perf_counter() - start
+        loaded: Any = None
         if verify_export:
             loaded = load_exported(staged.path, to, output_like=_example_output(reference, inputs))
             # A traced TorchScript module runs any batch size its code allows, a dynamic-batch export any batch
@@ -294,7 +295,36 @@ def export_model(
             result.size_bytes = sum(p.stat().st_size for p in staged.directory.iterdir())  # type: ignore[union-attr]
             result.files = staged.commit()
             result.path = Path(path)
+            graphs = [m for m in (source, loaded) if isinstance(m, nn.Module)]
+            custom = sorted({op for m in graphs for op in _custom_operators(m)}) if to != "onnx" else []
+            if custom:  # the file names them; a fresh process cannot load it until they exist
+                result.notes.append(
+                    f"the file calls custom operators ({', '.join(custom)}): load it after importing the code that "
+                    "registers them"
+                )
     return result
+
+
+# Operator namespaces torch itself registers: every other one is a library's or the user's custom operator.
+_TORCH_NAMESPACES = frozenset({"aten", "prims", "quantized", "quantized_decomposed", "_quantized", "higher_order"})
+
+
+def _custom_operators(module: nn.Module) -> list[str]:
+    """``namespace::name`` of the custom operators the fx graphs in ``module`` call (none for a module that is not
+    a graph: what its Python code calls is unknown before it runs)."""
+    found: set[str] = set()
+    for sub in module.modules():
+        if not isinstance(sub, fx.GraphModule):
+            continue
+        for node in sub.graph.nodes:
+            target = node.target
+            if isinstance(target, torch._ops.OpOverload):
+                target = target.overloadpacket
+            if node.op == "call_function" and isinstance(target, torch._ops.OpOverloadPacket):
+                namespace, _, name = target._qualified_op_name.partition("::")
+                if namespace not in _TORCH_NAMESPACES:
+                    found.add(f"{namespace}::{name}")
+    return sorted(found)
 
 
 def _export_source(target: Captured | nn.Module, example_inputs: Sequence[Any] | None):
