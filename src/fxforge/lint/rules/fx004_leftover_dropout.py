@@ -10,11 +10,6 @@ from fxforge.graphs import aten_packet, node_arg, node_kind, submodule, target_n
 from fxforge.lint import LintContext, rule
 
 
-def _is_dropout(gm: nn.Module, node: fx.Node) -> bool:
-    """The nodes remove_dropout looks at, by the same test as the pass (node_kind knows the in-place ATen forms)."""
-    return node_kind(gm, node) == "dropout"
-
-
 def _mode(gm: nn.Module, node: fx.Node) -> bool | None:
     """Whether the dropout node is active (True), a no-op (False) or depends on something unknown (None)."""
     if node.op == "call_module":
@@ -43,7 +38,7 @@ def check(ctx: LintContext) -> Iterator[tuple[fx.Node, str]]:
     whether the dropout is a no-op (eval mode, p=0) or active (it zeroes activations at random)."""
     gm = ctx.gm
     for node in ctx.graph.nodes:
-        if not _is_dropout(gm, node):
+        if node_kind(gm, node) != "dropout":  # the pass's own test: node_kind knows the in-place ATen forms
             continue
         active = _mode(gm, node)
         what = f"{node.name} ({target_name(node) if node.op != 'call_module' else type(submodule(gm, node)).__name__})"
