@@ -115,9 +115,8 @@ def _target(opts: CaptureOptions, scripting: bool) -> tuple[Any, Any, str | None
     """(what to export, its example inputs when it is a module, a note): the captured graph; with --script, the
     model itself where no graph can be captured -- torch.jit.script compiles Python control flow that neither
     symbolic_trace nor torch.export can capture, which is what --script is for (as export_model does)."""
-    from fxforge.api import resolve_inputs
+    from fxforge.api import example_inputs_for
     from fxforge.errors import CaptureError
-    from fxforge.inputs import make_inputs
     from fxforge.models import load_model
 
     try:
@@ -133,5 +132,5 @@ def _target(opts: CaptureOptions, scripting: bool) -> tuple[Any, Any, str | None
         model_kwargs=opts.model_kwargs(),
         trust_pickle=opts.trust_pickle or None,
     )
-    example = make_inputs(resolve_inputs(loaded, list(opts.inputs)), seed=opts.seed, device=opts.device or "cpu")
+    example = example_inputs_for(loaded, list(opts.inputs), seed=opts.seed, device=opts.device)
     return loaded.module, example, f"no graph could be captured ({reason}): the model itself was scripted"
