@@ -296,7 +296,7 @@ def export_model(
             result.files = staged.commit()
             result.path = Path(path)
             graphs = [m for m in (source, loaded) if isinstance(m, nn.Module)]
-            custom = sorted({op for m in graphs for op in _custom_operators(m)}) if to != "onnx" else []
+            custom = sorted(set().union(*(_custom_operators(m) for m in graphs))) if to != "onnx" else []
             if custom:  # the file names them; a fresh process cannot load it until they exist
                 result.notes.append(
                     f"the file calls custom operators ({', '.join(custom)}): load it after importing the code that "
@@ -309,7 +309,7 @@ def export_model(
 _TORCH_NAMESPACES = frozenset({"aten", "prims", "quantized", "quantized_decomposed", "_quantized", "higher_order"})
 
 
-def _custom_operators(module: nn.Module) -> list[str]:
+def _custom_operators(module: nn.Module) -> set[str]:
     """``namespace::name`` of the custom operators the fx graphs in ``module`` call (none for a module that is not
     a graph: what its Python code calls is unknown before it runs)."""
     found: set[str] = set()
@@ -324,7 +324,7 @@ def _custom_operators(module: nn.Module) -> list[str]:
                 namespace, _, name = target._qualified_op_name.partition("::")
                 if namespace not in _TORCH_NAMESPACES:
                     found.add(f"{namespace}::{name}")
-    return sorted(found)
+    return found
 
 
 def _export_source(target: Captured | nn.Module, example_inputs: Sequence[Any] | None):
@@ -699,17 +699,19 @@ def _exporting(what: str, notes: list[str], allow_trace_warnings: bool = False) 
         raise _export_error(what, exc) from None
     except Exception as exc:
         raise _export_error(what, exc) from None
-    traced = [w for w in caught if issubclass(w.category, torch.jit.TracerWarning)]
-    for warning in traced:
-        first_sentence = first_line(warning.message).split(". ")[0].rstrip(".")
-        filename, lineno = where_from.get(id(warning), (warning.filename, warning.lineno))
+    # (first sentence, file, line) of each trace warning, at the user's line where one was found
+    traced = [
+        (first_line(w.message).split(". ")[0].rstrip("."), *where_from.get(id(w), (w.filename, w.lineno)))
+        for w in caught
+        if issubclass(w.category, torch.jit.TracerWarning)
+    ]
+    for first_sentence, filename, lineno in traced:
         note = f"trace: {first_sentence} ({Path(filename).name}:{lineno})"
         if note not in notes:
             notes.append(note)
     if traced and not allow_trace_warnings:
-        warning = traced[0]
-        first_sentence = first_line(warning.message).split(". ")[0].rstrip(".")
-        where = format_location(*where_from.get(id(warning), (warning.filename, warning.lineno)))
+        first_sentence, filename, lineno = traced[0]
+        where = format_location(filename, lineno)
         raise ExportError(
             f"cannot export {what}: the trace fixed a value computed from the input at {where} ({first_sentence}); "
             "the file would compute what the example computed, for every input",
