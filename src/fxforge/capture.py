@@ -872,7 +872,7 @@ def _capture_error(
             "fxforge can keep that submodule as a leaf (--leaf NAME)"
         )
         code = re.search(r"`(.+)`", location or "")
-        if code and not re.search(r"\b(if|elif|while|for|assert)\b|\band\b|\bor\b|\bnot\b", code.group(1)):
+        if code and not re.search(r"\b(if|elif|while|for|assert|and|or|not)\b", code.group(1)):
             # no branch on that line: a tensor's value read as a Python number (float(t), t.item(), int(t))
             reasons[-1] = "a tensor's value read as a Python number (float(), int(), .item()): it depends on the data"
             hint = (
