@@ -255,3 +255,33 @@ def test_float_functional_is_not_counted_as_int8():
 
     assert module_quant_kind(FloatFunctional()) is None  # the float stand-in eager-mode models hold
     assert module_quant_kind(QFunctional()) == "int8"
+
+
+# --------------------------------------------------------------------------------------------------
+# the same findings on real architectures
+
+
+def test_a_torchvision_int8_output_is_refused_as_already_quantized(tmp_path, capsys):
+    """resnet18 quantized once, then given back to quantize: torch failed deep in aten::aminmax."""
+    out = tmp_path / "r18"
+    assert main(["quantize", "torchvision:resnet18", "-i", "1x3x32x32", "--calib", "random:2", "-o", str(out)]) == 0
+    capsys.readouterr()
+    code, _, err = _cli(capsys, "quantize", str(out), "--trust-pickle", "-i", "1x3x32x32", "--calib", "random:2")
+    assert code == EXIT_USAGE and "already quantized" in _one_error(err) and "aminmax" not in err
+
+
+def test_a_transformers_models_ids_and_mask_saved_as_one_tuple_are_refused(tmp_path):
+    """(input_ids, attention_mask) for a 2-input BertModel was read as two batches: the mask fed as token ids."""
+    pytest.importorskip("transformers")
+    config = dict(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, intermediate_size=64, vocab_size=100)
+    loaded = fxforge.load_model("transformers:BertModel", model_kwargs=config)
+    ids, mask = torch.randint(0, 100, (40, 16)), torch.ones(40, 16, dtype=torch.int64)
+    torch.save((ids, mask), tmp_path / "ids_mask.pt")
+    example = (ids[:1], mask[:1])
+    with pytest.raises(InputSpecError, match=r"neither \(inputs\.\.\., labels\)"):
+        load_calibration(str(tmp_path / "ids_mask.pt"), example, kind="eval")
+    batches = list(zip(ids.split(8), mask.split(8)))  # the format the message suggests reads as meant
+    torch.save(batches, tmp_path / "batches.pt")
+    data = load_calibration(str(tmp_path / "batches.pt"), example, kind="eval")
+    assert data.samples == 40 and len(data.batches) == 5
+    assert loaded.module(*data.batches[0]).last_hidden_state.shape == (8, 16, 32)
