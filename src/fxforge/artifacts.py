@@ -518,13 +518,19 @@ def _align(nodes: list[fx.Node], names: list[str], stems: dict[str, str]) -> lis
 
 
 def load_exported(
-    path: str | Path, format: str | None = None, *, output_like: Any = None, threads: int | None = None
+    path: str | Path,
+    format: str | None = None,
+    *,
+    output_like: Any = None,
+    threads: int | None = None,
+    device: str | torch.device = "cpu",
 ) -> nn.Module:
     """Load a file written by :func:`export_model` as a callable module.
 
     ``format`` defaults to the one the suffix names (.pt TorchScript, .onnx, .pt2). TorchScript files
-    flagged at export get ``optimize_for_inference`` re-applied (see the module docstring); ONNX
-    files run in ONNX Runtime (:class:`OnnxRuntimeModule`); ``.pt2`` programs as ``.module()``.
+    flagged at export get ``optimize_for_inference`` re-applied (see the module docstring) and are loaded onto
+    ``device``; ONNX files run in ONNX Runtime on the CPU (:class:`OnnxRuntimeModule`, which gives its outputs back
+    on its inputs' device); ``.pt2`` programs as ``.module()``, on the device they were exported on.
     """
     path = Path(path)
     format = format or next((f for f, suffix in SUFFIXES.items() if path.suffix == suffix), None)
@@ -533,18 +539,18 @@ def load_exported(
     if not path.is_file():
         raise ModelSpecError(f"file not found: {path}")
     try:
-        return _load_exported(path, format, output_like, threads)
+        return _load_exported(path, format, output_like, threads, torch.device(device))
     except FxforgeError:
         raise
     except Exception as exc:  # each runtime raises its own error types for a damaged file
         raise ModelSpecError(f"cannot read {path}: {first_line(exc)}", hint="is the file corrupt?") from None
 
 
-def _load_exported(path: Path, format: str, output_like: Any, threads: int | None) -> nn.Module:
+def _load_exported(path: Path, format: str, output_like: Any, threads: int | None, device: torch.device) -> nn.Module:
     with quiet_torch_logs():
         if format == "torchscript":
             extra = {METADATA_FILE: ""}
-            module = torch.jit.load(str(path), map_location="cpu", _extra_files=extra)
+            module = torch.jit.load(str(path), map_location=device, _extra_files=extra)
             metadata = json.loads(extra[METADATA_FILE] or "{}")
             if metadata.get("optimize_at_load"):
                 module = torch.jit.optimize_for_inference(module)
@@ -688,7 +694,9 @@ class OnnxRuntimeModule(nn.Module):
                 any_size = " (? any size)" if "?" in expected else ""  # a legend only where a dimension is free
                 raise ValueError(f"the ONNX model's input {name} has shape {expected}{any_size}, got {got}")
         feeds = {name: t.detach().cpu().contiguous().numpy() for name, t in zip(self.input_names, flat)}
-        results = [torch.from_numpy(array) for array in self.session.run(None, feeds)]
+        # ONNX Runtime runs on the CPU here; the outputs go back where the inputs came from, like a module's
+        device = flat[0].device if flat else torch.device("cpu")
+        results = [torch.from_numpy(array).to(device) for array in self.session.run(None, feeds)]
         leaves, spec = pytree.tree_flatten(self.output_like)
         if self.output_like is None or sum(isinstance(v, torch.Tensor) for v in leaves) != len(results):
             return results[0] if len(results) == 1 else tuple(results)  # not this structure: flat, as the file says

@@ -65,6 +65,7 @@ from fxforge.bench import (
     build_backend,
     build_failure,
     get_backend,
+    model_device,
     set_speedups,
 )
 from fxforge.capture import Captured, require_real_weights
@@ -331,7 +332,7 @@ def candidate_backends(
             # bf16 only where the CPU runs it natively (see below); int8 everywhere (fbgemm/oneDNN on AVX2 too)
             names += ["int8", "ort_int8"] if quick and not native_bf16() else list(REDUCED_BACKENDS)
         # never offer a path this machine cannot run fast (bf16 without AVX512-BF16/AMX: emulated, slower than fp32)
-        names = [name for name in names if get_backend(str(name)).unsupported_here() is None]
+        names = [name for name in names if _runs_fast(get_backend(str(name)), model_device(captured))]
     else:
         names = list(backends)
         if "eager" not in [b if isinstance(b, str) else b.name for b in names]:
@@ -346,6 +347,16 @@ def candidate_backends(
                 "(e.g. 0.01)",
             )
     return chosen
+
+
+def _runs_fast(backend: Backend, device: torch.device) -> bool:
+    """Whether ``backend`` runs a model on ``device`` fast: on the CPU, what the CPU runs natively; on a GPU, what
+    runs on the GPU (not ONNX Runtime's CPU provider or x86 int8), bf16 where the GPU computes it natively."""
+    if device.type == "cpu":
+        return backend.unsupported_here() is None
+    if backend.cpu_only:
+        return False
+    return backend.precision != "bf16" or (device.type == "cuda" and torch.cuda.is_bf16_supported())
 
 
 def _apply_exact_passes(captured: Captured, budget: Budget):

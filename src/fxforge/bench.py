@@ -74,7 +74,15 @@ from fxforge.quantize import DEFAULT_RANDOM_BATCHES, int8_backend, load_calibrat
 from fxforge.quantize.ort import quantize_onnx
 from fxforge.references import as_names
 from fxforge.registry import Registry
-from fxforge.runtime import holds_tensor, preserved_state, quiet_torch_logs, run_reference, torch_threads
+from fxforge.runtime import (
+    device_of,
+    holds_tensor,
+    preserved_state,
+    quiet_torch_logs,
+    run_reference,
+    torch_threads,
+    wait_for_device,
+)
 from fxforge.visual import notebook
 
 try:
@@ -116,6 +124,7 @@ class Backend:
     variants: Mapping[str, str] = field(default_factory=dict)
     precision: str = "fp32"  # the arithmetic it runs (fp32, bf16, int8): whose measured peak it is held to
     selected: tuple[str, ...] = ()
+    cpu_only: bool = False  # runs on the CPU whatever device the model is on (ONNX Runtime's CPU provider, x86 int8)
 
     @property
     def base(self) -> str:
@@ -150,17 +159,19 @@ def register_backend(
     unsupported: Callable[[], str | None] | None = None,
     variants: Mapping[str, str] | None = None,
     precision: str = "fp32",
+    cpu_only: bool = False,
 ) -> Callable[[Callable[[Captured, BuildSettings], Runner]], Any]:
     """Register a backend builder under ``name`` (``bench`` and ``optimize --auto`` share the registry).
 
     ``unsupported()`` says why this machine cannot run the backend fast (None when it can): such a backend is
     left out of the default set of ``bench`` and ``--auto`` (named explicitly, it still runs). ``variants``:
     options the builder reads from ``settings.variants``, asked for as ``name+variant[+variant]``.
-    ``precision``: fp32, bf16 or int8, the peak its GFLOP/s are compared with.
+    ``precision``: fp32, bf16 or int8, the peak its GFLOP/s are compared with. ``cpu_only``: it runs on the CPU
+    even for a model on a GPU (left out of the default set there, a row with the reason when named).
     """
 
     def decorate(build: Callable[[Captured, BuildSettings], Runner]) -> Callable[[Captured, BuildSettings], Runner]:
-        backend = Backend(name, summary, build, unsupported, dict(variants or {}), precision)
+        backend = Backend(name, summary, build, unsupported, dict(variants or {}), precision, cpu_only=cpu_only)
         BACKENDS.register(name, backend, same=lambda old, new: old.build is new.build, module=build.__module__)
         return build
 
@@ -262,10 +273,10 @@ def _torchscript(captured: Captured, settings: BuildSettings) -> Runner:
         onednn_fusion="onednn" in settings.variants,
     )
     settings.notes.extend(result.notes)
-    return load_exported(path, "torchscript")
+    return load_exported(path, "torchscript", device=model_device(captured))
 
 
-@register_backend("onnxruntime", "fxforge export --to onnx, run by ONNX Runtime (CPU)")
+@register_backend("onnxruntime", "fxforge export --to onnx, run by ONNX Runtime (CPU)", cpu_only=True)
 def _onnxruntime(captured: Captured, settings: BuildSettings) -> Runner:
     path = settings.workdir / ONNX_FILE
     result = export_model(captured, "onnx", path, verify_export=False, force=True)
@@ -324,6 +335,7 @@ def int8_options(settings: BuildSettings, variants: Iterable[str], notes: list[s
     "int8",
     "fxforge.quantize int8 (static for traced graphs, dynamic for exported ones)",
     precision="int8",
+    cpu_only=True,
     variants={
         "fallback": "the units that cost most accuracy kept in float until an accuracy target holds on the "
         f"calibration data (quantize --keep-float-until; default {INT8_FALLBACK_TARGET})"
@@ -338,6 +350,7 @@ def _int8(captured: Captured, settings: BuildSettings) -> Runner:
     "fxforge export --to onnx (dynamic batch), quantized by ONNX Runtime (static QDQ int8, per-channel weights, "
     "calibrated), run by ONNX Runtime (CPU)",
     precision="int8",
+    cpu_only=True,
 )
 def _ort_int8(captured: Captured, settings: BuildSettings) -> Runner:
     path = settings.workdir / ONNX_FILE
@@ -367,6 +380,11 @@ def _random_batches(captured: Captured, batch: int) -> list[tuple[Any, ...]]:
     return [make_inputs(specs, seed=i, batch=batch) for i in range(DEFAULT_RANDOM_BATCHES)]
 
 
+def model_device(captured: Captured) -> torch.device:
+    """The device ``captured`` runs on: its example inputs' (else its weights')."""
+    return device_of(captured.example_inputs, captured.original)
+
+
 def _no_native_bf16() -> str | None:
     # every backend runs the model on the CPU: a GPU with bf16 beside it does not make these fast
     reason = bf16_unavailable()
@@ -390,7 +408,7 @@ def _bf16(captured: Captured, settings: BuildSettings) -> Runner:
     precision="bf16",
 )
 def _autocast(captured: Captured, settings: BuildSettings) -> Runner:
-    return AutocastModule(captured.graph_module, settings.output_like)
+    return AutocastModule(captured.graph_module, settings.output_like, device=model_device(captured).type)
 
 
 def bfloat16_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], output_like: Any) -> fx.GraphModule:
@@ -635,7 +653,10 @@ def bench(
             hint="pass it positionally (--input), or fix it with --concrete when it is a constant",
         )
     backends, passes = as_names(backends), as_names(passes)
+    device = model_device(captured)
     chosen = [b if isinstance(b, Backend) else get_backend(b) for b in (backends or default_backends())]
+    if not backends and device.type != "cpu":  # the CPU runtimes would time the CPU, not the model's device
+        chosen = [b for b in chosen if not b.cpu_only]
     if passes is not None:
         # an unknown pass is the caller's mistake (exit 2), not a row that failed to build -- nor, without the
         # fx backend, nothing at all
@@ -653,11 +674,15 @@ def bench(
         tempfile.TemporaryDirectory(prefix="fxforge-bench-") as workdir,
         preserved_state(captured.original, captured.graph_module),
     ):
-        measured = cached_peak(threads) if peak else None
+        # the measured peak is the CPU's: a model on a GPU gets no fraction of it
+        measured = cached_peak(threads) if peak and device.type == "cpu" else None
         plan = _Plan(seed, threads, warmup, repeats, passes, Path(workdir), counter, measured)
         for batch in batches:
             rows += _bench_batch(captured, chosen, batch, plan)
         machine = describe(measured)
+        if device.type == "cuda":
+            gpu = torch.cuda.get_device_name(device)
+            machine += f"; the model runs on {device} ({gpu}), each call timed to the end of its kernels"
     memory = MEMORY_METHOD if ResidentPeak.available() else "not measured (needs Linux /proc)"
     inputs = [str(s) for s in specs_of(captured.example_inputs)]
     return BenchReport(rows, threads, warmup, repeats, inputs, memory, machine, measured)
@@ -716,8 +741,13 @@ def _bench_batch(captured: Captured, chosen: Sequence[Backend], batch: int, plan
     expected = run_reference(resized.original, inputs, resized.example_kwargs)
     rows = {backend.name: BenchRow(backend.name, batch, precision=backend.precision) for backend in chosen}
     runners: dict[str, Runner] = {}
+    device = model_device(resized)
     for backend in chosen:
         row = rows[backend.name]
+        if backend.cpu_only and device.type != "cpu":
+            row.error = f"runs on the CPU only; the model is on {device} (bench a CPU copy of it: model.cpu())"
+            plan.counter.step(f"skipped {backend.name} (batch {batch})")
+            continue
         settings = BuildSettings(plan.threads, plan.workdir / f"{backend.name}-{batch}", expected, plan.passes)
         runner, row.error, row.build_s = build_backend(backend, resized, settings)
         row.notes = settings.notes
@@ -781,6 +811,7 @@ def _warm_up(runner: Runner, inputs: tuple[Any, ...], warmup: int, row: BenchRow
         output = runner(*inputs)
         for _ in range(warmup - 1):
             runner(*inputs)
+        wait_for_device(inputs)
     row.peak_mem_mib = peak.mib
     comparison = compare_outputs(expected, output)
     row.max_abs_err = comparison.max_abs_err
@@ -835,9 +866,11 @@ def _timed_rounds(
                 try:
                     for _ in range(SETTLE_CALLS):
                         runner(*inputs)
+                    wait_for_device(inputs)
                     faults_before = _page_faults()
                     start = time.perf_counter()
                     runner(*inputs)
+                    wait_for_device(inputs)  # a GPU call returns when its kernels are queued, not done
                     samples[name].append(time.perf_counter() - start)
                     faults[name].append(_page_faults() - faults_before)
                 except Exception as exc:

@@ -60,6 +60,7 @@ from fxforge.runtime import (
     buffers_snapshot,
     changed_buffers,
     cloned,
+    device_of,
     export_program,
     preserved_state,
     quiet_torch_logs,
@@ -712,7 +713,8 @@ def has_shapes(gm: fx.GraphModule) -> bool:
 def at_batch(captured: Captured, batch: int, seed: int = 0) -> Captured:
     """``captured`` with seeded example inputs of ``batch`` rows; an ATen graph is exported again (torch.export
     fixes the batch size of the program it writes)."""
-    inputs = make_inputs(specs_of(captured.example_inputs), seed=seed, batch=batch)
+    where = device_of(captured.example_inputs, captured.original)
+    inputs = make_inputs(specs_of(captured.example_inputs), seed=seed, device=where, batch=batch)
     example_batch = captured.example_inputs[0].shape[0] if captured.example_inputs[0].dim() else None
     if captured.dialect == ATEN and batch != example_batch:
         return capture(captured.original, inputs, example_kwargs=captured.example_kwargs, method="export", check=False)

@@ -53,7 +53,7 @@ from fxforge.compare import compare_outputs
 from fxforge.errors import EXIT_FINDINGS, FxforgeError, InputSpecError, ModelSpecError, first_line, one_line_reason
 from fxforge.inputs import InputSpec, make_inputs, parse_input_spec
 from fxforge.models import pickle_trusted
-from fxforge.runtime import quiet_torch_logs
+from fxforge.runtime import quiet_torch_logs, use_ieee_float32
 from fxforge.split import SplitPlan, load_plan, load_reference, load_stage, missing_reference_reason
 
 SCHEDULES = ("gpipe", "1f1b")
@@ -234,16 +234,10 @@ def _backend_and_device(device: str, local_rank: int, local_world: int) -> tuple
 
 
 def full_fp32_on_gpu() -> None:
-    """Make float32 convolutions and matmuls on CUDA compute in float32, not TF32 (cuDNN's default for convs on
-    Ampere and later): the pipeline's outputs are checked against the model with float32 tolerances, and a TF32
-    resnet18 stage missed them by 100x (max abs error 1.4e-3, measured on an H200)."""
-    conv = getattr(getattr(torch.backends.cudnn, "conv", None), "fp32_precision", None)
-    if conv is not None:  # newer torch (2.11 and 2.14 have it): the per-backend precision settings
-        torch.backends.cudnn.conv.fp32_precision = "ieee"
-        torch.backends.cuda.matmul.fp32_precision = "ieee"
-    else:
-        torch.backends.cudnn.allow_tf32 = False
-        torch.backends.cuda.matmul.allow_tf32 = False
+    """Make float32 convolutions and matmuls on CUDA compute in float32, not TF32, for this stage process: the
+    pipeline's outputs are checked against the model with float32 tolerances, and a TF32 resnet18 stage missed
+    them by 100x (max abs error 1.4e-3, measured on an H200)."""
+    use_ieee_float32()
 
 
 def _run_options(

@@ -79,6 +79,7 @@ from fxforge.graphs import ATEN, without_input_guards
 from fxforge.inputs import specs_of
 from fxforge.runtime import (
     cloned,
+    device_of,
     export_program,
     holds_tensor,
     native_output_silenced,
@@ -265,7 +266,9 @@ def export_model(
         result.export_s = time.perf_counter() - start
         loaded: Any = None
         if verify_export:
-            loaded = load_exported(staged.path, to, output_like=_example_output(reference, inputs))
+            loaded = load_exported(
+                staged.path, to, output_like=_example_output(reference, inputs), device=device_of(inputs, reference)
+            )
             # A traced TorchScript module runs any batch size its code allows, a dynamic-batch export any batch
             # size: prove that; a static ONNX/pt2 file takes the example's batch only.
             any_batch = to == "torchscript" or dynamic_batch

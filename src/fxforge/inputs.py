@@ -61,15 +61,20 @@ class InputSpec:
         return InputSpec((batch, *self.shape[1:]), self.dtype)
 
     def make(self, generator: torch.Generator | None = None, device: torch.device | str = "cpu") -> torch.Tensor:
-        """A random tensor of this spec: N(0, 1) for floats, integers in [0, INT_HIGH) otherwise."""
+        """A random tensor of this spec: N(0, 1) for floats, integers in [0, INT_HIGH) otherwise.
+
+        Drawn on the CPU and then moved to ``device``, so that a seed gives the same values on every device.
+        """
         device = torch.device(device)
         if device.type == "meta":
             return torch.empty(self.shape, dtype=self.dtype, device=device)
         if self.dtype.is_floating_point:
-            return torch.randn(self.shape, generator=generator).to(self.dtype)
-        if self.dtype == torch.bool:
-            return torch.randint(0, 2, self.shape, generator=generator).bool()
-        return torch.randint(0, INT_HIGH, self.shape, generator=generator).to(self.dtype)
+            drawn = torch.randn(self.shape, generator=generator).to(self.dtype)
+        elif self.dtype == torch.bool:
+            drawn = torch.randint(0, 2, self.shape, generator=generator).bool()
+        else:
+            drawn = torch.randint(0, INT_HIGH, self.shape, generator=generator).to(self.dtype)
+        return drawn.to(device)
 
 
 def parse_input_spec(text: str) -> InputSpec:
@@ -209,7 +214,8 @@ def draw_like(example: Any, distribution: str, seed: int, batch: int | None) -> 
     """A pytree shaped like ``example`` (args or kwargs), every tensor redrawn from ``distribution``.
 
     Tensors of one or more dimensions get ``batch`` rows when it is given; non-tensor leaves are kept.
-    Booleans are random; integers stay within the example tensor's range.
+    Booleans are random; integers stay within the example tensor's range. Each tensor is drawn on the CPU (the
+    same values for a seed on every device) and lands on its example's device.
     """
     from torch.utils import _pytree as pytree
 
@@ -218,6 +224,9 @@ def draw_like(example: Any, distribution: str, seed: int, batch: int | None) -> 
     def redraw(value: Any) -> Any:
         if not isinstance(value, torch.Tensor) or value.device.type == "meta":
             return value
+        return drawn(value).to(value.device)
+
+    def drawn(value: torch.Tensor) -> torch.Tensor:
         shape = tuple(value.shape)
         if batch is not None and shape:
             shape = (batch, *shape[1:])

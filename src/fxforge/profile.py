@@ -48,7 +48,14 @@ from fxforge.graphs import is_input_guard
 from fxforge.inputs import specs_of
 from fxforge.inspect import inspect_graph
 from fxforge.machine import Peak, cached_peak
-from fxforge.runtime import cloned, native_output_silenced, preserved_state, quiet_torch_logs, torch_threads
+from fxforge.runtime import (
+    cloned,
+    device_of,
+    native_output_silenced,
+    preserved_state,
+    quiet_torch_logs,
+    torch_threads,
+)
 
 BACKENDS = ("fx", "eager")
 _NODE = "fxnode::"
@@ -177,6 +184,14 @@ def profile_model(
     if batch is not None and batch < 1:
         raise FxforgeError("--batch must be at least 1")
     require_real_weights(captured, "profile")
+    device = device_of((captured.example_inputs, captured.example_kwargs), captured.original)
+    if device.type != "cpu":
+        # its clocks stop when a GPU's kernels are queued, not done, and its peak and memory are the CPU's
+        raise FxforgeError(
+            f"profile times models on the CPU, and this model is on {device}",
+            hint="profile a CPU copy (model.cpu()), or use torch.profiler with ProfilerActivity.CUDA on the GPU; "
+            "fxforge.bench times GPU models",
+        )
     if not captured.example_inputs and not captured.example_kwargs:
         raise FxforgeError("profile needs example inputs", hint="pass --input, e.g. --input 1x3x224x224")
     if trace is not None:

@@ -422,3 +422,63 @@ def torch_threads(count: int | None) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(previous)
+
+
+def device_of(values: Any, module: nn.Module | None = None) -> torch.device:
+    """Where a model runs: the device of the first tensor in ``values`` (a pytree of inputs), else of ``module``'s
+    first parameter or buffer, else the CPU. Inputs fxforge draws for a model go to this device."""
+    for leaf in pytree.tree_leaves(values):
+        if isinstance(leaf, torch.Tensor):
+            return leaf.device
+    if module is not None:
+        for tensor in (*module.parameters(), *module.buffers()):
+            return tensor.device
+    return torch.device("cpu")
+
+
+def use_ieee_float32() -> tuple[Any, ...]:
+    """Make float32 convolutions and matmuls on CUDA compute in float32, not TF32, and return the settings before.
+
+    cuDNN computes float32 convolutions in TF32 by default on Ampere and later GPUs, which moves a resnet18's
+    outputs by ~1e-3 relative (measured on an H100): 10x float32's tolerance, so an exact rewrite such as
+    BatchNorm folding would fail verification there. Verification runs both sides in IEEE float32.
+    """
+    cudnn_conv = getattr(torch.backends.cudnn, "conv", None)
+    if getattr(cudnn_conv, "fp32_precision", None) is not None:  # torch 2.9+: per-backend precision settings
+        previous: tuple[Any, ...] = ("precision", cudnn_conv.fp32_precision, torch.backends.cuda.matmul.fp32_precision)
+        cudnn_conv.fp32_precision = "ieee"
+        torch.backends.cuda.matmul.fp32_precision = "ieee"
+    else:
+        previous = ("allow_tf32", torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
+    return previous
+
+
+def _restore_float32(previous: tuple[Any, ...]) -> None:
+    kind, conv, matmul = previous
+    if kind == "precision":
+        torch.backends.cudnn.conv.fp32_precision = conv
+        torch.backends.cuda.matmul.fp32_precision = matmul
+    else:
+        torch.backends.cudnn.allow_tf32 = conv
+        torch.backends.cuda.matmul.allow_tf32 = matmul
+
+
+@contextlib.contextmanager
+def ieee_float32() -> Iterator[None]:
+    """Run the block with float32 computed as float32 on CUDA (:func:`use_ieee_float32`), then restore."""
+    previous = use_ieee_float32()
+    try:
+        yield
+    finally:
+        _restore_float32(previous)
+
+
+def wait_for_device(values: Any) -> None:
+    """Wait until the GPU that ``values`` (a pytree of inputs) live on has finished its queued work: a call on
+    CUDA returns when its kernels are queued, so a timer must wait for them. Nothing to wait for on the CPU."""
+    for leaf in pytree.tree_leaves(values):
+        if isinstance(leaf, torch.Tensor) and leaf.device.type == "cuda":
+            torch.cuda.synchronize(leaf.device)
+            return

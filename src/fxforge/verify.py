@@ -58,7 +58,7 @@ from fxforge.errors import FxforgeError, InputSpecError, one_line_reason
 from fxforge.graphs import ATEN, TORCH, dialect_of, target_name
 from fxforge.inputs import Case, case_plan, draw_like, make_inputs
 from fxforge.models import load_model
-from fxforge.runtime import cloned, preserved_state, quiet_torch_logs, run_isolated
+from fxforge.runtime import cloned, device_of, ieee_float32, preserved_state, quiet_torch_logs, run_isolated
 from fxforge.vocabulary import ORIGIN, PASS
 
 __all__ = [
@@ -279,13 +279,15 @@ def reference_output(module: Any, args: tuple, kwargs: dict) -> Any:
 
 
 def _template(
-    captured: Captured | None, example: Any, input_specs: Sequence[Any] | None, seed: int
+    captured: Captured | None, example: Any, input_specs: Sequence[Any] | None, seed: int, module: Any = None
 ) -> tuple[tuple, dict]:
-    """The inputs the cases are shaped like: ``example``, else ``input_specs``, else the Captured's examples."""
+    """The inputs the cases are shaped like: ``example``, else ``input_specs`` (on ``module``'s device), else the
+    Captured's examples."""
     if example is not None:
         return tuple(example[0]), dict(example[1])
     if input_specs is not None:
-        return make_inputs(list(input_specs), seed=seed), {}
+        where = device_of((), module) if isinstance(module, nn.Module) else torch.device("cpu")
+        return make_inputs(list(input_specs), seed=seed, device=where), {}
     if captured is not None:
         return captured.example_inputs, dict(captured.example_kwargs)
     raise InputSpecError("verify needs inputs or input shapes", hint="pass --input, e.g. --input 1x3x224x224")
@@ -310,6 +312,7 @@ class Verifier:
     (the candidate takes it): then it is compared with the model, and only a mismatch there cannot be bisected.
     """
 
+    @ieee_float32()  # the reference's outputs in float32, not TF32 (see runtime.use_ieee_float32)
     def __init__(
         self,
         reference: Any,
@@ -346,7 +349,7 @@ class Verifier:
             self.batch_sizes: list[int] = []
             self.example_batch: int | None = None
         else:
-            template = _template(self.captured, example, input_specs, seed)
+            template = _template(self.captured, example, input_specs, seed, self.module)
             if _on_meta(template, self.module):
                 raise FxforgeError("cannot verify on the meta device: there are no values to compare")
             self.example_batch = _example_batch(template)
@@ -479,6 +482,7 @@ class Verifier:
 
     # -- the candidate side
 
+    @ieee_float32()
     def check(
         self,
         candidate: Any,
@@ -805,7 +809,7 @@ def verify(
         candidate, candidate_may_fix_batch = load_model(str(candidate)).module, True
     captured = reference if isinstance(reference, Captured) else None
     if inputs is None and batch_sizes is None and (candidate_may_fix_batch or captured is not None):
-        args, _ = _template(captured, example, input_specs, seed)
+        args, _ = _template(captured, example, input_specs, seed, reference)
         taken, why_not = batches_a_candidate_takes(candidate, args, seed)
         if taken is None:
             # it takes another batch size: compare it there with the model, even where the reference's captured

@@ -37,7 +37,7 @@ from fxforge.quantize.result import IN_SAMPLE, LayerSensitivity, QuantizeResult
 from fxforge.quantize.saving import write_output
 from fxforge.quantize.units import MODULE, Unit, find_units, keep_in_float
 from fxforge.references import as_names
-from fxforge.runtime import describe_inputs, quiet_quantization_notices
+from fxforge.runtime import describe_inputs, device_of, quiet_quantization_notices
 from fxforge.vocabulary import quant_kind
 
 MODES = ("static", "dynamic", "qat-prepare")
@@ -436,6 +436,7 @@ def quantize(
     captured = _as_captured(target, example_inputs, calibration)
     require_real_weights(captured, "quantize")
     _refuse_quantized(captured)
+    _refuse_off_cpu(captured, mode)
     plan = _plan(captured, mode, backend)
     float_layers = as_names(float_layers)
     float_units = _checked_float_units(plan, float_layers)
@@ -534,6 +535,17 @@ def quantize(
             why += f"; these ops are still int8: {', '.join(int8_ops)} (--float-layer NAME keeps one in float)"
         result.warnings.append(f"no layer was quantized: {why}")
     return _finish(result, captured, output_dir, force, spec)
+
+
+def _refuse_off_cpu(captured: Captured, mode: str) -> None:
+    """int8 models run on CPU kernels only (fbgemm/oneDNN, QNNPACK): quantizing a GPU model would calibrate it
+    there and hand back a model that cannot run where it came from. QAT preparation trains on any device."""
+    device = device_of(captured.example_inputs, captured.original)
+    if mode != "qat-prepare" and device.type != "cpu":
+        raise FxforgeError(
+            f"int8 models run on the CPU, and this model is on {device}",
+            hint="quantize a CPU copy of it (model.cpu(), inputs too); --mode qat-prepare trains on any device",
+        )
 
 
 def _refuse_quantized(captured: Captured) -> None:
