@@ -3,6 +3,7 @@ ignored are refused, and no impossible verdict or percentage."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -133,3 +134,11 @@ def test_the_peak_takes_about_the_seconds_asked_for(monkeypatch):
 def test_the_machine_line_counts_one_cpu_in_the_singular(monkeypatch):
     monkeypatch.setattr(machine, "cpu_info", lambda: machine.CpuInfo("a CPU", ["avx2"], 1, "AVX2"))
     assert "a CPU; 1 CPU, torch threads" in machine.describe()
+
+
+def test_backends_that_run_on_the_cpu_whatever_the_model_say_so(capsys):
+    """For a model on a GPU, bench leaves these out of its default set (they would time the CPU)."""
+    code, out, _ = run(capsys, "bench", "--list-backends", "--json")
+    listed = {b["name"]: b["cpu_only"] for b in json.loads(out)["backends"]}
+    assert code == EXIT_OK
+    assert {name for name, cpu_only in listed.items() if cpu_only} == {"onnxruntime", "int8", "ort_int8"}

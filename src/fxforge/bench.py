@@ -145,6 +145,7 @@ class Backend:
             "origin": self.origin,
             "variants": dict(self.variants),
             "precision": self.precision,
+            "cpu_only": self.cpu_only,
             "unsupported_here": self.unsupported_here(),
         }
 
