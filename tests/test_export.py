@@ -625,3 +625,27 @@ def test_a_trace_warning_raised_inside_torch_names_the_models_line(tmp_path):
         export_model(_AssertsOnData(), "torchscript", tmp_path / "m.pt", example_inputs=(torch.randn(2, 4),))
     assert "test_export.py" in info.value.message and "torch._assert(x.sum()" in info.value.message
     assert "__init__.py" not in info.value.message
+
+
+class _ChecksItsImageSize(nn.Module):
+    """torchvision's ViT checks its input size with torch._assert in forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 4)
+
+    def forward(self, x):
+        torch._assert(x.shape[1] == 8, "Wrong width!")  # the line the error must name
+        return self.linear(x)
+
+
+def test_a_trace_warning_in_a_captured_graph_names_the_models_line(tmp_path):
+    """The trace runs the captured graph's generated code, so the warning's line was torch's `if not condition:` in
+    torch._assert (seen on torchvision's ViT); the node's recorded stack trace gives the model's line."""
+    captured = capture(_ChecksItsImageSize().eval(), (torch.randn(2, 8),), method="symbolic_trace")
+    assert captured.dialect == "torch"
+    with pytest.raises(ExportError) as info:
+        export_model(captured, "torchscript", tmp_path / "m.pt")
+    line = next(n for n, text in enumerate(Path(__file__).read_text().splitlines(), 1) if "the line the error" in text)
+    assert f"test_export.py:{line} `torch._assert(x.shape[1] == 8" in info.value.message, info.value.message
+    assert "torch/__init__.py" not in info.value.message

@@ -150,6 +150,36 @@ def format_location(filename: str, lineno: int) -> str:
     return f"{filename}:{lineno} `{source}`" if source else f"{filename}:{lineno}"
 
 
+# The file name torch.fx gives a GraphModule's generated code ("<eval_with_key>.3 from model.py:12 in forward")
+_GENERATED_CODE = "<eval_with_key>"
+_RECORDED_FRAME = re.compile(r'File "([^"]+)", line (\d+), in \S+\n\s*(.*)')
+
+
+def recorded_user_frame(stack_trace: str) -> tuple[str, int] | None:
+    """(file, line) of the innermost frame of the user's code in a stack trace recorded on a node
+    (``node.meta["stack_trace"]``: torch.export records one, and fxforge's symbolic tracing does)."""
+    frames = [(file, int(line)) for file, line, _ in _RECORDED_FRAME.findall(stack_trace) if is_user_file(file)]
+    return frames[-1] if frames else None
+
+
+def graph_frame_source(frame: types.FrameType, lineno: int) -> tuple[str, int] | None:
+    """For a frame running a GraphModule's generated code at ``lineno``: the user's line that made the node that
+    line computes, from the node's recorded stack trace (None for other frames, or where none was recorded).
+
+    A captured graph's code is generated, so a warning or an error raised while it runs names a line of
+    ``<eval_with_key>``, or torch's line below it; the node it computes knows which line of the model it came from.
+    """
+    if not frame.f_code.co_filename.startswith(_GENERATED_CODE):
+        return None
+    module = frame.f_locals.get("self")
+    lineno_map, graph = getattr(module, "_lineno_map", None), getattr(module, "graph", None)
+    if not lineno_map or graph is None:
+        return None
+    index = lineno_map.get(lineno - frame.f_code.co_firstlineno)  # as torch._dynamo maps a graph's lines
+    node = next(iter(list(graph.nodes)[index : index + 1]), None) if index is not None else None
+    return recorded_user_frame(node.meta.get("stack_trace") or "") if node is not None else None
+
+
 def user_location(exc: BaseException) -> str | None:
     """``file:line `source``` of the innermost frame of the user's code in ``exc``'s traceback (or in the
     errors it was raised from: torch.export re-raises with the original error chained)."""
@@ -165,6 +195,8 @@ def user_location(exc: BaseException) -> str | None:
         for frame, lineno in traceback.walk_tb(error.__traceback__):
             if is_user_file(frame.f_code.co_filename):
                 location = format_location(frame.f_code.co_filename, lineno)
+            elif (recorded := graph_frame_source(frame, lineno)) is not None:
+                location = format_location(*recorded)
         if location:
             return location
     return None

@@ -39,6 +39,7 @@ import io
 import json
 import os
 import re
+import sys
 import time
 import traceback
 import warnings
@@ -70,6 +71,7 @@ from fxforge.errors import (
     FxforgeError,
     first_line,
     format_location,
+    graph_frame_source,
     is_user_file,
     require,
     strip_ansi,
@@ -738,15 +740,29 @@ def _note_where_warnings_come_from(where_from: dict[int, tuple[str, int]]) -> No
         return
 
     def record_with_the_users_line(message: warnings.WarningMessage) -> None:
-        stack = traceback.extract_stack()
-        # only frames the exporter called into (below its first torch frame): the model's code, not the caller's
-        entry = next((k for k, frame in enumerate(stack) if frame.filename.startswith(_TORCH_DIR)), len(stack))
-        user_frames = [frame for frame in stack[entry:] if is_user_file(frame.filename)]
-        if user_frames and not is_user_file(message.filename):
-            where_from[id(message)] = (user_frames[-1].filename, user_frames[-1].lineno or 0)
+        if not is_user_file(message.filename):
+            stack = traceback.extract_stack()
+            # only frames the exporter called into (below its first torch frame): the model's code, not the caller's
+            entry = next((k for k, frame in enumerate(stack) if frame.filename.startswith(_TORCH_DIR)), len(stack))
+            user_frames = [frame for frame in stack[entry:] if is_user_file(frame.filename)]
+            if user_frames:
+                where_from[id(message)] = (user_frames[-1].filename, user_frames[-1].lineno or 0)
+            elif (recorded := _innermost_graph_source()) is not None:  # a captured graph: its node's line
+                where_from[id(message)] = recorded
         record(message)
 
     warnings._showwarnmsg_impl = record_with_the_users_line  # type: ignore[attr-defined]  # restored on exit
+
+
+def _innermost_graph_source() -> tuple[str, int] | None:
+    """The user's line behind the innermost captured-graph frame on the stack (:func:`graph_frame_source`)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        recorded = graph_frame_source(frame, frame.f_lineno)
+        if recorded is not None:
+            return recorded
+        frame = frame.f_back
+    return None
 
 
 def _export_error(what: str, exc: BaseException) -> ExportError:

@@ -57,7 +57,7 @@ from fxforge.artifacts import (
     write_inputs,
 )
 from fxforge.capture import Captured, placeholder_values
-from fxforge.errors import FxforgeError, ModelSpecError, first_line, format_location, is_user_file
+from fxforge.errors import FxforgeError, ModelSpecError, first_line, format_location, recorded_user_frame
 from fxforge.graphs import get_attr_value, is_input_guard, module_path, submodule
 from fxforge.inputs import InputSpec, parse_input_spec
 from fxforge.inspect import NodeInfo, inspect_graph
@@ -623,13 +623,10 @@ def _split_point(
 
 def _pipe_split(node: fx.Node) -> str:
     """Where to call ``pipe_split()`` in the model's code to cut before ``node``: the innermost line of the model's
-    own code that produced it, when the capture recorded one (torch.export does), else the node and its module."""
-    trace = node.meta.get("stack_trace") or ""
-    frames = re.findall(r'File "([^"]+)", line (\d+), in \S+\n\s*(.*)', trace)
-    user = [frame for frame in frames if is_user_file(frame[0])]
-    if user:
-        file, line, _code = user[-1]
-        return f"before {format_location(file, int(line))} in the code that computes node {node.name}"
+    own code that produced it, when the capture recorded one (both dialects do), else the node and its module."""
+    recorded = recorded_user_frame(node.meta.get("stack_trace") or "")
+    if recorded is not None:
+        return f"before {format_location(*recorded)} in the code that computes node {node.name}"
     where = module_path(node) or "the model's own forward"
     return f"before node {node.name} (in {where})"
 
