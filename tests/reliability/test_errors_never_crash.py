@@ -210,3 +210,23 @@ def test_ctrl_c_that_a_library_swallowed_still_ends_with_130(args):
     process = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert process.returncode == 130 and process.stderr.strip().splitlines()[-1] == "interrupted"
     assert "Traceback" not in process.stderr and "error" not in process.stderr
+
+
+def test_ctrl_c_as_the_command_returns_still_says_interrupted_once():
+    """A Ctrl-C landing after the command finished, as main returned, exited 130 without the line; and once the
+    command is over a Ctrl-C must not raise during the interpreter's shutdown (a traceback)."""
+    script = (
+        "import signal, sys, fxforge.cli as cli\n"
+        "def main_then_ctrl_c(argv=None):\n"
+        "    real_main(argv)\n"
+        "    raise KeyboardInterrupt  # what the SIGINT handler run() installs raises, arriving right now\n"
+        "real_main, cli.main = cli.main, main_then_ctrl_c\n"
+        "sys.argv = ['fxforge', 'passes']\n"
+        "try:\n"
+        "    cli.run()\n"
+        "except SystemExit as done:\n"
+        "    print('exit', done.code, signal.getsignal(signal.SIGINT) is signal.SIG_IGN)\n"
+    )
+    process = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert process.stdout.strip().splitlines()[-1] == "exit 130 True", process.stdout[-500:]
+    assert process.stderr.strip().splitlines() == ["interrupted"], process.stderr

@@ -18,6 +18,7 @@ from typing import Any
 
 EXIT_INTERRUPTED = 130
 _sigint_seen = False
+_interruption_reported = False
 
 
 def _note_sigint(signum: int, frame: Any) -> None:
@@ -42,6 +43,8 @@ def sigint_seen() -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI with ``argv`` (default: ``sys.argv[1:]``) and return the exit code; never raises."""
+    global _interruption_reported
+    _interruption_reported = False  # one "interrupted" line per run (callers in one process run it again)
     try:
         from fxforge.cli.app import main as run_app
 
@@ -56,6 +59,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def interrupted() -> int:
     """Ctrl-C: one line, no traceback, exit code 130."""
+    global _interruption_reported
+    if _interruption_reported:
+        return EXIT_INTERRUPTED
+    _interruption_reported = True
     try:
         sys.stderr.write("interrupted\n")
         sys.stderr.flush()
@@ -70,8 +77,10 @@ def run() -> None:
         signal.signal(signal.SIGINT, _note_sigint)
     try:
         code = main()
-    except KeyboardInterrupt:  # a second Ctrl-C while the first was being reported
-        code = EXIT_INTERRUPTED
+    except KeyboardInterrupt:  # Ctrl-C as main returned, or a second one while the first was being reported
+        code = interrupted()  # the line, unless it was already written
+    # The command is over: a Ctrl-C from here on would only raise in the interpreter's shutdown, with a traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.exit(code)
 
 
