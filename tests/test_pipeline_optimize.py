@@ -261,3 +261,19 @@ def test_a_staging_directory_abandoned_by_a_killed_process_is_removed_by_the_nex
         (staging / "report.json").write_text("{}")
     assert not abandoned.exists() and running.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == [running.name, "out"]
+
+
+def test_an_aten_result_that_cannot_be_saved_gets_a_hint_about_its_own_failure(tmp_path, monkeypatch):
+    """An ATen graph is saved as model.pt2 only; when that failed (torch 2.11's torch.export refusing a
+    torch.Generator), the hint blamed a TorchScript submodule, which an ATen graph cannot hold."""
+    import fxforge.artifacts
+
+    def refuses(*args, **kwargs):
+        raise RuntimeError("argument of type: <class 'torch._C.Generator'>")
+
+    captured = fxforge.capture(torch.nn.Sequential(torch.nn.Linear(4, 4)).eval(), (torch.randn(2, 4),), method="export")
+    monkeypatch.setattr(fxforge.artifacts, "export_program", refuses)
+    with pytest.raises(FxforgeError) as info:
+        fxforge.optimize(captured, ["dead_code"], output_dir=tmp_path / "out")
+    assert "model.pt2: argument of type" in info.value.message
+    assert "TorchScript" not in info.value.hint and "in memory" in info.value.hint

@@ -348,9 +348,13 @@ def save_graph_module(
         reason = "data-dependent control flow" if "data-dependent" in str(exc) else first_line(exc)
         problems.append(f"{PROGRAM_FILE}: {reason}" + (f" at {location}" if location else ""))
     if not files:
+        scripted = any("__torch__" in problem for problem in problems)  # pickle refusing a TorchScript submodule
         raise FxforgeError(
             "cannot save the rewritten model in any form: " + "; ".join(problems),
-            hint="a TorchScript submodule cannot be pickled: keep the PyTorch module it came from in the model",
+            hint="a TorchScript submodule cannot be pickled: keep the PyTorch module it came from in the model"
+            if scripted
+            else "the rewritten graph is still returned in memory (optimize's result in Python); or export the model "
+            "to another format (fxforge export --to torchscript or onnx)",
         )
     notes.extend(f"not written: {problem}" for problem in problems)
     provenance = {
