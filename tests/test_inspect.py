@@ -281,3 +281,36 @@ def test_api_results_have_short_reprs_and_inspect_refuses_a_negative_depth():
     assert repr(results[0]) == "<PassResult fold_bn: 2 rewrites, 2 removed, 5088 params folded>"
     with pytest.raises(FxforgeError, match="depth must be at least 0"):
         fxforge.inspect_graph(captured, depth=-1)
+
+
+class _LayersInAList(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([torch.nn.Linear(8, 8) for _ in range(3)])
+        self.head = torch.nn.Linear(8, 2)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = torch.relu(block(x))
+        return self.head(x)
+
+
+@pytest.mark.parametrize("method", ["symbolic_trace", "export"])
+def test_a_module_list_gets_its_row_and_the_rows_at_a_depth_add_up(method):
+    """A ModuleList is never called, so no node's module stack names it: its row was missing, and at --depth 1
+    the table showed only the head (18 of 234 parameters)."""
+    captured = capture(_LayersInAList().eval(), (torch.randn(2, 8),), method=method)
+    report = inspect_graph(captured, depth=1)
+    rows = {m.path: m for m in report.modules}
+    assert set(rows) == {"blocks", "head"}
+    assert rows["blocks"].type == "ModuleList" and rows["blocks"].params == 3 * 72
+    assert sum(m.params for m in rows.values()) == report.totals["params"]
+
+
+def test_bert_layers_sit_under_their_module_list():
+    captured = fxforge.prepare("transformers:BertModel", model_kwargs={"num_hidden_layers": 2}, inputs=["1x8:int64"])
+    rows = {m.path: m for m in inspect_graph(captured, depth=3).modules}
+    assert rows["encoder.layer"].type == "ModuleList" and rows["encoder.layer"].depth == 2
+    layers = [rows["encoder.layer.0"], rows["encoder.layer.1"]]
+    assert rows["encoder.layer"].params == sum(layer.params for layer in layers) > 0
+    assert rows["encoder.layer"].flops == sum(layer.flops for layer in layers) > 0

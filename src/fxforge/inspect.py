@@ -266,6 +266,30 @@ def _module_chain(node: fx.Node) -> list[tuple[str, str]]:
     return chain
 
 
+def _with_containers(chain: list[tuple[str, str]], model: nn.Module) -> list[tuple[str, str]]:
+    """``chain`` with the modules between its entries that are never called themselves -- a ``ModuleList`` or
+    ``ModuleDict`` holding the layers (BERT's ``encoder.layer``, GPT-2's ``transformer.h``): no node's module stack
+    names them, and without them the rows at their depth did not add up to the totals."""
+    named = {path for path, _ in chain}
+    full: list[tuple[str, str]] = []
+    for path, type_name in chain:
+        parts = path.split(".")
+        for end in range(1, len(parts)):
+            container = ".".join(parts[:end])
+            if container not in named:
+                named.add(container)
+                full.append((container, _type_name_of(model, container)))
+        full.append((path, type_name or _type_name_of(model, path)))
+    return full
+
+
+def _type_name_of(model: nn.Module, path: str) -> str:
+    try:
+        return type(model.get_submodule(path)).__name__
+    except (AttributeError, TypeError):  # not a submodule of the model (a path torch.export spelt its own way)
+        return ""
+
+
 def inspect_graph(
     captured: Captured,
     *,
@@ -306,7 +330,7 @@ def inspect_graph(
         info.quant = quant_kind(gm, node) or ""
         info.flops_unknown = profiler.unknown.get(node, [])
         nodes.append(info)
-        for path, type_name in _module_chain(node):
+        for path, type_name in _with_containers(_module_chain(node), captured.original):
             summary = modules.get(path)
             if summary is None:
                 summary = modules[path] = ModuleSummary(path, type_name, path.count(".") + 1, 0, 0, 0, 0)
@@ -314,7 +338,7 @@ def inspect_graph(
             summary.flops += flops
             summary.activation_bytes += nbytes
             summary.nodes += 1
-            if not summary.type and node.op == "call_module":
+            if not summary.type and node.op == "call_module" and path == str(node.target):
                 summary.type = type(submodule(gm, node)).__name__
     params_under = _node_params_by_module(nodes) if any(count < 0 for count in module_params.values()) else {}
     for path, summary in modules.items():
