@@ -316,7 +316,8 @@ def transformers_models() -> list[ZooModel]:
         spec("vit", "ViTModel", [IMAGE], VISION),
         spec("deit", "DeiTModel", [IMAGE], VISION),
         spec("beit", "BeitModel", [IMAGE], VISION),
-        spec("dinov2", "Dinov2Model", [IMAGE], VISION),
+        # Dinov2Config sizes its MLP by mlp_ratio; it has no intermediate_size (fxforge refuses unknown fields)
+        spec("dinov2", "Dinov2Model", [IMAGE], {k: v for k, v in VISION.items() if k != "intermediate_size"}),
         spec("clip", "CLIPModel", [IDS, IMAGE], clip, note="CLIPModel(input_ids, pixel_values)"),
         spec(
             "swin",

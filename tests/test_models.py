@@ -176,6 +176,20 @@ def test_transformers_model():
         load_model("transformers:BertConfig")  # a class, but not a model
 
 
+def test_transformers_model_args_that_no_config_field_takes_are_refused():
+    """A transformers config keeps any keyword as an attribute nothing reads: a misspelt num_hidden_layer=2
+    built the full 12-layer model, silently; a value of the wrong type was an internal error (exit 4) whose
+    detail was cut off at a line break."""
+    pytest.importorskip("transformers")
+    with pytest.raises(ModelSpecError, match="BertConfig has no field 'num_hidden_layer'") as info:
+        load_model("transformers:BertModel", model_kwargs={"num_hidden_layer": 2})
+    assert info.value.hint == "did you mean num_hidden_layers?"
+    with pytest.raises(ModelSpecError, match=r"bad config value: .*n_layer.* expected int, got str"):
+        load_model("transformers:GPT2Model", model_kwargs={"n_layer": "two"})
+    aliased = load_model("transformers:GPT2Model", model_kwargs={"num_hidden_layers": 1, "n_embd": 32, "n_head": 2})
+    assert aliased.module.config.n_layer == 1  # an alias of the config (attribute_map) is a field
+
+
 # --------------------------------------------------------------------------------------------------
 # user files and packages
 

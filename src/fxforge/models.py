@@ -19,6 +19,7 @@ can be built on the ``meta`` device so that no weight memory is allocated.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import importlib
 import importlib.util
 import inspect as pyinspect
@@ -345,10 +346,12 @@ def _load_transformers(class_name: str, spec: str, kwargs: dict[str, Any]) -> Lo
     config_class = getattr(cls, "config_class", None)
     if config_class is None:
         raise ModelSpecError(f"transformers:{class_name} has no default config class")
+    _refuse_unknown_config_keys(config_class, spec, kwargs)
     try:
         config = config_class(**kwargs)
-    except (TypeError, ValueError) as exc:
-        raise ModelSpecError(f"{spec}: bad config value: {exc}") from None
+    except Exception as exc:  # TypeError, ValueError, huggingface_hub's StrictDataclassFieldValidationError...
+        reason = " ".join(str(exc).split())  # its detail ("expected int, got str") is on a second line
+        raise ModelSpecError(f"{spec}: bad config value: {reason}") from None
     # A graph of one forward pass has no use for a KV cache, and the DynamicCache object transformers returns
     # with use_cache=True is not a pytree torch.export can flatten (Llama fails to capture with it). Off unless
     # the user asks (--model-arg use_cache=true).
@@ -367,6 +370,20 @@ def _load_transformers(class_name: str, spec: str, kwargs: dict[str, Any]) -> Lo
         size = size if isinstance(size, int) else size[0]
         inputs = [InputSpec((1, getattr(config, "num_channels", 3), size, size))]
     return LoadedModel(model, spec, inputs)
+
+
+def _refuse_unknown_config_keys(config_class: type, spec: str, kwargs: dict[str, Any]) -> None:
+    """A transformers config takes any keyword and keeps it as an attribute nothing reads: a misspelt
+    ``--model-arg num_hidden_layer=2`` built the full 12-layer model, silently. Known keys: the default config's
+    fields, its aliases (GPT-2's ``num_hidden_layers`` for ``n_layer``) and its constructor's parameters."""
+    known = set(config_class().to_dict()) | set(getattr(config_class, "attribute_map", {}))
+    with contextlib.suppress(TypeError, ValueError):
+        known |= set(pyinspect.signature(config_class.__init__).parameters) - {"self", "kwargs"}
+    for key in kwargs:
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f"did you mean {close[0]}?" if close else f"see the fields of transformers.{config_class.__name__}"
+            raise ModelSpecError(f"{spec}: {config_class.__name__} has no field {key!r}", hint=hint)
 
 
 def _load_output_dir(path: Path, spec: str, trusted: bool) -> LoadedModel:
