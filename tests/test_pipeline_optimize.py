@@ -192,7 +192,13 @@ def test_atomic_directory_refuses_non_empty_without_force(tmp_path):
     with pytest.raises(FxforgeError, match="not an fxforge output"), atomic_directory(target, force=True):
         pass
     assert (target / "keep.txt").read_text() == "user data"
-    (target / "report.json").write_text("{}")
+    # a report.json of someone else's is no proof (split -o project --force deleted a project that had one)
+    for foreign in ("{}", '{"written_by": "some tool"}', "not json", '["fxforge"]'):
+        (target / "report.json").write_text(foreign)
+        with pytest.raises(FxforgeError, match="not an fxforge output"), atomic_directory(target, force=True):
+            pass
+        assert (target / "keep.txt").read_text() == "user data"
+    (target / "report.json").write_text('{"written_by": "fxforge 0.1.0"}')
     with atomic_directory(target, force=True) as staging:
         (staging / "new.txt").write_text("new")
     assert [p.name for p in target.iterdir()] == ["new.txt"]
@@ -277,3 +283,14 @@ def test_an_aten_result_that_cannot_be_saved_gets_a_hint_about_its_own_failure(t
         fxforge.optimize(captured, ["dead_code"], output_dir=tmp_path / "out")
     assert "model.pt2: argument of type" in info.value.message
     assert "TorchScript" not in info.value.hint and "in memory" in info.value.hint
+
+
+def test_force_replaces_what_fxforge_wrote_there_before(tmp_path):
+    """Every output directory's report.json (optimize, quantize, --auto) or plan.json (split) says it is fxforge's."""
+    out = tmp_path / "out"
+    fxforge.optimize(fxforge.prepare("demo"), ["fold_bn"], output_dir=out)
+    assert json.loads((out / "report.json").read_text())["written_by"].startswith("fxforge")
+    fxforge.optimize(fxforge.prepare("demo"), ["fold_bn"], output_dir=out, force=True)
+    split_dir = tmp_path / "split"
+    fxforge.split(fxforge.prepare("demo"), stages=2, output_dir=split_dir)
+    fxforge.split(fxforge.prepare("demo"), stages=2, output_dir=split_dir, force=True)

@@ -18,6 +18,7 @@ import copy
 import difflib
 import errno
 import importlib
+import importlib.metadata
 import itertools
 import json
 import os
@@ -46,8 +47,10 @@ PROGRAM_FILE = "model.pt2"  # a torch.export program: loads without unpickling c
 PACKAGE_DIR = "optimized_model"  # not "code": that would shadow the standard library module on import
 REPORT_FILE = "report.json"
 PLAN_FILE = "plan.json"  # a split directory's plan (fxforge split)
-# Every output directory fxforge writes holds one of these: --force replaces only such a directory (or an empty one)
+# Every output directory fxforge writes holds one of these, stamped as fxforge's (report.json's "written_by",
+# plan.json's "format"): --force replaces only such a directory (or an empty one)
 OUTPUT_MARKERS = (REPORT_FILE, PLAN_FILE)
+STAMP = "fxforge"
 PROVENANCE_FILE = "provenance.json"
 INPUTS_FILE = "inputs.txt"
 TORCHSCRIPT_FILE = "model.torchscript.pt"
@@ -119,13 +122,39 @@ def check_output_directory(target: str | Path, *, force: bool = False) -> Path:
         raise FxforgeError(
             f"output directory {target} is not empty", hint="pass --force (force=True in Python) to replace it"
         )
-    if not any((target / marker).is_file() for marker in OUTPUT_MARKERS):
+    if not _written_by_fxforge(target):
         raise FxforgeError(
-            f"refusing to replace {target}: it holds files but no {' or '.join(OUTPUT_MARKERS)}, so it is not an "
-            "fxforge output, and replacing it would delete files fxforge did not write",
+            f"refusing to replace {target}: it holds files but no {' or '.join(OUTPUT_MARKERS)} written by fxforge, "
+            "so it is not an fxforge output, and replacing it would delete files fxforge did not write",
             hint="give a new or empty directory, e.g. -o out/model",
         )
     return target
+
+
+def _written_by_fxforge(directory: Path) -> bool:
+    """Whether ``directory`` holds a report.json or plan.json stamped by fxforge. The name alone is no proof:
+    report.json is a common file name, and a project folder holding one was deleted by ``split -o DIR --force``."""
+    for name, key in ((REPORT_FILE, "written_by"), (PLAN_FILE, "format")):
+        try:
+            data = json.loads((directory / name).read_text())
+        except (OSError, ValueError):  # missing, unreadable or not JSON: not ours
+            continue
+        if isinstance(data, dict) and str(data.get(key, "")).startswith(STAMP):
+            return True
+    return False
+
+
+def write_report(directory: Path, report: dict[str, Any]) -> str:
+    """``report.json``, stamped as fxforge's (``written_by``), so that ``--force`` may replace its directory."""
+    write_json(directory / REPORT_FILE, {"written_by": f"{STAMP} {_installed_version()}".strip(), **report})
+    return REPORT_FILE
+
+
+def _installed_version() -> str:
+    try:
+        return importlib.metadata.version("fxforge")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return ""
 
 
 @contextlib.contextmanager

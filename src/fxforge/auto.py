@@ -33,7 +33,6 @@ A candidate that fails verification is never timed, let alone chosen.
 from __future__ import annotations
 
 import dataclasses
-import json
 import random
 import shutil
 import statistics
@@ -55,6 +54,7 @@ from fxforge.artifacts import (
     atomic_directory,
     check_free_space,
     write_inputs,
+    write_report,
 )
 from fxforge.bench import (
     Backend,
@@ -728,7 +728,7 @@ def _write(
         report = {"model": spec, "capture": rewritten.record.to_dict(), **result.to_dict()}
         report["load_with_fxforge"] = f"fxforge.load_model({str(result.output_dir)!r})  # runs as timed"
         report["files"] = [*sorted(p.name for p in staging.iterdir()), REPORT_FILE]
-        (staging / REPORT_FILE).write_text(json.dumps(report, indent=2, default=str))
+        write_report(staging, report)
         return sorted(p.name for p in staging.iterdir())
 
 

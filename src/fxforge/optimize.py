@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fxforge.artifacts import REPORT_FILE, atomic_directory, check_output_directory, save_graph_module, write_json
+from fxforge.artifacts import atomic_directory, check_output_directory, save_graph_module, write_report
 from fxforge.capture import Captured, require_real_weights
 from fxforge.lint import LintReport, lint
 from fxforge.passes import FIX_ORDER, registered_passes
@@ -105,8 +105,7 @@ def optimize(
         )
         page = page_or_note(optimize_report_html, notes, captured, result, spec)  # report.html: the diff, for people
         report = {"model": spec, "capture": captured.record.to_dict(), **result.to_dict(), "notes": notes}
-        write_json(staging / REPORT_FILE, report)
-        files.append(REPORT_FILE)
+        files.append(write_report(staging, report))
         if page is not None:
             (staging / REPORT_HTML).write_text(page, encoding="utf-8")
             files.append(REPORT_HTML)

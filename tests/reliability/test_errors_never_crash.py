@@ -165,7 +165,7 @@ def test_force_over_a_symlink_writes_through_it_and_leaves_no_backup(tmp_path):
     real = tmp_path / "real"
     real.mkdir()
     (real / "old.txt").write_text("old output")
-    (real / "report.json").write_text("{}")  # an earlier output: --force replaces nothing else
+    (real / "report.json").write_text('{"written_by": "fxforge"}')  # an earlier output: --force replaces only it
     link = tmp_path / "link"
     link.symlink_to(real, target_is_directory=True)
     assert main(["optimize", "demo", "-p", "fold_bn", "-o", str(link), "--force"]) == EXIT_OK

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from fxforge.artifacts import INPUTS_FILE, MODEL_FILE, REPORT_FILE, atomic_directory, write_inputs, write_json
+from fxforge.artifacts import INPUTS_FILE, MODEL_FILE, REPORT_FILE, atomic_directory, write_inputs, write_report
 from fxforge.capture import Captured
 from fxforge.errors import FxforgeError, first_line
 from fxforge.quantize.accuracy import run_batches
@@ -55,7 +55,7 @@ def write_output(
             (staging / REPORT_HTML).write_text(page, encoding="utf-8")
             files.append(REPORT_HTML)
         report = {"model": spec, "capture": captured.record.to_dict(), **result.to_dict()}
-        write_json(staging / REPORT_FILE, report)
+        write_report(staging, report)
     return files
 
 
