@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -183,6 +184,32 @@ def test_a_corrupt_stage_file_is_named(small_split):
     with pytest.raises(PipelineError, match=r"stage 1 failed: cannot read exported program .*stage_1\.pt2"):
         run_pipeline(small_split, microbatches=2, repeats=1, warmup=0, timeout=120)
     assert _no_workers_left(small_split)
+
+
+def _edit_plan(directory: Path, edit) -> None:
+    plan = json.loads((directory / PLAN_FILE).read_text())
+    (directory / PLAN_FILE).write_text(json.dumps(edit(plan)))
+
+
+@pytest.mark.parametrize(
+    "edit,reason",
+    [
+        (lambda plan: {**plan, "stages": []}, "it has no stages"),
+        (lambda plan: list(plan), "not a JSON object"),
+        (lambda plan: {**plan, "inputs": None}, "'inputs' is not a list of input specs"),
+        (lambda plan: {**plan, "stages": plan["stages"][:1]}, "1 stages need 0 cuts, it has 1"),
+        (
+            lambda plan: {**plan, "stages": [plan["stages"][0], {**plan["stages"][1], "file": "../../etc/passwd"}]},
+            "stage 1's file '../../etc/passwd' is outside the split directory",
+        ),
+    ],
+)
+def test_a_damaged_plan_is_one_line_before_any_stage_starts(small_split, edit, reason):
+    """A hand-edited plan.json was an internal error (no stage launched, then their output read; a list's missing
+    .get), or ran one stage as the whole model and called the result a MISMATCH."""
+    _edit_plan(small_split, edit)
+    with pytest.raises(ModelSpecError, match="plan.json is corrupt: " + re.escape(reason)):
+        run_pipeline(small_split, microbatches=2, repeats=1, warmup=0, timeout=120)
 
 
 def test_swapped_stage_files_are_named_before_they_run(small_split):

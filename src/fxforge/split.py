@@ -179,6 +179,9 @@ class SplitPlan:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SplitPlan:
+        """The plan ``to_dict`` wrote; ValueError, TypeError or KeyError where ``data`` is not one."""
+        if not isinstance(data, Mapping):
+            raise ValueError("not a JSON object")
         if data.get("format") != PLAN_FORMAT or data.get("version") != PLAN_VERSION:
             raise ValueError(f"not an {PLAN_FORMAT} plan of version {PLAN_VERSION}")
         fields = {k: v for k, v in data.items() if k not in ("format", "version", "split_spec")}
@@ -193,7 +196,28 @@ class SplitPlan:
             for s in data["stages"]
         ]
         fields["cuts"] = [CutPlan(**{**c, "tensors": [TensorInfo(**t) for t in c["tensors"]]}) for c in data["cuts"]]
-        return cls(**fields)
+        plan = cls(**fields)
+        plan._check_consistent()
+        return plan
+
+    def _check_consistent(self) -> None:
+        """What a hand-edited or truncated plan.json breaks: an internal error later (no stage launched, its output
+        read), or a file path leading out of the split directory."""
+        if not isinstance(self.inputs, list) or not all(isinstance(text, str) for text in self.inputs):
+            raise ValueError("'inputs' is not a list of input specs")
+        try:
+            self.input_specs  # noqa: B018 -- parses each spec
+        except FxforgeError as exc:
+            raise ValueError(f"'inputs': {exc.message}") from None
+        if not self.stages:
+            raise ValueError("it has no stages")
+        if [stage.index for stage in self.stages] != list(range(len(self.stages))):
+            raise ValueError("its stages are not numbered 0, 1, 2, ... in order")
+        if len(self.cuts) != len(self.stages) - 1:
+            raise ValueError(f"{len(self.stages)} stages need {len(self.stages) - 1} cuts, it has {len(self.cuts)}")
+        for stage in self.stages:
+            if stage.file is not None and (Path(stage.file).is_absolute() or ".." in Path(stage.file).parts):
+                raise ValueError(f"stage {stage.index}'s file {stage.file!r} is outside the split directory")
 
     @property
     def input_specs(self) -> list[InputSpec]:
