@@ -105,6 +105,33 @@ def output_target(path: str | Path) -> Path:
     return target
 
 
+def check_writable(target: Path) -> None:
+    """Refuse, before any work, an output whose folder cannot be written (a read-only mount, ``/sys``, no
+    permission): a file is created and removed in the nearest folder of ``target``'s that exists, where the
+    output (or the folders it needs) will be made. Found at the end, such a refusal wasted the whole run."""
+    folder = target.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        handle, probe = tempfile.mkstemp(prefix=".fxforge-probe-", dir=folder)
+        os.close(handle)
+        os.unlink(probe)
+    except OSError as exc:
+        raise FxforgeError(f"cannot write to {folder}: {exc.strerror or exc}") from None
+
+
+def check_output_file(target: str | Path, *, force: bool = False) -> Path:
+    """What :class:`StagedOutput` would refuse, checked before the work: a directory, an existing file without
+    ``force``, a folder that cannot be written."""
+    path = output_target(target)
+    if path.is_dir():
+        raise FxforgeError(f"{path} is a directory", hint="give a file name, e.g. -o out/model.onnx")
+    if path.exists() and not force:
+        raise FxforgeError(f"{path} exists", hint="pass --force (force=True in Python) to replace it")
+    check_writable(path)
+    return path
+
+
 def check_output_directory(target: str | Path, *, force: bool = False) -> Path:
     """Where an output directory goes (:func:`output_target`), once it is known that writing there replaces nothing
     but an earlier fxforge output: called before the work too, so that a refusal does not waste it.
@@ -116,6 +143,7 @@ def check_output_directory(target: str | Path, *, force: bool = False) -> Path:
     _refuse_unsafe_target(target)
     if target.exists() and not target.is_dir():
         raise FxforgeError(f"{target} exists and is not a directory")
+    check_writable(target)
     if not target.exists() or not any(target.iterdir()):
         return target
     if not force:

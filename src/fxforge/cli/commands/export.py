@@ -73,13 +73,14 @@ def command(
     force: bool,
 ) -> None:
     """Export to TorchScript, ONNX or a torch.export program; reload it and verify it against the model."""
-    from fxforge.artifacts import format_for
+    from fxforge.artifacts import check_output_file, format_for
     from fxforge.cli.render import render_export
     from fxforge.errors import FxforgeError
     from fxforge.export import export_model
 
     if (to_format or format_for(output)) is None:  # before the model loads: a typo costs nothing
         raise FxforgeError(f"cannot tell the format from {output!r}", hint="pass --to torchscript, onnx or pt2")
+    check_output_file(output, force=force)  # before the model loads and exports
     target, example, scripted_model = _target(opts, script and (to_format or format_for(output)) == "torchscript")
     with status(f"exporting to {to_format or format_for(output)}", opts.as_json):
         result = export_model(

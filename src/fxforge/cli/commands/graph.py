@@ -38,6 +38,7 @@ def command(
     opts: CaptureOptions, output: str, depth: int | None, diff_dir: str | None, profile_file: str | None, force: bool
 ) -> None:
     """Draw a model's graph: modules you can open and close, shapes, FLOPs, source lines, lint findings."""
+    from fxforge.artifacts import check_output_file
     from fxforge.cli.render import page_node_counts, render_page
     from fxforge.graphs import ATEN, dialect_of
     from fxforge.visual.page import GraphView, write_text
@@ -46,8 +47,7 @@ def command(
     suffix = Path(output).suffix.lower()
     if suffix not in (".html", ".htm", ".svg"):
         raise FxforgeError(f"cannot tell what to write from {output!r}", hint="name it .html (interactive) or .svg")
-    if Path(output).exists() and not force:
-        raise FxforgeError(f"{output} exists", hint="pass --force to replace it")
+    check_output_file(output, force=force)  # before the work: a refusal after it would waste it
     profile = read_profile(profile_file) if profile_file else None
     if diff_dir is not None:
         rewritten, passes = load_output_dir(diff_dir, trust_pickle=opts.trust_pickle or None, model=opts.model)

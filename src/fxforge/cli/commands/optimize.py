@@ -90,6 +90,7 @@ def command(
     threads: int | None,
 ) -> None:
     """Rewrite a model with passes, verify it, and write the result (loadable with torch alone)."""
+    from fxforge.artifacts import check_output_directory
     from fxforge.cli.render import render_optimize, render_timings
     from fxforge.optimize import optimize
     from fxforge.pipeline import build_pipeline
@@ -107,6 +108,8 @@ def command(
     plan = build_pipeline(
         pass_names, pass_options, pipeline_file=pipeline, verify=do_verify, keep_going=keep_going or None
     )
+    if output is not None:
+        check_output_directory(output, force=force)  # before the capture and the passes
     started = time.perf_counter()
     captured = opts.prepare()
     capture_s = time.perf_counter() - started
@@ -133,9 +136,12 @@ def _auto(
     repeats: int | None,
     threads: int | None,
 ) -> None:
+    from fxforge.artifacts import check_output_directory
     from fxforge.auto import AutoWarning, auto_optimize
     from fxforge.cli.render import render_auto
 
+    if output is not None:
+        check_output_directory(output, force=force)  # before the capture and minutes of candidates
     captured = opts.prepare()
     with status("writing, verifying and timing every candidate", opts.as_json), warnings.catch_warnings():
         warnings.simplefilter("ignore", AutoWarning)  # printed below as one line, from result.warnings

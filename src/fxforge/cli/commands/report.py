@@ -70,14 +70,14 @@ def command(
     force: bool,
 ) -> None:
     """Write an HTML report: environment, capture, inspect, lint, optimize diff, bench and quantize charts."""
+    from fxforge.artifacts import check_output_file
     from fxforge.cli.render import page_node_counts, render_page
     from fxforge.passes import expand_groups, get_pass
     from fxforge.report import report
 
     if Path(output).suffix.lower() not in (".html", ".htm"):
         raise FxforgeError(f"a report is an HTML page, not {output!r}", hint="e.g. -o report.html")
-    if Path(output).exists() and not force:
-        raise FxforgeError(f"{output} exists", hint="pass --force to replace it")
+    check_output_file(output, force=force)  # before the work: a refusal after it would waste it
     if do_profile and profile_file:
         raise FxforgeError("--profile and --profile-file both say where the times come from", hint="pass one")
     names = expand_groups([name for group in pass_names for name in split(group)])

@@ -63,6 +63,7 @@ def command(
     cases: int,
 ) -> None:
     """Split a model into pipeline stages: optimal cuts balancing a cost, one loadable module per stage."""
+    from fxforge.artifacts import check_output_directory
     from fxforge.cli.render import render_split
     from fxforge.errors import FxforgeError
     from fxforge.split import split
@@ -72,6 +73,8 @@ def command(
             "--balance time needs node times: pass --profile profile.json",
             hint="write one with fxforge profile MODEL --json > profile.json",
         )
+    if output is not None:
+        check_output_directory(output, force=force)  # before the capture (25 s for a 70B model on meta)
     captured = opts.prepare()
     with status("planning the split", opts.as_json):
         result = split(
