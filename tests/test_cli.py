@@ -270,3 +270,9 @@ def test_a_batch_both_sides_reject_is_said_to_be_rejected_by_the_model(capsys, t
     )
     code, out, _ = run(capsys, "verify", f"{model}:build", f"{model}:build", "-i", "1x8")
     assert code == EXIT_OK and "not tried: batch 2: the model rejects it" in out
+
+
+def test_debug_may_follow_the_command_as_the_internal_error_hint_suggests(capsys):
+    """'rerun with --debug' added at the end was "No such option '--debug'": it is a global option, moved."""
+    assert main(["inspect", "demo", "--debug"]) == 0
+    assert "captured by symbolic_trace" in capsys.readouterr().out

@@ -61,8 +61,10 @@ _register_commands()
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI and turn every error into one line and an exit code."""
-    args = argv if argv is not None else sys.argv[1:]
+    args = list(argv if argv is not None else sys.argv[1:])
     debug = "--debug" in args or bool(os.environ.get("FXFORGE_DEBUG"))
+    if "--debug" in args[1:]:  # "rerun with --debug" is followed by adding it at the end: a global option, moved
+        args = ["--debug", *(arg for arg in args if arg != "--debug")]
     try:
         if any("\x00" in arg for arg in args):  # no file name, spec or value can hold one; os calls would raise
             raise FxforgeError("an argument contains a NUL character")
