@@ -11,7 +11,7 @@ import torch
 import fxforge
 from fxforge.visual import diff_model, graph_model
 from fxforge.visual.graph import default_depth, visible_count
-from fxforge.visual.page import graph_document
+from fxforge.visual.page import describe, graph_document
 from fxforge.visual.render import load_output_dir
 
 
@@ -76,6 +76,10 @@ def test_fold_bn_diff_names_every_change_and_its_pass(resnet_captures, dialect):
     assert any("relu" in name for name in unchanged)
     rewritten = {n.name for n in result.pipeline.graph_module.graph.nodes}
     assert {n["n"] for n in model["nodes"] if n.get("st") != "removed"} == rewritten
+    # the header counts the nodes of both graphs and totals the rewritten one: it says so (it read like one graph)
+    header = describe(model)
+    assert "nodes of both graphs" in header and "after the passes: " in header
+    assert f"{sum(p.numel() for p in result.pipeline.graph_module.parameters()):,} parameters" in header
 
 
 def test_a_broken_pass_highlights_the_first_diverging_node(resnet_captures, broken_pass):

@@ -78,13 +78,16 @@ def describe(model: dict[str, Any]) -> str:
     """One line under a graph's title: dialect, counts, totals, diff counts, the profile that colours it."""
     visible = sum(1 for n in model["nodes"] if not n.get("h"))
     modules = sum(1 for m in model["modules"] if not m.get("g"))  # not the boxes of consecutive nodes
-    parts = [f"{model.get('dialect', '')} dialect", f"{visible} nodes", f"{modules} modules"]
-    totals = model.get("totals") or {}
-    if totals.get("params") is not None:
-        parts.append(f"{totals['params']:,} parameters")
-    if totals.get("flops"):
-        parts.append(f"{totals['flops'] / 1e9:.3g} GFLOPs")
     counts = model.get("counts")
+    # a diff draws the nodes of both graphs (removed ones too) and totals the rewritten one: said so
+    drawn = f"{visible} nodes of both graphs" if counts else f"{visible} nodes"
+    parts = [f"{model.get('dialect', '')} dialect", drawn, f"{modules} modules"]
+    totals = model.get("totals") or {}
+    after = "after the passes: " if counts else ""
+    if totals.get("params") is not None:
+        parts.append(f"{after}{totals['params']:,} parameters")
+    if totals.get("flops"):
+        parts.append(f"{'' if totals.get('params') is not None else after}{totals['flops'] / 1e9:.3g} GFLOPs")
     if counts:
         parts.append(", ".join(f"{counts[k]} {k}" for k in ("changed", "inserted", "removed")))
     if model.get("divergence"):
