@@ -314,3 +314,14 @@ def test_bert_layers_sit_under_their_module_list():
     layers = [rows["encoder.layer.0"], rows["encoder.layer.1"]]
     assert rows["encoder.layer"].params == sum(layer.params for layer in layers) > 0
     assert rows["encoder.layer"].flops == sum(layer.flops for layer in layers) > 0
+
+
+def test_inspect_and_lint_of_something_not_captured_say_what_to_do():
+    """inspect_graph(symbolic_trace(model)) was "AttributeError: 'ResNet' object has no attribute 'graph_module'"."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    with pytest.raises(fxforge.FxforgeError, match="inspect_graph takes a Captured, not a GraphModule") as info:
+        inspect_graph(torch.fx.symbolic_trace(model))
+    assert "fxforge.capture(model, example_inputs)" in info.value.hint
+    with pytest.raises(fxforge.FxforgeError, match="lint takes a captured graph, not a Sequential"):
+        fxforge.lint(model)
+    assert fxforge.lint(torch.fx.symbolic_trace(model)).rules_run  # a GraphModule is a graph: linted

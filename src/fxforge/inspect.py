@@ -301,6 +301,12 @@ def inspect_graph(
 
     ``depth`` limits the module summary to paths with at most that many dotted components.
     """
+    if not isinstance(captured, Captured):  # a GraphModule has no example inputs to run it on, a module no graph
+        given = "GraphModule" if isinstance(captured, fx.GraphModule) else type(captured).__name__
+        raise FxforgeError(
+            f"inspect_graph takes a Captured, not a {given}",
+            hint="capture it first: fxforge.capture(model, example_inputs), or fxforge.prepare('torchvision:resnet18')",
+        )
     if depth < 0:
         raise FxforgeError(f"depth must be at least 0, got {depth}")
     gm = captured.graph_module

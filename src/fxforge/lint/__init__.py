@@ -179,8 +179,13 @@ def lint(
     """Run the lint rules (all, or those in ``select`` minus ``ignore``; codes or names) on a graph."""
     if isinstance(target, Captured):
         context = LintContext(target.graph_module, target)
-    else:
+    elif isinstance(target, fx.GraphModule):
         context = LintContext(target)
+    else:
+        raise FxforgeError(
+            f"lint takes a captured graph, not a {type(target).__name__}",
+            hint="capture it first: fxforge.capture(model, example_inputs), or fxforge.prepare('torchvision:resnet18')",
+        )
     report = LintReport(dialect=context.dialect)
     for current in _select_rules(as_names(select), as_names(ignore)):
         if context.dialect not in current.dialects:
