@@ -666,6 +666,9 @@ def test_transformers_kv_cache_is_off_by_default_so_llama_captures_on_meta():
     assert loaded.module.config.use_cache is False  # a DynamicCache output is not a pytree torch.export flattens
     captured = capture(loaded, (torch.zeros(1, 16, dtype=torch.int64, device="meta"),), check=False)
     assert captured.record.method == "torch.export"
+    # torch.fx's "co_varnames is too small" is said in words a user can act on
+    (tried,) = captured.record.attempts
+    assert tried.error.endswith("co_varnames is too small (its forward takes **kwargs, as in transformers)")
     asked = load_model("transformers:LlamaForCausalLM", model_kwargs={**tiny, "use_cache": True}, device="meta")
     assert asked.module.config.use_cache is True  # the user's explicit choice wins
 

@@ -797,7 +797,10 @@ def _capture_module(
                 trace_error = exc
                 culprit = _find_culprit(exc, model, module_names, leaf_names, wraps)
                 location = exc.location if isinstance(exc, BufferWriteError) else user_location(exc)
-                attempt = Attempt(SYMBOLIC_TRACE, one_line_reason(exc), location)
+                reason = one_line_reason(exc)
+                if "co_varnames is too small" in reason:  # torch.fx's words for it say nothing to a user
+                    reason += " (its forward takes **kwargs, as in transformers)"
+                attempt = Attempt(SYMBOLIC_TRACE, reason, location)
                 attempts.append(attempt)
                 if isinstance(culprit, str):
                     leaf_names.add(culprit)
