@@ -408,3 +408,12 @@ def test_a_gpu_run_says_its_one_process_baseline_ran_on_the_cpu():
     assert "1 stage as 1 process (nccl on cuda" in text
     assert "one process, unsplit (1 thread, CPU)" in text
     assert "Throughput, median of 1 run" in text and "1 runs" not in text
+
+
+@pytest.mark.parametrize("fault", ["9:hang", "banana", "1:explode"])
+def test_a_fault_asked_for_in_words_no_stage_reads_is_refused(small_split, monkeypatch, fault):
+    """They ran a healthy pipeline, exit 0: a timeout test would have passed without its fault."""
+    monkeypatch.setenv(FAULT_ENV, fault)
+    with pytest.raises(FxforgeError, match="names no fault this pipeline can inject") as info:
+        run_pipeline(small_split, microbatches=2, repeats=1, warmup=0, timeout=120)
+    assert "STAGE from 0 to 1" in info.value.hint

@@ -333,6 +333,20 @@ def _inject(fault: str) -> None:
         time.sleep(3600)
 
 
+def _check_fault_setting(world: int) -> None:
+    """A fault asked for in words the stages do not read ran a healthy pipeline: whoever tests their timeouts
+    would believe the fault had been injected."""
+    text = os.environ.get(FAULT_ENV, "")
+    if not text:
+        return
+    stage, _, kind = text.partition(":")
+    if not (stage.strip().isdigit() and int(stage) < world and kind in ("raise", "hang", "exit")):
+        raise FxforgeError(
+            f"{FAULT_ENV}={text!r} names no fault this pipeline can inject",
+            hint=f"STAGE:KIND with STAGE from 0 to {world - 1} and KIND raise, hang or exit; or unset it",
+        )
+
+
 def _fault_for(rank: int) -> str | None:
     text = os.environ.get(FAULT_ENV, "")
     stage, _, kind = text.partition(":")
@@ -742,6 +756,7 @@ def run_pipeline(
     directory = Path(directory)
     plan = load_plan(directory)
     world = len(plan.stages)
+    _check_fault_setting(world)
     if any(stage.file is None for stage in plan.stages):
         raise FxforgeError(
             f"{directory} holds a plan without stage modules (it was made on the meta device)",
