@@ -437,7 +437,10 @@ def test_cli_tables(capsys):
     # one stage is singular (it said "1 stages" and "the 1 stage chained in one process match")
     code, out, _ = _run(capsys, "split", "demo", "--stages", "1", "--cases", "1")
     assert code == EXIT_OK
-    assert "1 stage, balanced by flops" in out and "the 1 stage chained in one process matches the model" in out
+    assert "1 stage, balanced by flops" in out and "verified: the single stage matches the model" in out
+    # a split not compared with the model says so
+    code, out, _ = _run(capsys, "split", "demo", "--stages", "2", "--no-verify")
+    assert code == EXIT_OK and "not verified (--no-verify)" in out and "verified:" not in out
 
 
 class SizeKeptToTheEnd(nn.Module):

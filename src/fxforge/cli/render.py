@@ -718,16 +718,18 @@ def render_split(console: Console, spec: str, capture: dict[str, Any], result: A
     verification = result.verification
     if verification is not None:
         if verification.ok:
-            one = len(plan.stages) == 1
-            stages = f"{len(plan.stages)} stage{'' if one else 's'}"
+            count = len(plan.stages)
+            what = "the single stage matches" if count == 1 else f"the {count} stages chained in one process match"
             console.print(
-                f"  [green]verified[/]: the {stages} chained in one process match{'es' if one else ''} the model on "
+                f"  [green]verified[/]: {what} the model on "
                 f"{verification.describe_inputs()} (max abs err {verification.max_abs_err:.3g})"
             )
             render_verify_doubts(console, verification)
         else:
             problems = "; ".join(verification.problems[:2])
             console.print(f"  [bold red]MISMATCH[/]: the chained stages differ from the model: {problems}")
+    elif result.stages is not None:  # stage modules that were not compared with the model: said, not left out
+        console.print("  [yellow]not verified[/] (--no-verify): the stages were not compared with the model")
     for note in plan.notes:
         console.print(f"  [dim]note: {note}[/]")
     if result.directory:
