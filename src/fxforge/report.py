@@ -79,9 +79,11 @@ def report(
         inspect_section(inspected.to_dict()),
     ]
     graph_title = "Graph"
+    findings_data: dict[str, Any] = {"lint": [f.to_dict() for f in findings.findings]}
     if passes:
         result = optimize(captured, list(passes), verify=True, spec=spec)
         data = result.pipeline.to_dict()
+        findings_data["optimize"] = {key: data.get(key) for key in ("verify", "failed_pass", "problem", "steps")}
         graph, steps, divergence = rewritten_graph(result)
         model_data = diff_model(
             captured,
@@ -104,16 +106,19 @@ def report(
         model_data["depth"] = depth
     if bench:
         backends = list(REPORT_BACKENDS) if bench is True else list(bench)
-        after.append(bench_section(run_bench(captured, backends, repeats=bench_repeats).to_dict()))
+        timings = run_bench(captured, backends, repeats=bench_repeats).to_dict()
+        findings_data["bench"] = timings
+        after.append(bench_section(timings))
     if quantize:
         with warnings.catch_warnings():  # the quantize section shows the result's warnings
             warnings.simplefilter("ignore", RandomCalibrationWarning)
             quantized = run_quantize(captured, quantize, calibration=calibration)
-        after.append(quantize_section(quantized.to_dict()))
+        findings_data["quantize"] = quantized.to_dict()
+        after.append(quantize_section(findings_data["quantize"]))
     after += [capture_section(spec, captured.record.to_dict()), environment_section(environment())]
     title = f"fxforge report: {spec}"
     html = report_document(title, describe(model_data), sections, model_data, graph_title, after)
-    view = GraphView(html, model_data, title=title)
+    view = GraphView(html, model_data, title=title, findings=findings_data)
     if path is not None:
         view.save(path, force=force)
     return view

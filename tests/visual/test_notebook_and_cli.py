@@ -159,3 +159,11 @@ def test_report_with_quantize_shows_the_random_calibration_warning_in_the_page_n
         assert main(["report", "demo:mlp", "--quantize", "dynamic", "-o", str(tmp_path / "r.html")]) == 0
     assert not [w for w in raised if w.category.__name__ == "RandomCalibrationWarning"]
     assert "fxf-warn" in (tmp_path / "r.html").read_text()  # the quantize section says accuracy is unknown
+
+
+def test_report_json_carries_the_verification_a_ci_job_reads(tmp_path, capsys):
+    """report --json had the page's node counts only: not whether the passes were verified."""
+    assert main(["report", "demo", "-p", "fold_bn", "-o", str(tmp_path / "r.html"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["optimize"]["verify"]["ok"] is True and out["optimize"]["verify"]["trials"] >= 3
+    assert out["optimize"]["failed_pass"] is None and isinstance(out["lint"], list)

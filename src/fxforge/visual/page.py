@@ -119,6 +119,8 @@ class GraphView:
     path: Path | None = None
     title: str = ""
     notes: list[str] = field(default_factory=list)
+    # what a report found besides the graph, as data (for --json): the passes' verification, bench, quantize
+    findings: dict[str, Any] = field(default_factory=dict)
 
     def save(self, path: str | Path, *, force: bool = True) -> Path:
         self.path = write_text(path, self.html, force=force)

@@ -110,6 +110,7 @@ def command(
                 **page_node_counts(view.model),
                 "counts": view.model.get("counts"),
                 "profile": view.model.get("profile"),
+                **view.findings,  # lint, and optimize (its verification), bench, quantize where asked
             }
         )
         return
