@@ -244,6 +244,10 @@ def test_doctor_json_has_every_field(capsys):
     assert {"fp32", "bf16", "int8"} <= set(data["peak_gflops"]) and data["peak_gflops"]["fp32"] > 0
     assert set(data["features"].values()) <= {AVAILABLE, MISSING_EXTRA, UNSUPPORTED_HARDWARE}
     assert all(name in data["reasons"] for name, state in data["features"].items() if state != AVAILABLE)
+    # not measured is null in every field that holds a measurement ({} and null disagreed)
+    code, out, _ = run(capsys, "doctor", "--json", "--no-peak")
+    data = json.loads(out)
+    assert code == EXIT_OK and data["peak_gflops"] is data["memory_bandwidth_gbs"] is data["peak"] is None
 
 
 def test_doctor_says_why_a_feature_is_missing(monkeypatch):

@@ -76,7 +76,7 @@ class DoctorReport:
             "threads": self.threads,
             "backends": self.backends,
             "gpus": self.gpus,
-            "peak_gflops": dict(self.peak.gflops) if self.peak else {},
+            "peak_gflops": dict(self.peak.gflops) if self.peak else None,  # None: not measured (--no-peak)
             "memory_bandwidth_gbs": self.peak.bandwidth_gbs if self.peak else None,
             "peak": peak_dict(self.peak) if self.peak else None,
             "features": self.features,
