@@ -567,3 +567,11 @@ def test_gpu_stages_compute_float32_in_float32():
             cudnn.conv.fp32_precision, cublas.fp32_precision = saved
         else:
             cudnn.allow_tf32, cublas.allow_tf32 = saved
+
+
+def test_stages_that_cost_nothing_are_noted():
+    """More stages than nodes with FLOPs gave stages of one ReLU or add, silently (resnet18 in 69 stages: 48)."""
+    plan = split(prepare("demo"), stages=8, verify_stages=False).plan
+    idle = [stage for stage in plan.stages if stage.cost == 0]
+    assert idle and any(note.startswith(f"{len(idle)} of 8 stages cost nothing by flops") for note in plan.notes)
+    assert not any("cost nothing" in note for note in split(prepare("demo"), stages=2).plan.notes)

@@ -506,6 +506,14 @@ def _plan(
     total = prefix_sums(costs)[-1]
     if total == 0:
         notes.append(f"every node costs 0 by {balance}: the cuts only minimise the bytes crossing them")
+    else:
+        idle = [stage.index for stage in stage_plans if stage.cost == 0]
+        if idle:  # more stages than nodes with a cost: a process each, doing nothing but pass tensors on
+            costly = sum(1 for cost in costs if cost > 0)
+            notes.append(
+                f"{len(idle)} of {stages} stages cost nothing by {balance} (only {costly} nodes cost anything): "
+                "fewer stages do the same work"
+            )
     unknown = report.totals.get("flops_unknown_ops") or []
     if balance == "flops" and unknown:
         notes.append("ops with no FLOP formula count as 0: " + ", ".join(unknown[:8]))
