@@ -304,18 +304,24 @@ def test_other_balances_balance_their_own_cost(resnet18_captured, balance):
 
 def test_time_balance_follows_the_profile(resnet18_captured, tmp_path):
     names = [n.name for n in resnet18_captured.graph_module.graph.nodes if n.op == "call_module"]
-    # every millisecond in the first two nodes: the only balanced cut is between them
-    profile = {"total_ms": 20.0, "nodes": [{"name": names[0], "time_ms": 10.0}, {"name": names[1], "time_ms": 10.0}]}
+    computing = [n.name for n in resnet18_captured.graph_module.graph.nodes if n.op not in ("placeholder", "output")]
+    # every millisecond in the first two nodes: the only balanced cut is between them; the last two nodes untimed
+    times = {name: 0.0 for name in computing[:-2]} | {names[0]: 10.0, names[1]: 10.0}
+    profile = {"total_ms": 20.0, "nodes": [{"name": name, "time_ms": ms} for name, ms in times.items()]}
     path = tmp_path / "profile.json"
     path.write_text(json.dumps(profile))
     plan = plan_split(resnet18_captured, 2, "time", profile=path)
     assert plan.cuts[0].before_node == names[1]
     assert [s.time_ms for s in plan.stages] == [10.0, 10.0] and plan.imbalance == 1.0
-    assert any("no time in the profile" in note for note in plan.notes)
+    assert any(note.startswith("2 of ") and "no time in the profile" in note for note in plan.notes)
     with pytest.raises(FxforgeError, match="--profile"):
         plan_split(resnet18_captured, 2, "time")
     path.write_text(json.dumps({"nodes": [{"name": "elsewhere", "time_ms": 1.0}]}))
     with pytest.raises(FxforgeError, match="none of this graph's nodes"):
+        plan_split(resnet18_captured, 2, "time", profile=path)
+    # another model's or capture's profile that happens to share a few names (resnet18's for resnet34) is refused
+    path.write_text(json.dumps({"nodes": [{"name": names[0], "time_ms": 10.0}, {"name": names[1], "time_ms": 1.0}]}))
+    with pytest.raises(FxforgeError, match=f"the profile times only 2 of this graph's {len(computing)} nodes"):
         plan_split(resnet18_captured, 2, "time", profile=path)
     path.write_text(json.dumps({"nodes": [{"name": names[0], "time_ms": "fast"}]}))
     with pytest.raises(FxforgeError, match="numeric"):

@@ -408,6 +408,12 @@ def _match_profile(graph: _Graph, profile: Mapping[str, float], notes: list[str]
             "MODEL --json > profile.json",
         )
     missing = len(names - matched)
+    if missing * 2 > len(names):  # another model's or another capture's profile: the cuts would follow nothing
+        raise FxforgeError(
+            f"the profile times only {len(matched)} of this graph's {len(names)} nodes",
+            hint="profile the same model with the same capture (dialect and inputs) you split: fxforge profile "
+            "MODEL --json > profile.json",
+        )
     if missing:
         notes.append(f"{missing} of {len(names)} nodes have no time in the profile (counted as 0 ms)")
 
