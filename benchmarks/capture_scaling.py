@@ -66,6 +66,11 @@ class Block(nn.Module):
         super().__init__()
         self.fc = nn.Linear(width, width)
         self.act = nn.ReLU()
+        # small weights: default ones grow x + relu(fc(x)) past float32's range within ~1000 blocks, and an output
+        # that is all Inf is a failed capture check (nothing to compare), which stopped the 10k-node row
+        with torch.no_grad():
+            self.fc.weight.mul_(1e-3)
+            self.fc.bias.mul_(1e-3)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.act(self.fc(x))

@@ -27,6 +27,7 @@ import difflib
 import functools
 import inspect as pyinspect
 import io
+import linecache
 import re
 import sys
 import traceback
@@ -180,6 +181,21 @@ class _LeafTracer(fx.Tracer):
         if module_qualified_name in self.leaf_names or (self.leaf_types and isinstance(m, self.leaf_types)):
             return True
         return super().is_leaf_module(m, module_qualified_name)
+
+    def create_node(self, *args: Any, **kwargs: Any) -> fx.Node:
+        node = super().create_node(*args, **kwargs)
+        # The model's line that made the node, as torch.export records it (node.meta["stack_trace"]): a warning or
+        # error raised while the captured graph runs then names that line, not the generated code's
+        # (errors.graph_frame_source). Only the innermost frame of the user's code: torch.fx's own
+        # record_stack_traces extracts and formats the whole stack per node and made capture 3x slower.
+        frame = sys._getframe(1)
+        while frame is not None and not is_user_file(frame.f_code.co_filename):
+            frame = frame.f_back
+        if frame is not None:
+            code, lineno = frame.f_code, frame.f_lineno
+            source = linecache.getline(code.co_filename, lineno).strip()
+            node.meta["stack_trace"] = f'  File "{code.co_filename}", line {lineno}, in {code.co_name}\n    {source}\n'
+        return node
 
 
 @dataclass
@@ -335,10 +351,6 @@ def _symbolic_trace(
 ) -> fx.GraphModule:
     tracer = _LeafTracer(leaf_names, leaf_types)
     tracer.proxy_buffer_attributes = proxy_buffers
-    # each node's stack (node.meta["stack_trace"], as torch.export records): a warning or error raised while the
-    # captured graph runs names the model's line through it, not the generated code's (errors.graph_frame_source).
-    # Costs ~20% of the trace's time.
-    tracer.record_stack_traces = True
     snapshot = buffers_snapshot(model)
     refuse_buffer_writes = _buffer_assignments_refused(model) if proxy_buffers else contextlib.nullcontext()
     # preserved_state: a failed trace must leave the user's module as it was (a leaked Proxy in a buffer
