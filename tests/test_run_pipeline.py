@@ -212,6 +212,13 @@ def test_a_damaged_plan_is_one_line_before_any_stage_starts(small_split, edit, r
         run_pipeline(small_split, microbatches=2, repeats=1, warmup=0, timeout=120)
 
 
+def test_a_missing_stage_file_is_named_before_any_stage_starts(small_split):
+    """A rank found it after every process had started (~14 s), and the run failed with exit 1, not 2."""
+    (small_split / "stage_1.pt2").unlink()
+    with pytest.raises(ModelSpecError, match=r"lacks stage_1\.pt2, which plan\.json names"):
+        run_pipeline(small_split, microbatches=2, repeats=1, warmup=0, timeout=120)
+
+
 def test_swapped_stage_files_are_named_before_they_run(small_split):
     # they ran, and failed inside the schedule with "stage 1 failed: KeyError: 2"
     (small_split / "stage_0.pt2").rename(small_split / "swap")

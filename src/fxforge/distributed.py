@@ -762,6 +762,11 @@ def run_pipeline(
             f"{directory} holds a plan without stage modules (it was made on the meta device)",
             hint="split a model with weights (leave out --device meta) to run it",
         )
+    missing = [stage.file for stage in plan.stages if stage.file and not (directory / stage.file).is_file()]
+    if missing:  # before starting the processes: a rank found it ~14 s later, and it was a failed run (exit 1)
+        raise ModelSpecError(
+            f"{directory} lacks {', '.join(missing)}, which plan.json names", hint="split the model again"
+        )
     pickled = [stage.file for stage in plan.stages if stage.file and stage.file.endswith(".pt")]
     if pickled and not pickle_trusted(trust_pickle):  # before starting processes that would all refuse it
         raise ModelSpecError(
