@@ -124,12 +124,16 @@ def check_output_file(target: str | Path, *, force: bool = False) -> Path:
     """What :class:`StagedOutput` would refuse, checked before the work: a directory, an existing file without
     ``force``, a folder that cannot be written."""
     path = output_target(target)
+    _refuse_existing_file(path, force)
+    check_writable(path)
+    return path
+
+
+def _refuse_existing_file(path: Path, force: bool) -> None:
     if path.is_dir():
         raise FxforgeError(f"{path} is a directory", hint="give a file name, e.g. -o out/model.onnx")
     if path.exists() and not force:
         raise FxforgeError(f"{path} exists", hint="pass --force (force=True in Python) to replace it")
-    check_writable(path)
-    return path
 
 
 def check_output_directory(target: str | Path, *, force: bool = False) -> Path:
@@ -284,10 +288,7 @@ class StagedOutput:
         return self.directory / self.target.name
 
     def __enter__(self) -> StagedOutput:
-        if self.target.is_dir():
-            raise FxforgeError(f"{self.target} is a directory", hint="give a file name, e.g. -o out/model.onnx")
-        if self.target.exists() and not self.force:
-            raise FxforgeError(f"{self.target} exists", hint="pass --force (force=True in Python) to replace it")
+        _refuse_existing_file(self.target, self.force)
         try:
             for directory in _missing_parents(self.target):
                 directory.mkdir()
