@@ -47,3 +47,16 @@ def register_broken_scale_pass(name: str) -> str:
         return result
 
     return name
+
+
+class InplaceDropout(nn.Module):
+    """A dropout written in place after a layer: torch.export records ``aten.dropout_`` (torchvision's EfficientNets
+    and MobileNetV3 use ``inplace=True``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.drop = nn.Dropout(0.3, inplace=True)
+
+    def forward(self, x):
+        return self.drop(self.fc(x))

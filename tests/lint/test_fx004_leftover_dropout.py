@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fxforge.passes import apply_pass
+from model_helpers import InplaceDropout
 
 
 class WithDropout(nn.Module):
@@ -50,16 +51,6 @@ def test_active_dropout(capture_as, findings, dialect):
 def test_zero_probability_is_a_no_op(capture_as, findings, dialect):
     found = findings(capture_as(ZeroDropout(), X, dialect), "FX004")
     assert [f.node for f in found] == ["dropout"] and "no-op" in found[0].message
-
-
-class InplaceDropout(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(4, 4)
-        self.drop = nn.Dropout(0.3, inplace=True)  # torchvision's EfficientNets and MobileNetV3
-
-    def forward(self, x):
-        return self.drop(self.fc(x))
 
 
 @pytest.mark.parametrize(("dialect", "node"), [("torch", "drop"), ("aten", "dropout_")])

@@ -5,6 +5,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from model_helpers import InplaceDropout
+
 
 class FunctionalDropout(nn.Module):
     def forward(self, x):
@@ -112,16 +114,6 @@ def test_aten_train_mode_export(capture_as, findings):
     found = findings(capture_as(Modules().train(), X, "aten", check=False), "FX011")
     assert [f.node for f in found] == ["batch_norm", "dropout"]
     assert "training=True baked in" in found[0].message and "train=True" in found[1].message
-
-
-class InplaceDropout(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(4, 4)
-        self.drop = nn.Dropout(0.2, inplace=True)  # torchvision's EfficientNets and MobileNetV3
-
-    def forward(self, x):
-        return self.drop(self.fc(x))
 
 
 def test_aten_inplace_dropout(capture_as, findings):
