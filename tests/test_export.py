@@ -649,3 +649,17 @@ def test_a_trace_warning_in_a_captured_graph_names_the_models_line(tmp_path):
     line = next(n for n, text in enumerate(Path(__file__).read_text().splitlines(), 1) if "the line the error" in text)
     assert f"test_export.py:{line} `torch._assert(x.shape[1] == 8" in info.value.message, info.value.message
     assert "torch/__init__.py" not in info.value.message
+
+
+def test_torchvisions_vit_trace_warning_names_its_image_size_check(tmp_path):
+    """The case the QA pass found, on torchvision's own VisionTransformer (small): the error named torch's
+    `if not condition:` in torch/__init__.py."""
+    torchvision = pytest.importorskip("torchvision")
+    vit = torchvision.models.VisionTransformer(
+        image_size=32, patch_size=16, num_layers=1, num_heads=2, hidden_dim=32, mlp_dim=64, num_classes=10
+    ).eval()
+    captured = capture(vit, (torch.randn(1, 3, 32, 32),), method="symbolic_trace")
+    with pytest.raises(ExportError) as info:
+        export_model(captured, "torchscript", tmp_path / "vit.pt")
+    assert "vision_transformer.py:" in info.value.message and "torch._assert(h == self.image_size" in info.value.message
+    assert "torch/__init__.py" not in info.value.message and not (tmp_path / "vit.pt").exists()

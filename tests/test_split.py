@@ -605,3 +605,16 @@ def test_a_weight_two_stages_hold_is_counted_in_both():
     assert [stage.cost for stage in plan.stages] == [float(stage.param_bytes) for stage in plan.stages]
     assert plan.imbalance == pytest.approx(max(s.cost for s in plan.stages) / (sum(s.cost for s in plan.stages) / 2))
     assert any("used by more than one stage (tied weights)" in note for note in plan.notes)
+
+
+def test_gpt2s_tied_embedding_is_counted_in_each_stage_that_holds_it():
+    """The QA case: GPT-2's output layer reuses its token embedding; split by params, the last stage holds it too."""
+    config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=64, vocab_size=1000, n_positions=64)
+    config._attn_implementation, config.use_cache = "eager", False
+    torch.manual_seed(0)
+    captured = prepare(transformers.GPT2LMHeadModel(config).eval(), ["2x16:int64"])
+    plan = split(captured, 3, "params", verify_stages=False).plan
+    assert [stage.cost for stage in plan.stages] == [float(stage.param_bytes) for stage in plan.stages]
+    embedding_bytes = 1000 * 64 * 4
+    assert sum(stage.param_bytes for stage in plan.stages) >= plan.total_cost >= embedding_bytes * 2
+    assert any("used by more than one stage (tied weights)" in note for note in plan.notes)
