@@ -24,7 +24,7 @@ rounds, same inputs, same threads; median, p10 and p90 of the rounds):
   ``--auto`` would try on this machine (exactly the choice a full run could make, minus re-timing the losers).
 
 ``best peer`` is the fastest of eager, eager+cl, fx, jit, compile and ort on that row; ``auto / best`` is the
-best peer's median over auto's, with a 95% bootstrap interval of the per-round ratios (``fxforge.auto.
+best peer's median over auto's, with a 95% bootstrap interval of the per-round ratios (``fxforge.bench.
 ratio_interval``: rounds are paired, so machine noise cancels). Each row's ``of peak`` is its GFLOP/s over the
 measured matmul peak of its precision (``fxforge.machine``), so the distance to the machine's limit is visible.
 
@@ -67,9 +67,8 @@ from fxforge.auto import (
     Budget,
     auto_optimize,
     candidate_backends,
-    ratio_interval,
 )
-from fxforge.bench import SETTLE_CALLS, Backend, bench, get_backend
+from fxforge.bench import SETTLE_CALLS, Backend, bench, get_backend, ratio_interval
 from fxforge.capture import Captured
 from fxforge.doctor import versions
 from fxforge.errors import one_line_reason

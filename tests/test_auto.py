@@ -259,7 +259,8 @@ def test_a_simpler_artifact_that_ties_within_noise_is_chosen():
 
 
 def test_a_clearly_faster_artifact_wins_despite_noise():
-    from fxforge.auto import choose, ratio_interval
+    from fxforge.auto import choose
+    from fxforge.bench import ratio_interval
 
     noise = torch.Generator().manual_seed(1)
     machine = [1 + float(torch.rand(1, generator=noise)) for _ in range(30)]  # times vary 2x between rounds
@@ -276,7 +277,8 @@ def test_a_clearly_faster_artifact_wins_despite_noise():
 def test_a_much_slower_simple_artifact_does_not_win_on_a_noisy_machine():
     """Seen under load: int8 at a third of ONNX Runtime's median time, with per-round ratios so noisy that the
     interval reached 1; the simpler ONNX Runtime was chosen. A wide interval alone is no tie."""
-    from fxforge.auto import choose, ratio_interval
+    from fxforge.auto import choose
+    from fxforge.bench import ratio_interval
 
     per_round = [3.7, 0.55, 4.0, 0.6, 3.5, 0.7, 3.9, 6.5, 0.8, 3.6]  # ONNX Runtime's time / int8's, by round
     int8 = [15.0] * len(per_round)

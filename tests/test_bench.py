@@ -103,6 +103,68 @@ def test_statistics_and_batches(mlp):
     assert report.threads == torch.get_num_threads()
 
 
+def _timed_row(backend: str, rounds: list[float]):
+    from fxforge.bench import BenchRow
+
+    row = BenchRow(backend, batch=1)
+    row.set_rounds(rounds)
+    return row
+
+
+def test_speedups_carry_the_interval_of_their_paired_rounds():
+    """The machine slows whole rounds (here 1x-3x): the medians alone cannot tell 2x from noise, the paired
+    per-round ratios can; a backend as fast as eager gets an interval reaching 1."""
+    from fxforge.bench import set_speedups
+
+    machine = [1.0, 3.0, 1.2, 2.5, 1.1, 2.8, 1.0, 1.9, 2.2, 1.4]
+    jitter = [1.00, 1.02, 0.98, 1.01, 0.99, 1.03, 0.97, 1.00, 1.02, 0.98]
+    eager = _timed_row("eager", [10 * m for m in machine])
+    twice = _timed_row("fx", [5 * m * j for m, j in zip(machine, jitter)])
+    same = _timed_row("torchscript", [10 * m * j for m, j in zip(machine, jitter)])
+    set_speedups([eager, twice, same])
+    assert eager.speedup == 1.0 and eager.speedup_interval is None
+    low, high = twice.speedup_interval
+    assert 1.9 < low <= twice.speedup <= high < 2.1  # the medians' ratio lies inside, and 1 is far outside
+    low, high = same.speedup_interval
+    assert low <= 1.0 <= high
+    assert twice.to_dict()["speedup_interval"] == twice.speedup_interval
+
+
+def test_a_busy_machine_is_said_once_with_the_rows_it_moved():
+    from fxforge.bench import NOISY_SPREAD, BenchReport
+
+    steady = _timed_row("eager", [10.0, 10.2, 9.9, 10.1, 10.0])
+    busy = _timed_row("fx", [5.0, 15.0, 5.2, 14.0, 5.1, 16.0])
+    assert not steady.noisy and busy.noisy and busy.spread > NOISY_SPREAD
+    report = BenchReport([steady, busy], threads=2, warmup=1, repeats=6, inputs=["1x3"], memory="-")
+    assert report.noise_warning.startswith("a busy machine: the rounds of fx spread")
+    data = report.to_dict()
+    assert data["noise_warning"] == report.noise_warning
+    assert [row["noisy"] for row in data["rows"]] == [False, True]
+    assert BenchReport([steady], 2, 1, 5, ["1x3"], "-").noise_warning is None
+
+
+def test_the_table_and_the_report_show_the_interval_and_the_warning():
+    from rich.console import Console
+
+    from fxforge.bench import BenchReport, set_speedups
+    from fxforge.cli.render import render_bench
+    from fxforge.visual.sections import bench_section
+
+    eager = _timed_row("eager", [10.0, 30.0, 12.0, 25.0, 11.0])
+    fx = _timed_row("fx", [5.0, 15.3, 5.9, 12.6, 5.4])
+    set_speedups([eager, fx])
+    report = BenchReport([eager, fx], threads=2, warmup=1, repeats=5, inputs=["1x3"], memory="-")
+    console = Console(record=True, width=120)
+    render_bench(console, "demo", report)
+    text = console.export_text()
+    low, high = fx.speedup_interval
+    assert f"{low:.2f}-{high:.2f}" in text and "no speedup within noise" in text
+    assert "a busy machine: the rounds of eager, fx spread" in " ".join(text.split())
+    html = bench_section(report.to_dict())
+    assert f"({low:.2f}-{high:.2f})" in html and "a busy machine" in html
+
+
 def test_peak_memory_sees_what_a_backend_allocates(mlp):
     if not ResidentPeak.available():
         pytest.skip("needs Linux /proc")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -276,3 +277,17 @@ def test_debug_may_follow_the_command_as_the_internal_error_hint_suggests(capsys
     """'rerun with --debug' added at the end was "No such option '--debug'": it is a global option, moved."""
     assert main(["inspect", "demo", "--debug"]) == 0
     assert "captured by symbolic_trace" in capsys.readouterr().out
+
+
+def test_piped_output_is_120_columns_unless_columns_says_otherwise():
+    """A wide table piped to a file is cut at 120 columns; ``COLUMNS`` keeps it whole (and a nonsense value is
+    ignored, not an error)."""
+    widths = {}
+    # ATen targets and module paths: a table wider than 120 columns
+    command = ["inspect", "torchvision:resnet18", "-i", "1x3x32x32", "--nodes", "--method", "export"]
+    for columns in ("", "abc", "220"):
+        env = {**os.environ, "COLUMNS": columns}
+        result = subprocess.run([sys.executable, "-m", "fxforge", *command], capture_output=True, text=True, env=env)
+        assert result.returncode == EXIT_OK
+        widths[columns] = max(len(line) for line in result.stdout.splitlines())
+    assert widths[""] == widths["abc"] == 120 < widths["220"] <= 220

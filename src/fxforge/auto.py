@@ -33,9 +33,7 @@ A candidate that fails verification is never timed, let alone chosen.
 from __future__ import annotations
 
 import dataclasses
-import random
 import shutil
-import statistics
 import tempfile
 import time
 import warnings
@@ -66,6 +64,7 @@ from fxforge.bench import (
     build_failure,
     get_backend,
     model_device,
+    ratio_interval,
     set_speedups,
 )
 from fxforge.capture import Captured, require_real_weights
@@ -686,25 +685,6 @@ def _simplicity(candidate: Candidate) -> float:
     base, *variants = candidate.name.split("+")
     rank = SIMPLICITY.index(base) if base in SIMPLICITY else len(SIMPLICITY)
     return rank + 0.1 * len(variants)  # a variant is one more thing that could differ on the user's machine
-
-
-def ratio_interval(
-    times: Sequence[float], reference: Sequence[float], resamples: int = 2000, seed: int = 0
-) -> tuple[float, float, float] | None:
-    """Median of the per-round ratios ``times[i] / reference[i]`` and its 95% bootstrap interval.
-
-    Rounds are paired: bench runs every candidate once per round in a shuffled order, so a slow moment of the
-    machine slows both times of a round, and the ratio cancels it. None when there are no paired rounds.
-    """
-    ratios = [t / r for t, r in zip(times, reference) if r > 0]
-    if not ratios:
-        return None
-    if len(ratios) == 1:
-        return ratios[0], ratios[0], ratios[0]
-    generator = random.Random(seed)
-    medians = sorted(statistics.median(generator.choices(ratios, k=len(ratios))) for _ in range(resamples))
-    low, high = medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
-    return statistics.median(ratios), low, high
 
 
 # --------------------------------------------------------------------------------------------------

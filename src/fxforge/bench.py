@@ -18,7 +18,9 @@ shared with ``optimize --auto`` -- and the measurement:
   alone in a loop. Without it, ONNX Runtime timed after a torch backend (whose OpenMP threads spin for a
   while after their last op) was 19% slower than alone (mobilenet_v2, batch 1, 2 cores: 3.78 vs 3.18 ms),
   and torch's oneDNN-fused TorchScript 21%; with it, 3% and 14%;
-* median and p90 latency over the timed calls, throughput = batch / median;
+* median and p90 latency over the timed calls, throughput = batch / median; the speedup (eager's median over
+  the row's) with the 95% bootstrap interval of eager's time over the row's round by round (rounds are paired,
+  so a slow moment of the machine cancels); a row whose rounds spread wider than :data:`NOISY_SPREAD` is ``noisy``;
 * page faults per timed call (``faults_per_call``, the median; the calling thread's on Linux, the process's elsewhere):
   memory mapped afresh on every call. A row with many (:data:`FAULTS_NOTED` or more) gets a note: on CPython
   3.11/3.12 a caller at a frame-stack chunk boundary makes every Python call inside the backend map a chunk
@@ -478,6 +480,8 @@ class BenchRow:
     mean_ms: float | None = None
     throughput: float | None = None  # samples per second: batch / median
     speedup: float | None = None  # eager's median / this median, same batch
+    # the 95% bootstrap interval of eager's time over this row's, paired by round (ratio_interval)
+    speedup_interval: tuple[float, float] | None = None
     peak_mem_mib: float | None = None
     max_abs_err: float | None = None  # vs eager on the same inputs
     within_tolerance: bool | None = None
@@ -493,6 +497,17 @@ class BenchRow:
     @property
     def ok(self) -> bool:
         return self.error is None
+
+    @property
+    def spread(self) -> float | None:
+        """p90 over p10 of the rounds: how much the machine moved the timings."""
+        return self.p90_ms / self.p10_ms if self.p10_ms and self.p90_ms else None
+
+    @property
+    def noisy(self) -> bool:
+        """The rounds spread wider than :data:`NOISY_SPREAD`: the median, and every ratio read from medians, is a
+        sample of a busy machine more than of the backend; the paired speedup interval still holds."""
+        return self.spread is not None and self.spread > NOISY_SPREAD
 
     def set_rounds(self, round_ms: Sequence[float]) -> None:
         """Set the timed rounds (ms, in round order) and the statistics over them. Rates that follow the median
@@ -516,6 +531,7 @@ class BenchRow:
         data = dataclasses.asdict(self)
         data.pop("round_ms")
         data["ok"] = self.ok
+        data["noisy"] = self.noisy
         return data
 
 
@@ -536,8 +552,23 @@ class BenchReport:
     def _repr_html_(self) -> str:  # Jupyter shows this for the last value of a cell
         return notebook.bench_html(self)
 
+    @property
+    def noise_warning(self) -> str | None:
+        """One line naming the noisy rows (:attr:`BenchRow.noisy`), or None when every row's rounds held steady."""
+        noisy = [row for row in self.rows if row.noisy]
+        if not noisy:
+            return None
+        spreads = sorted(row.spread or 0.0 for row in noisy)
+        span = f"{spreads[0]:.1f}x" if len(noisy) == 1 else f"{spreads[0]:.1f}-{spreads[-1]:.1f}x"
+        names = ", ".join(dict.fromkeys(row.backend for row in noisy))
+        return (
+            f"a busy machine: the rounds of {names} spread {span} (p90 over p10, above {NOISY_SPREAD}); compare "
+            "backends by the speedup intervals, or rerun with nothing else running"
+        )
+
     def to_dict(self) -> dict[str, Any]:
         return {
+            "noise_warning": self.noise_warning,
             "threads": self.threads,
             "warmup": self.warmup,
             "repeats": self.repeats,
@@ -778,12 +809,34 @@ def _bench_batch(captured: Captured, chosen: Sequence[Backend], batch: int, plan
 
 
 def set_speedups(rows: Iterable[BenchRow]) -> None:
-    """Each timed row's speedup: eager's median over its median (rows of one batch size; no eager row, none)."""
+    """Each timed row's speedup: eager's median over its median (rows of one batch size; no eager row, none),
+    and the 95% interval of eager's time over the row's, round by round (:func:`ratio_interval`)."""
     rows = list(rows)
     eager = next((row for row in rows if row.backend == "eager"), None)
     for row in rows:
         if eager is not None and eager.median_ms and row.median_ms:
             row.speedup = eager.median_ms / row.median_ms
+            interval = ratio_interval(eager.round_ms, row.round_ms) if row is not eager else None
+            row.speedup_interval = interval[1:] if interval else None
+
+
+def ratio_interval(
+    times: Sequence[float], reference: Sequence[float], resamples: int = 2000, seed: int = 0
+) -> tuple[float, float, float] | None:
+    """Median of the per-round ratios ``times[i] / reference[i]`` and its 95% bootstrap interval.
+
+    Rounds are paired: bench runs every candidate once per round in a shuffled order, so a slow moment of the
+    machine slows both times of a round, and the ratio cancels it. None when there are no paired rounds.
+    """
+    ratios = [t / r for t, r in zip(times, reference) if r > 0]
+    if not ratios:
+        return None
+    if len(ratios) == 1:
+        return ratios[0], ratios[0], ratios[0]
+    generator = random.Random(seed)
+    medians = sorted(statistics.median(generator.choices(ratios, k=len(ratios))) for _ in range(resamples))
+    low, high = medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
+    return statistics.median(ratios), low, high
 
 
 def _peak_fractions(rows: Iterable[BenchRow], resized: Captured, peak: Peak | None) -> None:
@@ -821,6 +874,9 @@ def _warm_up(runner: Runner, inputs: tuple[Any, ...], warmup: int, row: BenchRow
 
 SETTLE_CALLS = 1  # untimed calls of a backend right before each of its timed calls (module docstring)
 FAULTS_NOTED = 64  # page faults per timed call from which a row says so: a steady state faults a handful at most
+# p90 over p10 of a row's rounds from which it says the machine was busy: on a quiet machine rows stay within
+# 1.1-1.3x (docs/benchmarks.md tables); a second process on one of two cores gives 1.5-3x
+NOISY_SPREAD = 1.5
 # faults of the calling thread only (Linux); elsewhere the whole process's, which other threads can add to
 _FAULT_SCOPE = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF) if resource is not None else None
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -21,9 +22,17 @@ from rich.console import Console
 
 from fxforge.cli import stop_if_interrupted
 
-# Piped output gets a fixed, roomy width instead of rich's 80-column fallback.
-stdout = Console(highlight=False, emoji=False, width=None if sys.stdout.isatty() else 120)
-stderr = Console(stderr=True, highlight=False, emoji=False, width=None if sys.stderr.isatty() else 120)
+
+def _piped_width() -> int:
+    """Piped output gets a fixed, roomy width instead of rich's 80-column fallback; ``COLUMNS`` (a positive
+    integer) sets another, so that wide tables (``inspect --nodes``) can be kept whole in a file."""
+    columns = os.environ.get("COLUMNS", "")
+    return int(columns) if columns.isdigit() and int(columns) > 0 else PIPED_WIDTH
+
+
+PIPED_WIDTH = 120
+stdout = Console(highlight=False, emoji=False, width=None if sys.stdout.isatty() else _piped_width())
+stderr = Console(stderr=True, highlight=False, emoji=False, width=None if sys.stderr.isatty() else _piped_width())
 
 
 @dataclass

@@ -404,13 +404,16 @@ def render_bench(console: Any, spec: str, report: Any) -> None:
     """Print a bench report as a rich table (the CLI's human output)."""
     table = Table(title=f"{escape(spec)}  inputs {', '.join(report.inputs)}  threads {report.threads}")
     table.add_column("backend", no_wrap=True)
-    columns = ("batch", "median ms", "p90 ms", "samples/s", "speedup", "GFLOP/s", "of peak", "peak MiB")
-    for column in (*columns, "max abs err", "build s"):
-        table.add_column(column, justify="right")
+    # samples/s is batch / median: worth its width only where batch sizes differ (it stays in --json)
+    throughput = len({row.batch for row in report.rows}) > 1
+    columns = ["batch", "median ms", "p90 ms", *(["samples/s"] if throughput else []), "speedup", "GFLOP/s (of peak)"]
+    for column in (*columns, "peak MiB", "max abs err", "build s"):
+        # the speedup's interval under it ("0.97-1.05") must not be cut
+        table.add_column(column, justify="right", min_width=9 if column == "speedup" else None)
     table.add_column("status")
     for row in report.rows:
         if not row.ok:
-            table.add_row(row.backend, str(row.batch), *["-"] * 9, f"[red]{escape(row.error)}[/]")
+            table.add_row(row.backend, str(row.batch), *["-"] * (len(columns) + 2), f"[red]{escape(row.error)}[/]")
             continue
         verdict = "[green]ok[/]" if row.within_tolerance else "[yellow]beyond tol[/]"
         table.add_row(
@@ -418,10 +421,9 @@ def render_bench(console: Any, spec: str, report: Any) -> None:
             str(row.batch),
             _fmt(row.median_ms, ".2f"),
             _fmt(row.p90_ms, ".2f"),
-            _fmt(row.throughput, ".1f"),
-            _fmt(row.speedup, ".2f", "x"),
-            _fmt(row.gflops, ".0f"),
-            _peak_share(row),
+            *([_fmt(row.throughput, ".1f")] if throughput else []),
+            _speedup(row),
+            _gflops(row),
             _fmt(row.peak_mem_mib, ".1f"),
             _fmt(row.max_abs_err, ".2g"),
             _fmt(row.build_s, ".1f"),
@@ -432,13 +434,37 @@ def render_bench(console: Any, spec: str, report: Any) -> None:
         console.print(f"[dim]machine: {escape(report.machine)}[/]")
     console.print(
         f"[dim]{report.repeats} timed calls per backend after {report.warmup} warm-up calls, interleaved "
-        f"in a shuffled order each round, each right after an untimed call of the same backend; max abs err "
+        f"in a shuffled order each round, each right after an untimed call of the same backend; speedup: eager's "
+        f"median over the row's, under it the 95% interval of eager's time over the row's round by round (an "
+        f"interval that reaches 1.00 is no speedup within noise); max abs err "
         f"vs eager on the same inputs; of peak: GFLOP/s over the measured matmul peak of the row's precision; "
         f"peak MiB: {report.memory}[/]"
     )
     for row in report.rows:
         for note in row.notes:
             console.print(f"[dim]{row.backend}: {note}[/]")
+    if report.noise_warning:
+        console.print(f"[yellow]{escape(report.noise_warning)}[/]")
+
+
+def _speedup(row: Any) -> str:
+    if row.speedup is None:
+        return "-"
+    if row.speedup_interval is None:
+        return f"{row.speedup:.2f}x"
+    low, high = row.speedup_interval
+    return f"{row.speedup:.2f}x\n[dim]{_short(low)}-{_short(high)}[/]"
+
+
+def _short(ratio: float) -> str:
+    return f"{ratio:.2f}" if ratio < 10 else f"{ratio:.1f}" if ratio < 100 else f"{ratio:.0f}"
+
+
+def _gflops(row: Any) -> str:
+    """GFLOP/s over its share of the measured peak (one column: the table must fit 120 columns when piped)."""
+    if row.gflops is None:
+        return "-"
+    return f"{row.gflops:.0f}" + (f"\n[dim]({_peak_share(row)})[/]" if row.peak_fraction is not None else "")
 
 
 def _peak_share(row: Any) -> str:

@@ -284,7 +284,7 @@ def bench_section(bench: Mapping[str, Any]) -> str:
             _ms(row.get("median_ms")),
             _ms(row.get("p10_ms")),
             _ms(row.get("p90_ms")),
-            f"{row['speedup']:.2f}x" if row.get("speedup") else "-",
+            _speedup(row),
             f"{row['throughput']:.1f}" if row.get("throughput") else "-",
             f"{row['peak_mem_mib']:.1f}" if row.get("peak_mem_mib") is not None else "-",
             f"{row['max_abs_err']:.2g}" if row.get("max_abs_err") is not None else "-",
@@ -310,9 +310,20 @@ def bench_section(bench: Mapping[str, Any]) -> str:
     )
     body += (
         f"<p>{bench.get('threads')} threads, {bench.get('warmup')} warm-up calls, {bench.get('repeats')} timed "
-        f"rounds (backends shuffled each round); inputs {escape(', '.join(bench.get('inputs', [])))}</p>"
+        f"rounds (backends shuffled each round); inputs {escape(', '.join(bench.get('inputs', [])))}; speedup: "
+        "eager's median over the row's, in brackets the 95% interval of eager's time over the row's round by "
+        "round (an interval that reaches 1.00 is no speedup within noise)</p>"
     )
+    if bench.get("noise_warning"):
+        body += f"<p class='fxf-warn'>{escape(bench['noise_warning'])}</p>"
     return section("Bench", body, anchor="bench")
+
+
+def _speedup(row: Mapping[str, Any]) -> str:
+    if not row.get("speedup"):
+        return "-"
+    interval = row.get("speedup_interval")
+    return f"{row['speedup']:.2f}x" + (f" ({interval[0]:.2f}-{interval[1]:.2f})" if interval else "")
 
 
 def _ms(value: float | None) -> str:
