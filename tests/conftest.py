@@ -5,7 +5,12 @@ conftests of their own)."""
 
 from __future__ import annotations
 
+import os
 import signal
+
+# pytest-xdist's workers run with COLUMNS=80, which fxforge's piped output honours (docs/commands/index.md): the
+# tests read the CLI's output at its default piped width, so the setting is dropped before fxforge is imported.
+os.environ.pop("COLUMNS", None)
 
 import pytest
 import torch

@@ -613,6 +613,6 @@ def test_a_top1_drop_budget_is_judged_on_labels_and_bounded_by_agreement_without
     assert not ok and "dropped by 0.5000 > 0.01 on the labels" in reason
     (ok, reason), _ = judge(Budget(max_drop=0.01), _Relabel(model, x, y), unlabelled)
     assert not ok and "without labels" in reason
-    with pytest.raises(FxforgeError, match="--max-drop"):
+    with pytest.raises(FxforgeError, match=r"^max_drop is a fraction"):
         Budget(max_drop=1.5)
     assert Budget(max_drop=0.01).reduced_precision

@@ -111,7 +111,7 @@ def test_profile_refuses_a_trace_directory_with_a_trace_hint(tmp_path):
     captured = capture(Small().eval(), (torch.randn(1, 3, 16, 16),))
     with pytest.raises(FxforgeError, match="is a directory") as raised:
         profile_model(captured, repeats=1, trace=tmp_path, peak=PEAK)
-    assert raised.value.hint.startswith("name a file, e.g. --trace ") and "model.onnx" not in raised.value.hint
+    assert raised.value.hint.startswith("name a file, e.g. trace=") and "model.onnx" not in raised.value.hint
 
 
 def test_profile_json_is_whole_and_refuses_options_that_shape_tables(capsys):

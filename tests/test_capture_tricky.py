@@ -513,7 +513,7 @@ def test_a_transformers_cache_in_the_output_names_use_cache():
     ids = torch.randint(0, 100, (1, 8))
     with pytest.raises(CaptureError) as info:
         capture(transformers.T5Model(config).eval(), (), example_kwargs={"input_ids": ids, "decoder_input_ids": ids})
-    assert "use_cache=false" in info.value.hint
+    assert "model_kwargs={'use_cache': False}" in info.value.hint  # the Python API's words: capture() was called
     config.use_cache = False
     kwargs = {"input_ids": ids, "decoder_input_ids": ids}
     assert capture(transformers.T5Model(config).eval(), (), example_kwargs=kwargs).record.ok

@@ -291,3 +291,39 @@ def test_piped_output_is_120_columns_unless_columns_says_otherwise():
         assert result.returncode == EXIT_OK
         widths[columns] = max(len(line) for line in result.stdout.splitlines())
     assert widths[""] == widths["abc"] == 120 < widths["220"] <= 220
+
+
+def test_messages_name_the_options_the_user_typed(capsys):
+    """One mistake, each user's own words: the command line's options there, the Python parameters in Python."""
+    import fxforge
+    from fxforge.errors import FxforgeError
+
+    code, _, err = run(capsys, "inspect", f"{TRICKY}:Relu")
+    assert code == EXIT_USAGE and "hint: pass --input, e.g. --input 1x3x224x224" in err
+    with pytest.raises(FxforgeError) as raised:
+        fxforge.prepare(f"{TRICKY}:Relu")
+    assert "fxforge.prepare(model, '1x3x224x224')" in raised.value.hint and "--input" not in str(raised.value)
+
+    code, _, err = run(capsys, "split", "demo", "-n", "2", "--balance", "time")
+    assert code == EXIT_USAGE and "error: --balance time needs node times: pass --profile profile.json" in err
+    captured = fxforge.prepare("demo")
+    with pytest.raises(FxforgeError, match=r"^balance='time' needs node times: pass profile='profile.json'"):
+        fxforge.split(captured, balance="time")
+    with pytest.raises(FxforgeError, match=r"^stages must be at least 1, got 0"):
+        fxforge.split(captured, stages=0)
+    with pytest.raises(FxforgeError) as raised:
+        fxforge.prepare("demo", check_batch=0)
+    assert str(raised.value) == "check_batch must be at least 1, got 0 (hint: e.g. check_batch=2)"
+
+
+def test_a_flag_is_named_without_a_value_on_the_command_line(capsys, tmp_path):
+    import fxforge
+    from fxforge.errors import FxforgeError
+
+    page = tmp_path / "r.html"
+    page.write_text("mine")
+    code, _, err = run(capsys, "graph", "demo", "-o", str(page))
+    assert code == EXIT_USAGE and "hint: pass --force to replace it" in err
+    with pytest.raises(FxforgeError, match=r"pass force=True to replace it"):
+        fxforge.graph_html(fxforge.prepare("demo"), page, force=False)
+    assert page.read_text() == "mine"

@@ -314,7 +314,7 @@ def test_time_balance_follows_the_profile(resnet18_captured, tmp_path):
     assert plan.cuts[0].before_node == names[1]
     assert [s.time_ms for s in plan.stages] == [10.0, 10.0] and plan.imbalance == 1.0
     assert any(note.startswith("2 of ") and "no time in the profile" in note for note in plan.notes)
-    with pytest.raises(FxforgeError, match="--profile"):
+    with pytest.raises(FxforgeError, match="pass profile="):
         plan_split(resnet18_captured, 2, "time")
     path.write_text(json.dumps({"nodes": [{"name": "elsewhere", "time_ms": 1.0}]}))
     with pytest.raises(FxforgeError, match="none of this graph's nodes"):

@@ -13,7 +13,7 @@ from torch import nn
 
 from fxforge.artifacts import OnnxRuntimeModule
 from fxforge.capture import Captured, capture
-from fxforge.errors import CaptureError, InputSpecError
+from fxforge.errors import CaptureError, InputSpecError, option, said
 from fxforge.inputs import InputSpec, make_inputs, parse_input_spec
 from fxforge.models import LoadedModel, load_model
 from fxforge.references import import_function
@@ -31,7 +31,11 @@ def resolve_inputs(loaded: LoadedModel, inputs: str | InputSpec | Sequence[str |
         return list(loaded.default_inputs)
     raise InputSpecError(
         f"no example input shape is known for {loaded.spec}",
-        hint="pass --input, e.g. --input 1x3x224x224 (repeat it for several inputs; add :int64 for token ids)",
+        hint=said(
+            "pass --input, e.g. --input 1x3x224x224 (repeat it for several inputs; add :int64 for token ids)",
+            "pass inputs, e.g. fxforge.prepare(model, '1x3x224x224') (a list for several inputs; '1x16:int64' for "
+            "token ids)",
+        ),
     )
 
 
@@ -66,7 +70,8 @@ def prepare(
     (see :func:`fxforge.capture.capture`).
     """
     if check_batch is not None and check_batch < 1:
-        raise InputSpecError(f"--check-batch must be at least 1, got {check_batch}", hint="e.g. --check-batch 2")
+        hint = f"e.g. {option('--check-batch', 2)}"
+        raise InputSpecError(f"{option('--check-batch')} must be at least 1, got {check_batch}", hint=hint)
     loaded = load_model(model, seed=seed, device=device, model_kwargs=model_kwargs, trust_pickle=trust_pickle)
     if concrete_args:  # a misspelt name would otherwise read as "the model rejected the example inputs"
         _refuse_unknown_arguments(loaded.module, concrete_args, loaded.spec)
@@ -87,8 +92,12 @@ def prepare(
     except InputSpecError as exc:
         if inputs and loaded.default_inputs and specs != loaded.default_inputs:
             # Better than a generic example: the shape this model is known to take.
-            defaults = " ".join(f"--input {spec}" for spec in loaded.default_inputs)
-            exc.hint = f"{loaded.spec} takes {defaults} by default (leave out --input to use it)"
+            defaults = said(
+                " ".join(f"--input {spec}" for spec in loaded.default_inputs),
+                f"inputs={[str(spec) for spec in loaded.default_inputs]!r}",
+            )
+            leave_out = option("--input", python="inputs")
+            exc.hint = f"{loaded.spec} takes {defaults} by default (leave out {leave_out} to use it)"
         raise
 
 
@@ -119,7 +128,7 @@ def verify_specs(
     with them has them built in).
     """
     if cases < 1 or (seeds is not None and seeds < 1):
-        raise InputSpecError("verify needs at least one case", hint="e.g. --cases 16")
+        raise InputSpecError("verify needs at least one case", hint=f"e.g. {option('--cases', 16)}")
     ref_loaded = load_model(reference, seed=seed, model_kwargs=model_kwargs, trust_pickle=trust_pickle)
     cand_loaded = load_model(candidate, seed=seed, trust_pickle=trust_pickle)
     if concrete_args:

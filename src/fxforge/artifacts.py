@@ -36,7 +36,7 @@ from torch import fx, nn
 from torch.utils import _pytree as pytree
 
 from fxforge.callstack import call_on_fresh_chunk
-from fxforge.errors import FxforgeError, InputSpecError, ModelSpecError, first_line, require, user_location
+from fxforge.errors import FxforgeError, InputSpecError, ModelSpecError, first_line, option, require, user_location
 from fxforge.graphs import ATEN, aten_packet
 from fxforge.inputs import InputSpec, parse_input_spec, specs_of
 from fxforge.runtime import export_program, holds_tensor, quiet_torch_logs, with_constant_kwargs
@@ -133,7 +133,7 @@ def _refuse_existing_file(path: Path, force: bool) -> None:
     if path.is_dir():
         raise FxforgeError(f"{path} is a directory", hint="give a file name, e.g. -o out/model.onnx")
     if path.exists() and not force:
-        raise FxforgeError(f"{path} exists", hint="pass --force (force=True in Python) to replace it")
+        raise FxforgeError(f"{path} exists", hint=f"pass {option('--force', True)} to replace it")
 
 
 def check_output_directory(target: str | Path, *, force: bool = False) -> Path:
@@ -152,7 +152,7 @@ def check_output_directory(target: str | Path, *, force: bool = False) -> Path:
         return target
     if not force:
         raise FxforgeError(
-            f"output directory {target} is not empty", hint="pass --force (force=True in Python) to replace it"
+            f"output directory {target} is not empty", hint=f"pass {option('--force', True)} to replace it"
         )
     if not _written_by_fxforge(target):
         raise FxforgeError(

@@ -69,7 +69,7 @@ from fxforge.bench import (
 )
 from fxforge.capture import Captured, require_real_weights
 from fxforge.deploy import PLAIN_TORCH_LOAD, Artifact, deployable, write_artifact
-from fxforge.errors import FxforgeError, one_line_reason
+from fxforge.errors import FxforgeError, one_line_reason, option
 from fxforge.machine import native_bf16
 from fxforge.passes import exact_passes
 from fxforge.pipeline import Pipeline
@@ -131,11 +131,14 @@ class Budget:
 
     def __post_init__(self) -> None:
         if not self.tolerance > 0:
-            raise FxforgeError("--tolerance must be positive", hint="e.g. --tolerance 1e-4")
+            raise FxforgeError(f"{option('--tolerance')} must be positive", hint=f"e.g. {option('--tolerance', 1e-4)}")
         if self.min_agreement is not None and not 0 < self.min_agreement <= 1:
-            raise FxforgeError("--min-agreement is a fraction in (0, 1]", hint="e.g. --min-agreement 0.99")
+            raise FxforgeError(
+                f"{option('--min-agreement')} is a fraction in (0, 1]", hint=f"e.g. {option('--min-agreement', 0.99)}"
+            )
         if self.max_drop is not None and not 0 <= self.max_drop < 1:
-            raise FxforgeError("--max-drop is a fraction in [0, 1)", hint="e.g. --max-drop 0.01 for one point")
+            hint = f"e.g. {option('--max-drop', 0.01)} for one point"
+            raise FxforgeError(f"{option('--max-drop')} is a fraction in [0, 1)", hint=hint)
 
     @property
     def reduced_precision(self) -> bool:

@@ -63,7 +63,7 @@ from torch.utils import _pytree as pytree
 from fxforge.artifacts import ONNX_FILE, AutocastModule, ChannelsLastModule, CompiledModule, load_exported
 from fxforge.capture import Captured, at_batch, require_real_weights
 from fxforge.compare import compare_outputs
-from fxforge.errors import FxforgeError, MissingExtraError, one_line_reason, require
+from fxforge.errors import FxforgeError, MissingExtraError, one_line_reason, option, pass_inputs_hint, require, said
 from fxforge.export import export_model
 from fxforge.graphs import ATEN
 from fxforge.inputs import make_inputs, specs_of
@@ -673,16 +673,19 @@ def bench(
         raise FxforgeError("bench needs at least one warm-up run and one repeat")
     require_real_weights(captured, "bench")
     if threads is not None and threads < 1:
-        raise FxforgeError("--threads must be at least 1")
+        raise FxforgeError(f"{option('--threads')} must be at least 1")
     if batches is not None and any(b < 1 for b in batches):
-        raise FxforgeError("--batch sizes must be at least 1")
+        raise FxforgeError(f"{option('--batch', python='batches')} sizes must be at least 1")
     if not captured.example_inputs:
-        raise FxforgeError("bench needs positional example inputs", hint="pass --input, e.g. --input 1x3x224x224")
+        raise FxforgeError("bench needs positional example inputs", hint=pass_inputs_hint())
     keyword_tensors = [name for name, value in captured.example_kwargs.items() if holds_tensor(value)]
     if keyword_tensors:
         raise FxforgeError(
             f"bench times positional inputs; keyword input {keyword_tensors[0]!r} holds a tensor",
-            hint="pass it positionally (--input), or fix it with --concrete when it is a constant",
+            hint=said(
+                "pass it positionally (--input), or fix it with --concrete when it is a constant",
+                "capture with it as a positional input, or fix it with concrete_args when it is a constant",
+            ),
         )
     backends, passes = as_names(backends), as_names(passes)
     device = model_device(captured)

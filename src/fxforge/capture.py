@@ -50,6 +50,8 @@ from fxforge.errors import (
     caller_location,
     is_user_file,
     one_line_reason,
+    option,
+    said,
     user_code,
     user_location,
 )
@@ -163,7 +165,8 @@ def placeholder_values(gm: fx.GraphModule, args: Sequence[Any], kwargs: Mapping[
         elif node.args:
             values.append(node.args[0])  # the parameter's default value
         else:
-            raise InputSpecError(f"the model needs an input for {name!r}; pass one more --input")
+            one_more = option("--input", python="input")
+            raise InputSpecError(f"the model needs an input for {name!r}; pass one more {one_more}")
     return values
 
 
@@ -741,13 +744,19 @@ def require_real_weights(captured: Captured, what: str) -> None:
     """Raise a clear error when ``captured`` lives on the meta device: ``what`` needs values, not just shapes."""
     if _on_meta(captured.original, captured.example_inputs) or _on_meta(captured.graph_module, ()):
         raise FxforgeError(
-            f"{what} needs real weights, and this model is on the meta device", hint="drop --device meta"
+            f"{what} needs real weights, and this model is on the meta device",
+            hint=said("drop --device meta", "build the model with its weights (not on the meta device)"),
         )
 
 
 def _has_mode(module: nn.Module) -> bool:
     """Whether ``module`` behaves differently in training mode (dropout, batch norm, instance norm with stats)."""
     return isinstance(module, (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._NormBase))
+
+
+def _leaf_option() -> str:
+    """How the user makes a submodule a leaf, in their own terms (the CLI's option or the Python parameter)."""
+    return said("--leaf NAME", "leaf_modules=['NAME']")
 
 
 def _check_leaf_names(leaf_names: set[str], submodules: set[str]) -> None:
@@ -758,7 +767,7 @@ def _check_leaf_names(leaf_names: set[str], submodules: set[str]) -> None:
         return
     close = difflib.get_close_matches(unknown[0], sorted(submodules), n=3)
     raise FxforgeError(
-        f"--leaf {unknown[0]!r} names no submodule of the model",
+        f"{said('--leaf', 'leaf_modules')} {unknown[0]!r} names no submodule of the model",
         hint=f"did you mean {' or '.join(close)}?"
         if close
         else "leaf names are dotted submodule paths such as layer1.0 (fxforge inspect MODEL --depth N lists them)",
@@ -890,7 +899,7 @@ def _capture_error(
         reasons.append("data-dependent control flow (a Python branch or loop on a tensor's value)")
         hint = (
             "express the branch with torch.where or torch.cond, or move it into a submodule so that "
-            "fxforge can keep that submodule as a leaf (--leaf NAME)"
+            f"fxforge can keep that submodule as a leaf ({_leaf_option()})"
         )
         code = re.search(r"`(.+)`", location or "")
         if code and not re.search(r"\b(if|elif|while|for|assert|and|or|not)\b", code.group(1)):
@@ -898,7 +907,7 @@ def _capture_error(
             reasons[-1] = "a tensor's value read as a Python number (float(), int(), .item()): it depends on the data"
             hint = (
                 "keep the value a tensor (use it in torch ops instead of float()/.item()), or move that code into a "
-                "submodule so that fxforge can keep it as a leaf (--leaf NAME)"
+                f"submodule so that fxforge can keep it as a leaf ({_leaf_option()})"
             )
         if location and re.search(r"`for \w+ in \w+:`", location):
             # `for img in images:` over an input: the model may want a list of tensors (torchvision's detection
@@ -910,7 +919,7 @@ def _capture_error(
     else:
         last = attempts[-1].error if attempts else "unknown error"
         reasons.append(last)
-        hint = "mark the offending submodule with --leaf NAME, or wrap the helper function with torch.fx.wrap"
+        hint = f"mark the offending submodule with {_leaf_option()}, or wrap the helper function with torch.fx.wrap"
         stopped_in = user_code(trace_error) if trace_error is not None else None
         method = getattr(type(model), stopped_in.co_name, None) if stopped_in is not None else None
         if stopped_in is not None and getattr(method, "__code__", None) is stopped_in:
@@ -919,15 +928,16 @@ def _capture_error(
             where = f"{type(model).__name__}.{stopped_in.co_name}"
             where += " itself" if stopped_in.co_name == "forward" else ", a method of the model itself"
             hint = (
-                f"the call is in {where}, which cannot be a leaf: move "
-                "it into a submodule (then --leaf NAME) or a module-level function (--wrap file.py:function)"
-                + (", or pass --method export" if export_untried else "")
+                f"the call is in {where}, which cannot be a leaf: move it into a submodule (then {_leaf_option()}) "
+                f"or a module-level function ({option('--wrap', 'file.py:function', python='wrap')})"
+                + (f", or pass {option('--method', 'export')}" if export_untried else "")
             )
         elif "co_varnames is too small" in last:
-            hint = "symbolic_trace cannot trace a forward that takes **kwargs: pass --method export (or auto)"
+            hint = f"symbolic_trace cannot trace a forward that takes **kwargs: pass {option('--method', 'export')}"
         if "cache" in last.lower() and "found" in last.lower():
             # transformers' encoder-decoders return their key/value cache object, which torch.export cannot flatten
-            hint = "a transformers model returning its key/value cache: build it with --model-arg use_cache=false"
+            use_cache = said("--model-arg use_cache=false", "model_kwargs={'use_cache': False}")
+            hint = f"a transformers model returning its key/value cache: build it with {use_cache}"
     where = f" at {location}" if location else ""
     strategies = " and ".join(sorted({a.strategy for a in attempts}))
     message = f"cannot capture {type(model).__name__}: {strategies} stopped{where}: {reasons[0]}"

@@ -23,7 +23,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from fxforge import display
-from fxforge.errors import FxforgeError, InputSpecError, one_line_reason
+from fxforge.errors import FxforgeError, InputSpecError, one_line_reason, option
 from fxforge.inputs import DISTRIBUTIONS, draw_like
 from fxforge.passes.insert_after import SiteStats, StatsRecorder, read_stats
 from fxforge.runtime import cloned, preserved_state, quiet_torch_logs
@@ -105,7 +105,9 @@ def debug_model(
     distributions, until a NaN/Inf is found (with ``stats``, every case is run and counted).
     """
     if not nan and not stats:
-        raise FxforgeError("debug needs something to look for", hint="pass --nan and/or --stats")
+        raise FxforgeError(
+            "debug needs something to look for", hint=f"pass {option('--nan', True)} and/or {option('--stats', True)}"
+        )
     if cases < 1:
         raise FxforgeError("debug needs at least one case")
     kwargs = dict(kwargs or {})

@@ -8,6 +8,7 @@ Library code raises these instead of letting torch's long tracebacks reach the u
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import errno
 import importlib
 import importlib.util
@@ -17,6 +18,8 @@ import re
 import sysconfig
 import traceback
 import types
+from collections.abc import Iterator
+from typing import Any
 
 # Exit codes, documented in docs/commands/index.md.
 EXIT_OK = 0
@@ -28,6 +31,45 @@ EXIT_INTERNAL = 4  # a bug in fxforge (or torch); rerun with --debug for the tra
 # Why the system refused a write: the disk or quota is full, the file system is read-only, no permission. The
 # machine's state, not a bug and not a failed capture or export: the CLI says "the system refused" (exit 2).
 SYSTEM_REFUSALS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
+
+
+# Whether the user is on the command line (fxforge.cli's main sets it around every command): a message names what
+# the user typed, ``--check-batch 2`` there and ``check_batch=2`` in Python (see option and said).
+_COMMAND_LINE = contextvars.ContextVar("fxforge_command_line", default=False)
+_NO_VALUE = object()
+
+
+@contextlib.contextmanager
+def command_line_wording() -> Iterator[None]:
+    """Messages raised inside name the CLI's options; outside, the Python API's parameters."""
+    token = _COMMAND_LINE.set(True)
+    try:
+        yield
+    finally:
+        _COMMAND_LINE.reset(token)
+
+
+def option(flag: str, value: Any = _NO_VALUE, *, python: str | None = None) -> str:
+    """An option as the user spells it: ``--check-batch`` / ``--check-batch 2`` on the command line,
+    ``check_batch`` / ``check_batch=2`` in Python (``python``: the parameter's name when it is not the flag's).
+    ``value=True`` is an on/off flag: ``--force`` there, ``force=True`` here."""
+    if _COMMAND_LINE.get():
+        return flag if value is _NO_VALUE or value is True else f"{flag} {value}"  # a flag is on when given
+    name = python or flag.lstrip("-").replace("-", "_")
+    return name if value is _NO_VALUE else f"{name}={value!r}"
+
+
+def said(command_line: str, python: str) -> str:
+    """``command_line`` when the user is on the command line, else ``python``: advice in the user's own terms."""
+    return command_line if _COMMAND_LINE.get() else python
+
+
+def pass_inputs_hint() -> str:
+    """What to do when a step needs example inputs the capture did not get."""
+    return said(
+        "pass --input, e.g. --input 1x3x224x224",
+        "capture it with example inputs, e.g. fxforge.prepare(model, '1x3x224x224')",
+    )
 
 
 class FxforgeError(Exception):

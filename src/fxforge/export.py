@@ -73,7 +73,10 @@ from fxforge.errors import (
     format_location,
     graph_frame_source,
     is_user_file,
+    option,
+    pass_inputs_hint,
     require,
+    said,
     strip_ansi,
     user_location,
 )
@@ -219,7 +222,9 @@ def export_model(
         )
     to = to or named
     if to is None:
-        raise FxforgeError(f"cannot tell the format from {str(path)!r}", hint="pass --to torchscript, onnx or pt2")
+        raise FxforgeError(
+            f"cannot tell the format from {str(path)!r}", hint=f"pass {option('--to')} torchscript, onnx or pt2"
+        )
     if to not in FORMATS:
         raise FxforgeError(f"unknown export format {to!r}", hint=f"one of {', '.join(FORMATS)}")
     if exporter not in ONNX_EXPORTERS:
@@ -352,10 +357,13 @@ def _export_source(target: Captured | nn.Module, example_inputs: Sequence[Any] |
         inputs = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
         source = reference = target
     if not inputs:
-        raise FxforgeError("export needs example inputs", hint="pass --input, e.g. --input 1x3x224x224")
+        raise FxforgeError("export needs example inputs", hint=pass_inputs_hint())
     specs_of(inputs)  # every input must be a tensor: raises a clear InputSpecError otherwise
     if any(t.device.type == "meta" for t in inputs) or any(p.device.type == "meta" for p in source.parameters()):
-        raise FxforgeError("export needs real weights", hint="drop --device meta")
+        raise FxforgeError(
+            "export needs real weights",
+            hint=said("drop --device meta", "build the model with its weights (not on the meta device)"),
+        )
     return source, reference, inputs
 
 

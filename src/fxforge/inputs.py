@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from fxforge.errors import InputSpecError
+from fxforge.errors import InputSpecError, said
 
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -132,7 +132,10 @@ def _check_fits_in_memory(specs: Sequence[InputSpec]) -> None:
         raise InputSpecError(
             f"example inputs {shapes} need {needed / 2**30:,.1f} GiB, more than this machine's "
             f"{physical / 2**30:,.1f} GiB",
-            hint="use a smaller --input (or --device meta to inspect shapes without data)",
+            hint=said(
+                "use a smaller --input (or --device meta to inspect shapes without data)",
+                "use smaller inputs (or device='meta' to inspect shapes without data)",
+            ),
         )
 
 

@@ -43,7 +43,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from fxforge import display
 from fxforge.artifacts import StagedOutput, output_target
 from fxforge.capture import Captured, at_batch, require_real_weights
-from fxforge.errors import FxforgeError
+from fxforge.errors import FxforgeError, option, pass_inputs_hint
 from fxforge.graphs import is_input_guard
 from fxforge.inputs import specs_of
 from fxforge.inspect import inspect_graph
@@ -180,9 +180,9 @@ def profile_model(
     if repeats < 1 or warmup < 0:
         raise FxforgeError("profile needs at least one repeat (and a non-negative warm-up)")
     if threads is not None and threads < 1:
-        raise FxforgeError("--threads must be at least 1")
+        raise FxforgeError(f"{option('--threads')} must be at least 1")
     if batch is not None and batch < 1:
-        raise FxforgeError("--batch must be at least 1")
+        raise FxforgeError(f"{option('--batch')} must be at least 1")
     require_real_weights(captured, "profile")
     device = device_of((captured.example_inputs, captured.example_kwargs), captured.original)
     if device.type != "cpu":
@@ -193,7 +193,7 @@ def profile_model(
             "fxforge.bench times GPU models",
         )
     if not captured.example_inputs and not captured.example_kwargs:
-        raise FxforgeError("profile needs example inputs", hint="pass --input, e.g. --input 1x3x224x224")
+        raise FxforgeError("profile needs example inputs", hint=pass_inputs_hint())
     if trace is not None:
         _check_trace_target(trace, force)
     if batch is not None:
@@ -244,9 +244,12 @@ def _check_trace_target(trace: str | Path, force: bool) -> None:
     (StagedOutput's, checked again when writing, is about export's -o)."""
     target = output_target(trace)
     if target.is_dir():
-        raise FxforgeError(f"--trace {trace} is a directory", hint=f"name a file, e.g. --trace {target / 'trace.json'}")
+        raise FxforgeError(
+            f"{option('--trace', trace)} is a directory",
+            hint=f"name a file, e.g. {option('--trace', str(target / 'trace.json'))}",
+        )
     if target.exists() and not force:
-        raise FxforgeError(f"--trace {trace} exists", hint="pass --force (force=True in Python) to replace it")
+        raise FxforgeError(f"{option('--trace', trace)} exists", hint=f"pass {option('--force', True)} to replace it")
 
 
 def _write_trace(prof: Any, path: Path, force: bool) -> None:

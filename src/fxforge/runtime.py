@@ -26,7 +26,7 @@ from torch import nn
 from torch.fx.experimental import _config as fx_config
 from torch.utils import _pytree as pytree
 
-from fxforge.errors import FxforgeError, InputSpecError, one_line_reason
+from fxforge.errors import FxforgeError, InputSpecError, one_line_reason, said
 
 
 @contextlib.contextmanager
@@ -271,7 +271,10 @@ def run_reference(module: Any, args: Sequence[Any], kwargs: dict[str, Any], *oth
             return run_isolated(module, args, kwargs, *others)
     except Exception as exc:
         keyword_only = _keyword_only_inputs(module)
-        hint = "pass --input with the shape and dtype the model expects, e.g. --input 1x3x224x224"
+        hint = said(
+            "pass --input with the shape and dtype the model expects, e.g. --input 1x3x224x224",
+            "pass inputs with the shape and dtype the model expects, e.g. fxforge.prepare(model, '1x3x224x224')",
+        )
         if keyword_only and args and not kwargs:
             hint = (
                 f"forward takes {', '.join(keyword_only)} by keyword only, and the CLI passes inputs by position: "

@@ -57,7 +57,7 @@ from fxforge.artifacts import (
     write_inputs,
 )
 from fxforge.capture import Captured, placeholder_values
-from fxforge.errors import FxforgeError, ModelSpecError, first_line, format_location, recorded_user_frame
+from fxforge.errors import FxforgeError, ModelSpecError, first_line, format_location, option, recorded_user_frame
 from fxforge.graphs import get_attr_value, is_input_guard, module_path, submodule
 from fxforge.inputs import InputSpec, parse_input_spec
 from fxforge.inspect import NodeInfo, inspect_graph
@@ -441,13 +441,13 @@ def _check_request(stages: int, balance: str, profile: Any, slack: float) -> Non
         raise FxforgeError(f"unknown balance {balance!r}", hint=f"one of {', '.join(BALANCES)}")
     if balance == "time" and profile is None:
         raise FxforgeError(
-            "--balance time needs node times: pass --profile profile.json",
+            f"{option('--balance', 'time')} needs node times: pass {option('--profile', 'profile.json')}",
             hint="write one with fxforge profile MODEL --json > profile.json",
         )
     if not (isinstance(stages, int) and stages >= 1):
-        raise FxforgeError(f"--stages must be at least 1, got {stages}")
+        raise FxforgeError(f"{option('--stages')} must be at least 1, got {stages}")
     if not (math.isfinite(slack) and slack >= 0):
-        raise FxforgeError(f"--slack must be a number >= 0, got {slack}")
+        raise FxforgeError(f"{option('--slack')} must be a number >= 0, got {slack}")
 
 
 def _plan(
@@ -469,7 +469,7 @@ def _plan(
     n = len(graph.compute)
     if stages > n:
         raise FxforgeError(
-            f"--stages {stages} is more than the graph's {display.counted(n, 'compute node')}",
+            f"{option('--stages', stages)} is more than the graph's {display.counted(n, 'compute node')}",
             hint=f"at most {display.counted(n, 'stage')}",
         )
     crossing, allowed = _crossings(graph)

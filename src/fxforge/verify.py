@@ -54,7 +54,7 @@ from fxforge.compare import (
     resolve_tolerances,
     tolerance_for,
 )
-from fxforge.errors import FxforgeError, InputSpecError, one_line_reason
+from fxforge.errors import FxforgeError, InputSpecError, one_line_reason, option, said
 from fxforge.graphs import ATEN, TORCH, dialect_of, target_name
 from fxforge.inputs import Case, case_plan, draw_like, make_inputs
 from fxforge.models import load_model
@@ -290,7 +290,13 @@ def _template(
         return make_inputs(list(input_specs), seed=seed, device=where), {}
     if captured is not None:
         return captured.example_inputs, dict(captured.example_kwargs)
-    raise InputSpecError("verify needs inputs or input shapes", hint="pass --input, e.g. --input 1x3x224x224")
+    raise InputSpecError(
+        "verify needs inputs or input shapes",
+        hint=said(
+            "pass --input, e.g. --input 1x3x224x224",
+            "pass input_specs=['1x3x224x224'] (or inputs, the tensors themselves)",
+        ),
+    )
 
 
 def _input_guard_failed(exc: BaseException) -> bool:
@@ -422,7 +428,7 @@ class Verifier:
                 if index == 0:
                     raise InputSpecError(
                         f"the model rejected the verification inputs ({case.label}): {one_line_reason(exc)}",
-                        hint="pass --input with the shape and dtype the model expects",
+                        hint=f"pass {option('--input', python='inputs')} with the shape and dtype the model expects",
                     ) from None
                 self.skipped.append(f"{case.label}: the model rejects it ({one_line_reason(exc, 160)})")
                 continue

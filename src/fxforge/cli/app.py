@@ -18,7 +18,15 @@ from rich.text import Text
 from fxforge import __version__
 from fxforge.cli import interrupted, sigint_seen, stop_if_interrupted
 from fxforge.cli.options import stderr, user_prints_to_stderr
-from fxforge.errors import EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, SYSTEM_REFUSALS, FxforgeError, one_line_reason
+from fxforge.errors import (
+    EXIT_INTERNAL,
+    EXIT_OK,
+    EXIT_USAGE,
+    SYSTEM_REFUSALS,
+    FxforgeError,
+    command_line_wording,
+    one_line_reason,
+)
 
 
 class _Group(click.Group):
@@ -68,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if any("\x00" in arg for arg in args):  # no file name, spec or value can hold one; os calls would raise
             raise FxforgeError("an argument contains a NUL character")
-        with user_prints_to_stderr("--json" in args):
+        with user_prints_to_stderr("--json" in args), command_line_wording():
             cli.main(args=args, prog_name="fxforge", standalone_mode=False)
         stop_if_interrupted()  # a command without a capture step: Ctrl-C still ends it with 130
     except KeyboardInterrupt:

@@ -18,7 +18,7 @@ from torch import fx, nn
 
 from fxforge.artifacts import check_output_directory
 from fxforge.capture import Captured, capture, require_real_weights, rng_preserved
-from fxforge.errors import DialectError, FxforgeError, InputSpecError, one_line_reason
+from fxforge.errors import DialectError, FxforgeError, InputSpecError, one_line_reason, option
 from fxforge.graphs import ATEN, WEIGHTED_LAYER_TYPES
 from fxforge.inputs import make_inputs, specs_of
 from fxforge.quantize.accuracy import AccuracyReport, Target, compare_batches, parse_target, run_batches
@@ -111,7 +111,7 @@ def check_arguments(
         )
     goal = parse_target(keep_float_until) if keep_float_until is not None else None
     if random_batches < 1:
-        raise InputSpecError(f"--random-batches must be at least 1, got {random_batches}")
+        raise InputSpecError(f"{option('--random-batches')} must be at least 1, got {random_batches}")
     if output_dir is not None:
         check_output_directory(output_dir, force=force)
     return goal
