@@ -220,8 +220,8 @@ def test_file_example_inputs_as_tensors_or_function(tmp_path: Path):
 @pytest.mark.parametrize(
     "attr,needle",
     [
-        ("not_a_model", "not_a_model is a int, not a model, class or factory"),
-        ("returns_int", "returns_int() returned a int, not an nn.Module"),
+        ("not_a_model", "not_a_model is an int, not a model, class or factory"),
+        ("returns_int", "returns_int() returned an int, not an nn.Module"),
         ("needs_width", "cannot be called without arguments"),
         ("missing", "factories.py has no attribute 'missing'"),  # the file, not fxforge's module name for it
     ],
@@ -231,6 +231,51 @@ def test_file_factory_errors(factories: Path, attr: str, needle: str):
         load_model(f"{factories}:{attr}")
     assert needle in info.value.message
     assert_one_line(info.value)
+
+
+@pytest.mark.parametrize(
+    "example,needle",
+    [
+        ("(torch.randn(2, 8), None, torch.randn(2, 8))", "example_inputs[1] is None"),
+        ("(torch.randn(2, 8), 0.5)", "example_inputs[1] is 0.5"),
+        ("({'x': torch.randn(2, 8)},)", "example_inputs[0] is a dict"),
+    ],
+)
+def test_an_example_input_that_is_not_a_tensor_is_refused(tmp_path: Path, example: str, needle: str):
+    """Dropping a None moved the next input one argument left: a bias was captured as the mask, and optimize
+    --verify said "verified" of the wrong function (QA finding)."""
+    path = tmp_path / "gated.py"
+    path.write_text(
+        "import torch\nfrom torch import nn\n"
+        "class Gated(nn.Module):\n"
+        "    def forward(self, x, mask=None, bias=None):\n"
+        "        return x * (1 if mask is None else mask) + (0 if bias is None else bias)\n"
+        f"example_inputs = {example}\n"
+    )
+    with pytest.raises(ModelSpecError) as info:
+        load_model(f"{path}:Gated")
+    assert needle in info.value.message and "by position" in info.value.message
+    assert "--concrete" in info.value.hint
+    assert_one_line(info.value)
+
+
+def test_integer_example_inputs_keep_their_range(tmp_path: Path):
+    """Token ids for an Embedding(4) were redrawn from [0, 10): every command failed with an index error."""
+    import fxforge
+
+    path = tmp_path / "ids.py"
+    path.write_text(
+        "import torch\nfrom torch import nn\n"
+        "class Embeds(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.table = nn.Embedding(4, 8)\n"
+        "    def forward(self, ids):\n        return self.table(ids).sum(1)\n"
+        "example_inputs = (torch.tensor([[0, 1, 2, 3, 1]]),)\n"
+    )
+    assert load_model(f"{path}:Embeds").default_inputs[0].high == 4
+    captured = fxforge.prepare(f"{path}:Embeds")
+    assert int(captured.example_inputs[0].max()) < 4
+    assert fxforge.verify(captured, captured.graph_module).ok
+    assert fxforge.bench(captured, ["eager"], batches=[3], repeats=1, warmup=1, peak=False).rows[0].ok
 
 
 def test_a_file_that_draws_random_numbers_on_import_builds_the_same_weights_every_time(tmp_path: Path):

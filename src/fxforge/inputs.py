@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -49,6 +49,9 @@ class InputSpec:
 
     shape: tuple[int, ...]
     dtype: torch.dtype = torch.float32
+    # integers are drawn from [0, high): a user's example tensor of ids in [0, 4) for an Embedding(4) gives 4;
+    # None: INT_HIGH. Not written in the spec's text (an --input has no range).
+    high: int | None = field(default=None, compare=False)
 
     def __str__(self) -> str:
         dims = "x".join(str(d) for d in self.shape) or "scalar"
@@ -58,10 +61,18 @@ class InputSpec:
     def with_batch(self, batch: int) -> InputSpec:
         if not self.shape:
             return self
-        return InputSpec((batch, *self.shape[1:]), self.dtype)
+        return InputSpec((batch, *self.shape[1:]), self.dtype, self.high)
+
+    @classmethod
+    def of(cls, example: torch.Tensor) -> InputSpec:
+        """The spec of an example tensor; integer ids keep its range when it starts at 0 or above."""
+        integer = not example.is_floating_point() and not example.is_complex() and example.dtype != torch.bool
+        readable = integer and example.numel() and example.device.type != "meta"  # a meta tensor has no values
+        high = int(example.max()) + 1 if readable and int(example.min()) >= 0 else None
+        return cls(tuple(example.shape), example.dtype, high)
 
     def make(self, generator: torch.Generator | None = None, device: torch.device | str = "cpu") -> torch.Tensor:
-        """A random tensor of this spec: N(0, 1) for floats, integers in [0, INT_HIGH) otherwise.
+        """A random tensor of this spec: N(0, 1) for floats, integers in [0, high or INT_HIGH) otherwise.
 
         Drawn on the CPU and then moved to ``device``, so that a seed gives the same values on every device.
         """
@@ -73,7 +84,7 @@ class InputSpec:
         elif self.dtype == torch.bool:
             drawn = torch.randint(0, 2, self.shape, generator=generator).bool()
         else:
-            drawn = torch.randint(0, INT_HIGH, self.shape, generator=generator).to(self.dtype)
+            drawn = torch.randint(0, self.high or INT_HIGH, self.shape, generator=generator).to(self.dtype)
         return drawn.to(device)
 
 
@@ -145,7 +156,7 @@ def specs_of(inputs: Sequence[object]) -> list[InputSpec]:
     for value in inputs:
         if not isinstance(value, torch.Tensor):
             raise InputSpecError(f"example input of type {type(value).__name__} cannot be described by a spec")
-        specs.append(InputSpec(tuple(value.shape), value.dtype))
+        specs.append(InputSpec.of(value))
     return specs
 
 

@@ -471,7 +471,7 @@ def _load_pt2(path: Path, spec: str, trusted: bool) -> LoadedModel:
     inputs = []
     for value in program.example_inputs[0] if program.example_inputs else ():
         if isinstance(value, torch.Tensor):
-            inputs.append(InputSpec(tuple(value.shape), value.dtype))
+            inputs.append(InputSpec.of(value))
     return LoadedModel(program.module(), spec, inputs, exported_program=program)
 
 
@@ -606,9 +606,9 @@ def _from_attribute(module: Any, attr: str, spec: str, kwargs: dict[str, Any]) -
     elif callable(target):
         model = _construct(target, kwargs, spec)
     else:
-        raise ModelSpecError(f"{spec}: {attr} is a {type(target).__name__}, not a model, class or factory")
+        raise ModelSpecError(f"{spec}: {attr} is {_a(type(target).__name__)}, not a model, class or factory")
     if not isinstance(model, nn.Module):
-        raise ModelSpecError(f"{spec}: {attr}() returned a {type(model).__name__}, not an nn.Module")
+        raise ModelSpecError(f"{spec}: {attr}() returned {_a(type(model).__name__)}, not an nn.Module")
     return LoadedModel(model, spec, _user_example_inputs(module))
 
 
@@ -622,9 +622,27 @@ def _user_example_inputs(module: Any) -> list[InputSpec]:
     if isinstance(value, (str, torch.Tensor)):
         value = [value]
     specs = []
-    for item in value:
+    for index, item in enumerate(value):
         if isinstance(item, str):
             specs.append(parse_input_spec(item))
         elif isinstance(item, torch.Tensor):
-            specs.append(InputSpec(tuple(item.shape), item.dtype))
+            specs.append(InputSpec.of(item))
+        else:
+            # Dropping it moved every later input one argument to the left: a bias tensor was captured as the mask.
+            raise ModelSpecError(
+                f"example_inputs[{index}] is {_described(item)}: fxforge passes example inputs to forward by "
+                "position, and each must be a tensor or a shape such as '1x3x224x224'",
+                hint="fix a non-tensor argument with --concrete NAME=VALUE (concrete_args in Python) and leave it "
+                "out of example_inputs; a model taking a dict or list of tensors: capture it with the Python API "
+                "(fxforge.capture(model, example_inputs))",
+            )
     return specs
+
+
+def _described(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 and not isinstance(value, (dict, list, tuple)) else _a(type(value).__name__)
+
+
+def _a(noun: str) -> str:
+    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
