@@ -311,6 +311,17 @@ REFUSALS = {
     "conv-bias-read-directly": (ConvBiasRead, (1, 3, 8, 8), ("parameters read", "used elsewhere")),
     # BN1d on (N, C, L) normalises C, the Linear's L-sized last axis is not the channel axis
     "linear-on-3d-input": (LinearBn, (3, 6, 4), ("2-D", "2-D")),
+    # an unbatched conv output: BN1d reads (C, L) as (N, C) and normalises L (QA: folded, relative error 0.63)
+    "conv2d-on-unbatched-input": (
+        lambda: ConvBn(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm1d(8)),
+        (3, 8, 8),
+        ("batched", "batched"),
+    ),
+    "conv1d-on-unbatched-input": (
+        lambda: ConvBn(nn.Conv1d(3, 8, 3), nn.BatchNorm1d(8)),
+        (3, 10),
+        ("batched", "batched"),
+    ),
     "no-running-stats": (
         lambda: ConvBn(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4, track_running_stats=False)),
         (2, 3, 8, 8),
@@ -503,3 +514,37 @@ def test_nested_module_calls_are_inlined_or_refused_whole(capture_as, run_verifi
     result = run_verified(captured, "fold_bn")  # the postcondition would fail on a half-inlined block
     # SyncBatchNorm's forward checks its input's rank in Python: fx cannot trace through it
     assert not result.changed and result.skipped[0].startswith("_0 (a Block call): it cannot be traced")
+
+
+class ConvAffine(nn.Module):
+    """A frozen batch norm written as literals: conv(x) * scale + shift."""
+
+    def __init__(self, scale: float, shift: float):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.scale, self.shift = scale, shift
+
+    def forward(self, x):
+        return self.conv(x) * self.scale + self.shift
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_a_literal_scale_that_is_not_finite_is_not_folded(dialect, capture_as, run_verified):
+    """conv(x) * inf gives +-inf; inf folded into the weights sums +inf and -inf products into NaN."""
+    torch.manual_seed(0)
+    captured = with_shapes(capture_as(ConvAffine(float("inf"), 1.0), torch.randn(1, 3, 8, 8), dialect))
+    result = apply_pass(captured.graph_module, "fold_bn")
+    assert not result.changed and "not a finite number" in result.skipped[0]
+    assert run_verified(capture_as(ConvAffine(0.5, 0.25), torch.randn(1, 3, 8, 8), dialect), "fold_bn").changed
+
+
+def test_a_literal_scale_folds_into_weights_on_another_device():
+    """The literal's per-channel vector was made on the CPU: with the weights on meta (or a GPU) the fold raised
+    'Tensor on device cpu is not on the expected device meta'."""
+    from fxforge.capture import capture
+
+    with torch.device("meta"):
+        model = ConvAffine(0.5, 0.25)
+    captured = capture(model, (torch.empty(1, 3, 8, 8, device="meta"),), method="symbolic_trace", check=False)
+    result = apply_pass(captured.graph_module, "fold_bn")
+    assert result.changed and result.graph_module.get_submodule("conv").weight.device.type == "meta"

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import math
 import operator
 from collections import Counter
 from dataclasses import dataclass, field
@@ -230,7 +231,7 @@ def plan_fold(
     layer = _read_layer(gm, producer, uses)
     if isinstance(layer, str):
         return _refusal(layer, label)
-    vectors = _per_channel(norm, state, layer)
+    vectors = _per_channel(gm, norm, state, layer)
     if isinstance(vectors, str):
         return _refusal(vectors, label)
     return FoldPlan(node, producer, layer.kind, *vectors, norm, layer)
@@ -447,7 +448,7 @@ def _run(gm: nn.Module, node: fx.Node, values: dict[fx.Node, Any]) -> Any:
     return node.target(*args, **kwargs)
 
 
-def _per_channel(norm: Norm, state, layer: Layer) -> tuple[torch.Tensor, torch.Tensor] | str:
+def _per_channel(gm: nn.Module, norm: Norm, state, layer: Layer) -> tuple[torch.Tensor, torch.Tensor] | str:
     """The float64 (scale, shift) per output channel of ``layer``, or why the map is not per-channel."""
     kind, values = state
     if kind == "bn":
@@ -456,6 +457,12 @@ def _per_channel(norm: Norm, state, layer: Layer) -> tuple[torch.Tensor, torch.T
             return f"BN has {mean.numel()} channels, {layer.node.name} produces {layer.channels}"
         if layer.kind == "linear" and layer.form != "matmul" and not _known_2d(layer.node):
             return "cannot prove the linear output is 2-D, where BatchNorm1d normalises its features"
+        if layer.kind != "linear" and not _batched_conv_output(gm, norm, layer):
+            # an unbatched (C, L) conv output before a BatchNorm1d of C features: the norm reads L as its channels
+            return (
+                "cannot prove the conv output is batched (N, C, ...): a batch norm normalises dim 1, which on an "
+                "unbatched (C, ...) output is not the channels"
+            )
         return bn_affine(mean, var, eps, gamma, beta)
     vectors = []
     for value in values:
@@ -471,9 +478,13 @@ def _channel_vector(value: Any, layer: Layer) -> torch.Tensor | str:
     that (and cannot change the output's shape or dtype); else why not."""
     channels = layer.channels
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return torch.full((channels,), float(value), dtype=torch.float64)
+        if not math.isfinite(value):  # inf * w sums +inf and -inf weights into NaN where the model gave +-inf
+            return f"its scale or shift is {value}, not a finite number"
+        return torch.full((channels,), float(value), dtype=torch.float64, device=layer.weight.device)
     if not isinstance(value, torch.Tensor):
         return f"its scale or shift is a {type(value).__name__}, not a tensor or a number"
+    if value.device.type != "meta" and not bool(torch.isfinite(value).all()):
+        return "its scale or shift holds a value that is not finite"
     if value.dtype != layer.weight.dtype:
         return f"its scale or shift is {value.dtype}, the layer computes in {layer.weight.dtype} (type promotion)"
     # the channel axis, counted from the right: (N, C, *spatial) for convs, (..., features) for linears
@@ -488,6 +499,33 @@ def _channel_vector(value: Any, layer: Layer) -> torch.Tensor | str:
             return f"its scale or shift has shape {list(shape)}, not one value per output channel"
     vector = value.detach().double().reshape(-1)
     return vector.expand(channels).clone() if vector.numel() == 1 else vector
+
+
+def _batched_conv_output(gm: nn.Module, norm: Norm, layer: Layer) -> bool:
+    batched_rank = layer.weight.dim()  # (N, C, *spatial): as many dimensions as the weight
+    shape = getattr(node_value(layer.node), "shape", None)
+    if shape is not None:
+        return len(shape) == batched_rank
+    # no recorded shape (a module call inlined for the fold): the model asserting the rank proves it (timm's
+    # BatchNormAct2d asserts x.ndim == 4), and BatchNorm2d and BatchNorm3d take only 4-D and 5-D inputs
+    if _asserted_rank(layer.node) == batched_rank:
+        return True
+    module = gm.get_submodule(str(norm.node.target)) if norm.node.op == "call_module" else None
+    ranks = {nn.BatchNorm2d: 4, nn.BatchNorm3d: 5}
+    return any(isinstance(module, cls) and rank == batched_rank for cls, rank in ranks.items())
+
+
+def _asserted_rank(node: fx.Node) -> int | None:
+    """N when the graph asserts ``node.ndim == N`` (or ``node.dim() == N``) before going on, else None."""
+    for reader in node.users:
+        reads_rank = (reader.op == "call_function" and reader.target is getattr and reader.args[1:] == ("ndim",)) or (
+            reader.op == "call_method" and reader.target == "dim" and len(reader.args) == 1
+        )
+        for compare in reader.users if reads_rank else ():
+            asserted = any(user.target is torch._assert for user in compare.users)
+            if compare.target is operator.eq and asserted and isinstance(compare.args[1], int):
+                return compare.args[1]
+    return None
 
 
 def _known_2d(node: fx.Node) -> bool:
@@ -866,8 +904,10 @@ def _nothing_left_to_fold(gm: fx.GraphModule) -> str | None:
         "tensors read elsewhere or by calls fxforge cannot run; a conv/linear whose output has other users; a "
         "conv module called from more than one place or whose weight or bias the graph also reads directly; a "
         "functional/ATen layer whose weights are not stored tensors or are read elsewhere; a Linear whose output "
-        "is not known to be 2-D; a scale or shift that is not one value per output channel, has another dtype, "
-        "or may change the output's shape; a module call that is made more than once, passes more than "
+        "is not known to be 2-D; a conv whose output is not known to be batched (N, C, ...: from its recorded "
+        "shape, an assert on its rank, or a BatchNorm2d/3d that takes nothing else), where a batch norm on an "
+        "unbatched (C, ...) output normalises another axis; a scale or shift that is not one value per output "
+        "channel, has another dtype, is not finite, or may change the output's shape; a module call that is made more than once, passes more than "
         "tensors, cannot be traced or computes tensors at trace time. Each refusal is listed in the result with "
         "its reason. Torch and ATen dialects."
     ),
