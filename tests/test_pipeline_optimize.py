@@ -163,6 +163,68 @@ def test_optimize_writes_reloadable_output_with_torch_alone(resnet18, tmp_path):
     assert fxforge.compare_outputs(expected, torch.load(tmp_path / "z.pt")).ok
 
 
+USER_MODEL = """
+import collections
+import torch
+from torch import nn
+
+Out = collections.namedtuple("Out", "logits features")
+
+
+class Gate(nn.Module):
+    def forward(self, x):
+        if x.sum() > 0:  # data-dependent: kept as a leaf, so the graph does not export and model.pt is the model
+            return x * 2
+        return x - 1
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.bn = nn.BatchNorm2d(4)
+        self.gate = Gate()
+
+    def forward(self, x):
+        y = self.gate(self.bn(self.conv(x)))
+        return Out(y.mean((2, 3)), y)
+"""
+
+
+def test_an_output_holding_the_users_classes_loads_in_a_new_process(tmp_path):
+    """A model from file.py with a leaf module and a namedtuple output: model.pt names fxforge_user_net.Gate, a
+    module only the writing process had. It loaded nowhere else -- neither with plain torch, nor the package,
+    nor fxforge.load_model (QA finding). The file is copied into source/ and each loader finds it there."""
+    from fxforge.cli import main
+
+    (tmp_path / "net.py").write_text(USER_MODEL)
+    out = tmp_path / "out"
+    assert main(["optimize", f"{tmp_path / 'net.py'}:Net", "-i", "1x3x8x8", "-p", "fold_bn", "-o", str(out)]) == 0
+    assert not (out / "model.pt2").exists() and (out / "source" / "fxforge_user_net.py").is_file()
+    moved = tmp_path / "elsewhere"
+    out.rename(moved)
+    (tmp_path / "net.py").unlink()  # the original file is gone too: the copy is all there is
+    script = (
+        "import sys, torch\n"
+        "x = torch.randn(1, 3, 8, 8)\n"
+        f"sys.path.insert(0, {str(moved / 'source')!r})\n"
+        f"plain = torch.load({str(moved / 'model.pt')!r}, weights_only=False)(x)\n"
+        f"sys.path.insert(0, {str(moved)!r})\n"
+        "from optimized_model import OptimizedModel\n"
+        "package = OptimizedModel()(x)\n"
+        "assert type(plain).__name__ == type(package).__name__ == 'Out'\n"
+        "assert torch.equal(plain.features, package.features)\n"
+        "assert not [k for k in sys.modules if k.startswith('fxforge.')], 'fxforge was imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, cwd=tmp_path)
+    script = (
+        "import fxforge, torch\n"
+        f"loaded = fxforge.load_model({str(moved)!r}, trust_pickle=True).module\n"
+        "assert type(loaded(torch.randn(1, 3, 8, 8))).__name__ == 'Out'\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, cwd=tmp_path)
+
+
 def test_optimize_aten_dialect_writes_pt2(resnet18, tmp_path):
     captured = fxforge.capture(resnet18, X, method="export")
     result = optimize(captured, ["fold_bn"], output_dir=tmp_path / "o", verify=True)

@@ -19,11 +19,13 @@ import difflib
 import errno
 import importlib
 import importlib.metadata
+import importlib.util
 import itertools
 import json
 import os
 import re
 import shutil
+import sys
 import tempfile
 import warnings
 import zipfile
@@ -44,6 +46,11 @@ from fxforge.vocabulary import ORIGIN, PASS
 
 MODEL_FILE = "model.pt"  # a pickled module (GraphModule, int8 model): needs --trust-pickle to load
 PROGRAM_FILE = "model.pt2"  # a torch.export program: loads without unpickling code
+# Copies of the user's Python files a pickle names its classes or functions from, as the modules fxforge imported
+# them as (fxforge_user_<stem>.py, see fxforge.references.import_file): with this folder on sys.path the pickle
+# loads anywhere, with fxforge or plain torch (write_user_sources).
+SOURCE_DIR = "source"
+USER_MODULE_PREFIX = "fxforge_user_"
 PACKAGE_DIR = "optimized_model"  # not "code": that would shadow the standard library module on import
 REPORT_FILE = "report.json"
 PLAN_FILE = "plan.json"  # a split directory's plan (fxforge split)
@@ -385,6 +392,8 @@ def save_graph_module(
             with quiet_torch_logs():
                 torch.save(gm, directory / MODEL_FILE)
             files.append(MODEL_FILE)
+            if write_user_sources(directory / MODEL_FILE, directory):
+                files.append(f"{SOURCE_DIR}/")
         except Exception as exc:  # e.g. a TorchScript submodule, which pickle cannot save
             (directory / MODEL_FILE).unlink(missing_ok=True)
             problems.append(f"{MODEL_FILE}: {first_line(exc)}")
@@ -424,6 +433,56 @@ def save_graph_module(
     return files
 
 
+def write_user_sources(pickled: Path, directory: Path) -> list[str]:
+    """Copy into ``directory/source/`` each user file whose module ``pickled`` names (a class of ``model.py``
+    pickles as ``fxforge_user_model.Net``: no such module exists in a new process). Returns the files written.
+
+    Without them, an optimize output of a model with a leaf module or a namedtuple output from the user's file
+    loaded nowhere but in the process that wrote it, neither with plain torch nor with ``fxforge.load_model``.
+    """
+    try:
+        with zipfile.ZipFile(pickled) as archive:  # torch.save's format: the pickle is stored uncompressed
+            data = b"".join(archive.read(name) for name in archive.namelist() if name.endswith(".pkl"))
+    except zipfile.BadZipFile:
+        data = pickled.read_bytes()
+    written = []
+    for name, module in sorted(sys.modules.items()):
+        origin = getattr(module, "__file__", None)
+        if name.startswith(USER_MODULE_PREFIX) and origin and name.encode() in data:
+            (directory / SOURCE_DIR).mkdir(exist_ok=True)
+            shutil.copy2(origin, directory / SOURCE_DIR / f"{name}.py")
+            written.append(f"{SOURCE_DIR}/{name}.py")
+    return written
+
+
+def import_user_sources(directory: Path) -> None:
+    """Import the copies :func:`write_user_sources` made, before unpickling: a module this process has imported
+    already (it wrote the directory) stays as it is, so its classes are the ones the objects it made have."""
+    for file in sorted((directory / SOURCE_DIR).glob(f"{USER_MODULE_PREFIX}*.py")):
+        if file.stem in sys.modules:
+            continue
+        spec = importlib.util.spec_from_file_location(file.stem, file)
+        if spec is None or spec.loader is None:
+            continue
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[file.stem] = module
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:
+            del sys.modules[file.stem]
+            raise ModelSpecError(
+                f"cannot import {file}, the copy of the model's file its pickle needs: {first_line(exc)}",
+                hint="a file that imports modules of its own needs them importable (on PYTHONPATH)",
+            ) from None
+
+
+def with_sources_on_path(load_line: str, directory: Path) -> str:
+    """A plain-torch load line, preceded by what puts ``source/`` on ``sys.path`` when the directory has one."""
+    if not any((directory / SOURCE_DIR).glob(f"{USER_MODULE_PREFIX}*.py")):
+        return load_line
+    return f"import sys; sys.path.insert(0, '{SOURCE_DIR}'); {load_line}"
+
+
 def _write_package(gm: fx.GraphModule, folder: Path) -> bool:
     """``GraphModule.to_folder``, importable from wherever the output directory is moved; False if it cannot."""
     try:
@@ -431,15 +490,27 @@ def _write_package(gm: fx.GraphModule, folder: Path) -> bool:
             # to_folder warns for every child it pickles instead of printing as source: expected here
             warnings.simplefilter("ignore")
             gm.to_folder(folder, "OptimizedModel")
-        _make_folder_relocatable(folder)
+        _make_folder_relocatable(folder, _user_globals(gm))
         return True
     except Exception:  # modules to_folder cannot write as source: model.pt still holds everything
         shutil.rmtree(folder, ignore_errors=True)
         return False
 
 
-def _make_folder_relocatable(folder: Path) -> None:
-    """Point ``to_folder``'s weight loads at the package's own directory.
+def _user_globals(gm: fx.GraphModule) -> list[str]:
+    """Imports of what the generated code names from the user's files (a namedtuple output type, a wrapped
+    function): ``to_folder`` writes no import for them, so the package raised NameError when called."""
+    imports = []
+    for name, value in gm.graph.python_code("self").globals.items():
+        module = getattr(value, "__module__", "") or ""
+        qualname = getattr(value, "__qualname__", "")
+        if module.startswith(USER_MODULE_PREFIX) and qualname and "." not in qualname and "<" not in qualname:
+            imports.append(f"from {module} import {qualname} as {name}")
+    return imports
+
+
+def _make_folder_relocatable(folder: Path, imports: Sequence[str] = ()) -> None:
+    """Point ``to_folder``'s weight loads at the package's own directory, and import ``imports`` first.
 
     ``to_folder`` writes ``torch.load(r'<folder>/x.pt')`` with the path it was given -- here the staging
     directory, renamed away once the output is complete -- so the package would only import from there.
@@ -448,6 +519,13 @@ def _make_folder_relocatable(folder: Path) -> None:
     source = module.read_text()
     source = source.replace(f"r'{folder}/", "_HERE / r'")
     header = "import pathlib\n_HERE = pathlib.Path(__file__).resolve().parent\n"
+    # the copies of the user's files its pickled submodules name (write_user_sources), beside the package
+    header += (
+        "import sys\n"
+        f"if (_HERE.parent / {SOURCE_DIR!r}).is_dir() and str(_HERE.parent / {SOURCE_DIR!r}) not in sys.path:\n"
+        f"    sys.path.insert(0, str(_HERE.parent / {SOURCE_DIR!r}))\n"
+    )
+    header += "".join(f"{line}\n" for line in imports)
     module.write_text(header + source)
 
 

@@ -51,8 +51,10 @@ from fxforge.artifacts import (
     REPORT_FILE,
     atomic_directory,
     check_free_space,
+    with_sources_on_path,
     write_inputs,
     write_report,
+    write_user_sources,
 )
 from fxforge.bench import (
     Backend,
@@ -706,6 +708,8 @@ def _write(
         else:  # eager: the model itself (torch.save aborts the process on a full disk: check first)
             check_free_space(staging, rewritten.original)
             _save_module(rewritten.original, staging / MODEL_FILE, rewritten)
+            write_user_sources(staging / MODEL_FILE, staging)
+            result.load = with_sources_on_path(result.load, staging)
         if not (staging / INPUTS_FILE).exists():
             write_inputs(staging, rewritten.example_inputs)
         report = {"model": spec, "capture": rewritten.record.to_dict(), **result.to_dict()}

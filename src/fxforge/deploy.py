@@ -51,7 +51,9 @@ from fxforge.artifacts import (
     load_program,
     program_imports,
     save_graph_module,
+    with_sources_on_path,
     write_inputs,
+    write_user_sources,
 )
 from fxforge.bench import Backend, BuildSettings, bfloat16_graph, inductor_config, int8_options, write_ort_int8
 from fxforge.capture import Captured
@@ -173,7 +175,8 @@ def _program_load_line(kind: str, directory: Path) -> str:
 
 def _write_eager(captured: Captured, directory: Path, settings: BuildSettings, variants: set[str], a: Artifact) -> None:
     torch.save(captured.original, directory / MODEL_FILE)
-    a.load = PLAIN_TORCH_LOAD["eager"]
+    write_user_sources(directory / MODEL_FILE, directory)
+    a.load = with_sources_on_path(PLAIN_TORCH_LOAD["eager"], directory)
     a.notes.append("the model itself, pickled: loading it needs its code importable and --trust-pickle")
 
 
@@ -261,7 +264,8 @@ def _write_int8(captured: Captured, directory: Path, settings: BuildSettings, va
     model = int8_backend(captured, settings.calibration, **int8_options(settings, variants, a.notes))
     with picklable_quantized_modules(model):
         torch.save(model, directory / MODEL_FILE)
-    a.load = PLAIN_TORCH_LOAD["int8"]
+    write_user_sources(directory / MODEL_FILE, directory)
+    a.load = with_sources_on_path(PLAIN_TORCH_LOAD["int8"], directory)
     a.notes.append("a pickled quantized GraphModule: loading it needs --trust-pickle")
 
 

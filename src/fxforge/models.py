@@ -27,6 +27,7 @@ import io
 import json
 import os
 import pickle
+import re
 import warnings
 import zipfile
 from collections.abc import Callable, Iterator, Mapping
@@ -47,6 +48,7 @@ from fxforge.artifacts import (
     TORCHSCRIPT_FILE,
     AotiModule,
     apply_recipe,
+    import_user_sources,
     is_pickle_stream,
     load_exported,
     load_program,
@@ -553,14 +555,17 @@ def _load_pickled_module(path: Path, spec: str, trusted: bool) -> LoadedModel:
                         hint=f"if you trust this file, pass --trust-pickle (or set {TRUST_PICKLE_ENV}=1); "
                         "to share models, prefer .pt2, TorchScript or ONNX files",
                     ) from None
+                import_user_sources(path.parent)  # the model's own file, copied beside it when it was written
                 obj = torch.load(str(path), map_location="cpu", weights_only=False)
     except FxforgeError:
         raise
     except (AttributeError, ImportError) as exc:
-        raise ModelSpecError(
-            f"cannot read {path}: {first_line(exc)}",
-            hint="the code of the pickled module's classes must be importable (check PYTHONPATH)",
-        ) from None
+        missing = re.search(r"No module named '(fxforge_user_\w+)'", str(exc))
+        hint = "the code of the pickled module's classes must be importable (check PYTHONPATH)"
+        if missing:  # written before fxforge kept a copy of the model's file: no PYTHONPATH supplies the name
+            file_name = missing.group(1).removeprefix("fxforge_user_") + ".py"
+            hint = f"its classes are in {file_name}: write the model again with this fxforge, which copies it"
+        raise ModelSpecError(f"cannot read {path}: {first_line(exc)}", hint=hint) from None
     except Exception as exc:  # damaged files raise UnpicklingError, ValueError, UnicodeDecodeError, KeyError...
         raise ModelSpecError(
             f"cannot read {path}: {one_line_reason(exc)}", hint="is the file corrupt or truncated?"

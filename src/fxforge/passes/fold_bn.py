@@ -907,9 +907,9 @@ def _nothing_left_to_fold(gm: fx.GraphModule) -> str | None:
         "is not known to be 2-D; a conv whose output is not known to be batched (N, C, ...: from its recorded "
         "shape, an assert on its rank, or a BatchNorm2d/3d that takes nothing else), where a batch norm on an "
         "unbatched (C, ...) output normalises another axis; a scale or shift that is not one value per output "
-        "channel, has another dtype, is not finite, or may change the output's shape; a module call that is made more than once, passes more than "
-        "tensors, cannot be traced or computes tensors at trace time. Each refusal is listed in the result with "
-        "its reason. Torch and ATen dialects."
+        "channel, has another dtype, is not finite, or may change the output's shape; a module call that is made "
+        "more than once, passes more than tensors, cannot be traced or computes tensors at trace time. Each "
+        "refusal is listed in the result with its reason. Torch and ATen dialects."
     ),
     ensures=lambda gm, result: _nothing_left_to_fold(gm),
 )

@@ -15,7 +15,16 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from fxforge.artifacts import INPUTS_FILE, MODEL_FILE, REPORT_FILE, atomic_directory, write_inputs, write_report
+from fxforge.artifacts import (
+    INPUTS_FILE,
+    MODEL_FILE,
+    REPORT_FILE,
+    SOURCE_DIR,
+    atomic_directory,
+    write_inputs,
+    write_report,
+    write_user_sources,
+)
 from fxforge.capture import Captured
 from fxforge.errors import FxforgeError, first_line
 from fxforge.quantize.accuracy import run_batches
@@ -47,6 +56,8 @@ def write_output(
     with atomic_directory(output_dir, force=force) as staging:
         with picklable_quantized_modules(result.model):
             torch.save(result.model, staging / MODEL_FILE)
+        if write_user_sources(staging / MODEL_FILE, staging):
+            files.append(f"{SOURCE_DIR}/")
         _check_reload(result, staging / MODEL_FILE, inputs)
         write_inputs(staging, captured.example_inputs)
         result.output_dir, result.files = output_dir, files
