@@ -206,6 +206,16 @@ def test_file_factory_kwargs(factories: Path):
     assert load_model(f"{factories}:needs_width", model_kwargs={"width": 6}).module.lin.in_features == 6
 
 
+def test_verify_builds_both_sides_with_the_model_args(factories: Path):
+    """--model-arg reached the reference only: the candidate was built without it (a mismatch between the same
+    model, or 'cannot be called without arguments'; QA finding)."""
+    from fxforge.api import verify_specs
+
+    spec = f"{factories}:needs_width"
+    result = verify_specs(spec, spec, ["2x4"], model_kwargs={"width": 4}, cases=2)
+    assert result.ok
+
+
 def test_file_example_inputs_as_tensors_or_function(tmp_path: Path):
     (tmp_path / "tensors.py").write_text(
         "import torch\nmodel = torch.nn.Linear(4, 2)\nexample_inputs = [torch.zeros(2, 4)]\n"

@@ -397,7 +397,7 @@ def test_wrap_keeps_a_traceable_function_as_one_call(capsys, helper_model):
 
 def test_wrap_that_does_nothing_says_so(capsys, helper_model):
     code, _, err = run(capsys, "inspect", "net.py:Net", "--input", "2x8", "--wrap", "helpers.py:nothing")
-    assert code == EXIT_CAPTURE and "has no attribute 'nothing'" in err
+    assert code == EXIT_USAGE and "has no attribute 'nothing'" in err
     (helper_model / "other.py").write_text("def unrelated(x):\n    return x\n")
     code, out, _ = run(capsys, "inspect", "net.py:Net", "--input", "2x8", "--wrap", "other.py:unrelated", "--json")
     record = json.loads(out)["capture"]
@@ -485,4 +485,4 @@ def test_verify_takes_leaf_and_wrap_for_its_reference(capsys, helper_model):
     code, out, err = run(capsys, *args, "--wrap", "helpers.py:scale_rows", "--leaf", "lin")
     assert code == EXIT_OK and json.loads(out)["ok"], err
     code, _, err = run(capsys, *args, "--wrap", "helpers.py:nothing")
-    assert code == EXIT_CAPTURE and "has no attribute 'nothing'" in err
+    assert code == EXIT_USAGE and "has no attribute 'nothing'" in err

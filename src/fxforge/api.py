@@ -13,7 +13,7 @@ from torch import nn
 
 from fxforge.artifacts import OnnxRuntimeModule
 from fxforge.capture import Captured, capture
-from fxforge.errors import CaptureError, InputSpecError, option, said
+from fxforge.errors import CaptureError, FxforgeError, InputSpecError, option, said
 from fxforge.inputs import InputSpec, make_inputs, parse_input_spec
 from fxforge.models import LoadedModel, load_model
 from fxforge.references import import_function
@@ -77,7 +77,7 @@ def prepare(
         _refuse_unknown_arguments(loaded.module, concrete_args, loaded.spec)
     specs = resolve_inputs(loaded, inputs)
     example = make_inputs(specs, seed=seed, device=device or "cpu")
-    functions = [f if callable(f) else import_function(f, what="--wrap", error=CaptureError) for f in wrap]
+    functions = _wrapped_functions(wrap)
     try:
         return capture(
             loaded,
@@ -130,7 +130,8 @@ def verify_specs(
     if cases < 1 or (seeds is not None and seeds < 1):
         raise InputSpecError("verify needs at least one case", hint=f"e.g. {option('--cases', 16)}")
     ref_loaded = load_model(reference, seed=seed, model_kwargs=model_kwargs, trust_pickle=trust_pickle)
-    cand_loaded = load_model(candidate, seed=seed, trust_pickle=trust_pickle)
+    # both sides built from code get the arguments (a saved candidate is as it was written, and ignores them)
+    cand_loaded = load_model(candidate, seed=seed, model_kwargs=model_kwargs, trust_pickle=trust_pickle)
     if concrete_args:
         fixed = dict(concrete_args)
         _refuse_unknown_arguments(ref_loaded.module, fixed, ref_loaded.spec)
@@ -146,7 +147,7 @@ def verify_specs(
     # needs one call of the candidate for it
     _give_onnx_the_structure_of(ref_loaded.module, cand_loaded.module, example)
     ref: Any = ref_loaded.module
-    functions = [f if callable(f) else import_function(f, what="--wrap", error=CaptureError) for f in wrap]
+    functions = _wrapped_functions(wrap)
     with contextlib.suppress(CaptureError):  # compared all the same; only the bisection to a node needs the graph
         if not concrete_args:  # the bound reference traces as forward(*args), which symbolic_trace cannot unpack
             ref = capture(ref_loaded, example, leaf_modules=leaf_modules, autowrap_functions=functions, check=False)
@@ -163,6 +164,13 @@ def verify_specs(
         allow_dtype_change=allow_dtype_change,
         candidate_may_fix_batch=True,
     )
+
+
+def _wrapped_functions(wrap: Iterable[str | Callable[..., Any]]) -> list[Callable[..., Any]]:
+    """The functions to keep as one call; a name that imports nothing is the caller's mistake (exit 2), as an
+    unknown leaf is, not a model that cannot be captured."""
+    what = option("--wrap", python="wrap")
+    return [f if callable(f) else import_function(f, what=what, error=FxforgeError) for f in wrap]
 
 
 def _forward_parameters(module: Any) -> set[str]:
