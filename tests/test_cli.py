@@ -327,3 +327,21 @@ def test_a_flag_is_named_without_a_value_on_the_command_line(capsys, tmp_path):
     with pytest.raises(FxforgeError, match=r"pass force=True to replace it"):
         fxforge.graph_html(fxforge.prepare("demo"), page, force=False)
     assert page.read_text() == "mine"
+
+
+def test_optimize_says_when_the_capture_could_not_be_checked(capsys, tmp_path):
+    """numpy's random numbers in forward: the graph holds the one drawn while tracing, so it was never compared
+    with the model; optimize (without --verify) wrote it silently, and the note blamed training mode for a model in
+    eval mode (QA finding)."""
+    (tmp_path / "noisy.py").write_text(
+        "import numpy as np\nimport torch\nfrom torch import nn\n"
+        "class Noisy(nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        return x + float(np.random.rand())\n"
+        "def build():\n    return Noisy().eval()\n"
+    )
+    code, out, _ = run(capsys, "optimize", f"{tmp_path / 'noisy.py'}:build", "-i", "2x3", "-o", str(tmp_path / "o"))
+    assert code == EXIT_OK
+    text = " ".join(out.split())
+    assert "capture: output check skipped: the model is random" in text
+    assert "draws random numbers outside torch" in text and "call model.eval()" not in text

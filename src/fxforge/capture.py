@@ -519,12 +519,19 @@ def _differs_on_rerun(captured: Captured, reference: Any, seed: int) -> bool:
     return not compare_outputs(reference, again, allow_nonfinite=True).ok
 
 
-def _randomness_hint(sources: Sequence[str]) -> str:
+def _randomness_hint(sources: Sequence[str], model: Any = None) -> str:
     if any("training mode" in source for source in sources):
         return f"{' and '.join(s for s in sources if 'training mode' in s)}: call model.eval() for inference"
     if sources:
         return f"it calls {', '.join(sources)}"
-    return "training mode? call model.eval()"
+    if getattr(model, "training", False):
+        return "training mode? call model.eval()"
+    # no torch random op in the graph and the model is in eval mode: numpy's or Python's random numbers in
+    # forward, which tracing records as one constant
+    return (
+        "no random op of torch's is in the graph: its forward draws random numbers outside torch (numpy, Python's "
+        "random), which the captured graph holds as the constant drawn while tracing"
+    )
 
 
 def _check(captured: Captured, reference: Any, check_batch: int | None) -> bool:
@@ -543,18 +550,20 @@ def _check(captured: Captured, reference: Any, check_batch: int | None) -> bool:
     sources = _random_sources(captured.graph_module)
     if record.ok:
         if sources and _differs_on_rerun(captured, reference, CHECK_SEED + 1):
+            why = _randomness_hint(sources, captured.original)
             record.notes.append(
-                f"the model is random: two calls on the same input differ ({_randomness_hint(sources)}); "
+                f"the model is random: two calls on the same input differ ({why}); "
                 "the output check ran the model and the graph under the same random seed"
             )
         return True
     if not _differs_on_rerun(captured, reference, CHECK_SEED):
         return False
     failed = next(c for c in record.checks if not c.ok)
+    why = _randomness_hint(sources, captured.original)
     record.checks = []
     record.notes.append(
         f"output check skipped: the model is random: two calls on the same input differ, even under the same "
-        f"random seed ({_randomness_hint(sources)}), so no captured graph can be compared with it "
+        f"random seed ({why}), so no captured graph can be compared with it "
         f"(model vs graph: max abs err {failed.max_abs_err:.3g})"
     )
     return True
@@ -693,9 +702,8 @@ def capture(
             reference = _seeded_reference(captured, CHECK_SEED)
             sources = _random_sources(captured.graph_module)
             if sources and _differs_on_rerun(captured, reference, CHECK_SEED + 1):
-                captured.record.notes.append(
-                    f"the model is random: two calls on the same input differ ({_randomness_hint(sources)})"
-                )
+                why = _randomness_hint(sources, captured.original)
+                captured.record.notes.append(f"the model is random: two calls on the same input differ ({why})")
             if check_batch is not None:
                 batched = with_batch(captured.example_inputs, check_batch)
                 run_reference(captured.graph_module, batched, dict(captured.example_kwargs))

@@ -54,6 +54,14 @@ def render_capture(console: Console, spec: str, capture: dict[str, Any]) -> None
         console.print(f"  [dim]{note}[/]")
 
 
+def render_capture_warnings(console: Console, record: Any) -> None:
+    """The capture notes a command that prints no capture section must still show: why the graph was not
+    compared with the model (a random model, weights on meta), or why two runs of the model differ."""
+    for note in record.notes:
+        if note.startswith(("output check skipped", "the model is random")):
+            console.print(f"  [yellow]capture: {escape(note)}[/]")
+
+
 def render_inspect(console: Console, spec: str, report: Any, show_nodes: bool, show_code: bool) -> None:
     render_capture(console, spec, report.capture)
     quantized = any(node.quant for node in report.nodes)

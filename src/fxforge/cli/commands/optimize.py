@@ -91,7 +91,7 @@ def command(
 ) -> None:
     """Rewrite a model with passes, verify it, and write the result (loadable with torch alone)."""
     from fxforge.artifacts import check_output_directory
-    from fxforge.cli.render import render_optimize, render_timings
+    from fxforge.cli.render import render_capture_warnings, render_optimize, render_timings
     from fxforge.optimize import optimize
     from fxforge.pipeline import build_pipeline
 
@@ -119,6 +119,7 @@ def command(
         emit_json({**result.to_dict(), "capture_s": round(capture_s, 3)})
     else:
         render_optimize(stdout, opts.model, result)
+        render_capture_warnings(stdout, captured.record)
         if timings:
             render_timings(stdout, capture_s, result)
     if not result.pipeline.ok:
