@@ -572,3 +572,13 @@ def test_torchs_debug_logging_advice_is_left_out_of_the_line_we_quote():
     message = 'Constraints violated (batch)! For more information, run with TORCH_LOGS="+dynamic".\nmore detail'
     assert first_line(RuntimeError(message)) == "Constraints violated (batch)!"
     assert first_line(RuntimeError("Guard failed: x.size()[0] == 2")) == "Guard failed: x.size()[0] == 2"
+
+
+def test_leaves_with_method_export_are_refused_not_ignored():
+    """torch.export traces through every submodule: --leaf was silently ignored, and the capture error then advised
+    --leaf NAME (QA finding)."""
+    model = load("SubmoduleBranch")
+    with pytest.raises(FxforgeError, match=r"^leaf_modules applies to symbolic tracing") as info:
+        capture(model, x(), method="export", leaf_modules=["gate"])
+    assert not isinstance(info.value, CaptureError) and "method='export'" in info.value.hint
+    assert capture(model, x(), leaf_modules=["gate"]).record.ok  # auto: traced with the leaf

@@ -661,6 +661,15 @@ def capture(
     kwargs = cloned(dict(example_kwargs or {}))
     if method not in ("auto", SYMBOLIC_TRACE, "export", EXPORT):
         raise CaptureError(f"unknown capture method {method!r}", hint="auto, symbolic_trace or export")
+    leaf_modules = list(as_names(leaf_modules) or ())  # one name, a comma list, or an iterable of names or types
+    if method in ("export", EXPORT) and leaf_modules:
+        # torch.export traces through every submodule: the leaves were ignored, and a failure then advised --leaf
+        raise FxforgeError(
+            f"{option('--leaf', python='leaf_modules')} applies to symbolic tracing, and "
+            f"{option('--method', 'export')} traces through every submodule",
+            hint=f"drop {option('--method', 'export')} (auto tries symbolic tracing with the leaves first), "
+            f"or drop {option('--leaf', python='leaf_modules')}",
+        )
     if not isinstance(model, nn.Module):
         raise CaptureError(
             f"capture takes an nn.Module, not a {type(model).__name__}",
