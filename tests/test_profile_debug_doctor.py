@@ -220,6 +220,21 @@ def test_debug_stats_match_the_graph_inserts_fields(capsys):
     assert code == EXIT_OK and "Activation statistics" in out and "zeros" in out
 
 
+def test_debug_stats_count_every_tensor_a_module_returns():
+    """Only the first float tensor was counted: a dict output with a NaN in its second tensor said 'NaN 0' under a
+    NaN/Inf finding naming that very module (QA finding)."""
+
+    class Pair(nn.Module):
+        def forward(self, x):
+            return {"fine": x.abs(), "broken": torch.log(x)}  # NaN where x < 0
+
+    x = torch.tensor([[1.0, -1.0, 2.0]])
+    report = debug_model(Pair(), (x,), nan=True, stats=True, cases=1)
+    assert report.nan is not None and report.nan.module == ""
+    root = report.stats[""]
+    assert root.nan_count == 1 and root.min == 0.0 and root.max == 2.0  # both tensors: log(1) = 0 ... 2
+
+
 def test_debug_cli_exit_codes(capsys, tmp_path):
     spec = tmp_path / "nan_model.py"
     spec.write_text(

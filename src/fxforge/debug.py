@@ -4,8 +4,8 @@
   while its inputs were finite is named -- with the inputs that triggered it -- since the modules after it only
   carry the NaN along. Several input cases (the distributions of verification) are tried until one triggers it.
 * ``stats``: per-module activation statistics (calls, min/max/mean/std over finite values, NaN/Inf counts,
-  fraction of zeros), gathered by the same recorder ``insert_after``'s ``stats`` insert uses, so both report
-  alike (:class:`~fxforge.passes.insert_after.SiteStats`).
+  fraction of zeros) over every float tensor a module returns, gathered by the same recorder ``insert_after``'s
+  ``stats`` insert uses, so both report alike (:class:`~fxforge.passes.insert_after.SiteStats`).
 
 The model runs as it is, in its own mode, on copies of the inputs; its state is restored afterwards and the
 hooks are removed even when it raises.
@@ -162,7 +162,9 @@ class _Watcher:
         self.calls[name] = self.calls.get(name, 0) + 1
         tensors = _float_tensors(output)
         if name in self.recorders and tensors:
-            self.recorders[name](tensors[0])
+            # every float tensor of the output (an LSTM's (out, (h, c)), a dict): one value per call, as one tensor
+            whole = tensors[0] if len(tensors) == 1 else torch.cat([t.detach().reshape(-1).float() for t in tensors])
+            self.recorders[name](whole)
         if self.first is not None or not any(_non_finite(t) for t in tensors):
             return
         inputs = _float_tensors(args)
