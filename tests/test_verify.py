@@ -395,3 +395,22 @@ def test_verify_compares_in_ieee_float32_and_puts_the_settings_back():
         assert torch.backends.cudnn.conv.fp32_precision == "tf32"
     finally:
         torch.backends.cudnn.conv.fp32_precision, torch.backends.cuda.matmul.fp32_precision = before
+
+
+def test_complex_outputs_get_their_real_dtypes_tolerance_and_a_pass_states_its_tolerances():
+    """A complex output was compared exactly (no entry in the table): round-off alone was a MISMATCH (QA finding)."""
+    from fxforge.verify import verify
+
+    class Spectrum(torch.nn.Module):
+        def forward(self, x):
+            return torch.fft.fft(x)
+
+    class RoundOff(torch.nn.Module):
+        def forward(self, x):
+            return torch.fft.fft(x) * 3 / 3
+
+    result = verify(Spectrum(), RoundOff(), input_specs=["4x16"])
+    assert result.ok, result.problems
+    assert result.tolerances == {"complex64": (1e-4, 1e-5)}
+    assert result.describe_tolerances() == "complex64 within rtol 1e-04, atol 1e-05"
+    assert verify(Spectrum(), RoundOff(), input_specs=["4x16"], rtol=0.5).to_dict()["tolerances"]["complex64"][0] == 0.5

@@ -28,8 +28,18 @@ TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
 
 
 def tolerance_for(dtype: torch.dtype) -> tuple[float, float]:
-    """(rtol, atol) for comparing tensors of ``dtype``; integer and bool tensors must match exactly."""
-    return TOLERANCES.get(dtype, (0.0, 0.0))
+    """(rtol, atol) for comparing tensors of ``dtype``; integer and bool tensors must match exactly.
+
+    Complex tensors take their real dtype's (a complex64 is two float32s); other floating dtypes (float8) two
+    units in their last place, relative, and one absolute."""
+    if dtype in TOLERANCES:
+        return TOLERANCES[dtype]
+    if dtype.is_complex:
+        return TOLERANCES.get(dtype.to_real(), (0.0, 0.0))
+    if dtype.is_floating_point:
+        eps = torch.finfo(dtype).eps
+        return 2 * eps, eps
+    return 0.0, 0.0
 
 
 def resolve_tolerances(dtype: torch.dtype, rtol: float | None, atol: float | None) -> tuple[float, float]:

@@ -141,6 +141,8 @@ class VerifyResult:
     # on a mismatch with no divergence: why no node could be named (the candidate is not a graph...)
     divergence_unknown: str | None = None
     failing_case: int | None = field(default=None, repr=False)  # the Verifier's index of the first failing case
+    # the (rtol, atol) each floating dtype of the outputs was compared with: "equal" is only as strict as these
+    tolerances: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def __repr__(self) -> str:
         return display.verify_repr(self)
@@ -162,6 +164,12 @@ class VerifyResult:
         if self.distributions:
             details.append(", ".join(self.distributions))
         return parts[0] + (f" ({'; '.join(details)})" if details else "")
+
+    def describe_tolerances(self) -> str:
+        """The tolerances the outputs were compared with (``float32 within rtol 1e-04, atol 1e-05``); "" if none."""
+        return "; ".join(
+            f"{name} within rtol {rtol:.0e}, atol {atol:.0e}" for name, (rtol, atol) in self.tolerances.items()
+        )
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -474,6 +482,18 @@ class Verifier:
                 "initialised to zeros, such as a classifier head? give it random weights)"
             )
 
+    def _tolerances(self) -> dict[str, tuple[float, float]]:
+        dtypes = {
+            leaf.dtype
+            for output in self.expected[:1]
+            for leaf in pytree.tree_leaves(as_structure(output))
+            if isinstance(leaf, torch.Tensor) and (leaf.is_floating_point() or leaf.is_complex())
+        }
+        return {
+            str(dtype).removeprefix("torch."): resolve_tolerances(dtype, self.rtol, self.atol)
+            for dtype in sorted(dtypes, key=str)
+        }
+
     def _check_determinism(self, case: Case, first: Any) -> None:
         with quiet_torch_logs():
             second = run_isolated(self.module, case.args, case.kwargs)
@@ -518,6 +538,7 @@ class Verifier:
             skipped=list(self.skipped),
             warnings=list(self.warnings),
             nondeterministic=self.nondeterministic,
+            tolerances=self._tolerances(),
         )
         if self.problems:
             result.ok, result.unverifiable = False, True

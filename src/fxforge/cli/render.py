@@ -208,7 +208,7 @@ def render_optimize(console: Console, spec: str, result: Any) -> None:
         if check.ok:
             console.print(
                 f"[green]verified[/]: outputs match the model on {check.describe_inputs()} "
-                f"(max abs err {check.max_abs_err:.2g}, max rel err {check.max_rel_err:.2g})"
+                f"(max abs err {check.max_abs_err:.2g}, max rel err {check.max_rel_err:.2g}{_within(check)})"
             )
             render_verify_doubts(console, check)
         else:
@@ -244,11 +244,17 @@ def render_verify_doubts(console: Console, result: Any) -> None:
         console.print(f"  [yellow]warning:[/] {warning}")
 
 
+def _within(check: Any) -> str:
+    """The tolerances a passed check compared with: what "match" meant."""
+    described = check.describe_tolerances()
+    return f"; {described}" if described else ""
+
+
 def render_verify(console: Console, reference: str, candidate: str, result: Any) -> None:
     if result.ok:
         console.print(
             f"[green]OK[/]: {escape(candidate)} matches {escape(reference)} on {result.describe_inputs()} "
-            f"(max abs err {result.max_abs_err:.3g}, max rel err {result.max_rel_err:.3g})"
+            f"(max abs err {result.max_abs_err:.3g}, max rel err {result.max_rel_err:.3g}{_within(result)})"
         )
         render_verify_doubts(console, result)
         return
@@ -383,7 +389,7 @@ def render_export(console: Any, spec: str, result: Any) -> None:
         if check is not None:
             console.print(
                 f"  [green]verified[/]: reloaded file matches the model on {check.describe_inputs()} "
-                f"(max abs err {check.max_abs_err:.3g}, max rel err {check.max_rel_err:.3g})"
+                f"(max abs err {check.max_abs_err:.3g}, max rel err {check.max_rel_err:.3g}{_within(check)})"
             )
             for skipped in check.skipped[:3]:
                 console.print(f"  [dim]not tried: {skipped}[/]")
