@@ -582,3 +582,24 @@ def test_leaves_with_method_export_are_refused_not_ignored():
         capture(model, x(), method="export", leaf_modules=["gate"])
     assert not isinstance(info.value, CaptureError) and "method='export'" in info.value.hint
     assert capture(model, x(), leaf_modules=["gate"]).record.ok  # auto: traced with the leaf
+
+
+def test_a_forward_reading_its_keyword_arguments_runs_node_by_node(tmp_path):
+    """``forward(self, x, **kwargs)`` reading ``kwargs.get``: torch's Interpreter gives the placeholder a list, so
+    inspect said 'the graph failed ... check --input' (exit 2), profile too, and optimize wrote no model.pt2."""
+    import fxforge
+    from fxforge.profile import profile_model
+
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x, **kwargs):
+            return self.lin(x) * kwargs.get("scale", 2.0)
+
+    captured = capture(Scaled().eval(), (torch.randn(2, 8),), method="symbolic_trace")
+    assert fxforge.inspect_graph(captured).totals["flops"] > 0
+    assert profile_model(captured, repeats=1, warmup=0, peak=False).nodes
+    result = fxforge.optimize(captured, ["fold_bn"], verify=True, output_dir=tmp_path / "out")
+    assert result.pipeline.ok and (tmp_path / "out" / "model.pt2").is_file()

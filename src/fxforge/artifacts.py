@@ -41,7 +41,7 @@ from fxforge.callstack import call_on_fresh_chunk
 from fxforge.errors import FxforgeError, InputSpecError, ModelSpecError, first_line, option, require, user_location
 from fxforge.graphs import ATEN, aten_packet
 from fxforge.inputs import InputSpec, parse_input_spec, specs_of
-from fxforge.runtime import export_program, holds_tensor, quiet_torch_logs, with_constant_kwargs
+from fxforge.runtime import ConstantKeywords, export_program, holds_tensor, quiet_torch_logs, with_constant_kwargs
 from fxforge.vocabulary import ORIGIN, PASS
 
 MODEL_FILE = "model.pt"  # a pickled module (GraphModule, int8 model): needs --trust-pickle to load
@@ -405,6 +405,10 @@ def save_graph_module(
         # keyword args fixed at capture are constants of the program: model(x) then runs it, as for model.pt
         exported = gm if holds_tensor(kwargs) else with_constant_kwargs(gm, kwargs)
         kwargs = kwargs if exported is gm else {}
+        if exported is gm and any(str(n.target).startswith("**") for n in gm.graph.find_nodes(op="placeholder")):
+            # torch.export runs a GraphModule node by node, giving its **kwargs placeholder a list (see
+            # GraphRunner); called as a module, the generated forward gives it the dict
+            exported = ConstantKeywords(gm, {})
         program = export_program(exported, tuple(example_inputs), kwargs, dynamic_batch=True)
         with quiet_torch_logs():
             torch.export.save(program, str(directory / PROGRAM_FILE))

@@ -303,3 +303,17 @@ def node_value(node: fx.Node) -> Any:
     if value is None:
         value = node.meta.get("tensor_meta")
     return value
+
+
+class GraphRunner(fx.Interpreter):
+    """``fx.Interpreter`` that gives a ``**kwargs`` placeholder an empty dict.
+
+    A traced ``forward(self, x, **kwargs)`` keeps ``kwargs`` as a placeholder, which torch's Interpreter fills with
+    the leftover positional values -- a list: ``kwargs.get("scale", 1.0)`` then failed on every run fxforge makes
+    node by node (inspect, profile, verify's bisection), though the GraphModule itself runs.
+    """
+
+    def placeholder(self, target: Any, args: Any, kwargs: Any) -> Any:
+        if str(target).startswith("**"):
+            return {}
+        return super().placeholder(target, args, kwargs)

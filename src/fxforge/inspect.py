@@ -30,7 +30,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from fxforge import display
 from fxforge.capture import Captured
 from fxforge.errors import FxforgeError, InputSpecError, first_line
-from fxforge.graphs import get_attr_value, is_input_guard, module_path, submodule, target_name
+from fxforge.graphs import GraphRunner, get_attr_value, is_input_guard, module_path, submodule, target_name
 from fxforge.runtime import buffers_snapshot, quiet_torch_logs, restore_buffers, run_isolated
 from fxforge.vocabulary import QUANT_KINDS, int8_flops, int8_weights, module_quant_kind, quant_kind
 
@@ -163,13 +163,17 @@ def _op_label(func: Any) -> str:
     return f"{namespace}.{packet.__name__}"
 
 
-class _Profiler(fx.Interpreter):
+class _Profiler(GraphRunner):
     """Runs the graph once, recording each node's output description, FLOPs and the ops it has no formula for."""
 
-    def __init__(self, gm: fx.GraphModule, counter: FlopCounterMode, recorder: _OpRecorder) -> None:
+    def __init__(
+        self, gm: fx.GraphModule, counter: FlopCounterMode, recorder: _OpRecorder, blame_inputs: bool = True
+    ) -> None:
         super().__init__(gm)
         self.counter = counter
         self.recorder = recorder
+        # False: the inputs are the ones the capture checked the graph on, so a failure is not theirs to fix
+        self.blame_inputs = blame_inputs
         self.infos: dict[fx.Node, tuple[Any, str | None, int, int]] = {}
         self.unknown: dict[fx.Node, list[str]] = {}
 
@@ -179,7 +183,7 @@ class _Profiler(fx.Interpreter):
         try:
             result = super().run_node(n)
         except Exception as exc:
-            if isinstance(exc, InputSpecError):
+            if isinstance(exc, InputSpecError) or not self.blame_inputs:
                 raise
             where = f"{n.op} {target_name(n)}"
             message = first_line(exc)
@@ -313,7 +317,8 @@ def inspect_graph(
     values = captured.flat_inputs(inputs)
     counter = _flop_counter()
     recorder = _OpRecorder()
-    profiler = _Profiler(gm, counter, recorder)
+    checked = inputs is None and any(check.ok for check in captured.record.checks)
+    profiler = _Profiler(gm, counter, recorder, blame_inputs=not checked)
     # Inspecting must not change anything: run on copies of the inputs and undo buffer writes
     # (graphs of models that update a buffer in forward write into the original model's buffers).
     snapshots = [(m, buffers_snapshot(m)) for m in (gm, captured.original)]

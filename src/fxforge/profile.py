@@ -44,7 +44,7 @@ from fxforge import display
 from fxforge.artifacts import StagedOutput, output_target
 from fxforge.capture import Captured, at_batch, require_real_weights
 from fxforge.errors import FxforgeError, option, pass_inputs_hint
-from fxforge.graphs import is_input_guard
+from fxforge.graphs import GraphRunner, is_input_guard
 from fxforge.inputs import specs_of
 from fxforge.inspect import inspect_graph
 from fxforge.machine import Peak, cached_peak
@@ -209,7 +209,7 @@ def profile_model(
 # running under the profiler
 
 
-class _TimedInterpreter(fx.Interpreter):
+class _TimedInterpreter(GraphRunner):
     """Runs the graph, adding each node's wall-clock time to ``times`` -- or, with ``ranges``, opening a
     ``record_function`` range named after each node for the profiler instead."""
 

@@ -58,7 +58,7 @@ from fxforge.artifacts import (
 )
 from fxforge.capture import Captured, placeholder_values
 from fxforge.errors import FxforgeError, ModelSpecError, first_line, format_location, option, recorded_user_frame
-from fxforge.graphs import get_attr_value, is_input_guard, module_path, submodule
+from fxforge.graphs import GraphRunner, get_attr_value, is_input_guard, module_path, submodule
 from fxforge.inputs import InputSpec, parse_input_spec
 from fxforge.inspect import NodeInfo, inspect_graph
 from fxforge.models import LoadedModel, load_model, pickle_trusted
@@ -777,7 +777,7 @@ def _stage_examples(graph: _Graph, plan: SplitPlan, captured: Captured) -> list[
     wanted = {t.name for stage in plan.stages for t in stage.inputs}
     recorded: dict[str, Any] = {}
 
-    class Recorder(fx.Interpreter):
+    class Recorder(GraphRunner):
         def run_node(self, n: fx.Node) -> Any:
             result = super().run_node(n)
             if n.name in wanted:

@@ -55,7 +55,7 @@ from fxforge.compare import (
     tolerance_for,
 )
 from fxforge.errors import FxforgeError, InputSpecError, one_line_reason, option, said
-from fxforge.graphs import ATEN, TORCH, dialect_of, target_name
+from fxforge.graphs import ATEN, TORCH, GraphRunner, dialect_of, target_name
 from fxforge.inputs import Case, case_plan, draw_like, make_inputs
 from fxforge.models import load_model
 from fxforge.runtime import cloned, device_of, ieee_float32, preserved_state, quiet_torch_logs, run_isolated
@@ -876,7 +876,7 @@ def verify(
 def _record_values(gm: fx.GraphModule, flat_inputs: Sequence[Any]) -> dict[str, Any]:
     values: dict[str, Any] = {}
 
-    class Recorder(fx.Interpreter):
+    class Recorder(GraphRunner):
         def run_node(self, n: fx.Node) -> Any:
             out = super().run_node(n)
             # clone: a later in-place op (relu_) would otherwise change what we recorded
