@@ -142,3 +142,19 @@ def test_backends_that_run_on_the_cpu_whatever_the_model_say_so(capsys):
     listed = {b["name"]: b["cpu_only"] for b in json.loads(out)["backends"]}
     assert code == EXIT_OK
     assert {name for name, cpu_only in listed.items() if cpu_only} == {"onnxruntime", "int8", "ort_int8"}
+
+
+def test_a_program_fixed_to_one_batch_says_which_batch_it_takes():
+    """bench --batch 1,2 on a program exported for batch 2 said 'pass --input ... e.g. --input 1x3x224x224',
+    which cannot help: the hint names the batch the program takes (QA finding)."""
+    from fxforge.errors import InputSpecError
+    from fxforge.runtime import run_reference
+
+    class LoopsOverRows(torch.nn.Module):
+        def forward(self, x):
+            return torch.stack([row * i for i, row in enumerate(x)])
+
+    program = torch.export.export(LoopsOverRows(), (torch.randn(2, 8),)).module()
+    with pytest.raises(InputSpecError) as raised:
+        run_reference(program, (torch.randn(1, 8),), {})
+    assert raised.value.hint.startswith("the model takes batch 2 only") and "run it at batch 2," in raised.value.hint

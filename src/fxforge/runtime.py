@@ -14,6 +14,7 @@ import inspect as pyinspect
 import io
 import logging
 import os
+import re
 import sys
 import warnings
 import weakref
@@ -280,10 +281,25 @@ def run_reference(module: Any, args: Sequence[Any], kwargs: dict[str, Any], *oth
                 f"forward takes {', '.join(keyword_only)} by keyword only, and the CLI passes inputs by position: "
                 f"use the Python API, fxforge.capture(model, (), example_kwargs={{{keyword_only[0]!r}: ...}})"
             )
+        fixed = _fixed_batch(str(exc))
+        if fixed is not None:  # a program exported for one batch size: another --input shape will not do
+            hint = (
+                f"the model takes batch {fixed} only (a program exported for that batch size): run it at batch "
+                f"{fixed}{said(f' (--batch {fixed})', '')}, or export it again with a dynamic batch"
+            )
         raise InputSpecError(
             f"the model rejected the example inputs ({describe_inputs(args) or 'none'}): {one_line_reason(exc)}",
             hint=hint,
         ) from None
+
+
+def _fixed_batch(message: str) -> int | None:
+    """The batch size a torch.export program's guard insists on (``Guard failed: x.size()[0] == 2``, ``Expected
+    input at *args[0].shape[0] to be equal to 2``), else None."""
+    match = re.search(r"size\(\)\[0\] == (\d+)", message) or re.search(
+        r"shape\[0\] to be equal to (\d+)", message
+    )
+    return int(match.group(1)) if match else None
 
 
 def _keyword_only_inputs(module: Any) -> list[str]:
