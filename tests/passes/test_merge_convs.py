@@ -284,6 +284,34 @@ def test_intermediate_with_another_user_is_skipped(capture_as, run_verified, dia
     assert fx009(captured) == []
 
 
+class RankAsserted(nn.Module):
+    """timm's BatchNormAct2d asserts ``x.ndim == 4`` between two convs: a read of the rank, not of the values."""
+
+    def __init__(self, read: str):
+        super().__init__()
+        self.first, self.second, self.read = nn.Conv2d(4, 8, 1), nn.Conv2d(8, 3, 1), read
+
+    def forward(self, x):
+        y = self.first(x)
+        if self.read == "ndim":
+            torch._assert(y.ndim == 4, "expected a 4-D input")
+        else:  # the shape: the merged output's channels are the second conv's, so this read blocks the merge
+            torch._assert(y.shape[1] == 8, "expected 8 channels")
+        return self.second(y)
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_a_rank_assert_between_the_convs_does_not_block_the_merge(capture_as, run_verified, dialect):
+    """The torch dialect refused timm mobilenetv3's conv_pw pair that the ATen dialect merged: the rank assert
+    counted as a second user (QA finding). A shape read still blocks."""
+    captured = capture_as(seeded(lambda: RankAsserted("ndim").eval()), torch.randn(*X2), dialect)
+    result = run_verified(captured, NAME)
+    assert result.changed, result.skipped
+    captured = capture_as(seeded(lambda: RankAsserted("shape").eval()), torch.randn(*X2), "torch")
+    result = run_verified(captured, NAME)
+    assert not result.changed and "users" in result.skipped[0]
+
+
 class CalledTwice(nn.Module):
     """``second`` is called on two branches; merging ``first`` into it would change the other call."""
 

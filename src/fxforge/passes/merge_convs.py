@@ -200,6 +200,16 @@ def reads_metadata_only(user: fx.Node, node: fx.Node) -> bool:
     return aten_packet(user) in _METADATA_ATEN
 
 
+def _reads_rank_only(user: fx.Node, node: fx.Node) -> bool:
+    """Does ``user`` read only the rank, dtype or device of ``node``: what a merged conv's output shares with the
+    first conv's (its shape it does not: the channels are the second conv's)?"""
+    if not reads_metadata_only(user, node):
+        return False
+    if user.op == "call_function" and user.target is getattr:
+        return user.args[1] in ("ndim", "dtype", "device", "is_cuda", "layout")
+    return user.op == "call_method" and user.target in ("dim", "ndimension", "get_device")
+
+
 def value_users(node: fx.Node) -> list[fx.Node]:
     """The users of ``node`` that read its value, not only its metadata."""
     return [user for user in node.users if not reads_metadata_only(user, node)]
@@ -313,8 +323,9 @@ def plan_merge(gm: nn.Module, node: fx.Node, uses: Counter[str]) -> MergePlan | 
     for layer in (first, second):
         if isinstance(layer, str):
             return layer
-    if len(producer.users) > 1:
-        return f"{producer.name}'s output has {len(producer.users)} users, not only {node.name}"
+    others = [user for user in producer.users if user is not node and not _reads_rank_only(user, producer)]
+    if others:
+        return f"{producer.name}'s output has {len(others) + 1} users, not only {node.name}"
     if first.form != second.form:
         return "one is a module call and the other a function call"
     for layer in (first, second):
@@ -468,6 +479,9 @@ def _apply(gm: fx.GraphModule, plan: MergePlan, uses: Counter[str]) -> set[str]:
         _rewrite_call(gm, plan, weight, bias, source, uses)
     # the merged node computes what the second layer computed, so it keeps its name and origin
     mark(second, NAME, origin_of=second)
+    # reads of the first layer's rank, dtype or device (timm's assert x.ndim == 4) read the same of its input: a
+    # conv keeps the rank, dtype and device (plan_merge allows no other reads), and the input comes before them
+    first.replace_all_uses_with(source)
     gm.graph.erase_node(first)
     stale = set()
     for node in old_weight_nodes:
