@@ -582,10 +582,11 @@ def _label(node: fx.Node) -> str:
         "1x1 (the padding would become the bias). Conv1d/2d/3d; any groups (the merged conv has gcd(groups) "
         "groups). Never merges a conv that pads the output of any other first conv (its padding is no conv of the "
         "input), a first conv with asymmetric 'same' padding whose geometry the merge changes, a pair whose first "
-        "output has other users, a module or weight used from more than one place, layers that differ in form "
-        "(module vs function), dtype or dimensionality, or, unless allow_larger, a merged layer with more weights "
-        "than the two together (a low-rank bottleneck, two 3x3s becoming a 5x5). Each refusal is listed with its "
-        "reason. Torch and ATen dialects."
+        "output has other users (reads of its rank, dtype or device aside, which then read the first conv's input), "
+        "a module or weight used from more than one place, layers that differ in form (module vs function), dtype "
+        "or dimensionality, or, unless allow_larger, a merged layer with more weights than the two together (a "
+        "low-rank bottleneck, two 3x3s becoming a 5x5). Each refusal is listed with its reason. Torch and ATen "
+        "dialects."
     ),
     options=MergeConvsOptions,
     ensures=lambda gm, result: _smaller_pair_left(gm),
