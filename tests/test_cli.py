@@ -279,18 +279,20 @@ def test_debug_may_follow_the_command_as_the_internal_error_hint_suggests(capsys
     assert "captured by symbolic_trace" in capsys.readouterr().out
 
 
-def test_piped_output_is_120_columns_unless_columns_says_otherwise():
-    """A wide table piped to a file is cut at 120 columns; ``COLUMNS`` keeps it whole (and a nonsense value is
+def test_piped_output_is_120_columns_unless_columns_says_otherwise(monkeypatch):
+    """A wide table piped to a file was cut at 120 columns; ``COLUMNS`` keeps it whole (and a nonsense value is
     ignored, not an error)."""
-    widths = {}
-    # ATen targets and module paths: a table wider than 120 columns
-    command = ["inspect", "torchvision:resnet18", "-i", "1x3x32x32", "--nodes", "--method", "export"]
-    for columns in ("", "abc", "220"):
-        env = {**os.environ, "COLUMNS": columns}
-        result = subprocess.run([sys.executable, "-m", "fxforge", *command], capture_output=True, text=True, env=env)
-        assert result.returncode == EXIT_OK
-        widths[columns] = max(len(line) for line in result.stdout.splitlines())
-    assert widths[""] == widths["abc"] == 120 < widths["220"] <= 220
+    from fxforge.cli.options import PIPED_WIDTH, _piped_width
+
+    for value, width in (("", PIPED_WIDTH), ("abc", PIPED_WIDTH), ("0", PIPED_WIDTH), ("220", 220)):
+        monkeypatch.setenv("COLUMNS", value)
+        assert _piped_width() == width
+    # ATen targets and module paths: a table wider than 120 columns, whole in a new process
+    command = ["inspect", "demo:convnet", "--nodes", "--method", "export"]
+    env = {**os.environ, "COLUMNS": "220"}
+    result = subprocess.run([sys.executable, "-m", "fxforge", *command], capture_output=True, text=True, env=env)
+    assert result.returncode == EXIT_OK
+    assert 120 < max(len(line) for line in result.stdout.splitlines()) <= 220
 
 
 def test_messages_name_the_options_the_user_typed(capsys):

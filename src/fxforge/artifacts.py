@@ -48,7 +48,8 @@ MODEL_FILE = "model.pt"  # a pickled module (GraphModule, int8 model): needs --t
 PROGRAM_FILE = "model.pt2"  # a torch.export program: loads without unpickling code
 # Copies of the user's Python files a pickle names its classes or functions from, as the modules fxforge imported
 # them as (fxforge_user_<stem>.py, see fxforge.references.import_file): with this folder on sys.path the pickle
-# loads anywhere, with fxforge or plain torch (write_user_sources).
+# loads anywhere, with fxforge or plain torch (write_user_sources). A split directory keeps the model's file there
+# under its own name, which its loader imports (fxforge.split).
 SOURCE_DIR = "source"
 USER_MODULE_PREFIX = "fxforge_user_"
 PACKAGE_DIR = "optimized_model"  # not "code": that would shadow the standard library module on import

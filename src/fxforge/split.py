@@ -51,6 +51,7 @@ from fxforge.artifacts import (
     MODEL_FILE,
     PLAN_FILE,
     PROGRAM_FILE,
+    SOURCE_DIR,
     atomic_directory,
     check_free_space,
     check_output_directory,
@@ -70,7 +71,6 @@ from fxforge.verify import DEFAULT_CASES, VerifyResult, verify
 BALANCES = ("flops", "params", "memory", "time")
 PLAN_FORMAT = "fxforge-split"
 PLAN_VERSION = 1
-SOURCE_DIR = "source"  # the model's Python file, copied when a stage is pickled: unpickling needs its classes
 _NO_REFERENCE_NOTE = "no unsplit model written"  # the note that says why a split directory has no model.pt2
 _COMPUTE = ("call_function", "call_method", "call_module")
 # torch.export's input-shape check: no part of the model's computation, and no module a stage could hold
