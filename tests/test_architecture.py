@@ -68,3 +68,16 @@ def test_import_fxforge_is_lazy_but_complete():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.stdout.strip() == "True []", result.stdout + result.stderr[-500:]
+
+
+def test_every_command_has_its_public_function():
+    """profile, debug, doctor, lint --fix and the listings (passes, lint --rules, bench --list-backends) were
+    reachable only through submodules `import fxforge` does not export (QA finding: the CLI is a thin layer over
+    the public API, so each command's work is a public name)."""
+    import fxforge
+
+    for name in ("profile_model", "debug_model", "doctor", "fix", "all_passes", "all_rules", "all_backends"):
+        assert name in fxforge.__all__ and callable(getattr(fxforge, name)), name
+    import fxforge.doctor  # importing the submodule must not replace the function of its name
+
+    assert callable(fxforge.doctor) and {spec.name for spec in fxforge.all_passes()} >= {"fold_bn", "dead_code"}

@@ -37,6 +37,7 @@ _EXPORTS = {
     "BenchReport": "fxforge.bench",
     "bench": "fxforge.bench",
     "register_backend": "fxforge.bench",
+    "all_backends": "fxforge.bench",
     "Captured": "fxforge.capture",
     "CaptureRecord": "fxforge.capture",
     "capture": "fxforge.capture",
@@ -55,12 +56,18 @@ _EXPORTS = {
     "InspectReport": "fxforge.inspect",
     "inspect_graph": "fxforge.inspect",
     "lint": "fxforge.lint",
+    "all_rules": "fxforge.lint",
+    "debug_model": "fxforge.debug",
+    "doctor": "fxforge.doctor",
+    "profile_model": "fxforge.profile",
+    "fix": "fxforge.optimize",
     "LoadedModel": "fxforge.models",
     "load_model": "fxforge.models",
     "optimize": "fxforge.optimize",
     "PassResult": "fxforge.passes",
     "apply_pass": "fxforge.passes",
     "register_pass": "fxforge.passes",
+    "all_passes": "fxforge.passes",
     "Pipeline": "fxforge.pipeline",
     "QuantizeResult": "fxforge.quantize",
     "quantize": "fxforge.quantize",
@@ -110,13 +117,19 @@ __all__ = [
     "Verifier",
     "VerifyResult",
     "__version__",
+    "all_backends",
+    "all_passes",
+    "all_rules",
     "apply_pass",
     "auto_optimize",
     "bench",
     "capture",
     "compare_outputs",
+    "debug_model",
     "diff_html",
+    "doctor",
     "export_model",
+    "fix",
     "graph_html",
     "graph_svg",
     "inspect_graph",
@@ -128,6 +141,7 @@ __all__ = [
     "parse_input_spec",
     "plan_split",
     "prepare",
+    "profile_model",
     "quantize",
     "register_backend",
     "register_pass",
@@ -170,19 +184,22 @@ if TYPE_CHECKING:  # static type checkers and IDEs see the names without the laz
     from fxforge.api import prepare, verify_specs
     from fxforge.artifacts import load_exported
     from fxforge.auto import AutoResult, Budget, auto_optimize
-    from fxforge.bench import BenchReport, bench, register_backend
+    from fxforge.bench import BenchReport, all_backends, bench, register_backend
     from fxforge.capture import Captured, CaptureRecord, capture
     from fxforge.compare import compare_outputs
+    from fxforge.debug import debug_model
     from fxforge.distributed import PipelineError, PipelineRun, run_pipeline
+    from fxforge.doctor import doctor
     from fxforge.errors import CaptureError, FxforgeError, InputSpecError, MissingExtraError, ModelSpecError
     from fxforge.export import ExportError, ExportResult, export_model
     from fxforge.inputs import InputSpec, make_inputs, parse_input_spec
     from fxforge.inspect import InspectReport, inspect_graph
-    from fxforge.lint import lint
+    from fxforge.lint import all_rules, lint
     from fxforge.models import LoadedModel, load_model
-    from fxforge.optimize import optimize
-    from fxforge.passes import PassResult, apply_pass, register_pass
+    from fxforge.optimize import fix, optimize
+    from fxforge.passes import PassResult, all_passes, apply_pass, register_pass
     from fxforge.pipeline import Pipeline
+    from fxforge.profile import profile_model
     from fxforge.quantize import QuantizeResult, quantize
     from fxforge.report import report
     from fxforge.split import SplitPlan, SplitResult, plan_split, split

@@ -6,8 +6,8 @@ A package declares entry points in three groups (``pyproject.toml``)::
     my_passes = "my_package.passes"            # a module: importing it registers its @register_pass functions
     scale_after_conv = "my_package.passes:scale_after_conv"   # or one object, adopted under the entry point name
 
-    [project.entry-points."fxforge.rules"]      # modules with @fxforge.lint.rule functions
-    [project.entry-points."fxforge.backends"]   # modules with @fxforge.bench.register_backend builders
+    [project.entry-points."fxforge.rules"]      # modules with @rule functions (fxforge.lint)
+    [project.entry-points."fxforge.backends"]   # modules with @fxforge.register_backend builders
 
 Each group is loaded the first time its registry is used. Everything registered while a plug-in loads is
 recorded as coming from it (``fxforge passes`` and ``fxforge lint --rules`` show where each item came from). A

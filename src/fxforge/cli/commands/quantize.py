@@ -18,7 +18,7 @@ Examples:
   fxforge quantize torchvision:resnet18 --calib calib.pt --sensitivity -o out/r18-int8
   fxforge quantize my_model.py:Net --calib data.py:batches --eval test.pt --keep-float-until drop=0.01 -o out/net
   fxforge quantize transformers:BertModel --mode dynamic --model-arg num_hidden_layers=2 -o out/bert
-  fxforge quantize my_model.py:Net --mode qat-prepare -o out/qat   # train it, then fxforge.quantize.convert
+  fxforge quantize my_model.py:Net --mode qat-prepare -o out/qat   # train it, then convert()
 Data (--calib, --eval): a file saved with torch.save (a tensor with samples along dim 0, a tuple
 (inputs, labels) of such tensors, or a list of batches), file.py:function returning batches, or random[:N].
 Exit code: 1 when --keep-float-until's target is not met (the model is written all the same).
