@@ -316,6 +316,10 @@ def test_messages_name_the_options_the_user_typed(capsys):
     with pytest.raises(FxforgeError) as raised:
         fxforge.prepare("demo", check_batch=0)
     assert str(raised.value) == "check_batch must be at least 1, got 0 (hint: e.g. check_batch=2)"
+    with pytest.raises(FxforgeError, match="constructor rejected model_kwargs"):
+        fxforge.prepare("demo", model_kwargs={"nope": 1})
+    with pytest.raises(FxforgeError, match=r"^concrete_args 'nope': demo's forward has no argument"):
+        fxforge.prepare("demo", concrete_args={"nope": 1})
 
 
 def test_a_flag_is_named_without_a_value_on_the_command_line(capsys, tmp_path):
@@ -347,3 +351,17 @@ def test_optimize_says_when_the_capture_could_not_be_checked(capsys, tmp_path):
     text = " ".join(out.split())
     assert "capture: output check skipped: the model is random" in text
     assert "draws random numbers outside torch" in text and "call model.eval()" not in text
+
+
+def test_a_pickle_refusal_names_the_parameter_in_python(capsys, tmp_path):
+    import torch
+
+    import fxforge
+    from fxforge.errors import ModelSpecError
+
+    torch.save(torch.nn.Linear(2, 2), tmp_path / "m.pt")
+    with pytest.raises(ModelSpecError) as raised:
+        fxforge.load_model(str(tmp_path / "m.pt"), trust_pickle=False)
+    assert "pass trust_pickle=True" in raised.value.hint
+    code, _, err = run(capsys, "inspect", str(tmp_path / "m.pt"), "-i", "1x2")
+    assert code == EXIT_USAGE and "pass --trust-pickle" in err

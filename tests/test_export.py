@@ -243,7 +243,7 @@ def test_data_dependent_branch_trace_is_caught_script_is_exact(tmp_path):
     captured = fxforge.prepare(f"{TRICKY}:SubmoduleBranch", ["2x8"])
     with pytest.raises(ExportError) as refused:
         export_model(captured, "torchscript", tmp_path / "traced.pt")
-    assert "tricky_models.py:21" in refused.value.message and "--allow-trace-warnings" in refused.value.hint
+    assert "tricky_models.py:21" in refused.value.message and "allow_trace_warnings=True" in refused.value.hint
     assert refused.value.message.startswith("cannot export SubmoduleBranch to TorchScript")  # not "GraphModule"
     traced = export_model(captured, "torchscript", tmp_path / "traced.pt", allow_trace_warnings=True)
     assert not traced.ok and traced.path is None and traced.verification.problems

@@ -96,7 +96,7 @@ def test_data_the_mode_does_not_use_is_refused(tmp_path, capsys):
     assert result.evaluation["samples"] == 8 and result.accuracy_known
     qat = quantize(nn.Sequential(nn.Linear(8, 4)), "qat-prepare", calibration=torch.randn(4, 8))
     assert qat.quantized_layers == ["0"]
-    with pytest.raises(InputSpecError, match="qat-prepare uses no data, but --eval was given"):
+    with pytest.raises(InputSpecError, match=r"^mode='qat-prepare' uses no data, but eval_data was given"):
         quantize(mlp, "qat-prepare", eval_data=torch.randn(2, 8))
 
 

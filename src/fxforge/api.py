@@ -189,7 +189,8 @@ def _refuse_unknown_arguments(module: Any, fixed: Mapping[str, Any], spec: str) 
     unknown = sorted(set(fixed) - _forward_parameters(module))
     if unknown:
         raise InputSpecError(
-            f"--concrete {unknown[0]}: {spec}'s forward has no argument {unknown[0]!r}",
+            f"{said('--concrete ' + unknown[0], f'concrete_args {unknown[0]!r}')}: {spec}'s forward has no "
+            f"argument {unknown[0]!r}",
             hint=f"its forward takes {', '.join(sorted(_forward_parameters(module))) or 'no named arguments'}",
         )
 

@@ -347,8 +347,8 @@ def candidate_backends(
         if refused:
             raise FxforgeError(
                 f"{', '.join(refused)} cannot meet fp32 round-off",
-                hint="grant an accuracy budget: --tolerance above 1e-4, --min-agreement (e.g. 0.99) or --max-drop "
-                "(e.g. 0.01)",
+                hint=f"grant an accuracy budget: {option('--tolerance')} above 1e-4, {option('--min-agreement')} (e.g. "
+                f"0.99) or {option('--max-drop')} (e.g. 0.01)",
             )
     return chosen
 

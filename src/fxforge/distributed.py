@@ -50,7 +50,15 @@ from torch import nn
 from fxforge import display
 from fxforge.artifacts import MODEL_FILE, PROGRAM_FILE
 from fxforge.compare import compare_outputs
-from fxforge.errors import EXIT_FINDINGS, FxforgeError, InputSpecError, ModelSpecError, first_line, one_line_reason
+from fxforge.errors import (
+    EXIT_FINDINGS,
+    FxforgeError,
+    InputSpecError,
+    ModelSpecError,
+    first_line,
+    one_line_reason,
+    option,
+)
 from fxforge.inputs import InputSpec, make_inputs, parse_input_spec
 from fxforge.models import pickle_trusted
 from fxforge.runtime import quiet_torch_logs, use_ieee_float32
@@ -169,7 +177,7 @@ def run_inputs(plan: SplitPlan, microbatches: int, inputs: Sequence[str | InputS
     """The whole batch's input specs: the split's example shapes with ``microbatches`` times its batch, or the
     user's (which must be exactly that: each microbatch has the shape the stages were split at)."""
     if microbatches < 1:
-        raise InputSpecError(f"--microbatches must be at least 1, got {microbatches}")
+        raise InputSpecError(f"{option('--microbatches')} must be at least 1, got {microbatches}")
     micro = microbatch_size(plan)
     expected = [spec.with_batch(micro * microbatches) for spec in plan.input_specs]
     if not inputs:
@@ -254,12 +262,14 @@ def _run_options(
     refusals for ``run-pipeline`` and for the worker under torchrun (torch's own error comes late, on every rank)."""
     microbatches = microbatches if microbatches is not None else max(4, stages)
     if microbatches < 1:
-        raise InputSpecError(f"--microbatches must be at least 1, got {microbatches}")
+        raise InputSpecError(f"{option('--microbatches')} must be at least 1, got {microbatches}")
     chosen = _schedules(schedules, microbatches, stages, notes)
     if repeats < 1 or warmup < 0 or threads < 1:
-        raise InputSpecError("--repeats and --threads must be at least 1, --warmup at least 0")
+        raise InputSpecError(
+            f"{option('--repeats')} and {option('--threads')} must be at least 1, {option('--warmup')} at least 0"
+        )
     if not (timeout > 0):
-        raise InputSpecError(f"--timeout must be positive, got {timeout}")
+        raise InputSpecError(f"{option('--timeout')} must be positive, got {timeout}")
     return microbatches, chosen
 
 
@@ -771,7 +781,7 @@ def run_pipeline(
     if pickled and not pickle_trusted(trust_pickle):  # before starting processes that would all refuse it
         raise ModelSpecError(
             f"{directory} holds pickled stages ({', '.join(pickled)}): unpickling them can run arbitrary code",
-            hint="if you trust this directory, pass --trust-pickle (or set FXFORGE_TRUST_PICKLE=1)",
+            hint=f"if you trust this directory, pass {option('--trust-pickle', True)} (or set FXFORGE_TRUST_PICKLE=1)",
         )
     notes: list[str] = []
     microbatches, chosen = _run_options(world, microbatches, schedules, repeats, warmup, threads, timeout, notes)

@@ -213,7 +213,7 @@ def export_model(
         # fxforge (and every other tool) reads a file by its suffix: an ONNX file named .pt would not load again
         raise FxforgeError(
             f"{str(path)!r} is the name of {'an' if named[0] in 'aeiou' else 'a'} {named} file, not {to}",
-            hint=f"name it {SUFFIXES[to]}, or leave --to out to export {named}",
+            hint=f"name it {SUFFIXES[to]}, or leave {option('--to')} out to export {named}",
         )
     if to in SUFFIXES and named is None:
         # a file fxforge's own verify and load_exported could not read back (they go by the suffix)
@@ -549,7 +549,8 @@ def _check_opset(path: Path, opset: int | None) -> None:
     if written != opset:
         raise ExportError(
             f"the dynamo exporter wrote opset {written}, not the opset {opset} asked for",
-            hint="the dynamo exporter writes opset 18 and later, the legacy exporter (--exporter legacy) older ones",
+            hint=f"the dynamo exporter writes opset 18 and later, the legacy exporter "
+            f"({option('--exporter', 'legacy')}) older ones",
         )
 
 
@@ -728,8 +729,8 @@ def _exporting(what: str, notes: list[str], allow_trace_warnings: bool = False) 
         raise ExportError(
             f"cannot export {what}: the trace fixed a value computed from the input at {where} ({first_sentence}); "
             "the file would compute what the example computed, for every input",
-            hint="export with --script, or to onnx (dynamo) or pt2; if that value cannot change with the input, "
-            "pass --allow-trace-warnings",
+            hint=f"export with {option('--script', True)}, or to onnx (dynamo) or pt2; if that value cannot change "
+            f"with the input, pass {option('--allow-trace-warnings', True)}",
             construct="data-dependent value in a trace",
             location=where,
         )

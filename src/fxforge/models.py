@@ -55,7 +55,7 @@ from fxforge.artifacts import (
     load_provenance,
 )
 from fxforge.demo import DEMO_MODELS
-from fxforge.errors import FxforgeError, ModelSpecError, first_line, one_line_reason, require, user_location
+from fxforge.errors import FxforgeError, ModelSpecError, first_line, one_line_reason, option, require, user_location
 from fxforge.inputs import InputSpec, parse_input_spec
 from fxforge.references import import_file
 from fxforge.runtime import quiet_torch_logs
@@ -227,7 +227,8 @@ def _construct(factory: Callable[..., Any], kwargs: dict[str, Any], spec: str) -
     except TypeError as exc:
         if _raised_by_call(exc):
             if kwargs:
-                raise ModelSpecError(f"{spec}: constructor rejected --model-arg values: {exc}") from None
+                given = option("--model-arg", python="model_kwargs")
+                raise ModelSpecError(f"{spec}: constructor rejected {given}: {exc}") from None
             raise ModelSpecError(f"{spec}: cannot be called without arguments: {exc}") from None
         raise _factory_error(spec, exc) from None
     except Exception as exc:  # the user's factory (or the library's constructor) failed: name it and its line
@@ -462,7 +463,7 @@ def _load_pt2(path: Path, spec: str, trusted: bool) -> LoadedModel:
     except PickleRefused:
         raise ModelSpecError(
             f"{spec} holds pickled Python objects, and unpickling can run arbitrary code",
-            hint=f"if you trust this file, pass --trust-pickle (or set {TRUST_PICKLE_ENV}=1)",
+            hint=f"if you trust this file, pass {option('--trust-pickle', True)} (or set {TRUST_PICKLE_ENV}=1)",
         ) from None
     except FxforgeError:
         raise
@@ -552,8 +553,8 @@ def _load_pickled_module(path: Path, spec: str, trusted: bool) -> LoadedModel:
                 if not trusted:
                     raise ModelSpecError(
                         f"{spec} holds a pickled module: unpickling it can run arbitrary code",
-                        hint=f"if you trust this file, pass --trust-pickle (or set {TRUST_PICKLE_ENV}=1); "
-                        "to share models, prefer .pt2, TorchScript or ONNX files",
+                        hint=f"if you trust this file, pass {option('--trust-pickle', True)} (or set "
+                        f"{TRUST_PICKLE_ENV}=1); to share models, prefer .pt2, TorchScript or ONNX files",
                     ) from None
                 import_user_sources(path.parent)  # the model's own file, copied beside it when it was written
                 obj = torch.load(str(path), map_location="cpu", weights_only=False)

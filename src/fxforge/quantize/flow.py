@@ -91,23 +91,30 @@ def check_arguments(
     """
     _check_options(mode, backend)
     if mode == "qat-prepare" and (sensitivity or keep_float_until is not None):
-        raise FxforgeError("sensitivity and keep-float need a quantized model", hint="use --mode static or dynamic")
+        raise FxforgeError(
+            "sensitivity and keep-float need a quantized model",
+            hint=f"use {option('--mode', 'static')} or dynamic",
+        )
     # Data the mode never reads would be accepted unread, even a missing or corrupt file, and the user would
     # believe it had been used (docs/commands/quantize.md, "data it needs").
     if mode == "qat-prepare" and (calibration is not None or eval_data is not None):
         given = " and ".join(
-            name for name, value in (("--calib", calibration), ("--eval", eval_data)) if value is not None
+            option(flag, python=name)
+            for flag, name, value in (("--calib", "calibration", calibration), ("--eval", "eval_data", eval_data))
+            if value is not None
         )
         raise InputSpecError(
-            f"--mode qat-prepare uses no data, but {given} {'were' if ' and ' in given else 'was'} given: it only "
-            "inserts fake-quant nodes, whose ranges your training loop sets",
-            hint=f"drop {given}; measure the model after training and convert, or quantize with --mode static",
+            f"{option('--mode', 'qat-prepare')} uses no data, but {given} {'were' if ' and ' in given else 'was'} "
+            "given: it only inserts fake-quant nodes, whose ranges your training loop sets",
+            hint=f"drop {given}; measure the model after training and convert, or quantize with "
+            f"{option('--mode', 'static')}",
         )
     if mode == "dynamic" and calibration is not None and eval_data is not None:
+        calib, evaluated = option("--calib", python="calibration"), option("--eval", python="eval_data")
         raise InputSpecError(
-            "--mode dynamic does not use --calib when --eval is given: dynamic quantization calibrates nothing, and "
-            "--calib data only stands in for --eval in the accuracy comparison",
-            hint="drop --calib (or drop --eval to compare the models on the --calib data)",
+            f"{option('--mode', 'dynamic')} does not use {calib} when {evaluated} is given: dynamic quantization "
+            f"calibrates nothing, and {calib} data only stands in for {evaluated} in the accuracy comparison",
+            hint=f"drop {calib} (or drop {evaluated} to compare the models on the {calib} data)",
         )
     goal = parse_target(keep_float_until) if keep_float_until is not None else None
     if random_batches < 1:

@@ -24,7 +24,7 @@ from torch import fx
 
 from fxforge.artifacts import PROVENANCE_FILE, REPORT_FILE
 from fxforge.capture import Captured
-from fxforge.errors import FxforgeError, ModelSpecError, require
+from fxforge.errors import FxforgeError, ModelSpecError, option, require
 from fxforge.graphs import TORCH, dialect_of
 from fxforge.inspect import InspectReport
 from fxforge.lint import LintReport
@@ -104,8 +104,8 @@ def load_output_dir(
     if dialect == TORCH and dialect_of(graph) != TORCH:
         raise ModelSpecError(
             f"the rewritten torch-dialect graph of {directory} is its model.pt, a pickle",
-            hint="pass --trust-pickle (trust_pickle=True) if you trust the directory; model.pt2 is an ATen "
-            "re-export whose nodes do not match the captured graph's",
+            hint=f"pass {option('--trust-pickle', True)} if you trust the directory; model.pt2 is an ATen re-export "
+            "whose nodes do not match the captured graph's",
         )
     return graph, passes
 
