@@ -483,3 +483,19 @@ def test_the_bf16_copy_runs_a_transformers_bert_captured_by_torch_export():
     out = bfloat16_graph(captured.graph_module, x, expected)(*x)
     assert out["last_hidden_state"].dtype == torch.float32  # the bf16 copy returns the output's fields as a dict
     torch.testing.assert_close(out["last_hidden_state"], expected.last_hidden_state, rtol=0.05, atol=0.1)
+
+
+def test_passes_without_the_fx_backend_are_refused_in_python_too(mlp):
+    """The CLI refused --passes without fx (they would change nothing); bench() ran and ignored them (QA finding)."""
+    with pytest.raises(FxforgeError, match=r"^passes applies to the fx backend only"):
+        bench(mlp, ["eager"], passes=["fold_bn"], repeats=1, warmup=1, peak=False)
+    assert bench(mlp, ["eager", "fx"], passes=["fold_bn"], repeats=1, warmup=1, peak=False).rows[1].ok
+
+
+def test_lint_reports_take_never_as_the_cli_does():
+    import fxforge
+
+    report = fxforge.lint(fxforge.prepare("demo"))
+    assert report.findings and report.at_least("never") == [] and report.at_least("info") == report.findings
+    with pytest.raises(FxforgeError, match="unknown severity 'fatal'"):
+        report.at_least("fatal")

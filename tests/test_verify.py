@@ -414,3 +414,15 @@ def test_complex_outputs_get_their_real_dtypes_tolerance_and_a_pass_states_its_t
     assert result.tolerances == {"complex64": (1e-4, 1e-5)}
     assert result.describe_tolerances() == "complex64 within rtol 1e-04, atol 1e-05"
     assert verify(Spectrum(), RoundOff(), input_specs=["4x16"], rtol=0.5).to_dict()["tolerances"]["complex64"][0] == 0.5
+
+
+def test_a_negative_or_nan_tolerance_is_refused():
+    """The CLI's option range refused --rtol -1; verify() took it and every comparison then failed or passed by
+    accident (QA finding)."""
+    from fxforge.errors import FxforgeError
+    from fxforge.verify import verify
+
+    model = torch.nn.Linear(4, 4)
+    for bad in ({"rtol": -1.0}, {"atol": float("nan")}):
+        with pytest.raises(FxforgeError, match="must be a number >= 0"):
+            verify(model, model, input_specs=["2x4"], **bad)

@@ -696,6 +696,12 @@ def bench(
         # an unknown pass is the caller's mistake (exit 2), not a row that failed to build -- nor, without the
         # fx backend, nothing at all
         Pipeline(passes, lint_between=False)
+        if not any(backend.base == "fx" for backend in chosen):  # only fx runs passes: they would change nothing
+            names = ", ".join(backend.name for backend in chosen)
+            raise FxforgeError(
+                f"{option('--passes')} applies to the fx backend only, and it is not among the backends ({names})",
+                hint=f"add fx to {option('--backends')}, or leave {option('--passes')} out",
+            )
     example_batch = captured.example_inputs[0].shape[0] if captured.example_inputs[0].dim() else 1
     batches = list(batches or [example_batch])
     threads = threads or torch.get_num_threads()

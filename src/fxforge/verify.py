@@ -827,6 +827,9 @@ def verify(
     :data:`TOLERANCES`. On a mismatch between two graphs, ``bisect`` reruns both node by node and names
     the first candidate node that diverges from the reference node it was derived from (provenance).
     """
+    for name, value in (("rtol", rtol), ("atol", atol)):
+        if value is not None and not value >= 0:  # NaN too: no value would ever be within it
+            raise FxforgeError(f"{option('--' + name)} must be a number >= 0, got {value}")
     if seeds is not None:
         seeds = list(seeds)
         seed, cases = (seeds[0] if seeds else seed), max(cases, len(seeds))

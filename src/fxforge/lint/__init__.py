@@ -137,6 +137,11 @@ class LintReport:
     dialect: str = "torch"
 
     def at_least(self, severity: str) -> list[Finding]:
+        """The findings of ``severity`` or worse; ``"never"`` (``--fail-on never``): none."""
+        if severity == "never":
+            return []
+        if severity not in SEVERITIES:
+            raise FxforgeError(f"unknown severity {severity!r}", hint=f"one of {', '.join(SEVERITIES)} or never")
         return [f for f in self.findings if severity_rank(f.severity) >= severity_rank(severity)]
 
     def __repr__(self) -> str:

@@ -61,7 +61,7 @@ def command(
     if pass_names is not None:
         Pipeline(split(pass_names), lint_between=False)  # an unknown pass: named before anything else
     if pass_names is not None and chosen and not any(backend.base == "fx" for backend in chosen):
-        # only fx runs passes (the default backends include it): they would change nothing
+        # before the model loads; bench() refuses the same for Python callers
         raise FxforgeError(
             f"--passes applies to the fx backend only, and it is not among the backends ({backends})",
             hint="add fx to --backends, or leave --passes out",
