@@ -365,3 +365,22 @@ def test_a_pickle_refusal_names_the_parameter_in_python(capsys, tmp_path):
     assert "pass trust_pickle=True" in raised.value.hint
     code, _, err = run(capsys, "inspect", str(tmp_path / "m.pt"), "-i", "1x2")
     assert code == EXIT_USAGE and "pass --trust-pickle" in err
+
+
+def test_report_and_graph_take_a_profile_as_the_cli_does(tmp_path):
+    """report(profile=True) and a profile file's path raised a bare ValueError; only the CLI could (QA finding)."""
+    import fxforge
+    from fxforge.errors import FxforgeError
+
+    captured = fxforge.prepare("demo")
+    fxforge.report(captured, tmp_path / "r.html", profile=True)
+    assert "coloured by time" in (tmp_path / "r.html").read_text()
+    profile_file = tmp_path / "profile.json"
+    profile_file.write_text(json.dumps(fxforge.profile_model(captured, repeats=1, warmup=0, peak=False).to_dict()))
+    fxforge.graph_html(captured, tmp_path / "g.html", profile=str(profile_file))
+    assert "coloured by time" in (tmp_path / "g.html").read_text()
+    profile_file.write_text("{}")
+    with pytest.raises(FxforgeError, match="has no 'nodes' list"):
+        fxforge.graph_html(captured, tmp_path / "g.html", profile=profile_file)
+    with pytest.raises(FxforgeError, match=r"a profile is fxforge\.profile_model's result"):
+        fxforge.graph_html(captured, tmp_path / "g.html", profile=3)

@@ -22,6 +22,7 @@ from fxforge.capture import Captured
 from fxforge.inspect import inspect_graph
 from fxforge.lint import lint
 from fxforge.optimize import optimize
+from fxforge.profile import profile_model
 from fxforge.quantize import RandomCalibrationWarning
 from fxforge.quantize import quantize as run_quantize
 from fxforge.visual.graph import diff_model, graph_model
@@ -63,7 +64,8 @@ def report(
 
     ``passes``: run them (verified) and show the change log, verification and diff. ``bench``: True for
     :data:`REPORT_BACKENDS`, or the backend names. ``quantize``: a mode (``static``, ``dynamic``) to run and
-    report. ``profile``: ``fxforge profile``'s dict or result, to colour nodes by time.
+    report. ``profile``: ``fxforge.profile_model``'s result, its dict or that JSON file's path, or True to profile
+    the model now, to colour nodes by time.
     """
     if isinstance(model, str):
         spec = spec or model
@@ -71,6 +73,8 @@ def report(
     else:
         captured = model
     spec = spec or type(captured.original).__name__
+    if profile is True:  # report --profile: time every node now
+        profile = profile_model(captured)
     inspected = inspect_graph(captured, depth=3, include_code=False)
     findings = lint(captured)
     sections: list[str] = []  # above the graph: what changed and whether it was proven

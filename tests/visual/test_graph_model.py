@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import fxforge
+from fxforge.errors import FxforgeError
 from fxforge.visual import diff_model, graph_model
 from fxforge.visual.graph import default_depth, visible_count
 from fxforge.visual.page import describe, graph_document
@@ -107,7 +108,7 @@ def test_profile_times_colour_their_nodes(resnet_captures):
     assert conv["ms"] == 4.0 and conv["share"] == 0.4
     assert model["profile"] == {"total_ms": 10.0, "matched": 1, "nodes": 2}
     assert next(m for m in model["modules"] if m["path"] == "layer1")["share"] == 0.2
-    with pytest.raises(ValueError, match="profile"):
+    with pytest.raises(FxforgeError, match="profile"):
         graph_model(captured, profile={"total_ms": 1}, run_lint=False)
 
 

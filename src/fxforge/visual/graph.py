@@ -24,9 +24,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect as pyinspect
+import json
 import os
 import re
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -267,10 +269,28 @@ def _inspect_or_none(captured: Captured | None, gm: fx.GraphModule) -> InspectRe
 def _profile_dict(profile: Any) -> dict[str, Any] | None:
     if profile is None:
         return None
+    if isinstance(profile, (str, os.PathLike)):
+        return read_profile(profile)
     data = profile.to_dict() if hasattr(profile, "to_dict") else profile
     if not isinstance(data, Mapping) or not isinstance(data.get("nodes"), list):
-        raise ValueError("a profile is a dict with 'total_ms', 'nodes' and 'modules' (fxforge profile's JSON form)")
+        raise FxforgeError(
+            "a profile is fxforge.profile_model's result, its dict (to_dict(), fxforge profile --json) or that "
+            f"JSON file's path, not {type(profile).__name__}"
+        )
     return dict(data)
+
+
+def read_profile(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A profile written by ``fxforge profile MODEL --json > profile.json``, checked for its ``nodes`` list."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise FxforgeError(f"cannot read profile {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    except ValueError as exc:
+        raise FxforgeError(f"profile {path} is not JSON: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("nodes"), list):
+        raise FxforgeError(f"profile {path} has no 'nodes' list", hint="write it with: fxforge profile MODEL --json")
+    return data
 
 
 # Nodes that check rather than compute -- torch.export's dtype/shape assertions and size constraints: hidden like

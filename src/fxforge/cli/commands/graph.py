@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import click
@@ -41,6 +40,7 @@ def command(
     from fxforge.artifacts import check_output_file
     from fxforge.cli.render import page_node_counts, render_page
     from fxforge.graphs import ATEN, dialect_of
+    from fxforge.visual.graph import read_profile
     from fxforge.visual.page import GraphView, write_text
     from fxforge.visual.render import diff_html, graph_html, graph_svg, load_output_dir
 
@@ -81,15 +81,3 @@ def command(
         )
         return
     render_page(stdout, view)
-
-
-def read_profile(path: str) -> dict:
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError) as exc:
-        raise FxforgeError(f"cannot read profile {path}: {getattr(exc, 'strerror', None) or exc}") from None
-    except ValueError as exc:
-        raise FxforgeError(f"profile {path} is not JSON: {exc}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("nodes"), list):
-        raise FxforgeError(f"profile {path} has no 'nodes' list", hint="write it with: fxforge profile MODEL --json")
-    return data

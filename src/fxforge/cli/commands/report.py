@@ -6,7 +6,6 @@ from pathlib import Path
 
 import click
 
-from fxforge.cli.commands.graph import read_profile
 from fxforge.cli.options import CaptureOptions, capture_options, emit_json, split, status, stdout
 from fxforge.errors import FxforgeError
 
@@ -73,7 +72,9 @@ def command(
     from fxforge.artifacts import check_output_file
     from fxforge.cli.render import page_node_counts, render_page
     from fxforge.passes import expand_groups, get_pass
+    from fxforge.profile import profile_model
     from fxforge.report import report
+    from fxforge.visual.graph import read_profile
 
     if Path(output).suffix.lower() not in (".html", ".htm"):
         raise FxforgeError(f"a report is an HTML page, not {output!r}", hint="e.g. -o report.html")
@@ -86,8 +87,6 @@ def command(
     profile = read_profile(profile_file) if profile_file else None
     captured = opts.prepare()
     if do_profile:
-        from fxforge.profile import profile_model
-
         with status("timing every node", opts.as_json):
             profile = profile_model(captured)
     with status("building the report", opts.as_json):
