@@ -166,7 +166,7 @@ def diff_html(
         raise FxforgeError(
             f"the rewritten graph is in the {dialect_of(graph)} dialect, the original in the {original_dialect} "
             "dialect: a node-by-node diff needs both in one",
-            hint=f"capture the original as the rewritten graph was (--method {other})",
+            hint=f"capture the original as the rewritten graph was ({option('--method', other)})",
         )
     mode = getattr(rewritten, "mode", None)
     if not passes and not steps and isinstance(mode, str) and not isinstance(rewritten, fx.GraphModule):
