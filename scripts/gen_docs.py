@@ -108,8 +108,8 @@ def rules_markdown() -> str:
         )
     lines += [
         "",
-        "Add your own with `@fxforge.lint.rule` in a file (`fxforge lint MODEL --rule my_rules.py:check`) or a",
-        "package: see [plugins.md](plugins.md).",
+        "Add your own with `@rule` (`from fxforge.lint import rule`) in a file",
+        "(`fxforge lint MODEL --rule my_rules.py:check`) or a package: see [plugins.md](plugins.md).",
         "",
     ]
     return "\n".join(lines)
