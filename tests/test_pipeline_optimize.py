@@ -311,8 +311,8 @@ def test_the_api_takes_one_name_or_a_comma_list_where_it_takes_several():
     steps = fxforge.optimize(captured, "fold_bn,dead_code").pipeline.steps
     assert [step.result.name for step in steps] == ["fold_bn", "dead_code"]
     assert {f.code for f in fxforge.lint(captured, select="FX008", ignore="FX004").findings} == {"FX008"}
-    report = fxforge.bench(captured, "eager", passes="fold_bn", repeats=1, warmup=1, peak=False)
-    assert [row.backend for row in report.rows] == ["eager"]
+    report = fxforge.bench(captured, "eager,fx", passes="fold_bn", repeats=1, warmup=1, peak=False)
+    assert [row.backend for row in report.rows] == ["eager", "fx"]
     leafed = fxforge.prepare("demo", leaf_modules="bn1")
     assert any(n.op == "call_module" and n.target == "bn1" for n in leafed.graph_module.graph.nodes)
 
