@@ -19,7 +19,6 @@ import difflib
 import errno
 import importlib
 import importlib.metadata
-import importlib.util
 import itertools
 import json
 import os
@@ -41,6 +40,7 @@ from fxforge.callstack import call_on_fresh_chunk
 from fxforge.errors import FxforgeError, InputSpecError, ModelSpecError, first_line, option, require, user_location
 from fxforge.graphs import ATEN, aten_packet
 from fxforge.inputs import InputSpec, parse_input_spec, specs_of
+from fxforge.references import USER_MODULE_PREFIX, import_file
 from fxforge.runtime import ConstantKeywords, export_program, holds_tensor, quiet_torch_logs, with_constant_kwargs
 from fxforge.vocabulary import ORIGIN, PASS
 
@@ -51,7 +51,6 @@ PROGRAM_FILE = "model.pt2"  # a torch.export program: loads without unpickling c
 # loads anywhere, with fxforge or plain torch (write_user_sources). A split directory keeps the model's file there
 # under its own name, which its loader imports (fxforge.split).
 SOURCE_DIR = "source"
-USER_MODULE_PREFIX = "fxforge_user_"
 PACKAGE_DIR = "optimized_model"  # not "code": that would shadow the standard library module on import
 REPORT_FILE = "report.json"
 PLAN_FILE = "plan.json"  # a split directory's plan (fxforge split)
@@ -466,19 +465,12 @@ def import_user_sources(directory: Path) -> None:
     for file in sorted((directory / SOURCE_DIR).glob(f"{USER_MODULE_PREFIX}*.py")):
         if file.stem in sys.modules:
             continue
-        spec = importlib.util.spec_from_file_location(file.stem, file)
-        if spec is None or spec.loader is None:
-            continue
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[file.stem] = module
-        try:
-            spec.loader.exec_module(module)
-        except Exception as exc:
-            del sys.modules[file.stem]
-            raise ModelSpecError(
-                f"cannot import {file}, the copy of the model's file its pickle needs: {first_line(exc)}",
-                hint="a file that imports modules of its own needs them importable (on PYTHONPATH)",
-            ) from None
+        try:  # under the name the pickle refers to, which is the copy's own
+            import_file(file, error=ModelSpecError, what="the pickled model's classes", module_name=file.stem)
+        except ModelSpecError as exc:
+            sys.modules.pop(file.stem, None)  # a half-run module would stand in for the file on the next load
+            exc.hint = exc.hint or "a file that imports modules of its own needs them importable (on PYTHONPATH)"
+            raise
 
 
 def with_sources_on_path(load_line: str, directory: Path) -> str:

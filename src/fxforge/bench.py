@@ -696,12 +696,7 @@ def bench(
         # an unknown pass is the caller's mistake (exit 2), not a row that failed to build -- nor, without the
         # fx backend, nothing at all
         Pipeline(passes, lint_between=False)
-        if not any(backend.base == "fx" for backend in chosen):  # only fx runs passes: they would change nothing
-            names = ", ".join(backend.name for backend in chosen)
-            raise FxforgeError(
-                f"{option('--passes')} applies to the fx backend only, and it is not among the backends ({names})",
-                hint=f"add fx to {option('--backends')}, or leave {option('--passes')} out",
-            )
+        refuse_passes_without_fx(chosen)
     example_batch = captured.example_inputs[0].shape[0] if captured.example_inputs[0].dim() else 1
     batches = list(batches or [example_batch])
     threads = threads or torch.get_num_threads()
@@ -727,6 +722,16 @@ def bench(
     memory = MEMORY_METHOD if ResidentPeak.available() else "not measured (needs Linux /proc)"
     inputs = [str(s) for s in specs_of(captured.example_inputs)]
     return BenchReport(rows, threads, warmup, repeats, inputs, memory, machine, measured)
+
+
+def refuse_passes_without_fx(backends: Sequence[Backend]) -> None:
+    """Passes for a bench none of whose backends runs them (only fx does): they would change nothing."""
+    if not any(backend.base == "fx" for backend in backends):
+        names = ", ".join(backend.name for backend in backends)
+        raise FxforgeError(
+            f"{option('--passes')} applies to the fx backend only, and it is not among the backends ({names})",
+            hint=f"add fx to {option('--backends')}, or leave {option('--passes')} out",
+        )
 
 
 class _Progress:

@@ -28,8 +28,14 @@ def as_names(value: Any) -> Any:
     return value
 
 
-def import_file(path: str | Path, *, error: type[FxforgeError] = FxforgeError, what: str = "") -> ModuleType:
-    """Import a Python file as module ``fxforge_user_<stem>``.
+# The module name a user's file is imported under (fxforge_user_<stem>): what a pickle of its classes names.
+USER_MODULE_PREFIX = "fxforge_user_"
+
+
+def import_file(
+    path: str | Path, *, error: type[FxforgeError] = FxforgeError, what: str = "", module_name: str | None = None
+) -> ModuleType:
+    """Import a Python file as module ``fxforge_user_<stem>`` (or ``module_name``).
 
     The module is registered in ``sys.modules`` so that pickling a model built from it, ``inspect.getsource``
     and tracebacks (which capture uses to name the user's line) find the user's code again; the file's own
@@ -39,7 +45,7 @@ def import_file(path: str | Path, *, error: type[FxforgeError] = FxforgeError, w
     context = f" for {what}" if what else ""
     if not path.is_file():
         raise error(f"file not found{context}: {path}")
-    module_name = f"fxforge_user_{path.stem}"
+    module_name = module_name or f"{USER_MODULE_PREFIX}{path.stem}"
     loaded = sys.modules.get(module_name)
     if loaded is not None and Path(getattr(loaded, "__file__", "") or "").resolve() == path.resolve():
         # One module per file: a second import would make new classes and functions, and a --wrap naming a

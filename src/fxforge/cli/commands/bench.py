@@ -41,7 +41,7 @@ def command(
     """Median/p90 latency, throughput, peak memory and max error vs eager, per backend, side by side."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from fxforge.bench import all_backends, bench, get_backend
+    from fxforge.bench import all_backends, bench, get_backend, refuse_passes_without_fx
     from fxforge.cli.render import render_backends, render_bench, render_plugin_failures
     from fxforge.pipeline import Pipeline
     from fxforge.plugins import BACKENDS_GROUP, failures
@@ -60,12 +60,8 @@ def command(
     chosen = [get_backend(name) for name in split(backends)]  # an unknown name fails before the model is loaded
     if pass_names is not None:
         Pipeline(split(pass_names), lint_between=False)  # an unknown pass: named before anything else
-    if pass_names is not None and chosen and not any(backend.base == "fx" for backend in chosen):
-        # before the model loads; bench() refuses the same for Python callers
-        raise FxforgeError(
-            f"--passes applies to the fx backend only, and it is not among the backends ({backends})",
-            hint="add fx to --backends, or leave --passes out",
-        )
+    if pass_names is not None and chosen:
+        refuse_passes_without_fx(chosen)  # before the model loads; bench() checks it again for Python callers
     try:
         batches = [int(b) for group in batch_sizes for b in split(group)]
     except ValueError:
