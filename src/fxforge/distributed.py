@@ -66,6 +66,7 @@ from fxforge.split import SplitPlan, load_plan, load_reference, load_stage, miss
 
 SCHEDULES = ("gpipe", "1f1b")
 FAULT_ENV = "FXFORGE_PIPELINE_FAULT"
+FAULT_KINDS = ("raise", "hang", "exit")
 _PARENT_ENV = "FXFORGE_PIPELINE_PARENT"
 _OUTPUTS_FILE = "outputs.pt"
 _WORK_PREFIX = "fxforge-pipeline-"  # the launcher's temporary directory, where the ranks report
@@ -343,14 +344,20 @@ def _inject(fault: str) -> None:
         time.sleep(3600)
 
 
+def _requested_fault() -> tuple[int, str] | None:
+    """The (stage, kind) ``FXFORGE_PIPELINE_FAULT`` asks for (``1:raise``), or None where it asks for none it can."""
+    stage, _, kind = os.environ.get(FAULT_ENV, "").partition(":")
+    return (int(stage), kind) if stage.strip().isdigit() and kind in FAULT_KINDS else None
+
+
 def _check_fault_setting(world: int) -> None:
     """A fault asked for in words the stages do not read ran a healthy pipeline: whoever tests their timeouts
     would believe the fault had been injected."""
     text = os.environ.get(FAULT_ENV, "")
     if not text:
         return
-    stage, _, kind = text.partition(":")
-    if not (stage.strip().isdigit() and int(stage) < world and kind in ("raise", "hang", "exit")):
+    fault = _requested_fault()
+    if fault is None or fault[0] >= world:
         raise FxforgeError(
             f"{FAULT_ENV}={text!r} names no fault this pipeline can inject",
             hint=f"STAGE:KIND with STAGE from 0 to {world - 1} and KIND raise, hang or exit; or unset it",
@@ -358,11 +365,8 @@ def _check_fault_setting(world: int) -> None:
 
 
 def _fault_for(rank: int) -> str | None:
-    text = os.environ.get(FAULT_ENV, "")
-    stage, _, kind = text.partition(":")
-    if stage.strip() == str(rank) and kind in ("raise", "hang", "exit"):
-        return kind
-    return None
+    fault = _requested_fault()
+    return fault[1] if fault is not None and fault[0] == rank else None
 
 
 def _watch_parent(result_dir: Path | None) -> None:
