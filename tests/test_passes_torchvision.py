@@ -1,4 +1,4 @@
-"""Every exact pass, as one verified pipeline, on every torchvision classification model.
+"""Every exact pass, as one verified pipeline, on one torchvision classification model of each architecture.
 
 Each registered exact pass runs on the captured graph (with randomised BatchNorm statistics: the
 defaults make BN the identity and hide folding bugs), then ``verify`` must find the result equal to
@@ -6,6 +6,12 @@ the model on fresh random inputs. Per pass, the postcondition is checked on ever
 ``fold_bn`` no BatchNorm that directly follows a single-use conv/linear is left, after
 ``remove_dropout`` no dropout is left. Passes that find nothing to do on a model (no BN in a ViT,
 no dropout in a ResNet) must report ``changed=False`` and leave the graph computing the same thing.
+
+One model per family of blocks: the other sizes of a family (resnet101, efficientnet_b7, regnet_y_32gf...) are the
+same blocks at other widths and depths, and built with random weights they took most of the suite's time (vit_b_16
+alone 30-60 s). Every torchvision classification model runs the same exact passes, verified, in
+``benchmarks/zoo.py --corpus torchvision``; a new architecture fails ``test_every_architecture_has_a_representative``
+until it gets one here.
 """
 
 from __future__ import annotations
@@ -36,8 +42,33 @@ EXACT = [
     "fold_constants",
     "dead_code",
 ]
-# Numerics need real weights: the meta-device giants are covered by test_torchvision_models only.
-MODELS = [name for name in torchvision_classification_models() if name not in ON_META]
+# The smallest model of each family of blocks, by name prefix; two where a family has two kinds of block (resnet18's
+# basic blocks, resnet50's bottlenecks) or a variant with batch norm (vgg11_bn: fold_bn's case).
+REPRESENTATIVES = {
+    "alexnet": ["alexnet"],
+    "convnext_": ["convnext_tiny"],
+    "densenet": ["densenet121"],
+    "efficientnet_b": ["efficientnet_b0"],
+    "efficientnet_v2_": ["efficientnet_v2_s"],
+    "googlenet": ["googlenet"],
+    "inception_v3": ["inception_v3"],
+    "maxvit_": ["maxvit_t"],
+    "mnasnet": ["mnasnet0_5"],
+    "mobilenet_v2": ["mobilenet_v2"],
+    "mobilenet_v3_": ["mobilenet_v3_small", "mobilenet_v3_large"],
+    "regnet_x_": ["regnet_x_400mf"],
+    "regnet_y_": ["regnet_y_400mf"],
+    "resnet": ["resnet18", "resnet50"],
+    "resnext": ["resnext50_32x4d"],
+    "shufflenet_v2_": ["shufflenet_v2_x0_5"],
+    "squeezenet": ["squeezenet1_0", "squeezenet1_1"],
+    "swin_v2_": ["swin_v2_t"],
+    "swin_": ["swin_t"],
+    "vgg": ["vgg11", "vgg11_bn"],
+    "vit_": ["vit_b_32"],
+    "wide_resnet": [],  # resnet50's bottleneck blocks, wider
+}
+MODELS = [name for names in REPRESENTATIVES.values() for name in names]
 
 
 def _foldable_bn(gm) -> list[str]:
@@ -48,6 +79,13 @@ def _foldable_bn(gm) -> list[str]:
             if node_kind(gm, producer) in ("conv", "linear") and len(producer.users) == 1:
                 left.append(node.name)
     return left
+
+
+def test_every_architecture_has_a_representative():
+    available = torchvision_classification_models()
+    assert set(MODELS) <= set(available) - ON_META
+    without = [name for name in available if not name.startswith(tuple(REPRESENTATIVES))]
+    assert without == [], f"new torchvision architectures: add one of each to REPRESENTATIVES: {without}"
 
 
 @pytest.mark.parametrize("name", MODELS)

@@ -90,7 +90,7 @@ def splits(tmp_path_factory):
     return _Splits(tmp_path_factory.mktemp("splits"))
 
 
-@pytest.mark.parametrize("name", ["resnet18-4", "gpt2-2", "gpt2-4"])
+@pytest.mark.parametrize("name", ["resnet18-4", "gpt2-4"])  # resnet18-2 and gpt2-2: the CLI and torchrun tests
 def test_stages_run_as_processes_and_match_the_unsplit_model(splits, name):
     directory = splits[name]
     stages = int(name.rsplit("-", 1)[1])
