@@ -286,6 +286,14 @@ def test_integer_example_inputs_keep_their_range(tmp_path: Path):
     assert int(captured.example_inputs[0].max()) < 4
     assert fxforge.verify(captured, captured.graph_module).ok
     assert fxforge.bench(captured, ["eager"], batches=[3], repeats=1, warmup=1, peak=False).rows[0].ok
+    # an output directory keeps the range in inputs.txt: verify and bench of it later draw valid ids too
+    result = fxforge.optimize(captured, ["fold_bn"], output_dir=tmp_path / "out")
+    assert (tmp_path / "out" / "inputs.txt").read_text().split() == ["1x5:int64:max=3"]
+    from fxforge.cli.app import main
+
+    assert main(["verify", f"{path}:Embeds", str(tmp_path / "out"), "--input", "1x5:int64:max=3"]) == 0
+    assert main(["bench", str(tmp_path / "out"), "--repeats", "1", "--warmup", "1"]) == 0
+    assert "inputs.txt" in result.files
 
 
 def test_a_file_that_draws_random_numbers_on_import_builds_the_same_weights_every_time(tmp_path: Path):
@@ -663,6 +671,10 @@ def test_parse_input_spec(text: str, shape: tuple[int, ...], dtype: torch.dtype)
         ("0x3", "size 0"),
         ("1x3:float99", "unknown dtype 'float99'"),
         ("1x3:int64:int32", "cannot parse"),
+        ("1x3:max=3", "max= is for integer inputs"),
+        ("1x3:bool:max=1", "max= is for integer inputs"),
+        ("1x3:int8:max=128", "does not fit int8"),
+        ("1x3:int64:max=-1", "cannot parse"),
     ],
 )
 def test_bad_input_spec(text: str, needle: str):
@@ -671,6 +683,17 @@ def test_bad_input_spec(text: str, needle: str):
     assert needle in info.value.message
     assert info.value.hint
     assert_one_line(info.value)
+
+
+def test_an_integer_range_in_a_spec_is_drawn_and_written_back():
+    spec = parse_input_spec("2x64:int64:max=2")
+    assert spec.high == 3 and str(spec) == "2x64:int64" and spec.text(with_range=True) == "2x64:int64:max=2"
+    (ids,) = make_inputs([spec])
+    assert set(ids.unique().tolist()) == {0, 1, 2}
+    assert parse_input_spec(spec.text(with_range=True)).high == 3
+    assert parse_input_spec("1x8:int64:max=30521").high == 30522  # a vocabulary's ids
+    # the default range is not written: drawn ids of a plain 2x64:int64 give back the plain text
+    assert specs_of(make_inputs(["2x64:int64"]))[0].text(with_range=True) == "2x64:int64"
 
 
 def test_make_inputs():

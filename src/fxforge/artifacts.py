@@ -339,7 +339,8 @@ def write_json(path: Path, data: Any) -> None:
 def write_inputs(directory: Path, example_inputs: Sequence[Any]) -> str:
     """``inputs.txt``: the example input specs, so ``verify`` and ``bench`` can reuse them."""
     specs = specs_of([t for t in example_inputs if isinstance(t, torch.Tensor)])
-    (directory / INPUTS_FILE).write_text("\n".join(str(s) for s in specs) + "\n")
+    # with their integer ranges: an Embedding(4)'s ids drawn from the default [0, 10) would fail every later command
+    (directory / INPUTS_FILE).write_text("\n".join(s.text(with_range=True) for s in specs) + "\n")
     return INPUTS_FILE
 
 

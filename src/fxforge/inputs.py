@@ -39,8 +39,11 @@ INT_HIGH = 10
 # Larger dimensions cannot be real inputs (and overflow torch's int64 sizes once multiplied).
 MAX_DIMENSION = 2**31 - 1
 
-# "scalar" is how str(InputSpec) writes a 0-d shape (e.g. in an output directory's inputs.txt).
-_SPEC_RE = re.compile(r"^\s*(scalar|\d+(?:\s*[xX,]\s*\d+)*)?\s*(?::\s*([A-Za-z0-9_]+))?\s*$")
+# "scalar" is how str(InputSpec) writes a 0-d shape (e.g. in an output directory's inputs.txt); ":max=N" bounds the
+# integers drawn for an integer input (ids of an Embedding(N + 1)), written without "<" so that no shell reads it.
+_SPEC_RE = re.compile(
+    r"^\s*(scalar|\d+(?:\s*[xX,]\s*\d+)*)?\s*(?::\s*([A-Za-z0-9_]+))?\s*(?::\s*max\s*=\s*(\d+))?\s*$"
+)
 
 
 @dataclass(frozen=True)
@@ -50,12 +53,19 @@ class InputSpec:
     shape: tuple[int, ...]
     dtype: torch.dtype = torch.float32
     # integers are drawn from [0, high): a user's example tensor of ids in [0, 4) for an Embedding(4) gives 4;
-    # None: INT_HIGH. Not written in the spec's text (an --input has no range).
+    # None: INT_HIGH. Written as ":max=3" by text(with_range=True), as in an output directory's inputs.txt.
     high: int | None = field(default=None, compare=False)
 
     def __str__(self) -> str:
+        return self.text()
+
+    def text(self, with_range: bool = False) -> str:
+        """``1x3x224x224``, ``2x16:int64``; with ``with_range``, an integer range other than the default too
+        (``2x16:int64:max=3``), which :func:`parse_input_spec` reads back."""
         dims = "x".join(str(d) for d in self.shape) or "scalar"
         suffix = "" if self.dtype == torch.float32 else f":{str(self.dtype).removeprefix('torch.')}"
+        if with_range and self.high is not None and self.high != INT_HIGH and _is_integer(self.dtype):
+            suffix += f":max={self.high - 1}"
         return dims + suffix
 
     def with_batch(self, batch: int) -> InputSpec:
@@ -66,7 +76,7 @@ class InputSpec:
     @classmethod
     def of(cls, example: torch.Tensor) -> InputSpec:
         """The spec of an example tensor; integer ids keep its range when it starts at 0 or above."""
-        integer = not example.is_floating_point() and not example.is_complex() and example.dtype != torch.bool
+        integer = _is_integer(example.dtype)
         readable = integer and example.numel() and example.device.type != "meta"  # a meta tensor has no values
         high = int(example.max()) + 1 if readable and int(example.min()) >= 0 else None
         return cls(tuple(example.shape), example.dtype, high)
@@ -88,15 +98,21 @@ class InputSpec:
         return drawn.to(device)
 
 
+def _is_integer(dtype: torch.dtype) -> bool:
+    return not dtype.is_floating_point and not dtype.is_complex and dtype != torch.bool
+
+
 def parse_input_spec(text: str) -> InputSpec:
-    """Parse ``1x3x224x224``, ``2x16:int64`` or ``:int64``/``scalar:int64`` (a scalar) into an :class:`InputSpec`."""
+    """Parse ``1x3x224x224``, ``2x16:int64`` or ``:int64``/``scalar:int64`` (a scalar) into an :class:`InputSpec`;
+    ``2x16:int64:max=30521`` draws the integers from [0, 30521] (a vocabulary's ids) instead of [0, 9]."""
     match = _SPEC_RE.match(text)
     if not match or (match.group(1) is None and match.group(2) is None):
         raise InputSpecError(
             f"cannot parse input spec {text!r}",
-            hint="write dimensions joined by 'x' with an optional dtype, e.g. 1x3x224x224 or 2x16:int64",
+            hint="write dimensions joined by 'x' with an optional dtype, e.g. 1x3x224x224 or 2x16:int64 "
+            "(2x16:int64:max=999 for ids up to 999)",
         )
-    dims_text, dtype_text = match.groups()
+    dims_text, dtype_text, max_text = match.groups()
     shape = tuple(int(d) for d in re.split(r"\s*[xX,]\s*", dims_text)) if dims_text not in (None, "scalar") else ()
     if any(d > MAX_DIMENSION for d in shape):
         raise InputSpecError(f"input spec {text!r} has a dimension over {MAX_DIMENSION:,}", hint="is it a typo?")
@@ -111,7 +127,17 @@ def parse_input_spec(text: str) -> InputSpec:
             raise InputSpecError(
                 f"unknown dtype {dtype_text!r} in input spec {text!r}", hint=f"one of {known}"
             ) from None
-    return InputSpec(shape, dtype)
+    if max_text is None:
+        return InputSpec(shape, dtype)
+    if not _is_integer(dtype):
+        raise InputSpecError(
+            f"input spec {text!r} bounds a {str(dtype).removeprefix('torch.')} input: max= is for integer inputs",
+            hint=f"e.g. {dims_text or 'scalar'}:int64:{max_text and 'max=' + max_text}",
+        )
+    most = torch.iinfo(dtype).max
+    if int(max_text) > most:
+        raise InputSpecError(f"input spec {text!r}: max={max_text} does not fit {dtype_text}", hint=f"at most {most}")
+    return InputSpec(shape, dtype, int(max_text) + 1)
 
 
 def make_inputs(
