@@ -121,7 +121,8 @@ def capture_options(command: Callable[..., Any] | None = None, *, model_required
                 "inputs",
                 multiple=True,
                 metavar="SPEC",
-                help="Example input shape, e.g. 1x3x224x224 or 1x16:int64 (1x16:int64:max=999: ids up to 999); repeat for several inputs.",
+                help="Example input shape, e.g. 1x3x224x224 or 1x16:int64 (1x16:int64:max=999: ids up to 999); "
+                "repeat for several inputs.",
             ),
             click.option(
                 "--seed",
