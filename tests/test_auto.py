@@ -4,6 +4,8 @@ one is written with a report of every candidate, and reduced precision needs an 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -428,6 +430,9 @@ def test_compile_writes_compiled_code_or_a_recipe_the_loader_applies(tmp_path, m
     assert isinstance(loaded, AotiModule)
     x = torch.randn(2, 8)
     assert compare_outputs(model(x), loaded(x)).ok
+    # the package runs the shapes it was compiled for: another batch came back as batch 2, silently wrong
+    with pytest.raises(ValueError, match=r"compiled for inputs 2x8, got 3x8"):
+        loaded(torch.randn(3, 8))
 
     def no_compiler(*args, **kwargs):
         raise RuntimeError("no C++ compiler found")
@@ -438,6 +443,40 @@ def test_compile_writes_compiled_code_or_a_recipe_the_loader_applies(tmp_path, m
     assert any("no C++ compiler found" in note for note in artifact.notes)
     loaded = load_model(str(tmp_path / "rc")).module
     assert isinstance(loaded, CompiledModule) and compare_outputs(model(x), loaded(x)).ok
+
+
+class _ReturnsModelOutput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        from transformers.modeling_outputs import BaseModelOutput
+
+        return BaseModelOutput(last_hidden_state=self.fc(x))
+
+
+def test_an_aotinductor_package_of_a_transformers_output_loads_in_a_fresh_process(tmp_path):
+    """Its call signature names BaseModelOutput, which torch reads only once transformers registered it: calling
+    the package in a new process raised NotImplementedError, through fxforge.load_model and the printed line."""
+    pytest.importorskip("transformers")
+    from fxforge.bench import BuildSettings, get_backend
+    from fxforge.deploy import write_artifact
+
+    torch.manual_seed(0)
+    captured = capture(_ReturnsModelOutput().eval(), (torch.randn(1, 8),), method="export")
+    expected = captured.original(*captured.example_inputs)
+    artifact = write_artifact(get_backend("compile"), captured, tmp_path, BuildSettings(1, tmp_path, expected))
+    assert "model.aoti.pt2" in artifact.files
+    assert artifact.load.startswith("import transformers.modeling_outputs; torch._inductor.aoti_load_package(")
+    script = (
+        "import sys, torch, fxforge\n"
+        "m = fxforge.load_model(sys.argv[1]).module\n"
+        "print(type(m(torch.ones(1, 8))).__name__)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-1500:]
+    assert done.stdout.split()[-1] == "BaseModelOutput"
 
 
 def test_the_recipe_variant_ships_the_compiled_model_without_aotinductor(tmp_path, monkeypatch):

@@ -716,7 +716,17 @@ def load_program(path: str | Path) -> torch.export.ExportedProgram:
     Raises:
         FxforgeError: the program names a type from another package that is not imported yet.
     """
-    types = _pytree_types(Path(path))
+    import_pytree_types(_pytree_types(Path(path)), Path(path).name)
+    return torch.export.load(str(path))
+
+
+def import_pytree_types(types: set[str], what: str) -> None:
+    """Import the modules that register ``types`` (serialized pytree type names) as torch needs them to read a
+    saved call signature, for the packages of :data:`PYTREE_TYPE_PACKAGES`.
+
+    Raises:
+        FxforgeError: a type of another package is not registered yet (``what`` names the file).
+    """
     for module in _modules_of(types):
         if module.partition(".")[0] in PYTREE_TYPE_PACKAGES:
             with contextlib.suppress(ImportError):  # the check below then names what is missing
@@ -725,12 +735,30 @@ def load_program(path: str | Path) -> torch.export.ExportedProgram:
     if missing:
         module = missing[0].rpartition(".")[0]
         raise FxforgeError(
-            f"{Path(path).name} passes values of type {missing[0]}, which torch can read only once {module} is "
-            "imported",
+            f"{what} passes values of type {missing[0]}, which torch can read only once {module} is imported",
             hint=f"import {module} before loading it (fxforge imports only {', '.join(PYTREE_TYPE_PACKAGES)} "
             "modules by itself)",
         )
-    return torch.export.load(str(path))
+
+
+def spec_types(serialized: Sequence[str]) -> set[str]:
+    """The pytree type names in serialized tree specs (``treespec_dumps``), torch's and Python's own left out."""
+    names: set[str] = set()
+
+    def collect(spec: Any) -> None:
+        if isinstance(spec, dict):
+            if isinstance(spec.get("type"), str):
+                names.add(spec["type"])
+            for child in spec.get("children_spec") or ():
+                collect(child)
+        elif isinstance(spec, list):
+            for item in spec:
+                collect(item)
+
+    for text in serialized:
+        with contextlib.suppress(ValueError, TypeError):
+            collect(json.loads(text))
+    return {name for name in names if not name.startswith(("builtins.", "collections.", "torch."))}
 
 
 def program_imports(path: str | Path) -> list[str]:
@@ -746,18 +774,7 @@ def _modules_of(types: set[str]) -> list[str]:
 
 def _pytree_types(path: Path) -> set[str]:
     """The serialized type names in the input and output specs of a saved program's module call graph."""
-    names: set[str] = set()
-
-    def collect(spec: Any) -> None:
-        if isinstance(spec, dict):
-            if isinstance(spec.get("type"), str):
-                names.add(spec["type"])
-            for child in spec.get("children_spec") or ():
-                collect(child)
-        elif isinstance(spec, list):
-            for item in spec:
-                collect(item)
-
+    serialized = []
     try:
         with zipfile.ZipFile(path) as archive:
             for member in archive.namelist():
@@ -766,12 +783,11 @@ def _pytree_types(path: Path) -> set[str]:
                 program = json.loads(archive.read(member))
                 for entry in program.get("graph_module", {}).get("module_call_graph", []):
                     signature = entry.get("signature") or {}
-                    for key in ("in_spec", "out_spec"):
-                        if isinstance(signature.get(key), str):
-                            collect(json.loads(signature[key]))
+                    texts = (signature.get("in_spec"), signature.get("out_spec"))
+                    serialized += [text for text in texts if isinstance(text, str)]
     except (OSError, zipfile.BadZipFile, ValueError, AttributeError, TypeError):
         return set()
-    return {name for name in names if not name.startswith(("builtins.", "collections.", "torch."))}
+    return spec_types(serialized)
 
 
 class OnnxRuntimeModule(nn.Module):
@@ -861,15 +877,36 @@ class OnednnFusion(nn.Module):
 
 class AotiModule(nn.Module):
     """An AOTInductor package (``torch._inductor.aoti_compile_and_package``: compiled code and weights) behind
-    ``nn.Module``'s call interface. The package runs at the batch size it was compiled for."""
+    ``nn.Module``'s call interface.
 
-    def __init__(self, path: str | Path) -> None:
+    The package runs only the input shapes it was compiled for, and does not check them: another batch came back
+    with the compiled batch's shape and wrong values, a shorter sequence aborted the process. So inputs are checked
+    against ``input_specs`` (default: the ``inputs.txt`` beside an output directory's package) and refused in one
+    line. Output types of other libraries (transformers' ``ModelOutput``) are registered when loaded.
+    """
+
+    def __init__(self, path: str | Path, input_specs: Sequence[InputSpec] | None = None) -> None:
         super().__init__()
         self.path = str(path)
         with quiet_torch_logs():
             self.runner = torch._inductor.aoti_load_package(self.path)
+        import_pytree_types(spec_types(self.runner.loader.get_call_spec()), Path(path).name)
+        beside = Path(path).with_name(INPUTS_FILE)
+        if input_specs is None and Path(path).name == AOTI_FILE and beside.is_file():
+            with contextlib.suppress(FxforgeError, OSError, UnicodeDecodeError):  # then unchecked, as torch runs it
+                input_specs = [parse_input_spec(line) for line in beside.read_text().split()]
+        self.input_specs = list(input_specs or [])
 
     def forward(self, *args: Any) -> Any:
+        flat = [t for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor)]
+        if self.input_specs:
+            got = [InputSpec(tuple(t.shape), t.dtype) for t in flat]
+            if got != self.input_specs:
+                compiled = " ".join(map(str, self.input_specs))
+                raise ValueError(
+                    f"the AOTInductor package was compiled for inputs {compiled}, got {' '.join(map(str, got))}: "
+                    "it runs those shapes only"
+                )
         return self.runner(*args)
 
 

@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils import _pytree as pytree
 
 from fxforge.artifacts import (
     AOTI_FILE,
@@ -51,6 +52,7 @@ from fxforge.artifacts import (
     load_program,
     program_imports,
     save_graph_module,
+    spec_types,
     with_sources_on_path,
     write_inputs,
     write_user_sources,
@@ -253,8 +255,11 @@ def _write_aoti(program: Any, directory: Path, config: dict[str, Any], a: Artifa
         torch._inductor.aoti_compile_and_package(
             program, package_path=str(directory / AOTI_FILE), inductor_configs=config
         )
-        a.load = PLAIN_TORCH_LOAD["aoti"]
-        a.notes.append("AOTInductor package: compiled for this CPU and the example's batch size")
+        # its call signature names the output's type: plain torch reads it once that type's module is imported
+        signature = [pytree.treespec_dumps(spec) for spec in (program.call_spec.in_spec, program.call_spec.out_spec)]
+        imports = sorted({name.rpartition(".")[0] for name in spec_types(signature)})
+        a.load = f"import {', '.join(imports)}; {PLAIN_TORCH_LOAD['aoti']}" if imports else PLAIN_TORCH_LOAD["aoti"]
+        a.notes.append("AOTInductor package: compiled for this CPU and the example's input shapes (runs those only)")
     except Exception as exc:  # the recipe still delivers the speed, compiling when loaded
         (directory / AOTI_FILE).unlink(missing_ok=True)
         a.notes.append(f"AOTInductor failed ({one_line_reason(exc, 160)}): fxforge's loader compiles at load time")
