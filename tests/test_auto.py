@@ -73,6 +73,10 @@ def test_a_wrong_fast_candidate_is_rejected_and_never_chosen(classifier, tmp_pat
     loaded = torch.load(tmp_path / "out" / "model.pt", weights_only=False)
     x = torch.randn(4, 16)
     assert compare_outputs(classifier.original(x), loaded(x)).ok
+    # the printed fxforge line loads it as written: a pickle needs the opt-in (the line without it raised)
+    line = result.load_with_fxforge.split("  #")[0]
+    assert line.endswith(", trust_pickle=True)") and report["load_with_fxforge"] == result.load_with_fxforge
+    assert compare_outputs(classifier.original(x), eval(line, {"fxforge": fxforge}).module(x)).ok
 
 
 def test_tolerance_decides_what_counts_as_right(classifier):

@@ -3,6 +3,7 @@ models and on the tricky-model suite, and every failure says what failed and lea
 
 from __future__ import annotations
 
+import collections
 import json
 import sys
 from pathlib import Path
@@ -150,6 +151,43 @@ def test_a_model_that_also_returns_constants_exports_to_onnx(tmp_path):
     y, none, three = loaded(x)
     assert none is None and three == 3
     torch.testing.assert_close(y, model(x)[0])
+
+
+_Pair = collections.namedtuple("_Pair", "logits features")
+
+
+class _DictAndNamedtuple(nn.Module):
+    def __init__(self, named: bool) -> None:
+        super().__init__()
+        self.conv, self.named = nn.Conv2d(3, 4, 3), named
+
+    def forward(self, x):
+        y = self.conv(x)
+        if self.named:
+            return _Pair(y.mean((2, 3)), [y, None])
+        return {"logits": y.mean((2, 3)), "features": y, "classes": 4}
+
+
+def test_an_onnx_file_gives_back_the_models_output_structure(tmp_path):
+    """An ONNX graph returns a flat list: a model returning a dict came back as a tuple from the file (and from an
+    optimize --auto output that chose ONNX Runtime), so ``out["logits"]`` raised. The export records the structure
+    in the file's metadata, and loading it without the model gives a dict, a namedtuple of the same fields."""
+    pytest.importorskip("onnxruntime")
+    x = torch.randn(1, 3, 8, 8)
+    model = _DictAndNamedtuple(named=False).eval()
+    assert export_model(model, "onnx", tmp_path / "d.onnx", example_inputs=(x,)).ok
+    out = load_exported(tmp_path / "d.onnx")(x)
+    assert isinstance(out, dict) and list(out) == ["logits", "features", "classes"] and out["classes"] == 4
+    torch.testing.assert_close(out["features"], model(x)["features"])
+
+    model = _DictAndNamedtuple(named=True).eval()
+    assert export_model(model, "onnx", tmp_path / "n.onnx", example_inputs=(x,)).ok
+    out = fxforge.load_model(str(tmp_path / "n.onnx")).module(x)
+    assert type(out).__name__ == "_Pair" and out._fields == ("logits", "features")
+    assert isinstance(out.features, list) and out.features[1] is None
+    torch.testing.assert_close(out.logits, model(x).logits)
+    # what verify compares is the file as it loads
+    assert fxforge.verify(model, str(tmp_path / "n.onnx"), inputs=(x,)).ok
 
 
 def test_export_leaves_the_model_untouched(resnet18_captured, tmp_path):

@@ -13,10 +13,12 @@ only when the user opts in (``--trust-pickle``).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import difflib
 import errno
+import functools
 import importlib
 import importlib.metadata
 import itertools
@@ -790,12 +792,96 @@ def _pytree_types(path: Path) -> set[str]:
     return spec_types(serialized)
 
 
+# The metadata key under which fxforge's ONNX export records the model's output structure (dicts, namedtuples,
+# transformers outputs, constants): an ONNX graph returns a flat list of tensors.
+OUTPUT_STRUCTURE_KEY = "fxforge.output_structure"
+
+
+class _NotDescribable(Exception):
+    pass
+
+
+def describe_structure(value: Any) -> Any | None:
+    """A JSON-able description of an output's structure, its tensors as ``"tensor"``; None for a container or
+    constant that JSON cannot carry (an ONNX file then returns its flat list)."""
+    try:
+        return _describe(value)
+    except _NotDescribable:
+        return None
+
+
+def _describe(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return "tensor"
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return {"value": value}
+    if isinstance(value, tuple) and hasattr(type(value), "_fields"):
+        return {"namedtuple": type(value).__name__, "fields": list(value._fields), "items": _described(value)}
+    if isinstance(value, dict) and all(isinstance(key, str) for key in value):
+        items = [[key, _describe(item)] for key, item in value.items()]
+        if type(value) is dict:
+            return {"dict": items}
+        if hasattr(value, "to_tuple"):  # a transformers ModelOutput: rebuilt as its class where it can be imported
+            return {"class": f"{type(value).__module__}.{type(value).__qualname__}", "items": items}
+    if type(value) in (list, tuple):
+        return {type(value).__name__: _described(value)}
+    raise _NotDescribable(type(value).__name__)
+
+
+def _described(values: Sequence[Any]) -> list[Any]:
+    return [_describe(value) for value in values]
+
+
+def _tensors_in(description: Any) -> int:
+    """How many tensors a description holds: rebuilt with counted numbers in the tensors' places."""
+    placeholders = itertools.count()
+    rebuild_structure(description, placeholders)  # type: ignore[arg-type]
+    return next(placeholders)
+
+
+@functools.cache
+def _look_alike_namedtuple(name: str, fields: tuple[str, ...]) -> type:
+    """A namedtuple class of the user's name and fields (theirs is in their code, which an ONNX file does not
+    carry): the same attributes and positions; one class per name and fields, so outputs compare by type."""
+    return collections.namedtuple(name, fields)  # type: ignore[misc]
+
+
+def _output_class(path: str) -> type | None:
+    module, _, name = path.rpartition(".")
+    if module.partition(".")[0] not in PYTREE_TYPE_PACKAGES:
+        return None  # fxforge imports no other module a file names
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return None
+
+
+def rebuild_structure(description: Any, tensors: Iterator[torch.Tensor]) -> Any:
+    """The output :func:`describe_structure` described, with ``tensors`` in its tensors' places (pytree order)."""
+    if description == "tensor":
+        return next(tensors)
+    if "value" in description:
+        return description["value"]
+    if "namedtuple" in description:
+        cls = _look_alike_namedtuple(description["namedtuple"], tuple(description["fields"]))
+        return cls(*(rebuild_structure(item, tensors) for item in description["items"]))
+    if "list" in description or "tuple" in description:
+        kind = "list" if "list" in description else "tuple"
+        items = [rebuild_structure(item, tensors) for item in description[kind]]
+        return items if kind == "list" else tuple(items)
+    items = {key: rebuild_structure(item, tensors) for key, item in description.get("dict", description.get("items"))}
+    cls = _output_class(description["class"]) if "class" in description else None
+    return cls(**items) if cls is not None else items
+
+
 class OnnxRuntimeModule(nn.Module):
     """An ONNX Runtime session behind ``nn.Module``'s call interface (tensors in, tensors out).
 
     ``output_like`` (an output of the original model) restores the output's structure (tuples,
     dicts, model outputs) from ONNX's flat list; its non-tensor leaves are constants in an ONNX graph
-    and are taken from it. Without it, one output is returned as a tensor and several as a tuple.
+    and are taken from it. Without it, the structure fxforge's export recorded in the file's metadata
+    (:data:`OUTPUT_STRUCTURE_KEY`: a dict stays a dict, a namedtuple a namedtuple of the same fields, a transformers
+    output its class); without either, one output is returned as a tensor and several as a tuple.
     ``threads`` defaults to torch's intra-op thread count, so that both run on the same cores. Pool threads
     spin during a run and stop when it returns (``session.force_spinning_stop``), so that they leave the cores
     to the next thing that runs.
@@ -819,6 +905,13 @@ class OnnxRuntimeModule(nn.Module):
         # per input, each dimension's fixed size (None: symbolic), to name a wrong shape in one line
         self.input_dims = [[d if isinstance(d, int) else None for d in i.shape] for i in self.session.get_inputs()]
         self.output_like = output_like
+        self.output_structure: Any = None
+        recorded = self.session.get_modelmeta().custom_metadata_map.get(OUTPUT_STRUCTURE_KEY)
+        # damaged or from another version: the flat list, as the graph returns it
+        with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError, StopIteration):
+            structure = json.loads(recorded) if recorded else None
+            if structure is not None and _tensors_in(structure) == len(self.session.get_outputs()):
+                self.output_structure = structure
 
     def input_specs(self) -> list[InputSpec]:
         """Example inputs from the file's own input shapes and types (a symbolic first dimension, the batch, as
@@ -851,6 +944,8 @@ class OnnxRuntimeModule(nn.Module):
         # ONNX Runtime runs on the CPU here; the outputs go back where the inputs came from, like a module's
         device = flat[0].device if flat else torch.device("cpu")
         results = [torch.from_numpy(array).to(device) for array in self.session.run(None, feeds)]
+        if self.output_like is None and self.output_structure is not None:
+            return rebuild_structure(self.output_structure, iter(results))
         leaves, spec = pytree.tree_flatten(self.output_like)
         if self.output_like is None or sum(isinstance(v, torch.Tensor) for v in leaves) != len(results):
             return results[0] if len(results) == 1 else tuple(results)  # not this structure: flat, as the file says

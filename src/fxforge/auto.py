@@ -46,9 +46,13 @@ import torch
 from torch import nn
 
 from fxforge.artifacts import (
+    AOTI_FILE,
     INPUTS_FILE,
     MODEL_FILE,
+    ONNX_FILE,
+    PROGRAM_FILE,
     REPORT_FILE,
+    TORCHSCRIPT_FILE,
     atomic_directory,
     check_free_space,
     with_sources_on_path,
@@ -195,6 +199,7 @@ class AutoResult:
     bench: BenchReport | None = None
     runner: Any = field(default=None, repr=False)  # the chosen artifact, reloaded and verified
     seconds: dict[str, float] = field(default_factory=dict)  # where --auto's own time went
+    load_with_fxforge: str = ""  # the fxforge.load_model line that runs the written artifact as timed
 
     def __repr__(self) -> str:  # the dataclass's would print every candidate and the bench report
         where = f", written to {self.output_dir}" if self.output_dir else ""
@@ -204,6 +209,7 @@ class AutoResult:
         return {
             "chosen": self.chosen,
             "load": self.load,
+            "load_with_fxforge": self.load_with_fxforge or None,
             "output_dir": str(self.output_dir) if self.output_dir else None,
             "files": self.files,
             "passes": self.passes,
@@ -712,8 +718,12 @@ def _write(
             result.load = with_sources_on_path(result.load, staging)
         if not (staging / INPUTS_FILE).exists():
             write_inputs(staging, rewritten.example_inputs)
+        # a directory whose only model is a pickle loads only with the opt-in (eager, pickled int8)
+        forms = (AOTI_FILE, PROGRAM_FILE, TORCHSCRIPT_FILE, ONNX_FILE)
+        pickled = (staging / MODEL_FILE).exists() and not any((staging / form).exists() for form in forms)
+        opt_in = ", trust_pickle=True" if pickled else ""
+        result.load_with_fxforge = f"fxforge.load_model({str(result.output_dir)!r}{opt_in})  # runs as timed"
         report = {"model": spec, "capture": rewritten.record.to_dict(), **result.to_dict()}
-        report["load_with_fxforge"] = f"fxforge.load_model({str(result.output_dir)!r})  # runs as timed"
         report["files"] = [*sorted(p.name for p in staging.iterdir()), REPORT_FILE]
         write_report(staging, report)
         return sorted(p.name for p in staging.iterdir())

@@ -58,9 +58,11 @@ from fxforge import display
 from fxforge.artifacts import (
     FORMATS,
     METADATA_FILE,
+    OUTPUT_STRUCTURE_KEY,
     SUFFIXES,
     StagedOutput,
     check_free_space,
+    describe_structure,
     format_for,
     load_exported,
 )
@@ -257,8 +259,9 @@ def export_model(
                 onednn_fusion=onednn_fusion,
             )
         elif to == "onnx":
+            output = _example_output(reference, inputs)
             result = _export_onnx(
-                _tensor_outputs_only(source, _example_output(reference, inputs)),
+                _tensor_outputs_only(source, output),
                 name,
                 reference,
                 inputs,
@@ -268,6 +271,7 @@ def export_model(
                 dynamic_batch,
                 allow_trace_warnings,
             )
+            _record_output_structure(staged.path, output)
         else:
             result = _export_pt2(source, name, inputs, staged.path, dynamic_batch)
         result.export_s = time.perf_counter() - start
@@ -534,6 +538,23 @@ def _export_onnx(
     model = onnx.load(str(path), load_external_data=False)
     written_opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
     return ExportResult("onnx", None, True, used, opset=written_opset, dynamic_batch=dynamic_batch, notes=notes)
+
+
+def _record_output_structure(path: Path, output: Any) -> None:
+    """Write the model's output structure into the file's metadata (:data:`~fxforge.artifacts.OUTPUT_STRUCTURE_KEY`),
+    so that :func:`~fxforge.artifacts.load_exported` gives back the dict or model output the model returns, not the
+    graph's flat list of tensors. A structure JSON cannot carry (another library's container) is left out."""
+    import onnx
+
+    structure = describe_structure(output)
+    if structure is None or structure == "tensor":  # one tensor is what the graph returns anyway
+        return
+    model = onnx.load(str(path), load_external_data=False)  # weights in a file beside it stay where they are
+    kept = [entry for entry in model.metadata_props if entry.key != OUTPUT_STRUCTURE_KEY]
+    del model.metadata_props[:]
+    model.metadata_props.extend(kept)
+    model.metadata_props.add(key=OUTPUT_STRUCTURE_KEY, value=json.dumps(structure))
+    onnx.save(model, str(path))
 
 
 def _check_opset(path: Path, opset: int | None) -> None:

@@ -864,8 +864,11 @@ def verify(
         allow_nonfinite=allow_nonfinite,
         keep_batches_the_graph_rejects=keep_batches_the_graph_rejects,
     )
-    if isinstance(candidate, OnnxRuntimeModule) and candidate.output_like is None and verifier.expected:
-        candidate.output_like = verifier.expected[0]  # ONNX returns a flat list: put it into the model's structure
+    unstructured = isinstance(candidate, OnnxRuntimeModule) and candidate.output_structure is None
+    if unstructured and candidate.output_like is None and verifier.expected:
+        # a file without fxforge's record of the output structure returns a flat list: put it into the model's (a
+        # file with the record is compared as it loads, which is what its users get)
+        candidate.output_like = verifier.expected[0]
     result = verifier.check(candidate, bisect=bisect, candidate_may_fix_batch=candidate_may_fix_batch)
     if left_out:
         result.skipped.insert(0, left_out)

@@ -528,8 +528,8 @@ def render_auto(console: Any, spec: str, result: Any) -> None:
     )
     where = f"wrote {result.output_dir} ({', '.join(result.files)})" if result.output_dir else "nothing written"
     console.print(f"chosen: [bold green]{result.chosen}[/]; {where}")
-    if result.output_dir:
-        console.print(f"  load: fxforge.load_model({str(result.output_dir)!r})  # runs as timed")
+    if result.load_with_fxforge:
+        console.print(f"  load: {escape(result.load_with_fxforge)}")
     console.print(f"  plain torch: {escape(result.load)}")
 
 
