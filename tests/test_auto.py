@@ -79,6 +79,32 @@ def test_a_wrong_fast_candidate_is_rejected_and_never_chosen(classifier, tmp_pat
     assert compare_outputs(classifier.original(x), eval(line, {"fxforge": fxforge}).module(x)).ok
 
 
+def test_the_output_says_what_the_table_says_and_warns_of_a_busy_machine(classifier):
+    """QA: a reason line said 53.3x slower where the table said 29.5x (a ratio of medians against the median of
+    the per-round ratios), and the busy-machine line bench prints was in report.json only."""
+    from rich.console import Console
+
+    from fxforge.cli.render import render_auto
+
+    delays = iter([0.001, 0.02] * 100)  # one candidate's rounds spread 20x: a machine busy in every other round
+
+    def erratic(captured, settings):
+        def run(*args):
+            time.sleep(next(delays))
+            return captured.original(*args)
+
+        return run
+
+    result = auto_optimize(classifier, backends=[Backend("erratic", "test", erratic)], repeats=10)
+    erratic_row = next(c for c in result.candidates if c.name == "erratic")
+    assert result.chosen == "eager" and erratic_row.status == "accepted"
+    assert erratic_row.reason.startswith(f"verified; {erratic_row.vs_fastest[0]:.2f}x the time of eager")
+    console = Console(record=True, width=200)
+    render_auto(console, "model", result)
+    text = console.export_text()
+    assert result.bench.noise_warning and result.bench.noise_warning.split(":")[0] in text
+
+
 def test_tolerance_decides_what_counts_as_right(classifier):
     loose = auto_optimize(classifier, backends=[_backend("perturbed", scale=1.001)], budget=Budget(1e-2), repeats=3)
     perturbed = next(c for c in loose.candidates if c.name == "perturbed")

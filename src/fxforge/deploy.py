@@ -71,7 +71,7 @@ PLAIN_TORCH_LOAD = {
     "fx": "torch.export.load('model.pt2').module()",
     "torchscript": "torch.jit.load('model.torchscript.pt')",
     "torchscript+optimize": "torch.jit.optimize_for_inference(torch.jit.load('model.torchscript.pt'))",
-    "onnxruntime": "onnxruntime.InferenceSession('model.onnx')",
+    "onnxruntime": "onnxruntime.InferenceSession('model.onnx')  # the example's input shapes only",
     "aoti": "torch._inductor.aoti_load_package('model.aoti.pt2')",
     "compile": "torch.compile(torch.export.load('model.pt2').module()), first call under "
     "torch._inductor.config.patch(freezing=True)",

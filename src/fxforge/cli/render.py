@@ -519,6 +519,8 @@ def render_auto(console: Any, spec: str, result: Any) -> None:
     for c in result.candidates:
         if c.reason:
             console.print(f"  {c.name}: {escape(c.reason)}")
+    if result.bench is not None and result.bench.noise_warning:  # the same line bench prints
+        console.print(f"[yellow]{escape(result.bench.noise_warning)}[/]")
     if result.bench is not None and result.bench.machine:
         console.print(f"[dim]machine: {escape(result.bench.machine)}[/]")
     timed = ", ".join(f"{stage} {value:.0f} s" for stage, value in result.seconds.items() if stage != "total")
