@@ -161,7 +161,7 @@ def test_reduced_precision_judged_on_random_data_warns(classifier):
     for name in ("bf16", "int8"):
         assert not by_name[name].exact and by_name[name].top1_agreement is not None
         assert "random" in by_name[name].verified_on
-    assert result.warnings and "--data" in result.warnings[0]
+    assert result.warnings and "pass data (" in result.warnings[0]  # Python's word, as this is the API
 
 
 def test_reduced_precision_on_the_users_data(classifier, tmp_path):
@@ -234,6 +234,46 @@ def test_cli_optimize_auto(capsys, tmp_path):
     assert code == EXIT_USAGE and "--max-drop is a fraction" in err and "Traceback" not in err
     code, out, _ = run(capsys, "optimize", "demo", "--auto", "-b", "int8", "--max-drop", "0.5", "--repeats", "2")
     assert code == EXIT_OK and "top-1 drop <= 0.5" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--max-drop", "0.01", "--data", "x.pt"], "--max-drop, --data apply to --auto"),
+        (["--tolerance", "0.5"], "--tolerance applies to --auto"),
+        (["-b", "int8", "--threads", "1"], "--backends, --threads apply to --auto"),
+        (["--auto", "--keep-going", "--timings"], "--keep-going, --timings apply to passes, not to --auto"),
+        (["--auto", "--no-verify"], "--no-verify applies to passes, not to --auto"),
+        (["--auto", "-b", "fx", "--data", "x.pt"], "--data judges bf16/int8 candidates, which need an accuracy budget"),
+    ],
+)
+def test_cli_optimize_refuses_options_it_would_ignore(capsys, tmp_path, args, message):
+    """QA: each of these ran to exit 0 with the option silently unused (a missing --data file was never read)."""
+    code, _, err = run(capsys, "optimize", "demo", *args, "-o", str(tmp_path / "out"))
+    assert code == EXIT_USAGE and message in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_auto_refuses_data_the_model_cannot_run_and_a_full_output_directory_first(classifier, tmp_path, capsys):
+    """Wrong-shaped --data was one candidate's "build failed" (int8) and eager was written, exit 0; through the API a
+    non-empty output directory was refused only after every candidate had been built and timed."""
+    wrong = tmp_path / "wrong.pt"
+    torch.save(torch.randn(8, 3), wrong)  # the model takes 16 features
+    with pytest.raises(FxforgeError, match=r"the model cannot run on batch 0 of .*wrong.pt") as info:
+        auto_optimize(classifier, backends=["int8"], budget=Budget(max_drop=0.5), data=str(wrong), repeats=2)
+    assert "data shaped like the model's inputs" in info.value.hint
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "notes.txt").write_text("mine")
+    built = []
+
+    def build(captured, settings):
+        built.append(captured)
+        return captured.original
+
+    with pytest.raises(FxforgeError, match="not empty"):
+        auto_optimize(classifier, full, backends=[Backend("recorded", "test", build)], repeats=5)
+    assert built == [] and (full / "notes.txt").read_text() == "mine"  # refused before any candidate was built
 
 
 @pytest.mark.parametrize(("form", "file"), [("torchscript", "model.torchscript.pt"), ("onnx", "model.onnx")])

@@ -55,6 +55,7 @@ from fxforge.artifacts import (
     TORCHSCRIPT_FILE,
     atomic_directory,
     check_free_space,
+    check_output_directory,
     with_sources_on_path,
     write_inputs,
     write_report,
@@ -75,12 +76,12 @@ from fxforge.bench import (
 )
 from fxforge.capture import Captured, require_real_weights
 from fxforge.deploy import PLAIN_TORCH_LOAD, Artifact, deployable, write_artifact
-from fxforge.errors import FxforgeError, one_line_reason, option
+from fxforge.errors import FxforgeError, InputSpecError, one_line_reason, option, said
 from fxforge.machine import native_bf16
 from fxforge.passes import exact_passes
 from fxforge.pipeline import Pipeline
 from fxforge.quantize import Target, compare_batches, load_calibration, run_batches
-from fxforge.runtime import quiet_torch_logs, run_reference
+from fxforge.runtime import describe_inputs, quiet_torch_logs, run_reference
 from fxforge.verify import TOLERANCES, compare_outputs, verify
 
 FP32_TOLERANCE = TOLERANCES[torch.float32][0]  # fp32 round-off: what the exact candidates are held to
@@ -108,10 +109,11 @@ WITHIN_NOISE = 0.10
 # (see _settle_close_call).
 RUNOFF_FACTOR = 2
 
-RANDOM_DATA_WARNING = (
-    "reduced-precision candidates were measured on random inputs: their accuracy on real data is unknown; "
-    "pass --data (a torch.save file or file.py:function) to measure it on yours"
-)
+def random_data_warning() -> str:
+    return (
+        "reduced-precision candidates were measured on random inputs: their accuracy on real data is unknown; "
+        f"pass {option('--data', python='data')} (a torch.save file or file.py:function) to measure it on yours"
+    )
 
 
 class AutoWarning(UserWarning):
@@ -248,6 +250,15 @@ def auto_optimize(
     seconds: dict[str, float] = {}
     require_real_weights(captured, "optimize --auto")
     budget = budget or Budget()
+    if output_dir is not None:
+        check_output_directory(output_dir, force=force)  # before minutes of candidates, not after them
+    if data is not None and not budget.reduced_precision:
+        # the data judges reduced-precision candidates, which only a budget lets in: unread, it would be ignored
+        raise FxforgeError(
+            f"{option('--data')} judges bf16/int8 candidates, which need an accuracy budget",
+            hint=f"add {option('--max-drop', 0.01)} or {option('--min-agreement', 0.99)}, or leave "
+            f"{option('--data')} out",
+        )
     repeats = repeats or (QUICK_REPEATS if quick else 30)
     chosen_backends = candidate_backends(captured, backends, budget, quick)
     result_warnings: list[str] = []
@@ -388,9 +399,22 @@ def _evaluation_data(
     if not any(b.base in REDUCED_BACKENDS for b in backends):
         return None
     loaded = load_calibration(data, captured.example_inputs, kind="evaluation (--data)")
+    if not loaded.random and loaded.batches:
+        # data the model itself cannot run is the user's input error, not a candidate's failure (int8 was reported
+        # "build failed" and eager written, exit 0)
+        try:
+            with quiet_torch_logs():
+                run_batches(captured.original, loaded.batches[:1])
+        except Exception as exc:
+            raise InputSpecError(
+                f"the model cannot run on batch 0 of {loaded.source} (inputs {describe_inputs(loaded.batches[0])}; "
+                f"the example inputs are {describe_inputs(captured.example_inputs)}): {one_line_reason(exc)}",
+                hint=said("give --data shaped like the model's inputs", "give data shaped like the model's inputs")
+                + ", with samples along dim 0",
+            ) from None
     if loaded.random:
-        warnings.warn(RANDOM_DATA_WARNING, AutoWarning, stacklevel=3)
-        notes.append(RANDOM_DATA_WARNING)
+        warnings.warn(random_data_warning(), AutoWarning, stacklevel=3)
+        notes.append(random_data_warning())
     return loaded
 
 

@@ -52,7 +52,9 @@ pass is rolled back and reported instead).
 @click.option("--output", "-o", type=click.Path(path_type=str), default=None, help="Directory to write.")
 @click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
 @click.option("--auto", is_flag=True, help="Try every backend, verify, time the survivors, write the fastest.")
-@click.option("--tolerance", type=float, default=1e-4, show_default=True, help="--auto: normwise relative tolerance.")
+@click.option(
+    "--tolerance", type=float, default=None, help="--auto: normwise relative tolerance.  [default: 1e-4]"
+)
 @click.option("--min-agreement", type=float, default=None, help="--auto: allow bf16/int8 at this top-1 agreement.")
 @click.option(
     "--max-drop",
@@ -80,7 +82,7 @@ def command(
     output: str | None,
     force: bool,
     auto: bool,
-    tolerance: float,
+    tolerance: float | None,
     min_agreement: float | None,
     max_drop: float | None,
     data: str | None,
@@ -95,14 +97,35 @@ def command(
     from fxforge.optimize import optimize
     from fxforge.pipeline import build_pipeline
 
-    if quick and not auto:
-        raise FxforgeError("--quick applies to --auto", hint="add --auto")
+    # an option of the other mode would be ignored, silently: refused instead
+    auto_only = {
+        "--tolerance": tolerance is not None,
+        "--min-agreement": min_agreement is not None,
+        "--max-drop": max_drop is not None,
+        "--data": data is not None,
+        "--backends": bool(auto_backends),
+        "--quick": quick,
+        "--repeats": repeats is not None,
+        "--threads": threads is not None,
+    }
+    given = [name for name, is_given in auto_only.items() if is_given]
+    if given and not auto:
+        verb = "applies" if len(given) == 1 else "apply"
+        raise FxforgeError(f"{', '.join(given)} {verb} to --auto", hint="add --auto")
     if auto:
         if pass_names or pipeline or pass_options:
             raise FxforgeError("--auto picks the passes itself", hint="drop --passes/--pipeline/--option")
-        from fxforge.auto import Budget
+        pipeline_only = {"--keep-going": bool(keep_going), "--timings": timings, "--no-verify": do_verify is False}
+        given = [name for name, is_given in pipeline_only.items() if is_given]
+        if given:
+            raise FxforgeError(
+                f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to passes, not to --auto",
+                hint="--auto verifies every candidate, rejects those that fail and reports where its time went: "
+                f"drop {', '.join(given)}",
+            )
+        from fxforge.auto import FP32_TOLERANCE, Budget
 
-        budget = Budget(tolerance, min_agreement, max_drop)
+        budget = Budget(FP32_TOLERANCE if tolerance is None else tolerance, min_agreement, max_drop)
         _auto(opts, output, force, budget, data, auto_backends, quick, repeats, threads)
         return
     plan = build_pipeline(
