@@ -164,6 +164,20 @@ def test_reduced_precision_judged_on_random_data_warns(classifier):
     assert result.warnings and "pass data (" in result.warnings[0]  # Python's word, as this is the API
 
 
+def test_a_budget_int8_cannot_meet_is_said_once_and_plainly(classifier, tmp_path):
+    """QA: the fallback's failure read "found no layer to quantize in this model" (it had kept them all in float),
+    and nothing said that the budget had bought nothing."""
+    data = tmp_path / "val.pt"
+    torch.save(torch.randn(64, 16), data)
+    result = auto_optimize(classifier, backends=["int8"], budget=Budget(tolerance=2e-4), data=str(data), repeats=2)
+    by_name = {c.name: c for c in result.candidates}
+    assert by_name["int8"].status == "rejected" and by_name["int8+fallback"].status == "failed"
+    assert "kept all" in by_name["int8+fallback"].reason and "no int8 layer is left" in by_name["int8+fallback"].reason
+    said = "no reduced-precision candidate (int8, int8+fallback) met the budget"
+    assert any(warning.startswith(said) for warning in result.warnings)
+    assert result.chosen == "eager"
+
+
 def test_reduced_precision_on_the_users_data(classifier, tmp_path):
     data = tmp_path / "val.pt"
     torch.save(torch.randn(64, 16), data)
@@ -222,6 +236,9 @@ def test_cli_optimize_auto(capsys, tmp_path):
     out_dir = tmp_path / "demo"
     code, out, _ = run(capsys, "optimize", "demo", "--auto", "-b", "eager,fx", "--repeats", "3", "-o", str(out_dir))
     assert code == EXIT_OK and "chosen:" in out and "candidates" in out
+    assert f"without fxforge, in {out_dir}: " in " ".join(out.split())  # the load line says where it runs
+    code, out, _ = run(capsys, "optimize", "demo", "--auto", "-b", "fx", "--repeats", "2")
+    assert code == EXIT_OK and "nothing written (-o DIR writes it)" in out and "without fxforge" not in out
     data = json.loads((out_dir / "report.json").read_text())
     assert data["chosen"] in ("eager", "fx") and {c["name"] for c in data["candidates"]} == {"eager", "fx"}
     code, out, _ = run(capsys, "optimize", "demo", "--auto", "-b", "fx", "--repeats", "2", "--json")

@@ -296,6 +296,13 @@ def auto_optimize(
         chosen = choose(candidates, report, writable)
         chosen = _settle_close_call(rewritten, built, candidates, report, chosen, writable, warmup, repeats, threads)
         seconds["timing"] = time.perf_counter() - mark
+        reduced = [c for c in candidates.values() if not c.exact]
+        if reduced and all(c.status in ("rejected", "failed") for c in reduced):
+            # the user asked for a budget: say that it bought nothing, not only in each candidate's reason
+            result_warnings.append(
+                f"no reduced-precision candidate ({', '.join(c.name for c in reduced)}) met the budget: the choice "
+                "is exact (see their reasons)"
+            )
         artifact = built[chosen][1]
         load = (artifact.load if artifact is not None else "") or PLAIN_TORCH_LOAD["eager"]
         result = AutoResult(
@@ -635,24 +642,26 @@ def choose(
         # another number (29.5x in the table, 53.3x in the reason) and even order two candidates the other way
         paired = ratio_interval(rounds.get(candidate.name, []), rounds.get(chosen.name, []))
         ratio = paired[0] if paired else candidate.median_ms / chosen.median_ms
+        # "verified" is the exact check's word; a bf16/int8 candidate passed the budget's accuracy test instead
+        judged = "verified" if candidate.exact else "within the budget"
         if candidate not in eligible:
             candidate.reason = (
-                f"verified; {ratio:.2f}x the time of {chosen.name}, but fxforge cannot write its artifact"
+                f"{judged}; {ratio:.2f}x the time of {chosen.name}, but fxforge cannot write its artifact"
             )
         elif candidate is fastest:
             low, high = chosen.vs_fastest[1:] if chosen.vs_fastest else (ratio, ratio)
             candidate.reason = (
-                f"verified; the fastest by median, but {chosen.name} ties with it within noise ({1 / ratio:.2f}x "
+                f"{judged}; the fastest by median, but {chosen.name} ties with it within noise ({1 / ratio:.2f}x "
                 f"its time, interval {low:.2f}-{high:.2f}x), and {chosen.name} is the simpler artifact"
             )
         elif candidate in ties:
             low, high = candidate.vs_fastest[1:] if candidate.vs_fastest else (ratio, ratio)
             candidate.reason = (
-                f"verified; ties with {fastest.name} within noise ({low:.2f}-{high:.2f}x), and {chosen.name} is "
+                f"{judged}; ties with {fastest.name} within noise ({low:.2f}-{high:.2f}x), and {chosen.name} is "
                 "the simpler artifact"
             )
         else:
-            candidate.reason = f"verified; {ratio:.2f}x slower than {chosen.name}"
+            candidate.reason = f"{judged}; {ratio:.2f}x slower than {chosen.name}"
     return chosen.name
 
 

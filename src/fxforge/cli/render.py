@@ -528,11 +528,13 @@ def render_auto(console: Any, spec: str, result: Any) -> None:
         f"[dim]--auto took {result.seconds.get('total', 0):.0f} s ({timed}); every candidate was timed as "
         "its artifact, written and loaded back[/]"
     )
-    where = f"wrote {result.output_dir} ({', '.join(result.files)})" if result.output_dir else "nothing written"
-    console.print(f"chosen: [bold green]{result.chosen}[/]; {where}")
-    if result.load_with_fxforge:
-        console.print(f"  load: {escape(result.load_with_fxforge)}")
-    console.print(f"  plain torch: {escape(result.load)}")
+    if not result.output_dir:  # no load lines: they would name files that were not written
+        console.print(f"chosen: [bold green]{result.chosen}[/]; nothing written (-o DIR writes it)")
+        return
+    console.print(f"chosen: [bold green]{result.chosen}[/]; wrote {result.output_dir} ({', '.join(result.files)})")
+    console.print(f"  load: {escape(result.load_with_fxforge)}")
+    # the line names the directory's files as they are named inside it (the directory can be moved)
+    console.print(f"  without fxforge, in {escape(str(result.output_dir))}: {escape(result.load)}")
 
 
 def _interval(value: Any) -> str:

@@ -765,6 +765,14 @@ def int8_backend(
             + (f" ({listed})" if kept else "")
             + ("" if result.target_met else "; the target was not met")
         )
+    if not result.quantized_layers and keep_float_until is not None and result.float_layers:
+        # not "found no layer to quantize": the model has them, and the fallback kept every one in float
+        missed = "" if result.target_met else ", and still missed it"
+        raise FxforgeError(
+            f"the fallback kept all {len(result.units)} units in float to reach {result.target}{missed}: no int8 "
+            "layer is left",
+            hint="int8 cannot meet this budget on this model; a looser budget may let some layers stay in int8",
+        )
     if not result.quantized_layers:
         raise FxforgeError(
             f"{mode} int8 quantization found no layer to quantize in this model",
