@@ -153,8 +153,19 @@ _TORCH_LOGS_ADVICE = re.compile(
 def one_line_reason(exc: BaseException, limit: int = 300) -> str:
     """Why something failed, in one line for a report row: fxforge's own message, else ``Type: first line``."""
     if isinstance(exc, FxforgeError):
-        return first_line(Exception(exc.message))[:limit]
-    return f"{type(exc).__name__}: {first_line(exc)}"[:limit]
+        return clipped(first_line(Exception(exc.message)), limit)
+    return clipped(f"{type(exc).__name__}: {first_line(exc)}", limit)
+
+
+def clipped(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` characters at a word's end, with "..." where it was cut (a reason that
+    stopped at "; the f" read as if that were all there was)."""
+    if len(text) <= limit:
+        return text
+    cut = text[: max(limit - 3, 1)]
+    if " " in cut[limit // 2 :]:
+        cut = cut.rsplit(" ", 1)[0]
+    return cut.rstrip(" ,;:") + "..."
 
 
 # --------------------------------------------------------------------------------------------------

@@ -254,3 +254,13 @@ def test_an_output_folder_that_cannot_be_written_is_refused_before_the_model_loa
     code, _, err = run(capsys, *args)
     assert_one_error_line(code, err)
     assert err.startswith("error: cannot write to /proc"), err
+
+
+def test_a_reason_cut_for_a_report_row_ends_at_a_word_and_says_so():
+    """QA: a candidate's reason ended in "...; the f" (cut at 160 characters mid-word, with no mark)."""
+    from fxforge.errors import one_line_reason
+
+    long = RuntimeError("the exporter stopped at a call it cannot convert; the fix is to mark it as a leaf module")
+    reason = one_line_reason(long, 60)
+    assert len(reason) <= 60 and reason.endswith("...") and reason[:-3].endswith("cannot")
+    assert one_line_reason(RuntimeError("short"), 60) == "RuntimeError: short"
