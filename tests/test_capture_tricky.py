@@ -421,6 +421,14 @@ def test_bert_falls_back_to_export(bert):
     assert_same_outputs(bert.module, captured, *make_inputs(bert.default_inputs, seed=1, batch=2))
 
 
+def test_a_transformers_model_traced_symbolically_is_told_to_use_export(bert):
+    """QA: the hint pointed to --leaf and torch.fx.wrap, neither of which helps where a transformers decorator stops
+    tracing."""
+    with pytest.raises(CaptureError) as info:
+        capture(bert, make_inputs(bert.default_inputs), method="symbolic_trace")
+    assert info.value.hint == "transformers models are captured with torch.export: pass method='export' (or auto)"
+
+
 @pytest.mark.parametrize(
     "name,size,needs_leaves",
     [("resnet18", 64, False), ("vit_tiny_patch16_224", 224, False), ("mobilevit_xxs", 256, True)],

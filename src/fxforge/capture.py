@@ -936,12 +936,19 @@ def _capture_error(
     else:
         last = attempts[-1].error if attempts else "unknown error"
         reasons.append(last)
-        hint = f"mark the offending submodule with {_leaf_option()}, or wrap the helper function with torch.fx.wrap"
+        export_untried = all(attempt.strategy != EXPORT for attempt in attempts)
+        hint = (
+            f"mark the offending submodule with {_leaf_option()}, or wrap the helper function "
+            f"({option('--wrap', 'file.py:function', python='wrap')})"
+            + (f", or pass {option('--method', 'export')}" if export_untried else "")
+        )
+        if export_untried and type(model).__module__.startswith("transformers."):
+            # its decorators and output classes stop symbolic tracing wherever the model's own code is
+            hint = f"transformers models are captured with torch.export: pass {option('--method', 'export')} (or auto)"
         stopped_in = user_code(trace_error) if trace_error is not None else None
         method = getattr(type(model), stopped_in.co_name, None) if stopped_in is not None else None
         if stopped_in is not None and getattr(method, "__code__", None) is stopped_in:
             # the model's own methods cannot be leaves, and --wrap takes module-level functions, not methods
-            export_untried = all(attempt.strategy != EXPORT for attempt in attempts)
             where = f"{type(model).__name__}.{stopped_in.co_name}"
             where += " itself" if stopped_in.co_name == "forward" else ", a method of the model itself"
             hint = (
