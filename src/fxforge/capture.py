@@ -373,6 +373,7 @@ def _symbolic_trace(
             for node in graph.nodes:
                 if isinstance(node.type, str):
                     node.type = None
+            _drop_unused_attribute_reads(graph)
             # Built before the state is restored: tracing stores tensor constants (``_tensor_constant0``) on the
             # root, and the GraphModule takes them from there.
             gm = fx.GraphModule(tracer.root, graph, model.__class__.__name__)
@@ -383,6 +384,24 @@ def _symbolic_trace(
     if concrete_args:
         _name_concrete_placeholders(gm, model, concrete_args)
     return gm
+
+
+# Attributes whose reads have no effect but their value. Formatting a Proxy into a message records the read as a node
+# no other node uses: timm's BatchNormAct2d checks ``_assert(x.ndim == 4, f"expected 4D input (got {x.ndim}D input)")``
+# and every such layer left an unused ``getattr(x, 'ndim')``, which lint reported as dead code (34 warnings, exit 1,
+# on timm's mobilenetv3) that the user's code does not have.
+_METADATA_ATTRIBUTES = frozenset({"ndim", "shape", "dtype", "device", "is_cuda", "layout", "requires_grad"})
+
+
+def _drop_unused_attribute_reads(graph: fx.Graph) -> None:
+    """Erase traced reads of a tensor's metadata (``x.ndim``, ``x.size()``, ``x.dim()``) that no node uses."""
+    for node in reversed(list(graph.nodes)):
+        if node.users or not node.args or not isinstance(node.args[0], fx.Node):
+            continue
+        read = node.op == "call_function" and node.target is getattr and len(node.args) == 2
+        attribute = read and node.args[1] in _METADATA_ATTRIBUTES
+        if attribute or (node.op == "call_method" and node.target in ("size", "dim")):
+            graph.erase_node(node)
 
 
 def _unprovided_defaults(model: nn.Module, inputs: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
