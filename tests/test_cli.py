@@ -384,3 +384,16 @@ def test_report_and_graph_take_a_profile_as_the_cli_does(tmp_path):
         fxforge.graph_html(captured, tmp_path / "g.html", profile=profile_file)
     with pytest.raises(FxforgeError, match=r"a profile is fxforge\.profile_model's result"):
         fxforge.graph_html(captured, tmp_path / "g.html", profile=3)
+
+
+@pytest.mark.parametrize(
+    ("args", "code"),
+    [(["inspect", "nosuch:model"], 2), (["inspect", "demo", "--bogus"], 2), (["verify", "demo", "nosuch.pt"], 2)],
+)
+def test_a_failing_json_command_prints_its_error_as_the_document(capsys, args, code):
+    """QA: stdout was empty, and a script parsing it got a JSONDecodeError instead of the reason."""
+    assert main([*args, "--json"]) == code
+    out, err = capsys.readouterr()
+    document = json.loads(out)
+    assert document["ok"] is False and document["exit_code"] == code and document["error"]
+    assert document["error"] in " ".join(err.split()) or document["error"] in err

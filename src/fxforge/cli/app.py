@@ -17,7 +17,7 @@ from rich.text import Text
 
 from fxforge import __version__
 from fxforge.cli import interrupted, sigint_seen, stop_if_interrupted
-from fxforge.cli.options import stderr, user_prints_to_stderr
+from fxforge.cli.options import emit_json_error, forget_documents, stderr, user_prints_to_stderr
 from fxforge.errors import (
     EXIT_INTERNAL,
     EXIT_OK,
@@ -73,10 +73,12 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in args or bool(os.environ.get("FXFORGE_DEBUG"))
     if "--debug" in args[1:]:  # "rerun with --debug" is followed by adding it at the end: a global option, moved
         args = ["--debug", *(arg for arg in args if arg != "--debug")]
+    as_json = "--json" in args
+    forget_documents()
     try:
         if any("\x00" in arg for arg in args):  # no file name, spec or value can hold one; os calls would raise
             raise FxforgeError("an argument contains a NUL character")
-        with user_prints_to_stderr("--json" in args), command_line_wording():
+        with user_prints_to_stderr(as_json), command_line_wording():
             cli.main(args=args, prog_name="fxforge", standalone_mode=False)
         stop_if_interrupted()  # a command without a capture step: Ctrl-C still ends it with 130
     except KeyboardInterrupt:
@@ -88,12 +90,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         if sigint_seen():  # the failure came from the interruption (see sigint_seen)
             return interrupted()
-        _print_line("error:", "bold red", exc.message)
-        if exc.hint:
-            _print_line("hint:", "dim", exc.hint)
-        return exc.exit_code
+        return _failed("error:", exc.message, exc.hint, exc.exit_code, as_json)
     except click.ClickException as exc:
         exc.show()
+        if as_json:
+            emit_json_error(exc.format_message(), None, exc.exit_code)
         return exc.exit_code
     except SystemExit as exc:
         if exc.code is None:
@@ -107,11 +108,9 @@ def main(argv: list[str] | None = None) -> int:
         refused = _refused_by_the_system(exc)
         if refused is not None:  # a full disk or a read-only folder is the machine's state, not a bug in fxforge
             where = f": {refused.filename}" if refused.filename else ""
-            _print_line("error:", "bold red", f"the system refused: {refused.strerror}{where}")
-            return EXIT_USAGE
-        _print_line("internal error:", "bold red", one_line_reason(exc))
-        _print_line("hint:", "dim", "rerun with --debug for the traceback, and please report it")
-        return EXIT_INTERNAL
+            return _failed("error:", f"the system refused: {refused.strerror}{where}", None, EXIT_USAGE, as_json)
+        hint = "rerun with --debug for the traceback, and please report it"
+        return _failed("internal error:", one_line_reason(exc), hint, EXIT_INTERNAL, as_json)
     return EXIT_OK
 
 
@@ -125,6 +124,16 @@ def _refused_by_the_system(exc: BaseException) -> OSError | None:
             return current
         current = current.__cause__ or current.__context__
     return None
+
+
+def _failed(label: str, message: str, hint: str | None, exit_code: int, as_json: bool) -> int:
+    """One error line (and its hint) on stderr; with --json, the same as stdout's JSON document too."""
+    _print_line(label, "bold red", message)
+    if hint:
+        _print_line("hint:", "dim", hint)
+    if as_json:
+        emit_json_error(message, hint, exit_code)
+    return exit_code
 
 
 def _print_line(label: str, style: str, message: str) -> None:

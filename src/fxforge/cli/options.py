@@ -228,8 +228,26 @@ def user_prints_to_stderr(enabled: bool) -> Iterator[None]:
         _json_stdout.pop()
 
 
+# How many JSON documents this process has printed: a failing --json command prints its error as one, unless the
+# command printed its own already (stdout holds one document either way).
+_documents_emitted = [0]
+
+
 def emit_json(payload: Any) -> None:
+    _documents_emitted[0] += 1
     click.echo(json.dumps(payload, indent=2, default=str), file=_json_stdout[-1] if _json_stdout else None)
+
+
+def forget_documents() -> None:
+    """A new command starts (``main`` may run several in one process: tests, notebooks)."""
+    _documents_emitted[0] = 0
+
+
+def emit_json_error(message: str, hint: str | None, exit_code: int) -> None:
+    """A --json command's failure as its JSON document (``{"ok": false, "error": ..., "hint": ..., "exit_code":
+    ...}``), so that a script reading stdout gets an answer it can parse; nothing when a document went out."""
+    if _documents_emitted[0] == 0:
+        emit_json({"ok": False, "error": message, "hint": hint, "exit_code": exit_code})
 
 
 def warn_failed_checks(captured: Any) -> None:

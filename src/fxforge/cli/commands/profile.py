@@ -59,7 +59,8 @@ def command(
         # the JSON is every node and module, whole: graph --profile colours each node from it, and a script picks
         # its own top rows (jq '.nodes | sort_by(-.time_ms)[:5]'); cutting it silently would mislead both
         raise FxforgeError(
-            f"{' and '.join(shaping)} shape the tables; --json always holds every node and module",
+            f"{' and '.join(shaping)} {'shapes' if len(shaping) == 1 else 'shape'} the tables; --json always holds "
+            "every node and module",
             hint="drop them, or select from the JSON, e.g. jq '.nodes | sort_by(-.time_ms) | .[:5]'",
         )
     captured = opts.prepare()
