@@ -356,3 +356,24 @@ def test_force_replaces_what_fxforge_wrote_there_before(tmp_path):
     split_dir = tmp_path / "split"
     fxforge.split(fxforge.prepare("demo"), stages=2, output_dir=split_dir)
     fxforge.split(fxforge.prepare("demo"), stages=2, output_dir=split_dir, force=True)
+
+
+class _Transposed(torch.nn.Module):
+    def forward(self, x):
+        return x.transpose(1, 2).contiguous() * 2
+
+
+def test_a_pass_run_twice_reports_its_skips_once_and_the_result_says_ok():
+    """QA (BERT, -p exact): remove_identity's skip lines were printed twice, once per run of the pass; and the API's
+    result had no ``ok`` where --json has one."""
+    from rich.console import Console
+
+    from fxforge.cli.render import render_optimize
+
+    captured = fxforge.capture(_Transposed(), (torch.randn(2, 3, 4),), method="export")
+    result = fxforge.optimize(captured, ["remove_identity", "remove_identity"])
+    assert [len(step.result.skipped) for step in result.pipeline.steps] == [1, 1]  # the same node, both times
+    console = Console(record=True, width=200)
+    render_optimize(console, "model", result)
+    assert console.export_text().count("remove_identity skipped:") == 1
+    assert result.ok is result.pipeline.ok is True and result.to_dict()["ok"] is True

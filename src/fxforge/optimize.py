@@ -50,9 +50,14 @@ class OptimizeResult:
     def _repr_html_(self) -> str:  # Jupyter shows this for the last value of a cell
         return notebook.optimize_html(self)
 
+    @property
+    def ok(self) -> bool:
+        """Whether every step passed (what ``--json``'s ``ok`` says): ``pipeline.ok``."""
+        return self.pipeline.ok
+
     def to_dict(self) -> dict[str, Any]:
         data = self.pipeline.to_dict()
-        data["ok"] = self.pipeline.ok
+        data["ok"] = self.ok
         data["output_dir"] = str(self.output_dir) if self.output_dir else None
         data["files"] = self.files
         data["notes"] = self.notes

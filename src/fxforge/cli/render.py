@@ -190,8 +190,11 @@ def render_optimize(console: Console, spec: str, result: Any) -> None:
             verdict,
         )
     console.print(table)
+    said: set[tuple[str, str]] = set()
     for step in pipeline.steps:
-        skipped = step.result.skipped
+        # a pass run twice (-p exact runs remove_identity again after fold_constants) skips the same nodes again
+        skipped = [line for line in step.result.skipped if (step.result.name, line) not in said]
+        said.update((step.result.name, line) for line in skipped)
         for line in skipped[:SKIPPED_SHOWN]:
             console.print(f"  [dim]{step.result.name} skipped: {escape(line)}[/]")
         if len(skipped) > SKIPPED_SHOWN:  # a timm net gave 33 lines of cse alone
