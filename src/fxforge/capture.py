@@ -55,7 +55,7 @@ from fxforge.errors import (
     user_code,
     user_location,
 )
-from fxforge.graphs import ATEN, TORCH, dialect_of, draws_random_numbers
+from fxforge.graphs import ATEN, TORCH, dialect_of, draws_random_numbers, is_metadata_read
 from fxforge.inputs import make_inputs, specs_of
 from fxforge.models import LoadedModel
 from fxforge.references import as_names
@@ -386,21 +386,13 @@ def _symbolic_trace(
     return gm
 
 
-# Attributes whose reads have no effect but their value. Formatting a Proxy into a message records the read as a node
-# no other node uses: timm's BatchNormAct2d checks ``_assert(x.ndim == 4, f"expected 4D input (got {x.ndim}D input)")``
-# and every such layer left an unused ``getattr(x, 'ndim')``, which lint reported as dead code (34 warnings, exit 1,
-# on timm's mobilenetv3) that the user's code does not have.
-_METADATA_ATTRIBUTES = frozenset({"ndim", "shape", "dtype", "device", "is_cuda", "layout", "requires_grad"})
-
-
 def _drop_unused_attribute_reads(graph: fx.Graph) -> None:
-    """Erase traced reads of a tensor's metadata (``x.ndim``, ``x.size()``, ``x.dim()``) that no node uses."""
+    """Erase traced reads of a tensor's metadata (``x.ndim``, ``x.size()``) that no node uses. Formatting a Proxy
+    into a message records the read as a node nothing uses: timm's BatchNormAct2d checks ``_assert(x.ndim == 4,
+    f"expected 4D input (got {x.ndim}D input)")``, and every such layer left an unused ``getattr(x, 'ndim')``, which
+    lint reported as dead code (34 warnings, exit 1, on timm's mobilenetv3) that the user's code does not have."""
     for node in reversed(list(graph.nodes)):
-        if node.users or not node.args or not isinstance(node.args[0], fx.Node):
-            continue
-        read = node.op == "call_function" and node.target is getattr and len(node.args) == 2
-        attribute = read and node.args[1] in _METADATA_ATTRIBUTES
-        if attribute or (node.op == "call_method" and node.target in ("size", "dim")):
+        if not node.users and is_metadata_read(node):
             graph.erase_node(node)
 
 

@@ -285,6 +285,20 @@ def has_side_effects(gm: nn.Module, node: fx.Node) -> bool:
     return True
 
 
+# A tensor's attributes that only describe it (torch-dialect graphs read them as ``getattr(x, "ndim")``).
+METADATA_ATTRIBUTES = frozenset({"ndim", "shape", "dtype", "device", "is_cuda", "layout", "requires_grad"})
+
+
+def is_metadata_read(node: fx.Node) -> bool:
+    """Whether ``node`` reads a traced value's metadata (``x.ndim``, ``x.shape``, ``x.size()``, ``x.dim()``): no
+    effect, and a value that in-place ops on the tensor (all but ``resize_``) leave as it was."""
+    if not node.args or not isinstance(node.args[0], fx.Node):
+        return False
+    if node.op == "call_function" and node.target is getattr and len(node.args) == 2:
+        return node.args[1] in METADATA_ATTRIBUTES
+    return node.op == "call_method" and node.target in ("size", "dim")
+
+
 def tensor_inputs(node: fx.Node) -> Iterable[fx.Node]:
     return node.all_input_nodes
 

@@ -322,3 +322,20 @@ def test_embedding_with_max_norm_not_merged(capture_as, dialect):
     assert count(result.graph_module, "embedding") == (2 if dialect == "torch" else 4)  # aten: 2 renorm_ + 2 lookups
     if dialect == "torch":
         assert any("writes its input in place" in s for s in result.skipped), result.skipped
+
+
+class RankAroundAWrite(nn.Module):
+    def forward(self, x):
+        y = x * x.ndim
+        x.add_(1)  # writes x's values, not its rank
+        return y * x.ndim
+
+
+def test_reads_of_a_tensors_rank_merge_across_an_in_place_write():
+    """QA (timm, mid-pipeline): "getattr_2 equals getattr_1, kept: an in-place op may write into the value of
+    getattr_1" -- the value is a Python int, which no in-place op writes into."""
+    captured = capture(RankAroundAWrite(), (X.clone(),), method="symbolic_trace")
+    result = apply_pass(captured.graph_module, "cse")
+    assert result.changed and result.skipped == []
+    assert count(result.graph_module, "getattr") == 1
+    assert torch.equal(result.graph_module(X.clone()), RankAroundAWrite()(X.clone()))
