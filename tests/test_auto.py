@@ -243,6 +243,7 @@ def test_cli_optimize_auto(capsys, tmp_path):
     assert data["chosen"] in ("eager", "fx") and {c["name"] for c in data["candidates"]} == {"eager", "fx"}
     code, out, _ = run(capsys, "optimize", "demo", "--auto", "-b", "fx", "--repeats", "2", "--json")
     assert code == EXIT_OK and json.loads(out)["candidates"][0]["name"] == "eager"
+    assert json.loads(out)["model"] == "demo" and json.loads(out)["capture"]["method"]  # as report.json has them
     code, _, err = run(capsys, "optimize", "demo", "--auto", "-p", "fold_bn")
     assert code == EXIT_USAGE and "--auto picks the passes itself" in err
     code, _, err = run(capsys, "optimize", "demo", "--auto", "-b", "int8")

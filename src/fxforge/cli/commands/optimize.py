@@ -183,7 +183,7 @@ def _auto(
         )
     for message in result.warnings:
         warn(message)
-    if opts.as_json:
-        emit_json(result.to_dict())
+    if opts.as_json:  # what report.json holds, and the seconds of writing it
+        emit_json({"model": opts.model, "capture": captured.record.to_dict(), **result.to_dict()})
     else:
         render_auto(stdout, opts.model, result)
