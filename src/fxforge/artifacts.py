@@ -126,7 +126,10 @@ def check_writable(target: Path) -> None:
         os.close(handle)
         os.unlink(probe)
     except OSError as exc:
-        raise FxforgeError(f"cannot write to {folder}: {exc.strerror or exc}") from None
+        # /proc and /sys answer a new file with ENOENT, "No such file or directory", about a folder that exists
+        odd = exc.errno == errno.ENOENT and folder.is_dir()
+        reason = "its file system takes no new files" if odd else exc.strerror or str(exc)
+        raise FxforgeError(f"cannot write to {folder}: {reason}") from None
 
 
 def check_output_file(target: str | Path, *, force: bool = False) -> Path:
