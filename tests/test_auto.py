@@ -348,6 +348,22 @@ def test_a_simpler_artifact_that_ties_within_noise_is_chosen():
     assert choose(_candidates(report), report) == "fx"
 
 
+def test_the_fastest_is_the_one_faster_round_by_round_when_medians_say_otherwise():
+    """QA: the table labelled eager the fastest (1.00x) and showed compile at 0.95x its time: by medians eager was
+    ahead, paired round by round compile was. Every other candidate's ratio must be measured against the one that
+    is fastest in the paired comparison, so that none reads below 1."""
+    from fxforge.auto import choose
+
+    # eager's times are bimodal: its median lands on a fast round, while compile beats it in 6 of 11 rounds
+    eager = [10.0] * 6 + [20.0] * 5
+    compile_ = [9.9] + [10.5] * 10
+    report = _report({"eager": eager, "compile": compile_})
+    assert report.rows[0].median_ms < report.rows[1].median_ms  # eager faster by median: 10.0 against 10.5
+    candidates = _candidates(report)
+    choose(candidates, report)
+    assert all(c.vs_fastest[0] >= 1.0 for c in candidates.values()), {n: c.vs_fastest for n, c in candidates.items()}
+
+
 def test_a_clearly_faster_artifact_wins_despite_noise():
     from fxforge.auto import choose
     from fxforge.bench import ratio_interval
