@@ -198,6 +198,22 @@ def test_debug_blames_the_input_when_the_model_is_given_nan():
     assert report.nan is not None and report.nan.module == "0" and report.nan.inputs_already_non_finite
 
 
+class _NormalizeInPlace(nn.Module):
+    def forward(self, x):
+        return x.div_(x.norm(dim=1, keepdim=True))  # 0 / 0 on an all-zero row, written into the input
+
+
+def test_debug_blames_a_module_that_writes_nan_into_its_input_in_place():
+    """QA: its inputs were read after it ran, already NaN, so the code before it was blamed."""
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), _NormalizeInPlace(), nn.Linear(8, 2)).eval()
+    with torch.no_grad():
+        model[0].bias.fill_(-100.0)  # every ReLU output 0
+    report = debug_model(model, (torch.randn(2, 8),))
+    assert report.nan is not None and report.nan.module == "2" and not report.nan.inputs_already_non_finite
+    assert report.nan.inputs[0].nan == 0 and report.nan.inputs[0].max == 0.0  # the input as it was given to it
+    assert "produced 16 NaN" in report.nan.describe()
+
+
 def test_debug_tries_more_cases_until_one_triggers_it():
     class Cutoff(nn.Module):
         def forward(self, x):

@@ -147,17 +147,27 @@ class _Watcher:
         self.names, self.label, self.recorders = names, label, recorders
         self.calls: dict[str, int] = {}
         self.first: NonFinite | None = None
+        # each running call's inputs as they were when it started, innermost call last: a module that writes NaN
+        # into its input in place (x.div_(x.norm())) had been blamed on whatever computed that input
+        self._inputs_before: list[list[TensorSummary]] = []
 
     @contextlib.contextmanager
     def hooked(self, model: nn.Module) -> Iterator[None]:
-        handles = [module.register_forward_hook(self._after) for module in self.names]
+        self._inputs_before.clear()  # a run the model raised in left calls that never finished
+        handles = [module.register_forward_pre_hook(self._before) for module in self.names]
+        handles += [module.register_forward_hook(self._after) for module in self.names]
         try:
             yield
         finally:
             for handle in handles:
                 handle.remove()
 
+    def _before(self, module: nn.Module, args: Any) -> None:
+        found = self.first is not None  # once found, nothing more is summarised
+        self._inputs_before.append([] if found else [_summary(t) for t in _float_tensors(args)])
+
     def _after(self, module: nn.Module, args: Any, output: Any) -> None:
+        inputs_before = self._inputs_before.pop() if self._inputs_before else None
         name = self.names[module]
         self.calls[name] = self.calls.get(name, 0) + 1
         tensors = _float_tensors(output)
@@ -167,17 +177,18 @@ class _Watcher:
             self.recorders[name](whole)
         if self.first is not None or not any(_non_finite(t) for t in tensors):
             return
-        inputs = _float_tensors(args)
+        inputs = inputs_before if inputs_before is not None else [_summary(t) for t in _float_tensors(args)]
         # Hooks fire as modules finish, innermost first: the first non-finite output seen is the module that
-        # produced it -- unless its own inputs already held NaN/Inf, which only the model's input can at that point.
+        # produced it -- unless its own inputs already held NaN/Inf when it started, which only the model's input
+        # (or code outside any submodule) can at that point.
         self.first = NonFinite(
             module=name,
             type=type(module).__name__,
             call=self.calls[name],
             case=self.label,
             output=_summary(next(t for t in tensors if _non_finite(t))),
-            inputs=[_summary(t) for t in inputs],
-            inputs_already_non_finite=any(_non_finite(t) for t in inputs),
+            inputs=inputs,
+            inputs_already_non_finite=any(summary.nan or summary.inf for summary in inputs),
         )
 
 
