@@ -87,7 +87,9 @@ def report(
     if passes:
         result = optimize(captured, list(passes), verify=True, spec=spec)
         data = result.pipeline.to_dict()
-        findings_data["optimize"] = {key: data.get(key) for key in ("verify", "failed_pass", "problem", "steps")}
+        # the change log is "passes" in a pipeline's dict; the report calls it "steps" (docs/commands/report.md)
+        findings_data["optimize"] = {key: data.get(key) for key in ("verify", "failed_pass", "problem")}
+        findings_data["optimize"]["steps"] = data["passes"]
         graph, steps, divergence = rewritten_graph(result)
         model_data = diff_model(
             captured,

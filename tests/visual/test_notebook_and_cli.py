@@ -167,3 +167,4 @@ def test_report_json_carries_the_verification_a_ci_job_reads(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["optimize"]["verify"]["ok"] is True and out["optimize"]["verify"]["trials"] >= 3
     assert out["optimize"]["failed_pass"] is None and isinstance(out["lint"], list)
+    assert [step["name"] for step in out["optimize"]["steps"]] == ["fold_bn"]  # the change log (it was null)
