@@ -146,8 +146,27 @@ def test_report_profile_times_every_node_and_colours_the_graph(tmp_path, capsys)
     other.write_text(capsys.readouterr().out)
     for command, option in (("report", "--profile-file"), ("graph", "--profile")):
         assert main([command, "demo", option, str(other), "-o", str(tmp_path / f"o_{command}.html")]) == 2
-        assert "the profile names none of this graph's nodes" in capsys.readouterr().err
+        assert "the profile of demo:mlp names 0 of its" in capsys.readouterr().err
         assert not (tmp_path / f"o_{command}.html").exists()
+    # nor does one of which a few nodes share this graph's names (QA: resnet18's conv1 and fc coloured demo's nodes
+    # with resnet18's times and total)
+    mixed = json.loads((tmp_path / "p.json").read_text())
+    mixed["nodes"] = mixed["nodes"][:2] + [{**row, "name": f"elsewhere_{i}"} for i, row in enumerate(mixed["nodes"])]
+    (tmp_path / "mixed.json").write_text(json.dumps(mixed))
+    assert main(["graph", "demo", "--profile", str(tmp_path / "mixed.json"), "-o", str(tmp_path / "m.html")]) == 2
+    assert "another model or capture" in capsys.readouterr().err
+    # the eager backend's profile names nested modules by path (body.0), the graph their nodes (body_0)
+    nested = tmp_path / "nested.py"
+    nested.write_text(
+        "import torch\nfrom torch import nn\n"
+        "def build():\n    return nn.Sequential(nn.Sequential(nn.Linear(4, 4), nn.ReLU()), nn.Linear(4, 2)).eval()\n"
+        "example_inputs = ['2x4']\n"
+    )
+    assert main(["profile", f"{nested}:build", "--backend", "eager", "--json"]) == 0
+    (tmp_path / "eager.json").write_text(capsys.readouterr().out)
+    args = ["graph", f"{nested}:build", "--profile", str(tmp_path / "eager.json"), "-o", str(tmp_path / "e.html")]
+    assert main(args) == 0
+    assert page_model(tmp_path / "e.html")["profile"]["matched"] == 3  # 0.0, 0.1 and 1
 
 
 def test_report_with_quantize_shows_the_random_calibration_warning_in_the_page_not_as_a_raw_warning(tmp_path, capsys):

@@ -853,7 +853,7 @@ def render_page(console: Console, view: Any) -> None:
     size = byte_size(len(view.html.encode()) if view.html else 0)
     modules = sum(1 for m in model.get("modules", []) if not m.get("g"))  # "g": a box of consecutive nodes
     console.print(
-        f"wrote {escape(str(view.path))} ({nodes} nodes, {modules} modules, opens at depth "
+        f"wrote {escape(str(view.path))} ({nodes} nodes, {counted(modules, 'module')}, opens at depth "
         f"{model.get('depth', 0)}{diff}{first}; {size})",
         highlight=False,
         soft_wrap=True,

@@ -624,8 +624,15 @@ def _attach_profile(model: dict[str, Any], builder: _Builder, profile: dict[str,
         return
     total = float(profile.get("total_ms") or 0.0)
     matched = 0
+    # the eager backend's profile names leaf modules by path (body.0), which are the targets of the graph's
+    # call_module nodes (named body_0, or _0_0 for 0.0)
+    by_target = {}
+    if profile.get("backend") == "eager":
+        graph = [i for (graph_key, _), i in builder.index.items() if graph_key == key]
+        by_target = {builder.nodes[i].get("t"): i for i in graph if builder.nodes[i].get("op") == "call_module"}
     for row in profile["nodes"]:
-        index = builder.index.get((key, str(row.get("name"))))
+        name = str(row.get("name"))
+        index = by_target.get(name) if by_target else builder.index.get((key, name))
         if index is None:
             continue
         matched += 1
@@ -639,10 +646,13 @@ def _attach_profile(model: dict[str, Any], builder: _Builder, profile: dict[str,
         if row is not None:
             record["ms"] = float(row.get("time_ms") or 0.0)
             record["share"] = float(row.get("share") or 0.0)
-    if profile["nodes"] and not matched:
-        # a profile of another model (or capture) would colour nothing and say nothing: refused, as split does
+    if profile["nodes"] and matched < len(profile["nodes"]) / 2:
+        # a profile of another model (or capture) would colour nothing, or a few nodes that happen to share a name
+        # (resnet18's conv1 and fc on another net, with resnet18's total), and say nothing: refused, as split does
+        of = f" of {profile['model']}" if profile.get("model") else ""
         raise FxforgeError(
-            "the profile names none of this graph's nodes",
+            f"the profile{of} names {matched} of its {len(profile['nodes'])} nodes in this graph: it was taken of "
+            "another model or capture",
             hint="profile the same model with the same capture (dialect and inputs): fxforge profile MODEL --json "
             "> profile.json",
         )
