@@ -212,6 +212,19 @@ def test_ctrl_c_that_a_library_swallowed_still_ends_with_130(args):
     assert "Traceback" not in process.stderr and "error" not in process.stderr
 
 
+def test_ctrl_c_of_a_json_command_is_its_json_document():
+    """QA: stdout was empty, and a script reading the --json document got a decode error."""
+    script = (
+        "import sys, fxforge.cli as cli\n"
+        "cli._sigint_seen = True\n"
+        "sys.argv = ['fxforge', 'inspect', 'nosuch:model', '--json']\n"
+        "cli.run()\n"
+    )
+    process = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert process.returncode == 130 and process.stderr.strip().splitlines()[-1] == "interrupted"
+    assert json.loads(process.stdout) == {"ok": False, "error": "interrupted", "hint": None, "exit_code": 130}
+
+
 def test_ctrl_c_as_the_command_returns_still_says_interrupted_once():
     """A Ctrl-C landing after the command finished, as main returned, exited 130 without the line; and once the
     command is over a Ctrl-C must not raise during the interpreter's shutdown (a traceback)."""

@@ -82,14 +82,14 @@ def main(argv: list[str] | None = None) -> int:
             cli.main(args=args, prog_name="fxforge", standalone_mode=False)
         stop_if_interrupted()  # a command without a capture step: Ctrl-C still ends it with 130
     except KeyboardInterrupt:
-        return interrupted()
+        return _interrupted(as_json)
     except click.exceptions.Abort:  # click's own Ctrl-C (at a prompt)
-        return interrupted()
+        return _interrupted(as_json)
     except FxforgeError as exc:
         if debug:
             raise
         if sigint_seen():  # the failure came from the interruption (see sigint_seen)
-            return interrupted()
+            return _interrupted(as_json)
         return _failed("error:", exc.message, exc.hint, exc.exit_code, as_json)
     except click.ClickException as exc:
         exc.show()
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             raise
         if sigint_seen():
-            return interrupted()
+            return _interrupted(as_json)
         refused = _refused_by_the_system(exc)
         if refused is not None:  # a full disk or a read-only folder is the machine's state, not a bug in fxforge
             where = f": {refused.filename}" if refused.filename else ""
@@ -124,6 +124,13 @@ def _refused_by_the_system(exc: BaseException) -> OSError | None:
             return current
         current = current.__cause__ or current.__context__
     return None
+
+
+def _interrupted(as_json: bool) -> int:
+    code = interrupted()
+    if as_json:  # the one document a script reads: this run's answer is that it was stopped
+        emit_json_error("interrupted", None, code)
+    return code
 
 
 def _failed(label: str, message: str, hint: str | None, exit_code: int, as_json: bool) -> int:
