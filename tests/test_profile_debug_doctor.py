@@ -224,6 +224,37 @@ def test_debug_tries_more_cases_until_one_triggers_it():
     assert 2 <= len(report.cases) < 8  # it stopped at the first case that triggered it
 
 
+class _RaisesOnWideInputs(nn.Module):
+    def forward(self, x):
+        if x.abs().max() > 5:  # only the "wide" cases, N(0, 1) x 8
+            raise ValueError("out of range")
+        return x * 2
+
+
+def test_debug_counts_only_the_cases_that_ran(capsys):
+    """QA: "no NaN or Inf (2 modules, 8 cases)" when the model had raised on one of the 8."""
+    from rich.console import Console
+
+    from fxforge.cli.render import render_debug
+
+    report = debug_model(_RaisesOnWideInputs(), (torch.rand(2, 4),), cases=8)
+    assert report.nan is None and len(report.errors) >= 1
+    console = Console(record=True, width=200)
+    render_debug(console, "model", report)
+    ran = len(report.cases) - len(report.errors)
+    assert f"{ran} case{'s' if ran != 1 else ''}; it raised on {len(report.errors)} more" in console.export_text()
+
+
+def test_a_directory_given_as_an_output_file_gets_a_hint_of_its_kind(tmp_path):
+    from fxforge.artifacts import check_output_file
+
+    (tmp_path / "graph.html").mkdir()
+
+    with pytest.raises(fxforge.FxforgeError) as raised:
+        check_output_file(tmp_path / "graph.html")
+    assert raised.value.hint == "give a file name, e.g. -o out/graph.html"  # not out/model.onnx
+
+
 def test_debug_stats_match_the_graph_inserts_fields(capsys):
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU()).eval()
     report = debug_model(model, (torch.randn(16, 8),), nan=False, stats=True, cases=3)

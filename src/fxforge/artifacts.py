@@ -143,7 +143,8 @@ def check_output_file(target: str | Path, *, force: bool = False) -> Path:
 
 def _refuse_existing_file(path: Path, force: bool) -> None:
     if path.is_dir():
-        raise FxforgeError(f"{path} is a directory", hint="give a file name, e.g. -o out/model.onnx")
+        example = f"out/{path.stem}{path.suffix}" if path.suffix else "out/model.onnx"  # the kind asked for
+        raise FxforgeError(f"{path} is a directory", hint=f"give a file name, e.g. -o {example}")
     if path.exists() and not force:
         raise FxforgeError(f"{path} exists", hint=f"pass {option('--force', True)} to replace it")
 

@@ -648,7 +648,9 @@ def render_doctor(console: Console, report: Any) -> None:
 
 
 def render_debug(console: Console, spec: str, report: Any) -> None:
-    cases = f"{len(report.cases)} case{'s' if len(report.cases) != 1 else ''}"
+    # a case the model raised on ran no module to its end: it is not one of those found clean
+    ran = len(report.cases) - len(report.errors)
+    cases = counted(ran, "case") + (f"; it raised on {len(report.errors)} more" if report.errors else "")
     if report.nan is not None:
         found = report.nan
         console.print(Text.assemble(("NaN/Inf: ", "bold red"), found.describe()))
