@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from fxforge.graphs import is_metadata_read, target_name
+from fxforge.graphs import target_name
 from fxforge.passes import PassResult, mark, register_pass
 from fxforge.passes._analysis import AliasClasses, impure_reason, is_mode_switch
 
@@ -119,8 +119,6 @@ class _Checks:
             return f"{first.name}: {earlier}", True
         if node.op == "get_attr":
             return None, False  # two reads of one attribute are the same object, writes or not
-        if is_metadata_read(node) and is_metadata_read(first):
-            return None, False  # x.ndim is a Python number: no in-place op writes into it, nor changes it
         aliases = self.aliases
         # Writes before ``first`` are seen by both calls; from ``first`` on they could tell the two apart.
         if aliases.written_between(first, first, None):
