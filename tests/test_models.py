@@ -676,6 +676,7 @@ def test_parse_input_spec(text: str, shape: tuple[int, ...], dtype: torch.dtype)
         ("1x3:bool:max=1", "max= is for integer inputs"),
         ("1x3:int8:max=128", "does not fit int8"),
         ("1x3:int64:max=-1", "cannot parse"),
+        ("1x3:int64:max=\u0663", "cannot parse"),  # an Arabic-Indic 3
     ],
 )
 def test_bad_input_spec(text: str, needle: str):
@@ -693,6 +694,14 @@ def test_an_integer_range_in_a_spec_is_drawn_and_written_back():
     assert set(ids.unique().tolist()) == {0, 1, 2}
     assert parse_input_spec(spec.text(with_range=True)).high == 3
     assert parse_input_spec("1x8:int64:max=30521").high == 30522  # a vocabulary's ids
+    # what is written back is the range drawn from, not the largest id that happened to come up (max=60 of 99)
+    for seed in range(5):
+        (drawn,) = make_inputs(["1x4:int64:max=99"], seed=seed)
+        assert specs_of([drawn])[0].text(with_range=True) == "1x4:int64:max=99"
+    with pytest.raises(InputSpecError, match="does not fit"):  # its exclusive bound, max + 1, must fit too
+        parse_input_spec(f"1x2:int64:max={2**63 - 1}")
+    assert InputSpec.of(torch.tensor([0, 2**63 - 1])).high == 2**63 - 1  # a file's extreme example: drawable
+    make_inputs([InputSpec.of(torch.tensor([0, 2**63 - 1]))])
     # the default range is not written: drawn ids of a plain 2x64:int64 give back the plain text
     assert specs_of(make_inputs(["2x64:int64"]))[0].text(with_range=True) == "2x64:int64"
 

@@ -42,7 +42,8 @@ MAX_DIMENSION = 2**31 - 1
 # "scalar" is how str(InputSpec) writes a 0-d shape (e.g. in an output directory's inputs.txt); ":max=N" bounds the
 # integers drawn for an integer input (ids of an Embedding(N + 1)), written without "<" so that no shell reads it.
 _SPEC_RE = re.compile(
-    r"^\s*(scalar|\d+(?:\s*[xX,]\s*\d+)*)?\s*(?::\s*([A-Za-z0-9_]+))?\s*(?::\s*max\s*=\s*(\d+))?\s*$"
+    r"^\s*(scalar|\d+(?:\s*[xX,]\s*\d+)*)?\s*(?::\s*([A-Za-z0-9_]+))?\s*(?::\s*max\s*=\s*(\d+))?\s*$",
+    re.ASCII,  # digits are 0-9: int() would read other scripts' digits too
 )
 
 
@@ -79,6 +80,8 @@ class InputSpec:
         integer = _is_integer(example.dtype)
         readable = integer and example.numel() and example.device.type != "meta"  # a meta tensor has no values
         high = int(example.max()) + 1 if readable and int(example.min()) >= 0 else None
+        if high is not None:  # torch.randint draws below its bound, which must fit the dtype
+            high = min(high, torch.iinfo(example.dtype).max)
         return cls(tuple(example.shape), example.dtype, high)
 
     def make(self, generator: torch.Generator | None = None, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -94,7 +97,13 @@ class InputSpec:
         elif self.dtype == torch.bool:
             drawn = torch.randint(0, 2, self.shape, generator=generator).bool()
         else:
-            drawn = torch.randint(0, self.high or INT_HIGH, self.shape, generator=generator).to(self.dtype)
+            high = self.high or INT_HIGH
+            drawn = torch.randint(0, high, self.shape, generator=generator).to(self.dtype)
+            if drawn.numel() > 1:
+                # the top of the range is always drawn once, so that the range read back from the tensor
+                # (InputSpec.of: an output directory's inputs.txt) is the one drawn from, not the largest id that
+                # happened to come up (max=60 of a max=99)
+                drawn.view(-1)[int(torch.randint(0, drawn.numel(), (), generator=generator))] = high - 1
         return drawn.to(device)
 
 
@@ -134,7 +143,7 @@ def parse_input_spec(text: str) -> InputSpec:
             f"input spec {text!r} bounds a {str(dtype).removeprefix('torch.')} input: max= is for integer inputs",
             hint=f"e.g. {dims_text or 'scalar'}:int64:{max_text and 'max=' + max_text}",
         )
-    most = torch.iinfo(dtype).max
+    most = torch.iinfo(dtype).max - 1  # the draw's exclusive bound, max + 1, must fit the dtype too
     if int(max_text) > most:
         raise InputSpecError(f"input spec {text!r}: max={max_text} does not fit {dtype_text}", hint=f"at most {most}")
     return InputSpec(shape, dtype, int(max_text) + 1)
