@@ -188,6 +188,25 @@ def test_an_onnx_file_gives_back_the_models_output_structure(tmp_path):
     torch.testing.assert_close(out.logits, model(x).logits)
     # what verify compares is the file as it loads
     assert fxforge.verify(model, str(tmp_path / "n.onnx"), inputs=(x,)).ok
+    # int keys stay ints, an OrderedDict stays one (QA: both came back as tuples)
+    for output in ({1: x * 2, 0: x}, collections.OrderedDict(b=x * 2, a=x)):
+        source = _Returns(output)
+        assert export_model(source, "onnx", tmp_path / "o.onnx", example_inputs=(x,), force=True).ok
+        back = load_exported(tmp_path / "o.onnx")(x)
+        assert type(back) is type(output) and list(back) == list(output)
+        torch.testing.assert_close(back[next(iter(output))], output[next(iter(output))])
+
+
+class _Returns(nn.Module):
+    """Returns ``template``'s container with its tensors recomputed from the input (``x``, ``x * 2``)."""
+
+    def __init__(self, template) -> None:
+        super().__init__()
+        self.keys = list(template)
+        self.kind = type(template)
+
+    def forward(self, x):
+        return self.kind((key, x * (2 if i == 0 else 1)) for i, key in enumerate(self.keys))
 
 
 def test_export_leaves_the_model_untouched(resnet18_captured, tmp_path):

@@ -821,10 +821,13 @@ def _describe(value: Any) -> Any:
         return {"value": value}
     if isinstance(value, tuple) and hasattr(type(value), "_fields"):
         return {"namedtuple": type(value).__name__, "fields": list(value._fields), "items": _described(value)}
-    if isinstance(value, dict) and all(isinstance(key, str) for key in value):
+    # keys kept as [key, item] pairs: JSON objects would turn int keys into strings
+    if isinstance(value, dict) and all(isinstance(key, (str, int)) and not isinstance(key, bool) for key in value):
         items = [[key, _describe(item)] for key, item in value.items()]
         if type(value) is dict:
             return {"dict": items}
+        if type(value) is collections.OrderedDict:
+            return {"ordered_dict": items}
         if hasattr(value, "to_tuple"):  # a transformers ModelOutput: rebuilt as its class where it can be imported
             return {"class": f"{type(value).__module__}.{type(value).__qualname__}", "items": items}
     if type(value) in (list, tuple):
@@ -873,6 +876,9 @@ def rebuild_structure(description: Any, tensors: Iterator[torch.Tensor]) -> Any:
         kind = "list" if "list" in description else "tuple"
         items = [rebuild_structure(item, tensors) for item in description[kind]]
         return items if kind == "list" else tuple(items)
+    if "ordered_dict" in description:
+        pairs = description["ordered_dict"]
+        return collections.OrderedDict((key, rebuild_structure(item, tensors)) for key, item in pairs)
     items = {key: rebuild_structure(item, tensors) for key, item in description.get("dict", description.get("items"))}
     cls = _output_class(description["class"]) if "class" in description else None
     return cls(**items) if cls is not None else items

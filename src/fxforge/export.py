@@ -272,6 +272,11 @@ def export_model(
                 allow_trace_warnings,
             )
             _record_output_structure(staged.path, output)
+            if describe_structure(output) is None:
+                result.notes.append(
+                    f"the model returns a {type(output).__name__}, whose structure an ONNX file cannot record: the "
+                    "file returns its tensors as a flat tuple (torch.utils._pytree.tree_leaves order)"
+                )
         else:
             result = _export_pt2(source, name, inputs, staged.path, dynamic_batch)
         result.export_s = time.perf_counter() - start
@@ -547,7 +552,9 @@ def _record_output_structure(path: Path, output: Any) -> None:
     import onnx
 
     structure = describe_structure(output)
-    if structure is None or structure == "tensor":  # one tensor is what the graph returns anyway
+    if structure is None:
+        return  # the caller notes that the file returns a flat list
+    if structure == "tensor":  # one tensor is what the graph returns anyway
         return
     model = onnx.load(str(path), load_external_data=False)  # weights in a file beside it stay where they are
     kept = [entry for entry in model.metadata_props if entry.key != OUTPUT_STRUCTURE_KEY]
