@@ -244,6 +244,7 @@ def test_cli_optimize_auto(capsys, tmp_path):
     code, out, _ = run(capsys, "optimize", "demo", "--auto", "-b", "fx", "--repeats", "2", "--json")
     assert code == EXIT_OK and json.loads(out)["candidates"][0]["name"] == "eager"
     assert json.loads(out)["model"] == "demo" and json.loads(out)["capture"]["method"]  # as report.json has them
+    assert json.loads(out)["ok"] is True  # as every other command's document says
     code, _, err = run(capsys, "optimize", "demo", "--auto", "-p", "fold_bn")
     assert code == EXIT_USAGE and "--auto picks the passes itself" in err
     code, _, err = run(capsys, "optimize", "demo", "--auto", "-b", "int8")
@@ -263,6 +264,7 @@ def test_cli_optimize_auto(capsys, tmp_path):
         (["--auto", "--keep-going", "--timings"], "--keep-going, --timings apply to passes, not to --auto"),
         (["--auto", "--no-verify"], "--no-verify applies to passes, not to --auto"),
         (["--auto", "-b", "fx", "--data", "x.pt"], "--data judges bf16/int8 candidates, which need an accuracy budget"),
+        (["--auto", "-b", "fx", "--max-drop", "0.01", "--data", "x.pt"], "--max-drop, --data judge bf16/int8"),
     ],
 )
 def test_cli_optimize_refuses_options_it_would_ignore(capsys, tmp_path, args, message):

@@ -110,6 +110,7 @@ WITHIN_NOISE = 0.10
 # (see _settle_close_call).
 RUNOFF_FACTOR = 2
 
+
 def random_data_warning() -> str:
     return (
         "reduced-precision candidates were measured on random inputs: their accuracy on real data is unknown; "
@@ -210,6 +211,7 @@ class AutoResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "ok": True,  # a run that cannot choose raises (an error document under --json)
             "chosen": self.chosen,
             "load": self.load,
             "load_with_fxforge": self.load_with_fxforge or None,
@@ -262,6 +264,16 @@ def auto_optimize(
         )
     repeats = repeats or (QUICK_REPEATS if quick else 30)
     chosen_backends = candidate_backends(captured, backends, budget, quick)
+    if not any(b.base in REDUCED_BACKENDS for b in chosen_backends):
+        # a budget of top-1 accuracy and the data it is judged on apply to bf16/int8 only: unused, they were ignored
+        given = (("--max-drop", budget.max_drop), ("--min-agreement", budget.min_agreement), ("--data", data))
+        unused = [option(flag) for flag, value in given if value is not None]
+        if unused:
+            raise FxforgeError(
+                f"{', '.join(unused)} {'judges' if len(unused) == 1 else 'judge'} bf16/int8 candidates, and none is "
+                "tried here",
+                hint=f"add bf16 or int8 to {option('--backends')}, or leave {', '.join(unused)} out",
+            )
     result_warnings: list[str] = []
     passes, rejected_passes, graph = _apply_exact_passes(captured, budget)
     rewritten = dataclasses.replace(captured, graph_module=graph)
