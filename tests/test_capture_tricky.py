@@ -443,6 +443,16 @@ def test_metadata_reads_left_by_a_traced_message_are_not_dead_code():
     reads = [n for n in captured.graph_module.graph.nodes if n.target is getattr or n.target in ("size", "dim")]
     assert len(reads) == 1 and len(reads[0].users) == 1  # the rank the check compares, kept
     assert not [f for f in lint(captured).findings if f.code == "FX001"]
+    # nor is an element of a shape the model unpacks and leaves unused (timm's ViTs: B, N, C = x.shape)
+    captured = capture(_UnpacksItsShape(), (torch.randn(2, 3, 4),), method="symbolic_trace")
+    assert not [f for f in lint(captured).findings if f.code == "FX001"]
+    torch.testing.assert_close(captured.graph_module(torch.ones(2, 3, 4)), torch.full((2, 12), 1.0))
+
+
+class _UnpacksItsShape(torch.nn.Module):
+    def forward(self, x):
+        batch, tokens, channels = x.shape  # channels unused
+        return x.reshape(batch, tokens * 4)
 
 
 def test_a_transformers_model_traced_symbolically_is_told_to_use_export(bert):

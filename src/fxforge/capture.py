@@ -28,6 +28,7 @@ import functools
 import inspect as pyinspect
 import io
 import linecache
+import operator
 import re
 import sys
 import traceback
@@ -392,8 +393,14 @@ def _drop_unused_attribute_reads(graph: fx.Graph) -> None:
     f"expected 4D input (got {x.ndim}D input)")``, and every such layer left an unused ``getattr(x, 'ndim')``, which
     lint reported as dead code (34 warnings, exit 1, on timm's mobilenetv3) that the user's code does not have."""
     for node in reversed(list(graph.nodes)):
-        if not node.users and is_metadata_read(node):
+        # an element of a shape nothing uses, as ``B, N, C = x.shape`` leaves for an unused C, goes first
+        element = node.op == "call_function" and node.target is operator.getitem and node.args
+        if not node.users and (is_metadata_read(node) or (element and _reads_metadata(node.args[0]))):
             graph.erase_node(node)
+
+
+def _reads_metadata(value: Any) -> bool:
+    return isinstance(value, fx.Node) and is_metadata_read(value)
 
 
 def _unprovided_defaults(model: nn.Module, inputs: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
