@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+import statistics
 import tempfile
 import time
 import warnings
@@ -645,11 +646,11 @@ def choose(
     # table said "eager 1.00x, compile 0.95x (0.71-1.18)"). The paired comparison is the sound one: follow it,
     # at most once per candidate, so that the fastest is the one every other is measured at or above.
     for _ in range(len(eligible)):
-        paired = {c.name: ratio_interval(rounds.get(c.name, []), rounds.get(fastest.name, [])) for c in eligible}
-        below = [c for c in eligible if paired[c.name] and paired[c.name][0] < 1.0]
+        paired = {c.name: _paired_median(rounds.get(c.name, []), rounds.get(fastest.name, [])) for c in eligible}
+        below = [c for c in eligible if paired[c.name] < 1.0]
         if not below:
             break
-        fastest = min(below, key=lambda c: paired[c.name][0])
+        fastest = min(below, key=lambda c: paired[c.name])
     for candidate in timed:
         candidate.vs_fastest = ratio_interval(rounds.get(candidate.name, []), rounds.get(fastest.name, []))
     ties = [c for c in eligible if _ties(c, settled)]
@@ -685,6 +686,13 @@ def choose(
         else:
             candidate.reason = f"{judged}; {ratio:.2f}x slower than {chosen.name}"
     return chosen.name
+
+
+def _paired_median(times: list[float], reference: list[float]) -> float:
+    """The median per-round ratio (the point estimate of :func:`ratio_interval`, without its bootstrap); 1 when
+    there are no paired rounds."""
+    ratios = [t / r for t, r in zip(times, reference) if r > 0]
+    return statistics.median(ratios) if ratios else 1.0
 
 
 def _eligible(timed: list[Candidate], writable: set[str] | None) -> list[Candidate]:
