@@ -290,8 +290,9 @@ METADATA_ATTRIBUTES = frozenset({"ndim", "shape", "dtype", "device", "is_cuda", 
 
 
 def is_metadata_read(node: fx.Node) -> bool:
-    """Whether ``node`` reads a traced value's metadata (``x.ndim``, ``x.shape``, ``x.size()``, ``x.dim()``): no
-    effect, and a value that in-place ops on the tensor (all but ``resize_``) leave as it was."""
+    """Whether ``node`` reads a traced value's metadata (``x.ndim``, ``x.shape``, ``x.size()``, ``x.dim()``): a call
+    without effects, so an unused one can go. Its value is not constant: in-place ops (``unsqueeze_``, ``t_``,
+    ``resize_``) change a tensor's shape, so two reads around one are not the same value."""
     if not node.args or not isinstance(node.args[0], fx.Node):
         return False
     if node.op == "call_function" and node.target is getattr and len(node.args) == 2:
