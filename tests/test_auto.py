@@ -539,6 +539,9 @@ def test_compile_writes_compiled_code_or_a_recipe_the_loader_applies(tmp_path, m
     # the package runs the shapes it was compiled for: another batch came back as batch 2, silently wrong
     with pytest.raises(ValueError, match=r"compiled for inputs 2x8, got 3x8"):
         loaded(torch.randn(3, 8))
+    # the package file itself is a model spec too (it was read as a torch.export program: "is the file corrupt?")
+    package = load_model(str(tmp_path / "aoti" / "model.aoti.pt2")).module
+    assert isinstance(package, AotiModule) and compare_outputs(model(x), package(x)).ok
 
     def no_compiler(*args, **kwargs):
         raise RuntimeError("no C++ compiler found")

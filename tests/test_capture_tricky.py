@@ -451,7 +451,7 @@ def test_metadata_reads_left_by_a_traced_message_are_not_dead_code():
 
 class _UnpacksItsShape(torch.nn.Module):
     def forward(self, x):
-        batch, tokens, channels = x.shape  # channels unused
+        batch, tokens, channels = x.shape  # noqa: RUF059 - channels unused, as in timm's ViTs
         return x.reshape(batch, tokens * 4)
 
 

@@ -188,6 +188,8 @@ def _dispatch(spec: str, kwargs: dict[str, Any], trusted: bool) -> LoadedModel:
         return _load_output_dir(path, spec, trusted)
     if path.exists() and not path.is_file():  # a FIFO or device: reading it would wait forever
         raise ModelSpecError(f"{spec} is not a regular file", hint="give a model file, a directory or a spec")
+    if path.name.endswith(".aoti.pt2") and path.is_file():  # an AOTInductor package, not a torch.export program
+        return _load_aoti(path, spec)
     if path.suffix == ".pt2":
         return _load_pt2(path, spec, trusted)
     if path.suffix in {".pt", ".pth", ".bin", ".pkl"}:
