@@ -268,3 +268,13 @@ def test_the_diff_of_a_quantize_result_names_quantize_for_every_change(resnet_ca
     assert model["counts"]["removed"] > 0 and model["counts"]["changed"] > 0
     assert {n.get("ps") for n in changes} == {"quantize (dynamic)"}
     assert len([n for n in changes if n["st"] == "removed" and n["c"] == "norm"]) == 20  # folded into the convs
+
+
+def test_the_page_header_counts_and_flops_read_naturally():
+    """QA: "1 modules" and "0.000111 GFLOPs" (110.66K FLOPs) in the header under a page's title."""
+    from fxforge.visual.page import describe
+
+    header = describe({"dialect": "torch", "nodes": [], "modules": [{}], "totals": {"params": 10, "flops": 110_660}})
+    assert "1 module ·" in header and "110.66K FLOPs" in header
+    big = describe({"dialect": "aten", "nodes": [], "modules": [], "totals": {"flops": 1_820_000_000}})
+    assert "1.82G FLOPs" in big

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from fxforge.artifacts import StagedOutput
-from fxforge.display import byte_size
+from fxforge.display import byte_size, counted, number
 from fxforge.errors import FxforgeError
 
 ASSETS = ("elk.bundled.js", "graphview.js", "graphpage.js")
@@ -81,13 +81,14 @@ def describe(model: dict[str, Any]) -> str:
     counts = model.get("counts")
     # a diff draws the nodes of both graphs (removed ones too) and totals the rewritten one: said so
     drawn = f"{visible} nodes of both graphs" if counts else f"{visible} nodes"
-    parts = [f"{model.get('dialect', '')} dialect", drawn, f"{modules} modules"]
+    parts = [f"{model.get('dialect', '')} dialect", drawn, counted(modules, "module")]
     totals = model.get("totals") or {}
     after = "after the passes: " if counts else ""
     if totals.get("params") is not None:
         parts.append(f"{after}{totals['params']:,} parameters")
     if totals.get("flops"):
-        parts.append(f"{'' if totals.get('params') is not None else after}{totals['flops'] / 1e9:.3g} GFLOPs")
+        # 110.66K FLOPs, not 0.000111 GFLOPs; a large model's 1.82G as before
+        parts.append(f"{'' if totals.get('params') is not None else after}{number(totals['flops'])} FLOPs")
     if counts:
         parts.append(", ".join(f"{counts[k]} {k}" for k in ("changed", "inserted", "removed")))
     if model.get("divergence"):
