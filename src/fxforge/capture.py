@@ -56,7 +56,7 @@ from fxforge.errors import (
     user_code,
     user_location,
 )
-from fxforge.graphs import ATEN, TORCH, dialect_of, draws_random_numbers, is_metadata_read
+from fxforge.graphs import ATEN, TORCH, dialect_of, draws_random_numbers, reads_metadata_only
 from fxforge.inputs import make_inputs, specs_of
 from fxforge.models import LoadedModel
 from fxforge.references import as_names
@@ -395,12 +395,12 @@ def _drop_unused_attribute_reads(graph: fx.Graph) -> None:
     for node in reversed(list(graph.nodes)):
         # an element of a shape nothing uses, as ``B, N, C = x.shape`` leaves for an unused C, goes first
         element = node.op == "call_function" and node.target is operator.getitem and node.args
-        if not node.users and (is_metadata_read(node) or (element and _reads_metadata(node.args[0]))):
+        if not node.users and (_reads_metadata(node) or (element and _reads_metadata(node.args[0]))):
             graph.erase_node(node)
 
 
 def _reads_metadata(value: Any) -> bool:
-    return isinstance(value, fx.Node) and is_metadata_read(value)
+    return isinstance(value, fx.Node) and bool(value.args) and reads_metadata_only(value, value.args[0])
 
 
 def _unprovided_defaults(model: nn.Module, inputs: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -285,19 +285,23 @@ def has_side_effects(gm: nn.Module, node: fx.Node) -> bool:
     return True
 
 
-# A tensor's attributes that only describe it (torch-dialect graphs read them as ``getattr(x, "ndim")``).
-METADATA_ATTRIBUTES = frozenset({"ndim", "shape", "dtype", "device", "is_cuda", "layout", "requires_grad"})
+# Reads of a tensor's metadata only: rewriting how the tensor is computed (same shape and dtype) keeps them right,
+# and an unused one can go (no effects). Their value is not constant: in-place ops (unsqueeze_, t_, resize_) change
+# a tensor's shape, so two reads around one are not the same value.
+_METADATA_ATTRIBUTES = frozenset({"ndim", "shape", "dtype", "device", "is_cuda", "layout"})
+_METADATA_METHODS = frozenset({"dim", "ndimension", "size", "numel", "nelement", "get_device"})
+_METADATA_ATEN = frozenset({"sym_size", "sym_numel", "_assert_tensor_metadata"})
 
 
-def is_metadata_read(node: fx.Node) -> bool:
-    """Whether ``node`` reads a traced value's metadata (``x.ndim``, ``x.shape``, ``x.size()``, ``x.dim()``): a call
-    without effects, so an unused one can go. Its value is not constant: in-place ops (``unsqueeze_``, ``t_``,
-    ``resize_``) change a tensor's shape, so two reads around one are not the same value."""
-    if not node.args or not isinstance(node.args[0], fx.Node):
+def reads_metadata_only(user: fx.Node, node: fx.Node) -> bool:
+    """Does ``user`` read only the shape, rank, dtype or device of ``node`` (timm's ``assert x.ndim == 4``)?"""
+    if not user.args or user.args[0] is not node or node in user.args[1:] or node in user.kwargs.values():
         return False
-    if node.op == "call_function" and node.target is getattr and len(node.args) == 2:
-        return node.args[1] in METADATA_ATTRIBUTES
-    return node.op == "call_method" and node.target in ("size", "dim")
+    if user.op == "call_function" and user.target is getattr:
+        return user.args[1] in _METADATA_ATTRIBUTES
+    if user.op == "call_method":
+        return user.target in _METADATA_METHODS
+    return aten_packet(user) in _METADATA_ATEN
 
 
 def tensor_inputs(node: fx.Node) -> Iterable[fx.Node]:

@@ -11,8 +11,8 @@ from typing import Any
 import torch
 from torch import fx
 
+from fxforge.graphs import reads_metadata_only
 from fxforge.passes import PassError
-from fxforge.passes.merge_convs import reads_metadata_only
 
 MECHANISMS = ("gaussian", "laplace")
 UNITS = ("tensor", "element")  # what neighbouring inputs may change in a released value: all of it, or one element

@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from fxforge.graphs import aten_packet, get_attr_value, node_arg, node_kind, submodule
+from fxforge.graphs import aten_packet, get_attr_value, node_arg, node_kind, reads_metadata_only, submodule
 from fxforge.passes import PassResult, mark, register_pass, store_tensor
 from fxforge.passes.dead_code import prune_attributes
 
@@ -181,23 +181,6 @@ def count_uses(graph: fx.Graph, shape_preserving: bool = False) -> Uses:
                 uses[owner] += users
     uses.whole.update({target: fetched[target] for target in called if fetched[target]})
     return uses
-
-
-# Reads of a tensor's metadata only: rewriting how the tensor is computed (same shape and dtype) keeps them right.
-_METADATA_ATTRIBUTES = frozenset({"ndim", "shape", "dtype", "device", "is_cuda", "layout"})
-_METADATA_METHODS = frozenset({"dim", "ndimension", "size", "numel", "nelement", "get_device"})
-_METADATA_ATEN = frozenset({"sym_size", "sym_numel", "_assert_tensor_metadata"})
-
-
-def reads_metadata_only(user: fx.Node, node: fx.Node) -> bool:
-    """Does ``user`` read only the shape, rank, dtype or device of ``node`` (timm's ``assert x.ndim == 4``)?"""
-    if not user.args or user.args[0] is not node or node in user.args[1:] or node in user.kwargs.values():
-        return False
-    if user.op == "call_function" and user.target is getattr:
-        return user.args[1] in _METADATA_ATTRIBUTES
-    if user.op == "call_method":
-        return user.target in _METADATA_METHODS
-    return aten_packet(user) in _METADATA_ATEN
 
 
 def _reads_rank_only(user: fx.Node, node: fx.Node) -> bool:
