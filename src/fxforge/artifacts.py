@@ -350,6 +350,18 @@ def write_inputs(directory: Path, example_inputs: Sequence[Any]) -> str:
     return INPUTS_FILE
 
 
+def read_inputs(directory: Path) -> list[InputSpec] | None:
+    """``inputs.txt`` read back (None where the directory has none).
+
+    Raises:
+        InputSpecError, OSError, UnicodeDecodeError: a damaged file.
+    """
+    path = directory / INPUTS_FILE
+    if not path.exists():
+        return None
+    return [parse_input_spec(line) for line in path.read_text().split()]
+
+
 # Room left beyond the weights' bytes for what else is written (code, JSON, archive headers).
 FREE_SPACE_MARGIN = 16 * 2**20
 
@@ -767,6 +779,11 @@ def spec_types(serialized: Sequence[str]) -> set[str]:
     return {name for name in names if not name.startswith(("builtins.", "collections.", "torch."))}
 
 
+def signature_imports(serialized: Sequence[str]) -> list[str]:
+    """The modules to import before torch can read a call signature of these serialized tree specs."""
+    return _modules_of(spec_types(serialized))
+
+
 def program_imports(path: str | Path) -> list[str]:
     """The modules to import before plain ``torch.export.load(path)`` can read it: those that define the pytree
     types (output classes) its signature names, torch's own left out. Empty for a damaged file (torch reports
@@ -996,10 +1013,9 @@ class AotiModule(nn.Module):
         with quiet_torch_logs():
             self.runner = torch._inductor.aoti_load_package(self.path)
         import_pytree_types(spec_types(self.runner.loader.get_call_spec()), Path(path).name)
-        beside = Path(path).with_name(INPUTS_FILE)
-        if input_specs is None and Path(path).name == AOTI_FILE and beside.is_file():
+        if input_specs is None and Path(path).name == AOTI_FILE:
             with contextlib.suppress(FxforgeError, OSError, UnicodeDecodeError):  # then unchecked, as torch runs it
-                input_specs = [parse_input_spec(line) for line in beside.read_text().split()]
+                input_specs = read_inputs(Path(path).parent)
         self.input_specs = list(input_specs or [])
 
     def forward(self, *args: Any) -> Any:

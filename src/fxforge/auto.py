@@ -73,6 +73,7 @@ from fxforge.bench import (
     build_failure,
     get_backend,
     model_device,
+    paired_ratios,
     ratio_interval,
     set_speedups,
 )
@@ -663,7 +664,8 @@ def choose(
             continue
         # the median of the per-round ratios, as the table's "vs fastest": a ratio of the two medians could say
         # another number (29.5x in the table, 53.3x in the reason) and even order two candidates the other way
-        paired = ratio_interval(rounds.get(candidate.name, []), rounds.get(chosen.name, []))
+        against_chosen = candidate.vs_fastest if chosen is fastest else None  # the same rounds: not bootstrapped again
+        paired = against_chosen or ratio_interval(rounds.get(candidate.name, []), rounds.get(chosen.name, []))
         ratio = paired[0] if paired else candidate.median_ms / chosen.median_ms
         # "verified" is the exact check's word; a bf16/int8 candidate passed the budget's accuracy test instead
         judged = "verified" if candidate.exact else "within the budget"
@@ -691,7 +693,7 @@ def choose(
 def _paired_median(times: list[float], reference: list[float]) -> float:
     """The median per-round ratio (the point estimate of :func:`ratio_interval`, without its bootstrap); 1 when
     there are no paired rounds."""
-    ratios = [t / r for t, r in zip(times, reference) if r > 0]
+    ratios = paired_ratios(times, reference)
     return statistics.median(ratios) if ratios else 1.0
 
 

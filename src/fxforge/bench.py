@@ -834,6 +834,11 @@ def set_speedups(rows: Iterable[BenchRow]) -> None:
             row.speedup_interval = interval[1:] if interval else None
 
 
+def paired_ratios(times: Sequence[float], reference: Sequence[float]) -> list[float]:
+    """``times[i] / reference[i]`` for each round both were timed in."""
+    return [t / r for t, r in zip(times, reference) if r > 0]
+
+
 def ratio_interval(
     times: Sequence[float], reference: Sequence[float], resamples: int = 2000, seed: int = 0
 ) -> tuple[float, float, float] | None:
@@ -842,7 +847,7 @@ def ratio_interval(
     Rounds are paired: bench runs every candidate once per round in a shuffled order, so a slow moment of the
     machine slows both times of a round, and the ratio cancels it. None when there are no paired rounds.
     """
-    ratios = [t / r for t, r in zip(times, reference) if r > 0]
+    ratios = paired_ratios(times, reference)
     if not ratios:
         return None
     if len(ratios) == 1:

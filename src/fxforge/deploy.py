@@ -52,7 +52,7 @@ from fxforge.artifacts import (
     load_program,
     program_imports,
     save_graph_module,
-    spec_types,
+    signature_imports,
     with_sources_on_path,
     write_inputs,
     write_user_sources,
@@ -171,8 +171,11 @@ def _source(captured: Captured, variants: set[str]) -> nn.Module:
 def _program_load_line(kind: str, directory: Path) -> str:
     """The plain-torch load line of a ``model.pt2`` artifact, after the imports that register its output types
     (``import transformers.modeling_outputs``: torch.export.load refuses the file without it)."""
-    imports = program_imports(directory / PROGRAM_FILE)
-    return f"import {', '.join(imports)}; {PLAIN_TORCH_LOAD[kind]}" if imports else PLAIN_TORCH_LOAD[kind]
+    return _after_imports(program_imports(directory / PROGRAM_FILE), PLAIN_TORCH_LOAD[kind])
+
+
+def _after_imports(imports: list[str], line: str) -> str:
+    return f"import {', '.join(imports)}; {line}" if imports else line
 
 
 def _write_eager(captured: Captured, directory: Path, settings: BuildSettings, variants: set[str], a: Artifact) -> None:
@@ -257,8 +260,7 @@ def _write_aoti(program: Any, directory: Path, config: dict[str, Any], a: Artifa
         )
         # its call signature names the output's type: plain torch reads it once that type's module is imported
         signature = [pytree.treespec_dumps(spec) for spec in (program.call_spec.in_spec, program.call_spec.out_spec)]
-        imports = sorted({name.rpartition(".")[0] for name in spec_types(signature)})
-        a.load = f"import {', '.join(imports)}; {PLAIN_TORCH_LOAD['aoti']}" if imports else PLAIN_TORCH_LOAD["aoti"]
+        a.load = _after_imports(signature_imports(signature), PLAIN_TORCH_LOAD["aoti"])
         a.notes.append("AOTInductor package: compiled for this CPU and the example's input shapes (runs those only)")
     except Exception as exc:  # the recipe still delivers the speed, compiling when loaded
         (directory / AOTI_FILE).unlink(missing_ok=True)

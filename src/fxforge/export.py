@@ -271,8 +271,7 @@ def export_model(
                 dynamic_batch,
                 allow_trace_warnings,
             )
-            _record_output_structure(staged.path, output)
-            if describe_structure(output) is None:
+            if not _record_output_structure(staged.path, output):
                 result.notes.append(
                     f"the model returns a {type(output).__name__}, whose structure an ONNX file cannot record: the "
                     "file returns its tensors as a flat tuple (torch.utils._pytree.tree_leaves order)"
@@ -545,23 +544,24 @@ def _export_onnx(
     return ExportResult("onnx", None, True, used, opset=written_opset, dynamic_batch=dynamic_batch, notes=notes)
 
 
-def _record_output_structure(path: Path, output: Any) -> None:
+def _record_output_structure(path: Path, output: Any) -> bool:
     """Write the model's output structure into the file's metadata (:data:`~fxforge.artifacts.OUTPUT_STRUCTURE_KEY`),
     so that :func:`~fxforge.artifacts.load_exported` gives back the dict or model output the model returns, not the
-    graph's flat list of tensors. A structure JSON cannot carry (another library's container) is left out."""
+    graph's flat list of tensors. False for a structure JSON cannot carry (another library's container)."""
     import onnx
 
     structure = describe_structure(output)
     if structure is None:
-        return  # the caller notes that the file returns a flat list
+        return False
     if structure == "tensor":  # one tensor is what the graph returns anyway
-        return
+        return True
     model = onnx.load(str(path), load_external_data=False)  # weights in a file beside it stay where they are
     kept = [entry for entry in model.metadata_props if entry.key != OUTPUT_STRUCTURE_KEY]
     del model.metadata_props[:]
     model.metadata_props.extend(kept)
     model.metadata_props.add(key=OUTPUT_STRUCTURE_KEY, value=json.dumps(structure))
     onnx.save(model, str(path))
+    return True
 
 
 def _check_opset(path: Path, opset: int | None) -> None:

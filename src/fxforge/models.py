@@ -53,6 +53,7 @@ from fxforge.artifacts import (
     load_exported,
     load_program,
     load_provenance,
+    read_inputs,
 )
 from fxforge.demo import DEMO_MODELS
 from fxforge.errors import FxforgeError, ModelSpecError, first_line, one_line_reason, option, require, user_location
@@ -420,12 +421,13 @@ def _load_output_dir(path: Path, spec: str, trusted: bool) -> LoadedModel:
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ModelSpecError(f"{recipe_file} is corrupt: {first_line(exc)}") from None
         loaded.module = apply_recipe(loaded.module, recipe)
-    inputs_file = path / INPUTS_FILE
-    if inputs_file.exists():
-        try:
-            loaded.default_inputs = [parse_input_spec(line) for line in inputs_file.read_text().split() if line]
-        except (FxforgeError, OSError, UnicodeDecodeError) as exc:
-            raise ModelSpecError(f"{inputs_file} is corrupt: {first_line(exc)}", hint="pass --input instead") from None
+    try:
+        specs = read_inputs(path)
+    except (FxforgeError, OSError, UnicodeDecodeError) as exc:
+        hint = "pass --input instead"
+        raise ModelSpecError(f"{path / INPUTS_FILE} is corrupt: {first_line(exc)}", hint=hint) from None
+    if specs is not None:
+        loaded.default_inputs = specs
     return loaded
 
 

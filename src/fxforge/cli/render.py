@@ -460,8 +460,7 @@ def render_bench(console: Any, spec: str, report: Any) -> None:
     for row in report.rows:
         for note in row.notes:
             console.print(f"[dim]{row.backend}: {note}[/]")
-    if report.noise_warning:
-        console.print(f"[yellow]{escape(report.noise_warning)}[/]")
+    _print_noise_warning(console, report)
 
 
 def _speedup(row: Any) -> str:
@@ -489,6 +488,11 @@ def _peak_share(row: Any) -> str:
         return "-"
     precision = "" if row.precision == "fp32" else f" {row.precision}"
     return f"{row.peak_fraction:.0%}{precision}"
+
+
+def _print_noise_warning(console: Any, report: Any) -> None:
+    if report.noise_warning:
+        console.print(f"[yellow]{escape(report.noise_warning)}[/]")
 
 
 def render_auto(console: Any, spec: str, result: Any) -> None:
@@ -522,8 +526,8 @@ def render_auto(console: Any, spec: str, result: Any) -> None:
     for c in result.candidates:
         if c.reason:
             console.print(f"  {c.name}: {escape(c.reason)}")
-    if result.bench is not None and result.bench.noise_warning:  # the same line bench prints
-        console.print(f"[yellow]{escape(result.bench.noise_warning)}[/]")
+    if result.bench is not None:
+        _print_noise_warning(console, result.bench)  # the same line bench prints
     if result.bench is not None and result.bench.machine:
         console.print(f"[dim]machine: {escape(result.bench.machine)}[/]")
     timed = ", ".join(f"{stage} {value:.0f} s" for stage, value in result.seconds.items() if stage != "total")
