@@ -15,7 +15,7 @@ from torch import nn
 
 import fxforge
 from fxforge.auto import AutoWarning, Budget, auto_optimize
-from fxforge.bench import Backend
+from fxforge.bench import SETTLE_CALLS, Backend
 from fxforge.capture import capture
 from fxforge.cli import main
 from fxforge.errors import EXIT_OK, EXIT_USAGE, FxforgeError
@@ -86,7 +86,11 @@ def test_the_output_says_what_the_table_says_and_warns_of_a_busy_machine(classif
 
     from fxforge.cli.render import render_auto
 
-    delays = iter([0.001, 0.02] * 100)  # one candidate's rounds spread 20x: a machine busy in every other round
+    # One candidate's rounds spread 20x: a machine busy in every other round. A round calls the runner
+    # SETTLE_CALLS + 1 times, so the pattern's halves are that long: whatever number of calls came before the
+    # rounds (verification, warm-up), the timed call of one round is slow and of the next fast.
+    calls_per_round = SETTLE_CALLS + 1
+    delays = iter(([0.001] * calls_per_round + [0.02] * calls_per_round) * 200)
 
     def erratic(captured, settings):
         def run(*args):
@@ -539,6 +543,12 @@ def test_compile_writes_compiled_code_or_a_recipe_the_loader_applies(tmp_path, m
     # the package runs the shapes it was compiled for: another batch came back as batch 2, silently wrong
     with pytest.raises(ValueError, match=r"compiled for inputs 2x8, got 3x8"):
         loaded(torch.randn(3, 8))
+    # inputs by name, as the model takes them (it took positional inputs only: a transformers user passes keywords)
+    assert compare_outputs(model(x), loaded(input=x)).ok
+    with pytest.raises(TypeError, match=r"no input named 'x' \(its inputs: input\)"):
+        loaded(x=x)
+    with pytest.raises(TypeError, match="both by position and by name"):
+        loaded(x, input=x)
     # the package file itself is a model spec too (it was read as a torch.export program: "is the file corrupt?")
     package = load_model(str(tmp_path / "aoti" / "model.aoti.pt2")).module
     assert isinstance(package, AotiModule) and compare_outputs(model(x), package(x)).ok
@@ -586,6 +596,29 @@ def test_an_aotinductor_package_of_a_transformers_output_loads_in_a_fresh_proces
     done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-1500:]
     assert done.stdout.split()[-1] == "BaseModelOutput"
+
+
+def test_an_aotinductor_package_is_refused_on_a_cpu_without_its_instruction_set(tmp_path, monkeypatch):
+    """The package's code uses the vector instructions of the CPU that compiled it: on a CPU without them (a package
+    built on an AVX-512 Xeon, loaded on an AVX2-only EPYC) it dies of an illegal instruction, taking the process."""
+    from fxforge import artifacts
+    from fxforge.bench import BuildSettings, get_backend
+    from fxforge.deploy import write_artifact
+    from fxforge.errors import ModelSpecError
+    from fxforge.machine import CpuInfo, cpu_info
+    from fxforge.models import load_model
+
+    if not {"avx2", "avx512f"} & set(cpu_info().features):
+        pytest.skip("the instruction sets this check knows are x86's")
+    model = nn.Sequential(nn.Linear(8, 2)).eval()
+    captured = capture(model, (torch.randn(1, 8),))
+    expected = captured.original(*captured.example_inputs)
+    write_artifact(get_backend("compile"), captured, tmp_path, BuildSettings(1, tmp_path, expected))
+    assert isinstance(load_model(str(tmp_path)).module, artifacts.AotiModule)  # loads on the CPU that built it
+    older = CpuInfo("an older CPU", ["avx", "fma"], 2, "DEFAULT")
+    monkeypatch.setattr(artifacts, "cpu_info", lambda: older)
+    with pytest.raises(ModelSpecError, match=r"compiled for a CPU with AVX.*which this one \(an older CPU\) lacks"):
+        load_model(str(tmp_path))
 
 
 def test_the_recipe_variant_ships_the_compiled_model_without_aotinductor(tmp_path, monkeypatch):
