@@ -720,3 +720,27 @@ def test_torchvisions_vit_trace_warning_names_its_image_size_check(tmp_path):
         export_model(captured, "torchscript", tmp_path / "vit.pt")
     assert "vision_transformer.py:" in info.value.message and "torch._assert(h == self.image_size" in info.value.message
     assert "torch/__init__.py" not in info.value.message and not (tmp_path / "vit.pt").exists()
+
+
+class _Masked(nn.Module):
+    def forward(self, input_ids, attention_mask):
+        return input_ids * attention_mask
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "legacy"])
+def test_an_onnx_file_takes_its_inputs_by_the_models_names(tmp_path, exporter):
+    """Loaded ONNX files took positional inputs only (``model(**tokenizer(text))`` raised); the legacy exporter
+    named them input_0, input_1."""
+    pytest.importorskip("onnxruntime")
+    ids, mask = torch.randn(2, 4), torch.ones(2, 4)
+    captured = capture(_Masked(), (ids, mask))
+    path = tmp_path / "m.onnx"
+    assert export_model(captured, "onnx", path, exporter=exporter).ok
+    loaded = load_exported(path)
+    assert loaded.input_names == ["input_ids", "attention_mask"]
+    assert torch.equal(loaded(input_ids=ids, attention_mask=mask), ids * mask)
+    assert torch.equal(loaded(ids, attention_mask=mask), ids * mask)
+    with pytest.raises(TypeError, match="missing input 'attention_mask'"):
+        loaded(input_ids=ids)
+    with pytest.raises(TypeError, match="no input named 'token_type_ids'"):
+        loaded(ids, mask, token_type_ids=mask)

@@ -21,6 +21,7 @@ import errno
 import functools
 import importlib
 import importlib.metadata
+import inspect
 import itertools
 import json
 import os
@@ -42,6 +43,7 @@ from fxforge.callstack import call_on_fresh_chunk
 from fxforge.errors import FxforgeError, InputSpecError, ModelSpecError, first_line, option, require, user_location
 from fxforge.graphs import ATEN, aten_packet
 from fxforge.inputs import InputSpec, parse_input_spec, specs_of
+from fxforge.machine import cpu_info
 from fxforge.references import USER_MODULE_PREFIX, import_file
 from fxforge.runtime import ConstantKeywords, export_program, holds_tensor, quiet_torch_logs, with_constant_kwargs
 from fxforge.vocabulary import ORIGIN, PASS
@@ -901,6 +903,45 @@ def rebuild_structure(description: Any, tensors: Iterator[torch.Tensor]) -> Any:
     return cls(**items) if cls is not None else items
 
 
+# The metadata key under which an AOTInductor package written by fxforge records the names of its positional
+# inputs (a JSON list): the package itself takes them by position only, and a transformers user calls
+# ``model(**tokenizer(text))``.
+ARGUMENTS_KEY = "fxforge.arguments"
+
+
+def argument_names(module: nn.Module, count: int) -> list[str] | None:
+    """The names of the first ``count`` parameters of ``module.forward`` (the inputs an artifact built from it takes by
+    position), or None where they have no names (``*args``)."""
+    try:
+        parameters = list(inspect.signature(module.forward).parameters.values())[:count]
+    except (TypeError, ValueError):
+        return None
+    named = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return named if len(named) == count else None
+
+
+def bind_keywords(names: Sequence[str] | None, args: tuple[Any, ...], kwargs: dict[str, Any], what: str) -> tuple:
+    """``args`` and ``kwargs`` as the positional inputs of an artifact whose inputs are named ``names`` (in order):
+    compiled files take inputs by position only, a model's users call it by name too. Raises TypeError, as Python
+    does for a function, naming the input that is unknown, given twice or missing."""
+    if not kwargs:
+        return args
+    if not names:
+        raise TypeError(f"{what} takes its inputs by position only, got {', '.join(map(repr, kwargs))} by name")
+    listed = ", ".join(names)
+    for name in kwargs:
+        if name not in names:
+            raise TypeError(f"{what} has no input named {name!r} (its inputs: {listed})")
+        if names.index(name) < len(args):
+            raise TypeError(f"{what} got input {name!r} both by position and by name")
+    bound = list(args)
+    for name in names[len(args) :]:
+        if name not in kwargs:
+            raise TypeError(f"{what} is missing input {name!r} (its inputs: {listed})")
+        bound.append(kwargs[name])
+    return tuple(bound)
+
+
 class OnnxRuntimeModule(nn.Module):
     """An ONNX Runtime session behind ``nn.Module``'s call interface (tensors in, tensors out).
 
@@ -955,7 +996,8 @@ class OnnxRuntimeModule(nn.Module):
                 return []
         return specs
 
-    def forward(self, *args: Any) -> Any:
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        args = bind_keywords(self.input_names, args, kwargs, "the ONNX model")
         flat = [t for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor)]
         if len(flat) != len(self.input_names):
             raise ValueError(f"the ONNX model takes {len(self.input_names)} inputs, got {len(flat)}")
@@ -988,11 +1030,11 @@ class OnednnFusion(nn.Module):
         super().__init__()
         self.scripted = scripted
 
-    def forward(self, *args: Any) -> Any:
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
         before = torch._C._jit_llga_enabled()
         torch.jit.enable_onednn_fusion(True)
         try:
-            return self.scripted(*args)
+            return self.scripted(*args, **kwargs)
         finally:
             torch.jit.enable_onednn_fusion(before)
 
@@ -1004,7 +1046,12 @@ class AotiModule(nn.Module):
     The package runs only the input shapes it was compiled for, and does not check them: another batch came back
     with the compiled batch's shape and wrong values, a shorter sequence aborted the process. So inputs are checked
     against ``input_specs`` (default: the ``inputs.txt`` beside an output directory's package) and refused in one
-    line. Output types of other libraries (transformers' ``ModelOutput``) are registered when loaded.
+    line. Output types of other libraries (transformers' ``ModelOutput``) are registered when loaded. Inputs may be
+    given by name where the package records its inputs' names (:data:`ARGUMENTS_KEY`, written by fxforge).
+
+    The package's code was compiled for the vector instructions of the CPU that built it (its ``AOTI_CPU_ISA``):
+    run on a CPU without them, it dies of an illegal instruction, taking the process with it. A package is refused
+    when this CPU lacks an instruction set the package names.
     """
 
     def __init__(self, path: str | Path, input_specs: Sequence[InputSpec] | None = None) -> None:
@@ -1013,12 +1060,22 @@ class AotiModule(nn.Module):
         with quiet_torch_logs():
             self.runner = torch._inductor.aoti_load_package(self.path)
         import_pytree_types(spec_types(self.runner.loader.get_call_spec()), Path(path).name)
+        metadata: dict[str, str] = {}
+        with contextlib.suppress(AttributeError, RuntimeError):  # a torch without package metadata
+            metadata = dict(self.runner.loader.get_metadata())
+        refuse_foreign_isa(metadata.get("AOTI_CPU_ISA", ""), self.path)
+        self.argument_names: list[str] | None = None
+        with contextlib.suppress(ValueError, TypeError):
+            names = json.loads(metadata.get(ARGUMENTS_KEY, "null"))
+            if isinstance(names, list) and all(isinstance(n, str) for n in names):
+                self.argument_names = names
         if input_specs is None and Path(path).name == AOTI_FILE:
             with contextlib.suppress(FxforgeError, OSError, UnicodeDecodeError):  # then unchecked, as torch runs it
                 input_specs = read_inputs(Path(path).parent)
         self.input_specs = list(input_specs or [])
 
-    def forward(self, *args: Any) -> Any:
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        args = bind_keywords(self.argument_names, args, kwargs, "the AOTInductor package")
         flat = [t for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor)]
         if self.input_specs:
             got = [InputSpec(tuple(t.shape), t.dtype) for t in flat]
@@ -1031,6 +1088,29 @@ class AotiModule(nn.Module):
         return self.runner(*args)
 
 
+# AOTInductor's names for the vector instruction sets a package was compiled for (``AOTI_CPU_ISA``), as the CPU flags
+# of /proc/cpuinfo spell them (:data:`fxforge.machine.RELEVANT_FLAGS`)
+_ISA_FLAGS = {"avx2": "avx2", "avx512": "avx512f", "avx512_vnni": "avx512_vnni", "amx_tile": "amx_tile"}
+
+
+def refuse_foreign_isa(package_isa: str, path: str) -> None:
+    """Raise :class:`ModelSpecError` when the AOTInductor package at ``path``, compiled for ``package_isa`` (its
+    ``AOTI_CPU_ISA``, e.g. "AVX512 AVX512_VNNI AMX_TILE"), needs an instruction set this CPU lacks; a name fxforge
+    does not know, or a CPU whose flags cannot be read, is let through."""
+    cpu = cpu_info()
+    if not cpu.features:
+        return
+    missing = [
+        word for word in package_isa.lower().split() if word in _ISA_FLAGS and _ISA_FLAGS[word] not in cpu.features
+    ]
+    if missing:
+        raise ModelSpecError(
+            f"{path} was compiled for a CPU with {', '.join(w.upper() for w in missing)}, which this one ({cpu.model}) "
+            "lacks: its code would die of an illegal instruction",
+            hint="run fxforge optimize --auto again on this machine: a package runs on CPUs like the one that built it",
+        )
+
+
 class ChannelsLastModule(nn.Module):
     """``model`` with its 4-D weights and inputs in channels-last (NHWC) memory layout, oneDNN's native one for
     convolutions. Traced or exported, the input conversion becomes part of the graph, so the artifact needs no
@@ -1040,8 +1120,8 @@ class ChannelsLastModule(nn.Module):
         super().__init__()
         self.model = copy.deepcopy(model).to(memory_format=torch.channels_last)
 
-    def forward(self, *args: Any) -> Any:
-        return self.model(*(to_channels_last(a) for a in args))
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.model(*map(to_channels_last, args), **{k: to_channels_last(v) for k, v in kwargs.items()})
 
 
 def to_channels_last(value: Any) -> Any:
@@ -1088,16 +1168,16 @@ class CompiledModule(nn.Module):
         self.model, self.config, self.mode = model, dict(config or {}), mode
         self.compiled = torch.compile(model, dynamic=False, mode=mode)
 
-    def forward(self, *args: Any) -> Any:
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
         # Inductor's wrapper and the config patch make Python calls in loops: keep them off a stack-chunk boundary
         # of the caller's (fxforge.callstack; up to 8% on a reloaded BERT-base)
-        return call_on_fresh_chunk(self._run, *args)
+        return call_on_fresh_chunk(self._run, *args, **kwargs)
 
-    def _run(self, *args: Any) -> Any:
+    def _run(self, *args: Any, **kwargs: Any) -> Any:
         import torch._inductor.config as inductor_config  # Inductor is slow to import: only when compiled code runs
 
         with inductor_config.patch(self.config):
-            return self.compiled(*args)
+            return self.compiled(*args, **kwargs)
 
 
 def apply_recipe(module: nn.Module, recipe: dict[str, Any]) -> nn.Module:

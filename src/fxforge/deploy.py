@@ -39,6 +39,7 @@ from torch.utils import _pytree as pytree
 
 from fxforge.artifacts import (
     AOTI_FILE,
+    ARGUMENTS_KEY,
     MODEL_FILE,
     ONNX_FILE,
     PROGRAM_FILE,
@@ -47,6 +48,7 @@ from fxforge.artifacts import (
     AotiModule,
     ChannelsLastModule,
     apply_recipe,
+    argument_names,
     check_free_space,
     load_exported,
     load_program,
@@ -241,7 +243,8 @@ def _write_compiled(
     if "recipe" in variants:
         a.notes.append("model.pt2 + recipe.json: fxforge's loader compiles it when loaded (the recipe variant)")
     else:
-        _write_aoti(program, directory, config, a)
+        names = argument_names(captured.graph_module, len(captured.example_inputs))
+        _write_aoti(program, directory, config, a, names)
         if a.load:
             return
     torch.export.save(program, str(directory / PROGRAM_FILE))
@@ -252,8 +255,14 @@ def _write_compiled(
     a.load = _program_load_line("compile", directory)
 
 
-def _write_aoti(program: Any, directory: Path, config: dict[str, Any], a: Artifact) -> None:
-    """An AOTInductor package of ``program`` (sets ``a.load``), or a note saying why not (``a.load`` unset)."""
+def _write_aoti(
+    program: Any, directory: Path, config: dict[str, Any], a: Artifact, input_names: list[str] | None
+) -> None:
+    """An AOTInductor package of ``program`` (sets ``a.load``), or a note saying why not (``a.load`` unset). The
+    package records ``input_names`` (:data:`~fxforge.artifacts.ARGUMENTS_KEY`): fxforge's loader takes inputs
+    by name with them."""
+    if input_names:
+        config = {**config, "aot_inductor.metadata": {ARGUMENTS_KEY: json.dumps(input_names)}}
     try:
         torch._inductor.aoti_compile_and_package(
             program, package_path=str(directory / AOTI_FILE), inductor_configs=config

@@ -61,6 +61,7 @@ from fxforge.artifacts import (
     OUTPUT_STRUCTURE_KEY,
     SUFFIXES,
     StagedOutput,
+    argument_names,
     check_free_space,
     describe_structure,
     format_for,
@@ -663,9 +664,13 @@ def _onnx_legacy(
     opset: int | None,
     dynamic_batch: bool,
 ) -> None:
-    input_names = [f"input_{i}" for i in range(len(inputs))]
     outputs = [v for v in pytree.tree_leaves(_example_output(reference, inputs)) if isinstance(v, torch.Tensor)]
     output_names = [f"output_{i}" for i in range(len(outputs))]
+    # the inputs named as the model's forward names them, as the dynamo exporter does: a loaded file is then called
+    # by the same keywords as the model (OnnxRuntimeModule), and ONNX Runtime users feed it by those names
+    input_names = argument_names(module, len(inputs))
+    if not input_names or not all(isinstance(t, torch.Tensor) for t in inputs) or set(input_names) & set(output_names):
+        input_names = [f"input_{i}" for i in range(len(inputs))]
     dynamic_axes = None
     if dynamic_batch:
         dynamic_axes = {name: {0: "batch"} for name, t in zip(input_names, inputs) if t.dim() > 0}
