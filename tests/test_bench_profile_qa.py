@@ -93,6 +93,18 @@ def test_nodes_that_do_no_work_get_no_verdict():
     assert any(n.bound for n in report.nodes)
 
 
+def test_an_aten_node_reads_its_weights_bytes_as_the_torch_dialect_does():
+    """A weight is fetched by a get_attr node in the ATen dialect; the bytes a node moves count it as they count a
+    module's parameters in the torch dialect (the roofline verdict depends on it)."""
+    model = Small().eval()
+    inputs = (torch.randn(1, 3, 16, 16),)
+    moved = {}
+    for method, target in (("symbolic_trace", "Conv2d"), ("export", "aten.conv2d.default")):
+        report = profile_model(capture(model, inputs, method=method), repeats=1, warmup=0, peak=PEAK)
+        moved[method] = next(n.bytes_moved for n in report.nodes if n.target == target)
+    assert moved["export"] == moved["symbolic_trace"] > (8 * 3 * 3 * 3 + 8) * 4
+
+
 class Embeds(nn.Module):
     def __init__(self):
         super().__init__()

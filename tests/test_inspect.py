@@ -172,12 +172,16 @@ def test_aten_dialect_totals_equal_torch_dialect(resnet18, resnet18_report: Insp
     assert conv.module == "conv1" and conv.flops == 236_027_904 and conv.shape == [1, 64, 112, 112]
     weight = next(n for n in report.nodes if n.op == "get_attr" and n.target == "conv1.weight")
     assert weight.params == 64 * 3 * 7 * 7
+    # a weight is no activation: its row showed the weight's bytes, which the total left out
+    assert weight.activation_bytes == 0
+    assert report.totals["activation_bytes"] == resnet18_report.totals["activation_bytes"]
     modules = {m.path: m for m in report.modules}
     torch_modules = {m.path: m for m in resnet18_report.modules}
     for path in ("conv1", "layer1", "layer2.0", "fc"):
         assert modules[path].params == torch_modules[path].params
         assert modules[path].flops == torch_modules[path].flops
         assert modules[path].nodes == torch_modules[path].nodes  # one ATen op per module call here
+        assert modules[path].activation_bytes == torch_modules[path].activation_bytes
     # torch.export drops parameter-less submodules (every ReLU): their rows are counted from the graph's nodes
     assert "relu" in modules and not hasattr(exported.graph_module, "relu")
     for path in modules.keys() & torch_modules.keys():
@@ -325,3 +329,21 @@ def test_inspect_and_lint_of_something_not_captured_say_what_to_do():
     with pytest.raises(fxforge.FxforgeError, match="lint takes a captured graph, not a Sequential"):
         fxforge.lint(model)
     assert fxforge.lint(torch.fx.symbolic_trace(model)).rules_run  # a GraphModule is a graph: linted
+
+
+class _DictOutput(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        y = self.fc(x)
+        return {"logits": y, "pooled": y.sum(-1)}
+
+
+@pytest.mark.parametrize("method", ["symbolic_trace", "export"])
+def test_a_dict_output_has_its_shapes_in_both_dialects(method: str):
+    """The torch dialect's output node of a dict-returning model showed no shape (tuples only were read)."""
+    report = inspect_graph(capture(_DictOutput().eval(), (torch.randn(2, 8),), method=method))
+    output = next(node for node in report.nodes if node.op == "output")
+    assert output.shape == [[2, 4], [2]] and output.dtype == "float32"

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 from torch import fx, nn
+from torch.utils import _pytree as pytree
 from torch.utils import flop_counter
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
@@ -82,11 +83,12 @@ class InspectReport:
 
 
 def _describe(value: Any) -> tuple[Any, str | None, int]:
-    """(shape, dtype, bytes) of a node's output; tuples of tensors give a list of shapes."""
+    """(shape, dtype, bytes) of a node's output; containers of tensors (tuples, dicts, a library's output class:
+    whatever pytree flattens) give a list of shapes."""
     if isinstance(value, torch.Tensor):
         return list(value.shape), str(value.dtype).removeprefix("torch."), value.numel() * value.element_size()
-    if isinstance(value, (tuple, list)):
-        tensors = [v for v in value if isinstance(v, torch.Tensor)]
+    if value is not None:
+        tensors = [v for v in pytree.tree_leaves(value) if isinstance(v, torch.Tensor)]
         if tensors:
             return (
                 [list(t.shape) for t in tensors],
@@ -337,6 +339,8 @@ def inspect_graph(
         params = _node_params(gm, node)
         if node.op == "output":
             nbytes = 0  # the output node only forwards values computed elsewhere
+        elif node.op == "get_attr":
+            nbytes = 0  # a weight or constant the model holds, counted in param_bytes: no activation
         info = NodeInfo(node.name, node.op, target_name(node), module_path(node), shape, dtype, params, flops, nbytes)
         info.quant = quant_kind(gm, node) or ""
         info.flops_unknown = profiler.unknown.get(node, [])

@@ -27,6 +27,7 @@ FLOP/s over measured memory bandwidth): above it a node is compute-bound, below 
 from __future__ import annotations
 
 import contextlib
+import math
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -46,7 +47,7 @@ from fxforge.capture import Captured, at_batch, require_real_weights
 from fxforge.errors import FxforgeError, option, pass_inputs_hint
 from fxforge.graphs import GraphRunner, is_input_guard
 from fxforge.inputs import specs_of
-from fxforge.inspect import inspect_graph
+from fxforge.inspect import NodeInfo, inspect_graph
 from fxforge.machine import Peak, cached_peak
 from fxforge.runtime import (
     cloned,
@@ -336,7 +337,7 @@ def _profile_graph(
             continue
         info = facts[node.name]
         sizes = [allocated.get(node.name, 0)]
-        read = sum(facts[name].activation_bytes for name in producers[node.name] if name in facts)
+        read = sum(_bytes_out(facts[name]) for name in producers[node.name] if name in facts)
         moved = read + info.activation_bytes + info.params * _element_size(info.dtype)
         # a module call is better named by its class (Conv2d) than by its path, which is the node's name already
         target = type(gm.get_submodule(str(node.target))).__name__ if node.op == "call_module" else info.target
@@ -344,6 +345,14 @@ def _profile_graph(
             _node_time(node.name, node.op, target, info.module, times[node.name], sizes, info.flops, moved, info.dtype)
         )
     return _report("fx", captured, repeats, nodes, totals, peak, trace, _modules(nodes), idle)
+
+
+def _bytes_out(info: NodeInfo) -> int:
+    """Bytes of the value a node gives the nodes that read it: its activation, or for a get_attr (the ATen dialect
+    fetches each weight so) the tensor it fetches, which inspect counts as a parameter, not an activation."""
+    if info.op == "get_attr" and info.shape and all(isinstance(d, int) for d in info.shape):
+        return math.prod(info.shape) * _element_size(info.dtype)
+    return info.activation_bytes
 
 
 def _element_size(dtype: str | None) -> int:
