@@ -15,7 +15,8 @@ CELLS = [
     ),
     (
         "code",
-        "import tempfile, warnings\nimport fxforge\nwarnings.simplefilter('ignore')\nwork = tempfile.mkdtemp()\n"
+        "import tempfile, warnings\nimport fxforge\nwarnings.simplefilter('ignore')\n"
+        "work = tempfile.TemporaryDirectory(prefix='fxforge-tour-')  # the tour's files, removed at the end\n"
         "captured = fxforge.prepare('torchvision:resnet18', ['1x3x64x64'])\ncaptured",
     ),
     ("code", "fxforge.inspect_graph(captured)"),
@@ -26,8 +27,10 @@ CELLS = [
     ("code", "fxforge.show(captured)"),
     ("code", "fxforge.diff_html(captured, result)"),
     ("code", "fxforge.verify(captured, result.pipeline.graph_module)"),
-    ("code", "fxforge.export_model(captured, to='pt2', path=f'{work}/resnet18.pt2')"),
+    ("code", "fxforge.export_model(captured, to='pt2', path=f'{work.name}/resnet18.pt2')"),
     ("code", "fxforge.bench(captured, ['eager', 'fx'], warmup=1, repeats=5)"),
+    ("markdown", "Remove the tour's files (47 MB of exported resnet18)."),
+    ("code", "work.cleanup()"),
 ]
 
 

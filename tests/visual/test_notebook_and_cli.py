@@ -109,8 +109,12 @@ def test_graph_cli_writes_html_svg_and_diff(tmp_path, capsys):
     assert main(["graph", "demo", "-o", str(tmp_path / "g.svg")]) == 2  # exists: --force to replace
 
 
-def test_example_notebook_runs(tmp_path):
+def test_example_notebook_runs(tmp_path, monkeypatch):
     nbformat = pytest.importorskip("nbformat")
+    # the kernel's temporary directory: the tour's files are to be gone when it ends (it left 47 MB in /tmp per run)
+    kernel_tmp = tmp_path / "tmp"
+    kernel_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(kernel_tmp))
     nbclient = pytest.importorskip("nbclient")
     notebook = nbformat.read(ROOT / "examples" / "tour.ipynb", as_version=4)
     client = nbclient.NotebookClient(
@@ -121,6 +125,8 @@ def test_example_notebook_runs(tmp_path):
     assert errors == []
     html = [o for cell in notebook.cells for o in cell.get("outputs", []) if "text/html" in o.get("data", {})]
     assert len(html) >= 6  # the tables and graphs the tour's cells end with
+    left = sorted(path.name for path in kernel_tmp.iterdir() if not path.name.startswith("torchinductor_"))
+    assert left == []  # torch's own compile cache aside
 
 
 def test_report_profile_times_every_node_and_colours_the_graph(tmp_path, capsys):
