@@ -43,7 +43,7 @@ import sys
 import time
 import traceback
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -261,16 +261,21 @@ def export_model(
             )
         elif to == "onnx":
             output = _example_output(reference, inputs)
-            result = _export_onnx(
-                _tensor_outputs_only(source, output),
-                name,
-                reference,
+            result = _traced_at_batch_two(
+                lambda traced: _export_onnx(
+                    _tensor_outputs_only(source, output),
+                    name,
+                    reference,
+                    traced,
+                    staged.path,
+                    exporter,
+                    opset,
+                    dynamic_batch,
+                    allow_trace_warnings,
+                ),
                 inputs,
-                staged.path,
-                exporter,
-                opset,
                 dynamic_batch,
-                allow_trace_warnings,
+                staged.path,
             )
             if not _record_output_structure(staged.path, output):
                 result.notes.append(
@@ -278,6 +283,8 @@ def export_model(
                     "file returns its tensors as a flat tuple (torch.utils._pytree.tree_leaves order)"
                 )
         else:
+            # not traced at batch 2: the program would then check that the batch is not 1 (torch.export's size
+            # guards, which an ONNX file does not have: ViT, ConvNeXt and GPT-2 all run batch 1 and 2 there)
             result = _export_pt2(source, name, inputs, staged.path, dynamic_batch)
         result.export_s = time.perf_counter() - start
         loaded: Any = None
@@ -344,6 +351,26 @@ def _custom_operators(module: nn.Module) -> set[str]:
                 if namespace not in _TORCH_NAMESPACES:
                     found.add(f"{namespace}::{name}")
     return found
+
+
+def _traced_at_batch_two(
+    export: Callable[[tuple[Any, ...]], ExportResult], inputs: tuple[Any, ...], dynamic_batch: bool, path: Path
+) -> ExportResult:
+    """``export(inputs)``; for a dynamic batch from a batch-1 example, ``export`` of the example repeated to batch 2
+    first. torch.export specialises a dimension of size 1 (it broadcasts): traced at batch 1, torchvision's ViT,
+    ConvNeXt and GPT-2 gave ONNX files that run batch 1 only. Where batch 2 cannot be exported (code that needs
+    batch 1), the example itself is exported, as asked; the verification then says whether other batches run."""
+    batched = [t for t in inputs if t.dim() > 0]
+    if not dynamic_batch or not batched or any(t.shape[0] != 1 for t in batched):
+        return export(inputs)
+    try:
+        result = export(tuple(torch.cat([t, t]) if t.dim() > 0 else t for t in inputs))
+    except ExportError:
+        for partial in path.parent.iterdir():  # the staging directory: whatever the failed export left there
+            partial.unlink()
+        return export(inputs)
+    result.notes.append("traced at batch 2 (the example repeated): at batch 1, torch.export may fix the batch at 1")
+    return result
 
 
 def _export_source(target: Captured | nn.Module, example_inputs: Sequence[Any] | None):
