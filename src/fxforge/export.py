@@ -283,9 +283,12 @@ def export_model(
                     "file returns its tensors as a flat tuple (torch.utils._pytree.tree_leaves order)"
                 )
         else:
-            # not traced at batch 2: the program would then check that the batch is not 1 (torch.export's size
-            # guards, which an ONNX file does not have: ViT, ConvNeXt and GPT-2 all run batch 1 and 2 there)
-            result = _export_pt2(source, name, inputs, staged.path, dynamic_batch)
+            result = _traced_at_batch_two(
+                lambda traced: _export_pt2(source, name, traced, staged.path, dynamic_batch),
+                inputs,
+                dynamic_batch,
+                staged.path,
+            )
         result.export_s = time.perf_counter() - start
         loaded: Any = None
         if verify_export:
@@ -358,8 +361,8 @@ def _traced_at_batch_two(
 ) -> ExportResult:
     """``export(inputs)``; for a dynamic batch from a batch-1 example, ``export`` of the example repeated to batch 2
     first. torch.export specialises a dimension of size 1 (it broadcasts): traced at batch 1, torchvision's ViT,
-    ConvNeXt and GPT-2 gave ONNX files that run batch 1 only. Where batch 2 cannot be exported (code that needs
-    batch 1), the example itself is exported, as asked; the verification then says whether other batches run."""
+    ConvNeXt and GPT-2 gave files that run batch 1 only. Where batch 2 cannot be exported (code that needs batch
+    1), the example itself is exported, as asked; the verification then says whether other batches run."""
     batched = [t for t in inputs if t.dim() > 0]
     if not dynamic_batch or not batched or any(t.shape[0] != 1 for t in batched):
         return export(inputs)

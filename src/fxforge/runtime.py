@@ -371,9 +371,12 @@ def export_program(
         dynamic_shapes = _dynamic_shapes_by_name(model, dynamic_shapes)
 
     oblivious = contextlib.nullcontext()
-    if dynamic_batch and hasattr(fx_config, "backed_size_oblivious"):
+    leaves = torch.utils._pytree.tree_leaves((inputs, kwargs))
+    batch_one = any(isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == 1 for v in leaves)
+    if dynamic_batch and batch_one and hasattr(fx_config, "backed_size_oblivious"):
         # Without it a batch of 1 is specialised (0/1 specialisation) and the program rejects any
-        # other batch size, although the model itself is batch-size agnostic.
+        # other batch size, although the model itself is batch-size agnostic. At batch 2 and up it is not
+        # needed, and harmful: ViT's program then checked that the batch is not 1.
         oblivious = fx_config.patch(backed_size_oblivious=True)
     # torch.export prints the partial graph of a failed export straight to stderr; we report errors ourselves.
     with torch.no_grad(), quiet_torch_logs(), contextlib.redirect_stderr(io.StringIO()), oblivious:
