@@ -341,7 +341,7 @@ def test_an_aten_result_that_cannot_be_saved_gets_a_hint_about_its_own_failure(t
         raise RuntimeError("argument of type: <class 'torch._C.Generator'>")
 
     captured = fxforge.capture(torch.nn.Sequential(torch.nn.Linear(4, 4)).eval(), (torch.randn(2, 4),), method="export")
-    monkeypatch.setattr(fxforge.artifacts, "export_program", refuses)
+    monkeypatch.setattr(fxforge.artifacts, "export_program_any_batch", refuses)
     with pytest.raises(FxforgeError) as info:
         fxforge.optimize(captured, ["dead_code"], output_dir=tmp_path / "out")
     assert "model.pt2: argument of type" in info.value.message
@@ -378,3 +378,21 @@ def test_a_pass_run_twice_reports_its_skips_once_and_the_result_says_ok():
     render_optimize(console, "model", result)
     assert console.export_text().count("remove_identity skipped:") == 1
     assert result.ok is result.pipeline.ok is True and result.to_dict()["ok"] is True
+
+
+def test_the_model_pt2_of_a_batch_1_vit_runs_other_batches(tmp_path):
+    """model.pt2 is exported with a dynamic batch; from a batch-1 example torch.export fixed ViT's batch at 1 (the
+    class token is expanded to the batch), and the file refused batch 2. (An ATen-dialect capture holds the
+    example's batch in its ops already: its model.pt2 checks for that batch.)"""
+    from torchvision.models import VisionTransformer
+
+    torch.manual_seed(0)
+    vit = VisionTransformer(image_size=32, patch_size=16, num_layers=1, num_heads=2, hidden_dim=32, mlp_dim=32).eval()
+    torch.nn.init.normal_(vit.heads.head.weight)  # zeros in torchvision: outputs would not vary
+    captured = fxforge.capture(vit, (torch.randn(1, 3, 32, 32),), method="symbolic_trace")
+    optimize(captured, ["remove_dropout"], output_dir=tmp_path / "o", verify=True)
+    program = torch.export.load(str(tmp_path / "o" / "model.pt2")).module()
+    for batch in (1, 3):
+        x = torch.randn(batch, 3, 32, 32)
+        with torch.no_grad():
+            assert fxforge.compare_outputs(vit(x), program(x)).ok

@@ -45,7 +45,13 @@ from fxforge.graphs import ATEN, aten_packet
 from fxforge.inputs import InputSpec, parse_input_spec, specs_of
 from fxforge.machine import cpu_info
 from fxforge.references import USER_MODULE_PREFIX, import_file
-from fxforge.runtime import ConstantKeywords, export_program, holds_tensor, quiet_torch_logs, with_constant_kwargs
+from fxforge.runtime import (
+    ConstantKeywords,
+    export_program_any_batch,
+    holds_tensor,
+    quiet_torch_logs,
+    with_constant_kwargs,
+)
 from fxforge.vocabulary import ORIGIN, PASS
 
 MODEL_FILE = "model.pt"  # a pickled module (GraphModule, int8 model): needs --trust-pickle to load
@@ -430,7 +436,7 @@ def save_graph_module(
             # torch.export runs a GraphModule node by node, giving its **kwargs placeholder a list (see
             # GraphRunner); called as a module, the generated forward gives it the dict
             exported = ConstantKeywords(gm, {})
-        program = export_program(exported, tuple(example_inputs), kwargs, dynamic_batch=True)
+        program = export_program_any_batch(exported, tuple(example_inputs), kwargs)
         with quiet_torch_logs():
             torch.export.save(program, str(directory / PROGRAM_FILE))
         files.append(PROGRAM_FILE)

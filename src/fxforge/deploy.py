@@ -65,7 +65,7 @@ from fxforge.errors import FxforgeError, first_line, one_line_reason
 from fxforge.export import export_model
 from fxforge.graphs import ATEN, TORCH
 from fxforge.quantize import int8_backend, picklable_quantized_modules
-from fxforge.runtime import export_program, quiet_torch_logs
+from fxforge.runtime import export_program, export_program_any_batch, quiet_torch_logs
 
 # How each kind of artifact loads without fxforge (printed with the result and written into report.json).
 PLAIN_TORCH_LOAD = {
@@ -189,7 +189,7 @@ def _write_eager(captured: Captured, directory: Path, settings: BuildSettings, v
 
 def _write_fx(captured: Captured, directory: Path, settings: BuildSettings, variants: set[str], a: Artifact) -> None:
     if "channels_last" in variants:
-        program = export_program(_source(captured, variants), captured.example_inputs, {}, dynamic_batch=True)
+        program = export_program_any_batch(_source(captured, variants), captured.example_inputs, {})
         torch.export.save(program, str(directory / PROGRAM_FILE))
     else:
         save_graph_module(captured.graph_module, directory, captured.example_inputs, captured.dialect, notes=a.notes)

@@ -86,6 +86,7 @@ from fxforge.errors import (
 from fxforge.graphs import ATEN, without_input_guards
 from fxforge.inputs import specs_of
 from fxforge.runtime import (
+    at_batch_two,
     cloned,
     device_of,
     export_program,
@@ -363,11 +364,11 @@ def _traced_at_batch_two(
     first. torch.export specialises a dimension of size 1 (it broadcasts): traced at batch 1, torchvision's ViT,
     ConvNeXt and GPT-2 gave files that run batch 1 only. Where batch 2 cannot be exported (code that needs batch
     1), the example itself is exported, as asked; the verification then says whether other batches run."""
-    batched = [t for t in inputs if t.dim() > 0]
-    if not dynamic_batch or not batched or any(t.shape[0] != 1 for t in batched):
+    doubled = at_batch_two(inputs) if dynamic_batch else None
+    if doubled is None:
         return export(inputs)
     try:
-        result = export(tuple(torch.cat([t, t]) if t.dim() > 0 else t for t in inputs))
+        result = export(doubled)
     except ExportError:
         for partial in path.parent.iterdir():  # the staging directory: whatever the failed export left there
             partial.unlink()

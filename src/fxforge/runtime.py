@@ -383,6 +383,36 @@ def export_program(
         return torch.export.export(model, inputs, kwargs=kwargs or None, dynamic_shapes=dynamic_shapes, strict=False)
 
 
+def at_batch_two(values: Any) -> Any | None:
+    """``values`` (a pytree) with every tensor of batch 1 repeated to batch 2, or None where no tensor has batch 1 or
+    some other tensor has another batch (then which dimension is the batch is not clear)."""
+    tensors = [v for v in torch.utils._pytree.tree_leaves(values) if isinstance(v, torch.Tensor) and v.dim() > 0]
+    if not tensors or any(t.shape[0] != 1 for t in tensors):
+        return None
+
+    def doubled(value: Any) -> Any:
+        return torch.cat([value, value]) if isinstance(value, torch.Tensor) and value.dim() > 0 else value
+
+    return torch.utils._pytree.tree_map(doubled, values)
+
+
+def export_program_any_batch(
+    model: nn.Module, inputs: tuple[Any, ...], kwargs: dict[str, Any]
+) -> torch.export.ExportedProgram:
+    """:func:`export_program` with a dynamic batch, for a file that is to run batch 1 and more. torch.export treats
+    a dimension of size 1 as a constant (it broadcasts): from a batch-1 example, torchvision's ViT and ConvNeXt and
+    GPT-2 gave programs that run batch 1 only. So a batch-1 example is repeated to batch 2 and exported, and kept
+    when the program runs the example itself; otherwise (a model that cannot run batch 2) the example is exported."""
+    doubled = at_batch_two((inputs, kwargs))
+    if doubled is not None:
+        with contextlib.suppress(Exception):
+            program = export_program(model, doubled[0], doubled[1], dynamic_batch=True)
+            with torch.no_grad(), quiet_torch_logs():
+                program.module()(*inputs, **kwargs)
+            return program
+    return export_program(model, inputs, kwargs, dynamic_batch=True)
+
+
 def _dynamic_shapes_by_name(model: nn.Module, shapes: dict[str, Any]) -> dict[str, Any]:
     # torch.export wants dynamic_shapes keyed by forward's parameter names.
     params = [p for p in pyinspect.signature(model.forward).parameters.values() if p.kind != p.VAR_KEYWORD]
