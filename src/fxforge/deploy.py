@@ -40,6 +40,7 @@ from torch.utils import _pytree as pytree
 from fxforge.artifacts import (
     AOTI_FILE,
     ARGUMENTS_KEY,
+    INPUTS_KEY,
     MODEL_FILE,
     ONNX_FILE,
     PROGRAM_FILE,
@@ -64,6 +65,7 @@ from fxforge.capture import Captured
 from fxforge.errors import FxforgeError, first_line, one_line_reason
 from fxforge.export import export_model
 from fxforge.graphs import ATEN, TORCH
+from fxforge.inputs import specs_of
 from fxforge.quantize import int8_backend, picklable_quantized_modules
 from fxforge.runtime import export_program, export_program_any_batch, quiet_torch_logs
 
@@ -244,7 +246,9 @@ def _write_compiled(
         a.notes.append("model.pt2 + recipe.json: fxforge's loader compiles it when loaded (the recipe variant)")
     else:
         names = argument_names(captured.graph_module, len(captured.example_inputs))
-        _write_aoti(program, directory, config, a, names)
+        tensors = [t for t in captured.example_inputs if isinstance(t, torch.Tensor)]
+        specs = [spec.text(with_range=True) for spec in specs_of(tensors)]
+        _write_aoti(program, directory, config, a, names, specs)
         if a.load:
             return
     torch.export.save(program, str(directory / PROGRAM_FILE))
@@ -256,13 +260,20 @@ def _write_compiled(
 
 
 def _write_aoti(
-    program: Any, directory: Path, config: dict[str, Any], a: Artifact, input_names: list[str] | None
+    program: Any,
+    directory: Path,
+    config: dict[str, Any],
+    a: Artifact,
+    input_names: list[str] | None,
+    input_specs: list[str],
 ) -> None:
     """An AOTInductor package of ``program`` (sets ``a.load``), or a note saying why not (``a.load`` unset). The
-    package records ``input_names`` (:data:`~fxforge.artifacts.ARGUMENTS_KEY`): fxforge's loader takes inputs
-    by name with them."""
+    package records ``input_names`` (:data:`~fxforge.artifacts.ARGUMENTS_KEY`) and ``input_specs``
+    (:data:`~fxforge.artifacts.INPUTS_KEY`): fxforge's loader takes inputs by name, and refuses other shapes."""
+    metadata = {INPUTS_KEY: "\n".join(input_specs)}
     if input_names:
-        config = {**config, "aot_inductor.metadata": {ARGUMENTS_KEY: json.dumps(input_names)}}
+        metadata[ARGUMENTS_KEY] = json.dumps(input_names)
+    config = {**config, "aot_inductor.metadata": metadata}
     try:
         torch._inductor.aoti_compile_and_package(
             program, package_path=str(directory / AOTI_FILE), inductor_configs=config

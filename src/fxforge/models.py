@@ -49,6 +49,7 @@ from fxforge.artifacts import (
     AotiModule,
     apply_recipe,
     import_user_sources,
+    is_aoti_package,
     is_pickle_stream,
     load_exported,
     load_program,
@@ -189,7 +190,7 @@ def _dispatch(spec: str, kwargs: dict[str, Any], trusted: bool) -> LoadedModel:
         return _load_output_dir(path, spec, trusted)
     if path.exists() and not path.is_file():  # a FIFO or device: reading it would wait forever
         raise ModelSpecError(f"{spec} is not a regular file", hint="give a model file, a directory or a spec")
-    if path.name.endswith(".aoti.pt2") and path.is_file():  # an AOTInductor package, not a torch.export program
+    if path.suffix == ".pt2" and path.is_file() and is_aoti_package(path):  # not a torch.export program
         return _load_aoti(path, spec)
     if path.suffix == ".pt2":
         return _load_pt2(path, spec, trusted)
