@@ -567,6 +567,7 @@ def test_compile_writes_compiled_code_or_a_recipe_the_loader_applies(tmp_path, m
     assert any("no C++ compiler found" in note for note in artifact.notes)
     loaded = load_model(str(tmp_path / "rc")).module
     assert isinstance(loaded, CompiledModule) and compare_outputs(model(x), loaded(x)).ok
+    assert compare_outputs(model(x), loaded(input=x)).ok  # by name too ("kwarg keyword mismatch" before)
 
 
 class _ReturnsModelOutput(nn.Module):

@@ -396,3 +396,32 @@ def test_the_model_pt2_of_a_batch_1_vit_runs_other_batches(tmp_path):
         x = torch.randn(batch, 3, 32, 32)
         with torch.no_grad():
             assert fxforge.compare_outputs(vit(x), program(x)).ok
+
+
+class _Tokens(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(50, 8)
+
+    def forward(self, input_ids, attention_mask):
+        hidden = self.embed(input_ids) * attention_mask.unsqueeze(-1)
+        return {"hidden": hidden, "pooled": hidden.mean(1)}
+
+
+@pytest.mark.parametrize("method", ["symbolic_trace", "export"])
+def test_a_loaded_model_pt2_takes_inputs_by_name_and_returns_a_plain_dict(tmp_path, method):
+    """model.pt2 loads took the exported positional inputs only (model(**tokenizer(text)) raised "kwarg keyword
+    mismatch") and returned fx's immutable_dict, whose pop raised."""
+    torch.manual_seed(0)
+    model = _Tokens().eval()
+    ids, mask = torch.randint(0, 50, (2, 6)), torch.ones(2, 6, dtype=torch.int64)
+    captured = fxforge.capture(model, (ids, mask), method=method)
+    optimize(captured, ["dead_code"], output_dir=tmp_path / "o")
+    for spec in (tmp_path / "o", tmp_path / "o" / "model.pt2"):
+        loaded = fxforge.load_model(str(spec)).module
+        with torch.no_grad():
+            out = loaded(input_ids=ids, attention_mask=mask)
+            assert type(out) is dict and fxforge.compare_outputs(model(ids, mask), out).ok
+            assert torch.equal(out.pop("pooled"), loaded(ids, attention_mask=mask)["pooled"])
+        with pytest.raises(TypeError, match="no input named 'token_type_ids'"):
+            loaded(ids, mask, token_type_ids=mask)

@@ -723,7 +723,7 @@ def _load_exported(path: Path, format: str, output_like: Any, threads: int | Non
             return module
         if format == "onnx":
             return OnnxRuntimeModule(path, output_like, threads)
-        return load_program(path).module()
+        return program_module(load_program(path))
 
 
 # Libraries whose output classes (transformers' ModelOutput dataclasses...) register themselves as pytree types
@@ -744,6 +744,47 @@ def load_program(path: str | Path) -> torch.export.ExportedProgram:
     """
     import_pytree_types(_pytree_types(Path(path)), Path(path).name)
     return torch.export.load(str(path))
+
+
+def program_module(program: torch.export.ExportedProgram) -> nn.Module:
+    """``program.module()``, called as the model is: inputs by name too (torch's module takes a program exported
+    from positional inputs by position only: ``model(**tokenizer(text))`` raised "kwarg keyword mismatch"), and
+    dicts returned as plain dicts (fx returns its immutable_dict, whose ``pop`` raised)."""
+    module = program.module()
+    names = positional_names(module)
+    in_spec = program.call_spec.in_spec
+    keywords = in_spec is not None and in_spec.num_children == 2 and in_spec.children_specs[1].num_leaves > 0
+    if names and not keywords:  # a program exported with keywords takes those itself
+
+        def by_position(_module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+            return (bind_keywords(names, args, kwargs, "the exported program"), {}) if kwargs else None
+
+        module.register_forward_pre_hook(by_position, prepend=True, with_kwargs=True)
+    module.register_forward_hook(lambda _module, _args, output: plain_containers(output))
+    return module
+
+
+def positional_names(module: nn.Module) -> list[str] | None:
+    """The names of ``module.forward``'s positional parameters (None where it takes ``*args``)."""
+    try:
+        parameters = list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind == p.VAR_POSITIONAL for p in parameters):
+        return None
+    return [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)] or None
+
+
+def plain_containers(value: Any) -> Any:
+    """``value`` with torch.fx's immutable dicts and lists (what a GraphModule returns) as plain ones."""
+    if isinstance(value, dict):
+        items = {k: plain_containers(v) for k, v in value.items()}
+        return dict(items) if isinstance(value, fx.immutable_collections.immutable_dict) else type(value)(items)
+    if isinstance(value, list):
+        return [plain_containers(v) for v in value]
+    if isinstance(value, tuple) and not hasattr(value, "_fields") and type(value) is tuple:
+        return tuple(plain_containers(v) for v in value)
+    return value
 
 
 def import_pytree_types(types: set[str], what: str) -> None:
@@ -921,12 +962,8 @@ INPUTS_KEY = "fxforge.inputs"
 def argument_names(module: nn.Module, count: int) -> list[str] | None:
     """The names of the first ``count`` parameters of ``module.forward`` (the inputs an artifact built from it takes by
     position), or None where they have no names (``*args``)."""
-    try:
-        parameters = list(inspect.signature(module.forward).parameters.values())[:count]
-    except (TypeError, ValueError):
-        return None
-    named = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return named if len(named) == count else None
+    names = positional_names(module)
+    return names[:count] if names and len(names) >= count else None
 
 
 def bind_keywords(names: Sequence[str] | None, args: tuple[Any, ...], kwargs: dict[str, Any], what: str) -> tuple:
@@ -1189,9 +1226,12 @@ class CompiledModule(nn.Module):
     def __init__(self, model: nn.Module, config: dict[str, Any] | None = None, mode: str | None = None) -> None:
         super().__init__()
         self.model, self.config, self.mode = model, dict(config or {}), mode
+        self.argument_names = positional_names(model)
         self.compiled = torch.compile(model, dynamic=False, mode=mode)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs and set(kwargs) <= set(self.argument_names or ()):  # by position, as compiled
+            args, kwargs = bind_keywords(self.argument_names, args, kwargs, "the compiled model"), {}
         # Inductor's wrapper and the config patch make Python calls in loops: keep them off a stack-chunk boundary
         # of the caller's (fxforge.callstack; up to 8% on a reloaded BERT-base)
         return call_on_fresh_chunk(self._run, *args, **kwargs)

@@ -54,6 +54,7 @@ from fxforge.artifacts import (
     load_exported,
     load_program,
     program_imports,
+    program_module,
     save_graph_module,
     signature_imports,
     with_sources_on_path,
@@ -150,7 +151,7 @@ def reload_artifact(directory: Path, output_like: Any = None, threads: int | Non
     elif (directory / ONNX_FILE).exists():
         module = load_exported(directory / ONNX_FILE, "onnx", output_like=output_like, threads=threads)
     elif (directory / PROGRAM_FILE).exists():
-        module = load_program(directory / PROGRAM_FILE).module()
+        module = program_module(load_program(directory / PROGRAM_FILE))
     elif (directory / MODEL_FILE).exists():
         module = torch.load(str(directory / MODEL_FILE), map_location="cpu", weights_only=False)
     else:

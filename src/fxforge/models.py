@@ -54,6 +54,7 @@ from fxforge.artifacts import (
     load_exported,
     load_program,
     load_provenance,
+    program_module,
     read_inputs,
 )
 from fxforge.demo import DEMO_MODELS
@@ -480,7 +481,7 @@ def _load_pt2(path: Path, spec: str, trusted: bool) -> LoadedModel:
     for value in program.example_inputs[0] if program.example_inputs else ():
         if isinstance(value, torch.Tensor):
             inputs.append(InputSpec.of(value))
-    return LoadedModel(program.module(), spec, inputs, exported_program=program)
+    return LoadedModel(program_module(program), spec, inputs, exported_program=program)
 
 
 class PickleRefused(Exception):
