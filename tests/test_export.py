@@ -14,6 +14,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import fxforge
+from fxforge.api import verify_specs
 from fxforge.artifacts import SUFFIXES
 from fxforge.capture import capture
 from fxforge.cli import main
@@ -195,6 +196,19 @@ def test_an_onnx_file_gives_back_the_models_output_structure(tmp_path):
         back = load_exported(tmp_path / "o.onnx")(x)
         assert type(back) is type(output) and list(back) == list(output)
         torch.testing.assert_close(back[next(iter(output))], output[next(iter(output))])
+
+
+def test_an_onnx_reference_compares_by_its_own_recorded_structure(tmp_path):
+    """``fxforge verify FILE.onnx MODEL``. QA: verify lent an ONNX reference the candidate's output structure, so a
+    model returning the same tensors under swapped keys verified OK (max abs err 0), and a model with the keys in
+    another order failed."""
+    pytest.importorskip("onnxruntime")
+    x = torch.randn(1, 3)
+    assert export_model(_Returns({"a": 0, "b": 0}), "onnx", tmp_path / "ab.onnx", example_inputs=(x,)).ok
+    swapped = _Returns({"b": 0, "a": 0})  # "b" is now x * 2, "a" x: the labels swapped
+    assert not verify_specs(str(tmp_path / "ab.onnx"), swapped, ["1x3"]).ok
+    reordered = _Returns({"a": 0, "b": 0})
+    assert verify_specs(str(tmp_path / "ab.onnx"), reordered, ["1x3"]).ok
 
 
 class _Returns(nn.Module):

@@ -198,8 +198,12 @@ def _refuse_unknown_arguments(module: Any, fixed: Mapping[str, Any], spec: str) 
 def _give_onnx_the_structure_of(onnx_side: Any, other: nn.Module, example: Sequence[Any]) -> None:
     """An ONNX file returns a flat list of tensors where the model returned a structure (a transformers
     ``ModelOutput``, a dict, nested tuples): one call of the other side gives the structure to put them back
-    into, so that the two compare leaf by leaf (a file whose outputs do not fill it stays flat, and differs)."""
+    into, so that the two compare leaf by leaf (a file whose outputs do not fill it stays flat, and differs).
+    A file that records its own structure (fxforge's export) keeps it: lent the other side's, a file of
+    ``{"a": ..., "b": ...}`` compared equal to a model returning the same tensors under swapped keys."""
     if not isinstance(onnx_side, OnnxRuntimeModule) or onnx_side.output_like is not None:
+        return
+    if onnx_side.output_structure is not None:
         return
     if isinstance(other, OnnxRuntimeModule):
         return
