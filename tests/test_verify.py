@@ -130,6 +130,30 @@ def test_a_case_sensitive_to_rounding_is_judged_against_float64():
     assert not wrong.ok and any("outside the tolerance" in p for p in wrong.problems)
 
 
+class _Scaled(torch.nn.Module):
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x * 1e6)  # sin(x * 1e11): float32 keeps nothing of the phase
+
+
+def test_a_case_whose_allowance_covers_the_whole_output_cannot_verify():
+    """QA: sin(x * 1e11) "verified" OK against zeros_like: the model's own float32 output is as far from float64 as
+    the output is large, so the allowance admitted anything of that size."""
+    zeros = _ZeroLike()
+    result = verify(_Scaled(_SineOfLarge()), zeros, input_specs=["2x8"])
+    assert not result.ok and result.unverifiable
+    assert any("no case could be judged" in p for p in result.problems)
+    assert any("sensitive to rounding beyond use" in w for w in result.warnings)
+
+
+class _ZeroLike(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.zeros_like(x)
+
+
 class _LuckySine(torch.nn.Module):
     """sin(x * 1e5) computed in float64 (its float32 output is then nearly exact: lucky), plus a small term in
     float32 so that the case still counts as sensitive; ``float32=True`` computes the sine in float32 instead -- the

@@ -380,6 +380,7 @@ class Verifier:
         self._double: nn.Module | None = None  # a float64 copy of the reference, made for an ill-conditioned case
         self._exact: dict[int, Any] = {}
         self._spread: dict[int, float | None] = {}  # per case: see _rounding_spread
+        self._unjudged: set[int] = set()  # the cases of the current run that proved nothing (_against_float64)
 
     # -- setup
 
@@ -546,6 +547,7 @@ class Verifier:
             return result
         failing: Case | None = None
         bisectable: Case | None = None  # the first failing case at a batch size the captured graph takes
+        self._unjudged = set()
         refused: set[int | None] = set()
         for index in chosen:
             case, expected = self.cases[index], self.expected[index]
@@ -596,6 +598,13 @@ class Verifier:
                 bisectable = bisectable or (case if case.batch not in self.graph_rejects else None)
                 result.failing_case = index if result.failing_case is None else result.failing_case
         result.cases = [self.cases[i].label for i in chosen if self.cases[i].batch not in refused]
+        judged = [i for i in chosen if self.cases[i].batch not in refused and i not in self._unjudged]
+        if result.ok and result.cases and not judged:
+            result.ok, result.unverifiable = False, True
+            result.problems.append(
+                "no case could be judged: on every one the model's own float32 output is as far from its float64 "
+                "value as the output is large (try other inputs, or compare in float64)"
+            )
         result.trials = len(result.cases)
         result.batch_sizes = [b for b in result.batch_sizes if b not in refused]
         if failing is not None and bisectable is None and self.captured is not None:
@@ -664,8 +673,20 @@ class Verifier:
         _, default_atol = resolve_tolerances(self._float_dtype(index), self.rtol, self.atol)
         floor = spread * ILL_CONDITIONED_FACTOR
         exact = self._float64_output(index)
-        lenient = compare_outputs(exact, actual, self.rtol, default_atol + floor, allow_nonfinite=True)
         label = self.cases[index].label
+        floats = [t for t in pytree.tree_leaves(as_structure(exact)) if isinstance(t, torch.Tensor)]
+        largest = max((t.abs().max().item() for t in floats if t.is_floating_point() and t.numel()), default=0.0)
+        if floor >= largest:
+            # the allowance is as large as the output: zeros would pass (QA: sin(x * 1e11) "verified" against
+            # zeros_like). The case proves nothing either way: it is left out, and a verification that judged no
+            # case at all says it cannot verify.
+            result.warnings.append(
+                f"{label} cannot be judged: sensitive to rounding beyond use (the model's own float32 output is "
+                f"{spread:.3g} from its float64 value, and the output is at most {largest:.3g} in size)"
+            )
+            self._unjudged.add(index)
+            return Comparison(True, failed.max_abs_err, failed.max_rel_err)
+        lenient = compare_outputs(exact, actual, self.rtol, default_atol + floor, allow_nonfinite=True)
         verdict = "within" if lenient.ok else "outside"
         note = (
             f"{label} is sensitive to rounding: the model's own output is {spread:.3g} from its float64 "
