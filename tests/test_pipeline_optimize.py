@@ -425,3 +425,26 @@ def test_a_loaded_model_pt2_takes_inputs_by_name_and_returns_a_plain_dict(tmp_pa
             assert torch.equal(out.pop("pooled"), loaded(ids, attention_mask=mask)["pooled"])
         with pytest.raises(TypeError, match="no input named 'token_type_ids'"):
             loaded(ids, mask, token_type_ids=mask)
+
+
+def test_verify_of_an_edited_file_against_its_old_output_compares_the_old_code(tmp_path):
+    """QA: after the user edited the file, ``verify file.py:Net out`` said OK: the pickle in model.pt names the file's
+    module (fxforge_user_net), which verify had just imported from the edited file, so the directory ran the new
+    code too. Loading the directory now uses its own copy (source/) while it unpickles."""
+    from fxforge.api import verify_specs
+    from fxforge.cli import main
+
+    (tmp_path / "net.py").write_text(USER_MODEL)
+    out = tmp_path / "out"
+    assert main(["optimize", f"{tmp_path / 'net.py'}:Net", "-i", "1x3x8x8", "-p", "fold_bn", "-o", str(out)]) == 0
+    spec = f"{tmp_path / 'net.py'}:Net"
+    assert verify_specs(spec, str(out), ["1x3x8x8"], trust_pickle=True).ok  # written by this process: the same code
+    (tmp_path / "net.py").write_text(USER_MODEL.replace("return x * 2", "return x * 3"))
+    script = (
+        "import sys\n"
+        "from fxforge.api import verify_specs\n"
+        f"result = verify_specs({spec!r}, {str(out)!r}, ['1x3x8x8'], trust_pickle=True)\n"
+        "sys.exit(0 if not result.ok and sys.modules['fxforge_user_net'].__file__.endswith('/net.py') else 1)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr[-1500:]

@@ -486,18 +486,41 @@ def write_user_sources(pickled: Path, directory: Path) -> list[str]:
     return written
 
 
-def import_user_sources(directory: Path) -> None:
-    """Import the copies :func:`write_user_sources` made, before unpickling: a module this process has imported
-    already (it wrote the directory) stays as it is, so its classes are the ones the objects it made have."""
-    for file in sorted((directory / SOURCE_DIR).glob(f"{USER_MODULE_PREFIX}*.py")):
-        if file.stem in sys.modules:
-            continue
-        try:  # under the name the pickle refers to, which is the copy's own
-            import_file(file, error=ModelSpecError, what="the pickled model's classes", module_name=file.stem)
-        except ModelSpecError as exc:
-            sys.modules.pop(file.stem, None)  # a half-run module would stand in for the file on the next load
-            exc.hint = exc.hint or "a file that imports modules of its own needs them importable (on PYTHONPATH)"
-            raise
+@contextlib.contextmanager
+def user_sources(directory: Path) -> Iterator[None]:
+    """While unpickling in the block, the copies :func:`write_user_sources` made are the modules the pickle names.
+
+    A module this process imported from the same code (it wrote the directory) stays as it is, so its classes are
+    the ones the objects it made have. One imported from *other* code under that name -- the user's file, edited
+    since the directory was written (``fxforge verify file.py:make out``), or another project's file of the same
+    name -- is replaced for the block only: unpickled with the edited class, the directory computed the new code,
+    and verify said OK against the model it was to be compared with."""
+    replaced: dict[str, Any] = {}
+    try:
+        for file in sorted((directory / SOURCE_DIR).glob(f"{USER_MODULE_PREFIX}*.py")):
+            present = sys.modules.get(file.stem)
+            if present is not None and _same_code(present, file):
+                continue
+            if present is not None:
+                replaced[file.stem] = sys.modules.pop(file.stem)
+            try:  # under the name the pickle refers to, which is the copy's own
+                import_file(file, error=ModelSpecError, what="the pickled model's classes", module_name=file.stem)
+            except ModelSpecError as exc:
+                sys.modules.pop(file.stem, None)  # a half-run module would stand in for the file on the next load
+                exc.hint = exc.hint or "a file that imports modules of its own needs them importable (on PYTHONPATH)"
+                raise
+        yield
+    finally:
+        sys.modules.update(replaced)  # the unpickled objects keep the copy's classes; the process, its modules
+
+
+def _same_code(module: Any, copy: Path) -> bool:
+    """Whether ``module`` was imported from a file that reads as ``copy`` does."""
+    origin = getattr(module, "__file__", None)
+    try:
+        return origin is not None and Path(origin).read_bytes() == copy.read_bytes()
+    except OSError:
+        return False
 
 
 def with_sources_on_path(load_line: str, directory: Path) -> str:

@@ -48,7 +48,6 @@ from fxforge.artifacts import (
     TORCHSCRIPT_FILE,
     AotiModule,
     apply_recipe,
-    import_user_sources,
     is_aoti_package,
     is_pickle_stream,
     load_exported,
@@ -56,6 +55,7 @@ from fxforge.artifacts import (
     load_provenance,
     program_module,
     read_inputs,
+    user_sources,
 )
 from fxforge.demo import DEMO_MODELS
 from fxforge.errors import FxforgeError, ModelSpecError, first_line, one_line_reason, option, require, user_location
@@ -562,8 +562,8 @@ def _load_pickled_module(path: Path, spec: str, trusted: bool) -> LoadedModel:
                         hint=f"if you trust this file, pass {option('--trust-pickle', True)} (or set "
                         f"{TRUST_PICKLE_ENV}=1); to share models, prefer .pt2, TorchScript or ONNX files",
                     ) from None
-                import_user_sources(path.parent)  # the model's own file, copied beside it when it was written
-                obj = torch.load(str(path), map_location="cpu", weights_only=False)
+                with user_sources(path.parent):  # the model's own file, copied beside it when it was written
+                    obj = torch.load(str(path), map_location="cpu", weights_only=False)
     except FxforgeError:
         raise
     except (AttributeError, ImportError) as exc:
