@@ -93,6 +93,17 @@ def test_failed_build_is_a_row_and_the_rest_still_run(mlp):
     assert rows["eager"].ok and rows["eager"].max_abs_err == 0 and rows["eager"].speedup == 1.0
 
 
+@pytest.mark.parametrize(
+    "backends,batches",
+    [(["eager", "eager"], None), (["compile+cpp_wrapper+channels_last", "compile+channels_last+cpp_wrapper"], None),
+     (["eager"], [1, 1])],
+)
+def test_a_backend_or_batch_named_twice_is_refused_before_any_build(mlp, backends, batches):
+    """QA: -b eager,eager or --batch 1,1 crashed with FileExistsError (internal error, exit 4) after every build."""
+    with pytest.raises(FxforgeError, match="named twice"):
+        bench(mlp, backends, batches=batches, repeats=1, warmup=1, peak=False)
+
+
 def test_statistics_and_batches(mlp):
     report = bench(mlp, ["eager", "fx"], batches=[1, 4], warmup=1, repeats=5)
     assert [(row.backend, row.batch) for row in report.rows] == [("eager", 1), ("fx", 1), ("eager", 4), ("fx", 4)]

@@ -692,6 +692,13 @@ def bench(
     chosen = [b if isinstance(b, Backend) else get_backend(b) for b in (backends or default_backends())]
     if not backends and device.type != "cpu":  # the CPU runtimes would time the CPU, not the model's device
         chosen = [b for b in chosen if not b.cpu_only]
+    named_twice = [b.name for i, b in enumerate(chosen) if b.name in {c.name for c in chosen[:i]}]
+    if named_twice or len(set(batches or ())) != len(batches or ()):
+        # each row's working directory is named by backend and batch: a second one crashed after every build
+        twice = f"backend {named_twice[0]}" if named_twice else "a batch size"
+        raise FxforgeError(
+            f"{twice} is named twice", hint="name each backend and batch size once (variants in any order are one)"
+        )
     if passes is not None:
         # an unknown pass is the caller's mistake (exit 2), not a row that failed to build -- nor, without the
         # fx backend, nothing at all
