@@ -18,7 +18,7 @@ from fxforge.auto import AutoWarning, Budget, auto_optimize
 from fxforge.bench import SETTLE_CALLS, Backend
 from fxforge.capture import capture
 from fxforge.cli import main
-from fxforge.errors import EXIT_OK, EXIT_USAGE, FxforgeError
+from fxforge.errors import EXIT_CAPTURE, EXIT_OK, EXIT_USAGE, FxforgeError
 from fxforge.passes import PASSES, PassResult, register_pass
 from fxforge.verify import compare_outputs
 from model_helpers import randomize_batchnorm
@@ -604,7 +604,7 @@ def test_an_aotinductor_package_of_a_transformers_output_loads_in_a_fresh_proces
     assert done.stdout.split()[-1] == "BaseModelOutput"
 
 
-def test_an_aotinductor_package_runs_inputs_of_any_memory_layout(tmp_path):
+def test_an_aotinductor_package_runs_inputs_of_any_memory_layout(tmp_path, capfd):
     """The compiled code assumes the example's strides: a channels-last image gave wrong numbers (max error 1.0
     here, 0.45 on resnet18), silently, and verify drew contiguous inputs only."""
     from fxforge.bench import BuildSettings, get_backend
@@ -619,6 +619,9 @@ def test_an_aotinductor_package_runs_inputs_of_any_memory_layout(tmp_path):
     loaded = load_model(str(tmp_path)).module
     image = torch.randn(1, 3, 16, 16).to(memory_format=torch.channels_last)
     assert not image.is_contiguous() and compare_outputs(model(image), loaded(image)).ok
+    # inspect of the directory: one line saying what it is (it printed a C++ error, then "data-dependent control flow")
+    assert main(["inspect", str(tmp_path)]) == EXIT_CAPTURE
+    assert "cannot capture an AOTInductor package" in capfd.readouterr().err
 
 
 def test_an_aotinductor_package_is_refused_on_a_cpu_without_its_instruction_set(tmp_path, monkeypatch):

@@ -42,7 +42,7 @@ from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
 
 from fxforge import display
-from fxforge.artifacts import OnnxRuntimeModule
+from fxforge.artifacts import AotiModule, OnednnFusion, OnnxRuntimeModule
 from fxforge.compare import compare_outputs
 from fxforge.errors import (
     CaptureError,
@@ -623,13 +623,16 @@ def check_capture(captured: Captured, batch: int | None = None, expected: Any = 
 
 
 def _refuse_compiled_forms(model: nn.Module) -> None:
-    """A TorchScript module or an ONNX Runtime session has no Python forward to trace: say so plainly, instead
-    of reporting whatever tracing trips over first inside it."""
+    """A TorchScript module, an ONNX Runtime session or an AOTInductor package has no Python forward to trace: say
+    so plainly, instead of reporting whatever tracing trips over first inside it (tracing into a package printed
+    a C++ error, then blamed data-dependent control flow)."""
     kind = (
         "a TorchScript module"
-        if isinstance(model, torch.jit.ScriptModule)
+        if isinstance(model, (torch.jit.ScriptModule, OnednnFusion))
         else "an ONNX model (run by ONNX Runtime)"
         if isinstance(model, OnnxRuntimeModule)
+        else "an AOTInductor package (compiled code)"
+        if isinstance(model, AotiModule)
         else None
     )
     if kind is not None:
