@@ -795,3 +795,19 @@ def test_a_model_that_cannot_run_batch_2_is_exported_at_its_example(tmp_path):
     assert result.ok and result.verified_batches == [1]
     assert not any("traced at batch 2" in note for note in result.notes)
     assert _files(tmp_path) == ["m.onnx"]
+
+
+def test_a_transformer_with_an_attention_mask_exports_to_onnx_and_verifies(tmp_path):
+    """QA: verification drew an integer input all at its low end for the "negative" case: an attention mask of
+    zeros masks every position, where ONNX Runtime and torch differ (0.07 here), so no BERT export could pass and
+    optimize --auto rejected ONNX Runtime for every transformer. A row keeps one value at the other end."""
+    pytest.importorskip("onnxruntime")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        num_hidden_layers=2, hidden_size=64, num_attention_heads=2, intermediate_size=128, vocab_size=1000
+    )
+    captured = fxforge.prepare(transformers.BertModel(config).eval(), ["1x16:int64:max=999", "1x16:int64:max=1"])
+    result = export_model(captured, "onnx", tmp_path / "bert.onnx")
+    assert result.ok, result.verification.problems
+    assert "negative" in result.verification.distributions
