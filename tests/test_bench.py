@@ -510,3 +510,25 @@ def test_lint_reports_take_never_as_the_cli_does():
     assert report.findings and report.at_least("never") == [] and report.at_least("info") == report.findings
     with pytest.raises(FxforgeError, match="unknown severity 'fatal'"):
         report.at_least("fatal")
+
+
+class _Doubles(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x, double=False):
+        y = self.fc(x)
+        return y * 2 if double else y
+
+
+@pytest.mark.parametrize("method", ["symbolic_trace", "export"])
+def test_backends_run_with_the_concrete_values(method):
+    """QA: with --concrete double=true, fx failed to run in the ATen dialect (forward() missing 'double'), and
+    TorchScript and compile timed the model with its default (double=False): beyond tolerance."""
+    torch.manual_seed(0)
+    captured = capture(_Doubles().eval(), (torch.randn(2, 8),), concrete_args={"double": True}, method=method)
+    report = bench(captured, ["eager", "fx", "torchscript", "compile"], repeats=1, warmup=1, peak=False)
+    assert [(row.backend, row.error, row.within_tolerance) for row in report.rows] == [
+        (name, None, True) for name in ("eager", "fx", "torchscript", "compile")
+    ]

@@ -34,12 +34,13 @@ A candidate that fails verification is never timed, let alone chosen.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import shutil
 import statistics
 import tempfile
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -517,14 +518,22 @@ def _int8_fallback(
 
 
 class _AsModule(nn.Module):
-    """A plain callable behind nn.Module's interface, for :func:`fxforge.verify.verify`."""
+    """A candidate behind nn.Module's interface, for :func:`fxforge.verify.verify`, which calls it as it calls the
+    model: with the ``constants`` fixed by --concrete among the keywords. An exported or compiled artifact has them
+    built in (a file takes tensors only): those it does not name as parameters are dropped here, not passed ("the
+    ONNX model has no input named 'double'"); the model itself (eager) takes them."""
 
-    def __init__(self, function: Runner) -> None:
+    def __init__(self, function: Runner, constants: Mapping[str, Any]) -> None:
         super().__init__()
         self.function = function
+        try:
+            named = set(inspect.signature(getattr(function, "forward", function)).parameters)
+        except (TypeError, ValueError):
+            named = set()
+        self.constants = set(constants) - named
 
-    def forward(self, *args: Any) -> Any:
-        return self.function(*args)
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.function(*args, **{k: v for k, v in kwargs.items() if k not in self.constants})
 
 
 def _verify_candidate(
@@ -535,7 +544,7 @@ def _verify_candidate(
     seeds: Sequence[int],
     eval_data: Any,
 ) -> bool:
-    module = runner if isinstance(runner, nn.Module) else _AsModule(runner)
+    module = _AsModule(runner, captured.example_kwargs)
     try:
         if candidate.exact:
             ok, reason = _verify_exact(captured, candidate, module, budget, seeds)

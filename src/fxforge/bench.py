@@ -84,6 +84,7 @@ from fxforge.runtime import (
     run_reference,
     torch_threads,
     wait_for_device,
+    with_constant_kwargs,
 )
 from fxforge.visual import notebook
 
@@ -242,7 +243,8 @@ def _fx(captured: Captured, settings: BuildSettings) -> Runner:
         changed = [step.result.name for step in result.steps if step.result.changed]
         settings.notes.append(f"passes that changed the graph: {', '.join(changed) or 'none'}")
         graph_module = result.graph_module
-    return _laid_out(graph_module, settings)
+    # --concrete values: the torch dialect's graph has them built in, the ATen dialect's still takes them
+    return _laid_out(with_constant_kwargs(graph_module, captured.example_kwargs), settings)
 
 
 def _laid_out(module: nn.Module, settings: BuildSettings) -> nn.Module:
@@ -251,8 +253,10 @@ def _laid_out(module: nn.Module, settings: BuildSettings) -> nn.Module:
 
 
 def _export_source(captured: Captured) -> nn.Module:
-    # what fxforge export exports from a Captured: the rewritten graph, or the model itself for torch.export's
-    return captured.original if captured.dialect == ATEN else captured.graph_module
+    # what fxforge export exports from a Captured: the rewritten graph, or the model itself for torch.export's,
+    # with the --concrete values fixed (a TorchScript trace without them timed the model with its defaults)
+    source = captured.original if captured.dialect == ATEN else captured.graph_module
+    return with_constant_kwargs(source, captured.example_kwargs)
 
 
 @register_backend(
@@ -305,7 +309,7 @@ def _compile(captured: Captured, settings: BuildSettings) -> Runner:
     # Freezing (weights as constants, oneDNN weight prepacking) is PyTorch's advice for CPU inference:
     # resnet18 at 64x64, one thread, measured 4.8 ms frozen, 12.2 ms not, 7.9 ms eager.
     compiled = CompiledModule(
-        _laid_out(captured.original, settings),
+        _laid_out(with_constant_kwargs(captured.original, captured.example_kwargs), settings),
         inductor_config(settings.variants),
         mode="max-autotune-no-cudagraphs" if "max_autotune" in settings.variants else None,
     )

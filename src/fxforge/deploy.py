@@ -68,7 +68,7 @@ from fxforge.export import export_model
 from fxforge.graphs import ATEN, TORCH
 from fxforge.inputs import specs_of
 from fxforge.quantize import int8_backend, picklable_quantized_modules
-from fxforge.runtime import export_program, export_program_any_batch, quiet_torch_logs
+from fxforge.runtime import export_program, export_program_any_batch, quiet_torch_logs, with_constant_kwargs
 
 # How each kind of artifact loads without fxforge (printed with the result and written into report.json).
 PLAIN_TORCH_LOAD = {
@@ -168,8 +168,9 @@ def reload_artifact(directory: Path, output_like: Any = None, threads: int | Non
 
 
 def _source(captured: Captured, variants: set[str]) -> nn.Module:
-    """The rewritten graph, in channels-last layout when asked (the conversion is then part of what is exported)."""
-    module = captured.graph_module
+    """The rewritten graph, with the --concrete values fixed (the ATen dialect's graph still takes them), in
+    channels-last layout when asked (the conversion is then part of what is exported)."""
+    module = with_constant_kwargs(captured.graph_module, captured.example_kwargs)
     return ChannelsLastModule(module).eval() if "channels_last" in variants else module
 
 
@@ -195,7 +196,14 @@ def _write_fx(captured: Captured, directory: Path, settings: BuildSettings, vari
         program = export_program_any_batch(_source(captured, variants), captured.example_inputs, {})
         torch.export.save(program, str(directory / PROGRAM_FILE))
     else:
-        save_graph_module(captured.graph_module, directory, captured.example_inputs, captured.dialect, notes=a.notes)
+        save_graph_module(
+            captured.graph_module,
+            directory,
+            captured.example_inputs,
+            captured.dialect,
+            captured.example_kwargs,
+            notes=a.notes,
+        )
         if not (directory / PROGRAM_FILE).exists():
             raise FxforgeError("the rewritten graph does not export to model.pt2: " + "; ".join(a.notes))
     a.load = _program_load_line("fx", directory)
@@ -313,7 +321,14 @@ def _write_bf16(captured: Captured, directory: Path, settings: BuildSettings, va
 def _write_autocast(
     captured: Captured, directory: Path, settings: BuildSettings, variants: set[str], a: Artifact
 ) -> None:
-    save_graph_module(captured.graph_module, directory, captured.example_inputs, captured.dialect, notes=a.notes)
+    save_graph_module(
+        captured.graph_module,
+        directory,
+        captured.example_inputs,
+        captured.dialect,
+        captured.example_kwargs,
+        notes=a.notes,
+    )
     (directory / RECIPE_FILE).write_text(json.dumps({"run": "autocast", "dtype": "bfloat16"}))
     a.load = _program_load_line("autocast", directory)
 
