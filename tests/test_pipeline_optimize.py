@@ -448,3 +448,16 @@ def test_verify_of_an_edited_file_against_its_old_output_compares_the_old_code(t
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert done.returncode == 0, done.stderr[-1500:]
+
+
+def test_a_damaged_inputs_txt_is_an_error_only_where_its_shapes_are_needed(tmp_path, capsys):
+    """QA: the error said "pass --input instead", and with --input the command failed the same way."""
+    from fxforge.cli import main
+
+    out = tmp_path / "out"
+    assert main(["optimize", "demo", "-p", "dead_code", "-o", str(out)]) == 0
+    (out / "inputs.txt").write_text("garbage\n")
+    capsys.readouterr()
+    assert main(["inspect", str(out), "--trust-pickle"]) == 2  # model.pt: no shapes but the file's
+    assert "inputs.txt is corrupt" in capsys.readouterr().err
+    assert main(["inspect", str(out), "--trust-pickle", "--input", "2x3x32x32"]) == 0

@@ -29,6 +29,8 @@ def resolve_inputs(loaded: LoadedModel, inputs: str | InputSpec | Sequence[str |
         return [s if isinstance(s, InputSpec) else parse_input_spec(s) for s in inputs]
     if loaded.default_inputs:
         return list(loaded.default_inputs)
+    if loaded.default_inputs_error is not None:
+        raise loaded.default_inputs_error
     raise InputSpecError(
         f"no example input shape is known for {loaded.spec}",
         hint=said(

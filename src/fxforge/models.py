@@ -58,7 +58,16 @@ from fxforge.artifacts import (
     user_sources,
 )
 from fxforge.demo import DEMO_MODELS
-from fxforge.errors import FxforgeError, ModelSpecError, first_line, one_line_reason, option, require, user_location
+from fxforge.errors import (
+    FxforgeError,
+    ModelSpecError,
+    first_line,
+    one_line_reason,
+    option,
+    require,
+    said,
+    user_location,
+)
 from fxforge.inputs import InputSpec, parse_input_spec
 from fxforge.references import import_file
 from fxforge.runtime import quiet_torch_logs
@@ -77,6 +86,9 @@ class LoadedModel:
     default_inputs: list[InputSpec] = field(default_factory=list)
     # Set when the spec was a `.pt2` file: the program itself, already in the ATen dialect.
     exported_program: Any | None = None
+    # Why the recorded default inputs could not be read (a damaged inputs.txt): an error only where they are needed,
+    # not when the caller passes inputs of their own.
+    default_inputs_error: FxforgeError | None = None
     # Extra keyword inputs (e.g. attention masks) are not supported in specs; models take positional inputs.
 
     def __repr__(self) -> str:  # the dataclass's would print the whole module
@@ -426,8 +438,9 @@ def _load_output_dir(path: Path, spec: str, trusted: bool) -> LoadedModel:
     try:
         specs = read_inputs(path)
     except (FxforgeError, OSError, UnicodeDecodeError) as exc:
-        hint = "pass --input instead"
-        raise ModelSpecError(f"{path / INPUTS_FILE} is corrupt: {first_line(exc)}", hint=hint) from None
+        hint = said("pass --input instead", "pass inputs instead")
+        loaded.default_inputs_error = ModelSpecError(f"{path / INPUTS_FILE} is corrupt: {first_line(exc)}", hint=hint)
+        specs = None
     if specs is not None:
         loaded.default_inputs = specs
     return loaded
