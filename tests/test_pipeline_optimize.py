@@ -427,6 +427,22 @@ def test_a_loaded_model_pt2_takes_inputs_by_name_and_returns_a_plain_dict(tmp_pa
             loaded(ids, mask, token_type_ids=mask)
 
 
+@pytest.mark.parametrize("method", ["symbolic_trace", "export"])
+def test_a_model_pt2_fixed_to_the_examples_batch_says_so(tmp_path, method):
+    """QA: a transformers model's model.pt2 ran its example's batch only (its ATen graph holds it), and nothing said
+    so; optimize.md promised a dynamic batch where the graph allows one."""
+    model = _Tokens().eval()
+    ids, mask = torch.randint(0, 50, (2, 6)), torch.ones(2, 6, dtype=torch.int64)
+    result = optimize(fxforge.capture(model, (ids, mask), method=method), ["dead_code"], output_dir=tmp_path / "o")
+    fixed = [note for note in result.notes if "runs batch 2 only" in note]
+    program = torch.export.load(str(tmp_path / "o" / "model.pt2")).module()
+    try:
+        runs_other_batches = program(ids[:1], mask[:1]) is not None
+    except Exception:
+        runs_other_batches = False
+    assert bool(fixed) == (not runs_other_batches)
+
+
 def test_verify_of_an_edited_file_against_its_old_output_compares_the_old_code(tmp_path):
     """QA: after the user edited the file, ``verify file.py:Net out`` said OK: the pickle in model.pt names the file's
     module (fxforge_user_net), which verify had just imported from the edited file, so the directory ran the new

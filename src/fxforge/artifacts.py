@@ -22,6 +22,7 @@ import functools
 import importlib
 import importlib.metadata
 import inspect
+import io
 import itertools
 import json
 import os
@@ -47,6 +48,7 @@ from fxforge.machine import cpu_info
 from fxforge.references import USER_MODULE_PREFIX, import_file
 from fxforge.runtime import (
     ConstantKeywords,
+    at_batch_two,
     export_program_any_batch,
     holds_tensor,
     quiet_torch_logs,
@@ -350,6 +352,29 @@ def write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=2, default=str))
 
 
+def _fixed_batch(
+    program: torch.export.ExportedProgram, inputs: tuple[Any, ...], kwargs: dict[str, Any]
+) -> int | None:
+    """The example's batch size where ``program`` runs that batch only (it refuses the example at another batch:
+    its guards, or shapes written into its ops), else None -- also where the inputs have no one batch size."""
+    batched = [t for t in pytree.tree_leaves((inputs, kwargs)) if isinstance(t, torch.Tensor) and t.dim() > 0]
+    if not batched or len({t.shape[0] for t in batched}) != 1:
+        return None
+    batch = batched[0].shape[0]
+    values = (inputs, kwargs)
+    other = at_batch_two(values) if batch == 1 else pytree.tree_map_only(torch.Tensor, _first_row, values)
+    try:
+        with torch.no_grad(), quiet_torch_logs(), contextlib.redirect_stderr(io.StringIO()):
+            program.module()(*other[0], **other[1])
+    except Exception:
+        return batch
+    return None
+
+
+def _first_row(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor[:1] if tensor.dim() > 0 else tensor
+
+
 def write_inputs(directory: Path, example_inputs: Sequence[Any]) -> str:
     """``inputs.txt``: the example input specs, so ``verify`` and ``bench`` can reuse them."""
     specs = specs_of([t for t in example_inputs if isinstance(t, torch.Tensor)])
@@ -440,6 +465,14 @@ def save_graph_module(
         with quiet_torch_logs():
             torch.export.save(program, str(directory / PROGRAM_FILE))
         files.append(PROGRAM_FILE)
+        fixed = _fixed_batch(program, tuple(example_inputs), kwargs)
+        if fixed is not None:  # a transformers model's ATen graph holds its example's batch in its ops
+            why = (
+                "the ATen graph holds the example's batch (capture with --check-batch 2 for one that runs any batch)"
+                if dialect == ATEN
+                else "the graph fixes the batch size"
+            )
+            notes.append(f"{PROGRAM_FILE} runs batch {fixed} only: {why}")
     except Exception as exc:  # an untraceable leaf module, say: model.pt still holds everything
         (directory / PROGRAM_FILE).unlink(missing_ok=True)
         location = user_location(exc)  # the user's line torch.export stopped at, as export and capture name it
