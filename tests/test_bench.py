@@ -139,6 +139,10 @@ def test_speedups_carry_the_interval_of_their_paired_rounds():
     low, high = same.speedup_interval
     assert low <= 1.0 <= high
     assert twice.to_dict()["speedup_interval"] == twice.speedup_interval
+    # from one or two rounds, no interval: one round gave a zero-width one (1.75-1.75), read as a sure speedup
+    few = [_timed_row("eager", [10.0, 30.0]), _timed_row("fx", [5.0, 15.0])]
+    set_speedups(few)
+    assert few[1].speedup == 2.0 and few[1].speedup_interval is None
 
 
 def test_a_busy_machine_is_said_once_with_the_rows_it_moved():

@@ -841,13 +841,19 @@ def set_speedups(rows: Iterable[BenchRow]) -> None:
     for row in rows:
         if eager is not None and eager.median_ms and row.median_ms:
             row.speedup = eager.median_ms / row.median_ms
+            paired = len(paired_ratios(eager.round_ms, row.round_ms))
             interval = ratio_interval(eager.round_ms, row.round_ms) if row is not eager else None
-            row.speedup_interval = interval[1:] if interval else None
+            row.speedup_interval = interval[1:] if interval and paired >= MIN_INTERVAL_ROUNDS else None
 
 
 def paired_ratios(times: Sequence[float], reference: Sequence[float]) -> list[float]:
     """``times[i] / reference[i]`` for each round both were timed in."""
     return [t / r for t, r in zip(times, reference) if r > 0]
+
+
+# Paired rounds below which a row's speedup is shown without an interval: from one round it had zero width
+# (1.75-1.75), which reads as a sure speedup, from two it is their range
+MIN_INTERVAL_ROUNDS = 3
 
 
 def ratio_interval(
