@@ -64,6 +64,7 @@ def test_inspect_user_file_with_leaf(capsys):
         (["inspect", "demo", "-i", "1x4x32x32"], EXIT_USAGE, "demo takes --input 1x3x32x32 by default"),
         (["inspect", "missing_file.py:f"], EXIT_USAGE, "file not found"),
         (["inspect", "nonsense-spec"], EXIT_USAGE, "unknown model spec"),
+        (["verify", "demo", "./out_missing/"], EXIT_USAGE, "no such file or directory: ./out_missing/"),
         (["optimize", "demo", "-p", "fold_bm", "-o", "unused"], EXIT_USAGE, "unknown pass 'fold_bm'"),
         (["optimize", "demo", "-p", "", "-o", "unused"], EXIT_USAGE, "--passes names no pass"),  # ran 'exact'
         (["lint", "demo", "--select", "FX999"], EXIT_USAGE, "unknown lint rule"),

@@ -218,6 +218,8 @@ def _dispatch(spec: str, kwargs: dict[str, Any], trusted: bool) -> LoadedModel:
         return _load_from_import(file_part, attr, spec, kwargs)
     if path.suffix == ".py":
         raise ModelSpecError(f"{spec!r} names a Python file but no factory", hint=f"write {spec}:NAME")
+    if spec.endswith(("/", os.sep)) or spec.startswith(("./", "../", "/", "~")):  # a path, not a name
+        raise ModelSpecError(f"no such file or directory: {spec}", hint="check the path")
     raise ModelSpecError(f"unknown model spec {spec!r}", hint=_SPEC_HINT)
 
 
