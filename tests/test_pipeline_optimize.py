@@ -425,6 +425,8 @@ def test_a_loaded_model_pt2_takes_inputs_by_name_and_returns_a_plain_dict(tmp_pa
             assert torch.equal(out.pop("pooled"), loaded(ids, attention_mask=mask)["pooled"])
         with pytest.raises(TypeError, match="no input named 'token_type_ids'"):
             loaded(ids, mask, token_type_ids=mask)
+        with pytest.raises(TypeError, match=r"takes 2 inputs \(input_ids, attention_mask\), got 1"):
+            loaded(ids)  # torch's own message spanned ten lines
 
 
 @pytest.mark.parametrize("method", ["symbolic_trace", "export"])

@@ -812,8 +812,14 @@ def program_module(program: torch.export.ExportedProgram) -> nn.Module:
     keywords = in_spec is not None and in_spec.num_children == 2 and in_spec.children_specs[1].num_leaves > 0
     if names and not keywords:  # a program exported with keywords takes those itself
 
+        required = [p for p in inspect.signature(module.forward).parameters.values() if p.default is p.empty]
+
         def by_position(_module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
-            return (bind_keywords(names, args, kwargs, "the exported program"), {}) if kwargs else None
+            bound = bind_keywords(names, args, kwargs, "the exported program")
+            if not len(required) <= len(bound) <= len(names):  # torch's own message spans ten lines of tree specs
+                listed = ", ".join(names)
+                raise TypeError(f"the exported program takes {len(names)} inputs ({listed}), got {len(bound)}")
+            return (bound, {}) if kwargs else None
 
         module.register_forward_pre_hook(by_position, prepend=True, with_kwargs=True)
     module.register_forward_hook(lambda _module, _args, output: plain_containers(output))
