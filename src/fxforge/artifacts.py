@@ -809,7 +809,7 @@ def program_module(program: torch.export.ExportedProgram) -> nn.Module:
     module = program.module()
     names = positional_names(module)
     in_spec = program.call_spec.in_spec
-    keywords = in_spec is not None and in_spec.num_children == 2 and in_spec.children_specs[1].num_leaves > 0
+    keywords = in_spec is not None and in_spec.num_children == 2 and _child(in_spec, 1).num_leaves > 0
     if names and not keywords:  # a program exported with keywords takes those itself
 
         required = [p for p in inspect.signature(module.forward).parameters.values() if p.default is p.empty]
@@ -824,6 +824,11 @@ def program_module(program: torch.export.ExportedProgram) -> nn.Module:
         module.register_forward_pre_hook(by_position, prepend=True, with_kwargs=True)
     module.register_forward_hook(lambda _module, _args, output: plain_containers(output))
     return module
+
+
+def _child(spec: Any, index: int) -> Any:
+    # TreeSpec.child is torch 2.14's; children_specs, older torch's, warns there that it is deprecated
+    return spec.child(index) if hasattr(spec, "child") else spec.children_specs[index]
 
 
 def positional_names(module: nn.Module) -> list[str] | None:
