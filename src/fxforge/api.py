@@ -155,7 +155,7 @@ def verify_specs(
             ref = capture(ref_loaded, example, leaf_modules=leaf_modules, autowrap_functions=functions, check=False)
     # a saved program or ONNX file may be fixed to the example's batch size: verify then runs every case at that
     # batch (not half of them skipped), and the result says which batch was left out and why
-    return verify(
+    result = verify(
         ref,
         cand_loaded.module,
         input_specs=specs,
@@ -166,6 +166,10 @@ def verify_specs(
         allow_dtype_change=allow_dtype_change,
         candidate_may_fix_batch=True,
     )
+    # an output directory holds several forms: the verdict is about one (verify OK while model.pt was damaged
+    # read as if the whole directory were checked)
+    result.files = {side: m.file for side, m in (("reference", ref_loaded), ("candidate", cand_loaded)) if m.file}
+    return result
 
 
 def _wrapped_functions(wrap: Iterable[str | Callable[..., Any]]) -> list[Callable[..., Any]]:

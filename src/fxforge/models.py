@@ -89,6 +89,9 @@ class LoadedModel:
     # Why the recorded default inputs could not be read (a damaged inputs.txt): an error only where they are needed,
     # not when the caller passes inputs of their own.
     default_inputs_error: FxforgeError | None = None
+    # For a directory spec: the file of it that was loaded (model.pt2, model.pt, model.onnx...), so that a
+    # verdict can say which form of the output it is about.
+    file: str | None = None
     # Extra keyword inputs (e.g. attention masks) are not supported in specs; models take positional inputs.
 
     def __repr__(self) -> str:  # the dataclass's would print the whole module
@@ -428,6 +431,14 @@ def _load_output_dir(path: Path, spec: str, trusted: bool) -> LoadedModel:
     else:
         looked_for = ", ".join((MODEL_FILE, PROGRAM_FILE, AOTI_FILE, TORCHSCRIPT_FILE, ONNX_FILE))
         raise ModelSpecError(f"directory {spec!r} holds no model ({looked_for})", hint="is it an fxforge output?")
+    if (path / AOTI_FILE).exists():
+        loaded.file = AOTI_FILE
+    elif model_file.exists() and (trusted or not program_file.exists()):
+        loaded.file = MODEL_FILE
+    elif program_file.exists():
+        loaded.file = PROGRAM_FILE
+    else:
+        loaded.file = next(f.name for f, _ in exported if f.exists())
     if isinstance(loaded.module, torch.fx.GraphModule):
         load_provenance(loaded.module, path)
     recipe_file = path / RECIPE_FILE
@@ -437,6 +448,7 @@ def _load_output_dir(path: Path, spec: str, trusted: bool) -> LoadedModel:
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ModelSpecError(f"{recipe_file} is corrupt: {first_line(exc)}") from None
         loaded.module = apply_recipe(loaded.module, recipe)
+        loaded.file += f" + {RECIPE_FILE}"
     try:
         specs = read_inputs(path)
     except (FxforgeError, OSError, UnicodeDecodeError) as exc:

@@ -143,6 +143,8 @@ class VerifyResult:
     failing_case: int | None = field(default=None, repr=False)  # the Verifier's index of the first failing case
     # the (rtol, atol) each floating dtype of the outputs was compared with: "equal" is only as strict as these
     tolerances: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # for a side given as an output directory: the file of it that was compared ({"candidate": "model.pt2"})
+    files: dict[str, str] = field(default_factory=dict)
 
     def __repr__(self) -> str:
         return display.verify_repr(self)

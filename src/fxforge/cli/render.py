@@ -254,6 +254,9 @@ def _within(check: Any) -> str:
 
 
 def render_verify(console: Console, reference: str, candidate: str, result: Any) -> None:
+    files = getattr(result, "files", {})
+    reference += f" ({files['reference']})" if "reference" in files else ""
+    candidate += f" ({files['candidate']})" if "candidate" in files else ""
     if result.ok:
         console.print(
             f"[green]OK[/]: {escape(candidate)} matches {escape(reference)} on {result.describe_inputs()} "
