@@ -811,19 +811,29 @@ def program_module(program: torch.export.ExportedProgram) -> nn.Module:
     in_spec = program.call_spec.in_spec
     keywords = in_spec is not None and in_spec.num_children == 2 and _child(in_spec, 1).num_leaves > 0
     if names and not keywords:  # a program exported with keywords takes those itself
-
-        required = [p for p in inspect.signature(module.forward).parameters.values() if p.default is p.empty]
-
-        def by_position(_module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
-            bound = bind_keywords(names, args, kwargs, "the exported program")
-            if not len(required) <= len(bound) <= len(names):  # torch's own message spans ten lines of tree specs
-                listed = ", ".join(names)
-                raise TypeError(f"the exported program takes {len(names)} inputs ({listed}), got {len(bound)}")
-            return (bound, {}) if kwargs else None
-
-        module.register_forward_pre_hook(by_position, prepend=True, with_kwargs=True)
-    module.register_forward_hook(lambda _module, _args, output: plain_containers(output))
+        required = sum(1 for p in inspect.signature(module.forward).parameters.values() if p.default is p.empty)
+        module.register_forward_pre_hook(_ByPosition(names, required), prepend=True, with_kwargs=True)
+    module.register_forward_hook(_plain_output)
     return module
+
+
+class _ByPosition:
+    """A forward pre-hook (an object, not a closure: the module stays picklable) that passes keyword inputs by
+    position, and names a wrong number of inputs in one line (torch's message spans ten lines of tree specs)."""
+
+    def __init__(self, names: list[str], required: int) -> None:
+        self.names, self.required = names, required
+
+    def __call__(self, _module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        bound = bind_keywords(self.names, args, kwargs, "the exported program")
+        if not self.required <= len(bound) <= len(self.names):
+            listed = ", ".join(self.names)
+            raise TypeError(f"the exported program takes {len(self.names)} inputs ({listed}), got {len(bound)}")
+        return (bound, {}) if kwargs else None
+
+
+def _plain_output(_module: nn.Module, _args: Any, output: Any) -> Any:
+    return plain_containers(output)
 
 
 def _child(spec: Any, index: int) -> Any:
