@@ -450,3 +450,20 @@ def test_a_negative_or_nan_tolerance_is_refused():
     for bad in ({"rtol": -1.0}, {"atol": float("nan")}):
         with pytest.raises(FxforgeError, match="must be a number >= 0"):
             verify(model, model, input_specs=["2x4"], **bad)
+
+
+class _Counts(torch.nn.Module):
+    def __init__(self, offset: int = 0) -> None:
+        super().__init__()
+        self.offset = offset
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x > 0).sum(-1) + self.offset
+
+
+def test_a_loosened_tolerance_on_integer_outputs_is_said():
+    """QA: --atol 100 let integer outputs 6 apart pass, and the OK line showed no tolerance ("tolerances": {})."""
+    assert not verify(_Counts(), _Counts(offset=6), input_specs=["2x8"]).ok  # integers match exactly by default
+    loose = verify(_Counts(), _Counts(offset=6), input_specs=["2x8"], atol=100)
+    assert loose.ok and loose.tolerances == {"int64": (0.0, 100)}
+    assert "int64 within rtol 0e+00, atol 1e+02" in loose.describe_tolerances()

@@ -486,11 +486,14 @@ class Verifier:
             )
 
     def _tolerances(self) -> dict[str, tuple[float, float]]:
+        # integer outputs match exactly unless the caller loosened the tolerance: then they are listed too, so
+        # that "OK" says how loose it was (--atol 100 on token ids passed with no tolerance shown)
+        loosened = self.rtol is not None or self.atol is not None
         dtypes = {
             leaf.dtype
             for output in self.expected[:1]
             for leaf in pytree.tree_leaves(as_structure(output))
-            if isinstance(leaf, torch.Tensor) and (leaf.is_floating_point() or leaf.is_complex())
+            if isinstance(leaf, torch.Tensor) and (leaf.is_floating_point() or leaf.is_complex() or loosened)
         }
         return {
             str(dtype).removeprefix("torch."): resolve_tolerances(dtype, self.rtol, self.atol)
