@@ -467,3 +467,16 @@ def test_a_loosened_tolerance_on_integer_outputs_is_said():
     loose = verify(_Counts(), _Counts(offset=6), input_specs=["2x8"], atol=100)
     assert loose.ok and loose.tolerances == {"int64": (0.0, 100)}
     assert "int64 within rtol 0e+00, atol 1e+02" in loose.describe_tolerances()
+
+
+class _ConstantCount(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.full((x.shape[0],), 3)
+
+
+def test_a_reference_with_constant_integer_outputs_cannot_verify():
+    """QA: the input-dependence check looked at floating-point outputs only: a reference returning one integer
+    constant passed any candidate that returned it."""
+    result = verify(_ConstantCount(), _ConstantCount(), input_specs=["2x8"])
+    assert not result.ok and result.unverifiable
+    assert verify(_Counts(), _Counts(), input_specs=["2x8"]).ok  # integer outputs that follow the input verify

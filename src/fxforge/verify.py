@@ -461,16 +461,16 @@ class Verifier:
         return expected
 
     def _check_input_dependence(self, expected: list[Any]) -> None:
-        """A reference whose floating-point outputs are the same on every case, though the inputs differ (a
+        """A reference whose outputs are the same on every case, though the inputs differ (a
         zero-initialised classifier head gives zeros for every input), makes any candidate that returns those
         values pass, whatever it computes from its inputs: no check could fail, so none is claimed."""
         if len(self.cases) < 2 or self.cases[0].distribution == "given":
             return
         first_batch = self.cases[0].batch
         same_batch = [out for case, out in zip(self.cases, expected) if case.batch == first_batch]
+        # every tensor, integers too: a reference that returns one constant count passed any candidate returning it
         leaves = [
-            [t for t in pytree.tree_leaves(as_structure(out)) if isinstance(t, torch.Tensor) and t.is_floating_point()]
-            for out in same_batch
+            [t for t in pytree.tree_leaves(as_structure(out)) if isinstance(t, torch.Tensor)] for out in same_batch
         ]
         if len(leaves) < 2 or not leaves[0]:
             return
@@ -480,7 +480,7 @@ class Verifier:
             for other in leaves[1:]
         ):
             self.problems.append(
-                f"the reference's floating-point outputs are the same on all {len(leaves)} cases at batch "
+                f"the reference's outputs are the same on all {len(leaves)} cases at batch "
                 f"{first_batch}, whatever the input: nothing that depends on the input can be checked (a layer "
                 "initialised to zeros, such as a classifier head? give it random weights)"
             )
