@@ -485,3 +485,31 @@ def test_a_damaged_inputs_txt_is_an_error_only_where_its_shapes_are_needed(tmp_p
     assert f"OK: {out} (model.pt2) matches demo" in capsys.readouterr().out.replace("\n", " ")
     assert main(["verify", "demo", str(out), "--input", "2x3x32x32", "--trust-pickle", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["files"] == {"candidate": "model.pt"}
+
+
+class _BranchOnBatch(torch.nn.Module):
+    def forward(self, x):
+        return x * 2 if x.shape[0] == 1 else x * 3
+
+
+class _Branchy(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+        self.b = _BranchOnBatch()
+
+    def forward(self, x):
+        return self.b(self.fc(x))
+
+
+def test_a_model_pt2_traced_at_batch_2_is_kept_only_when_it_computes_the_example(tmp_path):
+    """QA regression: model.pt2 exported at batch 2 ran the example (batch 1) through the batch-2 branch, silently
+    wrong; it must give the model's result on the example, else the example's batch is exported."""
+    torch.manual_seed(0)
+    model = _Branchy().eval()
+    x = torch.randn(1, 8)
+    captured = fxforge.capture(model, (x,), leaf_modules=["b"], method="symbolic_trace")
+    optimize(captured, ["dead_code"], output_dir=tmp_path / "o")
+    program = torch.export.load(str(tmp_path / "o" / "model.pt2")).module()
+    with torch.no_grad():
+        assert fxforge.compare_outputs(model(x), program(x)).ok

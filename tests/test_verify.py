@@ -480,3 +480,14 @@ def test_a_reference_with_constant_integer_outputs_cannot_verify():
     result = verify(_ConstantCount(), _ConstantCount(), input_specs=["2x8"])
     assert not result.ok and result.unverifiable
     assert verify(_Counts(), _Counts(), input_specs=["2x8"]).ok  # integer outputs that follow the input verify
+
+
+class _WrongShape(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x[:, :3]
+
+
+def test_a_wrong_candidate_of_a_rounding_sensitive_reference_is_a_mismatch():
+    """QA regression: a candidate of the wrong shape was 'CANNOT VERIFY' against sin(x * 1e11); it is a mismatch."""
+    result = verify(_Scaled(_SineOfLarge()), _WrongShape(), input_specs=["2x16"])
+    assert not result.ok and not result.unverifiable

@@ -681,7 +681,8 @@ class Verifier:
         label = self.cases[index].label
         floats = [t for t in pytree.tree_leaves(as_structure(exact)) if isinstance(t, torch.Tensor)]
         largest = max((t.abs().max().item() for t in floats if t.is_floating_point() and t.numel()), default=0.0)
-        if floor >= largest:
+        lenient = compare_outputs(exact, actual, self.rtol, default_atol + floor, allow_nonfinite=True)
+        if lenient.ok and floor >= largest:
             # the allowance is as large as the output: zeros would pass (QA: sin(x * 1e11) "verified" against
             # zeros_like). The case proves nothing either way: it is left out, and a verification that judged no
             # case at all says it cannot verify.
@@ -691,7 +692,6 @@ class Verifier:
             )
             self._unjudged.add(index)
             return Comparison(True, failed.max_abs_err, failed.max_rel_err)
-        lenient = compare_outputs(exact, actual, self.rtol, default_atol + floor, allow_nonfinite=True)
         verdict = "within" if lenient.ok else "outside"
         note = (
             f"{label} is sensitive to rounding: the model's own output is {spread:.3g} from its float64 "
