@@ -60,3 +60,15 @@ class InplaceDropout(nn.Module):
 
     def forward(self, x):
         return self.drop(self.fc(x))
+
+
+class Doubles(torch.nn.Module):
+    """A Linear whose ``double`` keyword (fixed with --concrete / concrete_args) doubles its output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x, double=False):
+        y = self.fc(x)
+        return y * 2 if double else y

@@ -21,7 +21,7 @@ from fxforge.cli import main
 from fxforge.errors import EXIT_CAPTURE, EXIT_OK, EXIT_USAGE, FxforgeError
 from fxforge.passes import PASSES, PassResult, register_pass
 from fxforge.verify import compare_outputs
-from model_helpers import randomize_batchnorm
+from model_helpers import Doubles, randomize_batchnorm
 
 
 @pytest.fixture(scope="module")
@@ -825,22 +825,13 @@ def test_a_top1_drop_budget_is_judged_on_labels_and_bounded_by_agreement_without
     assert Budget(max_drop=0.01).reduced_precision
 
 
-class _Doubles(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = nn.Linear(8, 8)
-
-    def forward(self, x, double=False):
-        y = self.fc(x)
-        return y * 2 if double else y
-
 
 def test_candidates_of_a_model_with_concrete_values_verify(tmp_path):
     """QA: with --concrete double=true in the ATen dialect, every exported candidate was rejected: verify called
     them with double=True, which a file (constants built in) does not take, and fx's model.pt2 was written
     without the constant ("missing a required argument: 'double'")."""
     torch.manual_seed(0)
-    captured = capture(_Doubles().eval(), (torch.randn(2, 8),), concrete_args={"double": True}, method="export")
+    captured = capture(Doubles().eval(), (torch.randn(2, 8),), concrete_args={"double": True}, method="export")
     result = auto_optimize(captured, backends=["fx", "onnxruntime"], repeats=3, output_dir=tmp_path / "o")
     status = {c.name: (c.status, c.reason) for c in result.candidates}
     assert all(s in ("accepted", "chosen") for s, _ in status.values()), status

@@ -17,7 +17,7 @@ from fxforge.capture import capture
 from fxforge.cli import main
 from fxforge.errors import EXIT_OK, EXIT_USAGE, FxforgeError
 from fxforge.export import export_model
-from model_helpers import randomize_batchnorm
+from model_helpers import Doubles, randomize_batchnorm
 
 TRICKY = str(Path(__file__).parent / "tricky_models.py")
 ROW_KEYS = {
@@ -516,22 +516,13 @@ def test_lint_reports_take_never_as_the_cli_does():
         report.at_least("fatal")
 
 
-class _Doubles(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = nn.Linear(8, 8)
-
-    def forward(self, x, double=False):
-        y = self.fc(x)
-        return y * 2 if double else y
-
 
 @pytest.mark.parametrize("method", ["symbolic_trace", "export"])
 def test_backends_run_with_the_concrete_values(method):
     """QA: with --concrete double=true, fx failed to run in the ATen dialect (forward() missing 'double'), and
     TorchScript and compile timed the model with its default (double=False): beyond tolerance."""
     torch.manual_seed(0)
-    captured = capture(_Doubles().eval(), (torch.randn(2, 8),), concrete_args={"double": True}, method=method)
+    captured = capture(Doubles().eval(), (torch.randn(2, 8),), concrete_args={"double": True}, method=method)
     report = bench(captured, ["eager", "fx", "torchscript", "compile"], repeats=1, warmup=1, peak=False)
     assert [(row.backend, row.error, row.within_tolerance) for row in report.rows] == [
         (name, None, True) for name in ("eager", "fx", "torchscript", "compile")

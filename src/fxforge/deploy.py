@@ -191,19 +191,24 @@ def _write_eager(captured: Captured, directory: Path, settings: BuildSettings, v
     a.notes.append("the model itself, pickled: loading it needs its code importable and --trust-pickle")
 
 
+def _save_graph(captured: Captured, directory: Path, a: Artifact) -> None:
+    """The captured graph saved as an optimize output is (model.pt2 and the rest), its --concrete values fixed."""
+    save_graph_module(
+        captured.graph_module,
+        directory,
+        captured.example_inputs,
+        captured.dialect,
+        captured.example_kwargs,
+        notes=a.notes,
+    )
+
+
 def _write_fx(captured: Captured, directory: Path, settings: BuildSettings, variants: set[str], a: Artifact) -> None:
     if "channels_last" in variants:
         program = export_program_any_batch(_source(captured, variants), captured.example_inputs, {})
         torch.export.save(program, str(directory / PROGRAM_FILE))
     else:
-        save_graph_module(
-            captured.graph_module,
-            directory,
-            captured.example_inputs,
-            captured.dialect,
-            captured.example_kwargs,
-            notes=a.notes,
-        )
+        _save_graph(captured, directory, a)
         if not (directory / PROGRAM_FILE).exists():
             raise FxforgeError("the rewritten graph does not export to model.pt2: " + "; ".join(a.notes))
     a.load = _program_load_line("fx", directory)
@@ -321,14 +326,7 @@ def _write_bf16(captured: Captured, directory: Path, settings: BuildSettings, va
 def _write_autocast(
     captured: Captured, directory: Path, settings: BuildSettings, variants: set[str], a: Artifact
 ) -> None:
-    save_graph_module(
-        captured.graph_module,
-        directory,
-        captured.example_inputs,
-        captured.dialect,
-        captured.example_kwargs,
-        notes=a.notes,
-    )
+    _save_graph(captured, directory, a)
     (directory / RECIPE_FILE).write_text(json.dumps({"run": "autocast", "dtype": "bfloat16"}))
     a.load = _program_load_line("autocast", directory)
 
