@@ -491,3 +491,21 @@ def test_a_wrong_candidate_of_a_rounding_sensitive_reference_is_a_mismatch():
     """QA regression: a candidate of the wrong shape was 'CANNOT VERIFY' against sin(x * 1e11); it is a mismatch."""
     result = verify(_Scaled(_SineOfLarge()), _WrongShape(), input_specs=["2x16"])
     assert not result.ok and not result.unverifiable
+
+
+class _SineAndInput(torch.nn.Module):
+    def __init__(self, shift: float = 0.0) -> None:
+        super().__init__()
+        self.shift = shift
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return (x * 1e11).sin(), x + self.shift
+
+
+def test_one_outputs_rounding_allowance_does_not_excuse_another():
+    """QA: the allowance was one floor for every output, so sin(x * 1e11)'s rounding spread (the size of its output)
+    let a second output off by 1 pass. Each output is judged with its own spread now."""
+    result = verify(_SineAndInput(), _SineAndInput(shift=1.0), input_specs=["2x8"])
+    assert not result.ok and not result.unverifiable
+    assert any("output[1]: max abs error 1" in p for p in result.problems)
+    assert any("cannot be judged on output[0]" in w for w in result.warnings)

@@ -150,6 +150,33 @@ def _compare(
     return _mismatch(f"{path}: {_short_repr(candidate)} != {_short_repr(reference)}")
 
 
+def paired_leaves(reference: Any, candidate: Any, path: str = "output") -> list[tuple[str, Any, Any]] | None:
+    """The leaves of two nested outputs side by side, each with the path :func:`compare_outputs` names it by,
+    in the order it walks them; None where the two structures differ (keys, lengths, containers)."""
+    reference, candidate = as_structure(reference), as_structure(candidate)
+    if isinstance(reference, Mapping):
+        if not isinstance(candidate, Mapping) or set(reference) != set(candidate):
+            return None
+        branches = [(reference[key], candidate[key], f"{path}[{key!r}]") for key in reference]
+    elif isinstance(reference, Sequence) and not isinstance(reference, (str, bytes)):
+        if (
+            not isinstance(candidate, Sequence)
+            or isinstance(candidate, (str, bytes))
+            or len(reference) != len(candidate)
+        ):
+            return None
+        branches = [(ref, cand, f"{path}[{i}]") for i, (ref, cand) in enumerate(zip(reference, candidate))]
+    else:
+        return [(path, reference, candidate)]
+    pairs: list[tuple[str, Any, Any]] = []
+    for ref, cand, where in branches:
+        below = paired_leaves(ref, cand, where)
+        if below is None:
+            return None
+        pairs.extend(below)
+    return pairs
+
+
 def _same_scalar(reference: Any, candidate: Any) -> bool:
     if isinstance(reference, float) and isinstance(candidate, (int, float)):
         return math.isclose(reference, candidate) or (math.isnan(reference) and math.isnan(candidate))

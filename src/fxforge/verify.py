@@ -51,6 +51,7 @@ from fxforge.compare import (
     as_structure,
     compare_outputs,
     diverges,
+    paired_leaves,
     resolve_tolerances,
     tolerance_for,
 )
@@ -381,7 +382,7 @@ class Verifier:
         self.expected = self._reference_outputs()
         self._double: nn.Module | None = None  # a float64 copy of the reference, made for an ill-conditioned case
         self._exact: dict[int, Any] = {}
-        self._spread: dict[int, float | None] = {}  # per case: see _rounding_spread
+        self._spread: dict[int, dict[str, float]] = {}  # per case: see _rounding_spreads
         self._unjudged: set[int] = set()  # the cases of the current run that proved nothing (_against_float64)
 
     # -- setup
@@ -670,68 +671,112 @@ class Verifier:
         result.divergence_unknown = why
 
     def _against_float64(self, index: int, actual: Any, failed: Comparison, result: VerifyResult) -> Comparison:
-        """A case the candidate missed, judged against the float64 result where the case is ill-conditioned
-        (see the module docstring); else ``failed`` as it is."""
-        spread = self._rounding_spread(index)
-        if spread is None:
-            return failed
-        _, default_atol = resolve_tolerances(self._float_dtype(index), self.rtol, self.atol)
-        floor = spread * ILL_CONDITIONED_FACTOR
+        """A case the candidate missed, judged output by output: an output sensitive to rounding against the
+        float64 result with its own allowance (see the module docstring), every other output strictly against
+        the model's, as before; else ``failed`` as it is. The allowance is per output: one output's rounding
+        spread must not excuse another (QA: ``(sin(x * 1e11), x)`` passed ``(..., x + 1)``)."""
+        spreads = self._rounding_spreads(index)
         exact = self._float64_output(index)
+        if not spreads or exact is None:
+            return failed
+        against_exact = paired_leaves(exact, actual)
+        against_model = paired_leaves(self.expected[index], actual)
+        if against_exact is None or against_model is None:
+            return failed  # a structure the model's does not have: the strict comparison's problems stand
         label = self.cases[index].label
-        floats = [t for t in pytree.tree_leaves(as_structure(exact)) if isinstance(t, torch.Tensor)]
-        largest = max((t.abs().max().item() for t in floats if t.is_floating_point() and t.numel()), default=0.0)
-        lenient = compare_outputs(exact, actual, self.rtol, default_atol + floor, allow_nonfinite=True)
-        if lenient.ok and floor >= largest:
-            # the allowance is as large as the output: zeros would pass (QA: sin(x * 1e11) "verified" against
-            # zeros_like). The case proves nothing either way: it is left out, and a verification that judged no
-            # case at all says it cannot verify.
-            result.warnings.append(
-                f"{label} cannot be judged: sensitive to rounding beyond use (the model's own float32 output is "
-                f"{spread:.3g} from its float64 value, and the output is at most {largest:.3g} in size)"
+        judged = Comparison(True)
+        notes, beyond_use = [], []
+        for (path, exact_leaf, candidate_leaf), (_, model_leaf, _) in zip(against_exact, against_model):
+            if path not in spreads:
+                judged.merge(
+                    compare_outputs(
+                        model_leaf,
+                        candidate_leaf,
+                        self.rtol,
+                        self.atol,
+                        path,
+                        allow_dtype_change=self.allow_dtype_change,
+                        allow_nonfinite=True,
+                    )
+                )
+                continue
+            floor = spreads[path] * ILL_CONDITIONED_FACTOR
+            _, default_atol = resolve_tolerances(exact_leaf.dtype, self.rtol, self.atol)
+            lenient = compare_outputs(
+                exact_leaf,
+                candidate_leaf,
+                self.rtol,
+                default_atol + floor,
+                path,
+                allow_dtype_change=self.allow_dtype_change,
+                allow_nonfinite=True,
             )
-            self._unjudged.add(index)
-            return Comparison(True, failed.max_abs_err, failed.max_rel_err)
-        verdict = "within" if lenient.ok else "outside"
-        note = (
-            f"{label} is sensitive to rounding: the model's own output is {spread:.3g} from its float64 "
-            f"value (the largest of its output's and its outputs' on inputs perturbed at the rounding level); "
-            f"the candidate's, {lenient.max_abs_err:.3g}, is {verdict} the tolerance + {ILL_CONDITIONED_FACTOR:g}x that"
-        )
-        if lenient.ok:
-            result.warnings.append(note)
-            return lenient
-        failed.problems.append(note)
-        return failed
+            largest = exact_leaf.abs().max().item() if exact_leaf.numel() else 0.0
+            if lenient.ok and floor >= largest:
+                # the allowance is as large as the output: zeros would pass (QA: sin(x * 1e11) "verified" against
+                # zeros_like). This output proves nothing either way; a case none of whose outputs proved anything
+                # is left out, and a verification that judged no case at all says it cannot verify.
+                beyond_use.append(
+                    f"{path} (the model's own float32 output is {spreads[path]:.3g} from its float64 value, and "
+                    f"the output is at most {largest:.3g} in size)"
+                )
+                continue
+            verdict = "within" if lenient.ok else "outside"
+            notes.append(
+                f"{path}: the model's own output is {spreads[path]:.3g} from its float64 value (the largest of its "
+                f"output's and its outputs' on inputs perturbed at the rounding level); the candidate's, "
+                f"{lenient.max_abs_err:.3g}, is {verdict} the tolerance + {ILL_CONDITIONED_FACTOR:g}x that"
+            )
+            judged.merge(lenient)
+        if beyond_use:
+            result.warnings.append(
+                f"{label} cannot be judged on {', '.join(beyond_use)}: sensitive to rounding beyond use"
+            )
+            if len(beyond_use) == len(against_exact):
+                self._unjudged.add(index)
+                return Comparison(True, failed.max_abs_err, failed.max_rel_err)
+        note = f"{label} is sensitive to rounding: " + "; ".join(notes) if notes else ""
+        if judged.ok:
+            if note:
+                result.warnings.append(note)
+            return judged
+        if note:
+            judged.problems.append(note)
+        return judged
 
-    def _rounding_spread(self, index: int) -> float | None:
-        """How far float32 evaluations of the reference land from its float64 output on case ``index``: the
-        largest distance of its own output and of its outputs on :data:`PERTURBED_RUNS` rounding-level
-        perturbations of the input. None where the case has no float64 output or is well-conditioned (the
-        model's own output within :data:`SENSITIVE_SHARE` of rtol). Once per case: it depends on the reference
-        alone, not on the candidate that missed."""
+    def _rounding_spreads(self, index: int) -> dict[str, float]:
+        """How far float32 evaluations of the reference land from its float64 output on case ``index``, per
+        output (by :func:`~fxforge.compare.paired_leaves` path): the largest distance of its own output and of
+        its outputs on :data:`PERTURBED_RUNS` rounding-level perturbations of the input. Only the outputs that
+        are sensitive to rounding are named (the model's own output further than :data:`SENSITIVE_SHARE` of rtol
+        from float64); elsewhere the tolerance decides. Once per case: it depends on the reference alone, not on
+        the candidate that missed."""
         if index in self._spread:
             return self._spread[index]
-        spread = None
+        spreads: dict[str, float] = {}
         exact = self._float64_output(index)
-        if exact is not None:
-            own = compare_outputs(exact, self.expected[index], self.rtol, self.atol, allow_nonfinite=True)
-            rtol, _ = resolve_tolerances(self._float_dtype(index), self.rtol, self.atol)
-            if own.max_rel_err > rtol * SENSITIVE_SHARE:  # else well-conditioned: the tolerance decides
-                spread = own.max_abs_err
-                for draw in range(PERTURBED_RUNS):
-                    perturbed = self._perturbed_output(index, draw)
-                    if perturbed is None:
-                        break
-                    shaken = compare_outputs(exact, perturbed, self.rtol, self.atol, allow_nonfinite=True)
-                    if math.isfinite(shaken.max_abs_err):
-                        spread = max(spread, shaken.max_abs_err)
-        self._spread[index] = spread
-        return spread
-
-    def _float_dtype(self, index: int) -> torch.dtype:
-        """The dtype of the reference's first output below float64 on case ``index`` (its tolerances apply)."""
-        return next(t.dtype for t in pytree.tree_leaves(as_structure(self.expected[index])) if _low_precision(t))
+        own = paired_leaves(exact, self.expected[index]) if exact is not None else None
+        for path, exact_leaf, model_leaf in own or []:
+            if not (_low_precision(model_leaf) and isinstance(exact_leaf, torch.Tensor)):
+                continue
+            distance = compare_outputs(exact_leaf, model_leaf, self.rtol, self.atol, path, allow_nonfinite=True)
+            rtol, _ = resolve_tolerances(model_leaf.dtype, self.rtol, self.atol)
+            if distance.max_rel_err > rtol * SENSITIVE_SHARE:
+                spreads[path] = distance.max_abs_err
+        for draw in range(PERTURBED_RUNS if spreads else 0):
+            perturbed = self._perturbed_output(index, draw)
+            shaken = paired_leaves(exact, perturbed) if perturbed is not None else None
+            if shaken is None:
+                break
+            for path, exact_leaf, perturbed_leaf in shaken:
+                if path in spreads:
+                    distance = compare_outputs(
+                        exact_leaf, perturbed_leaf, self.rtol, self.atol, path, allow_nonfinite=True
+                    )
+                    if math.isfinite(distance.max_abs_err):
+                        spreads[path] = max(spreads[path], distance.max_abs_err)
+        self._spread[index] = spreads
+        return spreads
 
     def _perturbed_output(self, index: int, draw: int) -> Any:
         """The reference run on case ``index`` with every floating-point input multiplied by ``1 + u``, ``u``
