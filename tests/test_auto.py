@@ -75,8 +75,8 @@ def test_a_wrong_fast_candidate_is_rejected_and_never_chosen(classifier, tmp_pat
     assert compare_outputs(classifier.original(x), loaded(x)).ok
     # the printed fxforge line loads it as written: a pickle needs the opt-in (the line without it raised)
     line = result.load_with_fxforge.split("  #")[0]
-    assert line.endswith(", trust_pickle=True)") and report["load_with_fxforge"] == result.load_with_fxforge
-    assert compare_outputs(classifier.original(x), eval(line, {"fxforge": fxforge}).module(x)).ok
+    assert line.endswith(", trust_pickle=True).module") and report["load_with_fxforge"] == result.load_with_fxforge
+    assert compare_outputs(classifier.original(x), eval(line, {"fxforge": fxforge})(x)).ok
 
 
 def test_the_output_says_what_the_table_says_and_warns_of_a_busy_machine(classifier):
@@ -835,3 +835,19 @@ def test_candidates_of_a_model_with_concrete_values_verify(tmp_path):
     result = auto_optimize(captured, backends=["fx", "onnxruntime"], repeats=3, output_dir=tmp_path / "o")
     status = {c.name: (c.status, c.reason) for c in result.candidates}
     assert all(s in ("accepted", "chosen") for s, _ in status.values()), status
+
+
+def test_eager_chosen_for_a_model_loaded_from_a_program_is_written_as_a_program(tmp_path):
+    """QA: `optimize DIR --auto -b fx` on an ATen output directory crashed when eager won ("Can't pickle local
+    object"): the model itself was a torch.export module, which torch.save cannot write. It is saved as model.pt2."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU()).eval()
+    example = torch.randn(2, 8)
+    program_module = torch.export.export(model, (example,)).module()
+    captured = capture(program_module, (example,))
+    result = auto_optimize(captured, tmp_path / "out", backends=[_backend("slow", delay=0.02)], repeats=3)
+    assert result.chosen == "eager"
+    assert (tmp_path / "out" / "model.pt2").exists() and not (tmp_path / "out" / "model.pt").exists()
+    assert "torch.export.load('model.pt2')" in result.load
+    reloaded = fxforge.load_model(tmp_path / "out").module  # a Path, as API users pass one
+    assert torch.equal(reloaded(example), model(example))

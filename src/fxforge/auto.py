@@ -59,6 +59,8 @@ from fxforge.artifacts import (
     atomic_directory,
     check_free_space,
     check_output_directory,
+    load_program,
+    program_module,
     with_sources_on_path,
     write_inputs,
     write_report,
@@ -79,13 +81,13 @@ from fxforge.bench import (
     set_speedups,
 )
 from fxforge.capture import Captured, require_real_weights
-from fxforge.deploy import PLAIN_TORCH_LOAD, Artifact, deployable, write_artifact
+from fxforge.deploy import PLAIN_TORCH_LOAD, Artifact, deployable, program_load_line, write_artifact
 from fxforge.errors import FxforgeError, InputSpecError, one_line_reason, option, said
 from fxforge.machine import native_bf16
 from fxforge.passes import exact_passes
 from fxforge.pipeline import Pipeline
 from fxforge.quantize import Target, compare_batches, load_calibration, run_batches
-from fxforge.runtime import describe_inputs, quiet_torch_logs, run_reference
+from fxforge.runtime import describe_inputs, export_program_any_batch, quiet_torch_logs, run_reference
 from fxforge.verify import TOLERANCES, compare_outputs, verify
 
 FP32_TOLERANCE = TOLERANCES[torch.float32][0]  # fp32 round-off: what the exact candidates are held to
@@ -788,22 +790,50 @@ def _write(
             for path in artifact.directory.iterdir():
                 copy = shutil.copytree if path.is_dir() else shutil.copy
                 copy(path, staging / path.name)
-        else:  # eager: the model itself (torch.save aborts the process on a full disk: check first)
+        elif _picklable(rewritten.original):  # eager: the model itself (torch.save aborts on a full disk: check)
             check_free_space(staging, rewritten.original)
             _save_module(rewritten.original, staging / MODEL_FILE, rewritten)
             write_user_sources(staging / MODEL_FILE, staging)
             result.load = with_sources_on_path(result.load, staging)
+        else:
+            # the model itself, loaded from a model.pt2 (torch's unlifted program module holds local functions
+            # that do not pickle; QA: optimize DIR --auto -b fx crashed here): saved as the program it came from
+            check_free_space(staging, rewritten.original)
+            _save_program(rewritten.original, staging / PROGRAM_FILE, rewritten)
+            result.load = program_load_line("fx", staging)
         if not (staging / INPUTS_FILE).exists():
             write_inputs(staging, rewritten.example_inputs)
         # a directory whose only model is a pickle loads only with the opt-in (eager, pickled int8)
         forms = (AOTI_FILE, PROGRAM_FILE, TORCHSCRIPT_FILE, ONNX_FILE)
         pickled = (staging / MODEL_FILE).exists() and not any((staging / form).exists() for form in forms)
         opt_in = ", trust_pickle=True" if pickled else ""
-        result.load_with_fxforge = f"fxforge.load_model({str(result.output_dir)!r}{opt_in})  # runs as timed"
+        result.load_with_fxforge = f"fxforge.load_model({str(result.output_dir)!r}{opt_in}).module  # runs as timed"
         report = {"model": spec, "capture": rewritten.record.to_dict(), **result.to_dict()}
         report["files"] = [*sorted(p.name for p in staging.iterdir()), REPORT_FILE]
         write_report(staging, report)
         return sorted(p.name for p in staging.iterdir())
+
+
+def _picklable(module: nn.Module) -> bool:
+    """Whether ``torch.save`` can write the module: no submodule holds a local function as an attribute (what
+    torch.export's unlifted module of a model.pt2 holds as ``train``/``eval``), which pickle refuses."""
+    return not any(
+        callable(value) and "<locals>" in getattr(value, "__qualname__", "")
+        for submodule in module.modules()
+        for value in vars(submodule).values()
+    )
+
+
+def _save_program(module: nn.Module, path: Path, rewritten: Captured) -> None:
+    """Export the model itself to a ``model.pt2`` and check that the file computes what the module computes."""
+    program = export_program_any_batch(module, rewritten.example_inputs, rewritten.example_kwargs)
+    with quiet_torch_logs():
+        torch.export.save(program, str(path))
+    loaded = program_module(load_program(path))
+    inputs, kwargs = rewritten.example_inputs, rewritten.example_kwargs
+    comparison = compare_outputs(run_reference(module, inputs, kwargs), run_reference(loaded, inputs, kwargs))
+    if not comparison.ok:
+        raise FxforgeError(f"the saved model does not reload to the same outputs: {comparison.problems[0]}")
 
 
 def _save_module(module: Any, path: Path, rewritten: Captured) -> None:

@@ -174,7 +174,7 @@ def _source(captured: Captured, variants: set[str]) -> nn.Module:
     return ChannelsLastModule(module).eval() if "channels_last" in variants else module
 
 
-def _program_load_line(kind: str, directory: Path) -> str:
+def program_load_line(kind: str, directory: Path) -> str:
     """The plain-torch load line of a ``model.pt2`` artifact, after the imports that register its output types
     (``import transformers.modeling_outputs``: torch.export.load refuses the file without it)."""
     return _after_imports(program_imports(directory / PROGRAM_FILE), PLAIN_TORCH_LOAD[kind])
@@ -211,7 +211,7 @@ def _write_fx(captured: Captured, directory: Path, settings: BuildSettings, vari
         _save_graph(captured, directory, a)
         if not (directory / PROGRAM_FILE).exists():
             raise FxforgeError("the rewritten graph does not export to model.pt2: " + "; ".join(a.notes))
-    a.load = _program_load_line("fx", directory)
+    a.load = program_load_line("fx", directory)
 
 
 def _write_torchscript(
@@ -270,7 +270,7 @@ def _write_compiled(
     if "max_autotune" in variants:
         recipe["mode"] = "max-autotune-no-cudagraphs"
     (directory / RECIPE_FILE).write_text(json.dumps(recipe, indent=1))
-    a.load = _program_load_line("compile", directory)
+    a.load = program_load_line("compile", directory)
 
 
 def _write_aoti(
@@ -320,7 +320,7 @@ def _write_ort_int8(
 def _write_bf16(captured: Captured, directory: Path, settings: BuildSettings, variants: set[str], a: Artifact) -> None:
     model = bfloat16_graph(captured.graph_module, captured.example_inputs, settings.output_like)
     save_graph_module(model, directory, captured.example_inputs, TORCH, notes=a.notes)
-    a.load = _program_load_line("bf16", directory)
+    a.load = program_load_line("bf16", directory)
 
 
 def _write_autocast(
@@ -328,7 +328,7 @@ def _write_autocast(
 ) -> None:
     _save_graph(captured, directory, a)
     (directory / RECIPE_FILE).write_text(json.dumps({"run": "autocast", "dtype": "bfloat16"}))
-    a.load = _program_load_line("autocast", directory)
+    a.load = program_load_line("autocast", directory)
 
 
 _WRITERS = {

@@ -138,7 +138,7 @@ def _parameters_on_meta() -> Iterator[None]:
 
 
 def load_model(
-    spec: str | nn.Module,
+    spec: str | os.PathLike[str] | nn.Module,
     *,
     seed: int = 0,
     device: str | torch.device | None = None,
@@ -158,8 +158,10 @@ def load_model(
         raise ModelSpecError(f"seed {seed} is out of range", hint="a seed is an integer from 0 to 2**63 - 1")
     if isinstance(spec, nn.Module):
         return LoadedModel(spec, type(spec).__name__)
+    if isinstance(spec, os.PathLike):
+        spec = os.fspath(spec)  # a file or output directory as a Path: the same spec as its string
     if not isinstance(spec, str):
-        raise ModelSpecError(f"a model is a spec string or an nn.Module, not a {type(spec).__name__}")
+        raise ModelSpecError(f"a model is a spec string, a path or an nn.Module, not a {type(spec).__name__}")
     kwargs = dict(model_kwargs or {})
     trusted = pickle_trusted(trust_pickle)
     try:
