@@ -643,6 +643,11 @@ def test_an_aotinductor_package_is_refused_on_a_cpu_without_its_instruction_set(
     assert isinstance(load_model(str(tmp_path)).module, artifacts.AotiModule)  # loads on the CPU that built it
     older = CpuInfo("an older CPU", ["avx", "fma"], 2, "DEFAULT")
     monkeypatch.setattr(artifacts, "cpu_info", lambda: older)
+
+    def never(*args, **kwargs):  # loading may run the package's code: the refusal must come first
+        raise AssertionError("the package was loaded before its instruction set was checked")
+
+    monkeypatch.setattr(torch._inductor, "aoti_load_package", never)
     with pytest.raises(ModelSpecError, match=r"compiled for a CPU with AVX.*which this one \(an older CPU\) lacks"):
         load_model(str(tmp_path))
 

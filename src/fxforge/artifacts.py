@@ -1189,13 +1189,16 @@ class AotiModule(nn.Module):
     def __init__(self, path: str | Path, input_specs: Sequence[InputSpec] | None = None) -> None:
         super().__init__()
         self.path = str(path)
+        # before any of its code is loaded: the package's loader may already run compiled code (its constants'
+        # constructor), which on a CPU without the package's instruction set dies of an illegal instruction
+        metadata = package_metadata(self.path)
+        refuse_foreign_isa(metadata.get("AOTI_CPU_ISA", ""), self.path)
         with quiet_torch_logs():
             self.runner = torch._inductor.aoti_load_package(self.path)
         import_pytree_types(spec_types(self.runner.loader.get_call_spec()), Path(path).name)
-        metadata: dict[str, str] = {}
-        with contextlib.suppress(AttributeError, RuntimeError):  # a torch without package metadata
-            metadata = dict(self.runner.loader.get_metadata())
-        refuse_foreign_isa(metadata.get("AOTI_CPU_ISA", ""), self.path)
+        if not metadata:  # a package laid out otherwise: its loader's copy
+            with contextlib.suppress(AttributeError, RuntimeError):  # a torch without package metadata
+                metadata = dict(self.runner.loader.get_metadata())
         self.argument_names: list[str] | None = None
         with contextlib.suppress(ValueError, TypeError):
             names = json.loads(metadata.get(ARGUMENTS_KEY, "null"))
@@ -1228,6 +1231,21 @@ class AotiModule(nn.Module):
 # AOTInductor's names for the vector instruction sets a package was compiled for (``AOTI_CPU_ISA``), as the CPU flags
 # of /proc/cpuinfo spell them (:data:`fxforge.machine.RELEVANT_FLAGS`)
 _ISA_FLAGS = {"avx2": "avx2", "avx512": "avx512f", "avx512_vnni": "avx512_vnni", "amx_tile": "amx_tile"}
+
+
+def package_metadata(path: str | Path) -> dict[str, str]:
+    """An AOTInductor package's metadata (``AOTI_CPU_ISA``, fxforge's :data:`INPUTS_KEY`...), read from the
+    archive's ``*wrapper_metadata.json`` without loading its code; empty where the archive has none."""
+    with (
+        contextlib.suppress(OSError, zipfile.BadZipFile, ValueError, UnicodeDecodeError),
+        zipfile.ZipFile(path) as archive,
+    ):
+        for name in archive.namelist():
+            if name.endswith("wrapper_metadata.json"):
+                metadata = json.loads(archive.read(name))
+                if isinstance(metadata, dict):
+                    return {str(k): str(v) for k, v in metadata.items()}
+    return {}
 
 
 def refuse_foreign_isa(package_isa: str, path: str) -> None:
