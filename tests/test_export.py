@@ -797,6 +797,26 @@ def test_a_model_that_cannot_run_batch_2_is_exported_at_its_example(tmp_path):
     assert _files(tmp_path) == ["m.onnx"]
 
 
+class _BranchesOnBatch(nn.Module):
+    def forward(self, x):
+        return x * 2 if x.shape[0] == 1 else x * 3
+
+
+@pytest.mark.parametrize("to", ["onnx", "pt2"])
+def test_a_batch_2_trace_that_misses_the_example_is_not_kept(tmp_path, to):
+    """QA: a model that branches on the batch size was traced at batch 2 (its x * 3 branch) and the file then gave
+    x * 3 at batch 1 too: reported as value mismatches. The batch-2 file is kept only when it reproduces the
+    example; here the example's batch is exported, and the verdict says that the file does not run every batch."""
+    if to == "onnx":
+        pytest.importorskip("onnxruntime")
+    captured = capture(_BranchesOnBatch(), (torch.randn(1, 4),))
+    path = tmp_path / f"m.{to}"
+    result = export_model(captured, to, path, dynamic_batch=True)
+    assert not any("traced at batch 2" in note for note in result.notes)
+    assert not result.ok and not any("max abs error" in p for p in result.verification.problems)
+    assert any("does not run at every batch size" in p for p in result.verification.problems)
+
+
 def test_a_transformer_with_an_attention_mask_exports_to_onnx_and_verifies(tmp_path):
     """QA: verification drew an integer input all at its low end for the "negative" case: an attention mask of
     zeros masks every position, where ONNX Runtime and torch differ (0.07 here), so no BERT export could pass and

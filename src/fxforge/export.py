@@ -68,6 +68,7 @@ from fxforge.artifacts import (
     load_exported,
 )
 from fxforge.capture import Captured
+from fxforge.compare import compare_outputs
 from fxforge.errors import (
     EXIT_CAPTURE,
     SYSTEM_REFUSALS,
@@ -277,6 +278,7 @@ def export_model(
                 inputs,
                 dynamic_batch,
                 staged.path,
+                lambda: _reproduces_example(staged.path, to, reference, inputs),
             )
             if not _record_output_structure(staged.path, output):
                 result.notes.append(
@@ -289,6 +291,7 @@ def export_model(
                 inputs,
                 dynamic_batch,
                 staged.path,
+                lambda: _reproduces_example(staged.path, to, reference, inputs),
             )
         result.export_s = time.perf_counter() - start
         loaded: Any = None
@@ -358,23 +361,44 @@ def _custom_operators(module: nn.Module) -> set[str]:
 
 
 def _traced_at_batch_two(
-    export: Callable[[tuple[Any, ...]], ExportResult], inputs: tuple[Any, ...], dynamic_batch: bool, path: Path
+    export: Callable[[tuple[Any, ...]], ExportResult],
+    inputs: tuple[Any, ...],
+    dynamic_batch: bool,
+    path: Path,
+    reproduces_example: Callable[[], bool],
 ) -> ExportResult:
     """``export(inputs)``; for a dynamic batch from a batch-1 example, ``export`` of the example repeated to batch 2
     first. torch.export specialises a dimension of size 1 (it broadcasts): traced at batch 1, torchvision's ViT,
-    ConvNeXt and GPT-2 gave files that run batch 1 only. Where batch 2 cannot be exported (code that needs batch
-    1), the example itself is exported, as asked; the verification then says whether other batches run."""
+    ConvNeXt and GPT-2 gave files that run batch 1 only. The batch-2 file is kept only where it gives the model's
+    result on the example itself (``reproduces_example``): code that branches on the batch size runs the batch-2
+    branch at batch 1 in it. Otherwise (or where batch 2 cannot be exported) the example itself is exported, as
+    asked; the verification then says whether other batches run."""
     doubled = at_batch_two(inputs) if dynamic_batch else None
     if doubled is None:
         return export(inputs)
     try:
         result = export(doubled)
+        if reproduces_example():
+            result.notes.append(
+                "traced at batch 2 (the example repeated): at batch 1, torch.export may fix the batch at 1"
+            )
+            return result
     except ExportError:
-        for partial in path.parent.iterdir():  # the staging directory: whatever the failed export left there
-            partial.unlink()
-        return export(inputs)
-    result.notes.append("traced at batch 2 (the example repeated): at batch 1, torch.export may fix the batch at 1")
-    return result
+        pass
+    for partial in path.parent.iterdir():  # the staging directory: whatever the batch-2 export left there
+        partial.unlink()
+    return export(inputs)
+
+
+def _reproduces_example(path: Path, to: str, reference: Any, inputs: tuple[Any, ...]) -> bool:
+    """Whether the exported file at ``path`` gives the model's output on the example inputs."""
+    expected = _example_output(reference, inputs)
+    try:
+        with quiet_torch_logs(), torch.no_grad():
+            loaded = load_exported(path, to, output_like=expected, device=device_of(inputs, reference))
+            return compare_outputs(expected, loaded(*inputs)).ok
+    except Exception:  # a file that does not run the example at all: not the one to keep
+        return False
 
 
 def _export_source(target: Captured | nn.Module, example_inputs: Sequence[Any] | None):
