@@ -780,6 +780,18 @@ def test_a_dynamic_batch_file_from_a_batch_1_example_runs_other_batches(tmp_path
     x = torch.randn(3, 3, 32, 32)
     with torch.no_grad():
         assert compare_outputs(vit(x), load_exported(path)(x)).ok
+    if to == "pt2":  # the file records the user's example, not the batch-2 copy (inspect counted twice the FLOPs)
+        assert torch.export.load(str(path)).example_inputs[0][0].shape == (1, 3, 32, 32)
+
+
+def test_a_program_traced_at_batch_2_records_the_batch_1_example():
+    from fxforge.runtime import export_program_any_batch
+
+    model = nn.Linear(4, 2).eval()
+    example = torch.randn(1, 4)
+    program = export_program_any_batch(model, (example,), {})
+    assert program.example_inputs[0][0].shape == (1, 4)
+    assert program.module()(torch.randn(3, 4)).shape == (3, 2)  # still traced for any batch
 
 
 class _NeedsBatchOne(nn.Module):

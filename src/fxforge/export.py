@@ -95,6 +95,7 @@ from fxforge.runtime import (
     native_output_silenced,
     preserved_state,
     quiet_torch_logs,
+    record_example,
     run_reference,
     with_constant_kwargs,
 )
@@ -287,7 +288,7 @@ def export_model(
                 )
         else:
             result = _traced_at_batch_two(
-                lambda traced: _export_pt2(source, name, traced, staged.path, dynamic_batch),
+                lambda traced: _export_pt2(source, name, traced, staged.path, dynamic_batch, example=inputs),
                 inputs,
                 dynamic_batch,
                 staged.path,
@@ -746,10 +747,15 @@ def _onnx_legacy(
 # torch.export
 
 
-def _export_pt2(module: nn.Module, name: str, inputs: tuple[Any, ...], path: Path, dynamic_batch: bool) -> ExportResult:
+def _export_pt2(
+    module: nn.Module, name: str, inputs: tuple[Any, ...], path: Path, dynamic_batch: bool, example: tuple[Any, ...]
+) -> ExportResult:
+    """Export ``module`` traced at ``inputs`` to a ``.pt2`` that records ``example`` (the user's example, where
+    ``inputs`` is it at batch 2) as its example inputs: inspect and bench of the file run at those."""
     notes: list[str] = []
     with _exporting(f"{name} with torch.export", notes):
         program = export_program(module, inputs, {}, dynamic_batch=dynamic_batch)
+        record_example(program, example, {})
         torch.export.save(program, str(path))
     return ExportResult("pt2", None, True, "torch.export", dynamic_batch=dynamic_batch, notes=notes)
 
