@@ -856,3 +856,27 @@ def test_eager_chosen_for_a_model_loaded_from_a_program_is_written_as_a_program(
     assert "torch.export.load('model.pt2')" in result.load
     reloaded = fxforge.load_model(tmp_path / "out").module  # a Path, as API users pass one
     assert torch.equal(reloaded(example), model(example))
+
+
+class _DictHead(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"logits": self.linear(x), "shifted": x + 1}
+
+
+def test_an_aotinductor_package_of_a_torch_dialect_graph_returns_plain_dicts(tmp_path):
+    """QA: the package of a symbolic_trace graph returned fx's immutable_dict, whose pop() raised."""
+    from fxforge.bench import BuildSettings, get_backend
+    from fxforge.deploy import write_artifact
+    from fxforge.models import load_model
+
+    captured = capture(_DictHead().eval(), (torch.randn(1, 4),))
+    assert captured.dialect == "torch"
+    expected = captured.original(*captured.example_inputs)
+    write_artifact(get_backend("compile"), captured, tmp_path, BuildSettings(1, tmp_path, expected))
+    output = load_model(tmp_path).module(torch.randn(1, 4))
+    assert type(output) is dict and set(output) == {"logits", "shifted"}
+    output.pop("logits")

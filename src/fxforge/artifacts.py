@@ -1225,7 +1225,8 @@ class AotiModule(nn.Module):
                 )
         # the compiled code assumes the example's strides (contiguous): a channels-last image, a transposed or
         # cropped view gave wrong numbers (max error 0.45 on resnet18), silently
-        return self.runner(*pytree.tree_map_only(torch.Tensor, lambda t: t.contiguous(), args))
+        output = self.runner(*pytree.tree_map_only(torch.Tensor, lambda t: t.contiguous(), args))
+        return plain_containers(output)  # a torch-dialect graph's package returned fx's immutable dict
 
 
 # AOTInductor's names for the vector instruction sets a package was compiled for (``AOTI_CPU_ISA``), as the CPU flags

@@ -55,6 +55,7 @@ from fxforge.artifacts import (
     atomic_directory,
     check_free_space,
     check_output_directory,
+    plain_containers,
     write_inputs,
 )
 from fxforge.capture import Captured, placeholder_values
@@ -754,22 +755,11 @@ class ChainedStages(nn.Module):
         fx.node.map_arg(self._output.args[0], leaves.append)
         by_node = dict(zip(leaves, values))
         result = fx.node.map_aggregate(self._output.args[0], lambda v: by_node[v] if isinstance(v, fx.Node) else v)
-        result = _plain(result)
+        result = plain_containers(result)  # what the model itself returns, not fx's immutable containers
         out_spec = getattr(self._template, "_out_spec", None)
         if out_spec is not None:  # an ATen graph returns flat outputs that its forward nests again
             result = pytree.tree_unflatten(list(result), out_spec)
         return result
-
-
-def _plain(value: Any) -> Any:
-    """fx's immutable containers as plain tuples, lists and dicts (what the model itself returns)."""
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    if isinstance(value, tuple):
-        return tuple(_plain(v) for v in value)
-    return value
 
 
 def _stage_examples(graph: _Graph, plan: SplitPlan, captured: Captured) -> list[tuple[torch.Tensor, ...]]:
