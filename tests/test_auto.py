@@ -880,3 +880,20 @@ def test_an_aotinductor_package_of_a_torch_dialect_graph_returns_plain_dicts(tmp
     output = load_model(tmp_path).module(torch.randn(1, 4))
     assert type(output) is dict and set(output) == {"logits", "shifted"}
     output.pop("logits")
+
+
+def test_no_interval_is_claimed_from_fewer_than_three_rounds(classifier):
+    """QA: --repeats 2 printed "1.17x (1.15-1.18)" as a 95% interval: a bootstrap of two ratios is their range."""
+    from rich.console import Console
+
+    from fxforge.bench import MIN_INTERVAL_ROUNDS
+    from fxforge.cli.render import render_auto
+
+    assert MIN_INTERVAL_ROUNDS == 3
+    result = auto_optimize(classifier, backends=[_backend("slow", delay=0.002)], repeats=2)
+    timed = [c for c in result.candidates if c.vs_fastest is not None]
+    assert timed and all(c.vs_fastest[1] == c.vs_fastest[0] == c.vs_fastest[2] for c in timed)
+    console = Console(record=True, width=200)
+    render_auto(console, "classifier", result)
+    rows = [line for line in console.export_text().splitlines() if "slow" in line and "│" in line]
+    assert rows and "(" not in rows[0]

@@ -862,13 +862,16 @@ def ratio_interval(
     """Median of the per-round ratios ``times[i] / reference[i]`` and its 95% bootstrap interval.
 
     Rounds are paired: bench runs every candidate once per round in a shuffled order, so a slow moment of the
-    machine slows both times of a round, and the ratio cancels it. None when there are no paired rounds.
+    machine slows both times of a round, and the ratio cancels it. None when there are no paired rounds; from
+    fewer than :data:`MIN_INTERVAL_ROUNDS` the median alone, as a zero-width interval (a bootstrap of two ratios
+    is their range, not a 95% interval).
     """
     ratios = paired_ratios(times, reference)
     if not ratios:
         return None
-    if len(ratios) == 1:
-        return ratios[0], ratios[0], ratios[0]
+    if len(ratios) < MIN_INTERVAL_ROUNDS:
+        median = statistics.median(ratios)
+        return median, median, median
     generator = random.Random(seed)
     medians = sorted(statistics.median(generator.choices(ratios, k=len(ratios))) for _ in range(resamples))
     low, high = medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]

@@ -551,6 +551,8 @@ def _interval(value: Any) -> str:
     if not value:
         return "-"
     median, low, high = value
+    if low == high:  # too few rounds for an interval (bench.ratio_interval): the median alone
+        return f"{median:.2f}x"
     return f"{median:.2f}x ({low:.2f}-{high:.2f})"
 
 
