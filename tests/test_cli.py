@@ -296,6 +296,18 @@ def test_piped_output_is_120_columns_unless_columns_says_otherwise(monkeypatch):
     assert 120 < max(len(line) for line in result.stdout.splitlines()) <= 220
 
 
+def test_a_piped_table_wider_than_120_columns_is_printed_whole():
+    """QA: piped, a table wider than 120 columns lost its last column and border (rich crops what does not fit):
+    without COLUMNS the console widens for the table; the text around it keeps 120 columns."""
+    command = [sys.executable, "-m", "fxforge", "inspect", "demo:convnet", "--nodes", "--method", "export"]
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    result = subprocess.run(command, capture_output=True, text=True, env=env)
+    assert result.returncode == EXIT_OK
+    table = [line for line in result.stdout.splitlines() if line[:1] in "┏┃┡│└"]
+    assert table and max(len(line) for line in table) > 120
+    assert all(line.rstrip()[-1] in "┓┃┩│┘" for line in table)
+
+
 def test_messages_name_the_options_the_user_typed(capsys):
     """One mistake, each user's own words: the command line's options there, the Python parameters in Python."""
     import fxforge

@@ -19,6 +19,8 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.measure import Measurement
+from rich.table import Table
 
 from fxforge.cli import stop_if_interrupted
 
@@ -31,8 +33,33 @@ def _piped_width() -> int:
 
 
 PIPED_WIDTH = 120
-stdout = Console(highlight=False, emoji=False, width=None if sys.stdout.isatty() else _piped_width())
-stderr = Console(stderr=True, highlight=False, emoji=False, width=None if sys.stderr.isatty() else _piped_width())
+
+
+class _PipedConsole(Console):
+    """A console that, writing to a pipe or a file, widens itself to print a wider table whole: squeezed into 120
+    columns, rich cut a bench table's last column and border. A terminal keeps its own width (there, the user can
+    widen the window), and so does a width the user set with ``COLUMNS``."""
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        tables = [o for o in objects if isinstance(o, Table)]
+        if self.is_terminal or not tables or os.environ.get("COLUMNS", "").isdigit():
+            return super().print(*objects, **kwargs)
+        unbounded = self.options.update_width(100_000)  # rich clamps a measurement to the width it is given
+        needed = max(Measurement.get(self, unbounded, table).maximum for table in tables)
+        width = self.width
+        if needed <= width:
+            return super().print(*objects, **kwargs)
+        self.width = needed
+        try:
+            super().print(*objects, **kwargs)
+        finally:
+            self.width = width
+
+
+stdout = _PipedConsole(highlight=False, emoji=False, width=None if sys.stdout.isatty() else _piped_width())
+stderr = _PipedConsole(
+    stderr=True, highlight=False, emoji=False, width=None if sys.stderr.isatty() else _piped_width()
+)
 
 
 @dataclass
