@@ -897,3 +897,19 @@ def test_no_interval_is_claimed_from_fewer_than_three_rounds(classifier):
     render_auto(console, "classifier", result)
     rows = [line for line in console.export_text().splitlines() if "slow" in line and "│" in line]
     assert rows and "(" not in rows[0]
+
+
+def test_a_compile_recipe_called_at_another_batch_says_so_in_one_line(tmp_path):
+    """QA: a compile recipe whose program runs batch 1 only, called at batch 3, raised Dynamo's message: the
+    guard, then torch's frames under "from user code:" and advice to set TORCHDYNAMO_VERBOSE. The model's own
+    error is left, as the program raises it uncompiled."""
+    from fxforge.bench import BuildSettings, get_backend
+    from fxforge.deploy import write_artifact
+    from fxforge.models import load_model
+
+    captured = capture(nn.Sequential(nn.Linear(4, 4)).eval(), (torch.randn(1, 4),), method="export")
+    expected = captured.original(*captured.example_inputs)
+    write_artifact(get_backend("compile+recipe"), captured, tmp_path, BuildSettings(1, tmp_path, expected))
+    with pytest.raises(AssertionError) as raised:
+        load_model(tmp_path).module(torch.randn(3, 4))
+    assert "Guard failed" in str(raised.value) and "\n" not in str(raised.value)

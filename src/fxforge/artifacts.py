@@ -1336,7 +1336,25 @@ class CompiledModule(nn.Module):
         import torch._inductor.config as inductor_config  # Inductor is slow to import: only when compiled code runs
 
         with inductor_config.patch(self.config):
-            return self.compiled(*args, **kwargs)
+            try:
+                return self.compiled(*args, **kwargs)
+            except Exception as exc:
+                raise _without_dynamo_trailer(exc) from exc
+
+
+def _without_dynamo_trailer(exc: Exception) -> Exception:
+    """``exc`` with Dynamo's trailer cut (the "from user code:" stack of torch's own frames and the advice to set
+    TORCHDYNAMO_VERBOSE): the model's own error, e.g. "Guard failed: input.size()[0] == 1" for another batch
+    size, then reads as it does uncompiled. ``exc`` itself where there is no trailer or its type cannot be rebuilt
+    from a message."""
+    message = str(exc)
+    head = message.split("\n\nfrom user code:", 1)[0].split("\n\nSet TORCHDYNAMO_VERBOSE", 1)[0].strip()
+    if head == message.strip():
+        return exc
+    try:
+        return type(exc)(head)
+    except Exception:
+        return RuntimeError(head)
 
 
 def apply_recipe(module: nn.Module, recipe: dict[str, Any]) -> nn.Module:
