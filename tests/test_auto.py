@@ -842,6 +842,19 @@ def test_candidates_of_a_model_with_concrete_values_verify(tmp_path):
     assert all(s in ("accepted", "chosen") for s, _ in status.values()), status
 
 
+def test_the_eager_artifact_of_a_model_with_concrete_values_holds_them(tmp_path):
+    """QA: every other artifact has the --concrete values built in, but eager's pickle was the model alone: loaded
+    and called as the load line says, model(x), it computed double=False."""
+    torch.manual_seed(0)
+    model = Doubles().eval()
+    captured = capture(model, (torch.randn(2, 8),), concrete_args={"double": True})
+    result = auto_optimize(captured, tmp_path / "o", backends=[_backend("slow", delay=0.02)], repeats=3)
+    assert result.chosen == "eager"
+    x = torch.randn(3, 8)
+    loaded = torch.load(tmp_path / "o" / "model.pt", weights_only=False)
+    assert torch.equal(loaded(x), model(x, double=True))
+
+
 def test_eager_chosen_for_a_model_loaded_from_a_program_is_written_as_a_program(tmp_path):
     """QA: `optimize DIR --auto -b fx` on an ATen output directory crashed when eager won ("Can't pickle local
     object"): the model itself was a torch.export module, which torch.save cannot write. It is saved as model.pt2."""

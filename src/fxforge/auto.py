@@ -87,7 +87,13 @@ from fxforge.machine import native_bf16
 from fxforge.passes import exact_passes
 from fxforge.pipeline import Pipeline
 from fxforge.quantize import Target, compare_batches, load_calibration, run_batches
-from fxforge.runtime import describe_inputs, export_program_any_batch, quiet_torch_logs, run_reference
+from fxforge.runtime import (
+    describe_inputs,
+    export_program_any_batch,
+    quiet_torch_logs,
+    run_reference,
+    with_constant_kwargs,
+)
 from fxforge.verify import TOLERANCES, compare_outputs, verify
 
 FP32_TOLERANCE = TOLERANCES[torch.float32][0]  # fp32 round-off: what the exact candidates are held to
@@ -790,17 +796,19 @@ def _write(
             for path in artifact.directory.iterdir():
                 copy = shutil.copytree if path.is_dir() else shutil.copy
                 copy(path, staging / path.name)
-        elif _picklable(rewritten.original):  # eager: the model itself (torch.save aborts on a full disk: check)
-            check_free_space(staging, rewritten.original)
-            _save_module(rewritten.original, staging / MODEL_FILE, rewritten)
-            write_user_sources(staging / MODEL_FILE, staging)
-            result.load = with_sources_on_path(result.load, staging)
         else:
-            # the model itself, loaded from a model.pt2 (torch's unlifted program module holds local functions
-            # that do not pickle; QA: optimize DIR --auto -b fx crashed here): saved as the program it came from
-            check_free_space(staging, rewritten.original)
-            _save_program(rewritten.original, staging / PROGRAM_FILE, rewritten)
-            result.load = program_load_line("fx", staging)
+            # eager: the model itself, with its --concrete values, as every other artifact holds them
+            itself = with_constant_kwargs(rewritten.original, rewritten.example_kwargs)
+            check_free_space(staging, itself)  # torch.save aborts the process on a full disk: check first
+            if _picklable(itself):
+                _save_module(itself, staging / MODEL_FILE, rewritten)
+                write_user_sources(staging / MODEL_FILE, staging)
+                result.load = with_sources_on_path(result.load, staging)
+            else:
+                # loaded from a model.pt2 (torch's unlifted program module holds local functions that do not
+                # pickle; QA: optimize DIR --auto -b fx crashed here): saved as the program it came from
+                _save_program(itself, staging / PROGRAM_FILE, rewritten)
+                result.load = program_load_line("fx", staging)
         if not (staging / INPUTS_FILE).exists():
             write_inputs(staging, rewritten.example_inputs)
         # a directory whose only model is a pickle loads only with the opt-in (eager, pickled int8)
@@ -826,12 +834,12 @@ def _picklable(module: nn.Module) -> bool:
 
 def _save_program(module: nn.Module, path: Path, rewritten: Captured) -> None:
     """Export the model itself to a ``model.pt2`` and check that the file computes what the module computes."""
-    program = export_program_any_batch(module, rewritten.example_inputs, rewritten.example_kwargs)
+    program = export_program_any_batch(module, rewritten.example_inputs, {})
     with quiet_torch_logs():
         torch.export.save(program, str(path))
     loaded = program_module(load_program(path))
-    inputs, kwargs = rewritten.example_inputs, rewritten.example_kwargs
-    comparison = compare_outputs(run_reference(module, inputs, kwargs), run_reference(loaded, inputs, kwargs))
+    inputs = rewritten.example_inputs
+    comparison = compare_outputs(run_reference(module, inputs, {}), run_reference(loaded, inputs, {}))
     if not comparison.ok:
         raise FxforgeError(f"the saved model does not reload to the same outputs: {comparison.problems[0]}")
 

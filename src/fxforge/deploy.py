@@ -185,7 +185,8 @@ def _after_imports(imports: list[str], line: str) -> str:
 
 
 def _write_eager(captured: Captured, directory: Path, settings: BuildSettings, variants: set[str], a: Artifact) -> None:
-    torch.save(captured.original, directory / MODEL_FILE)
+    # with its --concrete values, as every other artifact holds them (the pickle ran without them)
+    torch.save(with_constant_kwargs(captured.original, captured.example_kwargs), directory / MODEL_FILE)
     write_user_sources(directory / MODEL_FILE, directory)
     a.load = with_sources_on_path(PLAIN_TORCH_LOAD["eager"], directory)
     a.notes.append("the model itself, pickled: loading it needs its code importable and --trust-pickle")
