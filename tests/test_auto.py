@@ -834,10 +834,11 @@ def test_a_top1_drop_budget_is_judged_on_labels_and_bounded_by_agreement_without
 def test_candidates_of_a_model_with_concrete_values_verify(tmp_path):
     """QA: with --concrete double=true in the ATen dialect, every exported candidate was rejected: verify called
     them with double=True, which a file (constants built in) does not take, and fx's model.pt2 was written
-    without the constant ("missing a required argument: 'double'")."""
+    without the constant ("missing a required argument: 'double'"); TorchScript traced the model without it."""
     torch.manual_seed(0)
     captured = capture(Doubles().eval(), (torch.randn(2, 8),), concrete_args={"double": True}, method="export")
-    result = auto_optimize(captured, backends=["fx", "onnxruntime"], repeats=3, output_dir=tmp_path / "o")
+    backends = ["fx", "onnxruntime", "torchscript"]
+    result = auto_optimize(captured, backends=backends, repeats=3, output_dir=tmp_path / "o")
     status = {c.name: (c.status, c.reason) for c in result.candidates}
     assert all(s in ("accepted", "chosen") for s, _ in status.values()), status
 

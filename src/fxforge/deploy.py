@@ -218,8 +218,10 @@ def _write_fx(captured: Captured, directory: Path, settings: BuildSettings, vari
 def _write_torchscript(
     captured: Captured, directory: Path, settings: BuildSettings, variants: set[str], a: Artifact
 ) -> None:
-    # TorchScript traces the torch-dialect graph; an ATen graph's unlifted module does not trace: trace the model
+    # TorchScript traces the torch-dialect graph; an ATen graph's unlifted module does not trace: trace the model,
+    # with its --concrete values (it computed the defaults: every ATen torchscript candidate was rejected)
     source = captured.original if captured.dialect == ATEN else captured.graph_module
+    source = with_constant_kwargs(source, captured.example_kwargs)
     if "channels_last" in variants:
         source = ChannelsLastModule(source).eval()
     onednn = "onednn" in variants
