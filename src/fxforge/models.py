@@ -414,33 +414,22 @@ def _refuse_unknown_config_keys(config_class: type, spec: str, kwargs: dict[str,
 
 
 def _load_output_dir(path: Path, spec: str, trusted: bool) -> LoadedModel:
-    """An fxforge output directory: its pickle-free ``model.pt2`` unless pickles are trusted and a
-    ``model.pt`` (the torch-dialect graph, with provenance for bisection) is there too."""
-    model_file = path / MODEL_FILE
-    program_file = path / PROGRAM_FILE
-    # What `optimize --auto` writes when it picks TorchScript or ONNX Runtime: runnable (verify, bench's
-    # eager row), though not capturable as an fx graph.
-    exported = [(path / name, form) for name, form in ((TORCHSCRIPT_FILE, "torchscript"), (ONNX_FILE, "onnx"))]
-    if (path / AOTI_FILE).exists():  # compiled code (optimize --auto chose Inductor): runs as timed
-        loaded = _load_aoti(path / AOTI_FILE, spec)
-    elif model_file.exists() and (trusted or not program_file.exists()):
-        loaded = _load_pickled_module(model_file, spec, trusted)
-    elif program_file.exists():
-        loaded = _load_pt2(program_file, str(program_file), trusted)  # errors name the file, not the directory
-        loaded.spec = spec
-    elif any(file.exists() for file, _ in exported):
-        loaded = _load_exported_file(*next((f, form) for f, form in exported if f.exists()), spec)
-    else:
+    """An fxforge output directory: the model in the file :func:`_model_file_of` chooses, its provenance, recipe
+    and recorded inputs."""
+    chosen = _model_file_of(path, trusted)
+    if chosen is None:
         looked_for = ", ".join((MODEL_FILE, PROGRAM_FILE, AOTI_FILE, TORCHSCRIPT_FILE, ONNX_FILE))
         raise ModelSpecError(f"directory {spec!r} holds no model ({looked_for})", hint="is it an fxforge output?")
-    if (path / AOTI_FILE).exists():
-        loaded.file = AOTI_FILE
-    elif model_file.exists() and (trusted or not program_file.exists()):
-        loaded.file = MODEL_FILE
-    elif program_file.exists():
-        loaded.file = PROGRAM_FILE
+    if chosen == AOTI_FILE:  # compiled code (optimize --auto chose Inductor): runs as timed
+        loaded = _load_aoti(path / AOTI_FILE, spec)
+    elif chosen == MODEL_FILE:
+        loaded = _load_pickled_module(path / MODEL_FILE, spec, trusted)
+    elif chosen == PROGRAM_FILE:
+        loaded = _load_pt2(path / PROGRAM_FILE, str(path / PROGRAM_FILE), trusted)  # errors name the file
+        loaded.spec = spec
     else:
-        loaded.file = next(f.name for f, _ in exported if f.exists())
+        loaded = _load_exported_file(path / chosen, "torchscript" if chosen == TORCHSCRIPT_FILE else "onnx", spec)
+    loaded.file = chosen
     if isinstance(loaded.module, torch.fx.GraphModule):
         load_provenance(loaded.module, path)
     recipe_file = path / RECIPE_FILE
@@ -460,6 +449,18 @@ def _load_output_dir(path: Path, spec: str, trusted: bool) -> LoadedModel:
     if specs is not None:
         loaded.default_inputs = specs
     return loaded
+
+
+def _model_file_of(path: Path, trusted: bool) -> str | None:
+    """Which file of an output directory is the model: the AOTInductor package (runs as timed), else the pickle
+    when trusted (the torch-dialect graph, with provenance for bisection) or alone, else the pickle-free
+    ``model.pt2``, else what ``optimize --auto`` writes when it picks TorchScript or ONNX Runtime (runnable,
+    though not capturable as an fx graph). None where there is none."""
+    if (path / AOTI_FILE).exists():
+        return AOTI_FILE
+    if (path / MODEL_FILE).exists() and (trusted or not (path / PROGRAM_FILE).exists()):
+        return MODEL_FILE
+    return next((name for name in (PROGRAM_FILE, TORCHSCRIPT_FILE, ONNX_FILE) if (path / name).exists()), None)
 
 
 def _load_aoti(path: Path, spec: str) -> LoadedModel:
