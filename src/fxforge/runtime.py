@@ -27,6 +27,7 @@ from torch import nn
 from torch.fx.experimental import _config as fx_config
 from torch.utils import _pytree as pytree
 
+from fxforge.compare import compare_outputs
 from fxforge.errors import FxforgeError, InputSpecError, one_line_reason, said
 
 
@@ -410,7 +411,7 @@ def export_program_any_batch(
             with torch.no_grad(), quiet_torch_logs():
                 # it must compute the example's result, not only run: code that branches on the batch size took
                 # the batch-2 branch at batch 1, silently (QA: x * 3 where the model gives x * 2)
-                if _same_values(program.module()(*inputs, **kwargs), model(*inputs, **kwargs)):
+                if compare_outputs(model(*inputs, **kwargs), program.module()(*inputs, **kwargs)).ok:
                     record_example(program, inputs, kwargs)
                     return program
     return export_program(model, inputs, kwargs, dynamic_batch=True)
@@ -421,25 +422,6 @@ def record_example(program: torch.export.ExportedProgram, inputs: tuple[Any, ...
     file counted twice the FLOPs, bench timed batch 2). Left as it is where torch refuses the example."""
     with contextlib.suppress(Exception):
         program.example_inputs = (tuple(inputs), dict(kwargs))
-
-
-def _same_values(actual: Any, expected: Any) -> bool:
-    """Whether two outputs hold the same tensors, floats within float32 rounding (rtol 1e-4, atol 1e-5, the
-    float32 defaults of fxforge.compare, which this layer cannot import)."""
-    got, want = torch.utils._pytree.tree_leaves(actual), torch.utils._pytree.tree_leaves(expected)
-    if len(got) != len(want):
-        return False
-    for a, b in zip(got, want):
-        if isinstance(a, torch.Tensor) != isinstance(b, torch.Tensor):
-            return False
-        if not isinstance(a, torch.Tensor):
-            continue
-        if a.shape != b.shape or a.dtype != b.dtype:
-            return False
-        floating = a.is_floating_point()
-        if not (torch.allclose(a, b, rtol=1e-4, atol=1e-5, equal_nan=True) if floating else torch.equal(a, b)):
-            return False
-    return True
 
 
 def _dynamic_shapes_by_name(model: nn.Module, shapes: dict[str, Any]) -> dict[str, Any]:
