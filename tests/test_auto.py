@@ -927,3 +927,34 @@ def test_a_compile_recipe_called_at_another_batch_says_so_in_one_line(tmp_path):
     with pytest.raises(AssertionError) as raised:
         load_model(tmp_path).module(torch.randn(3, 4))
     assert "Guard failed" in str(raised.value) and "\n" not in str(raised.value)
+
+
+class _TokenClassifier(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(10, 4)
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embedding(ids))
+
+
+@pytest.mark.parametrize("backend", ["compile", "compile+recipe"])
+def test_compiled_artifacts_refuse_an_out_of_range_token_id_in_one_line(tmp_path, backend):
+    """QA: an out-of-range token id given to compiled code (AOTInductor's package or torch.compile's) aborted the
+    whole Python process (C++ terminate: the bound is checked inside a parallel loop). The artifacts check the
+    bounds of embedding lookups of their inputs first and raise IndexError, as eager's embedding does."""
+    from fxforge.bench import BuildSettings, get_backend
+    from fxforge.deploy import write_artifact
+    from fxforge.models import load_model
+
+    captured = capture(_TokenClassifier().eval(), (torch.randint(0, 10, (1, 6)),), method="export")
+    expected = captured.original(*captured.example_inputs)
+    write_artifact(get_backend(backend), captured, tmp_path, BuildSettings(1, tmp_path, expected))
+    model = load_model(tmp_path).module
+    ids = torch.tensor([[1, 2, 3, 4, 5, 9]])
+    assert torch.allclose(model(ids), captured.original(ids))
+    for bad in (10, -1):
+        ids[0, 3] = bad
+        with pytest.raises(IndexError, match=rf"input ids holds index {bad}, out of range .* \(10 rows"):
+            model(ids)

@@ -42,7 +42,7 @@ from torch.utils import _pytree as pytree
 
 from fxforge.callstack import call_on_fresh_chunk
 from fxforge.errors import FxforgeError, InputSpecError, ModelSpecError, first_line, option, require, user_location
-from fxforge.graphs import ATEN, aten_packet
+from fxforge.graphs import ATEN, aten_packet, index_bounds
 from fxforge.inputs import InputSpec, parse_input_spec, specs_of
 from fxforge.machine import cpu_info
 from fxforge.references import USER_MODULE_PREFIX, import_file
@@ -1034,6 +1034,29 @@ ARGUMENTS_KEY = "fxforge.arguments"
 # ... and its input specs (the text of inputs.txt, one line per input), which it runs and does not check itself:
 # a package copied without its directory's inputs.txt still refuses other shapes
 INPUTS_KEY = "fxforge.inputs"
+# ... and the index bounds of its inputs that embeddings look up (:func:`~fxforge.graphs.index_bounds`, a JSON
+# object from input position to rows): compiled code aborts the process on an out-of-range index
+BOUNDS_KEY = "fxforge.index_bounds"
+
+
+def check_index_bounds(bounds: dict[int, int], args: Any, names: Sequence[str] | None = None) -> None:
+    """Raise ``IndexError`` (one line, as eager's embedding does) where a flat input of ``args`` at a position of
+    ``bounds`` holds an index outside ``[0, rows)``: the compiled code it is meant for checks the bound inside a
+    parallel loop, where the failure aborts the process instead of raising (C++ ``terminate``)."""
+    if not bounds:
+        return
+    flat = pytree.tree_leaves(args)
+    for position, rows in bounds.items():
+        value = flat[position] if position < len(flat) else None
+        if not isinstance(value, torch.Tensor) or value.is_floating_point() or not value.numel():
+            continue
+        low, high = int(value.min()), int(value.max())
+        if low < 0 or high >= rows:
+            name = names[position] if names and position < len(names) else f"#{position}"
+            raise IndexError(
+                f"input {name} holds index {low if low < 0 else high}, out of range for the embedding it is looked "
+                f"up in ({rows} rows: 0 to {rows - 1}); the compiled code would abort the process on it"
+            )
 
 
 def argument_names(module: nn.Module, count: int) -> list[str] | None:
@@ -1204,6 +1227,9 @@ class AotiModule(nn.Module):
             names = json.loads(metadata.get(ARGUMENTS_KEY, "null"))
             if isinstance(names, list) and all(isinstance(n, str) for n in names):
                 self.argument_names = names
+        self.index_bounds: dict[int, int] = {}
+        with contextlib.suppress(ValueError, TypeError, AttributeError):
+            self.index_bounds = {int(k): int(v) for k, v in json.loads(metadata.get(BOUNDS_KEY, "{}")).items()}
         if input_specs is None and metadata.get(INPUTS_KEY):
             with contextlib.suppress(FxforgeError):
                 input_specs = [parse_input_spec(line) for line in metadata[INPUTS_KEY].split()]
@@ -1223,6 +1249,7 @@ class AotiModule(nn.Module):
                     f"the AOTInductor package was compiled for inputs {compiled}, got {' '.join(map(str, got))}: "
                     "it runs those shapes only"
                 )
+        check_index_bounds(self.index_bounds, args, self.argument_names)
         # the compiled code assumes the example's strides (contiguous): a channels-last image, a transposed or
         # cropped view gave wrong numbers (max error 0.45 on resnet18), silently
         output = self.runner(*pytree.tree_map_only(torch.Tensor, lambda t: t.contiguous(), args))
@@ -1323,11 +1350,14 @@ class CompiledModule(nn.Module):
         super().__init__()
         self.model, self.config, self.mode = model, dict(config or {}), mode
         self.argument_names = positional_names(model)
+        self.index_bounds = index_bounds(model) if isinstance(model, fx.GraphModule) else {}
         self.compiled = torch.compile(model, dynamic=False, mode=mode)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if kwargs and set(kwargs) <= set(self.argument_names or ()):  # by position, as compiled
             args, kwargs = bind_keywords(self.argument_names, args, kwargs, "the compiled model"), {}
+        if not kwargs:
+            check_index_bounds(self.index_bounds, args, self.argument_names)
         # Inductor's wrapper and the config patch make Python calls in loops: keep them off a stack-chunk boundary
         # of the caller's (fxforge.callstack; up to 8% on a reloaded BERT-base)
         return call_on_fresh_chunk(self._run, *args, **kwargs)

@@ -40,6 +40,7 @@ from torch.utils import _pytree as pytree
 from fxforge.artifacts import (
     AOTI_FILE,
     ARGUMENTS_KEY,
+    BOUNDS_KEY,
     INPUTS_KEY,
     MODEL_FILE,
     ONNX_FILE,
@@ -65,7 +66,7 @@ from fxforge.bench import Backend, BuildSettings, bfloat16_graph, inductor_confi
 from fxforge.capture import Captured
 from fxforge.errors import FxforgeError, first_line, one_line_reason
 from fxforge.export import export_model
-from fxforge.graphs import ATEN, TORCH
+from fxforge.graphs import ATEN, TORCH, index_bounds
 from fxforge.inputs import specs_of
 from fxforge.quantize import int8_backend, picklable_quantized_modules
 from fxforge.runtime import export_program, export_program_any_batch, quiet_torch_logs, with_constant_kwargs
@@ -265,7 +266,9 @@ def _write_compiled(
         names = argument_names(captured.graph_module, len(captured.example_inputs))
         tensors = [t for t in captured.example_inputs if isinstance(t, torch.Tensor)]
         specs = [spec.text(with_range=True) for spec in specs_of(tensors)]
-        _write_aoti(program, directory, config, a, names, specs)
+        positions = len(pytree.tree_leaves(captured.example_inputs))
+        bounds = {i: rows for i, rows in index_bounds(captured.graph_module).items() if i < positions}
+        _write_aoti(program, directory, config, a, names, specs, bounds)
         if a.load:
             return
     torch.export.save(program, str(directory / PROGRAM_FILE))
@@ -283,11 +286,12 @@ def _write_aoti(
     a: Artifact,
     input_names: list[str] | None,
     input_specs: list[str],
+    bounds: dict[int, int],
 ) -> None:
     """An AOTInductor package of ``program`` (sets ``a.load``), or a note saying why not (``a.load`` unset). The
     package records ``input_names`` (:data:`~fxforge.artifacts.ARGUMENTS_KEY`) and ``input_specs``
     (:data:`~fxforge.artifacts.INPUTS_KEY`): fxforge's loader takes inputs by name, and refuses other shapes."""
-    metadata = {INPUTS_KEY: "\n".join(input_specs)}
+    metadata = {INPUTS_KEY: "\n".join(input_specs), BOUNDS_KEY: json.dumps(bounds)}
     if input_names:
         metadata[ARGUMENTS_KEY] = json.dumps(input_names)
     config = {**config, "aot_inductor.metadata": metadata}

@@ -336,3 +336,57 @@ class GraphRunner(fx.Interpreter):
         if str(target).startswith("**"):
             return {}
         return super().placeholder(target, args, kwargs)
+
+
+# Ops that pass a tensor's values through unchanged (only its shape or layout changes): an input reaches an
+# embedding through them as the same indices.
+_SAME_VALUES_METHODS = frozenset({"view", "reshape", "flatten", "unsqueeze", "squeeze", "contiguous", "expand", "long"})
+_SAME_VALUES_ATEN = frozenset({"view", "reshape", "_unsafe_view", "flatten", "unsqueeze", "squeeze", "clone"})
+_SAME_VALUES_ATEN |= {"contiguous", "expand", "alias", "_to_copy"}
+
+
+def index_bounds(gm: fx.GraphModule) -> dict[int, int]:
+    """For each positional input (its placeholder's position) that an embedding looks up directly (or through
+    reshapes), the number of rows of the smallest such table: indices of that input must lie in ``[0, rows)``.
+    Compiled code checks such bounds inside a parallel loop, where a failed check cannot be raised as a Python
+    error: an out-of-range token id aborted the whole process (torch.compile and AOTInductor alike)."""
+    bounds: dict[int, int] = {}
+    placeholders = [node for node in gm.graph.nodes if node.op == "placeholder"]
+    for position, placeholder in enumerate(placeholders):
+        reached, frontier = {placeholder}, [placeholder]
+        while frontier:
+            node = frontier.pop()
+            for user in node.users:
+                rows = _embedding_rows(gm, user, node)
+                if rows is not None:
+                    bounds[position] = min(rows, bounds.get(position, rows))
+                elif user not in reached and _passes_values(user, node):
+                    reached.add(user)
+                    frontier.append(user)
+    return bounds
+
+
+def _passes_values(user: fx.Node, node: fx.Node) -> bool:
+    if not user.args or user.args[0] is not node:
+        return False
+    if user.op == "call_method":
+        return user.target in _SAME_VALUES_METHODS
+    if user.op == "call_function" and user.target in (torch.flatten, torch.reshape, torch.unsqueeze, torch.squeeze):
+        return True
+    return aten_packet(user) in _SAME_VALUES_ATEN
+
+
+def _embedding_rows(gm: fx.GraphModule, user: fx.Node, indices: fx.Node) -> int | None:
+    """The rows of the table ``user`` looks ``indices`` up in, where ``user`` is an embedding lookup of them."""
+    weight: Any = None
+    if user.op == "call_module" and user.args and user.args[0] is indices:
+        module = submodule(gm, user)
+        weight = module.weight if type(module) is nn.Embedding else None
+    elif user.op == "call_function" and user.target is F.embedding and node_arg(user, 0, "input") is indices:
+        weight = node_arg(user, 1, "weight")
+    elif aten_packet(user) == "embedding" and node_arg(user, 1, "indices") is indices:
+        weight = node_arg(user, 0, "weight")
+    if isinstance(weight, fx.Node):
+        weight = get_attr_value(gm, weight.target) if weight.op == "get_attr" else node_value(weight)
+    shape = getattr(weight, "shape", None)
+    return int(shape[0]) if shape is not None and len(shape) == 2 and isinstance(shape[0], int) else None
