@@ -958,3 +958,36 @@ def test_compiled_artifacts_refuse_an_out_of_range_token_id_in_one_line(tmp_path
         ids[0, 3] = bad
         with pytest.raises(IndexError, match=rf"input ids holds index {bad}, out of range .* \(10 rows"):
             model(ids)
+
+
+class _NamedImage(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        return self.conv(image)
+
+
+@pytest.mark.parametrize(
+    ("backend", "concrete"), [("fx+channels_last", False), ("fx", True), ("compile+recipe", True)]
+)
+def test_artifacts_exported_through_a_wrapper_take_inputs_by_the_models_names(tmp_path, backend, concrete):
+    """QA: model.pt2 exported through fxforge's wrappers (channels-last layout, --concrete values fixed), which
+    take *args, named its input args_0: model(image=x) was refused. The model's names are recorded in the file."""
+    from fxforge.bench import BuildSettings, get_backend
+    from fxforge.deploy import write_artifact
+    from fxforge.models import load_model
+
+    torch.manual_seed(0)
+    if concrete:
+        model, x, name = Doubles().eval(), torch.randn(2, 8), "x"
+        captured = capture(model, (x,), concrete_args={"double": True}, method="export")
+    else:
+        model, x, name = _NamedImage().eval(), torch.randn(1, 3, 8, 8), "image"
+        captured = capture(model, (x,))
+    expected = captured.original(*captured.example_inputs)
+    write_artifact(get_backend(backend), captured, tmp_path, BuildSettings(1, tmp_path, expected))
+    loaded = load_model(tmp_path).module
+    assert torch.allclose(loaded(**{name: x}), loaded(x))
+    assert torch.allclose(loaded(**{name: x}), model(x, double=True) if concrete else model(x), atol=1e-5)

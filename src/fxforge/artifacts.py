@@ -462,8 +462,7 @@ def save_graph_module(
             # GraphRunner); called as a module, the generated forward gives it the dict
             exported = ConstantKeywords(gm, {})
         program = export_program_any_batch(exported, tuple(example_inputs), kwargs)
-        with quiet_torch_logs():
-            torch.export.save(program, str(directory / PROGRAM_FILE))
+        save_program(program, directory / PROGRAM_FILE, exported)
         files.append(PROGRAM_FILE)
         fixed = _fixed_batch(program, tuple(example_inputs), kwargs)
         if fixed is not None:  # a transformers model's ATen graph holds its example's batch in its ops
@@ -789,17 +788,49 @@ def _load_exported(path: Path, format: str, output_like: Any, threads: int | Non
 PYTREE_TYPE_PACKAGES = ("transformers", "diffusers", "timm", "torchvision")
 
 
+# The file inside a model.pt2 archive where fxforge records the model's names of the program's positional
+# inputs (a JSON list), where the program's own are not them: a program exported through a wrapper that takes
+# ``*args`` (channels-last layout, --concrete values fixed) names its inputs ``args_0``, ``args_1``...
+PROGRAM_ARGUMENTS_FILE = "fxforge.arguments"
+# ... which :func:`load_program` keeps on the program it returns, for :func:`program_module`
+_RECORDED_NAMES = "_fxforge_argument_names"
+
+
+def save_program(program: torch.export.ExportedProgram, path: str | Path, source: nn.Module | None = None) -> None:
+    """``torch.export.save``, recording the names ``source`` (what was exported) gives its positional inputs --
+    its wrapped model's, through fxforge's wrappers that take ``*args`` -- where the program's own differ, so
+    that the program's module takes inputs by the model's names."""
+    own = positional_names(program.module()) if source is not None else None
+    names = argument_names(_unwrapped(source), len(own)) if source is not None and own else None
+    extra = {PROGRAM_ARGUMENTS_FILE: json.dumps(names)} if names and own != names else None
+    with quiet_torch_logs():
+        torch.export.save(program, str(path), extra_files=extra)
+
+
+def _unwrapped(module: nn.Module) -> nn.Module:
+    """The model inside fxforge's input-passing wrappers (layout, fixed keywords), which take ``*args``."""
+    while isinstance(module, (ChannelsLastModule, ConstantKeywords)):
+        module = module.model if isinstance(module, ChannelsLastModule) else module.module
+    return module
+
+
 def load_program(path: str | Path) -> torch.export.ExportedProgram:
     """``torch.export.load(path)``, after importing the modules that define the pytree types its signature
     names (see :data:`PYTREE_TYPE_PACKAGES`): a transformers model's program returns e.g.
     ``BaseModelOutputWithPooling``, and in a process that has not imported ``transformers.modeling_outputs``,
-    plain ``torch.export.load`` refuses the file.
+    plain ``torch.export.load`` refuses the file. The input names :func:`save_program` recorded come with it.
 
     Raises:
         FxforgeError: the program names a type from another package that is not imported yet.
     """
     import_pytree_types(_pytree_types(Path(path)), Path(path).name)
-    return torch.export.load(str(path))
+    extra = {PROGRAM_ARGUMENTS_FILE: ""}
+    program = torch.export.load(str(path), extra_files=extra)
+    with contextlib.suppress(ValueError, TypeError):
+        names = json.loads(extra[PROGRAM_ARGUMENTS_FILE] or "null")
+        if isinstance(names, list) and all(isinstance(n, str) for n in names):
+            setattr(program, _RECORDED_NAMES, names)
+    return program
 
 
 def program_module(program: torch.export.ExportedProgram) -> nn.Module:
@@ -808,6 +839,9 @@ def program_module(program: torch.export.ExportedProgram) -> nn.Module:
     dicts returned as plain dicts (fx returns its immutable_dict, whose ``pop`` raised)."""
     module = program.module()
     names = positional_names(module)
+    recorded = getattr(program, _RECORDED_NAMES, None)
+    if names and recorded and len(recorded) == len(names):  # the model's names, not a wrapper's args_0
+        names = recorded
     in_spec = program.call_spec.in_spec
     keywords = in_spec is not None and in_spec.num_children == 2 and _child(in_spec, 1).num_leaves > 0
     if names and not keywords:  # a program exported with keywords takes those itself

@@ -61,6 +61,7 @@ from fxforge.artifacts import (
     check_output_directory,
     load_program,
     program_module,
+    save_program,
     with_sources_on_path,
     write_inputs,
     write_report,
@@ -834,9 +835,7 @@ def _picklable(module: nn.Module) -> bool:
 
 def _save_program(module: nn.Module, path: Path, rewritten: Captured) -> None:
     """Export the model itself to a ``model.pt2`` and check that the file computes what the module computes."""
-    program = export_program_any_batch(module, rewritten.example_inputs, {})
-    with quiet_torch_logs():
-        torch.export.save(program, str(path))
+    save_program(export_program_any_batch(module, rewritten.example_inputs, {}), path, module)
     loaded = program_module(load_program(path))
     inputs = rewritten.example_inputs
     comparison = compare_outputs(run_reference(module, inputs, {}), run_reference(loaded, inputs, {}))

@@ -57,6 +57,7 @@ from fxforge.artifacts import (
     program_imports,
     program_module,
     save_graph_module,
+    save_program,
     signature_imports,
     with_sources_on_path,
     write_inputs,
@@ -207,8 +208,8 @@ def _save_graph(captured: Captured, directory: Path, a: Artifact) -> None:
 
 def _write_fx(captured: Captured, directory: Path, settings: BuildSettings, variants: set[str], a: Artifact) -> None:
     if "channels_last" in variants:
-        program = export_program_any_batch(_source(captured, variants), captured.example_inputs, {})
-        torch.export.save(program, str(directory / PROGRAM_FILE))
+        source = _source(captured, variants)
+        save_program(export_program_any_batch(source, captured.example_inputs, {}), directory / PROGRAM_FILE, source)
     else:
         _save_graph(captured, directory, a)
         if not (directory / PROGRAM_FILE).exists():
@@ -259,7 +260,8 @@ def _write_compiled(
     config = inductor_config(sorted(variants - {"recipe"}))
     if "max_autotune" in variants:
         config["max_autotune"] = True
-    program = export_program(_source(captured, variants), captured.example_inputs, {}, dynamic_batch=False)
+    source = _source(captured, variants)
+    program = export_program(source, captured.example_inputs, {}, dynamic_batch=False)
     if "recipe" in variants:
         a.notes.append("model.pt2 + recipe.json: fxforge's loader compiles it when loaded (the recipe variant)")
     else:
@@ -271,7 +273,7 @@ def _write_compiled(
         _write_aoti(program, directory, config, a, names, specs, bounds)
         if a.load:
             return
-    torch.export.save(program, str(directory / PROGRAM_FILE))
+    save_program(program, directory / PROGRAM_FILE, source)
     recipe = {"run": "compile", "inductor": config}
     if "max_autotune" in variants:
         recipe["mode"] = "max-autotune-no-cudagraphs"

@@ -66,6 +66,7 @@ from fxforge.artifacts import (
     describe_structure,
     format_for,
     load_exported,
+    save_program,
 )
 from fxforge.capture import Captured
 from fxforge.compare import compare_outputs
@@ -756,7 +757,7 @@ def _export_pt2(
     with _exporting(f"{name} with torch.export", notes):
         program = export_program(module, inputs, {}, dynamic_batch=dynamic_batch)
         record_example(program, example, {})
-        torch.export.save(program, str(path))
+        save_program(program, path, module)
     return ExportResult("pt2", None, True, "torch.export", dynamic_batch=dynamic_batch, notes=notes)
 
 
