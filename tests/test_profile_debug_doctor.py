@@ -132,6 +132,19 @@ def test_eager_counts_both_calls_of_a_reused_module_and_names_the_time_outside_l
     assert "spent outside leaf modules" in note and "cost more" not in note, note
 
 
+def test_eager_counts_bytes_and_dtypes_as_fx_does():
+    """QA: eager's rows were all float32 (a bf16 Linear judged against the fp32 peak) and counted the profiler's
+    allocations plus weights, not inputs (an in-place ReLU moved 0 bytes). Both now as the fx backend's rows."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(inplace=True), nn.Linear(64, 8)).to(torch.bfloat16).eval()
+    captured = fxforge.capture(model, (torch.randn(4, 64, dtype=torch.bfloat16),))
+    eager = profile_model(captured, backend="eager", repeats=2, warmup=1, peak=PEAK)
+    fx = profile_model(captured, backend="fx", repeats=2, warmup=1, peak=PEAK)
+    by_module = {n.name: (n.dtype, n.bytes_moved) for n in eager.nodes}
+    assert by_module == {n.name.removeprefix("_"): (n.dtype, n.bytes_moved) for n in fx.nodes}
+    assert by_module["1"] == ("bfloat16", 2 * 4 * 64 * 2)  # the in-place ReLU reads and writes its tensor
+
+
 def _totals(whole: list[float], node_timed: list[float]) -> _RunTotals:
     return _RunTotals(whole=whole, node_timed=node_timed)
 
