@@ -388,3 +388,12 @@ def test_autocast_backend_keeps_float32_outputs_within_a_bf16_error():
     expected = captured.original(*captured.example_inputs)
     module = get_backend("autocast").build(captured, BuildSettings(1, Path("."), expected))
     assert module(*captured.example_inputs).dtype == torch.float32
+
+
+@pytest.mark.parametrize("seconds", ["nan", "0.1", "61"])
+def test_doctor_refuses_a_measurement_time_out_of_range_nan_included(seconds, capsys):
+    """QA: --seconds nan was accepted (click's FloatRange compares, and NaN compares false either way)."""
+    assert main(["doctor", "--seconds", seconds]) == EXIT_USAGE
+    assert "--seconds" in capsys.readouterr().err
+    with pytest.raises(FxforgeError, match=r"seconds must be a number from 0\.2 to 60"):
+        doctor(seconds=float(seconds))

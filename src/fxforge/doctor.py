@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from fxforge import display
+from fxforge.errors import FxforgeError, option
 from fxforge.machine import (
     CpuInfo,
     Peak,
@@ -137,7 +138,10 @@ def features(found: dict[str, str | None], cpu: CpuInfo, gpu_list: list[dict[str
 
 
 def doctor(*, peak: bool = True, seconds: float = 2.0) -> DoctorReport:
-    """Everything :mod:`fxforge.doctor` reports; ``peak=False`` skips the (about ``seconds``) measurement."""
+    """Everything :mod:`fxforge.doctor` reports; ``peak=False`` skips the (about ``seconds``, 0.2 to 60)
+    measurement."""
+    if not 0.2 <= seconds <= 60:  # written so that NaN fails it too (click's FloatRange lets NaN through)
+        raise FxforgeError(f"{option('--seconds')} must be a number from 0.2 to 60, got {seconds}")
     found = versions()
     cpu = cpu_info()
     gpu_list = gpus()
