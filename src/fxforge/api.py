@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from fxforge.artifacts import OnnxRuntimeModule
-from fxforge.capture import Captured, capture
+from fxforge.capture import Captured, capture, model_args_text
 from fxforge.errors import CaptureError, FxforgeError, InputSpecError, option, said
 from fxforge.inputs import InputSpec, make_inputs, parse_input_spec
 from fxforge.models import LoadedModel, load_model
@@ -81,7 +81,7 @@ def prepare(
     example = make_inputs(specs, seed=seed, device=device or "cpu")
     functions = _wrapped_functions(wrap)
     try:
-        return capture(
+        captured = capture(
             loaded,
             example,
             method=method,
@@ -91,6 +91,8 @@ def prepare(
             check=check,
             check_batch=check_batch,
         )
+        captured.record.model_args = model_args_text(model_kwargs)
+        return captured
     except InputSpecError as exc:
         if inputs and loaded.default_inputs and specs != loaded.default_inputs:
             # Better than a generic example: the shape this model is known to take.

@@ -109,6 +109,9 @@ class CaptureRecord:
     attempts: list[Attempt] = field(default_factory=list)
     checks: list[OutputCheck] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # the constructor/config arguments the model was built with (``--model-arg``), as text: an output directory
+    # then says which configuration of a model it was written from (a diff against another one draws nonsense)
+    model_args: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -116,6 +119,11 @@ class CaptureRecord:
     @property
     def ok(self) -> bool:
         return all(check.ok for check in self.checks)
+
+
+def model_args_text(model_kwargs: Mapping[str, Any] | None) -> dict[str, str]:
+    """Constructor/config arguments as :attr:`~fxforge.capture.CaptureRecord.model_args` records them."""
+    return {str(key): str(value) for key, value in sorted((model_kwargs or {}).items())}
 
 
 @dataclass

@@ -72,6 +72,22 @@ def test_graph_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
         assert err[0].startswith("error:") and len([line for line in err if line.startswith("error:")]) == 1
 
 
+def test_graph_diff_refuses_an_output_of_the_model_built_with_other_arguments(tmp_path, capsys):
+    """QA: a directory written from a 2-layer configuration diffed against the 3-layer one drew the missing layer
+    as 56 'removed' nodes: the directory records the --model-arg values it was written from."""
+    out = tmp_path / "out"
+    resnet = ["torchvision:resnet18", "-i", "1x3x32x32"]
+    assert main(["optimize", *resnet, "--model-arg", "num_classes=10", "-o", str(out)]) == 0
+    capsys.readouterr()
+    other = ["--model-arg", "num_classes=20", "--diff", str(out), "--trust-pickle", "-o", str(tmp_path / "x.html")]
+    assert main(["graph", *resnet, *other]) == 2
+    err = capsys.readouterr().err
+    assert "built with --model-arg num_classes=10, not --model-arg num_classes=20" in err
+    assert not (tmp_path / "x.html").exists()
+    same = ["--model-arg", "num_classes=10", "--diff", str(out), "--trust-pickle", "-o", str(tmp_path / "d.html")]
+    assert main(["graph", *resnet, *same]) == 0
+
+
 def test_graph_cli_writes_html_svg_and_diff(tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["optimize", "demo", "-p", "fold_bn", "-o", str(out)]) == 0

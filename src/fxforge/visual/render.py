@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from torch import fx
 
 from fxforge.artifacts import PROVENANCE_FILE, REPORT_FILE
-from fxforge.capture import Captured
+from fxforge.capture import Captured, model_args_text
 from fxforge.errors import FxforgeError, ModelSpecError, option, require
 from fxforge.graphs import TORCH, dialect_of
 from fxforge.inspect import InspectReport
@@ -64,12 +64,17 @@ def _page(model: dict[str, Any], depth: int | None, title: str, path: str | Path
 
 
 def load_output_dir(
-    directory: str | Path, *, trust_pickle: bool | None = None, model: str | None = None
+    directory: str | Path,
+    *,
+    trust_pickle: bool | None = None,
+    model: str | None = None,
+    model_kwargs: Mapping[str, Any] | None = None,
 ) -> tuple[fx.GraphModule, list[str]]:
     """The rewritten graph of an ``fxforge optimize`` output directory (with its provenance) and its passes.
 
-    ``model``: the spec of the model it is to be compared with; a directory whose ``report.json`` names another
-    model is refused before anything is unpickled (a node-by-node diff of two models draws nonsense).
+    ``model`` (and ``model_kwargs``, its constructor/config arguments): the model it is to be compared with; a
+    directory whose ``report.json`` names another model, or the same model built with other arguments (another
+    number of layers), is refused before anything is unpickled (a node-by-node diff of two models draws nonsense).
 
     A torch-dialect result is its ``model.pt`` (a pickle: it loads only with ``trust_pickle``); its
     ``model.pt2`` is an ATen re-export whose nodes do not match the captured graph's, so it cannot be diffed
@@ -89,6 +94,7 @@ def load_output_dir(
         saved = json.loads((path / REPORT_FILE).read_text())
         passes = [str(step["name"]) for step in saved.get("passes", [])]
         dialect = (saved.get("capture") or {}).get("dialect")
+        written_with = (saved.get("capture") or {}).get("model_args")  # absent where written before it was recorded
         written_from = saved.get("model")
     except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError, AttributeError) as exc:
         raise ModelSpecError(f"{path / REPORT_FILE} is corrupt: {exc}") from None
@@ -96,6 +102,12 @@ def load_output_dir(
         raise ModelSpecError(
             f"{directory} was written from {written_from}, not {model}",
             hint=f"fxforge graph {written_from} --diff {directory}",
+        )
+    asked = model_args_text(model_kwargs)
+    if isinstance(written_with, dict) and model and written_with != asked:
+        raise ModelSpecError(
+            f"{directory} was written from {written_from} built with {_listed(written_with)}, not {_listed(asked)}",
+            hint="build the model with the arguments the directory was written from",
         )
     loaded = load_model(str(path), trust_pickle=trust_pickle)
     graph = loaded.module
@@ -108,6 +120,10 @@ def load_output_dir(
             "whose nodes do not match the captured graph's",
         )
     return graph, passes
+
+
+def _listed(model_args: Mapping[str, Any]) -> str:
+    return " ".join(f"{option('--model-arg')} {k}={v}" for k, v in model_args.items()) or "no model arguments"
 
 
 def same_model_spec(first: str, second: str) -> bool:

@@ -50,7 +50,9 @@ def command(
     check_output_file(output, force=force)  # before the work: a refusal after it would waste it
     profile = read_profile(profile_file) if profile_file else None
     if diff_dir is not None:
-        rewritten, passes = load_output_dir(diff_dir, trust_pickle=opts.trust_pickle or None, model=opts.model)
+        rewritten, passes = load_output_dir(
+            diff_dir, trust_pickle=opts.trust_pickle or None, model=opts.model, model_kwargs=opts.model_kwargs()
+        )
         if opts.method == "auto":  # capture the model in the dialect of the output's graph: a diff needs one
             opts = dataclasses.replace(opts, method="export" if dialect_of(rewritten) == ATEN else "symbolic_trace")
     captured = opts.prepare()
