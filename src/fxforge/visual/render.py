@@ -85,9 +85,10 @@ def load_output_dir(
     path = Path(directory)
     if not path.is_dir():
         raise ModelSpecError(f"{directory} is not a directory", hint="give an output directory of fxforge optimize -o")
-    if not (path / PROVENANCE_FILE).is_file() or not (path / REPORT_FILE).is_file():
+    missing = [name for name in (PROVENANCE_FILE, REPORT_FILE) if not (path / name).is_file()]
+    if missing:
         raise ModelSpecError(
-            f"{directory} is not an fxforge optimize output (no {PROVENANCE_FILE} or {REPORT_FILE})",
+            f"{directory} is not an fxforge optimize output (no {' or '.join(missing)})",
             hint="give a directory written by fxforge optimize -o",
         )
     try:
