@@ -203,6 +203,9 @@ _SIDE_EFFECT_FUNCTIONS: set[Any] = {
 for _name in ("_assert_async", "_assert_scalar", "sym_constrain_range_for_size", "_check", "_check_is_size"):
     if hasattr(torch, _name):
         _SIDE_EFFECT_FUNCTIONS.add(getattr(torch, _name))
+# symbolic_trace's guard on an argument fixed to None (``forward(x, mask=None)``): without it the graph runs as if
+# the mask were None when one is passed (QA: timm's ViT ignored its attn_mask after dead_code), silently
+_SIDE_EFFECT_FUNCTIONS.add(getattr(fx._symbolic_trace, "_assert_is_none", torch._assert))
 
 # Random Python-level calls with no ATen op of the same name to read the nondeterministic_seeded tag from.
 _RANDOM_PYTHON_NAMES = frozenset(

@@ -324,3 +324,22 @@ def test_a_metadata_assert_goes_only_when_the_recorded_value_proves_it():
     left = [n for n in result.graph_module.graph.nodes if "_assert_tensor_metadata" in str(n.target)]
     assert len(left) == 2 and {n.kwargs.get("dtype") for n in left} == {torch.float64, None}
     assert "removed _assert_tensor_metadata" in " ".join(result.log)
+
+
+class _OptionalMask(nn.Module):
+    def forward(self, x, mask=None):
+        return x if mask is None else x * mask
+
+
+def test_keeps_the_guard_on_an_argument_traced_as_none():
+    """QA: symbolic_trace fixes ``mask=None`` and guards it with ``_assert_is_none``; dead_code removed the guard
+    (and lint called it dead), so the rewritten graph ran a passed mask as if it were None: timm's ViT ignored its
+    attn_mask, silently. The guard stays, and the graph refuses the mask as the captured one does."""
+    import fxforge
+
+    captured = fxforge.prepare(_OptionalMask().eval(), "2x4", method="symbolic_trace")
+    assert not [f for f in fxforge.lint(captured).findings if f.code == "FX001"]
+    result = apply_pass(captured.graph_module, "dead_code")
+    assert any("_assert_is_none" in str(n.target) for n in result.graph_module.graph.nodes)
+    with pytest.raises(AssertionError, match="specialized to have value None"):
+        result.graph_module(torch.ones(2, 4), torch.zeros(2, 4))

@@ -3,7 +3,8 @@
 ``torch.fx.Graph.eliminate_dead_code`` decides liveness by users alone, so it deletes an in-place
 call whose result is unused -- ``y = x.clone(); y.mul_(2); return y`` loses the ``mul_``
 (pytorch/pytorch#68301). Here a node is live when its value reaches the output *or* it has an
-effect: in-place ops and buffer writes, ``out=`` calls, asserts, prints, random ops (they advance the
+effect: in-place ops and buffer writes, ``out=`` calls, asserts (symbolic_trace's ``_assert_is_none`` on an
+argument fixed to None too: without it a passed mask was ignored), prints, random ops (they advance the
 generator) and calls into modules fxforge cannot see through. An assert that provably holds
 (:func:`proven_metadata_assert`: torch.export's dtype/device/layout checks) is not an effect. Writes are those of
 :func:`~fxforge.passes._analysis.written_args` too, which knows the ones a call's name or schema does not
