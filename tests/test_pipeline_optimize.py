@@ -513,3 +513,10 @@ def test_a_model_pt2_traced_at_batch_2_is_kept_only_when_it_computes_the_example
     program = torch.export.load(str(tmp_path / "o" / "model.pt2")).module()
     with torch.no_grad():
         assert fxforge.compare_outputs(model(x), program(x)).ok
+
+
+def test_optimize_without_passes_is_one_clear_error():
+    """QA: fxforge.optimize(captured, None) raised a bare TypeError ('NoneType' object is not iterable)."""
+    captured = fxforge.prepare("demo")
+    with pytest.raises(FxforgeError, match="passes must be pass names or a Pipeline"):
+        fxforge.optimize(captured, None)

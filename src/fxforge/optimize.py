@@ -27,6 +27,7 @@ from typing import Any
 
 from fxforge.artifacts import atomic_directory, check_output_directory, save_graph_module, write_report
 from fxforge.capture import Captured, require_real_weights
+from fxforge.errors import FxforgeError
 from fxforge.lint import LintReport, lint
 from fxforge.passes import FIX_ORDER, registered_passes
 from fxforge.pipeline import Pipeline, PipelineResult
@@ -92,6 +93,10 @@ def optimize(
         if keep_going is not None:
             pipeline.keep_going = keep_going
     else:
+        if passes is None or isinstance(passes, (bytes, int, float)):  # list(None) raised a bare TypeError
+            raise FxforgeError(
+                f"passes must be pass names or a Pipeline, got {passes!r}", hint="e.g. passes=['exact']"
+            )
         pipeline = Pipeline(list(as_names(passes)), verify_each=bool(verify), keep_going=bool(keep_going))
     result = pipeline.run(captured)
     if output_dir is None or not result.ok:

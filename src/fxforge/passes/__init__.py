@@ -272,11 +272,16 @@ def _coerce(pass_name: str, key: str, value: Any, hint: Any) -> Any:
             return float(value)
         if hint is int and isinstance(value, str):
             return int(value)
-        if hint is bool and isinstance(value, str):
-            return value.lower() in ("1", "true", "yes", "on")
+        if hint is bool and isinstance(value, str) and value.lower() in _BOOL_WORDS:
+            return _BOOL_WORDS[value.lower()]
+        if hint is bool and not isinstance(value, bool):  # "ture" was read as False, silently
+            raise ValueError(value)
     except ValueError:
         raise PassError(f"option {pass_name}.{key} must be {hint.__name__}, got {value!r}") from None
     return value
+
+
+_BOOL_WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
 
 
 def copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
