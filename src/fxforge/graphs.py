@@ -294,10 +294,18 @@ def has_side_effects(gm: nn.Module, node: fx.Node) -> bool:
 _METADATA_ATTRIBUTES = frozenset({"ndim", "shape", "dtype", "device", "is_cuda", "layout"})
 _METADATA_METHODS = frozenset({"dim", "ndimension", "size", "numel", "nelement", "get_device"})
 _METADATA_ATEN = frozenset({"sym_size", "sym_numel", "_assert_tensor_metadata"})
+_SHAPED_LIKE_METHODS = frozenset({"reshape_as", "view_as", "expand_as"})  # x.view_as(other): other's shape only
+# (methods, and the ATen ops of the same names)
 
 
 def reads_metadata_only(user: fx.Node, node: fx.Node) -> bool:
-    """Does ``user`` read only the shape, rank, dtype or device of ``node`` (timm's ``assert x.ndim == 4``)?"""
+    """Does ``user`` read only the shape, rank, dtype or device of ``node`` (timm's ``assert x.ndim == 4``, or
+    ``y.reshape_as(node)``, which reads the shape of its ``other``)?"""
+    shaped_like = (user.op == "call_method" and user.target in _SHAPED_LIKE_METHODS) or (
+        aten_packet(user) in _SHAPED_LIKE_METHODS
+    )
+    if shaped_like and len(user.args) == 2 and not user.kwargs:
+        return user.args[1] is node and user.args[0] is not node
     if not user.args or user.args[0] is not node or node in user.args[1:] or node in user.kwargs.values():
         return False
     if user.op == "call_function" and user.target is getattr:

@@ -548,3 +548,41 @@ def test_a_literal_scale_folds_into_weights_on_another_device():
     captured = capture(model, (torch.empty(1, 3, 8, 8, device="meta"),), method="symbolic_trace", check=False)
     result = apply_pass(captured.graph_module, "fold_bn")
     assert result.changed and result.graph_module.get_submodule("conv").weight.device.type == "meta"
+
+
+class _LinearNorm(nn.Module):
+    """timm LeViT's LinearNorm: a linear on (N, L, C), a BatchNorm1d over its flattened (N * L, C) output, and the
+    result reshaped like the linear's output (which reads only its shape). ``flatten_to`` other than 1 flattens
+    the features into the rows too, where the batch norm's channels are no longer the linear's features."""
+
+    def __init__(self, flatten_to: int = 1, shared: bool = False) -> None:
+        super().__init__()
+        self.linear, self.bn = nn.Linear(8, 16), nn.BatchNorm1d(16 if flatten_to == 1 else 5 * 16)
+        self.flatten_to, self.shared = flatten_to, shared
+
+    def forward(self, x):
+        x = self.linear(x)
+        flat = x.flatten(0, 1) if self.flatten_to == 1 else x.flatten(1)
+        out = self.bn(flat)
+        return (out.reshape_as(x), flat) if self.shared else out
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_folds_a_batch_norm_over_a_linears_flattened_rows(dialect, capture_as, run_verified):
+    """QA: LeViT's 48 Linear -> flatten(0, 1) -> BatchNorm1d pairs stayed, with no reason given. Flattening the
+    leading dimensions keeps the features last, so the fold is exact."""
+    captured = capture_as(random_stats(_LinearNorm()), torch.randn(2, 5, 8), dialect)
+    result = run_verified(captured, "fold_bn")
+    assert result.changed and not result.skipped
+    assert not any(node_kind(result.graph_module, n) == "batch_norm" for n in result.graph_module.graph.nodes)
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_keeps_a_batch_norm_whose_channels_are_not_the_linears_features(dialect, capture_as, run_verified):
+    # flatten(1) of (N, L, C): the norm's 80 channels mix positions and features
+    captured = capture_as(random_stats(_LinearNorm(flatten_to=2)), torch.randn(2, 5, 8), dialect)
+    assert not run_verified(captured, "fold_bn").changed
+    # the flattened rows are an output too: folding would change them
+    captured = capture_as(random_stats(_LinearNorm(shared=True)), torch.randn(2, 5, 8), dialect)
+    result = run_verified(captured, "fold_bn")
+    assert not result.changed and any("read by more than the batch norm" in s for s in result.skipped)

@@ -150,6 +150,10 @@ class Norm:
     consumed: list[fx.Node] = field(default_factory=list)
     scale_arg: Any = None  # frozen form: the scale and shift operands
     shift_arg: Any = None
+    # a reshape between a linear and the batch norm that flattens the leading dimensions into one, keeping the
+    # features last (timm LeViT's LinearNorm: bn(linear(x).flatten(0, 1)).reshape_as(...)): the map's value
+    # is then this node's, computed from the folded linear
+    through: fx.Node | None = None
 
     @property
     def what(self) -> str:
@@ -218,8 +222,15 @@ def plan_fold(
         return isinstance(candidate, fx.Node) and _layer_kind(gm, folded.get(candidate, candidate)) is not None
 
     norm = _match_norm(gm, node, is_source)
-    if norm is None or not is_source(norm.input):
+    if norm is None:
         return None
+    if not is_source(norm.input):
+        inner = _flattened_features(norm.input) if not norm.frozen else None
+        if inner is None or not is_source(inner) or _layer_kind(gm, folded.get(inner, inner)) != "linear":
+            return None
+        if len(value_users(norm.input)) > 1:
+            return _refusal(f"{norm.input.name} is read by more than the {norm.what}", _label(node, inner))
+        norm.through, norm.input = norm.input, inner
     producer = folded.get(norm.input, norm.input)
     label = _label(node, producer)
     readers = value_users(norm.input)
@@ -455,7 +466,7 @@ def _per_channel(gm: nn.Module, norm: Norm, state, layer: Layer) -> tuple[torch.
         mean, var, eps, gamma, beta = values
         if mean.numel() != layer.channels:
             return f"BN has {mean.numel()} channels, {layer.node.name} produces {layer.channels}"
-        if layer.kind == "linear" and layer.form != "matmul" and not _known_2d(layer.node):
+        if layer.kind == "linear" and layer.form != "matmul" and not _known_2d(norm.through or layer.node):
             return "cannot prove the linear output is 2-D, where BatchNorm1d normalises its features"
         if layer.kind != "linear" and not _batched_conv_output(gm, norm, layer):
             # an unbatched (C, L) conv output before a BatchNorm1d of C features: the norm reads L as its channels
@@ -526,6 +537,27 @@ def _asserted_rank(node: fx.Node) -> int | None:
             if compare.target is operator.eq and asserted and isinstance(compare.args[1], int):
                 return compare.args[1]
     return None
+
+
+_FLATTENING_METHODS = frozenset({"flatten", "view", "reshape"})
+_FLATTENING_ATEN = frozenset({"flatten", "view", "_unsafe_view", "reshape"})
+
+
+def _flattened_features(node: fx.Node) -> fx.Node | None:
+    """The input of ``node`` where ``node`` reshapes it to 2-D keeping its last dimension (``x.flatten(0, 1)``
+    of an (N, L, C) linear output: the features stay the features), as the recorded shapes show; else None."""
+    if not node.args or not isinstance(node.args[0], fx.Node):
+        return None
+    reshapes = (
+        (node.op == "call_method" and node.target in _FLATTENING_METHODS)
+        or (node.op == "call_function" and node.target in (torch.flatten, torch.reshape))
+        or aten_packet(node) in _FLATTENING_ATEN
+    )
+    before = getattr(node_value(node.args[0]), "shape", None)
+    after = getattr(node_value(node), "shape", None)
+    if not reshapes or before is None or after is None or len(after) != 2 or len(before) < 2:
+        return None
+    return node.args[0] if before[-1] == after[-1] and math.prod(before) == math.prod(after) else None
 
 
 def _known_2d(node: fx.Node) -> bool:
@@ -895,7 +927,9 @@ def _nothing_left_to_fold(gm: fx.GraphModule) -> str | None:
         "FrozenBatchNorm2d) and batch norms inside a module called as one node (e.g. timm BatchNormAct2d, "
         "ConvNormAct: the module is inlined, keeping its other parts, only when that lets a batch norm fold), "
         "into conv/conv-transpose/linear modules, F.conv*/F.linear and ATen convolutions/linear with stored "
-        "weights, and ATen addmm/mm (+ add) linears. Reads of the layer output's or its weight's shape, rank or "
+        "weights, and ATen addmm/mm (+ add) linears; also a BatchNorm1d over a linear's output reshaped to 2-D with "
+        "its features kept last (timm LeViT's LinearNorm: bn(linear(x).flatten(0, 1)), the reshape read by the "
+        "batch norm alone). Reads of the layer output's or its weight's shape, rank or "
         "dtype (timm's same-padding convs read weight.shape) do not block a fold. A conv module that is also "
         "passed whole to a call fxforge cannot see into (HF MobileNetV2's apply_tf_padding(x, conv)) is folded "
         "into a copy for its own call; the opaque call keeps the original, so its weights are stored twice. "
@@ -959,7 +993,7 @@ def _replace_norm(gm: fx.GraphModule, plan: FoldPlan) -> set[fx.Node]:
     """Make the producer compute the map's value; erase the map and what only it read (returned)."""
     output = plan.norm.output
     mark(plan.producer, NAME, origin_of=output)
-    output.replace_all_uses_with(plan.producer)
+    output.replace_all_uses_with(plan.norm.through or plan.producer)
     erased: set[fx.Node] = set()
     left = list(plan.norm.consumed)
     while True:  # the scale feeds the shift's arithmetic too: erase until nothing more goes
