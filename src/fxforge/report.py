@@ -26,7 +26,7 @@ from fxforge.profile import profile_model
 from fxforge.quantize import RandomCalibrationWarning
 from fxforge.quantize import quantize as run_quantize
 from fxforge.visual.graph import diff_model, graph_model
-from fxforge.visual.page import GraphView, describe
+from fxforge.visual.page import GraphView, check_page_path, describe
 from fxforge.visual.render import rewritten_graph
 from fxforge.visual.report_page import report_document
 from fxforge.visual.sections import (
@@ -58,7 +58,7 @@ def report(
     inputs: Sequence[str] | None = None,
     spec: str | None = None,
     depth: int | None = None,
-    force: bool = True,
+    force: bool = False,
 ) -> GraphView:
     """Build the report of ``model`` (a Captured, or a spec :func:`fxforge.prepare` loads) and write it to ``path``.
 
@@ -67,6 +67,8 @@ def report(
     report. ``profile``: ``fxforge.profile_model``'s result, its dict or that JSON file's path, or True to profile
     the model now, to colour nodes by time.
     """
+    if path is not None:
+        check_page_path(path, force=force)  # before the work: a refusal after it would waste it
     if isinstance(model, str):
         spec = spec or model
         captured = prepare(model, list(inputs) if inputs else None)

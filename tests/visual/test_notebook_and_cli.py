@@ -209,3 +209,37 @@ def test_report_json_carries_the_verification_a_ci_job_reads(tmp_path, capsys):
     assert out["optimize"]["verify"]["ok"] is True and out["optimize"]["verify"]["trials"] >= 3
     assert out["optimize"]["failed_pass"] is None and isinstance(out["lint"], list)
     assert [step["name"] for step in out["optimize"]["steps"]] == ["fold_bn"]  # the change log (it was null)
+
+
+def test_the_page_writers_never_replace_a_users_file(tmp_path):
+    """QA: graph_html, graph_svg, diff_html and report defaulted to force=True and took any name: a page replaced
+    the user's model.py. Only .html/.htm/.svg names, and an existing file only with force=True, as on the CLI."""
+    import fxforge
+    from fxforge.errors import FxforgeError
+
+    captured = fxforge.prepare("demo")
+    source = tmp_path / "model.py"
+    source.write_text("import torch\n")
+    page = tmp_path / "g.html"
+    page.write_text("mine")
+    for write in (
+        lambda path: fxforge.graph_html(captured, path),
+        lambda path: fxforge.graph_svg(captured, path),
+        lambda path: fxforge.diff_html(captured, captured.graph_module, path),
+        lambda path: fxforge.report(captured, path),
+    ):
+        with pytest.raises(FxforgeError, match="cannot tell what to write"):
+            write(source)
+        with pytest.raises(FxforgeError, match="exists"):
+            write(page)
+    assert source.read_text() == "import torch\n" and page.read_text() == "mine"
+    assert fxforge.graph_html(captured, page, force=True).path == page and page.read_text() != "mine"
+
+
+def test_diff_html_takes_trust_pickle_as_its_hint_says(tmp_path):
+    import fxforge
+
+    captured = fxforge.prepare("demo")
+    fxforge.optimize(captured, ["fold_bn"], output_dir=tmp_path / "o")
+    view = fxforge.diff_html(captured, tmp_path / "o", tmp_path / "d.html", trust_pickle=True)
+    assert view.path == tmp_path / "d.html" and view.model["counts"]["removed"] > 0  # the folded batch norm

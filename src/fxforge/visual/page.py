@@ -17,7 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from fxforge.artifacts import StagedOutput
+from fxforge.artifacts import StagedOutput, check_output_file
 from fxforge.display import byte_size, counted, number
 from fxforge.errors import FxforgeError
 
@@ -99,9 +99,23 @@ def describe(model: dict[str, Any]) -> str:
     return " · ".join(parts)
 
 
-def write_text(path: str | Path, text: str, *, force: bool = True) -> Path:
-    """Write ``text`` to ``path`` atomically (never a half-written page); errors become one-line FxforgeErrors."""
-    target = Path(path)
+PAGE_SUFFIXES = (".html", ".htm", ".svg")
+
+
+def check_page_path(path: str | Path, *, force: bool = False) -> Path:
+    """``path`` as a page may be written there, checked before the work: a page's own suffix
+    (:data:`PAGE_SUFFIXES`), not a directory, an existing file only with ``force``, a writable folder."""
+    if Path(path).suffix.lower() not in PAGE_SUFFIXES:
+        raise FxforgeError(f"cannot tell what to write from {str(path)!r}", hint="name it .html (interactive) or .svg")
+    check_output_file(path, force=force)
+    return Path(path)
+
+
+def write_text(path: str | Path, text: str, *, force: bool = False) -> Path:
+    """Write ``text`` to ``path`` atomically (never a half-written page); errors become one-line FxforgeErrors.
+    Only a page's own names (:data:`PAGE_SUFFIXES`), and an existing file only with ``force``: a user's
+    ``model.py`` given by mistake was replaced by a page."""
+    target = check_page_path(path, force=force)
     with StagedOutput(target, force=force) as staged:
         try:
             staged.path.write_text(text, encoding="utf-8")
@@ -123,7 +137,7 @@ class GraphView:
     # what a report found besides the graph, as data (for --json): the passes' verification, bench, quantize
     findings: dict[str, Any] = field(default_factory=dict)
 
-    def save(self, path: str | Path, *, force: bool = True) -> Path:
+    def save(self, path: str | Path, *, force: bool = False) -> Path:
         self.path = write_text(path, self.html, force=force)
         return self.path
 

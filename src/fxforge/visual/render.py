@@ -30,7 +30,7 @@ from fxforge.inspect import InspectReport
 from fxforge.lint import LintReport
 from fxforge.verify import Divergence
 from fxforge.visual.graph import diff_model, graph_model
-from fxforge.visual.page import GraphView, asset, graph_document
+from fxforge.visual.page import GraphView, asset, check_page_path, graph_document
 
 
 def graph_html(
@@ -42,7 +42,7 @@ def graph_html(
     title: str = "",
     report: InspectReport | None = None,
     lint_report: LintReport | None = None,
-    force: bool = True,
+    force: bool = False,
 ) -> GraphView:
     """The interactive page of ``target``'s graph, written to ``path`` when given.
 
@@ -167,14 +167,19 @@ def diff_html(
     depth: int | None = None,
     profile: Any = None,
     title: str = "",
-    force: bool = True,
+    force: bool = False,
+    trust_pickle: bool | None = None,
 ) -> GraphView:
     """The interactive page of ``rewritten`` overlaid on ``original``: removed, inserted and changed nodes
     coloured and labelled with the pass that made each change, the first diverging node of a failed
     verification highlighted (given, or found in a pipeline result). ``rewritten`` may also be an optimize
-    output directory (:func:`load_output_dir`; pickles are trusted as ``FXFORGE_TRUST_PICKLE`` says)."""
+    output directory (:func:`load_output_dir`; its pickled ``model.pt`` loads with ``trust_pickle``, default the
+    ``FXFORGE_TRUST_PICKLE`` environment variable). ``path`` is written only with a page's suffix (``.html``),
+    an existing file only with ``force``."""
+    if path is not None:
+        check_page_path(path, force=force)  # before loading and drawing
     if isinstance(rewritten, (str, Path)):
-        rewritten, saved_passes = load_output_dir(rewritten)
+        rewritten, saved_passes = load_output_dir(rewritten, trust_pickle=trust_pickle)
         passes = list(passes) or saved_passes
     graph, steps, found = rewritten_graph(rewritten)
     original_dialect = dialect_of(original.graph_module if isinstance(original, Captured) else original)
@@ -239,7 +244,7 @@ def graph_svg(
     *,
     depth: int | None = None,
     profile: Any = None,
-    force: bool = True,
+    force: bool = False,
 ) -> str:
     """A static SVG picture of ``target`` (a graph, or a model from :func:`graph_model`/:func:`diff_model`)
     with modules open to ``depth``; written to ``path`` when given. Returns the SVG text."""
