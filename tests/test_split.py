@@ -625,3 +625,21 @@ def test_gpt2s_tied_embedding_is_counted_in_each_stage_that_holds_it():
     embedding_bytes = 1000 * 64 * 4
     assert sum(stage.param_bytes for stage in plan.stages) >= plan.total_cost >= embedding_bytes * 2
     assert any("used by more than one stage (tied weights)" in note for note in plan.notes)
+
+
+class _TrainingNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.bn, self.fc = nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.bn(self.conv(x))).mean((2, 3)))
+
+
+def test_split_leaves_the_users_model_in_its_mode():
+    """QA: the stages share their submodules with the user's model, and stage.eval() switched a model in training
+    to eval mode (its BatchNorm then used running statistics), silently."""
+    model = _TrainingNet().train()
+    captured = capture(model, (torch.randn(2, 3, 16, 16),))
+    split(captured, 2)
+    assert all(module.training for module in model.modules())

@@ -731,7 +731,9 @@ def _stage_graph_module(graph: _Graph, plan: SplitPlan, index: int) -> fx.GraphM
         sent = [new.call_method("contiguous", (value_of(by_name[t.name]),)) for t in stage.outputs]
         new.output(tuple(sent))
     module = fx.GraphModule(graph.gm, new, class_name=f"Stage{index}")
-    module.eval()
+    # its own flag only: the stage shares its submodules with the captured graph, and so with the user's model,
+    # whose mode eval() would have changed (QA: split() switched a model in training to eval mode)
+    module.training = False
     return module
 
 
