@@ -991,3 +991,10 @@ def test_artifacts_exported_through_a_wrapper_take_inputs_by_the_models_names(tm
     loaded = load_model(tmp_path).module
     assert torch.allclose(loaded(**{name: x}), loaded(x))
     assert torch.allclose(loaded(**{name: x}), model(x, double=True) if concrete else model(x), atol=1e-5)
+
+
+@pytest.mark.parametrize("tolerance", [0.0, float("inf"), float("nan")])
+def test_a_budget_refuses_a_tolerance_that_proves_nothing(tolerance):
+    """QA: Budget(tolerance=inf) was accepted: every candidate would be within it, and 'verified' meaningless."""
+    with pytest.raises(FxforgeError, match="must be a finite positive number"):
+        Budget(tolerance)

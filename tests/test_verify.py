@@ -447,8 +447,9 @@ def test_a_negative_or_nan_tolerance_is_refused():
     from fxforge.verify import verify
 
     model = torch.nn.Linear(4, 4)
-    for bad in ({"rtol": -1.0}, {"atol": float("nan")}):
-        with pytest.raises(FxforgeError, match="must be a number >= 0"):
+    # infinity too (QA): every candidate would be within it, and "OK" would prove nothing
+    for bad in ({"rtol": -1.0}, {"atol": float("nan")}, {"rtol": float("inf")}, {"atol": "1e-3"}):
+        with pytest.raises(FxforgeError, match="must be a finite number >= 0"):
             verify(model, model, input_specs=["2x4"], **bad)
 
 

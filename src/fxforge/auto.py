@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 import shutil
 import statistics
 import tempfile
@@ -152,8 +153,10 @@ class Budget:
     max_drop: float | None = None
 
     def __post_init__(self) -> None:
-        if not self.tolerance > 0:
-            raise FxforgeError(f"{option('--tolerance')} must be positive", hint=f"e.g. {option('--tolerance', 1e-4)}")
+        if not 0 < self.tolerance < math.inf:  # infinity admits any candidate: nothing would be verified
+            raise FxforgeError(
+                f"{option('--tolerance')} must be a finite positive number", hint=f"e.g. {option('--tolerance', 1e-4)}"
+            )
         if self.min_agreement is not None and not 0 < self.min_agreement <= 1:
             raise FxforgeError(
                 f"{option('--min-agreement')} is a fraction in (0, 1]", hint=f"e.g. {option('--min-agreement', 0.99)}"

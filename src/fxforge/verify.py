@@ -899,8 +899,9 @@ def verify(
     the first candidate node that diverges from the reference node it was derived from (provenance).
     """
     for name, value in (("rtol", rtol), ("atol", atol)):
-        if value is not None and not value >= 0:  # NaN too: no value would ever be within it
-            raise FxforgeError(f"{option('--' + name)} must be a number >= 0, got {value}")
+        if value is not None and not (isinstance(value, (int, float)) and 0 <= value < math.inf):
+            # NaN: no value would ever be within it; infinity: every value would, and "OK" would prove nothing
+            raise FxforgeError(f"{option('--' + name)} must be a finite number >= 0, got {value!r}")
     if seeds is not None:
         seeds = list(seeds)
         seed, cases = (seeds[0] if seeds else seed), max(cases, len(seeds))
