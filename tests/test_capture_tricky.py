@@ -645,3 +645,12 @@ def test_a_forward_reading_its_keyword_arguments_runs_node_by_node(tmp_path):
     assert profile_model(captured, repeats=1, warmup=0, peak=False).nodes
     result = fxforge.optimize(captured, ["fold_bn"], verify=True, output_dir=tmp_path / "out")
     assert result.pipeline.ok and (tmp_path / "out" / "model.pt2").is_file()
+
+
+@pytest.mark.parametrize("batch", [0, -1])
+def test_capture_refuses_a_check_batch_below_one(batch):
+    """QA: check_batch=0 or -1 made empty tensors, and the recorded check on them passed."""
+    from fxforge.errors import InputSpecError
+
+    with pytest.raises(InputSpecError, match="must be at least 1"):
+        capture(torch.nn.Linear(4, 4).eval(), (torch.randn(2, 4),), check_batch=batch)

@@ -520,3 +520,19 @@ def test_optimize_without_passes_is_one_clear_error():
     captured = fxforge.prepare("demo")
     with pytest.raises(FxforgeError, match="passes must be pass names or a Pipeline"):
         fxforge.optimize(captured, None)
+
+
+def test_the_api_names_a_wrong_argument_type_in_one_line():
+    """QA: optimize(model), optimize(graph_module), apply_pass(captured) raised bare AttributeErrors; graph_html of a
+    module said 'lint takes a captured graph'."""
+    from fxforge.passes import PassError
+
+    captured = fxforge.prepare("demo")
+    for wrong in (captured.original, captured.graph_module):
+        with pytest.raises(FxforgeError, match="optimize takes a captured graph"):
+            fxforge.optimize(wrong, ["fold_bn"])
+    with pytest.raises(PassError, match="apply_pass takes a GraphModule, not a Captured") as raised:
+        fxforge.apply_pass(captured, "fold_bn")
+    assert "captured.graph_module" in str(raised.value.hint)
+    with pytest.raises(FxforgeError, match="a graph page takes a captured graph"):
+        fxforge.graph_html(captured.original)

@@ -690,6 +690,10 @@ def capture(
     kwargs = cloned(dict(example_kwargs or {}))
     if method not in ("auto", SYMBOLIC_TRACE, "export", EXPORT):
         raise CaptureError(f"unknown capture method {method!r}", hint="auto, symbolic_trace or export")
+    if check_batch is not None and not (isinstance(check_batch, int) and check_batch >= 1):
+        # batch 0 or -1 made empty tensors, and a check on them passed (QA)
+        hint = f"e.g. {option('--check-batch', 2)}"
+        raise InputSpecError(f"{option('--check-batch')} must be at least 1, got {check_batch!r}", hint=hint)
     leaf_modules = list(as_names(leaf_modules) or ())  # one name, a comma list, or an iterable of names or types
     if method in ("export", EXPORT) and leaf_modules:
         # torch.export traces through every submodule: the leaves were ignored, and a failure then advised --leaf

@@ -83,6 +83,11 @@ def optimize(
     which rolls the failing pass back, reports it and runs the rest. ``None`` keeps a :class:`Pipeline`'s
     own settings (a pipeline file's ``verify: true``), and means False for a list of names.
     """
+    if not isinstance(captured, Captured):  # the model or its GraphModule raised a bare AttributeError
+        raise FxforgeError(
+            f"optimize takes a captured graph, not a {type(captured).__name__}",
+            hint="capture it first: fxforge.capture(model, inputs) or fxforge.prepare(spec)",
+        )
     require_real_weights(captured, "optimize")
     if output_dir is not None:  # before the work: refusing afterwards would waste it
         check_output_directory(output_dir, force=force)

@@ -361,6 +361,9 @@ def store_tensor(gm: fx.GraphModule, base: str, value: torch.Tensor, *, paramete
 
 def apply_pass(gm: fx.GraphModule, name: str | PassSpec, options: Any = None, *, inplace: bool = False) -> PassResult:
     """Run one pass on ``gm`` (a copy of it unless ``inplace``); raises :class:`PassError` on misuse."""
+    if not isinstance(gm, fx.GraphModule):  # a Captured or the model itself raised a bare AttributeError
+        hint = "pass captured.graph_module" if hasattr(gm, "graph_module") else "capture it first: fxforge.capture"
+        raise PassError(f"apply_pass takes a GraphModule, not a {type(gm).__name__}", hint=hint)
     spec = name if isinstance(name, PassSpec) else get_pass(name)
     parsed = parse_options(spec, options)
     dialect = dialect_of(gm)

@@ -585,6 +585,11 @@ def graph_model(
     """The picture model of one graph. ``report``/``lint_report`` are computed when not given (a Captured
     is needed to inspect: a bare GraphModule gets the shapes recorded in its meta). ``profile``: a dict in
     ``fxforge profile``'s JSON form (or an object whose ``to_dict()`` gives one): nodes get their time."""
+    if not isinstance(target, (Captured, fx.GraphModule)):  # lint, below, named itself in the error
+        raise FxforgeError(
+            f"a graph page takes a captured graph, not a {type(target).__name__}",
+            hint="capture it first: fxforge.capture(model, example_inputs), or fxforge.prepare(spec)",
+        )
     captured = target if isinstance(target, Captured) else None
     gm = target.graph_module if isinstance(target, Captured) else target
     if report is None and run_inspect:
