@@ -536,3 +536,14 @@ def test_the_api_names_a_wrong_argument_type_in_one_line():
     assert "captured.graph_module" in str(raised.value.hint)
     with pytest.raises(FxforgeError, match="a graph page takes a captured graph"):
         fxforge.graph_html(captured.original)
+
+
+def test_verifying_passes_without_example_inputs_is_refused_not_claimed():
+    """QA: a graph captured with no inputs, optimize(..., verify=True) said ok with nothing verified."""
+    from fxforge.errors import InputSpecError
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8)).eval()
+    captured = fxforge.capture(model, ())
+    assert "no output check: no example inputs were given" in captured.record.notes
+    with pytest.raises(InputSpecError, match="needs example inputs"):
+        fxforge.optimize(captured, ["fold_bn"], verify=True)

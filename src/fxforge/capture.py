@@ -736,7 +736,9 @@ def capture(
         # symbolic_trace records no shapes or dtypes: record them once here, for inspect, lint and the passes
         record_shapes(captured.graph_module, captured.flat_inputs())
     if check and not captured.record.checks:
-        if _on_meta(model, inputs):
+        if not (inputs or kwargs):  # a model of no inputs is run by nothing: say so, a check claims nothing
+            captured.record.notes.append("no output check: no example inputs were given")
+        elif _on_meta(model, inputs):
             captured.record.notes.append("output check skipped: the model is on the meta device")
         elif captured.record.method == LOADED and (inputs or kwargs):
             # The model is the graph: comparing the two could not fail. Running it still proves that it takes the

@@ -27,7 +27,7 @@ from typing import Any
 
 from fxforge.artifacts import atomic_directory, check_output_directory, save_graph_module, write_report
 from fxforge.capture import Captured, require_real_weights
-from fxforge.errors import FxforgeError
+from fxforge.errors import FxforgeError, InputSpecError
 from fxforge.lint import LintReport, lint
 from fxforge.passes import FIX_ORDER, registered_passes
 from fxforge.pipeline import Pipeline, PipelineResult
@@ -89,6 +89,13 @@ def optimize(
             hint="capture it first: fxforge.capture(model, inputs) or fxforge.prepare(spec)",
         )
     require_real_weights(captured, "optimize")
+    wants_verify = verify if verify is not None else isinstance(passes, Pipeline) and passes.verify_each
+    if wants_verify and not (captured.example_inputs or captured.example_kwargs):
+        # verification runs the model on the example's shapes: without any it checked nothing and said ok (QA)
+        raise InputSpecError(
+            "verifying the passes needs example inputs, and the graph was captured without any",
+            hint="capture with inputs: fxforge.capture(model, (x,)) or fxforge.prepare(spec, ['1x3x224x224'])",
+        )
     if output_dir is not None:  # before the work: refusing afterwards would waste it
         check_output_directory(output_dir, force=force)
     if isinstance(passes, Pipeline):
