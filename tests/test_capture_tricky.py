@@ -654,3 +654,17 @@ def test_capture_refuses_a_check_batch_below_one(batch):
 
     with pytest.raises(InputSpecError, match="must be at least 1"):
         capture(torch.nn.Linear(4, 4).eval(), (torch.randn(2, 4),), check_batch=batch)
+
+
+def test_a_loaded_model_captured_without_inputs_uses_its_default_inputs():
+    """QA: capture(load_model('transformers:BertModel')) ignored the token ids the loaded model says it takes and
+    failed with an error about BERT's arguments."""
+    from fxforge.models import load_model
+
+    loaded = load_model(
+        "transformers:BertModel",
+        model_kwargs={"num_hidden_layers": 1, "hidden_size": 32, "num_attention_heads": 2, "intermediate_size": 64},
+    )
+    captured = capture(loaded)
+    assert [t.dtype for t in captured.example_inputs] == [torch.int64]
+    assert captured.record.checks and captured.record.checks[0].ok

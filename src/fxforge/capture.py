@@ -669,7 +669,8 @@ def capture(
 
     Args:
         model: the module (or a :class:`~fxforge.models.LoadedModel`).
-        example_inputs: positional inputs used for checking, shape propagation and torch.export.
+        example_inputs: positional inputs used for checking, shape propagation and torch.export (for a
+            LoadedModel given none, inputs made from its ``default_inputs``).
         method: ``"auto"`` (trace, then export), ``"symbolic_trace"`` or ``"export"``.
         leaf_modules: submodule names or types to keep as single ``call_module`` nodes.
         autowrap_functions: functions to record as single calls instead of tracing through them.
@@ -680,11 +681,15 @@ def capture(
         CaptureError: when no strategy can capture the model; names the blocking source line.
     """
     exported_program = None
-    if isinstance(model, LoadedModel):
-        exported_program = model.exported_program
-        model = model.module
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
+    if isinstance(model, LoadedModel):
+        exported_program = model.exported_program
+        if not example_inputs and not example_kwargs and model.default_inputs:
+            # the inputs the model is known to take (its recorded ones, a transformers model's token ids): without
+            # them BERT failed to capture with an error about its arguments (QA)
+            example_inputs = tuple(make_inputs(model.default_inputs))
+        model = model.module
     # Copies: nothing fxforge runs later (shape propagation, checks, verification) can write into the caller's tensors.
     inputs = cloned(tuple(example_inputs))
     kwargs = cloned(dict(example_kwargs or {}))
