@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 
@@ -327,7 +328,7 @@ def test_a_candidate_is_compared_at_every_batch_the_model_takes_though_the_captu
     torch.manual_seed(0)
     model = _LoopedMLP()
     reference = fxforge.capture(model, (torch.randn(2, 8),))  # the loop over the batch makes the graph static
-    result = verify(reference, model)
+    result = verify(reference, copy.deepcopy(model))  # another object: the model itself cannot verify
     assert result.ok and sorted(result.batch_sizes) == [1, 2] and not result.skipped
 
     class WrongAtBatchOne(torch.nn.Module):
@@ -510,3 +511,12 @@ def test_one_outputs_rounding_allowance_does_not_excuse_another():
     assert not result.ok and not result.unverifiable
     assert any("output[1]: max abs error 1" in p for p in result.problems)
     assert any("cannot be judged on output[0]" in w for w in result.warnings)
+
+
+def test_a_model_compared_with_itself_cannot_verify():
+    """QA: verify(m, m) said OK: the same object on both sides cannot differ (but for randomness)."""
+    model = torch.nn.Linear(4, 4).eval()
+    result = verify(model, model, input_specs=["2x4"])
+    assert not result.ok and result.unverifiable
+    assert any("the reference model itself" in p for p in result.problems)
+    assert verify(model, copy.deepcopy(model), input_specs=["2x4"]).ok  # a copy is another object: verified
