@@ -793,3 +793,11 @@ def test_verify_fails_a_rewrite_that_drops_the_batchnorms():
             gm.graph.erase_node(node)
     gm.recompile()
     assert not fxforge.verify(loaded.module, gm, inputs=[x]).ok
+
+
+def test_an_unknown_device_is_one_line():
+    """QA: load_model('demo', device='bogus') raised torch's RuntimeError listing every device type."""
+    from fxforge.errors import ModelSpecError
+
+    with pytest.raises(ModelSpecError, match="unknown device 'bogus'"):
+        load_model("demo", device="bogus")

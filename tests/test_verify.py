@@ -520,3 +520,17 @@ def test_a_model_compared_with_itself_cannot_verify():
     assert not result.ok and result.unverifiable
     assert any("the reference model itself" in p for p in result.problems)
     assert verify(model, copy.deepcopy(model), input_specs=["2x4"]).ok  # a copy is another object: verified
+
+
+def test_verify_names_misused_arguments_in_one_line():
+    """QA: a seed past 2**63 overflowed in C++, a candidate of None failed every case ('NoneType' object is not
+    callable), and one input spec given as a string was read character by character."""
+    from fxforge.errors import FxforgeError
+
+    model = torch.nn.Linear(4, 4).eval()
+    copied = copy.deepcopy(model)
+    assert verify(model, copied, input_specs="2x4").ok  # one spec alone
+    with pytest.raises(FxforgeError, match="seed must be an integer"):
+        verify(model, copied, input_specs=["2x4"], seed=2**64)
+    with pytest.raises(FxforgeError, match="the candidate must be a model"):
+        verify(model, None, input_specs=["2x4"])

@@ -153,8 +153,12 @@ def make_inputs(
     specs: Sequence[InputSpec | str], seed: int = 0, device: torch.device | str = "cpu", batch: int | None = None
 ) -> tuple[torch.Tensor, ...]:
     """Random example inputs for ``specs`` (InputSpecs or strings such as ``"1x3x224x224"``); the same seed always
-    gives the same tensors."""
+    gives the same tensors. One spec may be given alone (``"1x3x224x224"``: its characters are no specs)."""
+    if isinstance(specs, (str, InputSpec)):
+        specs = [specs]
     specs = [parse_input_spec(s) if isinstance(s, str) else s for s in specs]
+    if batch is not None and batch < 1:
+        raise InputSpecError(f"a batch size must be at least 1, got {batch}")
     generator = torch.Generator().manual_seed(seed)
     if batch is not None:
         specs = [s.with_batch(batch) for s in specs]

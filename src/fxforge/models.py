@@ -108,7 +108,14 @@ def _seeded(seed: int) -> Iterator[None]:
 
 
 def _build_context(device: str | torch.device | None):
-    return torch.device(device) if device is not None else contextlib.nullcontext()
+    if device is None:
+        return contextlib.nullcontext()
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as exc:  # torch's "Expected one of cpu, cuda, ... device type" in full
+        raise ModelSpecError(
+            f"unknown device {device!r}", hint="e.g. cpu, cuda, cuda:1, meta (fxforge doctor lists this machine's)"
+        ) from exc
 
 
 @contextlib.contextmanager

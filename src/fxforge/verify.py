@@ -57,7 +57,7 @@ from fxforge.compare import (
 )
 from fxforge.errors import FxforgeError, InputSpecError, one_line_reason, option, said
 from fxforge.graphs import ATEN, TORCH, GraphRunner, dialect_of, target_name
-from fxforge.inputs import Case, case_plan, draw_like, make_inputs
+from fxforge.inputs import Case, InputSpec, case_plan, draw_like, make_inputs
 from fxforge.models import load_model
 from fxforge.runtime import cloned, device_of, ieee_float32, preserved_state, quiet_torch_logs, run_isolated
 from fxforge.vocabulary import ORIGIN, PASS
@@ -902,6 +902,15 @@ def verify(
         if value is not None and not (isinstance(value, (int, float)) and 0 <= value < math.inf):
             # NaN: no value would ever be within it; infinity: every value would, and "OK" would prove nothing
             raise FxforgeError(f"{option('--' + name)} must be a finite number >= 0, got {value!r}")
+    if not (hasattr(seed, "__index__") and 0 <= seed < 2**63):  # torch.manual_seed's range (it overflowed in C++)
+        raise FxforgeError(f"{option('--seed')} must be an integer from 0 to 2**63 - 1, got {seed!r}")
+    if isinstance(input_specs, (str, InputSpec)):  # one spec alone: its characters are no specs
+        input_specs = [input_specs]
+    if not (callable(candidate) or isinstance(candidate, (str, Path))):
+        raise FxforgeError(
+            f"the candidate must be a model, a spec or a file, not a {type(candidate).__name__}",
+            hint="e.g. verify(captured, result.graph_module)",
+        )
     if seeds is not None:
         seeds = list(seeds)
         seed, cases = (seeds[0] if seeds else seed), max(cases, len(seeds))
