@@ -292,3 +292,26 @@ def test_all_exact_passes_in_sequence_preserve_outputs(dialect: str, program):
 def test_the_exact_passes_are_found():
     # guards the file parsing above: an empty list would make every property hold vacuously
     assert {"fold_bn", "remove_dropout", "remove_identity", "dead_code"} <= set(EXACT)
+
+
+def test_a_pass_that_writes_into_a_stored_tensor_is_an_error_not_silence():
+    """QA: a plug-in pass that scaled a conv's weight in place changed the user's model (the pass's copy shares its
+    tensors), and only verification's mismatch hinted at it. apply_pass names the tensors written."""
+    import fxforge
+    from fxforge.passes import PASSES, PassError, PassResult, register_pass
+
+    @register_pass("_test_scales_in_place", summary="writes into a weight", guarantees="none")
+    def scales_in_place(gm, options):
+        with torch.no_grad():
+            gm.get_submodule("0").weight.mul_(2)
+        result = PassResult("_test_scales_in_place", gm)
+        result.changed = True
+        return result
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3)).eval()
+    captured = fxforge.capture(model, (torch.randn(1, 3, 8, 8),))
+    try:
+        with pytest.raises(PassError, match=r"wrote into stored tensors in place \(0\.weight\)"):
+            fxforge.apply_pass(captured.graph_module, "_test_scales_in_place")
+    finally:
+        PASSES.pop("_test_scales_in_place")

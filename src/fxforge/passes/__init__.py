@@ -380,7 +380,17 @@ def apply_pass(gm: fx.GraphModule, name: str | PassSpec, options: Any = None, *,
         if reason:
             raise PassError(f"pass {spec.name!r} cannot run: {reason}")
     before = set(gm.graph.nodes)
+    stored = _stored_tensor_versions(gm)
     result = spec.function(gm, parsed)
+    written = [name for name, (tensor, version) in stored.items() if tensor._version != version]
+    if written:
+        # the copy shares its tensors with the caller's graph and model (copy-on-write): an in-place write changed
+        # them too. Detected, not undone: the pass must store new tensors (store_tensor) instead
+        raise PassError(
+            f"pass {spec.name!r} wrote into stored tensors in place ({', '.join(written[:3])}), which the "
+            "original graph and model share: they are changed too",
+            hint="a pass must store new tensors (fxforge.passes.store_tensor), never write into existing ones",
+        )
     result.graph_module = gm
     for node in gm.graph.nodes:
         if node not in before:
@@ -395,6 +405,16 @@ def apply_pass(gm: fx.GraphModule, name: str | PassSpec, options: Any = None, *,
         if reason:
             raise PassError(f"pass {spec.name!r} broke its guarantee: {reason}")
     return result
+
+
+def _stored_tensor_versions(gm: fx.GraphModule) -> dict[str, tuple[torch.Tensor, int]]:
+    """Every parameter and buffer of ``gm`` with its in-place write counter (``Tensor._version``)."""
+    named = {**dict(gm.named_parameters(remove_duplicate=False)), **dict(gm.named_buffers(remove_duplicate=False))}
+    versions = {}
+    for name, tensor in named.items():
+        if not tensor.is_inference():  # an inference-mode tensor keeps no counter (and cannot be written outside)
+            versions[name] = (tensor, tensor._version)
+    return versions
 
 
 def exact_passes() -> list[str]:
