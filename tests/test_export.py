@@ -843,3 +843,11 @@ def test_a_transformer_with_an_attention_mask_exports_to_onnx_and_verifies(tmp_p
     result = export_model(captured, "onnx", tmp_path / "bert.onnx")
     assert result.ok, result.verification.problems
     assert "negative" in result.verification.distributions
+
+
+def test_an_exporter_for_a_format_that_has_none_is_refused(tmp_path):
+    """QA: export_model(..., 'torchscript', exporter='dynamo') ignored the exporter, silently."""
+    with pytest.raises(FxforgeError, match="exporter applies to onnx, not torchscript"):
+        export_model(
+            nn.Linear(3, 3), "torchscript", tmp_path / "m.pt", example_inputs=(torch.randn(1, 3),), exporter="dynamo"
+        )

@@ -534,3 +534,12 @@ def test_verify_names_misused_arguments_in_one_line():
         verify(model, copied, input_specs=["2x4"], seed=2**64)
     with pytest.raises(FxforgeError, match="the candidate must be a model"):
         verify(model, None, input_specs=["2x4"])
+
+
+def test_batch_sizes_with_exact_inputs_is_refused():
+    """QA: verify(..., inputs=..., batch_sizes=[...]) compared the inputs and ignored the sizes, silently."""
+    from fxforge.errors import FxforgeError
+
+    model = torch.nn.Linear(4, 4).eval()
+    with pytest.raises(FxforgeError, match="batch_sizes applies to drawn cases"):
+        verify(model, copy.deepcopy(model), inputs=[(torch.randn(2, 4),)], batch_sizes=[1, 3])

@@ -236,6 +236,10 @@ def export_model(
         raise FxforgeError(f"unknown export format {to!r}", hint=f"one of {', '.join(FORMATS)}")
     if exporter not in ONNX_EXPORTERS:
         raise FxforgeError(f"unknown ONNX exporter {exporter!r}", hint=f"one of {', '.join(ONNX_EXPORTERS)}")
+    if exporter != "auto" and to != "onnx":  # it chose nothing, silently
+        raise FxforgeError(
+            f"{option('--exporter')} applies to onnx, not {to}", hint=f"leave {option('--exporter')} out"
+        )
     if dynamic_batch and to == "torchscript":
         raise FxforgeError(
             "a dynamic batch applies to onnx and pt2",

@@ -906,6 +906,8 @@ def verify(
         raise FxforgeError(f"{option('--seed')} must be an integer from 0 to 2**63 - 1, got {seed!r}")
     if isinstance(input_specs, (str, InputSpec)):  # one spec alone: its characters are no specs
         input_specs = [input_specs]
+    if inputs is not None and batch_sizes is not None:  # exactly those inputs are compared: the sizes went unused
+        raise FxforgeError("batch_sizes applies to drawn cases, and inputs are compared exactly as given")
     if not (callable(candidate) or isinstance(candidate, (str, Path))):
         raise FxforgeError(
             f"the candidate must be a model, a spec or a file, not a {type(candidate).__name__}",
