@@ -547,3 +547,18 @@ def test_verifying_passes_without_example_inputs_is_refused_not_claimed():
     assert "no output check: no example inputs were given" in captured.record.notes
     with pytest.raises(InputSpecError, match="needs example inputs"):
         fxforge.optimize(captured, ["fold_bn"], verify=True)
+
+
+def test_checking_a_model_in_training_mode_leaves_the_callers_random_stream():
+    """QA: running a train-mode model (dropout) drew from the global generator: verify, optimize, inspect... each
+    moved the caller's torch.get_rng_state()."""
+    from fxforge.inspect import inspect_graph
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.5)).train()
+    captured = fxforge.capture(model, (torch.randn(2, 4),))
+    state = torch.get_rng_state()
+    fxforge.verify(captured, captured.graph_module)
+    fxforge.optimize(captured, ["dead_code"])
+    inspect_graph(captured)
+    assert torch.equal(torch.get_rng_state(), state)

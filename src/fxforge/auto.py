@@ -92,6 +92,7 @@ from fxforge.quantize import Target, compare_batches, load_calibration, run_batc
 from fxforge.runtime import (
     describe_inputs,
     export_program_any_batch,
+    keeps_rng_state,
     quiet_torch_logs,
     run_reference,
     with_constant_kwargs,
@@ -242,6 +243,7 @@ class AutoResult:
         }
 
 
+@keeps_rng_state
 def auto_optimize(
     captured: Captured,
     output_dir: str | Path | None = None,

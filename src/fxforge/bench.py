@@ -79,6 +79,7 @@ from fxforge.registry import Registry
 from fxforge.runtime import (
     device_of,
     holds_tensor,
+    keeps_rng_state,
     preserved_state,
     quiet_torch_logs,
     run_reference,
@@ -652,6 +653,7 @@ def _percentile(samples: Sequence[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
+@keeps_rng_state
 def bench(
     captured: Captured,
     backends: Sequence[str | Backend] | None = None,

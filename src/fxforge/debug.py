@@ -26,7 +26,7 @@ from fxforge import display
 from fxforge.errors import FxforgeError, InputSpecError, one_line_reason, option
 from fxforge.inputs import DISTRIBUTIONS, draw_like
 from fxforge.passes.insert_after import SiteStats, StatsRecorder, read_stats
-from fxforge.runtime import cloned, preserved_state, quiet_torch_logs
+from fxforge.runtime import cloned, keeps_rng_state, preserved_state, quiet_torch_logs
 
 
 @dataclass
@@ -89,6 +89,7 @@ class DebugReport:
         }
 
 
+@keeps_rng_state
 def debug_model(
     model: nn.Module,
     inputs: Sequence[Any],

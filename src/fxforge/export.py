@@ -93,6 +93,7 @@ from fxforge.runtime import (
     device_of,
     export_program,
     holds_tensor,
+    keeps_rng_state,
     native_output_silenced,
     preserved_state,
     quiet_torch_logs,
@@ -166,6 +167,7 @@ class ExportResult:
 # public entry point
 
 
+@keeps_rng_state
 def export_model(
     target: Captured | nn.Module,
     to: str | None,

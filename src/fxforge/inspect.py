@@ -32,7 +32,7 @@ from fxforge import display
 from fxforge.capture import Captured
 from fxforge.errors import FxforgeError, InputSpecError, first_line
 from fxforge.graphs import GraphRunner, get_attr_value, is_input_guard, module_path, submodule, target_name
-from fxforge.runtime import buffers_snapshot, quiet_torch_logs, restore_buffers, run_isolated
+from fxforge.runtime import buffers_snapshot, keeps_rng_state, quiet_torch_logs, restore_buffers, run_isolated
 from fxforge.vocabulary import QUANT_KINDS, int8_flops, int8_weights, module_quant_kind, quant_kind
 
 
@@ -296,6 +296,7 @@ def _type_name_of(model: nn.Module, path: str) -> str:
         return ""
 
 
+@keeps_rng_state
 def inspect_graph(
     captured: Captured,
     *,

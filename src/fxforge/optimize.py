@@ -32,6 +32,7 @@ from fxforge.lint import LintReport, lint
 from fxforge.passes import FIX_ORDER, registered_passes
 from fxforge.pipeline import Pipeline, PipelineResult
 from fxforge.references import as_names
+from fxforge.runtime import keeps_rng_state
 from fxforge.visual import notebook
 from fxforge.visual.report_page import REPORT_HTML, optimize_report_html, page_or_note
 
@@ -66,6 +67,7 @@ class OptimizeResult:
         return data
 
 
+@keeps_rng_state
 def optimize(
     captured: Captured,
     passes: Sequence[Any] | Pipeline,

@@ -53,6 +53,7 @@ from fxforge.machine import Peak, cached_peak
 from fxforge.runtime import (
     cloned,
     device_of,
+    keeps_rng_state,
     native_output_silenced,
     preserved_state,
     quiet_torch_logs,
@@ -155,6 +156,7 @@ class ProfileReport:
         }
 
 
+@keeps_rng_state
 def profile_model(
     captured: Captured,
     *,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import inspect as pyinspect
 import io
 import logging
@@ -18,9 +19,9 @@ import re
 import sys
 import warnings
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import torch
 from torch import nn
@@ -348,6 +349,23 @@ class ConstantKeywords(nn.Module):
 def holds_tensor(value: Any) -> bool:
     """Whether a (nested) value holds a tensor: a keyword input, not a constant to fix."""
     return any(isinstance(leaf, torch.Tensor) for leaf in pytree.tree_leaves(value))
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def keeps_rng_state(function: Callable[_P, _R]) -> Callable[_P, _R]:
+    """``function`` with the caller's CPU random state given back afterwards: running a model in training mode
+    (dropout) draws from the global generator, and a check of the caller's model must not move the caller's
+    random stream (QA: verify, optimize, inspect... each advanced ``torch.get_rng_state()``)."""
+
+    @functools.wraps(function)
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with torch.random.fork_rng(devices=[]):
+            return function(*args, **kwargs)
+
+    return wrapper
 
 
 def with_constant_kwargs(module: nn.Module, kwargs: dict[str, Any]) -> nn.Module:

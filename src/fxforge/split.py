@@ -66,7 +66,7 @@ from fxforge.inspect import NodeInfo, inspect_graph
 from fxforge.models import LoadedModel, load_model, pickle_trusted
 from fxforge.partition import partition, prefix_sums
 from fxforge.references import import_file
-from fxforge.runtime import export_program, preserved_state, quiet_torch_logs
+from fxforge.runtime import export_program, keeps_rng_state, preserved_state, quiet_torch_logs
 from fxforge.verify import DEFAULT_CASES, VerifyResult, verify
 
 BALANCES = ("flops", "params", "memory", "time")
@@ -825,6 +825,7 @@ class SplitResult:
         }
 
 
+@keeps_rng_state
 def split(
     captured: Captured,
     stages: int = 2,

@@ -59,7 +59,15 @@ from fxforge.errors import FxforgeError, InputSpecError, one_line_reason, option
 from fxforge.graphs import ATEN, TORCH, GraphRunner, dialect_of, target_name
 from fxforge.inputs import Case, InputSpec, case_plan, draw_like, make_inputs
 from fxforge.models import load_model
-from fxforge.runtime import cloned, device_of, ieee_float32, preserved_state, quiet_torch_logs, run_isolated
+from fxforge.runtime import (
+    cloned,
+    device_of,
+    ieee_float32,
+    keeps_rng_state,
+    preserved_state,
+    quiet_torch_logs,
+    run_isolated,
+)
 from fxforge.vocabulary import ORIGIN, PASS
 
 __all__ = [
@@ -869,6 +877,7 @@ def _cast_like(value: Any, like: Any) -> Any:
     return value
 
 
+@keeps_rng_state
 def verify(
     reference: Any,
     candidate: Any,
