@@ -8,7 +8,6 @@ from pathlib import Path
 import click
 
 from fxforge.cli.options import CaptureOptions, capture_options, emit_json, status, stdout
-from fxforge.errors import FxforgeError
 
 
 @click.command(
@@ -37,17 +36,14 @@ def command(
     opts: CaptureOptions, output: str, depth: int | None, diff_dir: str | None, profile_file: str | None, force: bool
 ) -> None:
     """Draw a model's graph: modules you can open and close, shapes, FLOPs, source lines, lint findings."""
-    from fxforge.artifacts import check_output_file
     from fxforge.cli.render import page_node_counts, render_page
     from fxforge.graphs import ATEN, dialect_of
     from fxforge.visual.graph import read_profile
-    from fxforge.visual.page import GraphView, write_text
+    from fxforge.visual.page import GraphView, check_page_path, write_text
     from fxforge.visual.render import diff_html, graph_html, graph_svg, load_output_dir
 
+    check_page_path(output, force=force)  # before the work: a refusal after it would waste it
     suffix = Path(output).suffix.lower()
-    if suffix not in (".html", ".htm", ".svg"):
-        raise FxforgeError(f"cannot tell what to write from {output!r}", hint="name it .html (interactive) or .svg")
-    check_output_file(output, force=force)  # before the work: a refusal after it would waste it
     profile = read_profile(profile_file) if profile_file else None
     if diff_dir is not None:
         rewritten, passes = load_output_dir(
