@@ -60,13 +60,8 @@ from fxforge.artifacts import (
     atomic_directory,
     check_free_space,
     check_output_directory,
-    load_program,
-    program_module,
-    save_program,
-    with_sources_on_path,
     write_inputs,
     write_report,
-    write_user_sources,
 )
 from fxforge.bench import (
     Backend,
@@ -83,7 +78,14 @@ from fxforge.bench import (
     set_speedups,
 )
 from fxforge.capture import Captured, require_real_weights
-from fxforge.deploy import PLAIN_TORCH_LOAD, Artifact, deployable, program_load_line, write_artifact
+from fxforge.deploy import (
+    PLAIN_TORCH_LOAD,
+    Artifact,
+    deployable,
+    reload_artifact,
+    write_artifact,
+    write_model_itself,
+)
 from fxforge.errors import FxforgeError, InputSpecError, one_line_reason, option, said
 from fxforge.machine import native_bf16
 from fxforge.passes import exact_passes
@@ -91,7 +93,6 @@ from fxforge.pipeline import Pipeline
 from fxforge.quantize import Target, compare_batches, load_calibration, run_batches
 from fxforge.runtime import (
     describe_inputs,
-    export_program_any_batch,
     keeps_rng_state,
     quiet_torch_logs,
     run_reference,
@@ -802,19 +803,10 @@ def _write(
             for path in artifact.directory.iterdir():
                 copy = shutil.copytree if path.is_dir() else shutil.copy
                 copy(path, staging / path.name)
-        else:
-            # eager: the model itself, with its --concrete values, as every other artifact holds them
-            itself = with_constant_kwargs(rewritten.original, rewritten.example_kwargs)
-            check_free_space(staging, itself)  # torch.save aborts the process on a full disk: check first
-            if _picklable(itself):
-                _save_module(itself, staging / MODEL_FILE, rewritten)
-                write_user_sources(staging / MODEL_FILE, staging)
-                result.load = with_sources_on_path(result.load, staging)
-            else:
-                # loaded from a model.pt2 (torch's unlifted program module holds local functions that do not
-                # pickle; QA: optimize DIR --auto -b fx crashed here): saved as the program it came from
-                _save_program(itself, staging / PROGRAM_FILE, rewritten)
-                result.load = program_load_line("fx", staging)
+        else:  # eager: the model itself (torch.save aborts the process on a full disk: check first)
+            check_free_space(staging, rewritten.original)
+            result.load = write_model_itself(rewritten, staging)
+            _check_reloads(staging, rewritten)
         if not (staging / INPUTS_FILE).exists():
             write_inputs(staging, rewritten.example_inputs)
         # a directory whose only model is a pickle loads only with the opt-in (eager, pickled int8)
@@ -828,33 +820,13 @@ def _write(
         return sorted(p.name for p in staging.iterdir())
 
 
-def _picklable(module: nn.Module) -> bool:
-    """Whether ``torch.save`` can write the module: no submodule holds a local function as an attribute (what
-    torch.export's unlifted module of a model.pt2 holds as ``train``/``eval``), which pickle refuses."""
-    return not any(
-        callable(value) and "<locals>" in getattr(value, "__qualname__", "")
-        for submodule in module.modules()
-        for value in vars(submodule).values()
-    )
-
-
-def _save_program(module: nn.Module, path: Path, rewritten: Captured) -> None:
-    """Export the model itself to a ``model.pt2`` and check that the file computes what the module computes."""
-    save_program(export_program_any_batch(module, rewritten.example_inputs, {}), path, module)
-    loaded = program_module(load_program(path))
-    inputs = rewritten.example_inputs
-    comparison = compare_outputs(run_reference(module, inputs, {}), run_reference(loaded, inputs, {}))
-    if not comparison.ok:
-        raise FxforgeError(f"the saved model does not reload to the same outputs: {comparison.problems[0]}")
-
-
-def _save_module(module: Any, path: Path, rewritten: Captured) -> None:
-    """``torch.save`` the chosen module and check that the file computes what the module computes."""
+def _check_reloads(directory: Path, rewritten: Captured) -> None:
+    """Check that the model written into ``directory`` (:func:`~fxforge.deploy.write_model_itself`) computes, loaded
+    back, what the model computes."""
     with quiet_torch_logs():
-        torch.save(module, path)
-    with quiet_torch_logs():
-        loaded = torch.load(str(path), map_location="cpu", weights_only=False)
+        loaded = reload_artifact(directory)
+    model = with_constant_kwargs(rewritten.original, rewritten.example_kwargs)
     inputs = rewritten.example_inputs
-    comparison = compare_outputs(run_reference(module, inputs, {}), run_reference(loaded, inputs, {}))
+    comparison = compare_outputs(run_reference(model, inputs, {}), run_reference(loaded, inputs, {}))
     if not comparison.ok:
         raise FxforgeError(f"the saved model does not reload to the same outputs: {comparison.problems[0]}")

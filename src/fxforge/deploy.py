@@ -187,11 +187,35 @@ def _after_imports(imports: list[str], line: str) -> str:
 
 
 def _write_eager(captured: Captured, directory: Path, settings: BuildSettings, variants: set[str], a: Artifact) -> None:
-    # with its --concrete values, as every other artifact holds them (the pickle ran without them)
-    torch.save(with_constant_kwargs(captured.original, captured.example_kwargs), directory / MODEL_FILE)
-    write_user_sources(directory / MODEL_FILE, directory)
-    a.load = with_sources_on_path(PLAIN_TORCH_LOAD["eager"], directory)
-    a.notes.append("the model itself, pickled: loading it needs its code importable and --trust-pickle")
+    a.load = write_model_itself(captured, directory)
+    if (directory / MODEL_FILE).exists():
+        a.notes.append("the model itself, pickled: loading it needs its code importable and --trust-pickle")
+
+
+def write_model_itself(captured: Captured, directory: Path) -> str:
+    """The model itself (eager), with its --concrete values as every other artifact holds them (the pickle ran
+    without them), written into ``directory``; returns its plain-torch load line. A pickle (``model.pt``, with
+    the user's source beside it), or, for a model loaded from a model.pt2 (torch's unlifted program module holds
+    local functions that pickle refuses; QA: optimize DIR --auto -b fx crashed), the program it came from."""
+    itself = with_constant_kwargs(captured.original, captured.example_kwargs)
+    if _picklable(itself):
+        with quiet_torch_logs():
+            torch.save(itself, directory / MODEL_FILE)
+        write_user_sources(directory / MODEL_FILE, directory)
+        return with_sources_on_path(PLAIN_TORCH_LOAD["eager"], directory)
+    program = export_program_any_batch(itself, captured.example_inputs, {})
+    save_program(program, directory / PROGRAM_FILE, itself)
+    return program_load_line("fx", directory)
+
+
+def _picklable(module: nn.Module) -> bool:
+    """Whether ``torch.save`` can write the module: no submodule holds a local function as an attribute (what
+    torch.export's unlifted module of a model.pt2 holds as ``train``/``eval``), which pickle refuses."""
+    return not any(
+        callable(value) and "<locals>" in getattr(value, "__qualname__", "")
+        for submodule in module.modules()
+        for value in vars(submodule).values()
+    )
 
 
 def _save_graph(captured: Captured, directory: Path, a: Artifact) -> None:
