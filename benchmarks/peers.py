@@ -44,6 +44,7 @@ eager's latency; never fewer than 5 rounds), and ``--dry-run`` prints the plan w
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import sys
@@ -56,7 +57,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils import _pytree as pytree
 
 import fxforge
 from fxforge.artifacts import ONNX_FILE, ChannelsLastModule, OnnxRuntimeModule
@@ -68,7 +68,7 @@ from fxforge.auto import (
     auto_optimize,
     candidate_backends,
 )
-from fxforge.bench import SETTLE_CALLS, Backend, bench, get_backend, ratio_interval
+from fxforge.bench import SETTLE_CALLS, Backend, artifact_backend, bench, get_backend, ratio_interval
 from fxforge.capture import Captured
 from fxforge.doctor import versions
 from fxforge.errors import one_line_reason
@@ -179,34 +179,6 @@ def _ort(captured: Captured, settings: Any):
     result = export_model(captured, "onnx", path, verify_export=False, force=True)
     settings.notes.append(f"{result.exporter} exporter, opset {result.opset}; ONNX Runtime's default session options")
     return _DefaultOrt(path, settings.output_like)
-
-
-class _Restructured(nn.Module):
-    """A reloaded artifact whose flat outputs (ONNX: a tuple) are put back into the model's output structure, so
-    that bench can compare it with eager; a pytree rebuild per call, microseconds."""
-
-    def __init__(self, module: Any, output_like: Any) -> None:
-        super().__init__()
-        self.module, self.output_like = module, output_like
-
-    def forward(self, *args: Any) -> Any:
-        flat = iter(pytree.tree_leaves(self.module(*args)))
-        leaves, spec = pytree.tree_flatten(self.output_like)
-        return pytree.tree_unflatten([next(flat) if isinstance(v, torch.Tensor) else v for v in leaves], spec)
-
-
-def _loaded_back(directory: Path):
-    """The builder of a column that runs ``fxforge.load_model(directory)``: the artifact as users get it."""
-
-    def build(captured: Captured, settings: Any):
-        module = fxforge.load_model(str(directory), trust_pickle=True).module  # we wrote it ourselves
-        with torch.no_grad(), quiet_torch_logs():
-            output = module(*captured.example_inputs)  # the first call (a recipe compiles here): kept in build s
-        if pytree.tree_structure(output) != pytree.tree_structure(settings.output_like):
-            module = _Restructured(module, settings.output_like)
-        return module
-
-    return build
 
 
 # --------------------------------------------------------------------------------------------------
@@ -320,9 +292,9 @@ def run_one(
     ]
     for column, result in runs.items():
         precision = get_backend(result.chosen).precision
-        backends.append(
-            Backend(column, f"{column}: {result.chosen}", _loaded_back(directory / column), None, {}, precision)
-        )
+        # loaded back with fxforge.load_model, the artifact as users get it (we wrote it ourselves: pickles trusted)
+        loaded_back = artifact_backend(directory / column, name=column, trust_pickle=True)
+        backends.append(dataclasses.replace(loaded_back, summary=f"{column}: {result.chosen}", precision=precision))
     report = bench(captured, backends, repeats=repeats, threads=threads)
     source = trained.source if trained is not None else "random inputs"
     return _summarise(name, batch, model, report, runs, auto_s, eager_s, budget, errors, source)

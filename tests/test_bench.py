@@ -527,3 +527,69 @@ def test_backends_run_with_the_concrete_values(method):
     assert [(row.backend, row.error, row.within_tolerance) for row in report.rows] == [
         (name, None, True) for name in ("eager", "fx", "torchscript", "compile")
     ]
+
+
+# --------------------------------------------------------------------------------------------------
+# written artifacts timed next to the model (--artifact)
+
+
+def test_a_written_artifact_is_a_row_compared_with_eager(tmp_path, mlp):
+    from fxforge.artifacts import write_report
+    from fxforge.bench import artifact_backend
+
+    onnx_file = tmp_path / "mlp.onnx"
+    export_model(mlp, "onnx", onnx_file, verify_export=False)
+    torch.manual_seed(1)  # another model of the same shape: its artifact must not pass as this one's
+    other = capture(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).eval(), (torch.randn(2, 16),))
+    other_file = tmp_path / "other.onnx"
+    export_model(other, "onnx", other_file, verify_export=False)
+    auto_dir = tmp_path / "auto"  # an --auto output directory that chose int8: its row is held to the int8 peak
+    auto_dir.mkdir()
+    (auto_dir / "model.onnx").write_bytes(onnx_file.read_bytes())
+    write_report(auto_dir, {"chosen": "int8"})
+
+    artifacts = [artifact_backend(p) for p in (onnx_file, other_file, auto_dir)]
+    report = bench(mlp, ["eager", *artifacts], batches=[2, 3], warmup=1, repeats=3)
+    rows = {(row.backend, row.batch): row for row in report.rows}
+    mine, wrong, auto = (f"file:{p}" for p in (onnx_file, other_file, auto_dir))
+    assert rows[mine, 2].ok and rows[mine, 2].within_tolerance and rows[mine, 2].samples == 3
+    assert rows[mine, 2].speedup is not None and rows[mine, 2].max_abs_err < 1e-5
+    assert rows[wrong, 2].ok and rows[wrong, 2].within_tolerance is False  # timed, and said to differ
+    assert rows[auto, 2].precision == "int8" and rows[auto, 2].notes == ["ran model.onnx"]
+    assert rows[mine, 2].precision == "unknown" and rows[mine, 2].peak_fraction is None
+    assert rows["eager", 2].peak_fraction is not None
+    # the file was exported at batch 2: at batch 3 its row says why it failed, eager is still timed
+    assert "has shape 2x16, got 3x16" in rows[mine, 3].error and rows["eager", 3].ok
+
+
+def test_cli_bench_artifact(capsys, tmp_path):
+    onnx_file = tmp_path / "demo.onnx"
+    code, _, _ = run(capsys, "export", "demo", "--to", "onnx", "-o", str(onnx_file))
+    assert code == EXIT_OK
+    code, out, _ = run(capsys, "bench", "demo", "--artifact", str(onnx_file), "--repeats", "2", "--json")
+    assert code == EXIT_OK
+    rows = json.loads(out)["rows"]  # with no --backends: eager and the artifact
+    assert [row["backend"] for row in rows] == ["eager", f"file:{onnx_file}"]
+    assert rows[1]["ok"] and rows[1]["within_tolerance"] and rows[1]["speedup"] > 0
+    code, out, _ = run(capsys, "bench", "demo", "-b", "fx", "--artifact", str(onnx_file), "--repeats", "2", "--json")
+    assert [row["backend"] for row in json.loads(out)["rows"]] == ["fx", f"file:{onnx_file}"]
+    code, out, err = run(capsys, "bench", "demo", "--artifact", str(tmp_path / "nothing.onnx"))
+    assert code == EXIT_USAGE and "--artifact" in err and "no such file" in err and not out
+    assert "Traceback" not in err
+    # a compiled file as the model: the error says how to time it
+    code, _, err = run(capsys, "bench", str(onnx_file))
+    assert code != EXIT_OK and "--artifact" in err and len(err.strip().splitlines()) == 2
+
+
+def test_a_pickled_artifact_needs_the_same_opt_in_as_a_pickled_model(capsys, tmp_path):
+    code, _, _ = run(capsys, "optimize", "demo", "-o", str(tmp_path / "out"))
+    assert code == EXIT_OK
+    pickled = tmp_path / "out" / "model.pt"
+    args = ("bench", "demo", "--artifact", str(tmp_path / "out"), "--artifact", str(pickled), "--repeats", "2")
+    code, out, _ = run(capsys, *args, "--json")
+    directory, alone = json.loads(out)["rows"][1:]
+    assert code == EXIT_OK and directory["ok"] and directory["notes"] == ["ran model.pt2"]  # loads without unpickling
+    assert not alone["ok"] and "--trust-pickle" in alone["error"]
+    code, out, _ = run(capsys, *args, "--json", "--trust-pickle")
+    directory, alone = json.loads(out)["rows"][1:]
+    assert alone["ok"] and alone["within_tolerance"] and directory["notes"] == ["ran model.pt"]

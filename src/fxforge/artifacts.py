@@ -1122,6 +1122,25 @@ def bind_keywords(names: Sequence[str] | None, args: tuple[Any, ...], kwargs: di
     return tuple(bound)
 
 
+class RestructuredOutputs(nn.Module):
+    """A loaded artifact whose flat outputs (an ONNX file without fxforge's structure record returns a tuple) are put
+    back into the model's output structure, ``output_like``, so that they can be compared with the model's; a
+    pytree rebuild per call, microseconds. Where the tensor counts differ, the outputs are returned as they are."""
+
+    def __init__(self, module: Any, output_like: Any) -> None:
+        super().__init__()
+        self.module, self.output_like = module, output_like
+
+    def forward(self, *args: Any) -> Any:
+        output = self.module(*args)
+        flat = [v for v in pytree.tree_leaves(output) if isinstance(v, torch.Tensor)]
+        leaves, spec = pytree.tree_flatten(self.output_like)
+        if len(flat) != sum(isinstance(v, torch.Tensor) for v in leaves):
+            return output
+        tensors = iter(flat)
+        return pytree.tree_unflatten([next(tensors) if isinstance(v, torch.Tensor) else v for v in leaves], spec)
+
+
 class OnnxRuntimeModule(nn.Module):
     """An ONNX Runtime session behind ``nn.Module``'s call interface (tensors in, tensors out).
 

@@ -47,7 +47,10 @@ import dataclasses
 import functools
 import gc
 import io
+import json
+import os
 import random
+import re
 import statistics
 import tempfile
 import time
@@ -60,15 +63,24 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
-from fxforge.artifacts import ONNX_FILE, AutocastModule, ChannelsLastModule, CompiledModule, load_exported
+from fxforge.artifacts import (
+    ONNX_FILE,
+    REPORT_FILE,
+    AutocastModule,
+    ChannelsLastModule,
+    CompiledModule,
+    RestructuredOutputs,
+    load_exported,
+)
 from fxforge.capture import Captured, at_batch, require_real_weights
 from fxforge.compare import compare_outputs
-from fxforge.errors import FxforgeError, MissingExtraError, one_line_reason, option, pass_inputs_hint, require, said
+from fxforge.errors import FxforgeError, one_line_reason, option, pass_inputs_hint, require, said
 from fxforge.export import export_model
 from fxforge.graphs import ATEN
 from fxforge.inputs import make_inputs, specs_of
 from fxforge.inspect import count_flops
 from fxforge.machine import Peak, bf16_unavailable, cached_peak, describe, peak_dict
+from fxforge.models import load_model
 from fxforge.passes import exact_passes
 from fxforge.pipeline import Pipeline
 from fxforge.plugins import BACKENDS_GROUP, load_group
@@ -381,6 +393,55 @@ def write_ort_int8(captured: Captured, path: Path, calibration: Any = None) -> l
         notes = [f"{result.exporter} exporter, opset {result.opset}, dynamic batch"]
         notes += quantize_onnx(float_path, path, batches)
     return notes
+
+
+# --------------------------------------------------------------------------------------------------
+# a written artifact, timed as a row next to the model it was made from
+
+ARTIFACT_PREFIX = "file:"
+UNKNOWN_PRECISION = "unknown"  # a file's arithmetic is not recorded: its row gets no fraction of any peak
+
+
+def artifact_backend(
+    path: str | os.PathLike[str], *, name: str | None = None, trust_pickle: bool | None = None
+) -> Backend:
+    """A row that runs a written artifact -- a file or an output directory -- loaded by :func:`fxforge.load_model`
+    the way users load it (an ONNX file by ONNX Runtime, an AOTInductor package, ``model.pt2`` + ``recipe.json``
+    compiled on its first call): ``bench(captured, ["eager", artifact_backend("out/")])`` times what ``optimize``
+    or ``export`` wrote next to the model it was made from, on the same inputs, and compares its outputs with
+    eager's like any row's. The load and the first call count as its build time. ``name`` defaults to
+    ``file:PATH``. ``trust_pickle`` as in :func:`fxforge.load_model` (a pickled ``model.pt`` needs it).
+
+    The row's precision (whose measured peak its GFLOP/s are held to) is the one of the backend an ``--auto``
+    directory's ``report.json`` says was chosen; for anything else it is not known and the row gets no fraction of
+    a peak. An artifact written for one batch size (an ONNX file with fixed shapes) fails at another: its row
+    says so, the others are timed.
+    """
+    path = os.fspath(path)
+    label = name or f"{ARTIFACT_PREFIX}{path}"
+
+    def build(captured: Captured, settings: BuildSettings) -> Runner:
+        loaded = load_model(path, trust_pickle=trust_pickle)
+        module = loaded.module
+        with torch.no_grad(), quiet_torch_logs():
+            output = module(*captured.example_inputs)  # a compile recipe compiles here, inside the build time
+        if loaded.file:
+            settings.notes.append(f"ran {loaded.file}")
+        if pytree.tree_structure(output) != pytree.tree_structure(settings.output_like):
+            module = RestructuredOutputs(module, settings.output_like)
+        return module
+
+    summary = f"the artifact {path}, loaded by fxforge.load_model"
+    return Backend(label, summary, build, precision=_artifact_precision(Path(path)))
+
+
+def _artifact_precision(path: Path) -> str:
+    """The precision of the backend an --auto directory's report.json names as chosen, else unknown."""
+    try:
+        chosen = json.loads((path / REPORT_FILE).read_text()).get("chosen")
+        return get_backend(chosen).precision if isinstance(chosen, str) else UNKNOWN_PRECISION
+    except (OSError, ValueError, AttributeError, FxforgeError):  # no report, not JSON, not a backend we know
+        return UNKNOWN_PRECISION
 
 
 def _random_batches(captured: Captured, batch: int) -> list[tuple[Any, ...]]:
@@ -788,9 +849,10 @@ def build_backend(
 
 
 def build_failure(exc: BaseException) -> str:
-    """Why a build failed, in one line; a missing optional dependency also says what to install."""
+    """Why a build failed, in one line, with fxforge's hint where it gave one (what to install for a missing optional
+    dependency, the opt-in a pickled artifact needs)."""
     reason = one_line_reason(exc)
-    return f"{reason} ({exc.hint})" if isinstance(exc, MissingExtraError) and exc.hint else reason
+    return f"{reason} ({exc.hint})" if isinstance(exc, FxforgeError) and exc.hint else reason
 
 
 def _bench_batch(captured: Captured, chosen: Sequence[Backend], batch: int, plan: _Plan) -> list[BenchRow]:
@@ -807,7 +869,9 @@ def _bench_batch(captured: Captured, chosen: Sequence[Backend], batch: int, plan
             row.error = f"runs on the CPU only; the model is on {device} (bench a CPU copy of it: model.cpu())"
             plan.counter.step(f"skipped {backend.name} (batch {batch})")
             continue
-        settings = BuildSettings(plan.threads, plan.workdir / f"{backend.name}-{batch}", expected, plan.passes)
+        # an artifact row's name holds its path: the working directory is named from it, kept inside the plan's
+        workdir = plan.workdir / re.sub(r"[^\w.+-]", "_", f"{backend.name}-{batch}")
+        settings = BuildSettings(plan.threads, workdir, expected, plan.passes)
         runner, row.error, row.build_s = build_backend(backend, resized, settings)
         row.notes = settings.notes
         if runner is not None:
@@ -892,7 +956,8 @@ def _peak_fractions(rows: Iterable[BenchRow], resized: Captured, peak: Peak | No
         return
     for row in timed:
         row.gflops = flops / (row.median_ms * 1e-3) / 1e9 if flops else None
-        reference = (peak.gflops.get(row.precision) or peak.gflops.get("fp32")) if peak is not None else None
+        known = peak is not None and row.precision != UNKNOWN_PRECISION
+        reference = (peak.gflops.get(row.precision) or peak.gflops.get("fp32")) if known else None
         if row.gflops and reference:
             row.peak_fraction = row.gflops / reference
 

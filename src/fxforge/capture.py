@@ -646,8 +646,8 @@ def _refuse_compiled_forms(model: nn.Module) -> None:
     if kind is not None:
         raise CaptureError(
             f"cannot capture {kind} as an fx graph: it has no Python code to trace",
-            hint="inspect, lint or optimize the PyTorch model it was made from; verify can still compare it with "
-            "that model (fxforge verify MODEL DIR)",
+            hint="inspect, lint or optimize the PyTorch model it was made from; verify compares it with that model "
+            "(fxforge verify MODEL FILE), bench times it next to it (fxforge bench MODEL --artifact FILE)",
         )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 from click.core import ParameterSource
 
@@ -16,6 +18,7 @@ Examples:
   fxforge bench torchvision:resnet18 --input 1x3x224x224
   fxforge bench torchvision:mobilenet_v2 --backends eager,onnxruntime,int8 --batch 1,8 --threads 2
   fxforge bench out/resnet18 --backends eager,torchscript --repeats 50 --json
+  fxforge bench torchvision:resnet18 -i 1x3x224x224 --artifact out/auto --artifact resnet18.onnx
   fxforge bench --list-backends
 Backends: fxforge bench --list-backends (default: every one this machine runs fast; plug-ins add their own).
 """,
@@ -27,6 +30,14 @@ Backends: fxforge bench --list-backends (default: every one this machine runs fa
 @click.option("--warmup", default=3, show_default=True, type=click.IntRange(min=1), help="Untimed calls first.")
 @click.option("--repeats", default=20, show_default=True, type=click.IntRange(min=1), help="Timed calls per backend.")
 @click.option("--passes", "-p", "pass_names", default=None, metavar="NAMES", help="Passes for the fx backend.")
+@click.option(
+    "--artifact",
+    "artifacts",
+    multiple=True,
+    metavar="PATH",
+    help="Also time a written file or output directory (ONNX, TorchScript, .pt2, AOTInductor, an --auto output), "
+    "loaded as fxforge.load_model loads it, next to the model (with no --backends: next to eager). Repeatable.",
+)
 @click.option("--list-backends", is_flag=True, help="List the backends (with where each comes from) and exit.")
 def command(
     opts: CaptureOptions,
@@ -36,12 +47,13 @@ def command(
     warmup: int,
     repeats: int,
     pass_names: str | None,
+    artifacts: tuple[str, ...],
     list_backends: bool,
 ) -> None:
     """Median/p90 latency, throughput, peak memory and max error vs eager, per backend, side by side."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from fxforge.bench import all_backends, bench, get_backend, refuse_passes_without_fx
+    from fxforge.bench import all_backends, artifact_backend, bench, get_backend, refuse_passes_without_fx
     from fxforge.cli.render import render_backends, render_bench, render_plugin_failures
     from fxforge.pipeline import Pipeline
     from fxforge.plugins import BACKENDS_GROUP, failures
@@ -68,7 +80,14 @@ def command(
         raise FxforgeError(f"--batch takes integers, got {' '.join(batch_sizes)!r}", hint="e.g. --batch 1,8") from None
     if any(b < 1 for b in batches):
         raise FxforgeError("--batch sizes must be at least 1")
+    missing = [path for path in artifacts if not Path(path).exists()]
+    if missing:  # before the model is loaded and captured
+        raise FxforgeError(f"--artifact {missing[0]}: no such file or directory")
     captured = opts.prepare()
+    # the artifacts are loaded like the model: a pickled model.pt needs the same opt-in
+    trust = opts.trust_pickle or None
+    written = [artifact_backend(path, trust_pickle=trust) for path in artifacts]
+    names: list = split(backends) or (["eager"] if written else [])
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"))
     # Off when stderr is not a terminal, like the other commands' spinner: there rich draws no bar, but stopping
     # it still writes an empty line, which landed before an error message or in a redirected log.
@@ -81,7 +100,7 @@ def command(
 
         report = bench(
             captured,
-            split(backends) or None,
+            [*names, *written] or None,
             batches=batches or None,
             threads=threads,
             warmup=warmup,
