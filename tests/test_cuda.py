@@ -181,3 +181,22 @@ def test_graph_module_fx_nodes_keep_device_metadata(resnet_captured):
     metas = [n.meta.get("tensor_meta") for n in resnet_captured.graph_module.graph.nodes if n.op == "call_module"]
     assert any(m is not None for m in metas)
     assert isinstance(resnet_captured.graph_module, fx.GraphModule)
+
+
+def _random_state() -> torch.Tensor:
+    return torch.cuda.get_rng_state(GPU) if GPU.type == "cuda" else torch.get_rng_state()
+
+
+def test_the_callers_gpu_random_state_is_given_back():
+    """A train-mode model's dropout draws from the GPU's generator: the API's entry points run it, and must give the
+    caller's random stream back as it was (they gave back the CPU's only)."""
+    model = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5)).to(GPU).train()
+    x = torch.randn(4, 8, device=GPU)
+    state = _random_state()
+    captured = fxforge.capture(model, [x])
+    fxforge.verify(model, captured.graph_module, [x])
+    fxforge.inspect_graph(captured)
+    fxforge.optimize(captured, ["fold_bn", "dead_code"])
+    assert torch.equal(_random_state(), state)
+    model(x)  # the check can fail: a call of the model itself moves it
+    assert not torch.equal(_random_state(), state)

@@ -68,6 +68,7 @@ from fxforge.runtime import (
     export_program,
     preserved_state,
     quiet_torch_logs,
+    rng_preserved,
     run_isolated,
     run_reference,
     with_batch,
@@ -480,20 +481,6 @@ def _find_culprit(
 CHECK_SEED = 0
 
 _RANDOM_MODULES = (nn.modules.dropout._DropoutNd, nn.RReLU)
-
-
-@contextlib.contextmanager
-def rng_preserved(seed: int | None = None) -> Iterator[None]:
-    """Run the body on a fork of torch's random state: the caller's state is back afterwards, whatever the body
-    drew. With ``seed`` the CPU generator (and the CUDA ones already in use) start from it, so that two bodies
-    seeded alike draw the same numbers."""
-    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
-    with torch.random.fork_rng(devices=list(range(torch.cuda.device_count())) if cuda else []):
-        if seed is not None:
-            torch.default_generator.manual_seed(seed)
-            if cuda:
-                torch.cuda.manual_seed_all(seed)
-        yield
 
 
 def _random_sources(gm: fx.GraphModule) -> list[str]:

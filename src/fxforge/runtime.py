@@ -355,14 +355,29 @@ _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
 
+@contextlib.contextmanager
+def rng_preserved(seed: int | None = None) -> Iterator[None]:
+    """Run the body on a fork of torch's random state: the caller's state is back afterwards, whatever the body
+    drew. With ``seed`` the CPU generator (and the CUDA ones already in use) start from it, so that two bodies
+    seeded alike draw the same numbers."""
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    with torch.random.fork_rng(devices=list(range(torch.cuda.device_count())) if cuda else []):
+        if seed is not None:
+            torch.default_generator.manual_seed(seed)
+            if cuda:
+                torch.cuda.manual_seed_all(seed)
+        yield
+
+
 def keeps_rng_state(function: Callable[_P, _R]) -> Callable[_P, _R]:
-    """``function`` with the caller's CPU random state given back afterwards: running a model in training mode
-    (dropout) draws from the global generator, and a check of the caller's model must not move the caller's
-    random stream (QA: verify, optimize, inspect... each advanced ``torch.get_rng_state()``)."""
+    """``function`` with the caller's random state given back afterwards (:func:`rng_preserved`: the CPU generator,
+    and the CUDA ones where CUDA is in use): running a model in training mode (dropout) draws from the global
+    generators, and a check of the caller's model must not move the caller's random stream (QA: verify, optimize,
+    inspect... each advanced ``torch.get_rng_state()``)."""
 
     @functools.wraps(function)
     def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-        with torch.random.fork_rng(devices=[]):
+        with rng_preserved():
             return function(*args, **kwargs)
 
     return wrapper

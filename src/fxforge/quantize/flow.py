@@ -18,7 +18,7 @@ import torch
 from torch import fx, nn
 
 from fxforge.artifacts import check_output_directory
-from fxforge.capture import Captured, capture, require_real_weights, rng_preserved
+from fxforge.capture import Captured, capture, require_real_weights
 from fxforge.errors import DialectError, FxforgeError, InputSpecError, one_line_reason, option
 from fxforge.graphs import ATEN, WEIGHTED_LAYER_TYPES
 from fxforge.inputs import make_inputs, specs_of
@@ -38,7 +38,7 @@ from fxforge.quantize.result import IN_SAMPLE, LayerSensitivity, QuantizeResult
 from fxforge.quantize.saving import write_output
 from fxforge.quantize.units import MODULE, Unit, find_units, keep_in_float
 from fxforge.references import as_names
-from fxforge.runtime import describe_inputs, device_of, quiet_quantization_notices
+from fxforge.runtime import describe_inputs, device_of, quiet_quantization_notices, rng_preserved
 from fxforge.vocabulary import quant_kind
 
 MODES = ("static", "dynamic", "qat-prepare")
