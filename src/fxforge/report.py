@@ -19,6 +19,7 @@ from typing import Any
 from fxforge.api import prepare
 from fxforge.bench import bench as run_bench
 from fxforge.capture import Captured
+from fxforge.errors import FxforgeError
 from fxforge.inspect import inspect_graph
 from fxforge.lint import lint
 from fxforge.optimize import optimize
@@ -26,7 +27,7 @@ from fxforge.profile import profile_model
 from fxforge.quantize import RandomCalibrationWarning
 from fxforge.quantize import quantize as run_quantize
 from fxforge.visual.graph import diff_model, graph_model
-from fxforge.visual.page import GraphView, check_page_path, describe
+from fxforge.visual.page import HTML_SUFFIXES, GraphView, check_page_path, describe
 from fxforge.visual.render import rewritten_graph
 from fxforge.visual.report_page import report_document
 from fxforge.visual.sections import (
@@ -43,6 +44,14 @@ from fxforge.visual.sections import (
 
 # Backends a report times unless told otherwise: quick to build (torch.compile's minute of compiling is left out).
 REPORT_BACKENDS = ("eager", "fx", "torchscript", "onnxruntime")
+
+
+def check_report_path(path: str | Path, *, force: bool = False) -> Path:
+    """``path`` as a report may be written there, checked before the work: an HTML page's name (a report is no
+    picture: ``report.svg`` would have held HTML), not a directory, an existing file only with ``force``."""
+    if Path(path).suffix.lower() not in HTML_SUFFIXES:
+        raise FxforgeError(f"a report is an HTML page, not {str(path)!r}", hint="e.g. report.html")
+    return check_page_path(path, force=force)
 
 
 def report(
@@ -68,7 +77,7 @@ def report(
     the model now, to colour nodes by time.
     """
     if path is not None:
-        check_page_path(path, force=force)  # before the work: a refusal after it would waste it
+        check_report_path(path, force=force)  # before the work: a refusal after it would waste it
     if isinstance(model, str):
         spec = spec or model
         captured = prepare(model, list(inputs) if inputs else None)

@@ -228,11 +228,15 @@ def test_the_page_writers_never_replace_a_users_file(tmp_path):
         lambda path: fxforge.diff_html(captured, captured.graph_module, path),
         lambda path: fxforge.report(captured, path),
     ):
-        with pytest.raises(FxforgeError, match="cannot tell what to write"):
+        with pytest.raises(FxforgeError, match=r"cannot tell what to write|a report is an HTML page"):
             write(source)
         with pytest.raises(FxforgeError, match="exists"):
             write(page)
     assert source.read_text() == "import torch\n" and page.read_text() == "mine"
+    # a report is HTML: report.svg would have held a web page under a picture's name (the CLI refused it already)
+    with pytest.raises(FxforgeError, match="a report is an HTML page"):
+        fxforge.report(captured, tmp_path / "report.svg")
+    assert not (tmp_path / "report.svg").exists()
     assert fxforge.graph_html(captured, page, force=True).path == page and page.read_text() != "mine"
 
 

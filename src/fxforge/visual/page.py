@@ -99,7 +99,8 @@ def describe(model: dict[str, Any]) -> str:
     return " · ".join(parts)
 
 
-PAGE_SUFFIXES = (".html", ".htm", ".svg")
+HTML_SUFFIXES = (".html", ".htm")
+PAGE_SUFFIXES = (*HTML_SUFFIXES, ".svg")
 
 
 def check_page_path(path: str | Path, *, force: bool = False) -> Path:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
 from fxforge.cli.options import CaptureOptions, capture_options, emit_json, split, status, stdout
@@ -69,16 +67,13 @@ def command(
     force: bool,
 ) -> None:
     """Write an HTML report: environment, capture, inspect, lint, optimize diff, bench and quantize charts."""
-    from fxforge.artifacts import check_output_file
     from fxforge.cli.render import page_node_counts, render_page
     from fxforge.passes import expand_groups, get_pass
     from fxforge.profile import profile_model
-    from fxforge.report import report
+    from fxforge.report import check_report_path, report
     from fxforge.visual.graph import read_profile
 
-    if Path(output).suffix.lower() not in (".html", ".htm"):
-        raise FxforgeError(f"a report is an HTML page, not {output!r}", hint="e.g. -o report.html")
-    check_output_file(output, force=force)  # before the work: a refusal after it would waste it
+    check_report_path(output, force=force)  # before the work: a refusal after it would waste it
     if do_profile and profile_file:
         raise FxforgeError("--profile and --profile-file both say where the times come from", hint="pass one")
     names = expand_groups([name for group in pass_names for name in split(group)])
