@@ -88,7 +88,6 @@ from fxforge.errors import (
 from fxforge.graphs import ATEN, without_input_guards
 from fxforge.inputs import specs_of
 from fxforge.runtime import (
-    at_batch_two,
     cloned,
     device_of,
     export_program,
@@ -99,6 +98,7 @@ from fxforge.runtime import (
     quiet_torch_logs,
     record_example,
     run_reference,
+    traced_at_batch_two,
     with_constant_kwargs,
 )
 from fxforge.verify import DEFAULT_CASES, VerifyResult, reference_output, verify
@@ -375,27 +375,22 @@ def _traced_at_batch_two(
     path: Path,
     reproduces_example: Callable[[], bool],
 ) -> ExportResult:
-    """``export(inputs)``; for a dynamic batch from a batch-1 example, ``export`` of the example repeated to batch 2
-    first. torch.export specialises a dimension of size 1 (it broadcasts): traced at batch 1, torchvision's ViT,
-    ConvNeXt and GPT-2 gave files that run batch 1 only. The batch-2 file is kept only where it gives the model's
-    result on the example itself (``reproduces_example``): code that branches on the batch size runs the batch-2
-    branch at batch 1 in it. Otherwise (or where batch 2 cannot be exported) the example itself is exported, as
-    asked; the verification then says whether other batches run."""
-    doubled = at_batch_two(inputs) if dynamic_batch else None
-    if doubled is None:
+    """``export(inputs)``; for a dynamic batch, traced at batch 2 where that reproduces the example
+    (:func:`fxforge.runtime.traced_at_batch_two`); otherwise, or where batch 2 cannot be exported, the example itself
+    is exported, as asked, and the verification then says whether other batches run."""
+    if not dynamic_batch:
         return export(inputs)
-    try:
-        result = export(doubled)
-        if reproduces_example():
-            result.notes.append(
-                "traced at batch 2 (the example repeated): at batch 1, torch.export may fix the batch at 1"
-            )
-            return result
-    except ExportError:
-        pass
-    for partial in path.parent.iterdir():  # the staging directory: whatever the batch-2 export left there
-        partial.unlink()
-    return export(inputs)
+
+    def remove_partial_files() -> None:
+        for partial in path.parent.iterdir():  # the staging directory: whatever the batch-2 export left there
+            partial.unlink()
+
+    result, at_two = traced_at_batch_two(
+        export, inputs, lambda _: reproduces_example(), errors=(ExportError,), rejected=remove_partial_files
+    )
+    if at_two:
+        result.notes.append("traced at batch 2 (the example repeated): at batch 1, torch.export may fix the batch at 1")
+    return result
 
 
 def _reproduces_example(path: Path, to: str, reference: Any, inputs: tuple[Any, ...]) -> bool:

@@ -433,21 +433,48 @@ def at_batch_two(values: Any) -> Any | None:
 def export_program_any_batch(
     model: nn.Module, inputs: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> torch.export.ExportedProgram:
-    """:func:`export_program` with a dynamic batch, for a file that is to run batch 1 and more. torch.export treats
-    a dimension of size 1 as a constant (it broadcasts): from a batch-1 example, torchvision's ViT and ConvNeXt and
-    GPT-2 gave programs that run batch 1 only. So a batch-1 example is repeated to batch 2 and exported, and kept
-    when the program runs the example itself; otherwise (a model that cannot run batch 2) the example is exported."""
-    doubled = at_batch_two((inputs, kwargs))
+    """:func:`export_program` with a dynamic batch, for a file that is to run batch 1 and more, traced at batch 2
+    where that reproduces the example (:func:`traced_at_batch_two`)."""
+
+    def export(example: tuple[tuple[Any, ...], dict[str, Any]]) -> torch.export.ExportedProgram:
+        return export_program(model, example[0], example[1], dynamic_batch=True)
+
+    def reproduces(program: torch.export.ExportedProgram) -> bool:
+        with torch.no_grad(), quiet_torch_logs():
+            return compare_outputs(model(*inputs, **kwargs), program.module()(*inputs, **kwargs)).ok
+
+    program, at_two = traced_at_batch_two(export, (inputs, kwargs), reproduces)
+    if at_two:
+        record_example(program, inputs, kwargs)
+    return program
+
+
+def traced_at_batch_two(
+    build: Callable[[Any], _R],
+    example: Any,
+    reproduces: Callable[[_R], bool],
+    *,
+    errors: tuple[type[BaseException], ...] = (Exception,),
+    rejected: Callable[[], None] = lambda: None,
+) -> tuple[_R, bool]:
+    """``(build(example), False)``; for an example of batch 1, ``(build(the example repeated to batch 2), True)``
+    first, where that builds and ``reproduces`` the example's own result.
+
+    torch.export treats a dimension of size 1 as a constant (it broadcasts): traced at batch 1, torchvision's ViT
+    and ConvNeXt and GPT-2 gave programs and files that run batch 1 only. The batch-2 trace must compute the
+    example's result, not only run it: code that branches on the batch size took the batch-2 branch at batch 1,
+    silently (QA: x * 3 where the model gives x * 2). ``errors``: what a failed batch-2 build may raise (then the
+    example is built); ``rejected`` is called before that (to remove what the attempt left behind)."""
+    doubled = at_batch_two(example)
     if doubled is not None:
-        with contextlib.suppress(Exception):
-            program = export_program(model, doubled[0], doubled[1], dynamic_batch=True)
-            with torch.no_grad(), quiet_torch_logs():
-                # it must compute the example's result, not only run: code that branches on the batch size took
-                # the batch-2 branch at batch 1, silently (QA: x * 3 where the model gives x * 2)
-                if compare_outputs(model(*inputs, **kwargs), program.module()(*inputs, **kwargs)).ok:
-                    record_example(program, inputs, kwargs)
-                    return program
-    return export_program(model, inputs, kwargs, dynamic_batch=True)
+        try:
+            built = build(doubled)
+            if reproduces(built):
+                return built, True
+        except errors:
+            pass
+        rejected()
+    return build(example), False
 
 
 def record_example(program: torch.export.ExportedProgram, inputs: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
