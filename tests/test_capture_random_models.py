@@ -194,7 +194,7 @@ def test_a_wrong_trace_of_a_deterministic_model_is_still_caught():
     record = captured.record
     assert record.method == EXPORT and record.ok
     error = record.attempts[0].error
-    assert error.startswith("traced graph differs from the model (batch None)"), error
+    assert error.startswith("traced graph differs from the model on the example inputs"), error
     assert random_notes(record) == []
 
     traced = capture(model, x8(), method="symbolic_trace").record

@@ -66,6 +66,7 @@ from fxforge.runtime import (
     cloned,
     device_of,
     export_program,
+    export_program_any_batch,
     preserved_state,
     quiet_torch_logs,
     rng_preserved,
@@ -245,6 +246,9 @@ def _wraps_for(function: Callable[..., Any], model: nn.Module) -> list[_Wrap]:
     spaces = [getattr(type(m).forward, "__globals__", None) for m in model.modules()]
     spaces += [vars(sys.modules[type(m).__module__]) for m in model.modules() if type(m).__module__ in sys.modules]
     spaces.append(getattr(function, "__globals__", None))
+    # the modules loaded from the function's own file: ``import helpers`` then ``helpers.norm(x)`` looks the name
+    # up in that module, which is not the copy --wrap helpers.py:norm imported (the wrap changed nothing)
+    spaces += [vars(module) for module in _modules_of_file(function)]
     found, seen = [], set()
     for space in spaces:
         if not isinstance(space, dict) or id(space) in seen:
@@ -261,6 +265,25 @@ def _wraps_for(function: Callable[..., Any], model: nn.Module) -> list[_Wrap]:
             hint="wrap the function the model's forward calls (as it is imported there)",
         )
     return [dataclasses.replace(wrap, shared_label=found[0].label) for wrap in found]
+
+
+def _modules_of_file(function: Callable[..., Any]) -> list[Any]:
+    """The loaded modules whose file is the one ``function`` is defined in."""
+    filename = getattr(getattr(function, "__code__", None), "co_filename", None)
+    if not filename:
+        return []
+    try:
+        source = Path(filename).resolve()
+    except (OSError, ValueError):
+        return []
+    found = []
+    for module in list(sys.modules.values()):
+        file = getattr(module, "__file__", None)
+        if isinstance(file, str) and Path(file).name == source.name:  # resolve only the few that can match
+            with contextlib.suppress(OSError, ValueError):
+                if Path(file).resolve() == source:
+                    found.append(module)
+    return found
 
 
 def _unused_wraps(wraps: Sequence[_Wrap], gm: fx.GraphModule | None) -> list[str]:
@@ -391,9 +414,21 @@ def _symbolic_trace(
         if not proxy_buffers:  # trace again with buffers as proxies, so that the write is recorded
             return _symbolic_trace(model, leaf_names, leaf_types, wraps, concrete_args, proxy_buffers=True)
         raise BufferWriteError(changed[0], None)
+    if not proxy_buffers and _holds_tensor_constants(gm) and next(model.buffers(), None) is not None:
+        # By default tracing reads buffers as the tensors they are: arithmetic on a buffer alone (``self.s * 3``,
+        # ``0.9 * self.mean``) ran while tracing and is a constant in the graph, which goes stale when the buffer
+        # changes (a loaded state dict, a running statistic updated in place: the graph's second call differed
+        # from the model's, QA). With buffers as proxies that arithmetic is recorded on the buffer.
+        with contextlib.suppress(Exception):  # e.g. a branch on a buffer's value: the constants stay
+            return _symbolic_trace(model, leaf_names, leaf_types, wraps, concrete_args, proxy_buffers=True)
     if concrete_args:
         _name_concrete_placeholders(gm, model, concrete_args)
     return gm
+
+
+def _holds_tensor_constants(gm: fx.GraphModule) -> bool:
+    """Whether tracing stored tensors it computed as constants (``_tensor_constant0``) in ``gm``."""
+    return any(n.op == "get_attr" and str(n.target).startswith("_tensor_constant") for n in gm.graph.nodes)
 
 
 def _drop_unused_attribute_reads(graph: fx.Graph) -> None:
@@ -798,6 +833,11 @@ def _has_mode(module: nn.Module) -> bool:
     return isinstance(module, (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._NormBase))
 
 
+def _wrap_option() -> str:
+    """How the user wraps a function, in their own terms: capture() takes the function itself, prepare() a name."""
+    return said("--wrap file.py:function", "autowrap_functions=[function] (fxforge.prepare: wrap='file.py:function')")
+
+
 def _leaf_option() -> str:
     """How the user makes a submodule a leaf, in their own terms (the CLI's option or the Python parameter)."""
     return said("--leaf NAME", "leaf_modules=['NAME']")
@@ -848,10 +888,12 @@ def _capture_module(
     # Run the model once first: inputs it rejects are the user's error, not a capture failure. Under the seed the
     # captured graph will run under too: random ops draw the same numbers in both.
     reference = None
+    state_writes: list[_StateWrite] = []
     if can_check:
-        with rng_preserved(CHECK_SEED):
+        with rng_preserved(CHECK_SEED), _attribute_writes_recorded(model) as state_writes:
             reference = run_reference(model, inputs, kwargs)
     trace_error: BaseException | None = None
+    trace_mismatch: OutputCheck | None = None  # the traced graph's failed check, where it ran and differed
 
     if method in ("auto", SYMBOLIC_TRACE):
         for _ in range(max_retries):
@@ -891,6 +933,7 @@ def _capture_module(
             if not can_check:
                 return captured
             if _check(captured, reference, check_batch) or method == SYMBOLIC_TRACE:
+                _check_second_call(captured, state_writes)
                 return captured
             failed = next(c for c in record.checks if not c.ok)
             # the model repeats itself under one seed; if it is random, the trace ran a random op once, eagerly
@@ -899,11 +942,10 @@ def _capture_module(
                 if _differs_on_rerun(captured, reference, CHECK_SEED + 1)
                 else ""
             )
+            trace_mismatch = failed
+            on = "the example inputs" if failed.batch is None else f"batch {failed.batch}"
             attempts.append(
-                Attempt(
-                    SYMBOLIC_TRACE,
-                    f"traced graph differs from the model{frozen} (batch {failed.batch}): {failed.message}",
-                )
+                Attempt(SYMBOLIC_TRACE, f"traced graph differs from the model{frozen} on {on}: {failed.message}")
             )
             break
         else:
@@ -912,7 +954,12 @@ def _capture_module(
     if method in ("auto", "export", EXPORT):
         try:
             with preserved_state(model, runs=False):
-                program = export_program(model, inputs, kwargs, dynamic_batch=check_batch is not None)
+                if check_batch is None:
+                    program = export_program(model, inputs, kwargs, dynamic_batch=False)
+                else:
+                    # a symbolic batch; from a batch-1 example torch.export fixes it at 1 (size 1 broadcasts) and
+                    # the check at another batch failed on its guard: traced at batch 2 where that reproduces
+                    program = export_program_any_batch(model, inputs, kwargs)
         except Exception as exc:
             attempts.append(Attempt(EXPORT, one_line_reason(exc), user_location(exc)))
             raise _capture_error(model, attempts, trace_error, exc) from None
@@ -922,10 +969,110 @@ def _capture_module(
         ]
         record = CaptureRecord(EXPORT, ATEN, attempts=attempts, notes=notes)
         captured = Captured(program.module(), model, inputs, record, kwargs, program)
-        if can_check:
-            _check(captured, reference, check_batch)
+        if can_check and _check(captured, reference, check_batch):
+            _check_second_call(captured, state_writes)
+        elif can_check and method == "auto" and not record.checks[0].ok:
+            raise _both_graphs_differ(model, record.checks[0], trace_mismatch, attempts)
         return captured
     raise _capture_error(model, attempts, trace_error, None)
+
+
+def _both_graphs_differ(
+    model: nn.Module, exported: OutputCheck, traced: OutputCheck | None, attempts: list[Attempt]
+) -> CaptureError:
+    """Both strategies made a graph and neither computes the model's outputs on the example: no capture. It was
+    returned with a failed check, which the CLI printed as a warning before a normal report and exit 0 (QA: a
+    forward adding ``len(f"{x}")``, a number computed from the tensor's values while tracing)."""
+    errors = ([f"symbolic_trace's by {traced.max_abs_err:.3g}"] if traced is not None else []) + [
+        f"torch.export's by {exported.max_abs_err:.3g}"
+    ]
+    return CaptureError(
+        f"cannot capture {type(model).__name__}: the graphs differ from the model on the example inputs "
+        f"({', '.join(errors)}, max abs error): its forward computes Python values from tensors (an f-string, the "
+        "length of a text, a Python number), which a graph holds as the constants of the call it was captured from",
+        hint=f"keep such values tensors, or compute them outside forward; to look at a graph anyway, force one "
+        f"method ({option('--method', 'symbolic_trace')}): its failed check is then a warning",
+        attempts=attempts,
+    )
+
+
+@dataclass
+class _StateWrite:
+    """A Python attribute of the model that ``forward`` assigned: state no graph holds (only its value then)."""
+
+    attribute: str  # qualified: "step", "blocks.0.cache"
+    location: str | None  # the user's line that assigned it
+
+
+# attributes whose assigning line is looked up (a stack walk each): a model writing many is named by its first ones
+_WRITES_LOCATED = 8
+
+
+@contextlib.contextmanager
+def _attribute_writes_recorded(model: nn.Module) -> Iterator[list[_StateWrite]]:
+    """Record the plain attributes (not parameters, buffers or submodules) that the model's modules assign while
+    the body runs: a call counter (``self.step += 1``) or a cache (``self.cache = y``) in ``forward``."""
+    names = {id(m): name for name, m in model.named_modules()}
+    writes: list[_StateWrite] = []
+    seen: set[str] = set()
+    original_setattr = nn.Module.__setattr__
+
+    def recording_setattr(module: nn.Module, name: str, value: Any) -> None:
+        if id(module) in names and not isinstance(value, nn.Module) and not any(
+            name in module.__dict__.get(kind, {}) for kind in ("_parameters", "_buffers", "_modules")
+        ):
+            qualified = f"{names[id(module)]}.{name}".lstrip(".")
+            if qualified not in seen:
+                seen.add(qualified)
+                writes.append(_StateWrite(qualified, caller_location() if len(writes) < _WRITES_LOCATED else None))
+        original_setattr(module, name, value)
+
+    nn.Module.__setattr__ = recording_setattr  # type: ignore[method-assign]
+    try:
+        yield writes
+    finally:
+        nn.Module.__setattr__ = original_setattr  # type: ignore[method-assign]
+
+
+def _check_second_call(captured: Captured, writes: Sequence[_StateWrite]) -> None:
+    """For a model whose ``forward`` assigned Python attributes: compare the model's and the graph's *second* call
+    from the same state. A graph holds the attribute's value of one call (a counter's 1, an empty cache) and the
+    output check compares first calls only, where both agree (QA: ``self.step += 1`` captured as ``* 1``, the
+    graph wrong from the second call on). Raises CaptureError where they differ; a note where they agree."""
+    if not writes:
+        return
+    args, kwargs = captured.example_inputs, captured.example_kwargs
+
+    def second_call(module: Any) -> Any:
+        with preserved_state(captured.original, captured.graph_module), torch.no_grad(), quiet_torch_logs():
+            for _ in range(2):
+                with rng_preserved(CHECK_SEED):
+                    output = module(*cloned(tuple(args)), **cloned(dict(kwargs)))
+        return output
+
+    named = ", ".join(f"self.{w.attribute}" + (f" ({w.location})" if w.location else "") for w in writes[:3])
+    more = f" and {len(writes) - 3} more" if len(writes) > 3 else ""
+    try:
+        expected = second_call(captured.original)
+        comparison = compare_outputs(expected, second_call(captured.graph_module))
+        problem = None if comparison.ok else f"max abs err {comparison.max_abs_err:.3g}"
+    except Exception as exc:  # the graph (or the model) fails on its second call: not a graph of this model either
+        problem = f"the second call failed: {one_line_reason(exc)}"
+    if problem is None:
+        captured.record.notes.append(
+            f"forward assigns {named}{more}, state the graph does not keep; a second call of the model and of the "
+            "graph still gave the same outputs"
+        )
+        return
+    raise CaptureError(
+        f"cannot capture {type(captured.original).__name__}: forward assigns {named}{more}, and its outputs "
+        f"depend on it: the graph holds the value of the call it was captured from, and a second call of "
+        f"the model and of the graph differ ({problem})",
+        hint="keep that state in a buffer updated in place (e.g. self.register_buffer('step', torch.zeros(())), "
+        "then self.step += 1), which the graph records, or pass it to forward as an input",
+        location=writes[0].location,
+        attempts=captured.record.attempts,
+    )
 
 
 def _capture_error(
@@ -933,9 +1080,14 @@ def _capture_error(
 ) -> CaptureError:
     # The line that stopped capture: the first failure fxforge could not work around (earlier trace
     # failures were fixed with a leaf or a wrap and no longer block anything).
-    location = next((a.location for a in attempts if a.location and a.action is None), None)
-    if export_error is not None and user_location(export_error):
-        location = user_location(export_error) if location is None else location
+    blocking_trace = next((a for a in attempts if a.location and a.action is None), None)
+    location = blocking_trace.location if blocking_trace is not None else None
+    export_location = user_location(export_error) if export_error is not None else None
+    # Where the two stopped at different lines, each is named with its own reason: one line for both blamed
+    # torch.export's reason on symbolic_trace's line (QA: a loop over a shape in the root called data-dependent
+    # control flow, while torch.export had stopped at a branch on a value in a submodule).
+    split_stops = bool(export_location and location and export_location != location)
+    location = location or export_location
     reasons = []
     errors = [e for e in (trace_error, export_error) if e is not None]
     text = " ".join(str(e) for e in errors).lower()
@@ -966,7 +1118,7 @@ def _capture_error(
         export_untried = all(attempt.strategy != EXPORT for attempt in attempts)
         hint = (
             f"mark the offending submodule with {_leaf_option()}, or wrap the helper function "
-            f"({option('--wrap', 'file.py:function', python='wrap')})"
+            f"({_wrap_option()})"
             + (f", or pass {option('--method', 'export')}" if export_untried else "")
         )
         if export_untried and type(model).__module__.startswith("transformers."):
@@ -980,16 +1132,30 @@ def _capture_error(
             where += " itself" if stopped_in.co_name == "forward" else ", a method of the model itself"
             hint = (
                 f"the call is in {where}, which cannot be a leaf: move it into a submodule (then {_leaf_option()}) "
-                f"or a module-level function ({option('--wrap', 'file.py:function', python='wrap')})"
+                f"or a module-level function ({_wrap_option()})"
                 + (f", or pass {option('--method', 'export')}" if export_untried else "")
             )
         elif "co_varnames is too small" in last:
             hint = f"symbolic_trace cannot trace a forward that takes **kwargs: pass {option('--method', 'export')}"
         if "cache" in last.lower() and "found" in last.lower():
             # transformers' encoder-decoders return their key/value cache object, which torch.export cannot flatten
-            use_cache = said("--model-arg use_cache=false", "model_kwargs={'use_cache': False}")
+            use_cache = said(
+                "--model-arg use_cache=false",
+                "use_cache=False in its config (fxforge.prepare: model_kwargs={'use_cache': False})",
+            )
             hint = f"a transformers model returning its key/value cache: build it with {use_cache}"
+    name = type(model).__name__
+    if split_stops and blocking_trace is not None:
+        export_text = str(export_error).lower()
+        dependent = any(words in export_text for words in ("control flow", "data-dependent", "data dependent"))
+        category = "data-dependent control flow (a Python branch or loop on a tensor's value)" if dependent else None
+        export_reason = category or one_line_reason(export_error)
+        message = (
+            f"cannot capture {name}: {SYMBOLIC_TRACE} stopped at {location}: {blocking_trace.error}; {EXPORT} "
+            f"stopped at {export_location}: {export_reason}"
+        )
+        return CaptureError(message, hint=hint, location=location, attempts=attempts)
     where = f" at {location}" if location else ""
     strategies = " and ".join(sorted({a.strategy for a in attempts}))
-    message = f"cannot capture {type(model).__name__}: {strategies} stopped{where}: {reasons[0]}"
+    message = f"cannot capture {name}: {strategies} stopped{where}: {reasons[0]}"
     return CaptureError(message, hint=hint, location=location, attempts=attempts)

@@ -30,7 +30,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from fxforge import display
 from fxforge.capture import Captured
-from fxforge.errors import FxforgeError, InputSpecError, first_line
+from fxforge.errors import FxforgeError, InputSpecError, first_line, said
 from fxforge.graphs import GraphRunner, get_attr_value, is_input_guard, module_path, submodule, target_name
 from fxforge.runtime import buffers_snapshot, keeps_rng_state, quiet_torch_logs, restore_buffers, run_isolated
 from fxforge.vocabulary import QUANT_KINDS, int8_flops, int8_weights, module_quant_kind, quant_kind
@@ -189,10 +189,13 @@ class _Profiler(GraphRunner):
                 raise
             where = f"{n.op} {target_name(n)}"
             message = first_line(exc)
-            raise InputSpecError(
-                f"the graph failed at node {n.name} ({where}): {message}",
-                hint="check --input: the example inputs may not have the shape or dtype the model expects",
-            ) from None
+            hint = "check --input: the example inputs may not have the shape or dtype the model expects"
+            if "meta tensor" in message or "meta device" in message:
+                # a leaf (or an op) reads tensor values (.item(), a branch on a value), which meta tensors do not
+                # have: the inputs are fine, the device is not
+                device = said("inspect it with --device cpu", "load it with device='cpu'")
+                hint = f"this part of the model reads tensor values, which the meta device does not have: {device}"
+            raise InputSpecError(f"the graph failed at node {n.name} ({where}): {message}", hint=hint) from None
         shape, dtype, nbytes = _describe(result)
         flops = self.counter.get_total_flops() - before
         int8 = 0
