@@ -98,3 +98,25 @@ def test_fix_cli_eval_mode_functional_batch_norm_is_not_a_warning(tmp_path, caps
     data = json.loads(capsys.readouterr().out)
     assert data["fixed"]["before"]["warning"] == 0 == data["fixed"]["after"]["warning"]
     assert "FX011" not in {f["code"] for f in data["findings"]} and code == EXIT_OK
+
+
+def test_fix_that_writes_nothing_lists_the_models_findings_not_a_fixed_graphs(tmp_path, capsys):
+    """An active dropout makes the model random: the fixes cannot be verified and nothing is written. The output
+    said 'Remaining findings after remove_dropout, fold_bn' as if those had landed (QA)."""
+    source = tmp_path / "noisy.py"
+    source.write_text(
+        "import torch\nfrom torch import nn\nfrom torch.nn import functional as F\n\n"
+        "class Noisy(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.conv = nn.Conv2d(3, 4, 3)\n"
+        "        self.bn = nn.BatchNorm2d(4)\n\n"
+        "    def forward(self, x):\n"
+        "        return F.dropout(self.bn(self.conv(x)), 0.5, training=True)\n"
+    )
+    out = tmp_path / "fixed"
+    main(["lint", f"{source}:Noisy", "-i", "2x3x8x8", "--fix", "-o", str(out)])
+    printed = capsys.readouterr().out
+    assert not out.exists()
+    assert "Findings of the model (nothing was written):" in printed and "Remaining findings after" not in printed
+    assert "FX004" in printed and "FX008" in printed  # the model's findings, the foldable BatchNorm among them

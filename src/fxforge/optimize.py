@@ -151,9 +151,15 @@ class FixResult:
     def _repr_html_(self) -> str:  # Jupyter shows this for the last value of a cell
         return notebook.fix_html(self)
 
+    @property
+    def landed(self) -> list[str]:
+        """The fix passes whose change is in the result (not rolled back), in the order they ran."""
+        return [s.result.name for s in self.optimized.pipeline.steps if s.result.changed and not s.rolled_back]
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "passes": self.passes,
+            "landed": self.landed,
             "before": self.before.to_dict()["counts"],
             "after": self.after.to_dict()["counts"],
             "optimize": self.optimized.to_dict(),

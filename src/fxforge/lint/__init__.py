@@ -196,7 +196,9 @@ def lint(
         if context.dialect not in current.dialects:
             continue
         report.rules_run.append(current.code)
-        for node, message in current.check(context):
+        for node, message, *fix in current.check(context):
+            # a rule yields (node, message), or (node, message, fix) where one finding's fix is not the rule's
+            # (an active dropout: remove_dropout keeps it, so it names no fix)
             report.findings.append(
                 Finding(
                     current.code,
@@ -205,7 +207,7 @@ def lint(
                     message,
                     node.name if node is not None else None,
                     module_path(node) if node is not None else None,
-                    current.fix,
+                    fix[0] if fix else current.fix,
                 )
             )
     order = {node.name: i for i, node in enumerate(context.graph.nodes)}

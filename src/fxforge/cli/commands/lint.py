@@ -84,8 +84,12 @@ def command(
             if not fixed.passes:  # else an empty pass table would be all there is to read
                 stdout.print("No finding names a fix pass: the model is written unchanged.")
             render_optimize(stdout, opts.model, fixed.optimized)
-            stdout.print(f"Remaining findings after {', '.join(fixed.passes) or 'no passes'}:")
-            render_findings(stdout, opts.model, report.findings)
+            if fixed.optimized.pipeline.ok:
+                stdout.print(f"Remaining findings after {', '.join(fixed.landed) or 'no passes'}:")
+                render_findings(stdout, opts.model, report.findings)
+            else:  # nothing was written: the findings are still the model's
+                stdout.print("Findings of the model (nothing was written):")
+                render_findings(stdout, opts.model, fixed.before.findings)
         if not fixed.optimized.pipeline.ok:
             raise SystemExit(EXIT_FINDINGS)
     else:

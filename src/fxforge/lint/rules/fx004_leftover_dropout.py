@@ -43,7 +43,13 @@ def check(ctx: LintContext) -> Iterator[tuple[fx.Node, str]]:
         active = _mode(gm, node)
         what = f"{node.name} ({target_name(node) if node.op != 'call_module' else type(submodule(gm, node)).__name__})"
         if active is True:
-            yield node, f"{what} is active (training mode): it zeroes activations at random at inference"
+            # remove_dropout keeps an active dropout (removing it changes what the model computes): no fix to name
+            yield (
+                node,
+                f"{what} is active (training mode): it zeroes activations at random at inference; call "
+                "model.eval() before capture (remove_dropout leaves an active dropout in place)",
+                None,
+            )
         elif active is False:
             yield node, f"{what} is a no-op at inference; remove it"
         else:
