@@ -19,7 +19,7 @@ Examples:
 Then run the stages: fxforge run-pipeline out/resnet18-4 --microbatches 8
 Exit code: 1 when the stages chained together do not match the model (nothing is written);
 2 for bad input (--stages below 1 or above the graph's node count, --balance time without --profile, a
-non-empty -o without --force, or with --force a directory that is not an earlier split's output).
+non-empty -o without --force, or with --force a directory fxforge did not write).
 """,
 )
 @capture_options
@@ -47,7 +47,10 @@ non-empty -o without --force, or with --force a directory that is not an earlier
 )
 @click.option("--output", "-o", type=click.Path(path_type=str), default=None, help="Directory to write the stages to.")
 @click.option(
-    "--force", is_flag=True, help="Replace an earlier split's output directory (it holds plan.json) or an empty one."
+    "--force",
+    is_flag=True,
+    help="Replace a directory fxforge wrote (a split's, with plan.json, or another command's, with report.json) "
+    "or an empty one.",
 )
 @click.option("--no-verify", is_flag=True, help="Do not verify the chained stages against the model.")
 @click.option("--cases", default=16, show_default=True, type=click.IntRange(min=1), help="Input cases to verify on.")

@@ -26,7 +26,7 @@ _HINTS = (
     ),
     (
         lambda n: n.op == "call_function" and n.target is torch.relu,
-        "F.relu or nn.ReLU after a conv fuses into it, torch.relu does not",
+        "F.relu or nn.ReLU after a conv or linear fuses into it, torch.relu does not",
     ),
 )
 
