@@ -51,6 +51,7 @@ from fxforge.runtime import (
     at_batch_two,
     export_program_any_batch,
     holds_tensor,
+    preserved_state,
     quiet_torch_logs,
     with_constant_kwargs,
 )
@@ -363,9 +364,13 @@ def _fixed_batch(
     batch = batched[0].shape[0]
     values = (inputs, kwargs)
     other = at_batch_two(values) if batch == 1 else pytree.tree_map_only(torch.Tensor, _first_row, values)
+    module = program.module()
     try:
-        with torch.no_grad(), quiet_torch_logs(), contextlib.redirect_stderr(io.StringIO()):
-            program.module()(*other[0], **other[1])
+        # preserved: the program's buffers are the model's own tensors, and a forward updating them in place changed
+        # the caller's model (QA: a call counter at 1 after optimize -o)
+        quiet = contextlib.redirect_stderr(io.StringIO())
+        with torch.no_grad(), quiet_torch_logs(), quiet, preserved_state(module, runs=False):
+            module(*other[0], **other[1])
     except Exception:
         return batch
     return None
@@ -439,7 +444,15 @@ def save_graph_module(
     files: list[str] = []
     problems: list[str] = []
     check_free_space(directory, gm, copies=2 if dialect == ATEN else 4)  # model.pt, its package, model.pt2
-    if dialect != ATEN:
+    baked = reload_bakes(gm) if dialect != ATEN else []
+    if baked:
+        shown = ", ".join(baked[:3]) + (f" and {len(baked) - 3} more" if len(baked) > 3 else "")
+        problems.append(
+            f"{MODEL_FILE}: torch.load rebuilds a pickled GraphModule by tracing its code with buffers as plain "
+            f"tensors, so {shown} (computed from buffers alone) would run once while loading, not on every call; "
+            f"{PROGRAM_FILE} and {PACKAGE_DIR}/ hold the graph as it is"
+        )
+    elif dialect != ATEN:
         try:
             with quiet_torch_logs():
                 torch.save(gm, directory / MODEL_FILE)
@@ -449,8 +462,8 @@ def save_graph_module(
         except Exception as exc:  # e.g. a TorchScript submodule, which pickle cannot save
             (directory / MODEL_FILE).unlink(missing_ok=True)
             problems.append(f"{MODEL_FILE}: {first_line(exc)}")
-        if MODEL_FILE in files and _write_package(gm, directory / PACKAGE_DIR):
-            files.append(f"{PACKAGE_DIR}/")
+    if (MODEL_FILE in files or baked) and _write_package(gm, directory / PACKAGE_DIR):
+        files.append(f"{PACKAGE_DIR}/")
     try:
         # a dynamic batch where the graph allows one, so that the program runs at every batch size the model does
         kwargs = dict(example_kwargs or {})
@@ -494,6 +507,35 @@ def save_graph_module(
     (directory / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=1))
     files += [PROVENANCE_FILE, write_inputs(directory, example_inputs)]
     return files
+
+
+def reload_bakes(gm: fx.GraphModule) -> list[str]:
+    """The nodes of ``gm`` that ``torch.load`` of it pickled would run once instead of recording: torch rebuilds a
+    pickled GraphModule by tracing its generated code, where parameters are proxies but buffers and constants are
+    plain tensors, so an op whose inputs are only those runs while loading. ``self.calls.add_(1)`` then ran once at
+    load and left the graph, ``self.ema * self.calls`` became a constant (QA: the loaded model.pt was wrong from its
+    first call while model.pt2 was right)."""
+    parameters = {name for name, _ in gm.named_parameters()}
+    plain: set[fx.Node] = set()
+    baked: list[fx.Node] = []
+    for node in gm.graph.nodes:
+        if node.op == "get_attr" and str(node.target) not in parameters:
+            plain.add(node)
+        elif node.op in ("call_function", "call_method") and set(node.all_input_nodes or [None]) <= plain:
+            plain.add(node)
+            baked.append(node)
+    # Baked values equal the buffers' values at load unless a buffer changes in forward: only then is the file wrong
+    # (a view of a constant index buffer, as in Swin, loads the same; refusing it would drop a model.pt for nothing)
+    written = [n for n in gm.graph.nodes if _in_place(n) and n.args and n.args[0] in plain] + [
+        n for n in baked if _in_place(n)
+    ]
+    return [node.name for node in baked] if written else []
+
+
+def _in_place(node: fx.Node) -> bool:
+    """A call of an in-place op (``add_``, ``copy_``, ``torch.relu_``), by the trailing underscore of its name."""
+    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+    return node.op in ("call_function", "call_method") and name.endswith("_") and not name.endswith("__")
 
 
 def write_user_sources(pickled: Path, directory: Path) -> list[str]:

@@ -67,6 +67,7 @@ from fxforge.runtime import (
     device_of,
     export_program,
     export_program_any_batch,
+    forget_unloadable_fx_wraps,
     preserved_state,
     quiet_torch_logs,
     rng_preserved,
@@ -385,6 +386,7 @@ def _symbolic_trace(
     concrete_args: dict[str, Any] | None,
     proxy_buffers: bool = False,
 ) -> fx.GraphModule:
+    forget_unloadable_fx_wraps()  # a GraphModule loaded earlier in the process may have left one
     tracer = _LeafTracer(leaf_names, leaf_types)
     tracer.proxy_buffer_attributes = proxy_buffers
     snapshot = buffers_snapshot(model)

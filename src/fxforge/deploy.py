@@ -70,7 +70,13 @@ from fxforge.export import export_model
 from fxforge.graphs import ATEN, TORCH, index_bounds
 from fxforge.inputs import specs_of
 from fxforge.quantize import int8_backend, picklable_quantized_modules
-from fxforge.runtime import export_program, export_program_any_batch, quiet_torch_logs, with_constant_kwargs
+from fxforge.runtime import (
+    export_program,
+    export_program_any_batch,
+    fx_wraps_kept_loadable,
+    quiet_torch_logs,
+    with_constant_kwargs,
+)
 
 # How each kind of artifact loads without fxforge (printed with the result and written into report.json).
 PLAIN_TORCH_LOAD = {
@@ -155,7 +161,8 @@ def reload_artifact(directory: Path, output_like: Any = None, threads: int | Non
     elif (directory / PROGRAM_FILE).exists():
         module = program_module(load_program(directory / PROGRAM_FILE))
     elif (directory / MODEL_FILE).exists():
-        module = torch.load(str(directory / MODEL_FILE), map_location="cpu", weights_only=False)
+        with fx_wraps_kept_loadable():
+            module = torch.load(str(directory / MODEL_FILE), map_location="cpu", weights_only=False)
     else:
         raise FxforgeError(f"{directory} holds no model file")
     recipe = directory / RECIPE_FILE

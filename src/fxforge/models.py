@@ -70,7 +70,7 @@ from fxforge.errors import (
 )
 from fxforge.inputs import InputSpec, parse_input_spec
 from fxforge.references import import_file
-from fxforge.runtime import quiet_torch_logs
+from fxforge.runtime import fx_wraps_kept_loadable, quiet_torch_logs
 
 # torchvision classification models that need more than the default 224x224 input.
 _TORCHVISION_INPUT_SIZE = {"inception_v3": 299}
@@ -599,7 +599,7 @@ def _load_pickled_module(path: Path, spec: str, trusted: bool) -> LoadedModel:
                         hint=f"if you trust this file, pass {option('--trust-pickle', True)} (or set "
                         f"{TRUST_PICKLE_ENV}=1); to share models, prefer .pt2, TorchScript or ONNX files",
                     ) from None
-                with user_sources(path.parent):  # the model's own file, copied beside it when it was written
+                with user_sources(path.parent), fx_wraps_kept_loadable():  # its file: copied beside it when written
                     obj = torch.load(str(path), map_location="cpu", weights_only=False)
     except FxforgeError:
         raise

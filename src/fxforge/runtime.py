@@ -8,6 +8,7 @@ module on copies of the inputs. Imports only torch and the standard library.
 
 from __future__ import annotations
 
+import builtins
 import collections
 import contextlib
 import functools
@@ -25,6 +26,7 @@ from typing import Any, ParamSpec, TypeVar
 
 import torch
 from torch import nn
+from torch.fx import _symbolic_trace as fx_symbolic_trace
 from torch.fx.experimental import _config as fx_config
 from torch.utils import _pytree as pytree
 
@@ -369,6 +371,28 @@ def rng_preserved(seed: int | None = None) -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def fx_wraps_kept_loadable() -> Iterator[None]:
+    """Around ``torch.load`` of a pickled GraphModule: :func:`forget_unloadable_fx_wraps` before and after."""
+    forget_unloadable_fx_wraps()
+    try:
+        yield
+    finally:
+        forget_unloadable_fx_wraps()
+
+
+def forget_unloadable_fx_wraps() -> None:
+    """Forget the function wraps torch.fx holds under a name their module's globals do not have. torch rebuilds a
+    loaded GraphModule from its code, and where the graph guards an argument traced as None, compiling that code
+    (at load, or at its first call) runs ``wrap("torch.fx._symbolic_trace._assert_is_none")``, registering a dotted
+    name; every later trace in the process, the next model.pt's load included, then failed with KeyError (QA; a
+    bug of torch's that plain ``torch.load`` still has). Called before fxforge loads or traces."""
+    registry = fx_symbolic_trace._wrapped_fns_to_patch
+    for key, frame_dict in list(registry.items()):
+        if key[1] not in frame_dict and not hasattr(builtins, key[1]):
+            del registry[key]
+
+
 def keeps_rng_state(function: Callable[_P, _R]) -> Callable[_P, _R]:
     """``function`` with the caller's random state given back afterwards (:func:`rng_preserved`: the CPU generator,
     and the CUDA ones where CUDA is in use): running a model in training mode (dropout) draws from the global
@@ -440,10 +464,17 @@ def export_program_any_batch(
         return export_program(model, example[0], example[1], dynamic_batch=True)
 
     def reproduces(program: torch.export.ExportedProgram) -> bool:
+        # each from the state it was exported in: a forward that updates buffers would otherwise leave its update
+        # in the caller's model and in the program that is then saved
         with torch.no_grad(), quiet_torch_logs():
-            return compare_outputs(model(*inputs, **kwargs), program.module()(*inputs, **kwargs)).ok
+            with preserved_state(model, runs=False):
+                expected = model(*inputs, **kwargs)
+            program_module = program.module()
+            with preserved_state(program_module, runs=False):
+                return compare_outputs(expected, program_module(*inputs, **kwargs)).ok
 
-    program, at_two = traced_at_batch_two(export, (inputs, kwargs), reproduces)
+    with preserved_state(model, runs=False):  # tracing runs forward's Python, buffer writes included
+        program, at_two = traced_at_batch_two(export, (inputs, kwargs), reproduces)
     if at_two:
         record_example(program, inputs, kwargs)
     return program
