@@ -543,3 +543,31 @@ def test_batch_sizes_with_exact_inputs_is_refused():
     model = torch.nn.Linear(4, 4).eval()
     with pytest.raises(FxforgeError, match="batch_sizes applies to drawn cases"):
         verify(model, copy.deepcopy(model), inputs=[(torch.randn(2, 4),)], batch_sizes=[1, 3])
+
+
+class _UpdatesItsBuffers(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = torch.nn.Linear(4, 4)
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x):
+        self.calls.add_(1)
+        return self.l(x) * self.calls
+
+
+def test_a_candidate_that_keeps_no_state_fails_on_the_second_call(tmp_path):
+    """Every case runs from the model's starting state, where an ONNX file that holds no state agrees with it: it
+    was verified, and then computed the first call forever (QA). The second call tells them apart."""
+    import fxforge
+    from fxforge.export import export_model
+
+    torch.manual_seed(0)
+    model = _UpdatesItsBuffers().eval()
+    captured = fxforge.capture(model, (torch.randn(2, 4),))
+    assert verify(captured, captured.graph_module).ok  # the graph records calls.add_(1): it keeps the state
+    result = export_model(captured, "onnx", tmp_path / "m.onnx")
+    assert not result.ok and not (tmp_path / "m.onnx").exists()
+    problems = result.verification.problems
+    assert any("second call" in problem and "does not keep that state" in problem for problem in problems)
+    assert model.calls.item() == 0  # the checks gave the model its state back

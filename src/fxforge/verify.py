@@ -60,6 +60,8 @@ from fxforge.graphs import ATEN, TORCH, GraphRunner, dialect_of, target_name
 from fxforge.inputs import Case, InputSpec, case_plan, draw_like, make_inputs
 from fxforge.models import load_model
 from fxforge.runtime import (
+    buffers_snapshot,
+    changed_buffers,
     cloned,
     device_of,
     ieee_float32,
@@ -392,6 +394,7 @@ class Verifier:
         self._exact: dict[int, Any] = {}
         self._spread: dict[int, dict[str, float]] = {}  # per case: see _rounding_spreads
         self._unjudged: set[int] = set()  # the cases of the current run that proved nothing (_against_float64)
+        self._updates_buffers: bool | None = None  # whether the reference's forward writes its buffers (asked once)
 
     # -- setup
 
@@ -616,6 +619,8 @@ class Verifier:
                 bisectable = bisectable or (case if case.batch not in self.graph_rejects else None)
                 result.failing_case = index if result.failing_case is None else result.failing_case
         result.cases = [self.cases[i].label for i in chosen if self.cases[i].batch not in refused]
+        if result.ok and not self.nondeterministic and chosen:
+            self._check_second_call(module, self.cases[chosen[0]], result)
         judged = [i for i in chosen if self.cases[i].batch not in refused and i not in self._unjudged]
         if result.ok and result.cases and not judged:
             result.ok, result.unverifiable = False, True
@@ -635,6 +640,37 @@ class Verifier:
         if bisectable is not None and bisect and not result.capture_differs:  # if it does, the problems say so
             self._bisect(module, bisectable, result)
         return result
+
+    def _check_second_call(self, module: Any, case: Case, result: VerifyResult) -> None:
+        """For a reference that updates its buffers in ``forward`` (a running statistic, a call counter): compare
+        the second call of the reference and of the candidate, each from its own starting state. Every case runs from
+        that state, where a file that holds no state (ONNX, a constant-folded graph) agrees with the model; it is the
+        next call that tells them apart (QA: an ONNX export of such a model was verified, and behaved as the first
+        call forever)."""
+        if not isinstance(self.module, nn.Module):
+            return
+        if self._updates_buffers is None:  # once per verifier: a pipeline checks every pass with the same one
+            self._updates_buffers = _updates_buffers(self.module, case)
+        if not self._updates_buffers:
+            return
+        try:
+            expected = _second_call(self.module, case)
+            actual = _second_call(module, case)
+        except Exception as exc:
+            result.ok = False
+            result.problems.append(f"{case.label}, second call: {one_line_reason(exc)}")
+            return
+        comparison = compare_outputs(
+            expected, actual, self.rtol, self.atol, allow_dtype_change=self.allow_dtype_change, allow_nonfinite=True
+        )
+        result.cases.append(f"{case.label}, second call")
+        if not comparison.ok:
+            result.ok = False
+            result.max_abs_err = max(result.max_abs_err, comparison.max_abs_err)
+            result.problems.append(
+                f"{case.label}, second call: the model updates its buffers in forward, and the candidate's second "
+                f"call differs from the model's ({'; '.join(comparison.problems[:2])}): it does not keep that state"
+            )
 
     def _bisect(self, module: Any, failing: Case, result: VerifyResult) -> None:
         """Name the first candidate node that diverges on ``failing`` -- or say why none can be named."""
@@ -860,6 +896,28 @@ class Verifier:
 
 # The float64 copy of a model for an ill-conditioned case is made only up to this size (a 7B model's would be 56 GB).
 FLOAT64_COPY_LIMIT = 4 << 30
+
+
+def _updates_buffers(module: nn.Module, case: Case) -> bool:
+    """Whether one call of ``module`` on ``case`` changes a buffer's values (undone afterwards)."""
+    # batch norms in eval mode read their statistics only: a model with no other buffer needs no extra run
+    if not any(
+        buffers and (m.training or not isinstance(m, nn.modules.batchnorm._NormBase))
+        for m in module.modules()
+        for buffers in [m._buffers]
+    ):
+        return False
+    before = buffers_snapshot(module)
+    with preserved_state(module), torch.no_grad(), quiet_torch_logs():
+        module(*cloned(case.args), **cloned(case.kwargs))
+        return bool(changed_buffers(module, before))
+
+
+def _second_call(module: Any, case: Case) -> Any:
+    """``module``'s output on its second call on ``case``, its state restored afterwards."""
+    with preserved_state(*([module] if isinstance(module, nn.Module) else [])), torch.no_grad(), quiet_torch_logs():
+        module(*cloned(case.args), **cloned(case.kwargs))
+        return module(*cloned(case.args), **cloned(case.kwargs))
 
 
 def _fits_float64(module: nn.Module) -> bool:
