@@ -801,3 +801,20 @@ def test_an_unknown_device_is_one_line():
 
     with pytest.raises(ModelSpecError, match="unknown device 'bogus'"):
         load_model("demo", device="bogus")
+
+
+def test_a_transformers_models_token_ids_span_its_vocabulary():
+    """From [0, 10), every check of a transformers model read 10 rows of its embedding: a wrong row 50 was
+    verified as equal (QA)."""
+    pytest.importorskip("transformers")
+    import copy
+
+    import fxforge
+
+    config = {"num_hidden_layers": 1, "hidden_size": 32, "num_attention_heads": 2, "intermediate_size": 64}
+    loaded = fxforge.load_model("transformers:BertModel", model_kwargs={**config, "vocab_size": 100})
+    assert loaded.default_inputs[0].high == 100
+    wrong = copy.deepcopy(loaded.module)
+    with torch.no_grad():
+        wrong.embeddings.word_embeddings.weight[50] += torch.randn(32)  # a constant would vanish in LayerNorm
+    assert not fxforge.verify(loaded.module, wrong, input_specs=loaded.default_inputs).ok

@@ -398,7 +398,11 @@ def _load_transformers(class_name: str, spec: str, kwargs: dict[str, Any]) -> Lo
     inputs: list[InputSpec] = []
     main_input = getattr(cls, "main_input_name", "input_ids")
     if main_input == "input_ids":
-        inputs = [InputSpec((1, 16), torch.int64)]
+        # ids over the whole vocabulary: from [0, 10), every check of a transformers model read 10 rows of its
+        # embedding, and a wrong row elsewhere was verified as equal (QA)
+        vocabulary = getattr(config, "vocab_size", None)
+        high = vocabulary if isinstance(vocabulary, int) and vocabulary > 0 else None
+        inputs = [InputSpec((1, 16), torch.int64, high=high)]
     elif main_input == "pixel_values":
         size = getattr(config, "image_size", 224)
         size = size if isinstance(size, int) else size[0]
