@@ -593,3 +593,26 @@ def test_a_pickled_artifact_needs_the_same_opt_in_as_a_pickled_model(capsys, tmp
     code, out, _ = run(capsys, *args, "--json", "--trust-pickle")
     directory, alone = json.loads(out)["rows"][1:]
     assert alone["ok"] and alone["within_tolerance"] and directory["notes"] == ["ran model.pt"]
+
+
+def test_an_input_of_another_first_dimension_is_not_batched():
+    """bench and --auto resized every input to the batch: forward(x: 4x16, w: 16x8) got a 4x8 w and its inputs
+    were called the user's mistake (QA)."""
+    from fxforge.inputs import draw_like, make_inputs
+    from fxforge.runtime import with_batch
+
+    class TakesAMatrix(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(8, 3)
+
+        def forward(self, x, w):
+            return self.lin(x @ w)
+
+    assert [t.shape for t in make_inputs(["4x16", "16x8"], batch=2)] == [(2, 16), (16, 8)]
+    example = (torch.randn(4, 16), torch.randn(16, 8))
+    assert [t.shape for t in with_batch(example, 3)] == [(3, 16), (16, 8)]
+    assert [t.shape for t in draw_like(example, "normal", 0, 5)] == [(5, 16), (16, 8)]
+    captured = capture(TakesAMatrix().eval(), example)
+    report = bench(captured, ["eager", "fx"], batches=[2], warmup=1, repeats=2)
+    assert all(row.ok and row.within_tolerance for row in report.rows), [row.error for row in report.rows]

@@ -714,7 +714,10 @@ def test_make_inputs():
     assert [t.dtype for t in a] == [torch.float32, torch.int64, torch.bool]
     assert int(a[1].min()) >= 0 and int(a[1].max()) < INT_HIGH
     assert specs_of(a) == specs
-    assert [t.shape for t in make_inputs(specs, batch=7)] == [(7, 3), (7, 5), (7,)]
+    # the batch is the first input's first dimension: inputs of another first dimension are not batched
+    assert [t.shape for t in make_inputs(specs, batch=7)] == [(7, 3), (4, 5), (6,)]
+    same_batch = [InputSpec((2, 3)), InputSpec((2, 5), torch.int64), InputSpec((2,), torch.bool)]
+    assert [t.shape for t in make_inputs(same_batch, batch=7)] == [(7, 3), (7, 5), (7,)]
     meta = make_inputs(specs, device="meta")
     assert all(t.device.type == "meta" for t in meta) and specs_of(meta) == specs
     assert make_inputs([InputSpec((2,), torch.float16)])[0].dtype == torch.float16

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.utils import _pytree as pytree
 
 from fxforge.errors import InputSpecError, said
 
@@ -161,7 +162,10 @@ def make_inputs(
         raise InputSpecError(f"a batch size must be at least 1, got {batch}")
     generator = torch.Generator().manual_seed(seed)
     if batch is not None:
-        specs = [s.with_batch(batch) for s in specs]
+        # the batch is the first input's first dimension; an input whose first dimension is another size (a weight
+        # matrix passed to forward) is no batched input and keeps its shape (QA: 4x16 and 16x8 became 4x16 and 4x8)
+        example_batch = specs[0].shape[0] if specs and specs[0].shape else None
+        specs = [s.with_batch(batch) if s.shape and s.shape[0] == example_batch else s for s in specs]
     if torch.device(device).type != "meta":
         _check_fits_in_memory(specs)
     return tuple(spec.make(generator, device) for spec in specs)
@@ -269,13 +273,15 @@ def _integers_like(
 def draw_like(example: Any, distribution: str, seed: int, batch: int | None) -> Any:
     """A pytree shaped like ``example`` (args or kwargs), every tensor redrawn from ``distribution``.
 
-    Tensors of one or more dimensions get ``batch`` rows when it is given; non-tensor leaves are kept.
+    Tensors of one or more dimensions whose first dimension is the example's batch (the first such tensor's) get
+    ``batch`` rows when it is given; non-tensor leaves are kept.
     Booleans are random; integers stay within the example tensor's range. Each tensor is drawn on the CPU (the
     same values for a seed on every device) and lands on its example's device.
     """
-    from torch.utils import _pytree as pytree
-
     generator = torch.Generator().manual_seed(seed)
+    # the batch is the first batched tensor's first dimension; a tensor of another first dimension keeps its shape
+    batched = [v for v in pytree.tree_leaves(example) if isinstance(v, torch.Tensor) and v.dim() > 0]
+    example_batch = batched[0].shape[0] if batched else None
 
     def redraw(value: Any) -> Any:
         if not isinstance(value, torch.Tensor) or value.device.type == "meta":
@@ -284,7 +290,7 @@ def draw_like(example: Any, distribution: str, seed: int, batch: int | None) -> 
 
     def drawn(value: torch.Tensor) -> torch.Tensor:
         shape = tuple(value.shape)
-        if batch is not None and shape:
+        if batch is not None and shape and shape[0] == example_batch:
             shape = (batch, *shape[1:])
         if value.dtype == torch.bool:
             density = 0.9 if distribution in ("positive", "wide") else 0.5

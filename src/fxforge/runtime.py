@@ -316,10 +316,14 @@ def _keyword_only_inputs(module: Any) -> list[str]:
 
 
 def with_batch(inputs: Sequence[Any], batch: int) -> tuple[Any, ...]:
-    """``inputs`` with every batched tensor (dim >= 1) resized along dim 0 to ``batch`` (repeating rows)."""
+    """``inputs`` with every batched tensor resized along dim 0 to ``batch`` (repeating rows): those whose first
+    dimension is the example's batch, the first tensor's of one or more dimensions (a weight matrix passed to forward,
+    of another first dimension, is no batched input)."""
+    batched = [v for v in pytree.tree_leaves(tuple(inputs)) if isinstance(v, torch.Tensor) and v.dim() > 0]
+    example_batch = batched[0].shape[0] if batched else None
 
     def resize(value: Any) -> Any:
-        if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] > 0:
+        if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == example_batch > 0:
             reps = [1] * value.dim()
             reps[0] = -(-batch // value.shape[0])
             return value.repeat(*reps)[:batch].clone()
