@@ -571,3 +571,19 @@ def test_a_candidate_that_keeps_no_state_fails_on_the_second_call(tmp_path):
     problems = result.verification.problems
     assert any("second call" in problem and "does not keep that state" in problem for problem in problems)
     assert model.calls.item() == 0  # the checks gave the model its state back
+
+
+def test_an_output_written_from_an_aten_graph_is_bisected_against_the_model_captured_so(tmp_path):
+    """The reference was captured in the torch dialect, where no node has the ATen output's names: the CLI said it
+    could not name a node and pointed to a model.pt such an output does not have (QA)."""
+    from fxforge.api import verify_specs
+    from fxforge.cli import main
+
+    assert main(["optimize", "demo", "--method", "export", "-p", "fold_bn", "-o", str(tmp_path / "out")]) == 0
+    program = torch.export.load(str(tmp_path / "out" / "model.pt2"))
+    folded = next(name for name in program.state_dict if "folded_weight" in name)
+    with torch.no_grad():
+        program.state_dict[folded].mul_(1.05)
+    torch.export.save(program, str(tmp_path / "out" / "model.pt2"))
+    result = verify_specs("demo", str(tmp_path / "out"))
+    assert not result.ok and result.divergence is not None and result.divergence.pass_name == "fold_bn"

@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import contextlib
 import inspect as pyinspect
+import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from fxforge.artifacts import OnnxRuntimeModule
+from fxforge.artifacts import REPORT_FILE, OnnxRuntimeModule
 from fxforge.capture import Captured, capture, model_args_text
 from fxforge.errors import CaptureError, FxforgeError, InputSpecError, option, said
+from fxforge.graphs import ATEN
 from fxforge.inputs import InputSpec, make_inputs, parse_input_spec
 from fxforge.models import LoadedModel, load_model
 from fxforge.references import import_function
@@ -154,7 +157,12 @@ def verify_specs(
     functions = _wrapped_functions(wrap)
     with contextlib.suppress(CaptureError):  # compared all the same; only the bisection to a node needs the graph
         if not concrete_args:  # the bound reference traces as forward(*args), which symbolic_trace cannot unpack
-            ref = capture(ref_loaded, example, leaf_modules=leaf_modules, autowrap_functions=functions, check=False)
+            # an output written from an ATen graph (captured with --method export) is bisected against the model
+            # captured the same way: a torch-dialect reference has no node of its names
+            method = "export" if _written_from_aten(candidate) and not leaf_modules else "auto"
+            ref = capture(
+                ref_loaded, example, leaf_modules=leaf_modules, autowrap_functions=functions, check=False, method=method
+            )
     # a saved program or ONNX file may be fixed to the example's batch size: verify then runs every case at that
     # batch (not half of them skipped), and the result says which batch was left out and why
     result = verify(
@@ -172,6 +180,15 @@ def verify_specs(
     # read as if the whole directory were checked)
     result.files = {side: m.file for side, m in (("reference", ref_loaded), ("candidate", cand_loaded)) if m.file}
     return result
+
+
+def _written_from_aten(spec: Any) -> bool:
+    """Whether ``spec`` is an output directory whose report says its graph was captured in the ATen dialect."""
+    try:
+        report = json.loads((Path(spec) / REPORT_FILE).read_text())
+        return report.get("capture", {}).get("dialect") == ATEN
+    except (OSError, ValueError, TypeError, AttributeError):
+        return False
 
 
 def _wrapped_functions(wrap: Iterable[str | Callable[..., Any]]) -> list[Callable[..., Any]]:
