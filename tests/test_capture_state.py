@@ -248,3 +248,15 @@ def test_the_python_hints_name_capture_s_own_parameters():
     with pytest.raises(CaptureError) as info:
         capture(CallsNumpy(), (torch.randn(2, 8),))
     assert "autowrap_functions=" in info.value.hint and "--wrap" not in info.value.hint
+
+
+def test_a_compile_recipe_is_captured_as_its_program():
+    """An --auto output holding model.pt2 + recipe.json loads as torch.compile's wrapper: capturing that traced the
+    wrapper's code and blamed fxforge's own line for data-dependent control flow (QA)."""
+    from fxforge.artifacts import CompiledModule
+
+    model, x = nn.Sequential(nn.Linear(8, 8), nn.ReLU()).eval(), torch.randn(2, 8)
+    program = torch.export.export(model, (x,)).module()
+    captured = capture(CompiledModule(program, {"freezing": True}), (x,))
+    assert captured.original is program and any("compile recipe" in note for note in captured.record.notes)
+    assert torch.allclose(captured.graph_module(x), model(x))

@@ -42,7 +42,7 @@ from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
 
 from fxforge import display
-from fxforge.artifacts import AotiModule, OnednnFusion, OnnxRuntimeModule
+from fxforge.artifacts import AotiModule, CompiledModule, OnednnFusion, OnnxRuntimeModule
 from fxforge.compare import compare_outputs
 from fxforge.errors import (
     CaptureError,
@@ -738,6 +738,11 @@ def capture(
             hint="put a function in a module's forward, or name a model spec with fxforge.prepare",
         )
     _refuse_compiled_forms(model)
+    compiled_recipe = isinstance(model, CompiledModule)
+    if compiled_recipe:
+        # an --auto output's model.pt2 + recipe.json, loaded compiled: the graph is the program's, not the code of
+        # torch.compile's wrapper (export blamed fxforge's own line for data-dependent control flow, QA)
+        model = model.model
 
     if exported_program is not None or isinstance(model, fx.GraphModule):
         gm = model if isinstance(model, fx.GraphModule) else exported_program.module()
@@ -755,6 +760,11 @@ def capture(
             check,
             check_batch,
             max_retries,
+        )
+    if compiled_recipe:
+        captured.record.notes.append(
+            "captured the program of a compile recipe (model.pt2 + recipe.json), without the torch.compile that "
+            "fxforge.load_model applies to it"
         )
     if getattr(model, "training", False) and any(m.training for m in model.modules() if _has_mode(m)):
         captured.record.notes.append(
