@@ -392,6 +392,11 @@ def test_a_program_exported_for_other_shapes_cannot_be_verified_at_these(tmp_pat
     out = " ".join(capsys.readouterr().out.split())
     assert out.startswith("REJECTED") and "does not run on inputs demo takes" in out and "MISMATCH" not in out
     assert verify(model, str(tmp_path / "out"), input_specs=["1x3x32x32"]).ok  # at the shape it was written for
+    # an ONNX file of fixed shapes is refused the same way (it was a MISMATCH that "tried 16 cases", QA)
+    assert main(["export", "demo", "-i", "1x3x32x32", "--to", "onnx", "-o", str(tmp_path / "m.onnx")]) == 0
+    capsys.readouterr()
+    onnx = verify(model, str(tmp_path / "m.onnx"), input_specs=["1x3x24x24"])
+    assert not onnx.ok and onnx.rejected_inputs and "rejects the inputs" in onnx.problems[0]
 
 
 class _RecordsFloat32Precision(torch.nn.Module):

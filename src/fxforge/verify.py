@@ -321,10 +321,16 @@ def _template(
 
 
 def _input_guard_failed(exc: BaseException) -> bool:
-    """Whether ``exc`` is a torch.export program refusing an input of another shape (its input guard, or the
-    shape check of a loaded program), rather than a failure while computing."""
+    """Whether ``exc`` is a file refusing an input of another shape -- a torch.export program's input guard or
+    shape check, an ONNX file's fixed input shape, an AOTInductor package's compiled shapes (fxforge's loaders
+    check the last two) -- rather than a failure while computing."""
     text = str(exc)
-    return "Guard failed" in text or bool(re.search(r"Expected input at \S+ to be equal to", text))
+    return (
+        "Guard failed" in text
+        or bool(re.search(r"Expected input at \S+ to be equal to", text))
+        or bool(re.search(r"the ONNX model's input \S+ has shape", text))
+        or "package was compiled for inputs" in text
+    )
 
 
 class Verifier:
