@@ -410,3 +410,17 @@ def test_a_failing_json_command_prints_its_error_as_the_document(capsys, args, c
     document = json.loads(out)
     assert document["ok"] is False and document["exit_code"] == code and document["error"]
     assert document["error"] in " ".join(err.split()) or document["error"] in err
+
+
+def test_a_reader_that_stops_reading_does_not_change_the_exit_code():
+    """``fxforge verify A B | head -1`` exited 1 (rich's broken-pipe exit), which reads as a mismatch (QA)."""
+    import subprocess
+    import sys
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "fxforge", "inspect", "demo"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    process.stdout.close()  # the reader is gone before the first line is written
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 0, err.decode()[-500:]
+    assert b"Traceback" not in err

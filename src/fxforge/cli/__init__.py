@@ -12,6 +12,7 @@ Exit codes (docs/commands/index.md): 0 success · 1 findings (lint) or mismatch 
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from typing import Any
@@ -81,6 +82,13 @@ def run() -> None:
         code = interrupted()  # the line, unless it was already written
     # The command is over: a Ctrl-C from here on would only raise in the interpreter's shutdown, with a traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # the reader stopped reading (``| head -1``): the answer stands, and the exit code is still the command's
+        # (it was 1, which reads as "mismatch" after a verify that said OK). Python's own advice: point stdout at
+        # devnull, so that the interpreter's last flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     sys.exit(code)
 
 

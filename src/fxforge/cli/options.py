@@ -40,6 +40,13 @@ class _PipedConsole(Console):
     columns, rich cut a bench table's last column and border. A terminal keeps its own width (there, the user can
     widen the window), and so does a width the user set with ``COLUMNS``."""
 
+    def on_broken_pipe(self) -> None:
+        """The reader stopped reading (``| head -1``): print nothing more, and let the command end with its own exit
+        code. rich's default raises SystemExit(1), which read as "mismatch" after a verify that said OK (QA)."""
+        self.quiet = True
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self.file.fileno())
+
     def print(self, *objects: Any, **kwargs: Any) -> None:
         tables = [o for o in objects if isinstance(o, Table)]
         if self.is_terminal or not tables or os.environ.get("COLUMNS", "").isdigit():
