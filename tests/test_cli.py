@@ -424,3 +424,14 @@ def test_a_reader_that_stops_reading_does_not_change_the_exit_code():
     _, err = process.communicate(timeout=120)
     assert process.returncode == 0, err.decode()[-500:]
     assert b"Traceback" not in err
+
+
+def test_token_ids_past_the_embedding_get_a_hint_about_their_range(capsys, tmp_path):
+    source = tmp_path / "tokens.py"
+    source.write_text(
+        "import torch\nfrom torch import nn\n\n"
+        "def build():\n    return nn.Sequential(nn.Embedding(50, 8), nn.Linear(8, 2))\n"
+    )
+    code = main(["inspect", f"{source}:build", "-i", "1x12:int64:max=100"])
+    err = capsys.readouterr().err
+    assert code == EXIT_USAGE and "index out of range" in err and "max=" in err and "1x3x224x224" not in err

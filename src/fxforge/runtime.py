@@ -285,6 +285,13 @@ def run_reference(module: Any, args: Sequence[Any], kwargs: dict[str, Any], *oth
                 f"forward takes {', '.join(keyword_only)} by keyword only, and the CLI passes inputs by position: "
                 f"use the Python API, fxforge.capture(model, (), example_kwargs={{{keyword_only[0]!r}: ...}})"
             )
+        if "index out of range" in str(exc):  # an id past an embedding's rows: the shape was not the problem
+            hint = said(
+                "an integer input indexes past an embedding's rows: draw ids below its size with max=, e.g. "
+                "--input 1x16:int64:max=999",
+                "an integer input indexes past an embedding's rows: pass ids below its size, e.g. "
+                "fxforge.prepare(model, '1x16:int64:max=999')",
+            )
         fixed = _fixed_batch(str(exc))
         if fixed is not None:  # a program exported for one batch size: another --input shape will not do
             hint = (
