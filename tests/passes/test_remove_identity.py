@@ -378,3 +378,27 @@ def test_stored_zeros_on_either_side_go_and_each_is_read_once(dialect, capture_a
     assert calls(result.graph_module) == calls(captured.graph_module) - expected
     # the pass runs its plan once: every stored tensor it looked at was read once, however many adds use it
     assert sorted(proofs) == sorted(set(proofs)) and proofs, proofs
+
+
+def test_the_reason_for_keeping_x_times_one_after_a_leaf_names_the_leaf():
+    """A user's leaf module may write into what it is given, so x * 1.0 beside it stays; the reason spoke of an
+    in-place op the model does not have (QA)."""
+    from fxforge.capture import capture
+
+    class Gate(nn.Module):
+        def forward(self, x):
+            return x if x.mean() > 0 else x.relu()
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate = Gate()
+
+        def forward(self, x):
+            y = x * 1.0
+            return self.gate(y) + y
+
+    captured = capture(Model().eval(), (torch.randn(2, 4),))
+    assert captured.record.leaves == ["gate"]
+    result = apply_pass(captured.graph_module, "remove_identity")
+    assert any("leaf module" in reason for reason in result.skipped), result.skipped
