@@ -555,7 +555,7 @@ def test_a_written_artifact_is_a_row_compared_with_eager(tmp_path, mlp):
     assert rows[mine, 2].ok and rows[mine, 2].within_tolerance and rows[mine, 2].samples == 3
     assert rows[mine, 2].speedup is not None and rows[mine, 2].max_abs_err < 1e-5
     assert rows[wrong, 2].ok and rows[wrong, 2].within_tolerance is False  # timed, and said to differ
-    assert rows[auto, 2].precision == "int8" and rows[auto, 2].notes == ["ran model.onnx"]
+    assert rows[auto, 2].precision == "int8" and "ran model.onnx" in rows[auto, 2].notes
     assert rows[mine, 2].precision == "unknown" and rows[mine, 2].peak_fraction is None
     assert rows["eager", 2].peak_fraction is not None
     # the file was exported at batch 2: at batch 3 its row says why it failed, eager is still timed
@@ -588,11 +588,12 @@ def test_a_pickled_artifact_needs_the_same_opt_in_as_a_pickled_model(capsys, tmp
     args = ("bench", "demo", "--artifact", str(tmp_path / "out"), "--artifact", str(pickled), "--repeats", "2")
     code, out, _ = run(capsys, *args, "--json")
     directory, alone = json.loads(out)["rows"][1:]
-    assert code == EXIT_OK and directory["ok"] and directory["notes"] == ["ran model.pt2"]  # loads without unpickling
+    assert code == EXIT_OK and directory["ok"] and "ran model.pt2" in directory["notes"]  # loads without unpickling
     assert not alone["ok"] and "--trust-pickle" in alone["error"]
     code, out, _ = run(capsys, *args, "--json", "--trust-pickle")
     directory, alone = json.loads(out)["rows"][1:]
-    assert alone["ok"] and alone["within_tolerance"] and directory["notes"] == ["ran model.pt"]
+    # (a row may carry other notes too: page faults on a busy machine)
+    assert alone["ok"] and alone["within_tolerance"] and "ran model.pt" in directory["notes"]
 
 
 def test_an_input_of_another_first_dimension_is_not_batched():
