@@ -526,9 +526,11 @@ def reload_bakes(gm: fx.GraphModule) -> list[str]:
             baked.append(node)
     # Baked values equal the buffers' values at load unless a buffer changes in forward: only then is the file wrong
     # (a view of a constant index buffer, as in Swin, loads the same; refusing it would drop a model.pt for nothing)
-    written = [n for n in gm.graph.nodes if _in_place(n) and n.args and n.args[0] in plain] + [
-        n for n in baked if _in_place(n)
+    # (a first argument that is a list, as for torch._foreach_add_, is no node: not hashable, and not a buffer)
+    writes_a_plain_value = [
+        n for n in gm.graph.nodes if _in_place(n) and n.args and isinstance(n.args[0], fx.Node) and n.args[0] in plain
     ]
+    written = writes_a_plain_value + [n for n in baked if _in_place(n)]
     return [node.name for node in baked] if written else []
 
 
