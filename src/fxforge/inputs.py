@@ -12,6 +12,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from fxforge.errors import InputSpecError, said
+from fxforge.runtime import batch_of
 
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -279,9 +280,7 @@ def draw_like(example: Any, distribution: str, seed: int, batch: int | None) -> 
     same values for a seed on every device) and lands on its example's device.
     """
     generator = torch.Generator().manual_seed(seed)
-    # the batch is the first batched tensor's first dimension; a tensor of another first dimension keeps its shape
-    batched = [v for v in pytree.tree_leaves(example) if isinstance(v, torch.Tensor) and v.dim() > 0]
-    example_batch = batched[0].shape[0] if batched else None
+    example_batch = batch_of(example)  # a tensor of another first dimension keeps its shape
 
     def redraw(value: Any) -> Any:
         if not isinstance(value, torch.Tensor) or value.device.type == "meta":

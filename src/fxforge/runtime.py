@@ -322,12 +322,18 @@ def _keyword_only_inputs(module: Any) -> list[str]:
     return [name for name, p in parameters.items() if p.kind is pyinspect.Parameter.KEYWORD_ONLY]
 
 
+def batch_of(values: Any) -> int | None:
+    """The example's batch size in ``values`` (a pytree): the first dimension of its first tensor of one or more
+    dimensions. Tensors of another first dimension (a weight matrix passed to forward) are not batched inputs."""
+    batched = [v for v in pytree.tree_leaves(values) if isinstance(v, torch.Tensor) and v.dim() > 0]
+    return batched[0].shape[0] if batched else None
+
+
 def with_batch(inputs: Sequence[Any], batch: int) -> tuple[Any, ...]:
     """``inputs`` with every batched tensor resized along dim 0 to ``batch`` (repeating rows): those whose first
     dimension is the example's batch, the first tensor's of one or more dimensions (a weight matrix passed to forward,
     of another first dimension, is no batched input)."""
-    batched = [v for v in pytree.tree_leaves(tuple(inputs)) if isinstance(v, torch.Tensor) and v.dim() > 0]
-    example_batch = batched[0].shape[0] if batched else None
+    example_batch = batch_of(tuple(inputs))
 
     def resize(value: Any) -> Any:
         if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == example_batch > 0:

@@ -908,9 +908,7 @@ def _updates_buffers(module: nn.Module, case: Case) -> bool:
     """Whether one call of ``module`` on ``case`` changes a buffer's values (undone afterwards)."""
     # batch norms in eval mode read their statistics only: a model with no other buffer needs no extra run
     if not any(
-        buffers and (m.training or not isinstance(m, nn.modules.batchnorm._NormBase))
-        for m in module.modules()
-        for buffers in [m._buffers]
+        m._buffers and (m.training or not isinstance(m, nn.modules.batchnorm._NormBase)) for m in module.modules()
     ):
         return False
     before = buffers_snapshot(module)
