@@ -198,6 +198,35 @@ def test_an_onnx_file_gives_back_the_models_output_structure(tmp_path):
         torch.testing.assert_close(back[next(iter(output))], output[next(iter(output))])
 
 
+def test_a_torchscript_file_gives_back_the_models_output_structure(tmp_path):
+    """TorchScript returns a namedtuple as a plain tuple and a transformers output as a plain dict, where the ONNX and
+    .pt2 files of the same model give back the model's structure (a TorchScript BERT's ``out.last_hidden_state``
+    raised AttributeError). The structure is recorded in the archive and fxforge's loader rebuilds it; plain
+    ``torch.jit.load`` still returns TorchScript's own."""
+    x = torch.randn(1, 3, 8, 8)
+    model = _DictAndNamedtuple(named=True).eval()
+    model.forward = lambda x: _Pair(model.conv(x).mean((2, 3)), model.conv(x))  # TorchScript traces no None
+    assert export_model(model, "torchscript", tmp_path / "n.pt", example_inputs=(x,)).ok
+    out = fxforge.load_model(str(tmp_path / "n.pt")).module(x)
+    assert type(out).__name__ == "_Pair" and out._fields == ("logits", "features")
+    torch.testing.assert_close(out.features, model(x).features)
+    assert type(torch.jit.load(str(tmp_path / "n.pt"))(x)) is tuple
+    plain = _DictAndNamedtuple(named=False).eval()  # a dict of tensors TorchScript keeps: no wrapper
+    plain.forward = lambda x: {"logits": plain.conv(x).mean((2, 3)), "features": plain.conv(x)}
+    assert export_model(plain, "torchscript", tmp_path / "d.pt", example_inputs=(x,)).ok
+    assert isinstance(load_exported(tmp_path / "d.pt"), torch.jit.ScriptModule)
+
+    pytest.importorskip("transformers")
+    config = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64}
+    captured = fxforge.prepare("transformers:BertModel", "1x8:int64", model_kwargs=config)
+    bert, (ids,) = captured.original, captured.example_inputs
+    result = export_model(captured, "torchscript", tmp_path / "bert.pt")
+    assert result.ok and result.verification.trials >= 16
+    out = fxforge.load_model(str(tmp_path / "bert.pt")).module(ids)
+    assert type(out) is type(bert(ids)) and set(out.keys()) == {"last_hidden_state", "pooler_output"}
+    torch.testing.assert_close(out.pooler_output, bert(ids).pooler_output, rtol=1e-4, atol=1e-5)  # float32, traced
+
+
 def test_an_onnx_reference_compares_by_its_own_recorded_structure(tmp_path):
     """``fxforge verify FILE.onnx MODEL``. QA: verify lent an ONNX reference the candidate's output structure, so a
     model returning the same tensors under swapped keys verified OK (max abs err 0), and a model with the keys in

@@ -819,7 +819,8 @@ def _load_exported(path: Path, format: str, output_like: Any, threads: int | Non
                 module = torch.jit.optimize_for_inference(module)
             if metadata.get("onednn_fusion"):
                 module = OnednnFusion(module)
-            return module
+            structure = metadata.get("output_structure")
+            return StructuredOutputs(module, structure) if structure is not None else module
         if format == "onnx":
             return OnnxRuntimeModule(path, output_like, threads)
         return program_module(load_program(path))
@@ -1060,6 +1061,15 @@ def _described(values: Sequence[Any]) -> list[Any]:
     return [_describe(value) for value in values]
 
 
+def scripted_output_structure(output: Any) -> Any | None:
+    """The description of ``output`` (:func:`describe_structure`) where TorchScript would return another structure:
+    it keeps tensors, tuples, lists and plain dicts, and returns a namedtuple as a tuple, a transformers output as a
+    dict. None where TorchScript's own structure is the model's (or the output cannot be described)."""
+    described = describe_structure(output)
+    text = json.dumps(described)
+    return described if any(f'"{kind}"' in text for kind in ("namedtuple", "class", "ordered_dict")) else None
+
+
 def _tensors_in(description: Any) -> int:
     """How many tensors a description holds: rebuilt with counted numbers in the tensors' places."""
     placeholders = itertools.count()
@@ -1183,6 +1193,25 @@ class RestructuredOutputs(nn.Module):
             return output
         tensors = iter(flat)
         return pytree.tree_unflatten([next(tensors) if isinstance(v, torch.Tensor) else v for v in leaves], spec)
+
+
+class StructuredOutputs(nn.Module):
+    """A loaded TorchScript module whose outputs are put back into the structure recorded at export
+    (:func:`scripted_output_structure`: a transformers output class, a namedtuple), as ONNX and ``.pt2`` files give
+    them back. ``scripted`` is the TorchScript module itself. Outputs of another tensor count are returned as they
+    are."""
+
+    def __init__(self, scripted: Any, structure: Any) -> None:
+        super().__init__()
+        self.scripted, self.structure = scripted, structure
+        self.tensor_count = _tensors_in(structure)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        output = self.scripted(*args, **kwargs)
+        flat = [v for v in pytree.tree_leaves(output) if isinstance(v, torch.Tensor)]
+        if len(flat) != self.tensor_count:
+            return output
+        return rebuild_structure(self.structure, iter(flat))
 
 
 class OnnxRuntimeModule(nn.Module):

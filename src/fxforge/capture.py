@@ -42,7 +42,7 @@ from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
 
 from fxforge import display
-from fxforge.artifacts import AotiModule, CompiledModule, OnednnFusion, OnnxRuntimeModule
+from fxforge.artifacts import AotiModule, CompiledModule, OnednnFusion, OnnxRuntimeModule, StructuredOutputs
 from fxforge.compare import compare_outputs
 from fxforge.errors import (
     CaptureError,
@@ -660,7 +660,7 @@ def _refuse_compiled_forms(model: nn.Module) -> None:
     a C++ error, then blamed data-dependent control flow)."""
     kind = (
         "a TorchScript module"
-        if isinstance(model, (torch.jit.ScriptModule, OnednnFusion))
+        if isinstance(model, (torch.jit.ScriptModule, OnednnFusion, StructuredOutputs))
         else "an ONNX model (run by ONNX Runtime)"
         if isinstance(model, OnnxRuntimeModule)
         else "an AOTInductor package (compiled code)"

@@ -67,6 +67,7 @@ from fxforge.artifacts import (
     format_for,
     load_exported,
     save_program,
+    scripted_output_structure,
 )
 from fxforge.capture import Captured
 from fxforge.compare import compare_outputs
@@ -268,6 +269,7 @@ def export_model(
                 optimize=optimize and not onednn_fusion,
                 allow=allow_trace_warnings,
                 onednn_fusion=onednn_fusion,
+                output_structure=scripted_output_structure(_example_output(reference, inputs)),
             )
         elif to == "onnx":
             output = _example_output(reference, inputs)
@@ -488,9 +490,13 @@ def _export_torchscript(
     optimize: bool,
     allow: bool,
     onednn_fusion: bool = False,
+    output_structure: Any = None,
 ) -> ExportResult:
     method = "script" if script else "trace"
     notes: list[str] = []
+    # where TorchScript returns another structure than the model (a transformers output as a plain dict, a namedtuple
+    # as a tuple), the model's is recorded for fxforge's loader to rebuild
+    recorded = {"output_structure": output_structure} if output_structure is not None else {}
     if isinstance(module, fx.GraphModule):  # a saved program's graph: its shape check is no part of the model
         module = without_input_guards(module)
     with _exporting(f"{name} to TorchScript ({method})", notes, allow):
@@ -502,7 +508,7 @@ def _export_torchscript(
         scripted = scripted.eval()
         if optimize:
             # freeze returns a copy, and optimize_for_inference rewrites that copy in place
-            if _saves_and_reloads(torch.jit.optimize_for_inference(torch.jit.freeze(scripted)), path):
+            if _saves_and_reloads(torch.jit.optimize_for_inference(torch.jit.freeze(scripted)), path, recorded):
                 notes.append("frozen, optimize_for_inference applied, and the result reloads: saved as is")
                 return ExportResult("torchscript", None, True, method, notes=notes)
             notes.append(
@@ -511,7 +517,7 @@ def _export_torchscript(
             )
         if freeze or optimize:
             scripted = torch.jit.freeze(scripted)
-        metadata = {"optimize_at_load": optimize, "onednn_fusion": onednn_fusion}
+        metadata = {"optimize_at_load": optimize, "onednn_fusion": onednn_fusion, **recorded}
         torch.jit.save(scripted, str(path), _extra_files={METADATA_FILE: json.dumps(metadata)})
         if onednn_fusion:
             notes.append("frozen for oneDNN graph fusion (turned on around each call when loaded by fxforge)")
@@ -530,9 +536,10 @@ def _scriptable(module: nn.Module) -> nn.Module:
     return untyped
 
 
-def _saves_and_reloads(scripted: torch.jit.ScriptModule, path: Path) -> bool:
+def _saves_and_reloads(scripted: torch.jit.ScriptModule, path: Path, recorded: dict[str, Any]) -> bool:
     try:
-        torch.jit.save(scripted, str(path), _extra_files={METADATA_FILE: json.dumps({"optimize_at_load": False})})
+        metadata = json.dumps({"optimize_at_load": False, **recorded})
+        torch.jit.save(scripted, str(path), _extra_files={METADATA_FILE: metadata})
         torch.jit.load(str(path))
         return True
     except Exception:  # the MKLDNN constants: see the module docstring
