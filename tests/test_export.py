@@ -227,6 +227,33 @@ def test_a_torchscript_file_gives_back_the_models_output_structure(tmp_path):
     torch.testing.assert_close(out.pooler_output, bert(ids).pooler_output, rtol=1e-4, atol=1e-5)  # float32, traced
 
 
+def test_a_torchscript_file_of_a_channels_last_model_takes_its_input_by_the_models_name(tmp_path):
+    """fxforge's channels-last wrapper (the ``torchscript+channels_last`` candidate of ``--auto``) takes ``*args``,
+    and torch.jit.trace named the file's input ``input``: ``model(x=...)`` was refused. It is traced under the
+    model's own names now; the wrapper is left as it was."""
+    from fxforge.artifacts import ChannelsLastModule
+
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).eval()
+    wrapper = ChannelsLastModule(model).eval()
+    x = torch.randn(1, 3, 8, 8)
+    assert export_model(wrapper, "torchscript", tmp_path / "cl.pt", example_inputs=(x,)).ok
+    loaded = load_exported(tmp_path / "cl.pt")
+    torch.testing.assert_close(loaded(input=x), model(x))  # nn.Sequential names its input ``input``
+    assert "forward" not in vars(wrapper)
+
+    class Named(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3)
+
+        def forward(self, image):
+            return self.conv(image)
+
+    named = Named().eval()
+    assert export_model(ChannelsLastModule(named).eval(), "torchscript", tmp_path / "n.pt", example_inputs=(x,)).ok
+    torch.testing.assert_close(load_exported(tmp_path / "n.pt")(image=x), named(x))
+
+
 def test_an_onnx_reference_compares_by_its_own_recorded_structure(tmp_path):
     """``fxforge verify FILE.onnx MODEL``. QA: verify lent an ONNX reference the candidate's output structure, so a
     model returning the same tensors under swapped keys verified OK (max abs err 0), and a model with the keys in

@@ -846,13 +846,13 @@ def save_program(program: torch.export.ExportedProgram, path: str | Path, source
     its wrapped model's, through fxforge's wrappers that take ``*args`` -- where the program's own differ, so
     that the program's module takes inputs by the model's names."""
     own = positional_names(program.module()) if source is not None else None
-    names = argument_names(_unwrapped(source), len(own)) if source is not None and own else None
+    names = argument_names(unwrapped(source), len(own)) if source is not None and own else None
     extra = {PROGRAM_ARGUMENTS_FILE: json.dumps(names)} if names and own != names else None
     with quiet_torch_logs():
         torch.export.save(program, str(path), extra_files=extra)
 
 
-def _unwrapped(module: nn.Module) -> nn.Module:
+def unwrapped(module: nn.Module) -> nn.Module:
     """The model inside fxforge's input-passing wrappers (layout, fixed keywords), which take ``*args``."""
     while isinstance(module, (ChannelsLastModule, ConstantKeywords)):
         module = module.model if isinstance(module, ChannelsLastModule) else module.module

@@ -68,6 +68,7 @@ from fxforge.artifacts import (
     load_exported,
     save_program,
     scripted_output_structure,
+    unwrapped,
 )
 from fxforge.capture import Captured
 from fxforge.compare import compare_outputs
@@ -503,8 +504,7 @@ def _export_torchscript(
         if script:
             scripted = torch.jit.script(_scriptable(module))
         else:
-            # tracing runs forward: on copies, so a model that writes into its input leaves the caller's alone
-            scripted = torch.jit.trace(module, cloned(inputs), strict=False, check_trace=False)
+            scripted = _trace(module, inputs)
         scripted = scripted.eval()
         if optimize:
             # freeze returns a copy, and optimize_for_inference rewrites that copy in place
@@ -522,6 +522,28 @@ def _export_torchscript(
         if onednn_fusion:
             notes.append("frozen for oneDNN graph fusion (turned on around each call when loaded by fxforge)")
     return ExportResult("torchscript", None, True, method, notes=notes)
+
+
+def _trace(module: nn.Module, inputs: tuple[Any, ...]) -> torch.jit.ScriptModule:
+    """``torch.jit.trace``, on copies of the inputs (a model that writes into its input leaves the caller's alone).
+
+    A traced file names its inputs after ``forward``'s parameters, and fxforge's wrappers (channels-last layout,
+    fixed keywords) take ``*args``: their files named the input ``input`` and refused the model's ``x=``. A wrapper
+    is traced under the names of the model inside it (a signature on its ``forward`` for the trace's length)."""
+    names = argument_names(unwrapped(module), len(inputs)) if unwrapped(module) is not module else None
+    if not names:
+        return torch.jit.trace(module, cloned(inputs), strict=False, check_trace=False)
+
+    def forward(*args: Any) -> Any:
+        return type(module).forward(module, *args)
+
+    parameter = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    forward.__signature__ = inspect.Signature([inspect.Parameter(name, parameter) for name in names])  # type: ignore[attr-defined]
+    module.forward = forward  # on fxforge's own wrapper only, and taken off again
+    try:
+        return torch.jit.trace(module, cloned(inputs), strict=False, check_trace=False)
+    finally:
+        del module.forward
 
 
 def _scriptable(module: nn.Module) -> nn.Module:
