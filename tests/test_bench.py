@@ -581,6 +581,38 @@ def test_cli_bench_artifact(capsys, tmp_path):
     assert code != EXIT_OK and "--artifact" in err and len(err.strip().splitlines()) == 2
 
 
+def test_bench_artifact_on_real_models(capsys, tmp_path):
+    """--artifact on torchvision resnet18 (a dynamic-batch ONNX file and a TorchScript file, at two batch sizes) and
+    on a transformers BERT (TorchScript, whose output class fxforge's loader rebuilds): each file is timed and
+    compared with the model on bench's inputs; a file exported from other weights is timed and said to differ."""
+    pytest.importorskip("onnxruntime")
+    resnet = ("torchvision:resnet18", "-i", "1x3x64x64")
+    onnx_file, script_file, other_file = tmp_path / "r.onnx", tmp_path / "r.pt", tmp_path / "other.onnx"
+    assert run(capsys, "export", *resnet, "--dynamic-batch", "-o", str(onnx_file), "--cases", "2")[0] == EXIT_OK
+    assert run(capsys, "export", *resnet, "-o", str(script_file), "--cases", "2")[0] == EXIT_OK
+    other = ("export", *resnet, "--seed", "1", "--dynamic-batch", "-o", str(other_file), "--cases", "2")
+    assert run(capsys, *other)[0] == EXIT_OK
+    files = [arg for path in (onnx_file, script_file, other_file) for arg in ("--artifact", str(path))]
+    code, out, _ = run(capsys, "bench", *resnet, *files, "--batch", "1,2", "--repeats", "2", "--warmup", "1", "--json")
+    assert code == EXIT_OK
+    rows = {(row["backend"], row["batch"]): row for row in json.loads(out)["rows"]}
+    for path in (onnx_file, script_file):
+        for batch in (1, 2):
+            row = rows[f"file:{path}", batch]
+            assert row["ok"] and row["within_tolerance"] and row["max_abs_err"] < 1e-3, row
+    assert rows[f"file:{other_file}", 2]["ok"] and rows[f"file:{other_file}", 2]["within_tolerance"] is False
+
+    pytest.importorskip("transformers")
+    config = ("--model-arg", "hidden_size=32", "--model-arg", "num_hidden_layers=1", "--model-arg",
+              "num_attention_heads=2", "--model-arg", "intermediate_size=64")
+    bert = ("transformers:BertModel", "-i", "1x16:int64", *config)
+    assert run(capsys, "export", *bert, "-o", str(tmp_path / "bert.pt"), "--cases", "2")[0] == EXIT_OK
+    args = ("bench", *bert, "--artifact", str(tmp_path / "bert.pt"), "--repeats", "2", "--warmup", "1", "--json")
+    code, out, _ = run(capsys, *args)
+    (row,) = [row for row in json.loads(out)["rows"] if row["backend"].startswith("file:")]
+    assert code == EXIT_OK and row["ok"] and row["within_tolerance"], row
+
+
 def test_a_pickled_artifact_needs_the_same_opt_in_as_a_pickled_model(capsys, tmp_path):
     code, _, _ = run(capsys, "optimize", "demo", "-o", str(tmp_path / "out"))
     assert code == EXIT_OK
