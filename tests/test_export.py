@@ -392,6 +392,29 @@ def test_dynamic_batch_refused_for_a_model_that_fixes_the_batch(tmp_path):
     assert export_model(captured, "pt2", tmp_path / "m.pt2").ok  # the fixed-batch export is fine
 
 
+class _BigBatchesNegated(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.lin(x)
+        return -y if x.shape[0] > 2 else y
+
+
+def test_a_dynamic_batch_onnx_file_is_refused_where_the_code_branches_on_the_batch(tmp_path):
+    """QA: exported at batch 2 with --dynamic-batch, the ONNX file declared a free batch, was verified at batches 1
+    and 2 and computed the batch-2 branch at batch 3 (torch.export had narrowed the batch to at most 2; ONNX cannot
+    record that). Refused now, leaving no file; the fixed-batch export is fine."""
+    pytest.importorskip("onnxruntime")
+    model, x = _BigBatchesNegated().eval(), torch.randn(2, 8)
+    with pytest.raises(ExportError) as info:
+        export_model(model, "onnx", tmp_path / "m.onnx", example_inputs=(x,), dynamic_batch=True)
+    assert "batch sizes up to 2 only" in info.value.message and "leave dynamic_batch out" in info.value.hint
+    assert info.value.construct == "batch-dependent code" and _files(tmp_path) == []
+    assert export_model(model, "onnx", tmp_path / "m.onnx", example_inputs=(x,)).ok
+
+
 # --------------------------------------------------------------------------------------------------
 # failures: a clear error and no file
 

@@ -95,6 +95,7 @@ from fxforge.runtime import (
     export_program,
     holds_tensor,
     keeps_rng_state,
+    narrowed_batch,
     native_output_silenced,
     preserved_state,
     quiet_torch_logs,
@@ -592,7 +593,7 @@ def _export_onnx(
     if exporter in ("auto", "dynamo"):
         try:
             with _exporting(f"{name} to ONNX (dynamo exporter)", notes), _AttentionAs4D() as mode:
-                _onnx_dynamo(module, inputs, path, opset, dynamic_batch)
+                _onnx_dynamo(module, name, inputs, path, opset, dynamic_batch)
             _check_opset(path, opset)
             if mode.reshaped:
                 notes.append(f"{mode.reshaped} attention call(s) on non-4-D tensors exported as 4-D attention")
@@ -671,7 +672,7 @@ def _check_opset(path: Path, opset: int | None) -> None:
 
 
 def _onnx_dynamo(
-    module: nn.Module, inputs: tuple[Any, ...], path: Path, opset: int | None, dynamic_batch: bool
+    module: nn.Module, name: str, inputs: tuple[Any, ...], path: Path, opset: int | None, dynamic_batch: bool
 ) -> None:
     dynamic_shapes = None
     if dynamic_batch:
@@ -680,6 +681,23 @@ def _onnx_dynamo(
     program = torch.onnx.export(
         module, inputs, dynamo=True, opset_version=opset, dynamic_shapes=dynamic_shapes, verbose=False
     )
+    captured = getattr(program, "exported_program", None)
+    limits = narrowed_batch(captured) if dynamic_batch and captured is not None else None
+    if limits is not None:
+        # the file would declare a free batch and compute the traced batch's branch at every other one (QA: a model
+        # doubling its output above batch 2, exported at batch 2, was verified at batches 1 and 2 and wrong at 3)
+        low, high = limits
+        sizes = f"batch {low} only" if low == high else f"batch sizes up to {high} only" if low <= 1 else (
+            f"batch sizes {low} to {high} only"
+        )
+        raise ExportError(
+            f"cannot export {name} to ONNX with a dynamic batch: its code holds for {sizes} as torch.export traced "
+            "it (it branches on the batch size or fixes it), which an ONNX file cannot record: a file for any batch "
+            "would compute the wrong thing at others",
+            hint=f"leave {option('--dynamic-batch')} out (a file for the example's batch), or export to pt2, whose "
+            "program checks the batch at each call",
+            construct="batch-dependent code",
+        )
     program.save(str(path))  # external data only for models over 2 GB
 
 

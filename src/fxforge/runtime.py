@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
+import sympy
 import torch
 from torch import nn
 from torch.fx import _symbolic_trace as fx_symbolic_trace
@@ -456,6 +457,29 @@ def export_program(
     # torch.export prints the partial graph of a failed export straight to stderr; we report errors ourselves.
     with torch.no_grad(), quiet_torch_logs(), contextlib.redirect_stderr(io.StringIO()), oblivious:
         return torch.export.export(model, inputs, kwargs=kwargs or None, dynamic_shapes=dynamic_shapes, strict=False)
+
+
+def narrowed_batch(program: torch.export.ExportedProgram) -> tuple[int, int] | None:
+    """The batch sizes a program exported with a dynamic batch holds for, ``(lowest, highest)``, where the model's
+    code narrowed them (it branches on the batch size, or the batch was specialised); None where the batch is free.
+
+    torch.export records such a limit as the range of the batch symbol (``x.shape[0] > 2`` traced at batch 2:
+    ``[0, 2]``), which a ``.pt2`` program checks at each call and an ONNX file cannot record."""
+    user_inputs = set(program.graph_signature.user_inputs)
+    for node in program.graph.nodes:
+        value = node.meta.get("val")
+        if node.op != "placeholder" or node.name not in user_inputs or not isinstance(value, torch.Tensor):
+            continue
+        if value.dim() == 0:
+            continue
+        size = value.shape[0]
+        if isinstance(size, int):
+            return size, size
+        ranges = program.range_constraints.get(size.node.expr)
+        # an unbounded range ends at torch's int_oo, which is no sympy.Integer (and calls itself finite)
+        if ranges is not None and isinstance(ranges.upper, sympy.Integer):
+            return int(ranges.lower), int(ranges.upper)
+    return None
 
 
 def at_batch_two(values: Any) -> Any | None:
