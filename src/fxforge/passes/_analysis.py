@@ -195,6 +195,10 @@ def written_args(gm: nn.Module, node: fx.Node) -> list[fx.Node]:
                 written += node.all_input_nodes
         elif not type(module).__module__.startswith("torch.nn.modules"):
             written += node.all_input_nodes  # a user leaf module may write into what it is given
+    if is_opaque(node):
+        # so may a function or method fxforge cannot see into (a user helper captured as one call): QA found
+        # dead_code removing one whose only effect was buf.add_(1), fold_bn folding statistics it updated
+        written += [n for n in node.all_input_nodes if n not in written and not holds_no_tensor(n)]
     return written
 
 
@@ -369,9 +373,21 @@ def returns_fresh(gm: nn.Module, node: fx.Node) -> bool:
     return False
 
 
+_NO_STORAGE = (bool, int, float, complex, str, torch.Size, torch.dtype, torch.device, torch.memory_format, type(None))
+
+
+def holds_no_tensor(node: fx.Node) -> bool:
+    """Is ``node``'s recorded value a number, shape or other value without storage (``weight.shape[-2:]``,
+    ``x.size(0)``)? Such a value shares no memory and cannot be written in place. Unrecorded: no."""
+    if "val" in node.meta:  # torch.export's record (None where the value is None)
+        return isinstance(node.meta["val"], (torch.SymInt, torch.SymFloat, torch.SymBool, *_NO_STORAGE))
+    kind = node.meta.get("type")  # symbolic_trace + shape propagation: the value's class
+    return isinstance(kind, type) and issubclass(kind, _NO_STORAGE)
+
+
 def _aliased_inputs(gm: nn.Module, node: fx.Node) -> list[fx.Node]:
     """The inputs whose storage ``node``'s result may share."""
-    if node.op in ("placeholder", "get_attr", "output") or returns_fresh(gm, node):
+    if node.op in ("placeholder", "get_attr", "output") or returns_fresh(gm, node) or holds_no_tensor(node):
         return []
     if _is_real_cast(node):
         return []
@@ -457,9 +473,10 @@ def _stored_tensor(gm: nn.Module, node: fx.Node) -> torch.Tensor | None:
 class AliasClasses:
     """Which nodes may share storage with each other, with in-place writes, graph outputs and inputs."""
 
-    def __init__(self, gm: fx.GraphModule, *, opaque_calls_write: bool = False) -> None:
-        """With ``opaque_calls_write``, a function or method fxforge cannot see into (:func:`is_opaque`, e.g. a
-        user helper captured as one call) may write into what it is given, as a user leaf module may."""
+    def __init__(self, gm: fx.GraphModule, graph: fx.Graph | None = None) -> None:
+        """The classes of ``graph`` (default ``gm.graph``; another graph whose stored tensors are ``gm``'s). A
+        function or method fxforge cannot see into (:func:`is_opaque`, e.g. a user helper captured as one call)
+        may write into what it is given, as a user leaf module may (:func:`written_args`)."""
         self._parent: dict[fx.Node, fx.Node] = {}
         self._position: dict[fx.Node, int] = {}
         writes: list[tuple[fx.Node, int]] = []  # (written node, position of the writer), in graph order
@@ -467,7 +484,7 @@ class AliasClasses:
         external_roots: list[fx.Node] = []
         escaping_roots: list[fx.Node] = []
         stored: dict[tuple[str, int], fx.Node] = {}  # storage -> the first get_attr reading it
-        for position, node in enumerate(gm.graph.nodes):
+        for position, node in enumerate((graph or gm.graph).nodes):
             self._parent[node] = node
             self._position[node] = position
             if node.op in ("placeholder", "get_attr"):
@@ -480,8 +497,6 @@ class AliasClasses:
                 for source in _aliased_inputs(gm, node):
                     self._union(node, source)
                 written = written_args(gm, node)
-                if opaque_calls_write and is_opaque(node):
-                    written = written + node.all_input_nodes
                 writes += [(target, position) for target in written]
                 if writes_metadata(node):
                     metadata_writes += written
@@ -554,6 +569,22 @@ class AliasClasses:
     def external(self, node: fx.Node) -> bool:
         """May ``node`` share storage with a graph input or a stored parameter/buffer?"""
         return self._find(node) in self._external
+
+
+def written_stored_tensors(gm: fx.GraphModule, graph: fx.Graph | None = None) -> set[tuple[str, int]]:
+    """The storages (:func:`storage_of`) of the stored tensors that some node of ``graph`` (default ``gm.graph``)
+    may write in place, directly or through a view: an in-place op, or a call fxforge cannot see into that is given
+    them. A pass that bakes such a tensor's value in at pass time (fold_bn) would miss the write."""
+    graph = graph or gm.graph
+    aliases = AliasClasses(gm, graph)
+    written: set[tuple[str, int]] = set()
+    for node in graph.nodes:
+        if node.op == "get_attr" and aliases.written(node):
+            tensor = _stored_tensor(gm, node)
+            address = storage_of(tensor) if tensor is not None else None
+            if address is not None:
+                written.add(address)
+    return written
 
 
 # --------------------------------------------------------------------------------------------------
@@ -829,7 +860,7 @@ def impure_reason(gm: nn.Module, node: fx.Node) -> str | None:
         unknown = _module_impurity(submodule(gm, node))
         if unknown is not None:
             return unknown
-    if written_args(gm, node):
+    if written_args(gm, node) and not is_opaque(node):  # an opaque call's reason says more, below
         return "writes its input in place"
     if node.op == "call_module":
         return None

@@ -98,7 +98,7 @@ class _Checks:
 
     def __init__(self, gm: fx.GraphModule) -> None:
         self.gm = gm
-        self.aliases = AliasClasses(gm, opaque_calls_write=True)
+        self.aliases = AliasClasses(gm)
         self._reasons: dict[fx.Node, str | None] = {}
 
     def reason(self, node: fx.Node) -> str | None:

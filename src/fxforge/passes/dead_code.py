@@ -5,7 +5,7 @@ call whose result is unused -- ``y = x.clone(); y.mul_(2); return y`` loses the 
 (pytorch/pytorch#68301). Here a node is live when its value reaches the output *or* it has an
 effect: in-place ops and buffer writes, ``out=`` calls, asserts (symbolic_trace's ``_assert_is_none`` on an
 argument fixed to None too: without it a passed mask was ignored), prints, random ops (they advance the
-generator) and calls into modules fxforge cannot see through. An assert that provably holds
+generator) and calls into modules and functions fxforge cannot see through. An assert that provably holds
 (:func:`proven_metadata_assert`: torch.export's dtype/device/layout checks) is not an effect. Writes are those of
 :func:`~fxforge.passes._analysis.written_args` too, which knows the ones a call's name or schema does not
 show: a training-mode ``batch_norm`` updating its running statistics, ``F.relu(x, True)`` with ``inplace``
@@ -88,9 +88,10 @@ def live_nodes(gm: fx.GraphModule) -> set[fx.Node]:
         "in-place ops (even with an unused result; inplace=True given by position too), buffer writes (the "
         "running statistics of training-mode norms and the max_norm renormalisation of embeddings, module or "
         "functional), out= calls, asserts (except torch.export's dtype/device/layout asserts that the value recorded "
-        "for their input already proves), prints, random ops or calls into user leaf modules. Unused get_attr "
-        "nodes go, then the parameters, buffers and submodules that nothing references any more. Linear in "
-        "graph size. Torch and ATen dialects."
+        "for their input already proves), prints, random ops or calls into user leaf modules or functions fxforge "
+        "cannot see into (a helper captured as one call may write what it is given). Unused get_attr nodes go, "
+        "then the parameters, buffers and submodules that nothing references any more. Linear in graph size. "
+        "Torch and ATen dialects."
     ),
 )
 def dead_code(gm: fx.GraphModule, options: None) -> PassResult:

@@ -54,7 +54,7 @@ from fxforge.graphs import (
     submodule,
 )
 from fxforge.passes import ORIGIN, PassResult, mark, register_pass, store_tensor
-from fxforge.passes._analysis import impure_reason, written_args
+from fxforge.passes._analysis import impure_reason, storage_of, written_args, written_stored_tensors
 from fxforge.passes.dead_code import prune_attributes
 from fxforge.passes.merge_convs import Uses, count_uses, value_users
 
@@ -206,7 +206,11 @@ def _label(bn_node: fx.Node, producer: fx.Node) -> str:
 
 
 def plan_fold(
-    gm: nn.Module, node: fx.Node, uses: Counter[str], folded: dict[fx.Node, fx.Node] | None = None
+    gm: nn.Module,
+    node: fx.Node,
+    uses: Counter[str],
+    folded: dict[fx.Node, fx.Node] | None = None,
+    written: set[tuple[str, int]] | None = None,
 ) -> FoldPlan | Refusal | None:
     """How to fold ``node`` into the layer feeding it; None when it is not a batch norm (or frozen one) fed by
     a conv/conv-transpose/linear, a :class:`Refusal` when it is but cannot be folded exactly.
@@ -215,6 +219,7 @@ def plan_fold(
     reads, a parameter read counting as a use of its module too), computed once by the caller so that scanning
     every node stays linear in the graph size. ``folded`` maps the outputs of batch norms planned to fold to
     their producers, so a scan without rewriting sees ``conv -> bn -> bn`` fold twice, as the pass does.
+    ``written``: :func:`~fxforge.passes._analysis.written_stored_tensors` of the graph, also computed once.
     """
     folded = folded or {}
 
@@ -242,6 +247,14 @@ def plan_fold(
     layer = _read_layer(gm, producer, uses)
     if isinstance(layer, str):
         return _refusal(layer, label)
+    read_now = [t for t in (*state[1], layer.weight, layer.bias) if isinstance(t, torch.Tensor)]
+    if written and any(storage_of(tensor) in written for tensor in read_now):
+        # the fold reads them now; the graph would write them first at run time
+        return _refusal(
+            "its statistics or the layer's weights may be written in place in the graph (by an in-place op or a "
+            "call fxforge cannot see into)",
+            label,
+        )
     vectors = _per_channel(gm, norm, state, layer)
     if isinstance(vectors, str):
         return _refusal(vectors, label)
@@ -857,8 +870,9 @@ class _Scan:
 def _plans(gm: nn.Module, graph: fx.Graph, uses: Counter[str]) -> list[tuple[fx.Node, FoldPlan | Refusal]]:
     folded: dict[fx.Node, fx.Node] = {}
     plans = []
+    written = written_stored_tensors(gm, graph)
     for node in graph.nodes:
-        plan = plan_fold(gm, node, uses, folded)
+        plan = plan_fold(gm, node, uses, folded, written)
         if plan is None:
             continue
         if isinstance(plan, FoldPlan):
@@ -959,11 +973,12 @@ def fold_bn(gm: fx.GraphModule, options: None) -> PassResult:
     fetched_before = {str(n.target) for n in gm.graph.nodes if n.op == "get_attr"}  # inlined reads included
     uses = count_uses(gm.graph, shape_preserving=True)  # once: per-candidate scans would be quadratic
     erased: set[fx.Node] = set()  # by earlier folds (a frozen batch norm's arithmetic comes before it)
+    written = written_stored_tensors(gm)  # folds add no writes: once
     # in graph order, so a BN after a folded BN (conv -> bn -> bn) sees the conv and folds too
     for node in list(gm.graph.nodes):
         if node in erased:
             continue
-        plan = plan_fold(gm, node, uses)
+        plan = plan_fold(gm, node, uses, written=written)
         if isinstance(plan, Refusal):
             result.skip(f"{plan.label}: {plan}")
         elif plan is not None:

@@ -95,7 +95,7 @@ def _requires(gm: fx.GraphModule, options: FoldConstantsOptions) -> str | None:
 )
 def fold_constants(gm: fx.GraphModule, options: FoldConstantsOptions) -> PassResult:
     result = PassResult(NAME, gm)
-    aliases = AliasClasses(gm, opaque_calls_write=True)
+    aliases = AliasClasses(gm)
     constants = _sweep(gm, aliases, options.max_bytes)
     if constants.mode_switch is not None:
         switch = constants.mode_switch

@@ -293,6 +293,9 @@ class _Planner:
         what = describe(self.gm, node)
         why = f"its input from {describe(self.gm, inner)} already lies in [{inner_range[0]:g}, {inner_range[1]:g}]"
         reason = self.dtype_problem(node, outer, inner)
+        if reason is None and self.aliases.written_between(inner, inner, node):
+            # the range is the one inner computed, not what the storage holds once written
+            reason = "an in-place op (or a call fxforge cannot see into) may write its input before it reads it"
         if reason is None and not self.inplace(node):  # in place, it returns its input tensor itself
             reason = self._copy_problem(node, inner)
         if reason is not None:
