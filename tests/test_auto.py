@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -180,6 +181,28 @@ def test_a_budget_int8_cannot_meet_is_said_once_and_plainly(classifier, tmp_path
     said = "no reduced-precision candidate (int8, int8+fallback) met the budget"
     assert any(warning.startswith(said) for warning in result.warnings)
     assert result.chosen == "eager"
+
+
+def test_int8_judged_on_the_data_it_was_calibrated_on_warns(classifier, tmp_path):
+    """QA: int8 was calibrated on --data and judged on it, "within the budget" with no warning, where quantize calls
+    the same in-sample. It warns now; --calibration-data calibrates on other samples, which --data then judges."""
+    data, calibration = tmp_path / "val.pt", tmp_path / "calibration.pt"
+    torch.save(torch.randn(64, 16), data)
+    torch.save(torch.randn(64, 16) * 4, calibration)  # wider ranges: a coarser int8, a larger error on val.pt
+    budget = Budget(min_agreement=0.01)  # int8 is kept whatever its error: the test reads the error
+    with pytest.warns(AutoWarning, match="in-sample"):
+        in_sample = auto_optimize(classifier, backends=["int8"], budget=budget, data=str(data), repeats=2)
+    assert any("calibration_data" in warning for warning in in_sample.warnings)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", AutoWarning)
+        held_out = auto_optimize(
+            classifier, backends=["int8"], budget=budget, data=str(data), calibration_data=str(calibration), repeats=2
+        )
+    assert not held_out.warnings
+    in_sample_int8, held_out_int8 = (next(c for c in r.candidates if c.name == "int8") for r in (in_sample, held_out))
+    assert held_out_int8.max_abs_err > 1.5 * in_sample_int8.max_abs_err  # calibrated on the other samples indeed
+    with pytest.raises(FxforgeError, match="calibration_data calibrates int8"):
+        auto_optimize(classifier, backends=["int8"], budget=budget, calibration_data=str(calibration), repeats=2)
 
 
 def test_reduced_precision_on_the_users_data(classifier, tmp_path):

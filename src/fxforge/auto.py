@@ -134,7 +134,7 @@ def random_data_warning() -> str:
 
 
 class AutoWarning(UserWarning):
-    """A reduced-precision candidate was judged on random inputs."""
+    """A reduced-precision candidate was judged on random inputs, or int8 on the data it was calibrated on."""
 
 
 @dataclass
@@ -252,6 +252,7 @@ def auto_optimize(
     budget: Budget | None = None,
     backends: Sequence[str | Backend] | None = None,
     data: Any = None,
+    calibration_data: Any = None,
     seeds: Sequence[int] = (0, 1, 2),
     warmup: int = 3,
     repeats: int | None = None,
@@ -264,7 +265,9 @@ def auto_optimize(
 
     ``backends``: candidate names (``compile+channels_last``) or :class:`~fxforge.bench.Backend` objects
     (default: see the module docstring; ``quick``: fewer). ``data``: the user's inputs for judging reduced
-    precision (and calibrating int8), in any form :func:`fxforge.quantize.load_calibration` reads.
+    precision (and calibrating int8), in any form :func:`fxforge.quantize.load_calibration` reads;
+    ``calibration_data``: other samples to calibrate int8 on, so that ``data`` judges it on samples it was not fitted
+    to (without it, int8 is calibrated on ``data`` and the result warns that its accuracy is in-sample).
     ``repeats``: timed rounds (default 30, ``quick`` 10). Without ``output_dir`` nothing is written.
     """
     started = time.perf_counter()
@@ -273,6 +276,13 @@ def auto_optimize(
     budget = budget or Budget()
     if output_dir is not None:
         check_output_directory(output_dir, force=force)  # before minutes of candidates, not after them
+    if calibration_data is not None and data is None:
+        raise FxforgeError(
+            f"{option('--calibration-data', python='calibration_data')} calibrates int8 that "
+            f"{option('--data', python='data')} then judges: it needs {option('--data', python='data')} too",
+            hint=f"add {option('--data', python='data')} (held-out samples), or pass the samples as "
+            f"{option('--data', python='data')} alone",
+        )
     if data is not None and not budget.reduced_precision:
         # the data judges reduced-precision candidates, which only a budget lets in: unread, it would be ignored
         raise FxforgeError(
@@ -297,11 +307,12 @@ def auto_optimize(
     rewritten = dataclasses.replace(captured, graph_module=graph)
     seconds["passes"] = time.perf_counter() - started
     eval_data = _evaluation_data(captured, data, budget, chosen_backends, result_warnings)
+    calibration = _calibration_data(captured, calibration_data, eval_data, chosen_backends, result_warnings)
 
     candidates = {b.name: Candidate(b.name, exact=b.base not in REDUCED_BACKENDS) for b in chosen_backends}
     with tempfile.TemporaryDirectory(prefix="fxforge-auto-") as workdir:
         mark = time.perf_counter()
-        built = _build(rewritten, chosen_backends, candidates, Path(workdir), eval_data, threads)
+        built = _build(rewritten, chosen_backends, candidates, Path(workdir), calibration, threads)
         seconds["build"] = time.perf_counter() - mark
         mark = time.perf_counter()
         for name, (runner, _) in list(built.items()):
@@ -313,7 +324,9 @@ def auto_optimize(
             mark = time.perf_counter()
             candidates[fallback.name] = Candidate(fallback.name, exact=False)
             target = int8_target(budget)
-            more = _build(rewritten, [fallback], candidates, Path(workdir), eval_data, threads, keep_float_until=target)
+            more = _build(
+                rewritten, [fallback], candidates, Path(workdir), calibration, threads, keep_float_until=target
+            )
             for name, (runner, artifact) in more.items():
                 if _verify_candidate(captured, candidates[name], runner, budget, seeds, eval_data):
                     built[name] = (runner, artifact)
@@ -431,6 +444,35 @@ def _apply_exact_passes(captured: Captured, budget: Budget):
     return applied, rejected, result.graph_module
 
 
+INT8_BACKENDS = ("int8", "ort_int8")
+
+
+def in_sample_warning() -> str:
+    # static int8 fits its value ranges to the data it is calibrated on: judged on that same data, its accuracy is
+    # in-sample (as quantize says where it has no --eval data)
+    return (
+        f"int8 candidates were calibrated on the data that judged them ({option('--data', python='data')}): their "
+        "accuracy is in-sample and can be lower on new samples; pass other samples as "
+        f"{option('--calibration-data', python='calibration_data')} to judge int8 on data it was not fitted to"
+    )
+
+
+def _calibration_data(
+    captured: Captured, calibration_data: Any, eval_data: Any, backends: Sequence[Backend], notes: list[str]
+) -> Any:
+    """What int8 candidates are calibrated on: ``calibration_data`` where given, else the judging data (with a
+    warning that int8's accuracy is then in-sample), else None (random batches)."""
+    if not any(b.base in INT8_BACKENDS for b in backends):
+        return None
+    if calibration_data is not None:
+        return load_calibration(calibration_data, captured.example_inputs, kind="calibration (--calibration-data)")
+    if eval_data is None or eval_data.random:
+        return None
+    warnings.warn(in_sample_warning(), AutoWarning, stacklevel=3)
+    notes.append(in_sample_warning())
+    return eval_data
+
+
 def _evaluation_data(
     captured: Captured, data: Any, budget: Budget, backends: Sequence[Backend], notes: list[str]
 ) -> Any:
@@ -461,15 +503,15 @@ def _build(
     backends: Sequence[Backend],
     candidates: dict[str, Candidate],
     workdir: Path,
-    eval_data: Any,
+    calibration: Any,
     threads: int | None,
     keep_float_until: Any = None,
 ) -> dict[str, tuple[Runner, Artifact | None]]:
     """Each candidate's runner: its artifact written and reloaded (eager: the model itself; a backend fxforge
-    cannot write, such as a plug-in's: built in memory, timed, but never chosen)."""
+    cannot write, such as a plug-in's: built in memory, timed, but never chosen). ``calibration``: the batches int8
+    is calibrated on (None: random ones)."""
     expected = run_reference(rewritten.original, rewritten.example_inputs, {})
     built: dict[str, tuple[Runner, Artifact | None]] = {}
-    calibration = eval_data if eval_data is not None and not eval_data.random else None
     for backend in backends:
         candidate = candidates[backend.name]
         settings = BuildSettings(threads or torch.get_num_threads(), workdir / backend.name, expected)

@@ -64,6 +64,12 @@ pass is rolled back and reported instead).
 )
 @click.option("--data", default=None, metavar="FILE|file.py:fn", help="--auto: inputs to judge bf16/int8 on.")
 @click.option(
+    "--calibration-data",
+    default=None,
+    metavar="FILE|file.py:fn",
+    help="--auto: other samples to calibrate int8 on (default: --data, an in-sample judgement).",
+)
+@click.option(
     "--backends", "-b", "auto_backends", default="", metavar="NAMES", help="--auto: candidates (compile+channels_last)."
 )
 @click.option("--quick", is_flag=True, help="--auto: only the candidates that usually win here, fewer rounds.")
@@ -86,6 +92,7 @@ def command(
     min_agreement: float | None,
     max_drop: float | None,
     data: str | None,
+    calibration_data: str | None,
     auto_backends: str,
     quick: bool,
     repeats: int | None,
@@ -103,6 +110,7 @@ def command(
         "--min-agreement": min_agreement is not None,
         "--max-drop": max_drop is not None,
         "--data": data is not None,
+        "--calibration-data": calibration_data is not None,
         "--backends": bool(auto_backends),
         "--quick": quick,
         "--repeats": repeats is not None,
@@ -126,7 +134,7 @@ def command(
         from fxforge.auto import FP32_TOLERANCE, Budget
 
         budget = Budget(FP32_TOLERANCE if tolerance is None else tolerance, min_agreement, max_drop)
-        _auto(opts, output, force, budget, data, auto_backends, quick, repeats, threads)
+        _auto(opts, output, force, budget, data, calibration_data, auto_backends, quick, repeats, threads)
         return
     plan = build_pipeline(
         pass_names, pass_options, pipeline_file=pipeline, verify=do_verify, keep_going=keep_going or None
@@ -155,6 +163,7 @@ def _auto(
     force: bool,
     budget: Budget,
     data: str | None,
+    calibration_data: str | None,
     backends: str,
     quick: bool,
     repeats: int | None,
@@ -175,6 +184,7 @@ def _auto(
             budget=budget,
             backends=split(backends) or None,
             data=data,
+            calibration_data=calibration_data,
             repeats=repeats,
             threads=threads,
             force=force,
