@@ -254,6 +254,27 @@ def test_a_torchscript_file_of_a_channels_last_model_takes_its_input_by_the_mode
     torch.testing.assert_close(load_exported(tmp_path / "n.pt")(image=x), named(x))
 
 
+class _Scaled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x, scale: float = 1.0):
+        return self.lin(x) * scale
+
+
+def test_an_onnx_file_refuses_a_number_it_fixed_at_export(tmp_path):
+    """QA: ``forward(x, scale=1.0)`` exported to ONNX (which takes tensors only) and called as ``f(x, 2.0)`` returned
+    the ``scale=1.0`` result without a word, where .pt2 and TorchScript refuse the extra input."""
+    pytest.importorskip("onnxruntime")
+    model, x = _Scaled().eval(), torch.randn(2, 8)
+    assert export_model(model, "onnx", tmp_path / "s.onnx", example_inputs=(x,)).ok
+    loaded = load_exported(tmp_path / "s.onnx")
+    torch.testing.assert_close(loaded(x), model(x))
+    with pytest.raises(TypeError, match="takes tensors only .*got 2.0"):
+        loaded(x, 2.0)
+
+
 def test_an_onnx_reference_compares_by_its_own_recorded_structure(tmp_path):
     """``fxforge verify FILE.onnx MODEL``. QA: verify lent an ONNX reference the candidate's output structure, so a
     model returning the same tensors under swapped keys verified OK (max abs err 0), and a model with the keys in

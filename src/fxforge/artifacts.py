@@ -1270,7 +1270,16 @@ class OnnxRuntimeModule(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         args = bind_keywords(self.input_names, args, kwargs, "the ONNX model")
-        flat = [t for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor)]
+        leaves = pytree.tree_leaves(args)
+        fixed = next((v for v in leaves if v is not None and not isinstance(v, torch.Tensor)), None)
+        if fixed is not None:
+            # an ONNX graph has tensor inputs only: a number the model takes was fixed at export (its default, or
+            # --concrete), and ignoring the one given computed the fixed value's result (QA: scale=2.0 ran as 1.0)
+            raise TypeError(
+                f"the ONNX model takes tensors only ({', '.join(self.input_names)}), got {fixed!r}: values other "
+                "than tensors were fixed when the file was exported"
+            )
+        flat = [t for t in leaves if isinstance(t, torch.Tensor)]
         if len(flat) != len(self.input_names):
             raise ValueError(f"the ONNX model takes {len(self.input_names)} inputs, got {len(flat)}")
         for name, fixed, tensor in zip(self.input_names, self.input_dims, flat):

@@ -116,7 +116,9 @@ class Divergence:
     max_abs_err: float
 
     def describe(self) -> str:
-        by = f", produced by pass {self.pass_name!r}" if self.pass_name else ""
+        # the pass that last rewrote the node, which is not always the culprit: a pass may change what a node
+        # reads (remove a write before it, retarget a module) without marking it
+        by = f", last rewritten by pass {self.pass_name!r}" if self.pass_name else ""
         return (
             f"first divergence at node {self.node} ({self.target}), which should equal reference node "
             f"{self.reference_node}: max abs error {self.max_abs_err:.3g}{by}"

@@ -189,11 +189,12 @@ def verify_section(
         divergence = check.get("divergence")
         if divergence:
             node = escape(divergence["node"])
+            rewritten = divergence.get("pass_name")
             parts.append(
                 f'<table><tbody><tr class="fxr-finding" data-node="{node}"><td>first divergence</td><td>node {node} '
                 f"({escape(divergence['target'])}), should equal reference node {escape(divergence['reference_node'])}"
                 f"; max abs error {divergence['max_abs_err']:.3g}"
-                f"{', produced by pass ' + escape(divergence['pass_name']) if divergence.get('pass_name') else ''}"
+                f"{', last rewritten by pass ' + escape(rewritten) if rewritten else ''}"
                 "</td></tr></tbody></table>"
             )
         for label, values in (
