@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.fx.passes.shape_prop import ShapeProp
 
-from fxforge.capture import Captured, placeholder_values
+from fxforge.capture import Captured, capture, placeholder_values
 from fxforge.passes import apply_pass
 
 DIALECTS = ["torch", "aten"]
@@ -402,3 +402,25 @@ def test_the_reason_for_keeping_x_times_one_after_a_leaf_names_the_leaf():
     assert captured.record.leaves == ["gate"]
     result = apply_pass(captured.graph_module, "remove_identity")
     assert any("leaf module" in reason for reason in result.skipped), result.skipped
+
+
+def test_a_cast_or_literal_on_a_graph_input_stays_in_the_torch_dialect():
+    """QA: ``lin(x.float())`` lost its ``.float()`` because the example was float32, and the written model refused the
+    float64 input the model takes. A torch-dialect graph runs any dtype it is given; the example's dtype proves the
+    cast a no-op for that dtype only. Inside the graph (``lin(x).float()``) the recorded dtype still decides."""
+
+    class CastsItsInput(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x, y):
+            return self.lin(x.float()) + (y * 1.0).sum() + self.lin(x).float().sum()
+
+    model, x = CastsItsInput(), torch.randn(2, 4)
+    captured = capture(model, (x, torch.randn(2)))
+    result = apply_pass(captured.graph_module, "remove_identity")
+    assert [line.split()[1] for line in result.log] == ["float_2"], result.log
+    assert sum("graph input, whose dtype the caller chooses" in line for line in result.skipped) == 2
+    ids = torch.arange(2)  # an int input: y * 1.0 promotes it, as the model does
+    torch.testing.assert_close(result.graph_module(x, ids), model(x, ids))

@@ -83,18 +83,17 @@ _PRESERVE = (None, torch.preserve_format)
     guarantees=(
         "Exact: each removed call returns a value equal to its input with the same dtype, shape and device. Casts, "
         "contiguous and arithmetic go only when node metadata proves the dtype (and device, where one is named) "
-        "unchanged and the literal cannot promote it; besides literal int/float scalars, x + Z and x - Z count "
-        "for a stored real tensor Z (a buffer or constant, not a parameter) that is all zeros when the pass runs, "
-        "that no in-place op writes, that cannot "
-        "promote x and whose broadcast leaves x's recorded shape as it is (torch.export's all-zero attention "
-        "masks, once fold_constants stored them). Calls that return a copy (x*1, clone) stay when an in-place op "
-        "could write into either tensor, "
-        "when the caller would get an input, a parameter or another output back, or when the copy's strides differ "
-        "from the input's (an expanded or gapped input; a later view could fail). aten.alias stays when an in-place "
-        "view op (t_, unsqueeze_, resize_...) may reshape it or its input. aten.detach_ goes only on a fresh copy "
-        "of a constant (lift_fresh_copy), whose autograd flag nothing outside the graph sees. x + 0 on floats "
-        "maps -0.0 to +0.0: kept with signed_zeros=True. Layout facts in the torch dialect come from the example "
-        "inputs. Torch and ATen dialects."
+        "unchanged and the literal cannot promote it -- in the torch dialect, not on a graph input, whose dtype the "
+        "caller chooses (an exported program refuses other dtypes); besides literal int/float scalars, x + Z and x - "
+        "Z count for a stored real tensor Z (a buffer or constant, not a parameter) that is all zeros when the pass "
+        "runs, that no in-place op writes, that cannot promote x and whose broadcast leaves x's recorded shape as it "
+        "is (torch.export's all-zero attention masks, once fold_constants stored them). Calls that return a copy "
+        "(x*1, clone) stay when an in-place op could write into either tensor, when the caller would get an input, a "
+        "parameter or another output back, or when the copy's strides differ from the input's (an expanded or gapped "
+        "input; a later view could fail). aten.alias stays when an in-place view op (t_, unsqueeze_, resize_...) may "
+        "reshape it or its input. aten.detach_ goes only on a fresh copy of a constant (lift_fresh_copy), whose "
+        "autograd flag nothing outside the graph sees. x + 0 on floats maps -0.0 to +0.0: kept with "
+        "signed_zeros=True. Layout facts in the torch dialect come from the example inputs. Torch and ATen dialects."
     ),
     options=RemoveIdentityOptions,
 )
@@ -162,6 +161,8 @@ def plan_removals(gm: fx.GraphModule, options: RemoveIdentityOptions) -> tuple[l
             reason = _cast_check(gm, node, source)
         else:
             reason = None
+        if reason is None and not static_shapes and _dtype_matters(gm, kind, node, source):
+            reason = _CALLERS_DTYPE.format(dtype=tensor_facts(source, gm)["dtype"])  # type: ignore[index]
         if reason is not None:
             skipped.append(f"{node.name} ({describe}): {reason}")
             continue
@@ -170,6 +171,28 @@ def plan_removals(gm: fx.GraphModule, options: RemoveIdentityOptions) -> tuple[l
         stands_for[node] = source
         removals.append(Removal(node, source, describe))
     return removals, skipped
+
+
+# A torch-dialect graph runs any dtype it is given, as the model does; an exported program refuses another dtype
+# than its example's. The example's dtype proves a cast or a literal neutral for that dtype only: x.float() on a
+# float64 input, x * 1.0 on an int one, are not no-ops (QA: the output of `lin(x.float())` refused float64 input).
+_CALLERS_DTYPE = (
+    "its input is a graph input, whose dtype the caller chooses (the example's is {dtype}): for another dtype it "
+    "may change the value"
+)
+
+
+def _dtype_matters(gm: fx.GraphModule, kind: str, node: fx.Node, source: fx.Node) -> bool:
+    """Is ``node`` a cast or arithmetic with a literal applied to a graph input (whose dtype may be another)?"""
+    if source.op != "placeholder" or tensor_facts(source, gm) is None:
+        return False
+    return kind == "cast" or (kind == "copy" and node.op != "call_module" and _is_arithmetic(node))
+
+
+def _is_arithmetic(node: fx.Node) -> bool:
+    if node.op == "call_method":
+        return str(node.target) in _ARITHMETIC_METHODS
+    return node.op == "call_function" and node.target in _ARITHMETIC
 
 
 def _classify(gm: fx.GraphModule, node: fx.Node, stored_zeros: _StoredZeros) -> tuple[str, Any, str] | None:
