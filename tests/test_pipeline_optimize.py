@@ -613,3 +613,32 @@ def test_a_model_pt_with_an_argument_traced_as_none_leaves_later_loads_working(t
     optimize(fxforge.capture(torch.nn.Linear(4, 4).eval(), (x,)), ["dead_code"], output_dir=tmp_path / "plain")
     for name in ("masked", "plain"):
         assert fxforge.load_model(tmp_path / name, trust_pickle=True).module(x).shape == (2, 4)
+
+
+class _BigBatchesNegated(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.lin(x)
+        return -y if x.shape[0] > 2 else y
+
+
+def test_a_model_pt2_whose_batch_the_code_narrows_says_so_from_the_file(tmp_path):
+    """QA: captured with --check-batch 1 (torch.export, batch dynamic up to 2: the code branches above it), the graph
+    was verified at batches 2 and 1 and the note said nothing, while the written model.pt2, loaded, ran batch 2 only
+    (torch.export specialised the batch when the program was saved). The note is read from the file now."""
+    captured = fxforge.prepare(_BigBatchesNegated().eval(), ["2x8"], check_batch=1)
+    result = optimize(captured, ["dead_code"], output_dir=tmp_path / "o")
+    loaded = fxforge.load_model(str(tmp_path / "o" / "model.pt2")).module
+    runs = []
+    for batch in (1, 2, 3):
+        try:
+            loaded(torch.randn(batch, 8))
+            runs.append(batch)
+        except Exception:
+            pass
+    noted = [note for note in result.notes if note.startswith("model.pt2 runs batch")]
+    assert runs != [1, 2, 3] and noted, (runs, result.notes)
+    assert f"runs batch {runs[0]} only" in noted[0] if len(runs) == 1 else "batch sizes" in noted[0]

@@ -51,6 +51,7 @@ from fxforge.runtime import (
     at_batch_two,
     export_program_any_batch,
     holds_tensor,
+    narrowed_batch,
     preserved_state,
     quiet_torch_logs,
     with_constant_kwargs,
@@ -353,6 +354,19 @@ def write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=2, default=str))
 
 
+def _batch_sizes_only(
+    program: torch.export.ExportedProgram, inputs: tuple[Any, ...], kwargs: dict[str, Any]
+) -> str | None:
+    """``"batch 2"``, ``"batch sizes 1 to 2"``... where ``program`` runs only those (the range torch.export recorded for
+    its batch, or a run at another batch refused), else None."""
+    limits = narrowed_batch(program)
+    if limits is not None:
+        low, high = limits
+        return f"batch {low}" if low == high else f"batch sizes {max(low, 1)} to {high}"
+    fixed = _fixed_batch(program, inputs, kwargs)
+    return f"batch {fixed}" if fixed is not None else None
+
+
 def _fixed_batch(
     program: torch.export.ExportedProgram, inputs: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> int | None:
@@ -477,14 +491,18 @@ def save_graph_module(
         program = export_program_any_batch(exported, tuple(example_inputs), kwargs)
         save_program(program, directory / PROGRAM_FILE, exported)
         files.append(PROGRAM_FILE)
-        fixed = _fixed_batch(program, tuple(example_inputs), kwargs)
-        if fixed is not None:  # a transformers model's ATen graph holds its example's batch in its ops
+        # read from the file users load: a program whose batch the model's code narrowed (a branch on the batch
+        # size) ran batches 1 and 2 in memory and batch 2 only once saved and loaded (QA: verified at batch 1 by
+        # --check-batch 1, no note)
+        sizes = _batch_sizes_only(load_program(directory / PROGRAM_FILE), tuple(example_inputs), kwargs)
+        if sizes is not None:  # a transformers model's ATen graph holds its example's batch in its ops
             why = (
-                "the ATen graph holds the example's batch (capture with --check-batch 2 for one that runs any batch)"
+                "the ATen graph holds the example's batch (capture with --check-batch 2 for one that runs any batch, "
+                "unless the model's code branches on the batch size)"
                 if dialect == ATEN
                 else "the graph fixes the batch size"
             )
-            notes.append(f"{PROGRAM_FILE} runs batch {fixed} only: {why}")
+            notes.append(f"{PROGRAM_FILE} runs {sizes} only: {why}")
     except Exception as exc:  # an untraceable leaf module, say: model.pt still holds everything
         (directory / PROGRAM_FILE).unlink(missing_ok=True)
         location = user_location(exc)  # the user's line torch.export stopped at, as export and capture name it
