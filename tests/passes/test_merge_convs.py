@@ -657,3 +657,23 @@ def test_a_boolean_option_refuses_a_value_that_is_no_boolean(value):
         parse_options(get_pass("merge_convs"), {"allow_larger": value})
     assert parse_options(get_pass("merge_convs"), {"allow_larger": "off"}).allow_larger is False
     assert parse_options(get_pass("merge_convs"), {"allow_larger": "yes"}).allow_larger is True
+
+
+def test_layers_with_tied_weights_are_not_merged():
+    """QA: ``c.weight = a.weight`` (one tensor under two modules) and ``b(a(x))`` merged a into b, untying the weight
+    the docs promise a merge never touches (the outputs stayed right: c kept the original). Refused, with the reason,
+    and lint FX009 does not report the pair."""
+
+    class Tied(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b, self.c = nn.Linear(6, 6), nn.Linear(6, 6), nn.Linear(6, 6)
+            self.c.weight = self.a.weight
+
+        def forward(self, x):
+            return self.b(self.a(x)) + self.c(x)
+
+    captured = capture(Tied().eval(), (torch.randn(2, 6),))
+    result = apply_pass(captured.graph_module, "merge_convs")
+    assert not result.changed and "weights are tied" in result.skipped[0]
+    assert lint(captured, select=["FX009"]).findings == []

@@ -227,3 +227,20 @@ def test_a_group_reading_the_result_of_another_group(dialect):
     assert len(result.log) == 2 and len(linears(result.graph_module)) == 2, result.log
     assert verify(cap, result.graph_module).ok
     assert not hasattr(model, "q_k") and not hasattr(model, "a_b")  # the user's model is not touched
+
+
+def test_linears_with_tied_weights_are_not_merged():
+    """QA: q and k sharing one weight (``k.weight = q.weight``) were merged into one wide linear, untying them."""
+
+    class Tied(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.q, self.k = nn.Linear(6, 6), nn.Linear(6, 6)
+            self.k.weight = self.q.weight
+
+        def forward(self, x):
+            return self.q(x) * self.k(x)
+
+    captured = capture(Tied().eval(), (torch.randn(2, 6),))
+    result = apply_pass(captured.graph_module, "merge_parallel_linears")
+    assert not result.changed and any("weights are tied" in line for line in result.skipped)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -154,10 +155,12 @@ class Uses(Counter):
     def __init__(self) -> None:
         super().__init__()
         self.whole: Counter[str] = Counter()
+        self.tied: set[int] = set()  # ids of stored tensors registered under more than one name (tied weights)
 
 
-def count_uses(graph: fx.Graph, shape_preserving: bool = False) -> Uses:
-    """How often each module is called and each stored tensor read, counted once for the whole graph.
+def count_uses(graph: fx.Graph, shape_preserving: bool = False, gm: nn.Module | None = None) -> Uses:
+    """How often each module is called and each stored tensor read, counted once for the whole graph; with ``gm``,
+    also which stored tensors are tied (one tensor under two names: a merge would untie them).
 
     A ``get_attr`` of a module's parameter counts as a use of that module too: merging replaces the
     module, and the direct read would then see the merged weights. ``shape_preserving``: the caller's
@@ -180,7 +183,20 @@ def count_uses(graph: fx.Graph, shape_preserving: bool = False) -> Uses:
             if owner:
                 uses[owner] += users
     uses.whole.update({target: fetched[target] for target in called if fetched[target]})
+    if gm is not None:
+        names = Counter(id(t) for _, t in gm.named_parameters(remove_duplicate=False))
+        names.update(id(t) for _, t in gm.named_buffers(remove_duplicate=False))
+        uses.tied = {tensor for tensor, count in names.items() if count > 1}
     return uses
+
+
+def tied_problem(layers: Iterable[Layer], uses: Counter[str]) -> str | None:
+    """Why layers whose weight or bias is tied to another name (``c.weight = a.weight``) cannot be merged."""
+    tied = getattr(uses, "tied", set())
+    for layer in layers:
+        if any(t is not None and id(t) in tied for t in (layer.weight, layer.bias)):
+            return f"{layer.owners[0]}'s weights are tied to another module's; merging would untie them"
+    return None
 
 
 def _reads_rank_only(user: fx.Node, node: fx.Node) -> bool:
@@ -316,6 +332,9 @@ def plan_merge(gm: nn.Module, node: fx.Node, uses: Counter[str]) -> MergePlan | 
         if shared:
             what = "module" if layer.form == "module" else "stored tensor"
             return f"{what} {shared[0]} is used from more than one place; merging would change the others"
+    tied = tied_problem((first, second), uses)
+    if tied is not None:
+        return tied
     if first.weight.dtype != second.weight.dtype:
         return f"the layers have different dtypes ({first.weight.dtype} and {second.weight.dtype})"
     if first.kind == "linear":
@@ -562,21 +581,21 @@ def _label(node: fx.Node) -> str:
         "-> a conv that does not pad (one conv of the input with the first conv's padding and padding mode, the "
         "strides multiplied and the kernels composed: kxk then 1x1, kxk then strided 1x1, 1x1 then kxk, kxk then "
         "kxk); and a 1x1 stride-1 unpadded conv -> a padded conv, unless that conv zero-pads the output of a biased "
-        "1x1 (the padding would become the bias). Conv1d/2d/3d; any groups (the merged conv has gcd(groups) "
-        "groups). Never merges a conv that pads the output of any other first conv (its padding is no conv of the "
-        "input), a first conv with asymmetric 'same' padding whose geometry the merge changes, a pair whose first "
-        "output has other users (reads of its rank, dtype or device aside, which then read the first conv's input), "
-        "a module or weight used from more than one place, layers that differ in form (module vs function), dtype "
-        "or dimensionality, or, unless allow_larger, a merged layer with more weights than the two together (a "
-        "low-rank bottleneck, two 3x3s becoming a 5x5). Each refusal is listed with its reason. Torch and ATen "
-        "dialects."
+        "1x1 (the padding would become the bias). Conv1d/2d/3d; any groups (the merged conv has gcd(groups) groups). "
+        "Never merges a conv that pads the output of any other first conv (its padding is no conv of the input), a "
+        "first conv with asymmetric 'same' padding whose geometry the merge changes, a pair whose first output has "
+        "other users (reads of its rank, dtype or device aside, which then read the first conv's input), a module or "
+        "weight used from more than one place (or tied to another name), layers that differ in form (module vs "
+        "function), dtype or dimensionality, or, unless allow_larger, a merged layer with more weights than the two "
+        "together (a low-rank bottleneck, two 3x3s becoming a 5x5). Each refusal is listed with its reason. Torch and"
+        " ATen dialects."
     ),
     options=MergeConvsOptions,
     ensures=lambda gm, result: _smaller_pair_left(gm),
 )
 def merge_convs(gm: fx.GraphModule, options: MergeConvsOptions) -> PassResult:
     result = PassResult(NAME, gm)
-    uses = count_uses(gm.graph)  # once: per-pair scans would make the pass quadratic
+    uses = count_uses(gm.graph, gm=gm)  # once: per-pair scans would make the pass quadratic
     stale: set[str] = set()
     for node in list(gm.graph.nodes):
         # a merged node reads the first layer's input, which may itself be a layer it now merges with
@@ -602,7 +621,7 @@ def merge_convs(gm: fx.GraphModule, options: MergeConvsOptions) -> PassResult:
 
 def _smaller_pair_left(gm: fx.GraphModule) -> str | None:
     """Postcondition: no pair is left whose merged layer would be no larger (those are always merged)."""
-    uses = count_uses(gm.graph)
+    uses = count_uses(gm.graph, gm=gm)
     for node in gm.graph.nodes:
         plan = plan_merge(gm, node, uses)
         if isinstance(plan, MergePlan) and plan.refused(MergeConvsOptions()) is None:

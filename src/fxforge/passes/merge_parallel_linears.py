@@ -28,7 +28,7 @@ from fxforge.graphs import aten_packet, node_arg, submodule
 from fxforge.passes import PassResult, free_attribute_name, mark, register_pass, store_tensor
 from fxforge.passes._analysis import returns_fresh, tensor_facts, written_args
 from fxforge.passes.dead_code import prune_attributes
-from fxforge.passes.merge_convs import Layer, count_uses, read_layer
+from fxforge.passes.merge_convs import Layer, count_uses, read_layer, tied_problem
 
 NAME = "merge_parallel_linears"
 
@@ -113,7 +113,7 @@ def _signature(layer: Layer) -> tuple:
 def plan_groups(gm: fx.GraphModule, result: PassResult | None = None) -> list[Group]:
     """The groups of two or more linears this pass merges. Linears that have a partner of the same form and
     input size but cannot be merged are recorded on ``result`` with the reason; a linear alone is not mentioned."""
-    uses = count_uses(gm.graph)
+    uses = count_uses(gm.graph, gm=gm)
     position = {node: i for i, node in enumerate(gm.graph.nodes)}
     groups: list[Group] = []
     for source in gm.graph.nodes:
@@ -143,6 +143,9 @@ def plan_groups(gm: fx.GraphModule, result: PassResult | None = None) -> list[Gr
 def _layer_problem(gm: fx.GraphModule, layer: Layer, uses: dict[str, int]) -> str | None:
     if any(uses[owner] != 1 for owner in layer.owners):
         return f"{layer.owners[0]} is also used elsewhere (merging would store its weights twice)"
+    tied = tied_problem([layer], uses)
+    if tied is not None:
+        return tied
     if layer.form == "module" and (len(layer.node.args) != 1 or layer.node.kwargs):
         return "called with more than its input"
     if layer.form == "function" and len(layer.node.args) + len(layer.node.kwargs) > 3:
@@ -234,11 +237,11 @@ def _fake_values(group: Group, wide: fx.Node, parts: fx.Node, pieces: list[fx.No
     guarantees=(
         "Outputs equal up to float round-off: the merged weight and bias are the layers' own, concatenated, so each "
         "output column is the same dot product (the wider GEMM may block its reduction differently). Merges two or "
-        "more nn.Linear modules, F.linear calls or ATen linear ops with stored weights that read the same node, "
-        "have the same form, input size, dtype and device, and all have a bias or none; each result becomes a "
-        "column slice of the wide output. Never merges a linear whose result is returned, written in place, read "
-        "by a call fxforge cannot see into, or viewed in a way that depends on its strides (a view that merges the "
-        "last dimension with another), nor one whose module or weights are used elsewhere; each refusal is listed "
+        "more nn.Linear modules, F.linear calls or ATen linear ops with stored weights that read the same node, have "
+        "the same form, input size, dtype and device, and all have a bias or none; each result becomes a column slice"
+        " of the wide output. Never merges a linear whose result is returned, written in place, read by a call "
+        "fxforge cannot see into, or viewed in a way that depends on its strides (a view that merges the last "
+        "dimension with another), nor one whose module or weights are used elsewhere or tied; each refusal is listed "
         "with its reason. Torch and ATen dialects. Not in -p exact (it gained 0-3% on the transformers measured): "
         "name it, or let lint --fix run it where lint rule FX014 finds a group."
     ),

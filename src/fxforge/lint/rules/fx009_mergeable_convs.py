@@ -38,7 +38,7 @@ def check(ctx: LintContext):
     """
     # lint --fix runs merge_convs with its default options: report only the pairs those options merge.
     options = MergeConvsOptions()
-    uses = count_uses(ctx.graph)
+    uses = count_uses(ctx.graph, gm=ctx.gm)
     for node in ctx.graph.nodes:
         plan = plan_merge(ctx.gm, node, uses)
         if not isinstance(plan, MergePlan):
