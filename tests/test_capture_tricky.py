@@ -668,3 +668,21 @@ def test_a_loaded_model_captured_without_inputs_uses_its_default_inputs():
     captured = capture(loaded)
     assert [t.dtype for t in captured.example_inputs] == [torch.int64]
     assert captured.record.checks and captured.record.checks[0].ok
+
+
+class _TracesAnotherBranch(torch.nn.Module):
+    """Under symbolic tracing ``x`` is a Proxy, not a Tensor: the graph records ``x + None``, which fails when run."""
+
+    def forward(self, x):
+        if isinstance(x, torch.Tensor):
+            return x * 2
+        return x + None
+
+
+def test_a_traced_graph_that_fails_its_check_prints_no_traceback(capsys):
+    """QA (transformers SqueezeBert): torch.fx printed its own traceback and an excerpt of the generated forward to
+    stderr when capture's check ran the traced graph, before capture fell back to torch.export and succeeded."""
+    captured = capture(_TracesAnotherBranch(), (torch.randn(2, 3),))
+    assert captured.record.method == EXPORT
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "FX-traced Module" not in err, err

@@ -253,8 +253,22 @@ def cloned(value: Any) -> Any:
 def run_isolated(module: Any, args: Sequence[Any], kwargs: dict[str, Any], *others: nn.Module) -> Any:
     """Call ``module`` on copies of the inputs, with its state (and that of ``others``) restored afterwards."""
     args, kwargs = cloned((tuple(args), dict(kwargs)))
-    with preserved_state(*(m for m in (module, *others) if isinstance(m, nn.Module))), torch.no_grad():
+    states = preserved_state(*(m for m in (module, *others) if isinstance(m, nn.Module)))
+    with states, torch.no_grad(), graph_error_report_dropped():
         return module(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def graph_error_report_dropped() -> Iterator[None]:
+    """Drop what is written to stderr during a call that raises; pass it on after one that returns.
+
+    torch.fx prints its own report of an error raised in a GraphModule's generated code (a traceback and an excerpt
+    of the generated forward) to stderr before re-raising it, and fxforge reports that error itself in one line: QA
+    saw a raw traceback from capture's check of a symbolic trace that then fell back to torch.export."""
+    held = io.StringIO()
+    with contextlib.redirect_stderr(held):
+        yield
+    sys.stderr.write(held.getvalue())  # reached only when the call returned
 
 
 def describe_inputs(args: Sequence[Any]) -> str:
