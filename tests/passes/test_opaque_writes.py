@@ -15,13 +15,13 @@ from torch import nn
 from fxforge import apply_pass, capture
 
 
-def add_one_(t, x):
-    if x.sum() > -1e9:  # data-dependent: capture keeps the helper as one call
+def bump(t, x):
+    if x.sum() > -1e9:  # data-dependent: capture keeps the helper as one call (no trailing _: not named in place)
         t.add_(1)
     return x * 0
 
 
-def negate_(t, x):
+def negate(t, x):
     if x.sum() > -1e9:
         t.mul_(-1)
     return x
@@ -33,7 +33,7 @@ class UnusedWrite(nn.Module):
         self.register_buffer("count", torch.zeros(1))
 
     def forward(self, x):
-        add_one_(self.count, x)  # result unused: only the write matters
+        bump(self.count, x)  # result unused: only the write matters
         return x + self.count
 
 
@@ -43,14 +43,14 @@ class ZeroBufferWritten(nn.Module):
         self.register_buffer("count", torch.zeros(4))
 
     def forward(self, x):
-        x = add_one_(self.count, x) + x
+        x = bump(self.count, x) + x
         return x + self.count  # not x + 0: the helper wrote the buffer first
 
 
 class ReluInputWritten(nn.Module):
     def forward(self, x):
         a = torch.relu(x)
-        x = negate_(a, x)  # a is <= 0 now
+        x = negate(a, x)  # a is <= 0 now
         return torch.relu(a) + x
 
 
@@ -60,7 +60,7 @@ class StatisticsWritten(nn.Module):
         self.conv, self.bn = nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)
 
     def forward(self, x):
-        x = x + add_one_(self.bn.running_mean, x)
+        x = x + bump(self.bn.running_mean, x)
         return self.bn(self.conv(x))
 
 
