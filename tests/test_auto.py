@@ -559,7 +559,10 @@ def test_compile_writes_compiled_code_or_a_recipe_the_loader_applies(tmp_path, m
     expected = captured.original(*captured.example_inputs)
     artifact = write_artifact(get_backend("compile"), captured, tmp_path / "aoti", BuildSettings(1, tmp_path, expected))
     assert "model.aoti.pt2" in artifact.files and "model.pt2" not in artifact.files
-    loaded = load_model(str(tmp_path / "aoti")).module
+    # a package runs native code when loaded (QA: a swapped .so ran on every command): it needs the opt-in
+    with pytest.raises(FxforgeError, match="AOTInductor package: loading it runs the native code"):
+        load_model(str(tmp_path / "aoti"))
+    loaded = load_model(str(tmp_path / "aoti"), trust_pickle=True).module
     assert isinstance(loaded, AotiModule)
     x = torch.randn(2, 8)
     assert compare_outputs(model(x), loaded(x)).ok
@@ -576,9 +579,9 @@ def test_compile_writes_compiled_code_or_a_recipe_the_loader_applies(tmp_path, m
     alone = tmp_path / "alone.pt2"
     alone.write_bytes((tmp_path / "aoti" / "model.aoti.pt2").read_bytes())
     with pytest.raises(ValueError, match=r"compiled for inputs 2x8, got 5x8"):
-        load_model(str(alone)).module(torch.randn(5, 8))
+        load_model(str(alone), trust_pickle=True).module(torch.randn(5, 8))
     # the package file itself is a model spec too (it was read as a torch.export program: "is the file corrupt?")
-    package = load_model(str(tmp_path / "aoti" / "model.aoti.pt2")).module
+    package = load_model(str(tmp_path / "aoti" / "model.aoti.pt2"), trust_pickle=True).module
     assert isinstance(package, AotiModule) and compare_outputs(model(x), package(x)).ok
 
     def no_compiler(*args, **kwargs):
@@ -619,7 +622,7 @@ def test_an_aotinductor_package_of_a_transformers_output_loads_in_a_fresh_proces
     assert artifact.load.startswith("import transformers.modeling_outputs; torch._inductor.aoti_load_package(")
     script = (
         "import sys, torch, fxforge\n"
-        "m = fxforge.load_model(sys.argv[1]).module\n"
+        "m = fxforge.load_model(sys.argv[1], trust_pickle=True).module\n"
         "print(type(m(torch.ones(1, 8))).__name__)\n"
     )
     done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=300)
@@ -639,11 +642,13 @@ def test_an_aotinductor_package_runs_inputs_of_any_memory_layout(tmp_path, capfd
     captured = capture(model, (torch.randn(1, 3, 16, 16),))
     expected = captured.original(*captured.example_inputs)
     write_artifact(get_backend("compile"), captured, tmp_path, BuildSettings(1, tmp_path, expected))
-    loaded = load_model(str(tmp_path)).module
+    loaded = load_model(str(tmp_path), trust_pickle=True).module
     image = torch.randn(1, 3, 16, 16).to(memory_format=torch.channels_last)
     assert not image.is_contiguous() and compare_outputs(model(image), loaded(image)).ok
     # inspect of the directory: one line saying what it is (it printed a C++ error, then "data-dependent control flow")
-    assert main(["inspect", str(tmp_path)]) == EXIT_CAPTURE
+    assert main(["inspect", str(tmp_path)]) == EXIT_USAGE  # loading it would run its code: not without the opt-in
+    assert "AOTInductor package: loading it runs the native code" in capfd.readouterr().err
+    assert main(["inspect", str(tmp_path), "--trust-pickle"]) == EXIT_CAPTURE
     assert "cannot capture an AOTInductor package" in capfd.readouterr().err
 
 
@@ -663,7 +668,8 @@ def test_an_aotinductor_package_is_refused_on_a_cpu_without_its_instruction_set(
     captured = capture(model, (torch.randn(1, 8),))
     expected = captured.original(*captured.example_inputs)
     write_artifact(get_backend("compile"), captured, tmp_path, BuildSettings(1, tmp_path, expected))
-    assert isinstance(load_model(str(tmp_path)).module, artifacts.AotiModule)  # loads on the CPU that built it
+    # loads on the CPU that built it
+    assert isinstance(load_model(str(tmp_path), trust_pickle=True).module, artifacts.AotiModule)
     older = CpuInfo("an older CPU", ["avx", "fma"], 2, "DEFAULT")
     monkeypatch.setattr(artifacts, "cpu_info", lambda: older)
 
@@ -672,7 +678,7 @@ def test_an_aotinductor_package_is_refused_on_a_cpu_without_its_instruction_set(
 
     monkeypatch.setattr(torch._inductor, "aoti_load_package", never)
     with pytest.raises(ModelSpecError, match=r"compiled for a CPU with AVX.*which this one \(an older CPU\) lacks"):
-        load_model(str(tmp_path))
+        load_model(str(tmp_path), trust_pickle=True)
 
 
 def test_the_recipe_variant_ships_the_compiled_model_without_aotinductor(tmp_path, monkeypatch):
@@ -914,7 +920,7 @@ def test_an_aotinductor_package_of_a_torch_dialect_graph_returns_plain_dicts(tmp
     assert captured.dialect == "torch"
     expected = captured.original(*captured.example_inputs)
     write_artifact(get_backend("compile"), captured, tmp_path, BuildSettings(1, tmp_path, expected))
-    output = load_model(tmp_path).module(torch.randn(1, 4))
+    output = load_model(tmp_path, trust_pickle=True).module(torch.randn(1, 4))
     assert type(output) is dict and set(output) == {"logits", "shifted"}
     output.pop("logits")
 

@@ -851,10 +851,11 @@ def _write(
             _check_reloads(staging, rewritten)
         if not (staging / INPUTS_FILE).exists():
             write_inputs(staging, rewritten.example_inputs)
-        # a directory whose only model is a pickle loads only with the opt-in (eager, pickled int8)
+        # a directory whose only model is a pickle loads only with the opt-in (eager, pickled int8), and so does
+        # an AOTInductor package (native code, run when loaded)
         forms = (AOTI_FILE, PROGRAM_FILE, TORCHSCRIPT_FILE, ONNX_FILE)
         pickled = (staging / MODEL_FILE).exists() and not any((staging / form).exists() for form in forms)
-        opt_in = ", trust_pickle=True" if pickled else ""
+        opt_in = ", trust_pickle=True" if pickled or (staging / AOTI_FILE).exists() else ""
         result.load_with_fxforge = f"fxforge.load_model({str(result.output_dir)!r}{opt_in}).module  # runs as timed"
         report = {"model": spec, "capture": rewritten.record.to_dict(), **result.to_dict()}
         report["files"] = [*sorted(p.name for p in staging.iterdir()), REPORT_FILE]

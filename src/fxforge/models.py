@@ -216,7 +216,7 @@ def _dispatch(spec: str, kwargs: dict[str, Any], trusted: bool) -> LoadedModel:
     if path.exists() and not path.is_file():  # a FIFO or device: reading it would wait forever
         raise ModelSpecError(f"{spec} is not a regular file", hint="give a model file, a directory or a spec")
     if path.suffix == ".pt2" and path.is_file() and is_aoti_package(path):  # not a torch.export program
-        return _load_aoti(path, spec)
+        return _load_aoti(path, spec, trusted)
     if path.suffix == ".pt2":
         return _load_pt2(path, spec, trusted)
     if path.suffix in {".pt", ".pth", ".bin", ".pkl"}:
@@ -432,7 +432,7 @@ def _load_output_dir(path: Path, spec: str, trusted: bool) -> LoadedModel:
         looked_for = ", ".join((MODEL_FILE, PROGRAM_FILE, AOTI_FILE, TORCHSCRIPT_FILE, ONNX_FILE))
         raise ModelSpecError(f"directory {spec!r} holds no model ({looked_for})", hint="is it an fxforge output?")
     if chosen == AOTI_FILE:  # compiled code (optimize --auto chose Inductor): runs as timed
-        loaded = _load_aoti(path / AOTI_FILE, spec)
+        loaded = _load_aoti(path / AOTI_FILE, spec, trusted)
     elif chosen == MODEL_FILE:
         loaded = _load_pickled_module(path / MODEL_FILE, spec, trusted)
     elif chosen == PROGRAM_FILE:
@@ -463,18 +463,28 @@ def _load_output_dir(path: Path, spec: str, trusted: bool) -> LoadedModel:
 
 
 def _model_file_of(path: Path, trusted: bool) -> str | None:
-    """Which file of an output directory is the model: the AOTInductor package (runs as timed), else the pickle
+    """Which file of an output directory is the model: the AOTInductor package (runs as timed; trusted, as it runs
+    native code when loaded, or alone, to be refused by name), else the pickle
     when trusted (the torch-dialect graph, with provenance for bisection) or alone, else the pickle-free
     ``model.pt2``, else what ``optimize --auto`` writes when it picks TorchScript or ONNX Runtime (runnable,
     though not capturable as an fx graph). None where there is none."""
-    if (path / AOTI_FILE).exists():
+    others = [name for name in (MODEL_FILE, PROGRAM_FILE, TORCHSCRIPT_FILE, ONNX_FILE) if (path / name).exists()]
+    if (path / AOTI_FILE).exists() and (trusted or not others):  # untrusted and alone: refused when loaded
         return AOTI_FILE
     if (path / MODEL_FILE).exists() and (trusted or not (path / PROGRAM_FILE).exists()):
         return MODEL_FILE
     return next((name for name in (PROGRAM_FILE, TORCHSCRIPT_FILE, ONNX_FILE) if (path / name).exists()), None)
 
 
-def _load_aoti(path: Path, spec: str) -> LoadedModel:
+def _load_aoti(path: Path, spec: str, trusted: bool) -> LoadedModel:
+    if not trusted:
+        # loading a package dlopens the shared library inside it: its code runs at once (QA: a swapped .so ran its
+        # constructor on every command that was given the file)
+        raise ModelSpecError(
+            f"{spec} is an AOTInductor package: loading it runs the native code compiled into it",
+            hint=f"if you trust this file, pass {option('--trust-pickle', True)} (or set {TRUST_PICKLE_ENV}=1), "
+            "which allows files that run code when loaded; a model.pt2 program loads without it",
+        )
     try:
         return LoadedModel(AotiModule(path), spec)
     except Exception as exc:  # torch raises its own error types for damaged packages and missing compilers
@@ -503,6 +513,8 @@ def _load_onnx_file(path: Path, spec: str) -> LoadedModel:
 def _load_pt2(path: Path, spec: str, trusted: bool) -> LoadedModel:
     if not path.exists():
         raise ModelSpecError(f"file not found: {spec}")
+    if is_aoti_package(path):  # compiled code under a program's name (an output directory's model.pt2)
+        return _load_aoti(path, spec, trusted)
     try:
         # torch logs the whole failure (a traceback) before raising it: fxforge reports it in one line
         with quiet_torch_logs(), contextlib.redirect_stderr(io.StringIO()), _pickled_payloads_refused(trusted):

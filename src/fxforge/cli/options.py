@@ -129,8 +129,8 @@ def trust_pickle_option(command: Callable[..., Any]) -> Callable[..., Any]:
     return click.option(
         "--trust-pickle",
         is_flag=True,
-        help="Allow loading a pickled module (.pt): unpickling runs code from the file, so only for files you "
-        "trust (or set FXFORGE_TRUST_PICKLE=1).",
+        help="Allow loading files that run code when loaded -- a pickled module (.pt), an AOTInductor package "
+        "(native code) -- so only files you trust (or set FXFORGE_TRUST_PICKLE=1).",
     )(command)
 
 
