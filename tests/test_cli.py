@@ -435,3 +435,45 @@ def test_token_ids_past_the_embedding_get_a_hint_about_their_range(capsys, tmp_p
     code = main(["inspect", f"{source}:build", "-i", "1x12:int64:max=100"])
     err = capsys.readouterr().err
     assert code == EXIT_USAGE and "index out of range" in err and "max=" in err and "1x3x224x224" not in err
+
+
+_EXITS = """
+import sys
+import torch
+from torch import nn
+
+
+class Exits(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        sys.exit(CODE)
+
+
+def build():
+    return Exits()
+
+
+def exits_pass(gm, options):
+    sys.exit(CODE)
+"""
+
+
+@pytest.mark.parametrize("code", ["None", "1", "3"])
+def test_sys_exit_in_the_models_code_is_an_error_not_an_exit_code(capsys, tmp_path, code):
+    """QA: sys.exit() in a forward made inspect exit 0 with no output (no JSON document either), sys.exit(1) read as
+    verify's "mismatch", sys.exit(3) as a capture failure; a pass calling it ended optimize silently. Each is now
+    one error line naming the line that called it, exit 2."""
+    (tmp_path / "exits.py").write_text(_EXITS.replace("CODE", code))
+    spec = str(tmp_path / "exits.py:build")
+    status, out, err = run(capsys, "inspect", spec, "-i", "2x4")
+    assert status == EXIT_USAGE and f"called sys.exit({code})" in err and "exits.py:13" in err and not out
+    status, out, _ = run(capsys, "verify", spec, spec, "-i", "2x4", "--json")
+    assert status == EXIT_USAGE and json.loads(out)["error"].startswith("the code fxforge ran called sys.exit")
+    if code != "1":
+        return  # a pass's name is registered once per process (from one file)
+    passes = f"{tmp_path / 'exits.py'}:exits_pass"
+    status, _, err = run(capsys, "optimize", "demo", "-p", passes, "-o", str(tmp_path / "out"))
+    assert status == EXIT_USAGE and "called sys.exit" in err and not (tmp_path / "out").exists()
