@@ -397,3 +397,21 @@ def test_doctor_refuses_a_measurement_time_out_of_range_nan_included(seconds, ca
     assert "--seconds" in capsys.readouterr().err
     with pytest.raises(FxforgeError, match=r"seconds must be a number from 0\.2 to 60"):
         doctor(seconds=float(seconds))
+
+
+def test_a_trace_the_profiler_could_not_write_is_one_error_and_leaves_nothing(tmp_path):
+    """QA (a full disk): the profiler's C++ writer only logs a failed write, so the staged trace was missing, the move
+    into place raised FileNotFoundError (internal error, exit 4) and its temporary TARGET.tmp stayed beside the
+    target. Stood in for here by a writer that fails the same way."""
+    from fxforge.errors import FxforgeError
+    from fxforge.profile import _write_trace
+
+    target = tmp_path / "t.json"
+
+    class FailingWriter:
+        def export_chrome_trace(self, path):
+            (tmp_path / "t.json.tmp").write_text('{"traceEv')  # what kineto left, and no file at path
+
+    with pytest.raises(FxforgeError, match="could not write the trace") as info:
+        _write_trace(FailingWriter(), target, force=False)
+    assert info.value.exit_code == 2 and sorted(p.name for p in tmp_path.iterdir()) == []

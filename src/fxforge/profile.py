@@ -257,8 +257,19 @@ def _check_trace_target(trace: str | Path, force: bool) -> None:
 
 
 def _write_trace(prof: Any, path: Path, force: bool) -> None:
+    # the profiler's C++ writer reports a failed write (a full disk) only in a log line, wrote no file, and left
+    # its temporary TARGET.tmp beside the target (QA: an internal error, exit 4, and a 20 KiB t.json.tmp)
+    stray = path.with_name(path.name + ".tmp")
+    stray_before = stray.exists()
     with StagedOutput(path, force=force) as staged:
-        prof.export_chrome_trace(str(staged.path))
+        with native_output_silenced():
+            prof.export_chrome_trace(str(staged.path))
+        if not staged.path.is_file() or staged.path.stat().st_size == 0:
+            if not stray_before:
+                stray.unlink(missing_ok=True)
+            raise FxforgeError(
+                f"the profiler could not write the trace to {path}", hint="is the disk full? nothing was written"
+            )
         staged.commit()
 
 
