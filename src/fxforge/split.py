@@ -68,6 +68,7 @@ from fxforge.partition import partition, prefix_sums
 from fxforge.references import import_file
 from fxforge.runtime import export_program, keeps_rng_state, preserved_state, quiet_torch_logs
 from fxforge.verify import DEFAULT_CASES, VerifyResult, verify
+from fxforge.visual.graph import read_profile
 
 BALANCES = ("flops", "params", "memory", "time")
 PLAN_FORMAT = "fxforge-split"
@@ -376,26 +377,11 @@ def _node_costs(graph: _Graph, balance: str, profile: Mapping[str, float] | None
 
 
 def load_profile(path: str | Path) -> dict[str, float]:
-    """Node times from a profile JSON (``fxforge profile --json``): ``{"nodes": [{"name": ..., "time_ms": ...}]}``."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except OSError as exc:
-        raise FxforgeError(f"cannot read profile {path}: {exc.strerror or exc}") from None
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise FxforgeError(f"profile {path} is not JSON: {first_line(exc)}") from None
-    nodes = data.get("nodes") if isinstance(data, dict) else None
-    if not isinstance(nodes, list):
-        raise FxforgeError(f'profile {path} has no "nodes" list', hint="write one with fxforge profile MODEL --json")
+    """Node times from a profile JSON (``fxforge profile --json``): ``{"nodes": [{"name": ..., "time_ms": ...}]}``,
+    checked as the graph page checks it; a name listed twice adds up."""
     times: dict[str, float] = {}
-    for entry in nodes:
-        name = entry.get("name") if isinstance(entry, dict) else None
-        value = entry.get("time_ms") if isinstance(entry, dict) else None
-        if not isinstance(name, str) or isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise FxforgeError(f'profile {path}: every node needs a "name" and a numeric "time_ms", got {entry!r}')
-        if not math.isfinite(value) or value < 0:
-            raise FxforgeError(f"profile {path}: node {name!r} has time_ms {value}, not a finite number >= 0")
-        times[name] = times.get(name, 0.0) + float(value)
+    for entry in read_profile(path)["nodes"]:
+        times[entry["name"]] = times.get(entry["name"], 0.0) + float(entry["time_ms"])
     return times
 
 

@@ -247,3 +247,28 @@ def test_diff_html_takes_trust_pickle_as_its_hint_says(tmp_path):
     fxforge.optimize(captured, ["fold_bn"], output_dir=tmp_path / "o")
     view = fxforge.diff_html(captured, tmp_path / "o", tmp_path / "d.html", trust_pickle=True)
     assert view.path == tmp_path / "d.html" and view.model["counts"]["removed"] > 0  # the folded batch norm
+
+
+def test_a_damaged_profile_file_is_one_error_line_for_report_graph_and_split(tmp_path, capsys):
+    """QA: a time that is not a number, "modules": null or a null node ended report and graph in an internal error
+    (exit 4), and negative or NaN times drew a page; split refused them. One check serves all three now."""
+    assert main(["profile", "demo", "--json", "--repeats", "2", "--warmup", "1"]) == 0
+    good = json.loads(capsys.readouterr().out)
+    damaged = {
+        "text time": {**good, "nodes": [{**good["nodes"][0], "time_ms": "abc"}, *good["nodes"][1:]]},
+        "negative time": {**good, "nodes": [{**good["nodes"][0], "time_ms": -1.0}, *good["nodes"][1:]]},
+        "null modules": {**good, "modules": None},
+        "null node": {**good, "nodes": [None]},
+    }
+    for label, data in damaged.items():
+        path = tmp_path / "p.json"
+        path.write_text(json.dumps(data))
+        for args in (
+            ["report", "demo", "--profile-file", str(path), "-o", str(tmp_path / "r.html")],
+            ["graph", "demo", "--profile", str(path), "-o", str(tmp_path / "g.html")],
+            ["split", "demo", "--stages", "2", "--profile", str(path), "-o", str(tmp_path / "s")],
+        ):
+            assert main(args) == 2, (label, args[0])
+            err = capsys.readouterr().err
+            assert err.startswith("error: profile") and "internal error" not in err, (label, err)
+        assert not [p for p in tmp_path.iterdir() if p.name != "p.json"], label

@@ -25,6 +25,7 @@ import contextlib
 import dataclasses
 import inspect as pyinspect
 import json
+import math
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -277,11 +278,11 @@ def _profile_dict(profile: Any) -> dict[str, Any] | None:
             "a profile is fxforge.profile_model's result, its dict (to_dict(), fxforge profile --json) or that "
             f"JSON file's path, not {type(profile).__name__}"
         )
-    return dict(data)
+    return checked_profile(dict(data), "the profile")
 
 
 def read_profile(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """A profile written by ``fxforge profile MODEL --json > profile.json``, checked for its ``nodes`` list."""
+    """A profile written by ``fxforge profile MODEL --json > profile.json``, checked (:func:`checked_profile`)."""
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError) as exc:
@@ -290,7 +291,35 @@ def read_profile(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise FxforgeError(f"profile {path} is not JSON: {exc}") from None
     if not isinstance(data, dict) or not isinstance(data.get("nodes"), list):
         raise FxforgeError(f"profile {path} has no 'nodes' list", hint="write it with: fxforge profile MODEL --json")
+    return checked_profile(data, f"profile {path}")
+
+
+def checked_profile(data: dict[str, Any], source: str) -> dict[str, Any]:
+    """``data`` (``fxforge profile --json``'s document), once every node has a name and a finite ``time_ms`` >= 0
+    and the optional ``share``, ``total_ms`` and ``modules`` are what profile writes: a hand-edited or damaged file
+    ended the graph page and the report in an internal error (QA: ``"time_ms": "abc"``, ``"modules": null``)."""
+    hint = "write it with: fxforge profile MODEL --json"
+    for entry in data["nodes"]:
+        name = entry.get("name") if isinstance(entry, dict) else None
+        if not isinstance(name, str):
+            raise FxforgeError(f'{source}: every node needs a "name", got {entry!r:.80}', hint=hint)
+        if not _a_time(entry.get("time_ms")):
+            value = entry.get("time_ms")
+            raise FxforgeError(f"{source}: node {name!r} has time_ms {value!r}, not a time >= 0", hint=hint)
+        if entry.get("share") is not None and not _a_time(entry["share"]):
+            raise FxforgeError(f"{source}: node {name!r} has share {entry['share']!r}", hint=hint)
+    if data.get("total_ms") is not None and not _a_time(data["total_ms"]):
+        raise FxforgeError(f"{source}: total_ms is {data['total_ms']!r}, not a time", hint=hint)
+    modules = data.get("modules", [])
+    if not isinstance(modules, list) or not all(
+        isinstance(m, dict) and isinstance(m.get("path"), str) and _a_time(m.get("time_ms", 0)) for m in modules
+    ):
+        raise FxforgeError(f'{source}: "modules" must be a list of {{"path", "time_ms"}} entries', hint=hint)
     return data
+
+
+def _a_time(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
 
 
 # Nodes that check rather than compute -- torch.export's dtype/shape assertions and size constraints: hidden like
