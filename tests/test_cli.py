@@ -477,3 +477,14 @@ def test_sys_exit_in_the_models_code_is_an_error_not_an_exit_code(capsys, tmp_pa
     passes = f"{tmp_path / 'exits.py'}:exits_pass"
     status, _, err = run(capsys, "optimize", "demo", "-p", passes, "-o", str(tmp_path / "out"))
     assert status == EXIT_USAGE and "called sys.exit" in err and not (tmp_path / "out").exists()
+
+
+def test_a_closed_stdout_or_stderr_is_no_traceback():
+    """QA: ``fxforge inspect demo >&-`` failed at import (sys.stdout is None) with a traceback and exit 1; with stderr
+    closed it printed nothing and exited 1. What goes to a closed stream is discarded; the exit code is the
+    command's."""
+    command = f"{sys.executable} -m fxforge inspect demo"
+    closed_out = subprocess.run(f"{command} >&-", shell=True, capture_output=False, stderr=subprocess.PIPE, text=True)
+    assert closed_out.returncode == EXIT_OK and "Traceback" not in closed_out.stderr, closed_out.stderr[-800:]
+    closed_err = subprocess.run(f"{command} 2>&-", shell=True, stdout=subprocess.PIPE, text=True)
+    assert closed_err.returncode == EXIT_OK and "Total:" in closed_err.stdout
