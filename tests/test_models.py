@@ -821,3 +821,17 @@ def test_a_transformers_models_token_ids_span_its_vocabulary():
     with torch.no_grad():
         wrong.embeddings.word_embeddings.weight[50] += torch.randn(32)  # a constant would vanish in LayerNorm
     assert not fxforge.verify(loaded.module, wrong, input_specs=loaded.default_inputs).ok
+
+
+def test_a_program_with_damaged_example_inputs_is_a_corrupt_file(tmp_path, monkeypatch):
+    """QA: a crafted .pt2 (loaded with --trust-pickle) whose recorded example inputs were not (args, kwargs) ended in
+    an internal error (KeyError: 0, exit 4); it is a damaged file, said in one line."""
+    import types
+
+    from fxforge import models
+
+    path = tmp_path / "m.pt2"
+    path.write_bytes(b"PK")  # exists; the stand-in loader below reads nothing
+    monkeypatch.setattr(models, "load_program", lambda p: types.SimpleNamespace(example_inputs={"x": 1}))
+    with pytest.raises(ModelSpecError, match="recorded example inputs are not"):
+        load_model(str(path), trust_pickle=True)

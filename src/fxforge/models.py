@@ -530,10 +530,16 @@ def _load_pt2(path: Path, spec: str, trusted: bool) -> LoadedModel:
         raise ModelSpecError(
             f"cannot read exported program {spec}: {first_line(exc)}", hint="is the file corrupt?"
         ) from None
-    inputs = []
-    for value in program.example_inputs[0] if program.example_inputs else ():
-        if isinstance(value, torch.Tensor):
-            inputs.append(InputSpec.of(value))
+    recorded = program.example_inputs
+    if recorded is not None and not (
+        isinstance(recorded, tuple) and len(recorded) == 2 and isinstance(recorded[0], tuple)
+        and isinstance(recorded[1], dict)
+    ):  # torch.export records (args, kwargs); a damaged or crafted archive may hold anything (QA: KeyError: 0)
+        raise ModelSpecError(
+            f"cannot read exported program {spec}: its recorded example inputs are not (args, kwargs)",
+            hint="is the file corrupt?",
+        )
+    inputs = [InputSpec.of(value) for value in (recorded[0] if recorded else ()) if isinstance(value, torch.Tensor)]
     return LoadedModel(program_module(program), spec, inputs, exported_program=program)
 
 
