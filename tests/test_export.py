@@ -742,7 +742,7 @@ def test_a_disk_without_room_for_the_weights_is_refused_before_writing(tmp_path,
     out.mkdir()
     assert main([part.format(out=out) for part in command]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: the system refused: no room for") and "MiB free" in err
+    assert err.startswith("error: the system refused: no room for") and "16.0 MiB for the rest (4.0 KiB free)" in err
     assert list(out.iterdir()) == []  # nothing half-written, no staging directory
 
 

@@ -40,6 +40,7 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
+from fxforge import display
 from fxforge.callstack import call_on_fresh_chunk
 from fxforge.errors import FxforgeError, InputSpecError, ModelSpecError, first_line, option, require, user_location
 from fxforge.graphs import ATEN, aten_packet, index_bounds
@@ -431,7 +432,9 @@ def check_free_space(directory: Path, module: nn.Module, copies: int = 1) -> Non
     if needed + FREE_SPACE_MARGIN > free:
         raise OSError(
             errno.ENOSPC,
-            f"no room for {needed / 2**20:,.1f} MiB of weights ({free / 2**20:,.1f} MiB free)",
+            # the margin named too: "no room for 0.0 MiB of weights (0.1 MiB free)" read as a contradiction (QA)
+            f"no room for {display.byte_size(needed)} of weights and {display.byte_size(FREE_SPACE_MARGIN)} for "
+            f"the rest ({display.byte_size(free)} free)",
             str(directory),
         )
 
