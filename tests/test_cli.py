@@ -488,3 +488,16 @@ def test_a_closed_stdout_or_stderr_is_no_traceback():
     assert closed_out.returncode == EXIT_OK and "Traceback" not in closed_out.stderr, closed_out.stderr[-800:]
     closed_err = subprocess.run(f"{command} 2>&-", shell=True, stdout=subprocess.PIPE, text=True)
     assert closed_err.returncode == EXIT_OK and "Total:" in closed_err.stdout
+
+
+def test_a_pass_that_leaves_an_invalid_graph_is_one_error_line(capsys, tmp_path):
+    """QA: torch.fx's lint appends the whole graph to its message, and optimize printed it: a 15-line error."""
+    (tmp_path / "cycle.py").write_text(
+        "def cycle(gm, options):\n"
+        "    from fxforge.passes import PassResult\n"
+        "    relu = next(n for n in gm.graph.nodes if n.op == 'call_module' and n.target == 'relu')\n"
+        "    relu.args = (relu,)\n"
+        "    return PassResult('cycle', gm)\n"
+    )
+    status, _, err = run(capsys, "optimize", "demo", "-p", f"{tmp_path / 'cycle.py'}:cycle", "-o", str(tmp_path / "o"))
+    assert status == EXIT_USAGE and "left an invalid graph" in err and len(err.strip().splitlines()) <= 2, err

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from fxforge.errors import FxforgeError
+from fxforge.errors import FxforgeError, first_line
 from fxforge.graphs import dialect_of
 from fxforge.plugins import PASSES_GROUP, load_group
 from fxforge.references import import_reference
@@ -398,7 +398,8 @@ def apply_pass(gm: fx.GraphModule, name: str | PassSpec, options: Any = None, *,
     try:
         gm.graph.lint()
     except Exception as exc:
-        raise PassError(f"pass {spec.name!r} left an invalid graph: {exc}") from None
+        # first_line: torch.fx appends the whole graph to its message (QA: a 15-line error)
+        raise PassError(f"pass {spec.name!r} left an invalid graph: {first_line(exc)}") from None
     gm.recompile()
     if spec.ensures is not None:
         reason = spec.ensures(gm, result)
