@@ -738,7 +738,8 @@ def test_ort_int8_is_a_reduced_candidate_whose_artifact_reloads(tmp_path):
     )
     ort = next(c for c in result.candidates if c.name == "ort_int8")
     assert ort.status in ("accepted", "chosen"), ort.reason
-    assert not ort.exact and ort.top1_agreement >= 0.5 and ort.max_abs_err > 0 and not result.warnings
+    assert not ort.exact and ort.top1_agreement >= 0.5 and ort.max_abs_err > 0
+    assert [w for w in result.warnings if "in-sample" not in w] == []  # calibrated and judged on the same data
     assert "QDQ" in " ".join(ort.notes) and "InferenceSession" in ort.load
 
     settings = BuildSettings(1, tmp_path / "a", captured.original(*captured.example_inputs))
@@ -980,7 +981,7 @@ def test_compiled_artifacts_refuse_an_out_of_range_token_id_in_one_line(tmp_path
     captured = capture(_TokenClassifier().eval(), (torch.randint(0, 10, (1, 6)),), method="export")
     expected = captured.original(*captured.example_inputs)
     write_artifact(get_backend(backend), captured, tmp_path, BuildSettings(1, tmp_path, expected))
-    model = load_model(tmp_path).module
+    model = load_model(tmp_path, trust_pickle=True).module  # the AOTInductor package: native code
     ids = torch.tensor([[1, 2, 3, 4, 5, 9]])
     assert torch.allclose(model(ids), captured.original(ids))
     for bad in (10, -1):
