@@ -203,6 +203,10 @@ def test_int8_judged_on_the_data_it_was_calibrated_on_warns(classifier, tmp_path
     assert held_out_int8.max_abs_err > 1.5 * in_sample_int8.max_abs_err  # calibrated on the other samples indeed
     with pytest.raises(FxforgeError, match="calibration_data calibrates int8"):
         auto_optimize(classifier, backends=["int8"], budget=budget, calibration_data=str(calibration), repeats=2)
+    with pytest.raises(FxforgeError, match="no int8 candidate is tried here"):
+        auto_optimize(
+            classifier, backends=["bf16"], budget=budget, data=str(data), calibration_data=str(calibration), repeats=2
+        )
 
 
 def test_reduced_precision_on_the_users_data(classifier, tmp_path):

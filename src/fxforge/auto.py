@@ -463,6 +463,13 @@ def _calibration_data(
     """What int8 candidates are calibrated on: ``calibration_data`` where given, else the judging data (with a
     warning that int8's accuracy is then in-sample), else None (random batches)."""
     if not any(b.base in INT8_BACKENDS for b in backends):
+        if calibration_data is not None:  # unread, it would be ignored
+            raise FxforgeError(
+                f"{option('--calibration-data', python='calibration_data')} calibrates int8, and no int8 candidate "
+                "is tried here",
+                hint=f"add int8 or ort_int8 to {option('--backends', python='backends')}, or leave "
+                f"{option('--calibration-data', python='calibration_data')} out",
+            )
         return None
     if calibration_data is not None:
         return load_calibration(calibration_data, captured.example_inputs, kind="calibration (--calibration-data)")
