@@ -687,9 +687,10 @@ def _onnx_dynamo(
         # the file would declare a free batch and compute the traced batch's branch at every other one (QA: a model
         # doubling its output above batch 2, exported at batch 2, was verified at batches 1 and 2 and wrong at 3)
         low, high = limits
-        sizes = f"batch {low} only" if low == high else f"batch sizes up to {high} only" if low <= 1 else (
-            f"batch sizes {low} to {high} only"
-        )
+        if low == high:
+            sizes = f"batch {low} only"
+        else:
+            sizes = f"batch sizes up to {high} only" if low <= 1 else f"batch sizes {low} to {high} only"
         raise ExportError(
             f"cannot export {name} to ONNX with a dynamic batch: its code holds for {sizes} as torch.export traced "
             "it (it branches on the batch size or fixes it), which an ONNX file cannot record: a file for any batch "
