@@ -480,6 +480,7 @@ def narrowed_batch(program: torch.export.ExportedProgram) -> tuple[int, int] | N
     torch.export records such a limit as the range of the batch symbol (``x.shape[0] > 2`` traced at batch 2:
     ``[0, 2]``), which a ``.pt2`` program checks at each call and an ONNX file cannot record."""
     user_inputs = set(program.graph_signature.user_inputs)
+    narrowed: tuple[int, int] | None = None
     for node in program.graph.nodes:
         value = node.meta.get("val")
         if node.op != "placeholder" or node.name not in user_inputs or not isinstance(value, torch.Tensor):
@@ -488,12 +489,14 @@ def narrowed_batch(program: torch.export.ExportedProgram) -> tuple[int, int] | N
             continue
         size = value.shape[0]
         if isinstance(size, int):
-            return size, size
+            narrowed = narrowed or (size, size)
+            continue
         ranges = program.range_constraints.get(size.node.expr)
         # an unbounded range ends at torch's int_oo, which is no sympy.Integer (and calls itself finite)
-        if ranges is not None and isinstance(ranges.upper, sympy.Integer):
-            return int(ranges.lower), int(ranges.upper)
-    return None
+        if ranges is None or not isinstance(ranges.upper, sympy.Integer):
+            return None  # a free batch (an input of another first dimension, a weight, may be fixed beside it)
+        narrowed = narrowed or (int(ranges.lower), int(ranges.upper))
+    return narrowed
 
 
 def at_batch_two(values: Any) -> Any | None:
