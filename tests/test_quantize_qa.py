@@ -285,3 +285,54 @@ def test_a_transformers_models_ids_and_mask_saved_as_one_tuple_are_refused(tmp_p
     data = load_calibration(str(tmp_path / "batches.pt"), example, kind="eval")
     assert data.samples == 40 and len(data.batches) == 5
     assert loaded.module(*data.batches[0]).last_hidden_state.shape == (8, 16, 32)
+
+
+class _Mlp(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 32), nn.Linear(32, 8)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+def test_nan_in_the_evaluation_data_is_no_zero_error(tmp_path, capsys):
+    """QA: --eval data of NaN gave "max abs error 0, relative error 0.00%" (every element left out as non-finite) and
+    --keep-float-until rel-err=0.001 reported its target met with every layer int8; one NaN sample was silently
+    dropped. NaN matches only NaN now, as verify compares: a NaN where int8 gives a number is an infinite error, and
+    data where float's outputs are not finite anywhere compares nothing. report.json stays strict JSON."""
+    torch.manual_seed(0)
+    model = _Mlp().eval()
+    calibration = [torch.randn(8, 16) for _ in range(4)]
+    one_nan = torch.randn(40, 16)
+    one_nan[3, 5] = float("nan")
+    result = quantize(
+        model,
+        calibration=calibration,
+        eval_data=[one_nan],
+        example_inputs=(torch.randn(8, 16),),
+        output_dir=tmp_path / "o",
+    )
+    assert result.accuracy.max_abs_err == float("inf") and result.accuracy.rel_err == float("inf")
+    report = json.loads((tmp_path / "o" / "report.json").read_text())  # strict JSON: no Infinity token
+    assert report["accuracy"]["rel_err"] == "inf"
+
+    (tmp_path / "model.py").write_text(
+        "import torch\nfrom torch import nn\n\n"
+        "class M(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.a, self.b = nn.Linear(16, 32), nn.Linear(32, 8)\n\n"
+        "    def forward(self, x):\n        return self.b(torch.relu(self.a(x)))\n\n\n"
+        "def build():\n    return M()\n"
+    )
+    torch.save(torch.full((40, 16), float("nan")), tmp_path / "nan.pt")
+    torch.save(torch.randn(32, 16), tmp_path / "calib.pt")
+    out = tmp_path / "out"
+    code, _, err = _cli(
+        capsys, "quantize", f"{tmp_path / 'model.py'}:build", "-i", "8x16", "--calib", str(tmp_path / "calib.pt"),
+        "--eval", str(tmp_path / "nan.pt"), "-o", str(out),
+    )
+    if code == EXIT_USAGE:  # int8 gives NaN wherever float does: nothing to compare, refused rather than "0% error"
+        assert "not finite (NaN or inf) anywhere" in err and not out.exists()
+    else:  # int8 gives numbers where float gives NaN: an infinite error, no top-1 agreement
+        accuracy = json.loads((out / "report.json").read_text())["accuracy"]
+        assert accuracy["max_abs_err"] == "inf" and accuracy["top1_agreement"] == 0.0, accuracy

@@ -352,7 +352,7 @@ class StagedOutput:
 
 
 def write_json(path: Path, data: Any) -> None:
-    path.write_text(json.dumps(data, indent=2, default=str))
+    path.write_text(display.json_text(data, indent=2))
 
 
 def _batch_sizes_only(

@@ -11,6 +11,8 @@ library only (bottom layer): results are read by attribute, and the interactive 
 from __future__ import annotations
 
 import html
+import json
+import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -26,6 +28,23 @@ _STYLE = """<style>
 .fxf-card td.num{text-align:right;font-variant-numeric:tabular-nums}
 .fxf-ok{color:#1b7f3b;font-weight:600}.fxf-bad{color:#b42318;font-weight:600}.fxf-warn{color:#b54708}
 </style>"""
+
+
+def json_text(data: Any, **dumps: Any) -> str:
+    """``json.dumps(data)`` as strict JSON: a non-finite float (an infinite error, a NaN) is written as the string
+    ``"inf"``, ``"-inf"`` or ``"nan"``, since Python's ``Infinity``/``NaN`` is no JSON (``jq``, ``JSON.parse`` and
+    strict parsers refuse the whole document); values JSON cannot hold otherwise as their ``str``."""
+    return json.dumps(_finite_json(data), allow_nan=False, default=str, **dumps)
+
+
+def _finite_json(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {key: _finite_json(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_json(item) for item in value]
+    return value
 
 
 def escape(value: Any) -> str:

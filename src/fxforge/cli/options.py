@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -23,6 +22,7 @@ from rich.measure import Measurement
 from rich.table import Table
 
 from fxforge.cli import stop_if_interrupted
+from fxforge.display import json_text
 
 
 def _piped_width() -> int:
@@ -269,7 +269,7 @@ _documents_emitted = [0]
 
 def emit_json(payload: Any) -> None:
     _documents_emitted[0] += 1
-    click.echo(json.dumps(payload, indent=2, default=str), file=_json_stdout[-1] if _json_stdout else None)
+    click.echo(json_text(payload, indent=2), file=_json_stdout[-1] if _json_stdout else None)
 
 
 def forget_documents() -> None:

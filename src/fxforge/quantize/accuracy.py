@@ -74,7 +74,7 @@ def compare_batches(
     labelled = classifier and len(labels) == len(reference) and all(y is not None for y in labels)
     agree = samples = float_correct = int8_correct = 0
     max_abs = total_abs = magnitude = 0.0
-    count = 0
+    count = unmatched = 0
     for index, (ref_batch, cand_batch) in enumerate(zip(reference, candidate)):
         if len(ref_batch) != len(cand_batch):
             raise FxforgeError("the quantized model returns a different number of outputs than the float model")
@@ -85,12 +85,20 @@ def compare_batches(
                 raise FxforgeError(f"quantized output {i} has shape {tuple(cand.shape)}, not {tuple(ref.shape)}")
             diff = (ref.double() - cand.double()).abs()
             finite = torch.isfinite(diff)
-            max_abs = max(max_abs, float(diff.max()) if diff.numel() else 0.0)
+            # NaN matches only NaN, inf only the same inf (as verify compares): a NaN where the other model gives a
+            # number is an infinite error, not a value left out (QA: NaN data reported "max abs error 0")
+            same = (ref.isnan() & cand.isnan()) | (torch.isinf(ref) & (ref == cand))
+            if bool((~finite & ~same).any()):
+                unmatched += int((~finite & ~same).sum())
+            max_abs = max(max_abs, float(diff[finite].max()) if bool(finite.any()) else 0.0)
             total_abs += float(diff[finite].sum())
             magnitude += float(ref.double().abs()[finite].sum())
             count += int(finite.sum())
             if i == 0 and classifier:
-                agree += int((ref.argmax(1) == cand.argmax(1)).sum())
+                # a row with a NaN has no top-1 class: it agrees only where the other row is NaN in the same places
+                finite_rows = torch.isfinite(ref).all(1) & torch.isfinite(cand).all(1)
+                same_rows = (same | finite).all(1) & ~finite_rows
+                agree += int(((ref.argmax(1) == cand.argmax(1)) & finite_rows).sum() + same_rows.sum())
                 samples += ref.shape[0]
                 if labelled:
                     float_correct += int((ref.argmax(1) == labels[index]).sum())
@@ -98,8 +106,16 @@ def compare_batches(
         if not classifier:
             first = ref_batch[0] if ref_batch else None
             samples += int(first.shape[0]) if first is not None and first.dim() > 0 else 1
+    if not count and not unmatched:
+        raise FxforgeError(
+            f"the float model's outputs on {data or 'the data'} are not finite (NaN or inf) anywhere: float and int8 "
+            "compared on nothing would agree with 0% error",
+            hint="check the data for NaN or inf values",
+        )
     mean_abs = total_abs / count if count else 0.0
     rel = mean_abs / (magnitude / count) if count and magnitude > 0 else (0.0 if mean_abs == 0 else math.inf)
+    if unmatched:
+        max_abs = mean_abs = rel = math.inf
     agreement = agree / samples if classifier and samples else None
     report = AccuracyReport(samples, classifier, agreement, max_abs, mean_abs, rel, data)
     if labelled and samples:

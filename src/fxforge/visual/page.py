@@ -10,7 +10,6 @@ and shown inline in Jupyter (``_repr_html_``, an iframe holding the page).
 from __future__ import annotations
 
 import html
-import json
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
@@ -18,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from fxforge.artifacts import StagedOutput, check_output_file
-from fxforge.display import byte_size, counted, number
+from fxforge.display import byte_size, counted, json_text, number
 from fxforge.errors import FxforgeError
 
 ASSETS = ("elk.bundled.js", "graphview.js", "graphpage.js")
@@ -35,7 +34,7 @@ def asset(name: str) -> str:
 
 def script_json(data: Any) -> str:
     """JSON safe inside ``<script type="application/json">``: no ``</script>`` or ``<!--`` can end it early."""
-    text = json.dumps(data, separators=(",", ":"), default=str)
+    text = json_text(data, separators=(",", ":"))
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
