@@ -336,3 +336,15 @@ def test_nan_in_the_evaluation_data_is_no_zero_error(tmp_path, capsys):
     else:  # int8 gives numbers where float gives NaN: an infinite error, no top-1 agreement
         accuracy = json.loads((out / "report.json").read_text())["accuracy"]
         assert accuracy["max_abs_err"] == "inf" and accuracy["top1_agreement"] == 0.0, accuracy
+
+
+def test_nan_in_calibration_data_and_a_bad_eval_batch_are_named_as_such():
+    """QA: NaN in --calib ended in FX quantization's "torch.histc: range of [-nan, -nan] is not finite" with a hint to
+    keep a layer in float; an --eval function returning dicts was called "calibration data"."""
+    with_nan = torch.randn(16, 8)
+    with_nan[3, 2] = float("nan")
+    with pytest.raises(InputSpecError, match=r"calibration data from .* holds NaN values \(batch 0\)"):
+        load_calibration(with_nan, (torch.randn(4, 8),))
+    with pytest.raises(InputSpecError, match=r"^eval data from .* holds a dict"):
+        load_calibration([{"x": torch.randn(4, 8)}], (torch.randn(4, 8),), kind="eval")
+    assert load_calibration(with_nan, (torch.randn(4, 8),), kind="eval").samples == 16  # judging data may hold NaN

@@ -96,14 +96,16 @@ def _class_labels(value: Any, batch: tuple[Any, ...]) -> torch.Tensor | None:
     return value if first is not None and first.dim() > 0 and value.shape[0] == first.shape[0] else None
 
 
-def _as_batch(item: Any, arity: int | None, source: str) -> tuple[tuple[Any, ...], torch.Tensor | None]:
+def _as_batch(
+    item: Any, arity: int | None, source: str, kind: str = "calibration"
+) -> tuple[tuple[Any, ...], torch.Tensor | None]:
     if isinstance(item, torch.Tensor):
         batch: tuple[Any, ...] = (item,)
     elif isinstance(item, (tuple, list)):
         batch = tuple(item)
     else:
         raise InputSpecError(
-            f"calibration data from {source} holds a {type(item).__name__}; expected tensors or tuples of tensors",
+            f"{kind} data from {source} holds a {type(item).__name__}; expected tensors or tuples of tensors",
             hint="each item is one batch: a tensor, or a tuple with one tensor per model input",
         )
     # (inputs, labels) pairs from a DataLoader: the model takes the leading items; the next one, when
@@ -179,7 +181,7 @@ def _batches_of(
             f"{kind} data from {source} is a {type(obj).__name__}",
             hint="give a tensor (samples along dim 0), (inputs, labels) tensors, or a list of batches",
         )
-    pairs = [_as_batch(item, arity, source) for item in obj]
+    pairs = [_as_batch(item, arity, source, kind) for item in obj]
     return CalibrationData([batch for batch, _ in pairs], source, labels=[labels for _, labels in pairs])
 
 
@@ -277,6 +279,16 @@ def _described(data: CalibrationData, source: str, kind: str) -> CalibrationData
 def _with_samples(data: CalibrationData, kind: str) -> CalibrationData:
     # Observers that see no sample keep no range, so the int8 model outputs zeros; and float and int8 compared
     # on no sample "agree" with 0% error. Both would look like a good result.
+    if kind.startswith("calibration") and not data.random:
+        for index, batch in enumerate(data.batches):
+            # int8 ranges cannot be fitted to NaN: the observers failed deep in FX quantization ("torch.histc: range
+            # of [-nan, -nan] is not finite"), with a hint to keep a layer in float (QA)
+            if any(isinstance(t, torch.Tensor) and t.is_floating_point() and t.isnan().any() for t in batch):
+                raise InputSpecError(
+                    f"{kind} data from {data.source} holds NaN values (batch {index}): int8 value ranges cannot be "
+                    "fitted to them",
+                    hint="calibrate on samples without NaN",
+                )
     if data.samples == 0:
         count = len(data.batches)
         held = f"{count} batch{'' if count == 1 else 'es'} of 0 samples" if count else "no batches"
