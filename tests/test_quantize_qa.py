@@ -348,3 +348,21 @@ def test_nan_in_calibration_data_and_a_bad_eval_batch_are_named_as_such():
     with pytest.raises(InputSpecError, match=r"^eval data from .* holds a dict"):
         load_calibration([{"x": torch.randn(4, 8)}], (torch.randn(4, 8),), kind="eval")
     assert load_calibration(with_nan, (torch.randn(4, 8),), kind="eval").samples == 16  # judging data may hold NaN
+
+
+def test_labels_that_give_no_real_accuracy_are_said_so():
+    """QA: with labels in only some evaluation batches, every label was dropped (no top-1 accuracy) without a word;
+    labels of classes the model does not have were counted as wrong answers for both models, silently."""
+    torch.manual_seed(0)
+    model = _Mlp().eval()
+    calibration = [torch.randn(8, 16) for _ in range(4)]
+    example = (torch.randn(8, 16),)
+    mixed = [(torch.randn(8, 16), torch.randint(0, 8, (8,))), (torch.randn(8, 16),)]
+    result = quantize(model, calibration=calibration, eval_data=mixed, example_inputs=example)
+    assert result.accuracy.float_top1 is None and any("labels in 1 of 2" in w for w in result.warnings)
+    outside = [(torch.randn(8, 16), torch.randint(20, 30, (8,)))]
+    result = quantize(model, calibration=calibration, eval_data=outside, example_inputs=example)
+    assert any("outside the model's 8 classes" in w for w in result.warnings)
+    fine = [(torch.randn(8, 16), torch.randint(0, 8, (8,)))]
+    result = quantize(model, calibration=calibration, eval_data=fine, example_inputs=example)
+    assert not any("labels" in w for w in result.warnings) and result.accuracy.float_top1 is not None

@@ -66,6 +66,25 @@ STATIC_LAYER_TYPES: tuple[type[nn.Module], ...] = WEIGHTED_LAYER_TYPES
 DYNAMIC_LAYER_TYPES: tuple[type[nn.Module], ...] = (nn.Linear, nn.LSTM, nn.GRU, nn.LSTMCell, nn.GRUCell, nn.RNNCell)
 
 
+def _label_problem(labels: Sequence[Any], reference: list[list[torch.Tensor]]) -> str | None:
+    """Why the labels the data carries do not give real top-1 accuracies, where they do not: some batches without
+    them (then none is used), or classes the model does not have (QA: both passed silently)."""
+    present = [y for y in labels if y is not None]
+    if present and len(present) < len(labels):
+        return (
+            f"labels in {len(present)} of {len(labels)} evaluation batches: top-1 accuracy was not measured (every "
+            "batch needs its labels)"
+        )
+    classes = reference[0][0].shape[1] if reference and reference[0] else None
+    outside = [int(v) for y in present for v in (y.min(), y.max()) if not 0 <= int(v) < (classes or 0)]
+    if classes and outside:
+        return (
+            f"labels outside the model's {classes} classes (e.g. {outside[0]}): both models' top-1 accuracy counts "
+            "those samples as wrong"
+        )
+    return None
+
+
 def _check_options(mode: str, backend: str) -> None:
     if mode not in MODES:
         raise FxforgeError(f"unknown quantization mode {mode!r}", hint=f"one of {', '.join(MODES)}")
@@ -498,6 +517,9 @@ def quantize(
     reference = _float_outputs(plan, evaluation, "eval" if eval_data is not None else "calibration")
     with quantized_engine(backend):
         accuracy = compare_batches(reference, run_batches(model, evaluation.batches), label, evaluation.labels)
+    label_warning = _label_problem(evaluation.labels, reference) if accuracy.classifier else None
+    if label_warning:
+        result_warnings.append(label_warning)
     if goal is not None and goal.metric != "rel_err" and not accuracy.classifier:
         raise FxforgeError(
             f"a top-1 target ({goal}) needs a classifier (first output: 2-D logits)", hint="use rel-err=X"
