@@ -424,3 +424,20 @@ def test_a_fault_asked_for_in_words_no_stage_reads_is_refused(small_split, monke
     with pytest.raises(FxforgeError, match="names no fault this pipeline can inject") as info:
         run_pipeline(small_split, microbatches=2, repeats=1, warmup=0, timeout=120)
     assert "STAGE from 0 to 1" in info.value.hint
+
+
+def test_a_model_not_per_sample_along_dim_0_is_said_why_the_pipeline_differs():
+    """QA: a model returning ``q.t()`` split and verified, then every run-pipeline was a MISMATCH reading only "shape
+    (64, 2) != (16, 8)": a pipeline joins microbatch outputs along dim 0. The check now says so."""
+    from fxforge.distributed import check_outputs
+
+    class Transposes(torch.nn.Module):
+        def forward(self, x):
+            return x * 2, (x * 3).t()
+
+    model, x = Transposes(), torch.randn(4, 3)
+    joined = [torch.cat(parts) for parts in zip(*(model(mb) for mb in x.tensor_split(2)))]  # what a pipeline gathers
+    check = check_outputs((model, "m"), (x,), joined, microbatches=2)
+    assert not check.ok and any("--microbatches 1" in problem for problem in check.problems)
+    per_sample = check_outputs((lambda x: (x * 2,), "m"), (x,), [x * 2], microbatches=2)
+    assert per_sample.ok and not any("--microbatches" in problem for problem in per_sample.problems)

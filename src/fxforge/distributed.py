@@ -226,7 +226,28 @@ def check_outputs(
     expected, per_microbatch = reference_outputs(module, batch_inputs, microbatches)
     comparison = compare_outputs(tuple(expected), tuple(outputs))
     how = f"{name} run once per microbatch (fixed to one batch size)" if per_microbatch else name
-    return OutputCheck(comparison.ok, comparison.max_abs_err, comparison.max_rel_err, comparison.problems[:5], how)
+    problems = comparison.problems[:5]
+    joinable = per_microbatch or microbatches == 1
+    if not comparison.ok and not joinable and _not_per_sample(module, batch_inputs, microbatches):
+        # say why no pipeline can match: QA saw only "shape (64, 2) != (16, 8)" for a model returning q.t()
+        problems.append(
+            "the model's whole-batch output is not its microbatches' outputs joined along dim 0 (an output whose "
+            "first dimension is not the batch, or one computed across samples): a pipeline joins microbatch outputs "
+            "along dim 0, so run it with --microbatches 1"
+        )
+    return OutputCheck(comparison.ok, comparison.max_abs_err, comparison.max_rel_err, problems, how)
+
+
+def _not_per_sample(module: nn.Module, batch_inputs: tuple[torch.Tensor, ...], microbatches: int) -> bool:
+    """Does the model's whole-batch output differ from its microbatches' outputs joined along dim 0?"""
+    with torch.no_grad(), quiet_torch_logs():
+        whole = _tensor_leaves(module(*batch_inputs))
+        chunks = [_tensor_leaves(module(*mb)) for mb in _microbatches(batch_inputs, microbatches)]
+    try:
+        joined = [torch.cat(parts) for parts in zip(*chunks)]
+    except RuntimeError:  # the pieces do not even join along dim 0
+        return True
+    return not compare_outputs(tuple(whole), tuple(joined)).ok
 
 
 def _backend_and_device(device: str, local_rank: int, local_world: int) -> tuple[str, torch.device]:
