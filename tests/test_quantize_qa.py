@@ -366,3 +366,17 @@ def test_labels_that_give_no_real_accuracy_are_said_so():
     fine = [(torch.randn(8, 16), torch.randint(0, 8, (8,)))]
     result = quantize(model, calibration=calibration, eval_data=fine, example_inputs=example)
     assert not any("labels" in w for w in result.warnings) and result.accuracy.float_top1 is not None
+
+
+def test_labels_as_a_column_are_read_as_classes():
+    """QA: ``torch.save((x, y), f)`` with ``y`` of shape N x 1 (a label column, as arrays often hold them) was read as
+    a list of two batches, and the model was fed the labels ("cannot run on batch 1 ... 40x1:int64")."""
+    torch.manual_seed(0)
+    x, y = torch.randn(40, 16), torch.randint(0, 8, (40, 1))
+    data = load_calibration((x, y), (torch.randn(8, 16),))
+    assert data.samples == 40 and all(labels.dim() == 1 for labels in data.labels)
+    assert torch.equal(torch.cat(data.labels), y.reshape(-1))
+    result = quantize(
+        _Mlp().eval(), calibration=[torch.randn(8, 16)], eval_data=(x, y), example_inputs=(torch.randn(8, 16),)
+    )
+    assert result.accuracy.float_top1 is not None and not any("labels" in w for w in result.warnings)

@@ -91,6 +91,8 @@ def leading_batches(batches: Sequence[tuple[Any, ...]], samples: int) -> int:
 def _class_labels(value: Any, batch: tuple[Any, ...]) -> torch.Tensor | None:
     """``value`` when it looks like one integer class label per sample of ``batch``, else None."""
     first = next((t for t in batch if isinstance(t, torch.Tensor)), None)
+    if isinstance(value, torch.Tensor) and value.dim() == 2 and value.shape[1] == 1:
+        value = value.reshape(-1)  # a column of classes (N x 1), as label arrays often are: read as N classes (QA)
     if not isinstance(value, torch.Tensor) or value.dim() != 1 or value.is_floating_point() or value.is_complex():
         return None
     return value if first is not None and first.dim() > 0 and value.shape[0] == first.shape[0] else None
@@ -172,7 +174,8 @@ def _batches_of(
         chunks = [(chunk,) for chunk in obj.split(split)] if obj.dim() > 0 else [(obj,)]
         return CalibrationData(chunks, source, labels=[None] * len(chunks))
     if _dataset_with_labels(obj, arity):
-        columns = [t.split(split) for t in obj]
+        labels = _class_labels(obj[arity], tuple(obj[:arity]))
+        columns = [t.split(split) for t in (*obj[:arity], labels)]
         batches = [tuple(column[i] for column in columns[:-1]) for i in range(len(columns[0]))]
         return CalibrationData(batches, source, labels=list(columns[-1]))
     _refuse_unreadable_tuple(obj, examples, source, kind)
