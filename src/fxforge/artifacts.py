@@ -50,6 +50,7 @@ from fxforge.references import USER_MODULE_PREFIX, import_file
 from fxforge.runtime import (
     ConstantKeywords,
     at_batch_two,
+    batch_range_text,
     export_program_any_batch,
     holds_tensor,
     narrowed_batch,
@@ -358,14 +359,13 @@ def write_json(path: Path, data: Any) -> None:
 def _batch_sizes_only(
     program: torch.export.ExportedProgram, inputs: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> str | None:
-    """``"batch 2"``, ``"batch sizes 1 to 2"``... where ``program`` runs only those (the range torch.export recorded for
-    its batch, or a run at another batch refused), else None."""
+    """``"batch 2"``, ``"batch sizes up to 2"``... where ``program`` runs only those (the range torch.export
+    recorded for its batch, or a run at another batch refused), else None."""
     limits = narrowed_batch(program)
     if limits is not None:
-        low, high = limits
-        return f"batch {low}" if low == high else f"batch sizes {max(low, 1)} to {high}"
+        return batch_range_text(limits)
     fixed = _fixed_batch(program, inputs, kwargs)
-    return f"batch {fixed}" if fixed is not None else None
+    return batch_range_text((fixed, fixed)) if fixed is not None else None
 
 
 def _fixed_batch(
@@ -379,8 +379,8 @@ def _fixed_batch(
     batch = batched[0].shape[0]
     values = (inputs, kwargs)
     other = at_batch_two(values) if batch == 1 else pytree.tree_map_only(torch.Tensor, _first_row, values)
-    module = program.module()
     try:
+        module = program.module()
         # preserved: the program's buffers are the model's own tensors, and a forward updating them in place changed
         # the caller's model (QA: a call counter at 1 after optimize -o)
         quiet = contextlib.redirect_stderr(io.StringIO())
@@ -1091,8 +1091,18 @@ def scripted_output_structure(output: Any) -> Any | None:
     it keeps tensors, tuples, lists and plain dicts, and returns a namedtuple as a tuple, a transformers output as a
     dict. None where TorchScript's own structure is the model's (or the output cannot be described)."""
     described = describe_structure(output)
-    text = json.dumps(described)
-    return described if any(f'"{kind}"' in text for kind in ("namedtuple", "class", "ordered_dict")) else None
+    return described if _holds_kind(described, ("namedtuple", "class", "ordered_dict")) else None
+
+
+def _holds_kind(description: Any, kinds: tuple[str, ...]) -> bool:
+    """Does a :func:`describe_structure` description hold a container of one of ``kinds`` at any depth?"""
+    if isinstance(description, dict):
+        return any(kind in description for kind in kinds) or any(
+            _holds_kind(item, kinds) for item in description.values()
+        )
+    if isinstance(description, list):
+        return any(_holds_kind(item, kinds) for item in description)
+    return False
 
 
 def _tensors_in(description: Any) -> int:

@@ -90,6 +90,7 @@ from fxforge.errors import (
 from fxforge.graphs import ATEN, without_input_guards
 from fxforge.inputs import specs_of
 from fxforge.runtime import (
+    batch_range_text,
     cloned,
     device_of,
     export_program,
@@ -686,15 +687,10 @@ def _onnx_dynamo(
     if limits is not None:
         # the file would declare a free batch and compute the traced batch's branch at every other one (QA: a model
         # doubling its output above batch 2, exported at batch 2, was verified at batches 1 and 2 and wrong at 3)
-        low, high = limits
-        if low == high:
-            sizes = f"batch {low} only"
-        else:
-            sizes = f"batch sizes up to {high} only" if low <= 1 else f"batch sizes {low} to {high} only"
         raise ExportError(
-            f"cannot export {name} to ONNX with a dynamic batch: its code holds for {sizes} as torch.export traced "
-            "it (it branches on the batch size or fixes it), which an ONNX file cannot record: a file for any batch "
-            "would compute the wrong thing at others",
+            f"cannot export {name} to ONNX with a dynamic batch: its code holds for {batch_range_text(limits)} only "
+            "as torch.export traced it (it branches on the batch size or fixes it), which an ONNX file cannot "
+            "record: a file for any batch would compute the wrong thing at others",
             hint=f"leave {option('--dynamic-batch')} out (a file for the example's batch), or export to pt2, whose "
             "program checks the batch at each call",
             construct="batch-dependent code",

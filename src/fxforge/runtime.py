@@ -499,6 +499,14 @@ def narrowed_batch(program: torch.export.ExportedProgram) -> tuple[int, int] | N
     return narrowed
 
 
+def batch_range_text(limits: tuple[int, int]) -> str:
+    """``"batch 2"``, ``"batch sizes up to 2"`` or ``"batch sizes 2 to 8"`` for :func:`narrowed_batch`'s range."""
+    low, high = limits
+    if low == high:
+        return f"batch {low}"
+    return f"batch sizes up to {high}" if low <= 1 else f"batch sizes {low} to {high}"
+
+
 def at_batch_two(values: Any) -> Any | None:
     """``values`` (a pytree) with every tensor of batch 1 repeated to batch 2, or None where no tensor has batch 1 or
     some other tensor has another batch (then which dimension is the batch is not clear)."""

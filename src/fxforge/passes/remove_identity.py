@@ -442,10 +442,10 @@ def _copy_check(
         if own is not None and (own["dtype"] != dtype or (own["shape"] and own["shape"] != facts["shape"])):
             return "its recorded dtype or shape differs from the input's"
     if aliases.written(node) or aliases.written(source):
-        # a user's leaf module counts as a writer: it may write into what it is given (passes/_analysis.written_args)
+        # a user's leaf module or a call fxforge cannot see into counts as a writer (passes/_analysis.written_args)
         return (
-            "it returns a copy and an in-place op writes into the copy or its input (a user's leaf module counts as "
-            "one: it may write into what it is given)"
+            "it returns a copy and an in-place op writes into the copy or its input (a user's leaf module or a call "
+            "fxforge cannot see into counts as one: it may write into what it is given)"
         )
     if aliases.escapes(node) and (aliases.external(source) or aliases.escapes(source)):
         return "it returns a copy that the graph returns, and the input is a graph input, a parameter or an output"
