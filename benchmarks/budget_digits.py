@@ -8,7 +8,10 @@ the same row as ``peers.py`` (every peer alone, ``--auto`` exact, ``--auto`` und
 budget judged on the 450 held-out digits: by default ``--max-drop 0.01`` (top-1 accuracy on their labels at most
 one point below the float model's), or with ``--budget agreement=0.99`` the stricter ``--min-agreement 0.99`` (top-1
 agreement with the float model, which bounds the drop by 1 point: a sample can only be lost where the two
-disagree). ``--auto`` calibrates int8 on the same held-out digits it judges on (its ``--data``).
+disagree). ``--auto`` calibrates int8 on other digits than the held-out ones that judge it: its
+``--calibration-data`` is ``--calibration-size`` digits drawn (seeded) from the training set, as a user would
+calibrate on training data and judge on a validation set (``--calibration-size 0`` calibrates on the judging digits,
+in-sample, as this script did before 2026-11-27).
 
 After the row, the written budget artifact is loaded back with ``fxforge.load_model`` and its top-1 accuracy on the
 held-out digits is measured next to the float model's.
@@ -17,7 +20,8 @@ Training: Adam (lr 1e-3), batches of 32, ``--epochs`` passes over the 1,347 trai
 kept in ``--cache`` (``torch.save`` of the state dict, read back with ``weights_only=True``) so a second run skips it.
 
     .venv/bin/python benchmarks/budget_digits.py [--models resnet18,mobilenet_v2] [--batches 1,8] [--epochs 3]
-        [--cache DIR] [--budget-seconds 40] [--budget drop=0.01|agreement=0.99] [--results FILE] [--json]
+        [--cache DIR] [--calibration-size 450] [--budget-seconds 40] [--budget drop=0.01|agreement=0.99]
+        [--results FILE] [--json]
 """
 
 from __future__ import annotations
@@ -116,6 +120,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--cache", default=str(Path(tempfile.gettempdir()) / "fxforge-digits-weights"))
     parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument(
+        "--calibration-size",
+        type=int,
+        default=450,
+        help="training digits int8 is calibrated on (0: the held-out digits that judge it, in-sample)",
+    )
     parser.add_argument("--budget-seconds", type=float, default=40.0)
     parser.add_argument("--results", default=None, help="JSON lines: each row appended as soon as it is measured")
     parser.add_argument(
@@ -141,7 +151,9 @@ def main(argv: list[str] | None = None) -> int:
             model, train_s = train(name, x_train, y_train, args.epochs, Path(args.cache))
             float_top1 = top1(model, x_test, y_test, 64)
             print(f"{name}: float top-1 {float_top1:.4f} on {source}", file=sys.stderr, flush=True)
-            trained = peers.Trained(model, (x_test, y_test), source, _budget(args))
+            trained = peers.Trained(
+                model, (x_test, y_test), source, _budget(args), _calibration(x_train, args.calibration_size)
+            )
             for batch in (int(b) for b in args.batches.split(",")):
                 result = peers.run_one(name, batch, args, workdir, trained)
                 budget_dir = workdir / f"{name}-b{batch}" / "auto-budget"
@@ -161,6 +173,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Machine: {machine}\n")
     print(markdown(results))
     return 0
+
+
+def _calibration(x_train: torch.Tensor, size: int) -> torch.Tensor | None:
+    """``size`` training digits, drawn with a fixed seed, for ``--calibration-data``; None for 0 (in-sample)."""
+    if size <= 0:
+        return None
+    order = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(1))
+    return x_train[order[:size]].clone()
 
 
 def _budget(args: argparse.Namespace) -> Budget:
@@ -209,10 +229,10 @@ def markdown(results: list[dict[str, Any]]) -> str:
         "",
         "best exact peer: the fastest of eager, eager+cl, fx, jit, compile, ort (peers.py); auto/best: --auto with no "
         "budget; budget: --auto under --budget (default --max-drop 0.01: at most one point of top-1 on the held-out "
-        "labels) judged (and int8 calibrated) on the held-out digits, loaded back "
-        "with fxforge.load_model; auto/best and budget/best: the median of the per-round ratios (the best exact peer's "
-        "time over the artifact's in the same round) with its 95% bootstrap interval; top-1 on the held-out digits; "
-        "drop: float top-1 minus the budget artifact's.",
+        "labels) judged on the held-out digits (int8 calibrated on training digits unless --calibration-size 0), "
+        "loaded back with fxforge.load_model; auto/best and budget/best: the median of the per-round ratios (the "
+        "best exact peer's time over the artifact's in the same round) with its 95% bootstrap interval; top-1 on the "
+        "held-out digits; drop: float top-1 minus the budget artifact's.",
     ]
     return "\n".join(lines)
 

@@ -224,6 +224,17 @@ class Trained:
     data: Any  # (inputs, labels), read by fxforge.quantize.load_calibration
     source: str  # what the data is, for the tables
     budget: Budget | None = None  # the auto-budget column's budget (None: the random-weight rows' budget)
+    calibration: Any = None  # other samples to calibrate int8 on (--calibration-data); None: calibrated on ``data``
+
+
+def _calibration(trained: Trained | None, column: str, backends: list[str] | None) -> Any:
+    """The budget column's ``calibration_data``: only where an int8 candidate will read it (``--auto`` refuses
+    calibration data that no candidate reads)."""
+    if trained is None or column != "auto-budget" or trained.calibration is None:
+        return None
+    if backends is not None and not any(get_backend(b).precision == "int8" for b in backends):
+        return None
+    return trained.calibration
 
 
 def run_one(
@@ -266,6 +277,7 @@ def run_one(
                     budget=run_budget,
                     backends=backends,
                     data=trained.data if trained is not None and column == "auto-budget" else None,
+                    calibration_data=_calibration(trained, column, backends),
                     repeats=auto_repeats,
                     threads=threads,
                     quick=args.quick,

@@ -643,3 +643,29 @@ def test_split_leaves_the_users_model_in_its_mode():
     captured = capture(model, (torch.randn(2, 3, 16, 16),))
     split(captured, 2)
     assert all(module.training for module in model.modules())
+
+
+class _AcrossTheBatch(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.a(x)
+        return self.b(h - h.mean(0))  # batch statistics: each sample's output depends on the others
+
+
+def test_split_notes_a_model_whose_output_mixes_samples():
+    """QA: split wrote and verified such a model without a word; every run-pipeline with microbatches then failed.
+    Split now says so where it can tell (a batch of two examples against each on its own)."""
+    torch.manual_seed(0)
+    plan = split(capture(_AcrossTheBatch().eval(), (torch.randn(3, 4),)), stages=2).plan
+    assert any("--microbatches 1" in note and "joined along dim 0" in note for note in plan.notes)
+    per_sample = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4)).eval()
+    assert not any("--microbatches" in note for note in split(capture(per_sample, (torch.randn(3, 4),)), 2).plan.notes)
+
+
+def test_resnet18_is_judged_per_sample(resnet18_captured):
+    """A real conv net in eval mode: its BatchNorm uses running statistics, so no microbatch note."""
+    plan = split(resnet18_captured, stages=2, verify_stages=False).plan
+    assert not any("--microbatches" in note for note in plan.notes)

@@ -62,7 +62,16 @@ from fxforge.errors import (
 from fxforge.inputs import InputSpec, make_inputs, parse_input_spec
 from fxforge.models import pickle_trusted
 from fxforge.runtime import quiet_torch_logs, use_ieee_float32
-from fxforge.split import SplitPlan, load_plan, load_reference, load_stage, missing_reference_reason
+from fxforge.split import (
+    SplitPlan,
+    joins_along_batch,
+    load_plan,
+    load_reference,
+    load_stage,
+    missing_reference_reason,
+    split_batch,
+    tensor_leaves,
+)
 
 SCHEDULES = ("gpipe", "1f1b")
 FAULT_ENV = "FXFORGE_PIPELINE_FAULT"
@@ -201,18 +210,10 @@ def reference_outputs(
     once per microbatch and the outputs are concatenated, as the pipeline's are. Also says which it was."""
     with torch.no_grad(), quiet_torch_logs():
         try:
-            return _tensor_leaves(module(*batch_inputs)), False
+            return tensor_leaves(module(*batch_inputs)), False
         except Exception:  # a program specialised to the split's batch size
-            chunks = [_tensor_leaves(module(*mb)) for mb in _microbatches(batch_inputs, microbatches)]
+            chunks = [tensor_leaves(module(*mb)) for mb in split_batch(batch_inputs, microbatches)]
     return [torch.cat(parts) for parts in zip(*chunks)], True
-
-
-def _microbatches(inputs: tuple[torch.Tensor, ...], count: int) -> list[tuple[torch.Tensor, ...]]:
-    return [tuple(parts) for parts in zip(*(t.tensor_split(count) for t in inputs))]
-
-
-def _tensor_leaves(output: Any) -> list[torch.Tensor]:
-    return [leaf for leaf in torch.utils._pytree.tree_leaves(output) if isinstance(leaf, torch.Tensor)]
 
 
 def check_outputs(
@@ -228,7 +229,7 @@ def check_outputs(
     how = f"{name} run once per microbatch (fixed to one batch size)" if per_microbatch else name
     problems = comparison.problems[:5]
     joinable = per_microbatch or microbatches == 1
-    if not comparison.ok and not joinable and _not_per_sample(module, batch_inputs, microbatches):
+    if not comparison.ok and not joinable and not joins_along_batch(module, batch_inputs, microbatches):
         # say why no pipeline can match: QA saw only "shape (64, 2) != (16, 8)" for a model returning q.t()
         problems.append(
             "the model's whole-batch output is not its microbatches' outputs joined along dim 0 (an output whose "
@@ -236,18 +237,6 @@ def check_outputs(
             "along dim 0, so run it with --microbatches 1"
         )
     return OutputCheck(comparison.ok, comparison.max_abs_err, comparison.max_rel_err, problems, how)
-
-
-def _not_per_sample(module: nn.Module, batch_inputs: tuple[torch.Tensor, ...], microbatches: int) -> bool:
-    """Does the model's whole-batch output differ from its microbatches' outputs joined along dim 0?"""
-    with torch.no_grad(), quiet_torch_logs():
-        whole = _tensor_leaves(module(*batch_inputs))
-        chunks = [_tensor_leaves(module(*mb)) for mb in _microbatches(batch_inputs, microbatches)]
-    try:
-        joined = [torch.cat(parts) for parts in zip(*chunks)]
-    except RuntimeError:  # the pieces do not even join along dim 0
-        return True
-    return not compare_outputs(tuple(whole), tuple(joined)).ok
 
 
 def _backend_and_device(device: str, local_rank: int, local_world: int) -> tuple[str, torch.device]:
@@ -510,7 +499,7 @@ def _worker(args: argparse.Namespace) -> int:
         times, output = _run_schedules(args, me, status)
         status("done")
         last = me.rank == me.world - 1
-        outputs = [t.cpu() for t in _tensor_leaves(output)] if last else []
+        outputs = [t.cpu() for t in tensor_leaves(output)] if last else []
         if result_dir is None:  # under torchrun: the last rank reports
             return _report(me, args, outputs, times) if last else 0
         (result_dir / f"times_{me.rank}.json").write_text(json.dumps(times))
@@ -921,7 +910,7 @@ def _baseline(
 ) -> Baseline:
     """The unsplit model in this process on the same batch, with ``threads`` threads."""
     _, per_microbatch = reference_outputs(module, inputs, microbatches)
-    batches = _microbatches(inputs, microbatches) if per_microbatch else [inputs]
+    batches = split_batch(inputs, microbatches) if per_microbatch else [inputs]
     saved = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:

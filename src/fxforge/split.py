@@ -59,9 +59,10 @@ from fxforge.artifacts import (
     write_inputs,
 )
 from fxforge.capture import Captured, placeholder_values
+from fxforge.compare import compare_outputs
 from fxforge.errors import FxforgeError, ModelSpecError, first_line, format_location, option, recorded_user_frame
 from fxforge.graphs import GraphRunner, get_attr_value, is_input_guard, module_path, submodule
-from fxforge.inputs import InputSpec, parse_input_spec
+from fxforge.inputs import InputSpec, draw_like, parse_input_spec
 from fxforge.inspect import NodeInfo, inspect_graph
 from fxforge.models import LoadedModel, load_model, pickle_trusted
 from fxforge.partition import partition, prefix_sums
@@ -851,6 +852,9 @@ def split(
             hint="return tensors (tuples, lists, dicts of tensors are fine)",
         )
     modules = [_stage_graph_module(graph, plan, k) for k in range(len(plan.stages))]
+    microbatch_problem = _microbatch_problem(captured)
+    if microbatch_problem:
+        plan.notes.append(microbatch_problem)
     result = SplitResult(plan, modules, captured.graph_module)
     candidate: nn.Module = result.chained()
     if output_dir is not None:
@@ -878,6 +882,55 @@ def split(
     elif verify_stages:
         result.verification = verify(captured, candidate, cases=cases, seed=seed, bisect=False)
     return result
+
+
+def joins_along_batch(module: nn.Module, batch_inputs: tuple[torch.Tensor, ...], microbatches: int) -> bool:
+    """Is ``module``'s output on the whole batch its outputs on ``microbatches`` pieces of it joined along dim 0, as
+    a pipeline joins its microbatches' outputs? Not for an output computed across samples (``x - x.mean(0)``) or
+    whose first dimension is not the batch."""
+    with torch.no_grad(), quiet_torch_logs():
+        whole = tensor_leaves(module(*batch_inputs))
+        pieces = [tensor_leaves(module(*part)) for part in split_batch(batch_inputs, microbatches)]
+    try:
+        joined = [torch.cat(parts) for parts in zip(*pieces)]
+    except RuntimeError:  # the pieces do not even join along dim 0
+        return False
+    return compare_outputs(tuple(whole), tuple(joined)).ok
+
+
+def split_batch(inputs: tuple[torch.Tensor, ...], count: int) -> list[tuple[torch.Tensor, ...]]:
+    """``inputs`` cut into ``count`` microbatches along dim 0, as the pipeline cuts them."""
+    return [tuple(parts) for parts in zip(*(t.tensor_split(count) for t in inputs))]
+
+
+def tensor_leaves(output: Any) -> list[torch.Tensor]:
+    """The tensors in ``output`` (a pytree), in pytree order: what the last pipeline stage returns."""
+    return [leaf for leaf in pytree.tree_leaves(output) if isinstance(leaf, torch.Tensor)]
+
+
+@keeps_rng_state
+def _microbatch_problem(captured: Captured) -> str | None:
+    """A note where the model's output on two samples is not its outputs on each joined along dim 0: run-pipeline
+    then matches it only with one microbatch. Checked on a batch of twice the example's (drawn like it), for models
+    that take batched tensors only; a model that refuses that batch is not judged."""
+    example = captured.example_inputs
+    if captured.example_kwargs or not example:
+        return None
+    if not all(isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == example[0].shape[0] for v in example):
+        return None
+    module = captured.original
+    doubled = draw_like(tuple(example), "normal", 0, 2 * example[0].shape[0])
+    try:
+        with preserved_state(module):
+            if joins_along_batch(module, doubled, 2):
+                return None
+    except Exception:  # a model fixed to its example's batch, say: run-pipeline's own check will tell
+        return None
+    return (
+        "the model's output on a batch is not its outputs on the batch's halves joined along dim 0 (an output "
+        "computed across samples, or whose first dimension is not the batch): run-pipeline joins microbatch outputs "
+        "along dim 0, so it matches the model only with --microbatches 1"
+    )
 
 
 class SplitVerificationError(FxforgeError):
