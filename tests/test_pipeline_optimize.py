@@ -479,6 +479,8 @@ def test_a_damaged_inputs_txt_is_an_error_only_where_its_shapes_are_needed(tmp_p
     assert main(["inspect", str(out), "--trust-pickle"]) == 2  # model.pt: no shapes but the file's
     assert "inputs.txt is corrupt" in capsys.readouterr().err
     assert main(["inspect", str(out), "--trust-pickle", "--input", "2x3x32x32"]) == 0
+    capsys.readouterr()  # model.pt2 records an example of its own; a damaged inputs.txt beside it is not passed over
+    assert main(["inspect", str(out)]) == 2 and "inputs.txt is corrupt" in capsys.readouterr().err
     # a directory holds several forms: the verdict names the one it compared (QA: OK while model.pt was damaged)
     capsys.readouterr()
     assert main(["verify", "demo", str(out), "--input", "2x3x32x32"]) == 0

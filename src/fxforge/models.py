@@ -456,6 +456,9 @@ def _load_output_dir(path: Path, spec: str, trusted: bool) -> LoadedModel:
     except (FxforgeError, OSError, UnicodeDecodeError) as exc:
         hint = said("pass --input instead", "pass inputs instead")
         loaded.default_inputs_error = ModelSpecError(f"{path / INPUTS_FILE} is corrupt: {first_line(exc)}", hint=hint)
+        # not the example model.pt2 records instead: the directory's own file says which shapes (and token-id
+        # ranges) to run, and a damaged one is the user's to know about (QA: it was passed over in silence)
+        loaded.default_inputs = []
         specs = None
     if specs is not None:
         loaded.default_inputs = specs
