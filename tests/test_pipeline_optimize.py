@@ -596,6 +596,54 @@ def test_a_model_pt_torch_would_load_wrong_is_not_written(tmp_path):
         assert torch.allclose(loaded(x), twin(x))
 
 
+def _bump(state):  # a user's helper: fxforge captures it as one call and cannot see its write
+    state.add_(1)
+    return state
+
+
+class _HiddenWrites(torch.nn.Module):
+    """Buffers written in forward by calls whose names do not end in an underscore."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.how, self.l = how, torch.nn.Linear(4, 4)
+        self.register_buffer("state", torch.zeros(4))
+
+    def forward(self, x):
+        if self.how == "out":
+            torch.add(self.state, 1, out=self.state)
+        elif self.how == "setitem":
+            self.state[0] = self.state[0] + 1
+        elif self.how == "inplace_flag":
+            torch.nn.functional.hardtanh(self.state.sub(2), 0.0, 9.0, True)  # in place on a temporary: harmless
+            torch.nn.functional.threshold(self.state, 0.5, 3.0, True)  # state <= 0.5 -> 3, in place
+        else:
+            _bump(self.state)
+        return self.l(x) + self.state
+
+
+torch.fx.wrap("_bump")
+
+
+@pytest.mark.parametrize("how", ["out", "setitem", "inplace_flag", "helper"])
+def test_a_model_pt_is_not_written_where_a_hidden_write_would_run_once_at_load(tmp_path, how):
+    """QA: ``torch.add(self.state, 1, out=self.state)`` (and setitem, ``inplace=True``, a helper captured as one
+    call) ran once when torch.load rebuilt the model.pt, which then returned that first state forever. The check
+    of which calls write now shares the passes' (fxforge.effects.written_args)."""
+    torch.manual_seed(0)
+    model, x = _HiddenWrites(how).eval(), torch.ones(2, 4)
+    captured = fxforge.capture(model, (x,))
+    optimize(captured, ["dead_code"], output_dir=tmp_path / "out")
+    twin = _HiddenWrites(how).eval()
+    twin.load_state_dict(model.state_dict())
+    if (tmp_path / "out" / "model.pt").exists():  # written: it must keep the state as the model does
+        loaded = fxforge.load_model(tmp_path / "out", trust_pickle=True).module
+        for _ in range(3):
+            torch.testing.assert_close(loaded(x), twin(x))
+    else:
+        assert (tmp_path / "out" / "model.pt2").exists()
+
+
 def test_a_model_pt_with_an_argument_traced_as_none_leaves_later_loads_working(tmp_path):
     """Loading a model.pt whose graph guards an argument traced as None registers a name with torch.fx that made
     every later model.pt load in the process fail with KeyError, reported as a corrupt file (QA; torch's bug: plain

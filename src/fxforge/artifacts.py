@@ -42,6 +42,7 @@ from torch.utils import _pytree as pytree
 
 from fxforge import display
 from fxforge.callstack import call_on_fresh_chunk
+from fxforge.effects import written_args
 from fxforge.errors import FxforgeError, InputSpecError, ModelSpecError, first_line, option, require, user_location
 from fxforge.graphs import ATEN, aten_packet, index_bounds
 from fxforge.inputs import InputSpec, parse_input_spec, specs_of
@@ -552,17 +553,13 @@ def reload_bakes(gm: fx.GraphModule) -> list[str]:
     # Baked values equal the buffers' values at load unless a buffer changes in forward: only then is the file wrong
     # (a view of a constant index buffer, as in Swin, loads the same; refusing it would drop a model.pt for nothing)
     # (a first argument that is a list, as for torch._foreach_add_, is no node: not hashable, and not a buffer)
-    writes_a_plain_value = [
-        n for n in gm.graph.nodes if _in_place(n) and n.args and isinstance(n.args[0], fx.Node) and n.args[0] in plain
-    ]
-    written = writes_a_plain_value + [n for n in baked if _in_place(n)]
-    return [node.name for node in baked] if written else []
-
-
-def _in_place(node: fx.Node) -> bool:
-    """A call of an in-place op (``add_``, ``copy_``, ``torch.relu_``), by the trailing underscore of its name."""
-    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
-    return node.op in ("call_function", "call_method") and name.endswith("_") and not name.endswith("__")
+    # (effects.written_args knows the writes a name does not show: out=, inplace=True, setitem, a user's helper)
+    writes_a_plain_value = any(
+        any(written in plain for written in written_args(gm, node))
+        for node in gm.graph.nodes
+        if node.op.startswith("call")
+    )
+    return [node.name for node in baked] if writes_a_plain_value else []
 
 
 def write_user_sources(pickled: Path, directory: Path) -> list[str]:

@@ -157,7 +157,7 @@ def test_keeps_unused_random_op(dialect, capture_as, run_verified):
 
 
 # --------------------------------------------------------------------------------------------------
-# writes that neither the call's name nor its schema shows (fxforge.passes._analysis.written_args)
+# writes that neither the call's name nor its schema shows (fxforge.effects.written_args)
 
 
 class UnusedTrainingBatchNorm(nn.Module):

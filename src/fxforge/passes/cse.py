@@ -1,6 +1,6 @@
 """cse: merge nodes that compute the same value (common subexpression elimination), and the duplicate finder.
 
-Two nodes compute the same value when they make the same pure call (:func:`~fxforge.passes._analysis.impure_reason`:
+Two nodes compute the same value when they make the same pure call (:func:`~fxforge.effects.impure_reason`:
 no randomness, no effects, no in-place writes, no state outside the arguments) on equal arguments. Arguments
 are compared through a hashable key (:func:`call_key`) in which every node stands for the first node of its
 class of equals, so chains of duplicates (``x.sin().cos()`` twice) merge in one sweep: linear time, one dict
@@ -23,9 +23,9 @@ from typing import Any
 import torch
 from torch import fx
 
+from fxforge.effects import AliasClasses, impure_reason, is_mode_switch
 from fxforge.graphs import target_name
 from fxforge.passes import PassResult, mark, register_pass
-from fxforge.passes._analysis import AliasClasses, impure_reason, is_mode_switch
 
 NAME = "cse"
 _CANDIDATE_OPS = ("get_attr", "call_function", "call_method", "call_module")

@@ -7,10 +7,10 @@ effect: in-place ops and buffer writes, ``out=`` calls, asserts (symbolic_trace'
 argument fixed to None too: without it a passed mask was ignored), prints, random ops (they advance the
 generator) and calls into modules and functions fxforge cannot see through. An assert that provably holds
 (:func:`proven_metadata_assert`: torch.export's dtype/device/layout checks) is not an effect. Writes are those of
-:func:`~fxforge.passes._analysis.written_args` too, which knows the ones a call's name or schema does not
+:func:`~fxforge.effects.written_args` too, which knows the ones a call's name or schema does not
 show: a training-mode ``batch_norm`` updating its running statistics, ``F.relu(x, True)`` with ``inplace``
 given by position, ``F.embedding`` with ``max_norm`` renormalising its weight; and the torch.nn modules
-that write their own state (:func:`~fxforge.passes._analysis.module_state_write`). Everything a live node
+that write their own state (:func:`~fxforge.effects.module_state_write`). Everything a live node
 reads is live.
 One reverse sweep decides liveness, a second erases, so the pass is linear in the graph size.
 
@@ -24,9 +24,9 @@ from collections.abc import Iterable
 import torch
 from torch import fx, nn
 
+from fxforge.effects import is_effectful, module_state_write, written_args
 from fxforge.graphs import aten_packet, submodule, target_name
 from fxforge.passes import PassResult, register_pass
-from fxforge.passes._analysis import is_effectful, module_state_write, written_args
 
 NAME = "dead_code"
 _LOG_LIMIT = 200  # a 100k-node graph can lose most of its nodes: keep the log readable

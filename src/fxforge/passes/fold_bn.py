@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from torch import fx, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from fxforge.effects import impure_reason, storage_of, written_args, written_stored_tensors
 from fxforge.errors import first_line
 from fxforge.graphs import (
     CONV_TRANSPOSE_TYPES,
@@ -54,7 +55,6 @@ from fxforge.graphs import (
     submodule,
 )
 from fxforge.passes import ORIGIN, PassResult, mark, register_pass, store_tensor
-from fxforge.passes._analysis import impure_reason, storage_of, written_args, written_stored_tensors
 from fxforge.passes.dead_code import prune_attributes
 from fxforge.passes.merge_convs import Uses, count_uses, value_users
 
@@ -219,7 +219,7 @@ def plan_fold(
     reads, a parameter read counting as a use of its module too), computed once by the caller so that scanning
     every node stays linear in the graph size. ``folded`` maps the outputs of batch norms planned to fold to
     their producers, so a scan without rewriting sees ``conv -> bn -> bn`` fold twice, as the pass does.
-    ``written``: :func:`~fxforge.passes._analysis.written_stored_tensors` of the graph, also computed once.
+    ``written``: :func:`~fxforge.effects.written_stored_tensors` of the graph, also computed once.
     """
     folded = folded or {}
 

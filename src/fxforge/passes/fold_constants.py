@@ -1,7 +1,7 @@
 """fold_constants: compute once, at pass time, what depends only on stored tensors and literals.
 
 A node is constant when it is a ``get_attr`` of a stored tensor, or a pure call
-(:func:`~fxforge.passes._analysis.impure_reason`) whose inputs are all constant -- including calls with no
+(:func:`~fxforge.effects.impure_reason`) whose inputs are all constant -- including calls with no
 inputs at all, such as ``torch.ones(3)``. One forward sweep evaluates the constant nodes with the graph's own
 interpreter (the same kernels on the same values, so the results are bit-identical to what the graph would
 compute). Each *root* -- a constant node read by a non-constant node or by the output -- is then replaced:
@@ -30,10 +30,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from fxforge.errors import first_line
-from fxforge.graphs import get_attr_value, target_name
-from fxforge.passes import PassResult, mark, register_pass, store_tensor
-from fxforge.passes._analysis import (
+from fxforge.effects import (
     AliasClasses,
     impure_reason,
     is_mode_switch,
@@ -42,6 +39,9 @@ from fxforge.passes._analysis import (
     storage_of,
     tensor_facts,
 )
+from fxforge.errors import first_line
+from fxforge.graphs import get_attr_value, target_name
+from fxforge.passes import PassResult, mark, register_pass, store_tensor
 from fxforge.passes.dead_code import prune_attributes
 
 NAME = "fold_constants"

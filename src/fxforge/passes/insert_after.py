@@ -63,10 +63,10 @@ from torch import fx, nn
 from torch.fx.passes.shape_prop import TensorMetadata
 
 from fxforge import references
+from fxforge.effects import AliasClasses
 from fxforge.errors import FxforgeError
 from fxforge.graphs import ATEN, NODE_KINDS, aten_packet, dialect_of, module_path, node_kind, node_value, target_name
 from fxforge.passes import PassError, PassResult, free_attribute_name, mark, register_pass
-from fxforge.passes._analysis import AliasClasses
 from fxforge.passes._privacy import (
     MECHANISMS,
     UNITS,

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import torch
 from torch import fx, nn
 
+from fxforge.effects import returns_fresh, tensor_facts, written_args
 from fxforge.graphs import aten_packet, node_arg, submodule
 from fxforge.passes import PassResult, free_attribute_name, mark, register_pass, store_tensor
-from fxforge.passes._analysis import returns_fresh, tensor_facts, written_args
 from fxforge.passes.dead_code import prune_attributes
 from fxforge.passes.merge_convs import Layer, count_uses, read_layer, tied_problem
 

@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import fx
 
+from fxforge.effects import AliasClasses, copy_layout_problem
 from fxforge.graphs import aten_packet, node_kind, submodule
 from fxforge.passes import PassResult, mark, register_pass
-from fxforge.passes._analysis import AliasClasses, copy_layout_problem
 
 NAME = "remove_dropout"
 

@@ -17,7 +17,7 @@ Two families, with different proofs:
   in-place op in the graph writes into either tensor and the result is not returned next to its input or
   as a graph input/parameter itself, where the caller could see they became one tensor, and (c) the copy has
   the input's strides: a copy of an expanded tensor or of a slice with gaps is dense, and a ``view`` recorded
-  on the copy may not work on the input (:func:`~fxforge.passes._analysis.copy_layout_problem`).
+  on the copy may not work on the input (:func:`~fxforge.effects.copy_layout_problem`).
 
 Dtype, device and layout facts come from ``node.meta`` (``tensor_meta`` from shape propagation, which
 ``Pipeline`` runs on the example inputs, or torch.export's ``val``); without them the call is kept.
@@ -32,9 +32,9 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from fxforge.effects import AliasClasses, copy_layout_problem, tensor_facts
 from fxforge.graphs import ATEN, aten_packet, dialect_of, get_attr_value, node_kind
 from fxforge.passes import PassResult, mark, register_pass
-from fxforge.passes._analysis import AliasClasses, copy_layout_problem, tensor_facts
 
 NAME = "remove_identity"
 
@@ -442,7 +442,7 @@ def _copy_check(
         if own is not None and (own["dtype"] != dtype or (own["shape"] and own["shape"] != facts["shape"])):
             return "its recorded dtype or shape differs from the input's"
     if aliases.written(node) or aliases.written(source):
-        # a user's leaf module or a call fxforge cannot see into counts as a writer (passes/_analysis.written_args)
+        # a user's leaf module or a call fxforge cannot see into counts as a writer (fxforge.effects.written_args)
         return (
             "it returns a copy and an in-place op writes into the copy or its input (a user's leaf module or a call "
             "fxforge cannot see into counts as one: it may write into what it is given)"

@@ -12,7 +12,7 @@ redundant:
   ``clamp1`` goes when ``clamp2`` is its only user (another user still needs its value).
 
 Exactness beyond the values (the same proofs as :mod:`~fxforge.passes.remove_identity`, through
-:class:`~fxforge.passes._analysis.AliasClasses`):
+:class:`~fxforge.effects.AliasClasses`):
 
 * an in-place outer activation (``relu_``, ``inplace=True``) returns its input tensor itself and writes nothing
   that changes: removing it changes nothing else;
@@ -39,9 +39,9 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
+from fxforge.effects import AliasClasses, copy_layout_problem, returns_fresh, tensor_facts, written_args
 from fxforge.graphs import aten_packet, node_arg, node_kind, submodule, target_name
 from fxforge.passes import PassResult, mark, register_pass
-from fxforge.passes._analysis import AliasClasses, copy_layout_problem, returns_fresh, tensor_facts, written_args
 
 NAME = "remove_redundant_activation"
 _INF = math.inf

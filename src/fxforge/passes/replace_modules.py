@@ -35,9 +35,9 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from fxforge import references
+from fxforge.effects import AliasClasses
 from fxforge.graphs import module_path, submodule, target_name
 from fxforge.passes import PassError, PassResult, free_attribute_name, mark, register_pass
-from fxforge.passes._analysis import AliasClasses
 
 NAME = "replace_modules"
 

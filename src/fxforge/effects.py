@@ -1,4 +1,7 @@
-"""Shared analyses for the simplification passes: effects, in-place writes, storage aliasing, tensor facts.
+"""What a graph's calls do besides their value: effects, in-place writes, storage aliasing, tensor facts.
+
+Shared by the simplification passes and by the artifact writer (:func:`fxforge.artifacts.reload_bakes`: which
+calls of a pickled GraphModule ``torch.load`` would run once at load instead of recording).
 
 Removing a copy (``x * 1``), merging two equal nodes (CSE) or turning a computed value into a stored
 buffer (constant folding) is only exact if no in-place write can tell the difference. The rewrites
