@@ -663,6 +663,10 @@ def test_split_notes_a_model_whose_output_mixes_samples():
     assert any("--microbatches 1" in note and "joined along dim 0" in note for note in plan.notes)
     per_sample = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4)).eval()
     assert not any("--microbatches" in note for note in split(capture(per_sample, (torch.randn(3, 4),)), 2).plan.notes)
+    # dropout in training mode: outputs differ run to run, which says nothing about mixing samples
+    dropping = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5), nn.Linear(4, 4)).train()
+    plan = split(capture(dropping, (torch.randn(3, 4),)), 2, verify_stages=False).plan
+    assert not any("--microbatches" in note for note in plan.notes)
 
 
 def test_resnet18_is_judged_per_sample(resnet18_captured):

@@ -908,6 +908,12 @@ def tensor_leaves(output: Any) -> list[torch.Tensor]:
     return [leaf for leaf in pytree.tree_leaves(output) if isinstance(leaf, torch.Tensor)]
 
 
+def _repeatable(module: nn.Module, inputs: tuple[torch.Tensor, ...]) -> bool:
+    with torch.no_grad(), quiet_torch_logs():
+        first, second = (tensor_leaves(module(*inputs)) for _ in range(2))
+    return compare_outputs(tuple(first), tuple(second)).ok
+
+
 @keeps_rng_state
 def _microbatch_problem(captured: Captured) -> str | None:
     """A note where the model's output on two samples is not its outputs on each joined along dim 0: run-pipeline
@@ -922,8 +928,8 @@ def _microbatch_problem(captured: Captured) -> str | None:
     doubled = draw_like(tuple(example), "normal", 0, 2 * example[0].shape[0])
     try:
         with preserved_state(module):
-            if joins_along_batch(module, doubled, 2):
-                return None
+            if joins_along_batch(module, doubled, 2) or not _repeatable(module, doubled):
+                return None  # (a model that draws random numbers, dropout in training mode: cannot be judged)
     except Exception:  # a model fixed to its example's batch, say: run-pipeline's own check will tell
         return None
     return (
