@@ -283,7 +283,7 @@ def test_api_results_have_short_reprs_and_inspect_refuses_a_negative_depth():
         text = repr(result)
         assert text.startswith("<") and len(text) < 300 and "GraphModule" not in text, text
     assert repr(results[0]) == "<PassResult fold_bn: 2 rewrites, 2 removed, 5088 params folded>"
-    with pytest.raises(FxforgeError, match="depth must be at least 0"):
+    with pytest.raises(FxforgeError, match="depth must be an integer of at least 0"):
         fxforge.inspect_graph(captured, depth=-1)
 
 
@@ -323,7 +323,7 @@ def test_bert_layers_sit_under_their_module_list():
 def test_inspect_and_lint_of_something_not_captured_say_what_to_do():
     """inspect_graph(symbolic_trace(model)) was "AttributeError: 'ResNet' object has no attribute 'graph_module'"."""
     model = torch.nn.Sequential(torch.nn.Linear(4, 4))
-    with pytest.raises(fxforge.FxforgeError, match="inspect_graph takes a Captured, not a GraphModule") as info:
+    with pytest.raises(fxforge.FxforgeError, match="inspect_graph takes a captured model, not a GraphModule") as info:
         inspect_graph(torch.fx.symbolic_trace(model))
     assert "fxforge.capture(model, example_inputs)" in info.value.hint
     with pytest.raises(fxforge.FxforgeError, match="lint takes a captured graph, not a Sequential"):

@@ -531,7 +531,7 @@ def test_the_api_names_a_wrong_argument_type_in_one_line():
 
     captured = fxforge.prepare("demo")
     for wrong in (captured.original, captured.graph_module):
-        with pytest.raises(FxforgeError, match="optimize takes a captured graph"):
+        with pytest.raises(FxforgeError, match="optimize takes a captured model"):
             fxforge.optimize(wrong, ["fold_bn"])
     with pytest.raises(PassError, match="apply_pass takes a GraphModule, not a Captured") as raised:
         fxforge.apply_pass(captured, "fold_bn")

@@ -77,7 +77,7 @@ from fxforge.bench import (
     ratio_interval,
     set_speedups,
 )
-from fxforge.capture import Captured, require_real_weights
+from fxforge.capture import Captured, require_captured, require_real_weights
 from fxforge.deploy import (
     PLAIN_TORCH_LOAD,
     Artifact,
@@ -272,6 +272,12 @@ def auto_optimize(
     """
     started = time.perf_counter()
     seconds: dict[str, float] = {}
+    require_captured(captured, "auto_optimize")
+    if budget is not None and not isinstance(budget, Budget):  # a bare number raised an AttributeError (QA)
+        raise FxforgeError(
+            f"budget must be a fxforge.Budget, not a {type(budget).__name__}",
+            hint="e.g. fxforge.Budget(max_drop=0.01), Budget(min_agreement=0.99) or Budget(tolerance=0.05)",
+        )
     require_real_weights(captured, "optimize --auto")
     budget = budget or Budget()
     if output_dir is not None:

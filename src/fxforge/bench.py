@@ -72,7 +72,7 @@ from fxforge.artifacts import (
     RestructuredOutputs,
     load_exported,
 )
-from fxforge.capture import Captured, at_batch, require_real_weights
+from fxforge.capture import Captured, at_batch, require_captured, require_real_weights
 from fxforge.compare import compare_outputs
 from fxforge.errors import FxforgeError, one_line_reason, option, pass_inputs_hint, require, said
 from fxforge.export import export_model
@@ -738,6 +738,7 @@ def bench(
     """
     if warmup < 1 or repeats < 1:
         raise FxforgeError("bench needs at least one warm-up run and one repeat")
+    require_captured(captured, "bench")
     require_real_weights(captured, "bench")
     if threads is not None and threads < 1:
         raise FxforgeError(f"{option('--threads')} must be at least 1")

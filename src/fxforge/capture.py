@@ -831,6 +831,19 @@ def at_batch(captured: Captured, batch: int, seed: int = 0) -> Captured:
     return dataclasses.replace(captured, example_inputs=inputs)
 
 
+def require_captured(value: Any, what: str) -> None:
+    """Refuse, in one line, a ``value`` that is not a :class:`Captured` (a module, a GraphModule, a spec string):
+    ``what`` (the function's name) needs the graph and the example inputs that capture records. Without this, the
+    first use of ``captured.original`` raised a bare AttributeError (QA)."""
+    if isinstance(value, Captured):
+        return
+    given = "GraphModule" if isinstance(value, fx.GraphModule) else type(value).__name__
+    raise FxforgeError(
+        f"{what} takes a captured model, not a {given}",
+        hint="capture it first: fxforge.capture(model, example_inputs), or fxforge.prepare('torchvision:resnet18')",
+    )
+
+
 def require_real_weights(captured: Captured, what: str) -> None:
     """Raise a clear error when ``captured`` lives on the meta device: ``what`` needs values, not just shapes."""
     if _on_meta(captured.original, captured.example_inputs) or _on_meta(captured.graph_module, ()):

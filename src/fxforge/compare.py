@@ -106,6 +106,10 @@ def compare_outputs(
     reference is NaN or Inf there is nothing to compare: a mismatch unless ``allow_nonfinite``; when
     only some are, the result carries a warning.
     """
+    for name, value in (("rtol", rtol), ("atol", atol)):
+        if value is not None and not (isinstance(value, (int, float)) and 0 <= value < math.inf):
+            # (a ValueError: fxforge.errors sits beside this module; verify refuses them as its own error first)
+            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
     result = _compare(reference, candidate, rtol, atol, path, allow_dtype_change)
     if result.reference_nonfinite:
         share = f"{result.reference_nonfinite} of {result.reference_values}"

@@ -105,6 +105,11 @@ def debug_model(
     ``cases``: the example inputs, then up to ``cases - 1`` more drawn like them from the verification
     distributions, until a NaN/Inf is found (with ``stats``, every case is run and counted).
     """
+    if not isinstance(model, nn.Module):  # a spec string raised a bare AttributeError (QA)
+        raise FxforgeError(
+            f"debug_model runs a module, not a {type(model).__name__}",
+            hint="load a spec first: fxforge.load_model('torchvision:resnet18').module",
+        )
     if not nan and not stats:
         raise FxforgeError(
             "debug needs something to look for", hint=f"pass {option('--nan', True)} and/or {option('--stats', True)}"

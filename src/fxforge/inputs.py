@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from fxforge.errors import InputSpecError, said
+from fxforge.errors import InputSpecError, first_line, said
 from fxforge.runtime import batch_of
 
 _DTYPES: dict[str, torch.dtype] = {
@@ -167,9 +167,16 @@ def make_inputs(
         # matrix passed to forward) is no batched input and keeps its shape (QA: 4x16 and 16x8 became 4x16 and 4x8)
         example_batch = specs[0].shape[0] if specs and specs[0].shape else None
         specs = [s.with_batch(batch) if s.shape and s.shape[0] == example_batch else s for s in specs]
-    if torch.device(device).type != "meta":
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise InputSpecError(f"unknown device {device!r}: {first_line(exc)}") from None
+    if device.type != "meta":
         _check_fits_in_memory(specs)
-    return tuple(spec.make(generator, device) for spec in specs)
+    try:
+        return tuple(spec.make(generator, device) for spec in specs)
+    except (RuntimeError, AssertionError) as exc:  # no such device here (torch's CUDA error is a paragraph)
+        raise InputSpecError(f"cannot make inputs on {device}: {first_line(exc)}") from None
 
 
 def _check_fits_in_memory(specs: Sequence[InputSpec]) -> None:

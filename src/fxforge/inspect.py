@@ -29,7 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from fxforge import display
-from fxforge.capture import Captured
+from fxforge.capture import Captured, require_captured
 from fxforge.errors import FxforgeError, InputSpecError, first_line, said
 from fxforge.graphs import GraphRunner, get_attr_value, is_input_guard, module_path, submodule, target_name
 from fxforge.runtime import buffers_snapshot, keeps_rng_state, quiet_torch_logs, restore_buffers, run_isolated
@@ -311,14 +311,9 @@ def inspect_graph(
 
     ``depth`` limits the module summary to paths with at most that many dotted components.
     """
-    if not isinstance(captured, Captured):  # a GraphModule has no example inputs to run it on, a module no graph
-        given = "GraphModule" if isinstance(captured, fx.GraphModule) else type(captured).__name__
-        raise FxforgeError(
-            f"inspect_graph takes a Captured, not a {given}",
-            hint="capture it first: fxforge.capture(model, example_inputs), or fxforge.prepare('torchvision:resnet18')",
-        )
-    if depth < 0:
-        raise FxforgeError(f"depth must be at least 0, got {depth}")
+    require_captured(captured, "inspect_graph")  # a GraphModule has no example inputs to run it on, a module no graph
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
+        raise FxforgeError(f"depth must be an integer of at least 0, got {depth!r}")
     gm = captured.graph_module
     values = captured.flat_inputs(inputs)
     counter = _flop_counter()

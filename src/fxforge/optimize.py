@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from fxforge.artifacts import atomic_directory, check_output_directory, save_graph_module, write_report
-from fxforge.capture import Captured, require_real_weights
+from fxforge.capture import Captured, require_captured, require_real_weights
 from fxforge.errors import FxforgeError, InputSpecError
 from fxforge.lint import LintReport, lint
 from fxforge.passes import FIX_ORDER, registered_passes
@@ -85,11 +85,7 @@ def optimize(
     which rolls the failing pass back, reports it and runs the rest. ``None`` keeps a :class:`Pipeline`'s
     own settings (a pipeline file's ``verify: true``), and means False for a list of names.
     """
-    if not isinstance(captured, Captured):  # the model or its GraphModule raised a bare AttributeError
-        raise FxforgeError(
-            f"optimize takes a captured graph, not a {type(captured).__name__}",
-            hint="capture it first: fxforge.capture(model, inputs) or fxforge.prepare(spec)",
-        )
+    require_captured(captured, "optimize")
     require_real_weights(captured, "optimize")
     wants_verify = verify if verify is not None else isinstance(passes, Pipeline) and passes.verify_each
     if wants_verify and not (captured.example_inputs or captured.example_kwargs):

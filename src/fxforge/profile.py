@@ -44,7 +44,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from fxforge import display
 from fxforge.artifacts import StagedOutput, output_target
-from fxforge.capture import Captured, at_batch, require_real_weights
+from fxforge.capture import Captured, at_batch, require_captured, require_real_weights
 from fxforge.errors import FxforgeError, option, pass_inputs_hint
 from fxforge.graphs import GraphRunner, is_input_guard
 from fxforge.inputs import specs_of
@@ -187,6 +187,7 @@ def profile_model(
         raise FxforgeError(f"{option('--threads')} must be at least 1")
     if batch is not None and batch < 1:
         raise FxforgeError(f"{option('--batch')} must be at least 1")
+    require_captured(captured, "profile_model")
     require_real_weights(captured, "profile")
     device = device_of((captured.example_inputs, captured.example_kwargs), captured.original)
     if device.type != "cpu":

@@ -18,7 +18,7 @@ from typing import Any
 
 from fxforge.api import prepare
 from fxforge.bench import bench as run_bench
-from fxforge.capture import Captured
+from fxforge.capture import Captured, require_captured
 from fxforge.errors import FxforgeError
 from fxforge.inspect import inspect_graph
 from fxforge.lint import lint
@@ -82,6 +82,7 @@ def report(
         spec = spec or model
         captured = prepare(model, list(inputs) if inputs else None)
     else:
+        require_captured(model, "report")
         captured = model
     spec = spec or type(captured.original).__name__
     if profile is True:  # report --profile: time every node now

@@ -58,7 +58,7 @@ from fxforge.artifacts import (
     plain_containers,
     write_inputs,
 )
-from fxforge.capture import Captured, placeholder_values
+from fxforge.capture import Captured, placeholder_values, require_captured
 from fxforge.compare import compare_outputs
 from fxforge.errors import FxforgeError, ModelSpecError, first_line, format_location, option, recorded_user_frame
 from fxforge.graphs import GraphRunner, get_attr_value, is_input_guard, module_path, submodule
@@ -446,6 +446,7 @@ def _plan(
     slack: float,
     model_name: str,
 ) -> tuple[SplitPlan, _Graph]:
+    require_captured(captured, "split")
     started = time.perf_counter()
     _check_request(stages, balance, profile, slack)
     times = load_profile(profile) if isinstance(profile, (str, Path)) else dict(profile) if profile else None

@@ -366,6 +366,9 @@ class Verifier:
     ) -> None:
         if cases < 1:
             raise FxforgeError(f"verification needs at least one case, got {cases}")
+        for batch in batch_sizes or ():
+            if batch is not None and not (hasattr(batch, "__index__") and not isinstance(batch, bool) and batch >= 1):
+                raise FxforgeError(f"batch sizes must be integers of at least 1 (None: the example's), got {batch!r}")
         self.captured = reference if isinstance(reference, Captured) else None
         self.module = reference.original if isinstance(reference, Captured) else reference
         self.rtol, self.atol = rtol, atol
@@ -555,6 +558,11 @@ class Verifier:
         ``only``: the indices of the cases to run (a pipeline's quick check of one pass); the result's ``trials``
         and ``cases`` say which were run.
         """
+        if isinstance(candidate, (str, Path)):  # it would fail every case as "not callable"
+            raise FxforgeError(
+                f"Verifier.check runs a model, not the spec or file {str(candidate)!r}",
+                hint="pass it to fxforge.verify, which loads it, or load it with fxforge.load_model first",
+            )
         module = candidate.graph_module if isinstance(candidate, Captured) else candidate
         chosen = list(range(len(self.cases))) if only is None else [i for i in only if 0 <= i < len(self.cases)]
         result = VerifyResult(
@@ -963,6 +971,7 @@ def verify(
     bisect: bool = True,
     allow_dtype_change: bool = False,
     allow_nonfinite: bool = False,
+    trust_pickle: bool | None = None,
 ) -> VerifyResult:
     """Check that ``candidate`` computes what ``reference`` computes (see the module docstring).
 
@@ -974,6 +983,8 @@ def verify(
     seed and raises the case count to its length. Tolerances default to the per-dtype values of
     :data:`TOLERANCES`. On a mismatch between two graphs, ``bisect`` reruns both node by node and names
     the first candidate node that diverges from the reference node it was derived from (provenance).
+    ``trust_pickle`` lets a candidate given as a file load from a pickle (``model.pt``; ``--trust-pickle``;
+    default: the ``FXFORGE_TRUST_PICKLE`` environment variable).
     """
     for name, value in (("rtol", rtol), ("atol", atol)):
         if value is not None and not (isinstance(value, (int, float)) and 0 <= value < math.inf):
@@ -996,7 +1007,7 @@ def verify(
     left_out, keep_batches_the_graph_rejects = None, False
     if isinstance(candidate, (str, Path)):
         # a spec or a written file, as the CLI takes it: loaded, and it may be fixed to the example's batch
-        candidate, candidate_may_fix_batch = load_model(str(candidate)).module, True
+        candidate, candidate_may_fix_batch = load_model(str(candidate), trust_pickle=trust_pickle).module, True
     captured = reference if isinstance(reference, Captured) else None
     if inputs is None and batch_sizes is None and (candidate_may_fix_batch or captured is not None):
         args, _ = _template(captured, example, input_specs, seed, reference)

@@ -1,0 +1,81 @@
+"""The public Python API refuses what it cannot take in one line (an FxforgeError), as the CLI does (QA)."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+import torch
+from torch import nn
+
+import fxforge
+from fxforge.errors import FxforgeError
+
+
+@pytest.fixture(scope="module")
+def small():
+    model = nn.Sequential(nn.Linear(4, 3)).eval()
+    return model, fxforge.capture(model, (torch.randn(2, 4),))
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda m: fxforge.report(m),
+        lambda m: fxforge.auto_optimize(m),
+        lambda m: fxforge.bench(m),
+        lambda m: fxforge.profile_model(m),
+        lambda m: fxforge.plan_split(m, 2),
+        lambda m: fxforge.inspect_graph(m),
+        lambda m: fxforge.optimize(m, ["dead_code"]),
+    ],
+    ids=["report", "auto_optimize", "bench", "profile_model", "plan_split", "inspect_graph", "optimize"],
+)
+def test_functions_of_a_captured_model_refuse_a_plain_module(small, call):
+    """report, auto_optimize, bench and profile_model raised "'Sequential' object has no attribute 'original'"."""
+    with pytest.raises(FxforgeError, match="takes a captured model, not a Sequential"):
+        call(small[0])
+
+
+def test_bad_arguments_are_named(small):
+    _model, captured = small
+    with pytest.raises(FxforgeError, match=r"budget must be a fxforge\.Budget, not a float"):
+        fxforge.auto_optimize(captured, budget=0.01)
+    with pytest.raises(FxforgeError, match="debug_model runs a module, not a str"):
+        fxforge.debug_model("demo", (torch.randn(2, 4),))
+    with pytest.raises(FxforgeError, match="depth must be an integer"):
+        fxforge.inspect_graph(captured, depth="2")
+    with pytest.raises(FxforgeError, match="batch sizes must be integers of at least 1"):
+        fxforge.verify(captured, captured.graph_module, batch_sizes=[0])
+    with pytest.raises(FxforgeError, match=r"Verifier\.check runs a model, not the spec or file"):
+        fxforge.Verifier(captured).check("out/some_dir")
+    with pytest.raises(ValueError, match="rtol must be a finite number >= 0"):
+        fxforge.compare_outputs(torch.ones(2), torch.ones(2), rtol=-1)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_inputs_on_a_missing_device_are_one_line():
+    with pytest.raises(FxforgeError, match="cannot make inputs on cuda"):
+        fxforge.make_inputs(["1x3"], device="cuda")
+
+
+_Pair = collections.namedtuple("_Pair", "a b")
+
+
+class _NamedOutput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.l = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return _Pair(self.l(x), x + 1)
+
+
+def test_verify_takes_trust_pickle_as_its_error_says(tmp_path):
+    """A directory with only model.pt: verify's error said "pass trust_pickle=True", which verify did not take."""
+    captured = fxforge.capture(_NamedOutput().eval(), (torch.randn(2, 4),))
+    fxforge.optimize(captured, ["dead_code"], output_dir=tmp_path / "out")
+    assert not (tmp_path / "out" / "model.pt2").exists()  # a namedtuple output: only the pickle
+    with pytest.raises(FxforgeError, match="trust_pickle=True"):
+        fxforge.verify(captured, tmp_path / "out")
+    assert fxforge.verify(captured, tmp_path / "out", trust_pickle=True).ok
