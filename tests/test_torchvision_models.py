@@ -129,3 +129,18 @@ def test_resnet18_published_numbers():
     assert totals["param_bytes"] == 11_689_512 * 4
     assert abs(totals["macs"] - 1.814e9) / 1.814e9 < 0.01
     assert totals["flops"] == 2 * totals["macs"]
+
+
+def test_an_aten_output_states_the_batch_its_model_pt2_runs(tmp_path):
+    """QA: resnet18 exported at batch 1 records the batch range [1, 2] and a guard ``x.size()[0] == 1``; optimize's
+    note said "model.pt2 runs batch sizes up to 2 only" for a file that refuses batch 2."""
+    import fxforge
+
+    captured = fxforge.prepare("torchvision:resnet18", ["1x3x64x64"], method="export")
+    result = fxforge.optimize(captured, ["fold_bn"], output_dir=tmp_path / "out")
+    notes = [note for note in result.notes if note.startswith("model.pt2 runs")]
+    assert notes and notes[0].startswith("model.pt2 runs batch 1 only"), notes
+    program = torch.export.load(str(tmp_path / "out" / "model.pt2")).module()
+    assert program(torch.randn(1, 3, 64, 64)).shape == (1, 1000)
+    with pytest.raises(Exception, match="Guard failed"):
+        program(torch.randn(2, 3, 64, 64))

@@ -363,9 +363,13 @@ def _batch_sizes_only(
     """``"batch 2"``, ``"batch sizes up to 2"``... where ``program`` runs only those (the range torch.export
     recorded for its batch, or a run at another batch refused), else None."""
     limits = narrowed_batch(program)
-    if limits is not None:
+    if limits is not None and limits[0] == limits[1]:
         return batch_range_text(limits)
     fixed = _fixed_batch(program, inputs, kwargs)
+    if limits is not None:
+        # a range is what the batch symbol holds, and a guard may ask more: resnet18 exported at batch 1 recorded
+        # [1, 2] and a guard ``x.size()[0] == 1`` (QA: "batch sizes up to 2" for a file that refuses batch 2)
+        return batch_range_text((fixed, fixed) if fixed is not None else limits)
     return batch_range_text((fixed, fixed)) if fixed is not None else None
 
 
