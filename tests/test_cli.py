@@ -308,6 +308,19 @@ def test_a_piped_table_wider_than_120_columns_is_printed_whole():
     assert all(line.rstrip()[-1] in "┓┃┩│┘" for line in table)
 
 
+def test_a_piped_table_of_long_text_wraps_at_200_columns():
+    """QA: ``fxforge passes | less`` printed lines of ~2,900 characters (every pass's guarantees on one line): a
+    table widens whole only up to PIPED_MAX_WIDTH; past it, its text cells wrap and its borders stay closed."""
+    from fxforge.cli.options import PIPED_MAX_WIDTH
+
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    result = subprocess.run([sys.executable, "-m", "fxforge", "passes"], capture_output=True, text=True, env=env)
+    assert result.returncode == EXIT_OK
+    table = [line for line in result.stdout.splitlines() if line[:1] in "┏┃┡│└"]
+    assert len(table) > 20 and 120 < max(len(line) for line in table) <= PIPED_MAX_WIDTH
+    assert all(line.rstrip()[-1] in "┓┃┩│┘" for line in table)
+
+
 def test_messages_name_the_options_the_user_typed(capsys):
     """One mistake, each user's own words: the command line's options there, the Python parameters in Python."""
     import fxforge

@@ -33,6 +33,7 @@ def _piped_width() -> int:
 
 
 PIPED_WIDTH = 120
+PIPED_MAX_WIDTH = 200  # how far a table piped whole may widen before its text cells wrap
 
 
 class _PipedConsole(Console):
@@ -52,11 +53,14 @@ class _PipedConsole(Console):
         if self.is_terminal or not tables or os.environ.get("COLUMNS", "").isdigit():
             return super().print(*objects, **kwargs)
         unbounded = self.options.update_width(100_000)  # rich clamps a measurement to the width it is given
-        needed = max(Measurement.get(self, unbounded, table).maximum for table in tables)
+        measured = [Measurement.get(self, unbounded, table) for table in tables]
+        whole, unwrappable = max(m.maximum for m in measured), max(m.minimum for m in measured)
         width = self.width
-        if needed <= width:
+        if whole <= width:
             return super().print(*objects, **kwargs)
-        self.width = needed
+        # whole up to PIPED_MAX_WIDTH; past it, text cells wrap (the passes table's guarantees made 2,900-column
+        # lines, QA), but never narrower than the columns that cannot wrap, which rich would cut
+        self.width = max(unwrappable, min(whole, PIPED_MAX_WIDTH))
         try:
             super().print(*objects, **kwargs)
         finally:
