@@ -835,3 +835,25 @@ def test_a_program_with_damaged_example_inputs_is_a_corrupt_file(tmp_path, monke
     monkeypatch.setattr(models, "load_program", lambda p: types.SimpleNamespace(example_inputs={"x": 1}))
     with pytest.raises(ModelSpecError, match="recorded example inputs are not"):
         load_model(str(path), trust_pickle=True)
+
+
+def test_two_model_files_importing_their_own_sibling_of_one_name_each_get_their_own(tmp_path):
+    """QA: a/model.py and b/model.py each import ``scale`` from their own helpers.py; b got a's from the module
+    cache, and ``fxforge verify a/model.py:build b/model.py:build`` said OK for models computing x*2 and x*3."""
+    from fxforge.api import verify_specs
+
+    model = (
+        "from torch import nn\nfrom helpers import scale\n"
+        "class M(nn.Module):\n    def forward(self, x):\n        return scale(x)\n"
+        "def build():\n    return M()\n"
+    )
+    for folder, factor in (("a", 2), ("b", 3)):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "model.py").write_text(model)
+        (tmp_path / folder / "helpers.py").write_text(f"def scale(x):\n    return x * {factor}\n")
+    a, b = str(tmp_path / "a" / "model.py:build"), str(tmp_path / "b" / "model.py:build")
+    x = torch.ones(1, 2)
+    assert torch.equal(load_model(a).module(x), 2 * x) and torch.equal(load_model(b).module(x), 3 * x)
+    assert not verify_specs(a, b, ["2x4"]).ok
+    assert verify_specs(a, a, ["2x4"]).ok
+    assert "torch" in sys.modules and "fxforge" in sys.modules  # installed packages are never dropped
