@@ -692,3 +692,51 @@ def test_a_model_pt2_whose_batch_the_code_narrows_says_so_from_the_file(tmp_path
     noted = [note for note in result.notes if note.startswith("model.pt2 runs batch")]
     assert runs != [1, 2, 3] and noted, (runs, result.notes)
     assert f"runs batch {runs[0]} only" in noted[0] if len(runs) == 1 else "batch sizes" in noted[0]
+
+
+_GATED_MODEL = """
+import torch
+from torch import nn
+
+
+def gate(x):  # branches on values: capture keeps it as one call
+    if x.sum() > 0:
+        return x * 2
+    return x - 1
+
+
+class M(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return gate(self.lin(x))
+
+
+def build():
+    return M()
+
+
+example_inputs = ["2x8"]
+"""
+
+
+def test_a_model_pt_whose_graph_calls_a_kept_helper_loads_again(tmp_path):
+    """QA: capture wrapped ``gate`` (data-dependent), optimize said "wrote model.pt", and torch.load failed on it:
+    unpickling traces the graph's code again, into ``gate``. Such a model.pt names fxforge's rebuild tracer now."""
+    (tmp_path / "gated.py").write_text(_GATED_MODEL)
+    spec, out = f"{tmp_path / 'gated.py'}:build", tmp_path / "out"
+    result = optimize(fxforge.prepare(spec), ["fold_bn"], output_dir=out)
+    assert (out / "model.pt").exists() and "model.pt" in result.files
+    script = (
+        "import sys, torch, fxforge\n"
+        f"model = fxforge.load_model({spec!r}).module\n"
+        f"loaded = fxforge.load_model({str(out)!r}, trust_pickle=True)\n"
+        "assert loaded.file == 'model.pt', loaded.file\n"
+        "for sign in (1, -1):\n"
+        "    x = sign * torch.ones(3, 8) * 5\n"
+        "    torch.testing.assert_close(loaded.module(x), model(x))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr[-1500:]

@@ -30,6 +30,7 @@ import re
 import shutil
 import sys
 import tempfile
+import types
 import warnings
 import zipfile
 from collections.abc import Iterator, Sequence
@@ -53,6 +54,7 @@ from fxforge.runtime import (
     at_batch_two,
     batch_range_text,
     export_program_any_batch,
+    fx_wraps_kept_loadable,
     holds_tensor,
     narrowed_batch,
     preserved_state,
@@ -474,9 +476,11 @@ def save_graph_module(
             f"tensors, so {shown} (computed from buffers alone) would run once while loading, not on every call; "
             f"{PROGRAM_FILE} and {PACKAGE_DIR}/ hold the graph as it is"
         )
+    elif dialect != ATEN and (unloadable := _rebuild_problem(gm)) is not None:
+        problems.append(f"{MODEL_FILE}: torch.load could not rebuild it from its code ({unloadable})")
     elif dialect != ATEN:
         try:
-            with quiet_torch_logs():
+            with quiet_torch_logs(), _rebuilt_with_opaque_calls(gm):
                 torch.save(gm, directory / MODEL_FILE)
             files.append(MODEL_FILE)
             if write_user_sources(directory / MODEL_FILE, directory):
@@ -537,6 +541,53 @@ def save_graph_module(
     (directory / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=1))
     files += [PROVENANCE_FILE, write_inputs(directory, example_inputs)]
     return files
+
+
+class GraphRebuildTracer(fx.Tracer):
+    """The tracer ``torch.load`` rebuilds a pickled GraphModule with, where its code calls a Python function
+    capture kept as one call (a helper wrapped because it branches on values): torch's default tracer traced into
+    it and failed on its control flow, so optimize wrote a model.pt that no one could load (QA). The code being
+    rebuilt is the graph's own, one call per node, so every plain function it calls is kept as one call.
+    Pickled by reference: such a model.pt needs fxforge importable to load."""
+
+    def trace(self, root: Any, concrete_args: dict[str, Any] | None = None) -> fx.Graph:
+        forward = type(root).forward if isinstance(root, nn.Module) else root
+        for value in getattr(forward, "__globals__", {}).values():
+            if _opaque_function(value):
+                self._autowrap_function_ids.add(id(value))
+        return super().trace(root, concrete_args)
+
+
+def _opaque_function(value: Any) -> bool:
+    """A plain Python function from outside torch (a user's helper), which fx would trace into."""
+    return isinstance(value, types.FunctionType) and not (value.__module__ or "").startswith("torch")
+
+
+@contextlib.contextmanager
+def _rebuilt_with_opaque_calls(gm: fx.GraphModule) -> Iterator[None]:
+    """While pickling ``gm``: name :class:`GraphRebuildTracer` as its tracer where its code calls such a function
+    (only there, so other model.pt files load with torch alone); ``gm`` is given back as it was."""
+    needed = any(n.op == "call_function" and _opaque_function(n.target) for n in gm.graph.nodes)
+    saved = gm.__dict__.get("_tracer_cls", None)
+    if needed:
+        gm._tracer_cls = GraphRebuildTracer
+    try:
+        yield
+    finally:
+        if needed:
+            gm._tracer_cls = saved
+
+
+def _rebuild_problem(gm: fx.GraphModule) -> str | None:
+    """Why ``torch.load`` could not rebuild ``gm`` from its code (it traces the code again), else None: checked in
+    memory through the same rebuild, with no weights written or read."""
+    try:
+        with quiet_torch_logs(), _rebuilt_with_opaque_calls(gm), fx_wraps_kept_loadable():
+            rebuild, arguments = gm.__reduce__()
+            rebuild(*arguments)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {first_line(exc)}"
+    return None
 
 
 def reload_bakes(gm: fx.GraphModule) -> list[str]:
