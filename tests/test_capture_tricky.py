@@ -686,3 +686,27 @@ def test_a_traced_graph_that_fails_its_check_prints_no_traceback(capsys):
     assert captured.record.method == EXPORT
     err = capsys.readouterr().err
     assert "Traceback" not in err and "FX-traced Module" not in err, err
+
+
+class _BatchOneBranch(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.lin(x)
+        if y.shape[0] == 1:
+            return y * 100
+        return y
+
+
+def test_check_batch_also_checks_batch_one_where_the_graph_runs_it():
+    """QA: torch.export assumes a dynamic batch is at least 2, so ``if y.shape[0] == 1`` was traced as False with no
+    guard; checked at batches 2 and 3 only, the graph ran batch 1 without the branch, silently wrong. The check at
+    batch 1 now shows it."""
+    torch.manual_seed(0)
+    captured = capture(_BatchOneBranch().eval(), (torch.randn(2, 8),), check_batch=3)
+    checks = {check.batch: check.ok for check in captured.record.checks}
+    assert checks == {None: True, 3: True, 1: False}
+    plain = capture(torch.nn.Sequential(torch.nn.Linear(8, 8)).eval(), (torch.randn(2, 8),), check_batch=3)
+    assert [check.batch for check in plain.record.checks] == [None, 3, 1] and plain.record.ok

@@ -61,6 +61,7 @@ from fxforge.inputs import make_inputs, specs_of
 from fxforge.models import LoadedModel
 from fxforge.references import as_names
 from fxforge.runtime import (
+    batch_of,
     buffers_snapshot,
     changed_buffers,
     cloned,
@@ -584,6 +585,21 @@ def _randomness_hint(sources: Sequence[str], model: Any = None) -> str:
     )
 
 
+def _batch_one_check(captured: Captured, check_batch: int) -> OutputCheck | None:
+    """The check at batch 1 of a graph captured for any batch, where it runs there: torch.export assumes a dynamic
+    size is at least 2, so ``if x.shape[0] == 1:`` in the model's code was traced as False with no guard, and the
+    graph ran batch 1 without the branch, checked at the example's batch and ``check_batch`` alone (QA). None where
+    batch 1 was checked already, or where the graph (or the model) refuses it: a refusal is no wrong answer."""
+    example_batch = batch_of(captured.example_inputs)
+    if example_batch is None or 1 in (example_batch, check_batch):
+        return None
+    try:
+        check = check_capture(captured, 1)
+    except Exception:  # the model itself refuses batch 1 (BatchNorm in training mode)
+        return None
+    return None if check.message.startswith("captured graph failed to run") else check
+
+
 def _check(captured: Captured, reference: Any, check_batch: int | None) -> bool:
     """Fill ``captured.record.checks`` (model and graph under the same seed) and say whether the graph passed.
 
@@ -597,6 +613,9 @@ def _check(captured: Captured, reference: Any, check_batch: int | None) -> bool:
     record.checks = [check_capture(captured, expected=reference)]
     if check_batch is not None:
         record.checks.append(check_capture(captured, check_batch))
+        batch_one = _batch_one_check(captured, check_batch)
+        if batch_one is not None:
+            record.checks.append(batch_one)
     sources = _random_sources(captured.graph_module)
     if record.ok:
         if sources and _differs_on_rerun(captured, reference, CHECK_SEED + 1):
