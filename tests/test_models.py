@@ -269,6 +269,29 @@ def test_an_example_input_that_is_not_a_tensor_is_refused(tmp_path: Path, exampl
     assert_one_line(info.value)
 
 
+@pytest.mark.parametrize(
+    "example,needle",
+    [
+        ("def example_inputs():\n    raise RuntimeError('no data here')", "example_inputs() raised RuntimeError"),
+        ("def example_inputs():\n    pass", "example_inputs is None: it must be a list"),
+        ("example_inputs = 5", "example_inputs is 5: it must be a list"),
+        ("def example_inputs():\n    return {'x': torch.randn(2, 8)}", "example_inputs is a dict"),
+    ],
+)
+def test_example_inputs_that_are_no_list_are_refused_in_one_line(tmp_path: Path, example: str, needle: str):
+    """QA: a raising example_inputs() was an internal error (exit 4) with no line, None and 5 too; a dict had its keys
+    read as input specs ("cannot parse input spec 'x'")."""
+    path = tmp_path / "m.py"
+    path.write_text(f"import torch\nfrom torch import nn\nclass M(nn.Module):\n    def forward(self, x):\n"
+                    f"        return x * 2\n{example}\n")  # fmt: skip
+    with pytest.raises(ModelSpecError) as info:
+        load_model(f"{path}:M")
+    assert needle in info.value.message
+    assert_one_line(info.value)
+    if "raised" in needle:
+        assert "m.py:7" in info.value.message  # the user's line
+
+
 def test_integer_example_inputs_keep_their_range(tmp_path: Path):
     """Token ids for an Embedding(4) were redrawn from [0, 10): every command failed with an index error."""
     import fxforge

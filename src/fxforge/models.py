@@ -692,9 +692,26 @@ def _user_example_inputs(module: Any) -> list[InputSpec]:
     if value is None:
         return []
     if callable(value) and not pyinspect.isclass(value):
-        value = value()
+        try:
+            with torch.random.fork_rng(devices=[]):  # its draws are not the weights' stream
+                value = value()
+        except Exception as exc:  # an internal error (exit 4) before, with no line of the user's
+            where = user_location(exc)
+            raise ModelSpecError(
+                f"example_inputs() raised {type(exc).__name__}: {first_line(exc)}" + (f" at {where}" if where else "")
+            ) from None
     if isinstance(value, (str, torch.Tensor)):
         value = [value]
+    if isinstance(value, dict):  # its keys were read as specs ("cannot parse input spec 'x'")
+        raise ModelSpecError(
+            "example_inputs is a dict: fxforge passes example inputs to forward by position",
+            hint="make it a list of tensors or shapes such as '1x3x224x224', in forward's order",
+        )
+    if not isinstance(value, (list, tuple)):
+        raise ModelSpecError(
+            f"example_inputs is {_described(value)}: it must be a list of tensors or shapes such as '1x3x224x224' "
+            "(or a function returning one)"
+        )
     specs = []
     for index, item in enumerate(value):
         if isinstance(item, str):
