@@ -514,3 +514,23 @@ def test_a_pass_that_leaves_an_invalid_graph_is_one_error_line(capsys, tmp_path)
     )
     status, _, err = run(capsys, "optimize", "demo", "-p", f"{tmp_path / 'cycle.py'}:cycle", "-o", str(tmp_path / "o"))
     assert status == EXIT_USAGE and "left an invalid graph" in err and len(err.strip().splitlines()) <= 2, err
+
+
+def test_lint_says_what_capture_kept_as_one_call(tmp_path, capsys):
+    """QA: a submodule made a leaf (its code branches on values) hid a dropout, a foldable BatchNorm and a double
+    relu from lint, which printed only "All checks passed!"."""
+    path = tmp_path / "gated.py"
+    path.write_text(
+        "import torch\nfrom torch import nn\n"
+        "class Gate(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.bn = nn.BatchNorm1d(4)\n"
+        "    def forward(self, x):\n        y = self.bn(x)\n        return y.relu().relu() if y.mean() > 0 else y\n"
+        "class Net(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.lin, self.gate = nn.Linear(4, 4), Gate()\n"
+        "    def forward(self, x):\n        return self.gate(self.lin(x))\n"
+        "example_inputs = ['2x4']\n"
+    )
+    _, out, _ = run(capsys, "lint", f"{path}:Net")
+    assert "not linted inside: submodule gate" in out
+    _, out, _ = run(capsys, "lint", f"{path}:Net", "--json")
+    assert json.loads(out)["capture"]["leaves"] == ["gate"]
