@@ -710,3 +710,21 @@ def test_check_batch_also_checks_batch_one_where_the_graph_runs_it():
     assert checks == {None: True, 3: True, 1: False}
     plain = capture(torch.nn.Sequential(torch.nn.Linear(8, 8)).eval(), (torch.randn(2, 8),), check_batch=3)
     assert [check.batch for check in plain.record.checks] == [None, 3, 1] and plain.record.ok
+
+
+def test_a_branch_in_a_helper_called_through_its_module_names_the_wrap_that_works(tmp_path, monkeypatch):
+    """QA: ``helpers.gate(x)`` (or ``from helpers import gate as g``) is not wrapped automatically, and the hint
+    said torch.where or a submodule, never --wrap helpers.py:gate, which captures it."""
+    from fxforge.api import prepare
+
+    (tmp_path / "helpers.py").write_text("def gate(x):\n    if x.sum() > 0:\n        return x * 2\n    return x - 1\n")
+    (tmp_path / "net.py").write_text(
+        "import helpers\nfrom torch import nn\n"
+        "class Net(nn.Module):\n    def forward(self, x):\n        return helpers.gate(x) + 1\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(CaptureError) as info:
+        prepare("net.py:Net", ["2x4"])
+    assert "autowrap_functions=[gate] (fxforge.prepare: wrap='helpers.py:gate')" in info.value.hint
+    captured = prepare("net.py:Net", ["2x4"], wrap=["helpers.py:gate"])
+    assert captured.record.wrapped == ["helpers.py:gate"]

@@ -29,6 +29,7 @@ import inspect as pyinspect
 import io
 import linecache
 import operator
+import os
 import re
 import sys
 import traceback
@@ -877,6 +878,12 @@ def _has_mode(module: nn.Module) -> bool:
     return isinstance(module, (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._NormBase))
 
 
+def _plain_function(code: Any) -> bool:
+    """A module-level function's code (what --wrap takes), not a method's, a lambda's or a module's."""
+    first = code.co_varnames[0] if code.co_argcount else None
+    return code.co_name.isidentifier() and first not in ("self", "cls") and "." not in code.co_qualname
+
+
 def _wrap_option() -> str:
     """How the user wraps a function, in their own terms: capture() takes the function itself, prepare() a name."""
     return said("--wrap file.py:function", "autowrap_functions=[function] (fxforge.prepare: wrap='file.py:function')")
@@ -1148,6 +1155,16 @@ def _capture_error(
             hint = (
                 "keep the value a tensor (use it in torch ops instead of float()/.item()), or move that code into a "
                 f"submodule so that fxforge can keep it as a leaf ({_leaf_option()})"
+            )
+        helper = user_code(trace_error) if trace_error is not None else None
+        if helper is not None and _plain_function(helper):
+            # the branch is in a function of theirs, called under another name (helpers.gate(x), `import gate as
+            # g`), which capture's own wrapping did not find: naming it works (QA: the hint never said so)
+            named = f"{os.path.relpath(helper.co_filename)}:{helper.co_name}"
+            hint = (
+                f"keep the function {helper.co_name} as one call ("
+                + said(f"--wrap {named}", f"autowrap_functions=[{helper.co_name}] (fxforge.prepare: wrap='{named}')")
+                + "), or express the branch with torch.where or torch.cond"
             )
         if location and re.search(r"`for \w+ in \w+:`", location):
             # `for img in images:` over an input: the model may want a list of tensors (torchvision's detection
