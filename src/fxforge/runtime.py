@@ -18,6 +18,7 @@ import logging
 import os
 import re
 import sys
+import traceback
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -32,7 +33,7 @@ from torch.fx.experimental import _config as fx_config
 from torch.utils import _pytree as pytree
 
 from fxforge.compare import compare_outputs
-from fxforge.errors import FxforgeError, InputSpecError, one_line_reason, said
+from fxforge.errors import FxforgeError, InputSpecError, is_user_file, one_line_reason, said, user_location
 
 
 @contextlib.contextmanager
@@ -307,14 +308,21 @@ def run_reference(module: Any, args: Sequence[Any], kwargs: dict[str, Any], *oth
                 "an integer input indexes past an embedding's rows: pass ids below its size, e.g. "
                 "fxforge.prepare(model, '1x16:int64:max=999')",
             )
+        where = user_location(exc)
+        frames = list(traceback.walk_tb(exc.__traceback__))
+        if where and frames and is_user_file(frames[-1][0].f_code.co_filename):
+            # raised by the model's own code (a raise, a recursion), not by a torch op its inputs did not fit: QA
+            # got "pass --input with the shape..." and no line for `raise RuntimeError(...)` in forward
+            hint = "the model's own code raised it: fix the model there, or pass the inputs it expects"
         fixed = _fixed_batch(str(exc))
         if fixed is not None:  # a program exported for one batch size: another --input shape will not do
             hint = (
                 f"the model takes batch {fixed} only (a program exported for that batch size): run it at batch "
                 f"{fixed}{said(f' (--batch {fixed})', '')}, or export it again with a dynamic batch"
             )
+        at = f" at {where}" if where else ""
         raise InputSpecError(
-            f"the model rejected the example inputs ({describe_inputs(args) or 'none'}): {one_line_reason(exc)}",
+            f"the model rejected the example inputs ({describe_inputs(args) or 'none'}): {one_line_reason(exc)}{at}",
             hint=hint,
         ) from None
 
