@@ -728,3 +728,30 @@ def test_a_branch_in_a_helper_called_through_its_module_names_the_wrap_that_work
     assert "autowrap_functions=[gate] (fxforge.prepare: wrap='helpers.py:gate')" in info.value.hint
     captured = prepare("net.py:Net", ["2x4"], wrap=["helpers.py:gate"])
     assert captured.record.wrapped == ["helpers.py:gate"]
+
+
+class _ComputeBlock(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def compute(self, x):
+        if x.mean() > 0:
+            return self.lin(x)
+        return x * 3
+
+
+class _CallsAMethod(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block = _ComputeBlock()
+
+    def forward(self, x):
+        return self.block.compute(x) + 1
+
+
+def test_a_branch_in_a_submodules_other_method_says_leaves_go_through_forward():
+    """QA: the hint said "move it into a submodule", for code in a submodule already, called as block.compute(x)."""
+    with pytest.raises(CaptureError) as info:
+        capture(_CallsAMethod().eval(), (torch.randn(2, 8),))
+    assert "_ComputeBlock.compute, a method other than forward" in info.value.hint

@@ -884,6 +884,13 @@ def _plain_function(code: Any) -> bool:
     return code.co_name.isidentifier() and first not in ("self", "cls") and "." not in code.co_qualname
 
 
+def _other_method(code: Any) -> bool:
+    """A method's code other than ``forward`` (``Block.compute``)."""
+    if code is None or not code.co_argcount or code.co_varnames[0] != "self":
+        return False
+    return code.co_name != "forward" and "." in code.co_qualname
+
+
 def _wrap_option() -> str:
     """How the user wraps a function, in their own terms: capture() takes the function itself, prepare() a name."""
     return said("--wrap file.py:function", "autowrap_functions=[function] (fxforge.prepare: wrap='file.py:function')")
@@ -1165,6 +1172,14 @@ def _capture_error(
                 f"keep the function {helper.co_name} as one call ("
                 + said(f"--wrap {named}", f"autowrap_functions=[{helper.co_name}] (fxforge.prepare: wrap='{named}')")
                 + "), or express the branch with torch.where or torch.cond"
+            )
+        elif _other_method(helper):
+            # a submodule's other method (self.block.compute(x)): leaves are kept through forward only (QA: the
+            # hint said to move code that was in a submodule already into one)
+            hint = (
+                f"the branch is in {helper.co_qualname}, a method other than forward, and capture keeps a "
+                f"submodule as one call only through its forward: call that code through a submodule's forward "
+                f"(then {_leaf_option()}), or express the branch with torch.where or torch.cond"
             )
         if location and re.search(r"`for \w+ in \w+:`", location):
             # `for img in images:` over an input: the model may want a list of tensors (torchvision's detection
