@@ -582,7 +582,8 @@ def _randomness_hint(sources: Sequence[str], model: Any = None) -> str:
     # forward, which tracing records as one constant
     return (
         "no random op of torch's is in the graph: its forward draws random numbers outside torch (numpy, Python's "
-        "random), which the captured graph holds as the constant drawn while tracing"
+        "random) or reads Python state that changes from call to call (a global counter, the time), which the "
+        "captured graph holds as the constant it had while tracing"
     )
 
 
