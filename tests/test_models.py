@@ -880,3 +880,23 @@ def test_two_model_files_importing_their_own_sibling_of_one_name_each_get_their_
     assert not verify_specs(a, b, ["2x4"]).ok
     assert verify_specs(a, a, ["2x4"]).ok
     assert "torch" in sys.modules and "fxforge" in sys.modules  # installed packages are never dropped
+
+
+def test_a_package_model_spec_is_found_from_the_folder_above_it(tmp_path, monkeypatch):
+    """QA: ``pkg.model:build`` run from pkg's parent said "No module named 'pkg'": the fxforge script's path has its
+    own folder, not the current one, as ``python -m`` has it. Relative imports inside the package then work too."""
+    package = tmp_path / "qa_pkg_spec"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "ops.py").write_text("def double(x):\n    return x * 2\n")
+    (package / "model.py").write_text(
+        "from torch import nn\nfrom .ops import double\n"
+        "class M(nn.Module):\n    def forward(self, x):\n        return double(x)\n"
+        "def build():\n    return M()\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    x = torch.ones(2, 3)
+    assert torch.equal(load_model("qa_pkg_spec.model:build").module(x), 2 * x)
+    with pytest.raises(ModelSpecError, match="No module named 'no_such_pkg'"):
+        load_model("no_such_pkg.model:build")

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-import importlib
-import importlib.util
 import inspect as pyinspect
 import io
 import json
@@ -69,7 +67,7 @@ from fxforge.errors import (
     user_location,
 )
 from fxforge.inputs import InputSpec, parse_input_spec
-from fxforge.references import import_file
+from fxforge.references import import_file, import_module
 from fxforge.runtime import fx_wraps_kept_loadable, quiet_torch_logs
 
 # torchvision classification models that need more than the default 224x224 input.
@@ -655,7 +653,7 @@ def _load_from_file(file: Path, attr: str, spec: str, kwargs: dict[str, Any]) ->
 
 def _load_from_import(module_path: str, attr: str, spec: str, kwargs: dict[str, Any]) -> LoadedModel:
     try:
-        module = importlib.import_module(module_path)
+        module = import_module(module_path)
     except ImportError as exc:
         raise ModelSpecError(f"cannot import {module_path!r}: {exc}", hint=_SPEC_HINT) from None
     except Exception as exc:

@@ -113,6 +113,21 @@ def import_file(
     return module
 
 
+def import_module(name: str) -> ModuleType:
+    """``importlib.import_module``, with the current folder on the path where the package is there and nowhere
+    else, as ``python -m`` has it: the ``fxforge`` script's path has its own folder instead, so ``pkg.model:build``
+    run from ``pkg``'s parent said "No module named 'pkg'" (QA)."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        top = name.partition(".")[0]
+        here = Path.cwd()
+        if exc.name != top or not ((here / top).is_dir() or (here / f"{top}.py").is_file()):
+            raise
+    sys.path.insert(0, str(here))  # kept: unpickling what the model's classes made imports them again
+    return importlib.import_module(name)
+
+
 def import_reference(
     reference: str, *, what: str = "reference", error: type[FxforgeError] = FxforgeError, hint: str | None = None
 ) -> Any:
@@ -124,7 +139,7 @@ def import_reference(
         module: Any = import_file(module_name, error=error, what=f"{what} {reference!r}")
     else:
         try:
-            module = importlib.import_module(module_name)
+            module = import_module(module_name)
         except ImportError as exc:
             raise error(f"cannot import {module_name!r} for {what} {reference!r}: {exc}", hint=hint) from None
         except Exception as exc:
