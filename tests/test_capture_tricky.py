@@ -755,3 +755,20 @@ def test_a_branch_in_a_submodules_other_method_says_leaves_go_through_forward():
     with pytest.raises(CaptureError) as info:
         capture(_CallsAMethod().eval(), (torch.randn(2, 8),))
     assert "_ComputeBlock.compute, a method other than forward" in info.value.hint
+
+
+class _AllNaN(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return torch.log(self.lin(x).abs() + 1) / 0.0 * 0.0  # inf * 0: every value NaN
+
+
+def test_a_model_whose_output_is_all_nan_is_captured_and_the_check_says_what_it_saw():
+    """QA: capture (method auto) refused it: "the graphs differ from the model (by 0 and 0) ... its forward computes
+    Python values from tensors". NaN matches NaN in capture's check, which says so."""
+    captured = capture(_AllNaN().eval(), (torch.randn(2, 4),))
+    assert captured.record.method == SYMBOLIC_TRACE and captured.record.ok
+    assert "8 of 8 reference values are NaN or Inf" in captured.record.checks[0].message

@@ -47,7 +47,8 @@ def render_capture(console: Console, spec: str, capture: dict[str, Any]) -> None
     for check in capture["checks"]:
         batch = "example batch" if check["batch"] is None else f"batch {check['batch']}"
         if check["ok"]:
-            console.print(f"  check ({batch}): [green]outputs match[/] (max abs err {check['max_abs_err']:.2g})")
+            said = f"; {escape(check['message'])}" if check.get("message") else ""
+            console.print(f"  check ({batch}): [green]outputs match[/] (max abs err {check['max_abs_err']:.2g}{said})")
         else:
             console.print(f"  check ({batch}): [bold red]outputs differ[/]: {check['message']}")
     for note in capture["notes"]:
