@@ -79,3 +79,15 @@ def test_verify_takes_trust_pickle_as_its_error_says(tmp_path):
     with pytest.raises(FxforgeError, match="trust_pickle=True"):
         fxforge.verify(captured, tmp_path / "out")
     assert fxforge.verify(captured, tmp_path / "out", trust_pickle=True).ok
+
+
+def test_result_reprs_claim_only_what_was_done(tmp_path):
+    """QA: "<OptimizeResult ok: 1 passes, changed by replace_modules>" after that pass was rolled back, with no word
+    that nothing was verified; an export written without verification read "ok"."""
+    captured = fxforge.prepare("demo")
+    undone = fxforge.optimize(captured, [("replace_modules", {"mapping": {nn.ReLU: nn.ReLU6}})], verify=True,
+                              keep_going=True)  # fmt: skip
+    assert "changed by none, rolled back replace_modules" in repr(undone) and "1 pass," in repr(undone)
+    assert "not verified" in repr(fxforge.optimize(captured, ["fold_bn"], verify=False))
+    exported = fxforge.export_model(captured, "pt2", tmp_path / "m.pt2", verify_export=False)
+    assert "written, not verified" in repr(exported)

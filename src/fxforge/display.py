@@ -219,7 +219,8 @@ def verify_html(result: Any) -> str:
 
 
 def export_repr(result: Any) -> str:
-    return f"<ExportResult {result.format} ({result.exporter}): {'ok' if result.ok else 'FAILED'}, {result.path}>"
+    verdict = "FAILED" if not result.ok else "ok" if result.verification is not None else "written, not verified"
+    return f"<ExportResult {result.format} ({result.exporter}): {verdict}, {result.path}>"
 
 
 def export_html(result: Any) -> str:

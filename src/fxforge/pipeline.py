@@ -93,7 +93,7 @@ class PipelineResult:
         return self.failed_pass is None and self.problem is None and (self.verification is None or self.verification.ok)
 
     def __repr__(self) -> str:  # the dataclass's would print the whole GraphModule
-        changed = [step.result.name for step in self.steps if step.result.changed]
+        changed = [step.result.name for step in self.steps if step.result.changed and not step.rolled_back]
         verdict = "ok" if self.ok else f"FAILED ({self.failed_pass or self.problem or 'verification'})"
         checked = f", {self.verification!r}" if self.verification is not None else ", not verified"
         return f"<PipelineResult {verdict}: {len(self.steps)} passes, changed {changed}{checked}>"

@@ -5,17 +5,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from fxforge.display import card
+from fxforge.display import card, counted
 from fxforge.visual.render import diff_html
 from fxforge.visual.sections import bench_section, changelog_section, quantize_section, verify_section
 
 
 def optimize_repr(result: Any) -> str:
     steps = result.pipeline.steps
-    changed = [s.result.name for s in steps if s.result.changed]
+    # a rolled-back pass changed nothing that is kept (QA: "changed by replace_modules" after its rollback)
+    changed = [s.result.name for s in steps if s.result.changed and not s.rolled_back]
+    rolled_back = [s.result.name for s in steps if s.rolled_back]
     verdict = "ok" if result.pipeline.ok else f"FAILED ({result.pipeline.failed_pass or 'verification'})"
+    undone = f", rolled back {', '.join(rolled_back)}" if rolled_back else ""
+    checked = "" if result.pipeline.verification is not None else ", not verified"
     where = f", wrote {result.output_dir}" if result.output_dir else ""
-    return f"<OptimizeResult {verdict}: {len(steps)} passes, changed by {', '.join(changed) or 'none'}{where}>"
+    return (
+        f"<OptimizeResult {verdict}: {counted(len(steps), 'pass', 'passes')}, changed by {', '.join(changed) or 'none'}"
+        f"{undone}{checked}{where}>"
+    )
 
 
 def optimize_html(result: Any) -> str:
@@ -52,7 +59,7 @@ def fix_html(result: Any) -> str:
 
 def bench_repr(report: Any) -> str:
     rows = ", ".join(f"{r.backend} {r.median_ms:.2f} ms" if r.median_ms else f"{r.backend} failed" for r in report.rows)
-    return f"<BenchReport {report.threads} threads, {report.repeats} rounds: {rows}>"
+    return f"<BenchReport {counted(report.threads, 'thread')}, {counted(report.repeats, 'round')}: {rows}>"
 
 
 def bench_html(report: Any) -> str:

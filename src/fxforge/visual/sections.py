@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from fxforge.display import byte_size, escape, key_values, number, status, table
+from fxforge.display import byte_size, counted, escape, key_values, number, status, table
 
 _PACKAGES = ("fxforge", "torch", "torchvision", "timm", "transformers", "onnx", "onnxruntime", "numpy")
 _CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "fma", "f16c", "neon", "asimd")
@@ -138,8 +138,8 @@ def lint_section(findings: Sequence[Mapping[str, Any]]) -> str:
     for f in findings:
         counts[f["severity"]] = counts.get(f["severity"], 0) + 1
     head = "<tr><th>rule</th><th>severity</th><th>node</th><th>message</th><th>fix</th></tr>"
-    summary = ", ".join(f"{count} {severity}" for severity, count in counts.items())
-    body = f"<p>{len(findings)} findings ({escape(summary)}). Click one to see its node in the graph.</p>"
+    summary = ", ".join(counted(count, severity) for severity, count in counts.items())
+    body = f"<p>{counted(len(findings), 'finding')} ({escape(summary)}). Click one to see its node in the graph.</p>"
     rows_html = "".join(rows)
     scroll = f'<div class="fxr-scroll"><table><thead>{head}</thead><tbody>{rows_html}</tbody></table></div>'
     return section("Lint", body + scroll, anchor="lint")
@@ -310,7 +310,8 @@ def bench_section(bench: Mapping[str, Any]) -> str:
         numeric=[1, 2, 3, 4, 5, 6, 7, 8],
     )
     body += (
-        f"<p>{bench.get('threads')} threads, {bench.get('warmup')} warm-up calls, {bench.get('repeats')} timed "
+        f"<p>{counted(bench.get('threads') or 0, 'thread')}, {counted(bench.get('warmup') or 0, 'warm-up call')}, "
+        f"{bench.get('repeats')} timed "
         f"rounds (backends shuffled each round); inputs {escape(', '.join(bench.get('inputs', [])))}; speedup: "
         "eager's median over the row's, in brackets the 95% interval of eager's time over the row's round by "
         "round (an interval that reaches 1.00 is no speedup within noise)</p>"
