@@ -91,3 +91,24 @@ def test_result_reprs_claim_only_what_was_done(tmp_path):
     assert "not verified" in repr(fxforge.optimize(captured, ["fold_bn"], verify=False))
     exported = fxforge.export_model(captured, "pt2", tmp_path / "m.pt2", verify_export=False)
     assert "written, not verified" in repr(exported)
+
+
+class _Keyword(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.l = nn.Linear(4, 4)
+
+    def forward(self, x, y=None):
+        out = self.l(x)
+        return out + y if y is not None else out
+
+
+def test_an_output_of_a_model_with_keyword_tensors_says_inputs_txt_lacks_them(tmp_path):
+    """QA: inputs.txt held only the positional 2x4, with no note, and verifying the directory by spec ran the model
+    without ``y``. The note says so and names the check that passes them."""
+    torch.manual_seed(0)
+    model = _Keyword().eval()
+    captured = fxforge.capture(model, (torch.randn(2, 4),), example_kwargs={"y": torch.randn(2, 4)})
+    result = fxforge.optimize(captured, ["dead_code"], output_dir=tmp_path / "out")
+    assert any("keyword tensor inputs y are not" in note for note in result.notes)
+    assert fxforge.verify(captured, tmp_path / "out").ok

@@ -540,6 +540,15 @@ def save_graph_module(
     }
     (directory / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=1))
     files += [PROVENANCE_FILE, write_inputs(directory, example_inputs)]
+    keyword_tensors = [name for name, value in (example_kwargs or {}).items() if holds_tensor(value)]
+    if keyword_tensors:
+        # inputs.txt holds positional specs, as --input does: a command given this directory alone would run it
+        # without them (QA: verify of the directory failed on `out + None`)
+        notes.append(
+            f"{INPUTS_FILE} records the positional inputs only; the keyword tensor inputs "
+            f"{', '.join(keyword_tensors)} are not: check the written model in Python, e.g. "
+            "fxforge.verify(captured, output_dir), which passes them"
+        )
     return files
 
 
