@@ -112,3 +112,24 @@ def test_an_output_of_a_model_with_keyword_tensors_says_inputs_txt_lacks_them(tm
     result = fxforge.optimize(captured, ["dead_code"], output_dir=tmp_path / "out")
     assert any("keyword tensor inputs y are not" in note for note in result.notes)
     assert fxforge.verify(captured, tmp_path / "out").ok
+
+
+class _Noisy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.l = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.l(x) + torch.rand_like(x)
+
+
+def test_bench_and_quantize_say_a_random_model_is_random():
+    """QA: eager's own row was "beyond tolerance" of eager with no note, and quantize's agreement (81%) was put
+    down to int8, while capture had found the model random."""
+    captured = fxforge.capture(_Noisy(), (torch.randn(2, 4),))
+    assert any("the model is random" in note for note in captured.record.notes)
+    row = fxforge.bench(captured, ["eager"], repeats=2, warmup=1, peak=False).rows[0]
+    assert any("model's own randomness" in note for note in row.notes)
+    quantized = fxforge.quantize(captured, "dynamic")
+    assert any("counts its own randomness" in warning for warning in quantized.warnings)
+    assert "1 layer int8" in repr(quantized)

@@ -73,7 +73,8 @@ def quantize_repr(result: Any) -> str:
         if accuracy is not None and accuracy.top1_agreement is not None
         else ""
     )
-    return f"<QuantizeResult {result.mode} ({result.backend}): {counted(len(result.quantized_layers), 'layer')} int8{agreement}>"
+    layers = counted(len(result.quantized_layers), "layer")
+    return f"<QuantizeResult {result.mode} ({result.backend}): {layers} int8{agreement}>"
 
 
 def quantize_html(result: Any) -> str:
