@@ -133,3 +133,13 @@ def test_bench_and_quantize_say_a_random_model_is_random():
     quantized = fxforge.quantize(captured, "dynamic")
     assert any("counts its own randomness" in warning for warning in quantized.warnings)
     assert "1 layer int8" in repr(quantized)
+
+
+def test_a_model_with_lazy_modules_is_refused_for_what_it_is():
+    """QA: nn.LazyLinear read as "the model rejected the example inputs (3x4): ValueError: uninitialized parameter",
+    from fxforge's own size check; the model ran on those inputs."""
+    model = nn.Sequential(nn.LazyLinear(3)).eval()
+    with pytest.raises(FxforgeError, match="lazy modules") as info:
+        fxforge.capture(model, (torch.randn(3, 4),))
+    assert "call the model once" in info.value.hint
+    assert nn.parameter.is_lazy(model[0].weight)  # fxforge did not make them on the caller's model

@@ -212,6 +212,14 @@ def preserved_state(*modules: nn.Module, runs: bool = True) -> Iterator[None]:
 
 def _parameter_copies(parameters: Iterable[torch.Tensor]) -> dict[int, torch.Tensor]:
     parameters = list(parameters)
+    if any(nn.parameter.is_lazy(p) for p in parameters):
+        # a lazy module (nn.LazyLinear) makes its weights on its first call, which would change the caller's model;
+        # reading their size failed as "the model rejected the example inputs" (QA)
+        raise FxforgeError(
+            "the model has lazy modules (nn.LazyLinear, nn.LazyConv2d...) whose parameters are not made yet: they "
+            "are made on the model's first call, which fxforge does not make on your model",
+            hint="call the model once on an example input first (model(x)), then give it to fxforge",
+        )
     unseen = {id(p): p for p in parameters if p not in _PARAMETERS_SEEN}  # by id: `in` on tensors compares values
     first_run = sum(p.numel() * p.element_size() for p in unseen.values()) <= FIRST_RUN_COPY_LIMIT
     wanted = [p for p in parameters if p in _PARAMETERS_WRITTEN or (first_run and id(p) in unseen)]
@@ -290,6 +298,8 @@ def run_reference(module: Any, args: Sequence[Any], kwargs: dict[str, Any], *oth
     try:
         with quiet_torch_logs():
             return run_isolated(module, args, kwargs, *others)
+    except FxforgeError:  # fxforge's own refusal (a lazy module), not the inputs'
+        raise
     except Exception as exc:
         keyword_only = _keyword_only_inputs(module)
         hint = said(
