@@ -143,3 +143,15 @@ def test_a_model_with_lazy_modules_is_refused_for_what_it_is():
         fxforge.capture(model, (torch.randn(3, 4),))
     assert "call the model once" in info.value.hint
     assert nn.parameter.is_lazy(model[0].weight)  # fxforge did not make them on the caller's model
+
+
+def test_quantize_refusals_fit_the_model_and_mode():
+    """QA: a float64 model in dynamic mode got "or try --mode dynamic"; a model with a keyword input failed with
+    "example input of type NoneType cannot be described by a spec"."""
+    doubled = nn.Sequential(nn.Linear(4, 4)).double().eval()
+    with pytest.raises(FxforgeError) as info:
+        fxforge.quantize(fxforge.capture(doubled, (torch.randn(2, 4, dtype=torch.float64),)), "dynamic")
+    assert "model.float()" in info.value.hint and "mode" not in info.value.hint
+    captured = fxforge.capture(_Keyword().eval(), (torch.randn(2, 4),), example_kwargs={"y": torch.randn(2, 4)})
+    with pytest.raises(FxforgeError, match="takes y by keyword"):
+        fxforge.quantize(captured, "dynamic")

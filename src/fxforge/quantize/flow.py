@@ -19,7 +19,7 @@ from torch import fx, nn
 
 from fxforge.artifacts import check_output_directory
 from fxforge.capture import Captured, capture, require_real_weights
-from fxforge.errors import DialectError, FxforgeError, InputSpecError, one_line_reason, option
+from fxforge.errors import DialectError, FxforgeError, InputSpecError, one_line_reason, option, said
 from fxforge.graphs import ATEN, WEIGHTED_LAYER_TYPES
 from fxforge.inputs import make_inputs, specs_of
 from fxforge.quantize.accuracy import AccuracyReport, Target, compare_batches, parse_target, run_batches
@@ -234,7 +234,7 @@ def _quantize_once(
 
     from torch.ao.quantization.quantize_fx import convert_fx
 
-    with _fx_errors(), quiet_quantization_notices(), quantized_engine(plan.backend):
+    with _fx_errors(plan.mode), quiet_quantization_notices(), quantized_engine(plan.backend):
         prepared = _prepare(plan, _qconfig_mapping(plan, float_units))
         if plan.mode == "qat-prepare":
             return _presize_per_channel_fake_quant(prepared)
@@ -295,17 +295,22 @@ def _prepare(plan: _Plan, mapping: Any) -> fx.GraphModule:
 
 
 @contextlib.contextmanager
-def _fx_errors() -> Iterator[None]:
-    """FX graph mode's exceptions as one-line fxforge errors."""
+def _fx_errors(mode: str) -> Iterator[None]:
+    """FX graph mode's exceptions as one-line fxforge errors, with a hint that fits ``mode`` (QA: "or try --mode
+    dynamic" was said in dynamic mode)."""
     try:
         yield
     except FxforgeError:
         raise
     except Exception as exc:
-        raise FxforgeError(
-            f"FX graph-mode quantization failed: {one_line_reason(exc)}",
-            hint="keep the offending submodule in float with --leaf NAME, or try --mode dynamic",
-        ) from exc
+        hint = "keep the offending submodule in float: " + said(
+            "--leaf NAME", "capture with leaf_modules=['NAME']"
+        )
+        if mode != "dynamic":
+            hint += f", or try {option('--mode', 'dynamic')}"
+        if "Float Tensor" in str(exc):  # a float64 or bfloat16 model: torch's int8 starts from float32
+            hint = "torch's int8 quantizes float32 models: convert it first (model.float()) and quantize that"
+        raise FxforgeError(f"FX graph-mode quantization failed: {one_line_reason(exc)}", hint=hint) from exc
 
 
 def _layer_unit(name: str, type_name: str) -> Unit:
@@ -319,7 +324,7 @@ def _units(plan: _Plan) -> list[Unit]:
         if plan.eager or plan.mode != "static":
             plan.units = [_layer_unit(name, kind) for name, kind in quantizable_layers(plan.source, plan.mode)]
         else:
-            with _fx_errors(), quiet_quantization_notices(), quantized_engine(plan.backend):
+            with _fx_errors(plan.mode), quiet_quantization_notices(), quantized_engine(plan.backend):
                 plan.units = find_units(_prepare(plan, _qconfig_mapping(plan)), plan.source)
     return plan.units
 
@@ -464,6 +469,13 @@ def quantize(
     require_real_weights(captured, "quantize")
     _refuse_quantized(captured)
     _refuse_off_cpu(captured, mode)
+    keywords = [name for name, value in captured.example_kwargs.items() if isinstance(value, torch.Tensor)]
+    if keywords:  # batches are fed by position; a keyword-only None was read as an input (QA: "NoneType ... spec")
+        raise InputSpecError(
+            f"quantize feeds the model its data batches by position, and this model takes {', '.join(keywords)} by "
+            "keyword",
+            hint="quantize a wrapper whose forward takes them by position and passes them on by keyword",
+        )
     plan = _plan(captured, mode, backend)
     float_layers = as_names(float_layers)
     float_units = _checked_float_units(plan, float_layers)
