@@ -151,7 +151,7 @@ def test_quantize_refusals_fit_the_model_and_mode():
     doubled = nn.Sequential(nn.Linear(4, 4)).double().eval()
     with pytest.raises(FxforgeError) as info:
         fxforge.quantize(fxforge.capture(doubled, (torch.randn(2, 4, dtype=torch.float64),)), "dynamic")
-    assert "model.float()" in info.value.hint and "mode" not in info.value.hint
+    assert "model.float()" in info.value.hint and "--mode" not in info.value.hint
     captured = fxforge.capture(_Keyword().eval(), (torch.randn(2, 4),), example_kwargs={"y": torch.randn(2, 4)})
     with pytest.raises(FxforgeError, match="takes y by keyword"):
         fxforge.quantize(captured, "dynamic")
