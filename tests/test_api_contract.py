@@ -155,3 +155,17 @@ def test_quantize_refusals_fit_the_model_and_mode():
     captured = fxforge.capture(_Keyword().eval(), (torch.randn(2, 4),), example_kwargs={"y": torch.randn(2, 4)})
     with pytest.raises(FxforgeError, match="takes y by keyword"):
         fxforge.quantize(captured, "dynamic")
+
+
+def test_an_onnx_file_onnx_runtime_cannot_run_is_an_export_error(tmp_path):
+    """QA: a bfloat16 model's ONNX file (no bf16 Gemm in ONNX Runtime's CPU kernels) was reported as "cannot read
+    <staging path>: ... (hint: is the file corrupt?)", a ModelSpecError, exit 2."""
+    pytest.importorskip("onnxruntime")
+    from fxforge.export import ExportError
+
+    model = nn.Sequential(nn.Linear(4, 4)).bfloat16().eval()
+    captured = fxforge.capture(model, (torch.randn(2, 4, dtype=torch.bfloat16),))
+    with pytest.raises(ExportError, match="does not load back in ONNX Runtime") as info:
+        fxforge.export_model(captured, "onnx", tmp_path / "m.onnx")
+    assert "partial" not in info.value.message and "corrupt" not in str(info.value.hint)
+    assert list(tmp_path.iterdir()) == []

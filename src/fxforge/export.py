@@ -76,6 +76,7 @@ from fxforge.errors import (
     EXIT_CAPTURE,
     SYSTEM_REFUSALS,
     FxforgeError,
+    ModelSpecError,
     first_line,
     format_location,
     graph_frame_source,
@@ -309,9 +310,18 @@ def export_model(
         result.export_s = time.perf_counter() - start
         loaded: Any = None
         if verify_export:
-            loaded = load_exported(
-                staged.path, to, output_like=_example_output(reference, inputs), device=device_of(inputs, reference)
-            )
+            try:
+                loaded = load_exported(
+                    staged.path, to, output_like=_example_output(reference, inputs), device=device_of(inputs, reference)
+                )
+            except ModelSpecError as exc:  # it read "cannot read <staging path>: ... (is the file corrupt?)" (QA)
+                reason = exc.message.split(": ", 1)[1] if exc.message.startswith("cannot read ") else exc.message
+                runtime = {"onnx": "ONNX Runtime", "torchscript": "torch.jit.load", "pt2": "torch.export.load"}[to]
+                raise ExportError(
+                    f"the exported {to} file does not load back in {runtime}: {reason}; nothing was written",
+                    hint=f"export another format ({said('--to pt2, --to torchscript', 'to=pt2, to=torchscript')}), "
+                    "or the model in float32 where it is in another dtype",
+                ) from None
             # A traced TorchScript module runs any batch size its code allows, a dynamic-batch export any batch
             # size: prove that; a static ONNX/pt2 file takes the example's batch only.
             any_batch = to == "torchscript" or dynamic_batch
