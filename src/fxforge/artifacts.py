@@ -513,8 +513,8 @@ def save_graph_module(
         sizes = _batch_sizes_only(saved, tuple(example_inputs), kwargs)
         if sizes is not None:  # a transformers model's ATen graph holds its example's batch in its ops
             why = (
-                "the ATen graph holds the example's batch (capture with --check-batch 2 for one that runs any batch, "
-                "unless the model's code branches on the batch size)"
+                f"the ATen graph holds the example's batch (capture with {option('--check-batch', 2)} for one that "
+                "runs any batch, unless the model's code branches on the batch size)"
                 if dialect == ATEN
                 else "the graph fixes the batch size"
             )

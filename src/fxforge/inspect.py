@@ -189,7 +189,9 @@ class _Profiler(GraphRunner):
                 raise
             where = f"{n.op} {target_name(n)}"
             message = first_line(exc)
-            hint = "check --input: the example inputs may not have the shape or dtype the model expects"
+            hint = said("check --input", "check the inputs") + (
+                ": the example inputs may not have the shape or dtype the model expects"
+            )
             if "meta tensor" in message or "meta device" in message:
                 # a leaf (or an op) reads tensor values (.item(), a branch on a value), which meta tensors do not
                 # have: the inputs are fine, the device is not

@@ -432,7 +432,8 @@ class Verifier:
                     self.graph_rejects.add(batch)
                     reason = None
                 elif reason is not None:
-                    reason += f" (fixed to batch {example_batch}; capture with --check-batch for a dynamic one)"
+                    dynamic = option("--check-batch")
+                    reason += f" (fixed to batch {example_batch}; capture with {dynamic} for a dynamic one)"
             if reason is None:
                 usable.append(batch)
             else:

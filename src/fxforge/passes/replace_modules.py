@@ -36,6 +36,7 @@ from torch import fx, nn
 
 from fxforge import references
 from fxforge.effects import AliasClasses
+from fxforge.errors import said
 from fxforge.graphs import module_path, submodule, target_name
 from fxforge.passes import PassError, PassResult, free_attribute_name, mark, register_pass
 
@@ -209,7 +210,10 @@ class ReplaceModulesOptions:
         if not self.mapping and self.predicate is None:
             raise PassError(
                 f"{NAME} needs a mapping or a predicate",
-                hint="e.g. --option replace_modules.mapping='{ReLU: ReLU6}'",
+                hint=said(
+                    "e.g. --option replace_modules.mapping='{ReLU: ReLU6}'",
+                    "e.g. fxforge.optimize(captured, [('replace_modules', {'mapping': {nn.ReLU: nn.ReLU6}})])",
+                ),
             )
         if self.replacement is not None and self.predicate is None:
             raise PassError(f"{NAME}: replacement goes with a predicate (use mapping to replace by type)")

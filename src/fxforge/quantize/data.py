@@ -36,11 +36,13 @@ class RandomCalibrationWarning(UserWarning):
 
 RANDOM_WARNING = (
     "calibrated on random inputs: the int8 value ranges (and so its accuracy on real data) are unknown; "
-    "pass calibration data (--calib FILE.pt or file.py:function) for a model you mean to use"
+    "pass calibration data (a torch.save file or file.py:function: --calib on the command line, calibration= in "
+    "Python) for a model you mean to use"
 )
 RANDOM_EVAL_WARNING = (
     "accuracy measured on random inputs: the int8 model's accuracy on real data is unknown; "
-    "pass evaluation data (--eval FILE.pt or file.py:function) to measure it"
+    "pass evaluation data (a torch.save file or file.py:function: --eval on the command line, eval_data= in "
+    "Python) to measure it"
 )
 
 

@@ -57,7 +57,7 @@ SENSITIVITY_SAMPLES = 128
 # and can be smaller than on data the model has not seen.
 IN_SAMPLE_WARNING = (
     "accuracy measured on the calibration data itself: the int8 value ranges were fitted to it, so the error on "
-    "new data can be larger; pass held-out data (--eval) to measure it"
+    "new data can be larger; pass held-out data (--eval on the command line, eval_data= in Python) to measure it"
 )
 
 # Layers a sensitivity run quantizes one at a time. Fused neighbours (BatchNorm, ReLU) go with their
