@@ -169,3 +169,12 @@ def test_an_onnx_file_onnx_runtime_cannot_run_is_an_export_error(tmp_path):
         fxforge.export_model(captured, "onnx", tmp_path / "m.onnx")
     assert "partial" not in info.value.message and "corrupt" not in str(info.value.hint)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_export_options_of_another_format_are_refused(small, tmp_path):
+    """QA: export_model(to="pt2", opset=17) and script=True ran without a word."""
+    _model, captured = small
+    with pytest.raises(FxforgeError, match="opset applies to onnx, not pt2"):
+        fxforge.export_model(captured, "pt2", tmp_path / "m.pt2", opset=17)
+    with pytest.raises(FxforgeError, match="script applies to torchscript, not pt2"):
+        fxforge.export_model(captured, "pt2", tmp_path / "m.pt2", script=True)

@@ -247,6 +247,19 @@ def export_model(
         raise FxforgeError(
             f"{option('--exporter')} applies to onnx, not {to}", hint=f"leave {option('--exporter')} out"
         )
+    # options of one format given for another chose nothing, silently (QA: to="pt2", opset=17 ran)
+    misplaced = [
+        (name, fmt)
+        for name, fmt, given in (
+            ("--opset", "onnx", opset is not None),
+            ("--script", "torchscript", script),
+            ("--onednn-fusion", "torchscript", onednn_fusion),
+        )
+        if given and to != fmt
+    ]
+    if misplaced:
+        flag, fmt = misplaced[0]
+        raise FxforgeError(f"{option(flag)} applies to {fmt}, not {to}", hint=f"leave {option(flag)} out")
     if dynamic_batch and to == "torchscript":
         raise FxforgeError(
             "a dynamic batch applies to onnx and pt2",
