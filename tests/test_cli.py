@@ -534,3 +534,12 @@ def test_lint_says_what_capture_kept_as_one_call(tmp_path, capsys):
     assert "not linted inside: submodule gate" in out
     _, out, _ = run(capsys, "lint", f"{path}:Net", "--json")
     assert json.loads(out)["capture"]["leaves"] == ["gate"]
+
+
+def test_output_options_that_would_do_nothing_are_said(capsys):
+    """QA: ``lint demo -o out`` without --fix exited 1 and wrote nothing, without a word; ``optimize`` without -o
+    ran and wrote nothing, exit 0, without a word either."""
+    code, _, err = run(capsys, "lint", "demo", "-o", "out/never")
+    assert code == EXIT_USAGE and "-o applies to lint --fix" in err
+    code, _, err = run(capsys, "optimize", "demo", "-p", "fold_bn")
+    assert code == EXIT_OK and "nothing written: pass -o OUTDIR" in err

@@ -74,6 +74,9 @@ def command(
         raise FxforgeError("lint needs a MODEL", hint="e.g. fxforge lint torchvision:resnet18")
     if fix and not output:
         raise FxforgeError("lint --fix writes the fixed model to a directory", hint="add -o OUTDIR")
+    if not fix and (output or force):  # ignored, silently (QA): lint alone writes nothing
+        given = "-o" if output else "--force"
+        raise FxforgeError(f"{given} applies to lint --fix, which writes the fixed model", hint="add --fix")
     captured = opts.prepare()
     if fix:
         fixed = run_fix(captured, output, select=split(select), ignore=split(ignore), force=force, spec=opts.model)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from fxforge.cli.options import CaptureOptions, capture_options, emit_json, split, status, stdout, warn
+from fxforge.cli.options import CaptureOptions, capture_options, emit_json, split, status, stderr, stdout, warn
 from fxforge.errors import EXIT_FINDINGS, FxforgeError
 
 if TYPE_CHECKING:
@@ -153,6 +153,8 @@ def command(
         render_capture_warnings(stdout, captured.record)
         if timings:
             render_timings(stdout, capture_s, result)
+        if output is None:  # a run that wrote nothing said nothing of it (QA)
+            stderr.print("nothing written: pass -o OUTDIR to write the rewritten model", highlight=False)
     if not result.pipeline.ok:
         raise SystemExit(EXIT_FINDINGS)
 
