@@ -249,7 +249,7 @@ def test_keyword_inputs(method: str):
     captured = capture(model, x(), example_kwargs=kwargs, method=method, check_batch=3)
     assert captured.record.method == (SYMBOLIC_TRACE if method == "auto" else EXPORT)
     assert captured.record.ok, captured.record.checks  # the mask is resized to batch 3 with x
-    assert [c.batch for c in captured.record.checks] == [None, 3]
+    assert [c.batch for c in captured.record.checks] == [None, 3, 1]  # and batch 1
     assert captured.example_kwargs.keys() == kwargs.keys() and torch.equal(captured.example_kwargs["mask"], mask)
     assert captured.example_kwargs["mask"] is not mask  # a copy: nothing fxforge runs can write into the caller's
     assert_same_outputs(model, captured, x(), mask=mask)

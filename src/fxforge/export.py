@@ -91,6 +91,7 @@ from fxforge.errors import (
 from fxforge.graphs import ATEN, without_input_guards
 from fxforge.inputs import specs_of
 from fxforge.runtime import (
+    batch_conditions,
     batch_range_text,
     cloned,
     device_of,
@@ -414,7 +415,12 @@ def _traced_at_batch_two(
             partial.unlink()
 
     result, at_two = traced_at_batch_two(
-        export, inputs, lambda _: reproduces_example(), errors=(ExportError,), rejected=remove_partial_files
+        export,
+        inputs,
+        lambda _: reproduces_example(),
+        errors=(ExportError,),
+        rejected=remove_partial_files,
+        final=lambda error: getattr(error, "construct", None) == "batch-dependent code",
     )
     if at_two:
         result.notes.append("traced at batch 2 (the example repeated): at batch 1, torch.export may fix the batch at 1")
@@ -623,7 +629,9 @@ def _export_onnx(
                 notes.append(f"{mode.reshaped} attention call(s) on non-4-D tensors exported as 4-D attention")
             used = "dynamo"
         except ExportError as error:
-            if exporter == "dynamo":
+            # code that branches on the batch size: the legacy exporter's trace would fix the branch just the same,
+            # with no condition to see (QA: it wrote the wrong file after this refusal)
+            if exporter == "dynamo" or error.construct == "batch-dependent code":
                 raise
             dynamo_error = error
         # the fallback runs outside the except block: there, the legacy exporter's own exception would chain to
@@ -695,6 +703,21 @@ def _check_opset(path: Path, opset: int | None) -> None:
         )
 
 
+def _batch_conditions(module: nn.Module, inputs: tuple[Any, ...]) -> list[str]:
+    """What torch.export's own program of ``module`` checks on the batch size beyond a range (``x.size()[0] != 3``;
+    :func:`~fxforge.runtime.batch_conditions`). The ONNX exporter's program keeps no such check: exported at batch
+    2, a model branching on ``x.shape[0] == 3`` became a file computing the batch-2 branch at batch 3, "verified"
+    at batches 1 and 2 (QA). One more trace of the model, for dynamic-batch ONNX exports only."""
+    dynamic = torch.export.Dim.DYNAMIC
+    shapes = tuple({0: dynamic} if isinstance(t, torch.Tensor) and t.dim() > 0 else None for t in inputs)
+    try:
+        with quiet_torch_logs(), preserved_state(module, runs=False):
+            probe = torch.export.export(module, inputs, dynamic_shapes=shapes, strict=False)
+    except Exception:  # the ONNX exporter managed what this cannot: its own checks stand
+        return []
+    return batch_conditions(probe)
+
+
 def _onnx_dynamo(
     module: nn.Module, name: str, inputs: tuple[Any, ...], path: Path, opset: int | None, dynamic_batch: bool
 ) -> None:
@@ -707,6 +730,16 @@ def _onnx_dynamo(
     )
     captured = getattr(program, "exported_program", None)
     limits = narrowed_batch(captured) if dynamic_batch and captured is not None else None
+    conditions = _batch_conditions(module, inputs) if dynamic_batch else []
+    if conditions and limits is None:
+        raise ExportError(
+            f"cannot export {name} to ONNX with a dynamic batch: torch.export traced its code on the condition "
+            f"{conditions[0]} (it branches on the batch size), which an ONNX file cannot record: a file for any "
+            "batch would compute the traced branch where the condition fails",
+            hint=f"leave {option('--dynamic-batch')} out (a file for the example's batch), or export to pt2, whose "
+            "program checks the condition at each call",
+            construct="batch-dependent code",
+        )
     if limits is not None:
         # the file would declare a free batch and compute the traced batch's branch at every other one (QA: a model
         # doubling its output above batch 2, exported at batch 2, was verified at batches 1 and 2 and wrong at 3)

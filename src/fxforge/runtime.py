@@ -517,6 +517,21 @@ def narrowed_batch(program: torch.export.ExportedProgram) -> tuple[int, int] | N
     return narrowed
 
 
+def batch_conditions(program: torch.export.ExportedProgram) -> list[str]:
+    """The conditions on the batch size that ``program`` checks at each call beyond the range of its batch symbol
+    (``x.size()[0] != 3``: a model branching on ``x.shape[0] == 3`` traced at another batch): a range holds no
+    such hole, and an ONNX file declaring a free batch computed the traced branch at batch 3 (QA). Conditions only
+    tying the batches of two inputs together (``x.size()[0] == mask.size()[0]``) are not listed: both stay free."""
+    found = []
+    for guard in getattr(program, "_guards_code", None) or []:  # torch.export's checks, as Python text
+        if "size()[0]" not in guard:
+            continue
+        without_sizes = re.sub(r"L\[[^\]]*\]\.size\(\)\[\d+\]", "", guard)
+        if re.search(r"\d", without_sizes):  # compared with a number, not only with another input's size
+            found.append(re.sub(r"L\['([^']*)'\]", r"\1", guard))
+    return found
+
+
 def batch_range_text(limits: tuple[int, int]) -> str:
     """``"batch 2"``, ``"batch sizes up to 2"`` or ``"batch sizes 2 to 8"`` for :func:`narrowed_batch`'s range."""
     low, high = limits
@@ -571,6 +586,7 @@ def traced_at_batch_two(
     *,
     errors: tuple[type[BaseException], ...] = (Exception,),
     rejected: Callable[[], None] = lambda: None,
+    final: Callable[[BaseException], bool] = lambda _: False,
 ) -> tuple[_R, bool]:
     """``(build(example), False)``; for an example of batch 1, ``(build(the example repeated to batch 2), True)``
     first, where that builds and ``reproduces`` the example's own result.
@@ -579,15 +595,17 @@ def traced_at_batch_two(
     and ConvNeXt and GPT-2 gave programs and files that run batch 1 only. The batch-2 trace must compute the
     example's result, not only run it: code that branches on the batch size took the batch-2 branch at batch 1,
     silently (QA: x * 3 where the model gives x * 2). ``errors``: what a failed batch-2 build may raise (then the
-    example is built); ``rejected`` is called before that (to remove what the attempt left behind)."""
+    example is built); ``rejected`` is called before that (to remove what the attempt left behind); an error that
+    ``final`` accepts is raised at once (the model's code branches on the batch size: batch 1 would hide it)."""
     doubled = at_batch_two(example)
     if doubled is not None:
         try:
             built = build(doubled)
             if reproduces(built):
                 return built, True
-        except errors:
-            pass
+        except errors as exc:
+            if final(exc):
+                raise
         rejected()
     return build(example), False
 
