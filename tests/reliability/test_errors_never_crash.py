@@ -174,13 +174,13 @@ def test_force_over_a_symlink_writes_through_it_and_leaves_no_backup(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "real"]  # no hidden .link.old-* or .partial-*
 
 
-def _interrupt(args: list[str], delay: float, cwd: Path) -> tuple[int, str, str]:
+def _interrupt(args: list[str], delay: float, cwd: Path, sent: int = signal.SIGINT) -> tuple[int, str, str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(
         [FXFORGE, *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     )
     time.sleep(delay)
-    process.send_signal(signal.SIGINT)
+    process.send_signal(sent)
     out, err = process.communicate(timeout=120)
     return process.returncode, out, err
 
@@ -194,6 +194,16 @@ def test_ctrl_c_at_any_point_exits_130_with_one_line(tmp_path, delay):
     assert code == 130, (code, err[-2000:])
     assert err.strip().splitlines()[-1] == "interrupted" and "Traceback" not in err
     assert out == "" and list(tmp_path.iterdir()) == []  # no output directory, no .partial staging directory
+
+
+def test_sigterm_mid_export_exits_143_and_leaves_nothing(tmp_path):
+    """QA: SIGTERM (timeout, docker stop) killed an export on the spot and left the staging directory and the
+    parent folder it had made; it ends as Ctrl-C does now, through the same cleanup, with 128 + 15."""
+    args = ["export", "torchvision:resnet50", "-i", "1x3x64x64", "-o", str(tmp_path / "sub" / "r.onnx")]
+    code, _, err = _interrupt(args, 4.0, tmp_path, signal.SIGTERM)
+    assert code == 143, (code, err[-2000:])
+    assert err.strip().splitlines()[-1] == "terminated" and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("args", [["inspect", "nosuch:model"], ["passes"]])

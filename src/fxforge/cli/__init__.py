@@ -7,7 +7,7 @@ shared options in :mod:`fxforge.cli.options`, the error handling in :mod:`fxforg
 output in :mod:`fxforge.cli.render`.
 
 Exit codes (docs/commands/index.md): 0 success · 1 findings (lint) or mismatch (verify) · 2 bad input ·
-3 capture failed · 4 internal error · 130 interrupted.
+3 capture failed · 4 internal error · 130 interrupted · 143 terminated (SIGTERM).
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ import sys
 from typing import Any
 
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM, as a shell reports a process SIGTERM ended
 _sigint_seen = False
+_terminated = False
 _interruption_reported = False
 
 
@@ -26,6 +28,14 @@ def _note_sigint(signum: int, frame: Any) -> None:
     global _sigint_seen
     _sigint_seen = True
     raise KeyboardInterrupt
+
+
+def _note_sigterm(signum: int, frame: Any) -> None:
+    """SIGTERM (``timeout``, ``docker stop``, Kubernetes) ends the command as Ctrl-C does, through the same cleanup:
+    by default it killed the process on the spot and left an export's staging directory behind (QA)."""
+    global _terminated
+    _terminated = True
+    _note_sigint(signum, frame)
 
 
 def stop_if_interrupted() -> None:
@@ -69,29 +79,33 @@ def _closed_streams_to_devnull() -> None:
 
 
 def interrupted() -> int:
-    """Ctrl-C: one line, no traceback, exit code 130."""
+    """Ctrl-C: one line, no traceback, exit code 130 (SIGTERM: "terminated", 143)."""
     global _interruption_reported
+    code = EXIT_TERMINATED if _terminated else EXIT_INTERRUPTED
     if _interruption_reported:
-        return EXIT_INTERRUPTED
+        return code
     _interruption_reported = True
     try:
-        sys.stderr.write("interrupted\n")
+        sys.stderr.write("terminated\n" if _terminated else "interrupted\n")
         sys.stderr.flush()
     except Exception:  # stderr closed: the exit code still says it
         pass
-    return EXIT_INTERRUPTED
+    return code
 
 
 def run() -> None:
     """Console-script entry point (``fxforge``)."""
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where SIGINT is ignored (nohup, &)
         signal.signal(signal.SIGINT, _note_sigint)
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _note_sigterm)
     try:
         code = main()
     except KeyboardInterrupt:  # Ctrl-C as main returned, or a second one while the first was being reported
         code = interrupted()  # the line, unless it was already written
     # The command is over: a Ctrl-C from here on would only raise in the interpreter's shutdown, with a traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         sys.stdout.flush()
     except BrokenPipeError:
