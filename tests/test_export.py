@@ -982,3 +982,26 @@ def test_an_exporter_for_a_format_that_has_none_is_refused(tmp_path):
         export_model(
             nn.Linear(3, 3), "torchscript", tmp_path / "m.pt", example_inputs=(torch.randn(1, 3),), exporter="dynamo"
         )
+
+
+class _Transposed(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+        self.register_buffer("c", torch.arange(3.0))
+
+    def forward(self, x):
+        return self.fc(x).t().contiguous(), self.c
+
+
+def test_the_legacy_exporter_declares_the_batch_where_each_output_has_it(tmp_path):
+    """QA: with --dynamic-batch the legacy exporter declared dimension 0 of every output "batch": (batch, batch) for
+    fc(x).t(), whose shape is (4, batch), and a batch dimension on a buffer of shape (3,)."""
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    path = tmp_path / "m.onnx"
+    export_model(_Transposed().eval(), "onnx", path, example_inputs=(torch.randn(2, 8),), exporter="legacy",
+                 dynamic_batch=True)  # fmt: skip
+    graph = onnx.load(str(path)).graph
+    shapes = [[d.dim_param or d.dim_value for d in o.type.tensor_type.shape.dim] for o in graph.output]
+    assert shapes == [[4, "batch"], [3]]

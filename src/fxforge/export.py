@@ -92,6 +92,7 @@ from fxforge.graphs import ATEN, without_input_guards
 from fxforge.inputs import specs_of
 from fxforge.runtime import (
     batch_conditions,
+    batch_of,
     batch_range_text,
     cloned,
     device_of,
@@ -105,6 +106,7 @@ from fxforge.runtime import (
     record_example,
     run_reference,
     traced_at_batch_two,
+    with_batch,
     with_constant_kwargs,
 )
 from fxforge.verify import DEFAULT_CASES, VerifyResult, reference_output, verify
@@ -814,6 +816,28 @@ def _attention_on_4d(
 _ATTENTION_SIGNATURE = inspect.signature(_attention_on_4d)  # F.scaled_dot_product_attention's parameters
 
 
+def _output_batch_axes(reference: nn.Module, inputs: tuple[Any, ...], outputs: list[torch.Tensor]) -> list[dict]:
+    """Which dimensions of each output follow the batch, found by running the model at one more sample: the legacy
+    exporter declared dimension 0 of every output "batch", also of ``fc(x).t()`` (4 x batch) and of a buffer
+    returned as it is (QA; the dynamo exporter gets them right). Dimension 0 of each, where the run fails."""
+    batch = batch_of(inputs)
+    fallback = [{0: "batch"} if t.dim() > 0 else {} for t in outputs]
+    if batch is None:
+        return fallback
+    try:
+        with torch.no_grad():
+            other = run_reference(reference, with_batch(inputs, batch + 1), {})
+    except Exception:
+        return fallback
+    others = [v for v in pytree.tree_leaves(other) if isinstance(v, torch.Tensor)]
+    if len(others) != len(outputs):
+        return fallback
+    return [
+        {i: "batch" for i, (a, b) in enumerate(zip(t.shape, o.shape)) if a != b} if t.dim() == o.dim() else {}
+        for t, o in zip(outputs, others)
+    ]
+
+
 def _onnx_legacy(
     module: nn.Module,
     reference: nn.Module,
@@ -832,7 +856,9 @@ def _onnx_legacy(
     dynamic_axes = None
     if dynamic_batch:
         dynamic_axes = {name: {0: "batch"} for name, t in zip(input_names, inputs) if t.dim() > 0}
-        dynamic_axes.update({name: {0: "batch"} for name, t in zip(output_names, outputs) if t.dim() > 0})
+        dynamic_axes.update(
+            {name: axes for name, axes in zip(output_names, _output_batch_axes(reference, inputs, outputs)) if axes}
+        )
     torch.onnx.export(
         module,
         inputs,
