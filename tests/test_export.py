@@ -1005,3 +1005,31 @@ def test_the_legacy_exporter_declares_the_batch_where_each_output_has_it(tmp_pat
     graph = onnx.load(str(path)).graph
     shapes = [[d.dim_param or d.dim_value for d in o.type.tensor_type.shape.dim] for o in graph.output]
     assert shapes == [[4, "batch"], [3]]
+
+
+class _TwoNamed(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return {"y": self.fc(x), "z": x * 2}
+
+
+@pytest.mark.parametrize("damage", ["{garbage", '{"dict": [["y", "tensor"], ["z", "tensor"], ["aux", "tensor"]]}'])
+def test_damaged_output_structure_metadata_in_an_onnx_file_is_refused(tmp_path, damage):
+    """QA: damaged fxforge.output_structure metadata gave the flat list with no word (a bare tensor for a dict), and
+    verify said OK; a damaged TorchScript fxforge.json is refused as corrupt, and so is this now."""
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    from fxforge.artifacts import OUTPUT_STRUCTURE_KEY
+    from fxforge.errors import ModelSpecError
+
+    path = tmp_path / "m.onnx"
+    export_model(_TwoNamed().eval(), "onnx", path, example_inputs=(torch.randn(2, 8),))
+    model = onnx.load(str(path))
+    entry = next(p for p in model.metadata_props if p.key == OUTPUT_STRUCTURE_KEY)
+    entry.value = damage  # not JSON; or a third output the graph does not have
+    onnx.save(model, str(path))
+    with pytest.raises(ModelSpecError, match=r"output_structure metadata (is not JSON|describes 3 outputs)"):
+        load_exported(path, "onnx")

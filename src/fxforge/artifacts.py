@@ -1343,10 +1343,25 @@ class OnnxRuntimeModule(nn.Module):
         self.output_like = output_like
         self.output_structure: Any = None
         recorded = self.session.get_modelmeta().custom_metadata_map.get(OUTPUT_STRUCTURE_KEY)
-        # damaged or from another version: the flat list, as the graph returns it
-        with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError, StopIteration):
-            structure = json.loads(recorded) if recorded else None
-            if structure is not None and _tensors_in(structure) == len(self.session.get_outputs()):
+        if recorded:
+            outputs = len(self.session.get_outputs())
+            # damaged metadata gave the flat list with no word, and verify said OK of a file returning a bare
+            # tensor where the model returns a dict (QA): refused as a damaged TorchScript fxforge.json is
+            try:
+                structure = json.loads(recorded)
+            except ValueError:
+                raise ModelSpecError(
+                    f"{path}: its {OUTPUT_STRUCTURE_KEY} metadata is not JSON", hint="is the file corrupt?"
+                ) from None
+            # a description this version cannot read (written by another one): the flat list, as the graph gives it
+            with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError, StopIteration):
+                described = _tensors_in(structure)
+                if described != outputs:
+                    raise ModelSpecError(
+                        f"{path}: its {OUTPUT_STRUCTURE_KEY} metadata describes {described} outputs, and the graph "
+                        f"has {outputs}",
+                        hint="is the file corrupt?",
+                    )
                 self.output_structure = structure
 
     def input_specs(self) -> list[InputSpec]:
