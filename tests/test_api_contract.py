@@ -178,3 +178,9 @@ def test_export_options_of_another_format_are_refused(small, tmp_path):
         fxforge.export_model(captured, "pt2", tmp_path / "m.pt2", opset=17)
     with pytest.raises(FxforgeError, match="script applies to torchscript, not pt2"):
         fxforge.export_model(captured, "pt2", tmp_path / "m.pt2", script=True)
+
+
+def test_a_mismatch_of_dict_keys_names_them():
+    """QA: verify said only "output: keys differ"."""
+    problems = fxforge.compare_outputs({"a": torch.ones(1), "b": torch.ones(1)}, {"a": torch.ones(1)}).problems
+    assert problems == ["output: keys differ (missing 'b')"]

@@ -134,8 +134,14 @@ def _compare(
             return _mismatch(f"{path}: expected a tensor, got {type(candidate).__name__}")
         return _compare_tensors(reference, candidate, rtol, atol, path, allow_dtype_change)
     if isinstance(reference, Mapping):
-        if not isinstance(candidate, Mapping) or set(reference) != set(candidate):
-            return _mismatch(f"{path}: keys differ")
+        if not isinstance(candidate, Mapping):
+            return _mismatch(f"{path}: expected a mapping, got {type(candidate).__name__}")
+        if set(reference) != set(candidate):  # which ones: "keys differ" alone left the user to find them (QA)
+            missing, extra = [k for k in reference if k not in candidate], [k for k in candidate if k not in reference]
+            said = ([f"missing {', '.join(map(repr, missing[:5]))}"] if missing else []) + (
+                [f"unexpected {', '.join(map(repr, extra[:5]))}"] if extra else []
+            )
+            return _mismatch(f"{path}: keys differ ({'; '.join(said)})")
         result = Comparison(True)
         for key in reference:
             result.merge(_compare(reference[key], candidate[key], rtol, atol, f"{path}[{key!r}]", allow_dtype_change))
