@@ -882,6 +882,8 @@ def load_exported(
     on its inputs' device); ``.pt2`` programs as ``.module()``, on the device they were exported on.
     """
     path = Path(path)
+    if format is not None and format not in FORMATS:  # it read "cannot tell the format" (QA)
+        raise FxforgeError(f"unknown format {format!r}", hint=f"one of {', '.join(FORMATS)}")
     format = format or next((f for f, suffix in SUFFIXES.items() if path.suffix == suffix), None)
     if format not in FORMATS:
         raise FxforgeError(f"cannot tell the format of {path}", hint="name it .pt, .onnx or .pt2, or pass the format")
