@@ -278,3 +278,36 @@ def test_the_page_header_counts_and_flops_read_naturally():
     assert "1 module ·" in header and "110.66K FLOPs" in header
     big = describe({"dialect": "aten", "nodes": [], "modules": [], "totals": {"flops": 1_820_000_000}})
     assert "1.82G FLOPs" in big
+
+
+class _LoopOverLayers(torch.nn.Module):
+    """A ModuleList whose loop does work of its own between the layers: every edge crosses its border."""
+
+    def __init__(self, count):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(count))
+        self.head = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.relu(layer(x)) + 1
+        return self.head(x)
+
+
+def test_a_module_a_path_leaves_and_reenters_is_drawn_open_without_a_box(resnet_captures):
+    """Drawn as boxes, such modules made ELK take minutes (a 2k-node loop over a ModuleList, every module open)."""
+    from fxforge.visual.render import svg_of
+
+    captured = fxforge.capture(_LoopOverLayers(150), (torch.randn(1, 4),), method="symbolic_trace", check=False)
+    model = graph_model(captured, run_lint=False)
+    marked = {m["path"] for m in model["modules"] if m.get("il")}
+    # the layers, and the boxes of consecutive top-level nodes that the layers (and the head) interleave with
+    assert marked == {"layers", "nodes 1-100", "nodes 101-200", "nodes 201-300", "nodes 301-302"}
+    assert not any(m.get("il") for m in graph_model(resnet_captures["torch"], run_lint=False)["modules"])
+    # ATen: one ReLU module called after each of a block's two convs
+    aten = {m["path"] for m in graph_model(resnet_captures["aten"], run_lint=False)["modules"] if m.get("il")}
+    assert "layer1.0.relu" in aten and "layer1.0" not in aten
+    pytest.importorskip("py_mini_racer")
+    svg = svg_of(graph_model(fxforge.capture(_LoopOverLayers(20), (torch.randn(1, 4),), check=False)), depth=99)
+    assert svg.count('class="mod') == 1  # head: a box; the layers' linears sit among the relus and adds
+    assert svg.count('class="node') == 20 * 3 + 2 + 2

@@ -16,13 +16,15 @@ guards, drawn only in the details), ``st`` diff status, ``ps`` pass, ``o`` origi
 indices, ``ms``/``share`` profile time. ``edges`` are ``[source, target]`` index pairs (a third element
 ``1`` marks an edge of the original graph kept to show a removed node). ``modules`` have ``path``,
 ``type``, ``parent``, ``depth`` and totals; ``g`` marks a box of consecutive nodes (a long run of nodes
-directly in one module, see ``GROUP_OVER``), not a module of the model.
+directly in one module, see ``GROUP_OVER``), not a module of the model; ``il`` a module that a path leaves and
+re-enters (drawn open without a box, see ``_Builder.mark_interleaved``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import heapq
 import inspect as pyinspect
 import json
 import math
@@ -553,13 +555,76 @@ class _Builder:
         record["p"] += entry.get("p", 0)
         record["f"] += entry.get("f", 0)
 
+    def mark_interleaved(self) -> None:
+        """Mark (``il``) the modules that a path leaves and re-enters: the page draws them open without a box.
+
+        A ``ModuleList`` iterated by a loop that also does work of its own (``x = relu(layer(x)) + 1``), a
+        module called twice (one ``self.relu`` after each conv) or a box of consecutive nodes around them:
+        drawn as a box, every edge of such a chain crosses its border twice, and ELK, laying out the
+        hierarchy as a whole, took minutes for 2k nodes (and drew the chain as a zigzag 20k px wide).
+        """
+        visible = [not entry.get("h") for entry in self.nodes]
+        inputs: list[list[int]] = [[] for _ in self.nodes]
+        users: list[list[int]] = [[] for _ in self.nodes]
+        for edge in self.edges:
+            if visible[edge[0]] and visible[edge[1]]:
+                inputs[edge[1]].append(edge[0])
+                users[edge[0]].append(edge[1])
+        order = _topological_order([i for i, shown in enumerate(visible) if shown], inputs, users)
+        position = {node: k for k, node in enumerate(order)}
+        members: dict[int, list[int]] = {}
+        for node in order:
+            module = self.nodes[node]["m"]
+            while module >= 0:
+                members.setdefault(module, []).append(node)
+                module = self.modules[module]["parent"]
+        for module, nodes in members.items():
+            first, last = position[nodes[0]], position[nodes[-1]]
+            # a module whose nodes are consecutive in a topological order cannot be left and re-entered
+            if last - first + 1 > len(nodes) and _reentered(set(nodes), order[first : last + 1], inputs):
+                self.modules[module]["il"] = 1
+
     def result(self, **extra: Any) -> dict[str, Any]:
         self.totals()
         self.absorb_single_node_modules()
         self.group_long_runs()
+        self.mark_interleaved()
         model = {"nodes": self.nodes, "edges": self.edges, "modules": self.modules, **extra}
         model.setdefault("depth", default_depth(model))
         return model
+
+
+def _topological_order(nodes: list[int], inputs: list[list[int]], users: list[list[int]]) -> list[int]:
+    """``nodes`` in an order where each comes after its inputs (graph order breaks ties). A diff's removed
+    nodes come last in ``nodes`` and its edges mix two graphs: nodes on a cycle, if any, are appended."""
+    waiting = {node: len(inputs[node]) for node in nodes}
+    ready = [node for node in nodes if not waiting[node]]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        node = heapq.heappop(ready)
+        order.append(node)
+        for user in users[node]:
+            waiting[user] -= 1
+            if not waiting[user]:
+                heapq.heappush(ready, user)
+    if len(order) < len(nodes):
+        placed = set(order)
+        order.extend(node for node in nodes if node not in placed)
+    return order
+
+
+def _reentered(inside: set[int], span: list[int], inputs: list[list[int]]) -> bool:
+    """Whether a path leaves ``inside`` and comes back; ``span``: the topological order from its first node to
+    its last (a path out and back in lies within it)."""
+    reached: set[int] = set()  # outside nodes that a path from inside reaches
+    for node in span:
+        if node in inside:
+            if any(source in reached for source in inputs[node]):
+                return True
+        elif any(source in inside or source in reached for source in inputs[node]):
+            reached.add(node)
+    return False
 
 
 def _meta_shape(node: fx.Node) -> Any:

@@ -156,25 +156,33 @@
       return false;
     });
     var texts = {};
-    function item(key) {
+    function contents(id, into) {
+      ix.childMods[id].forEach(function (c) { item("m" + c, into); });
+      ix.modNodes[id].forEach(function (i) { item("n" + i, into); });
+    }
+    // appends the ELK node(s) of ``key`` to ``into``
+    function item(key, into) {
       var isMod = key[0] === "m", id = +key.slice(1);
       if (isMod && open[id]) {
-        var kids = [];
-        ix.childMods[id].forEach(function (c) { kids.push(item("m" + c)); });
-        ix.modNodes[id].forEach(function (i) { kids.push(item("n" + i)); });
         var mod = model.modules[id];
+        // a path leaves and re-enters it (graph.py's mark_interleaved): as a box, ELK spends minutes on the
+        // edges crossing its border, so its contents go where it sits
+        if (mod.il) return contents(id, into);
+        var kids = [];
+        contents(id, kids);
         texts[key] = { title: (mod.path.split(".").pop()) + (mod.type ? " \u00b7 " + mod.type : ""), lines: [], open: true };
-        return { id: key, children: kids, layoutOptions: { "elk.padding": "[top=" + (HEAD + 10) + ",left=10,bottom=10,right=10]" } };
+        into.push({ id: key, children: kids, layoutOptions: { "elk.padding": "[top=" + (HEAD + 10) + ",left=10,bottom=10,right=10]" } });
+        return;
       }
       var text = isMod ? moduleLines(model, ix, id) : nodeLines(model, nodes[id]);
       if (reads[key]) text.notes = ["\u2190 " + reads[key].join(", ")];
       texts[key] = text;
       var size = boxSize(text);
-      return { id: key, width: size.width, height: size.height };
+      into.push({ id: key, width: size.width, height: size.height });
     }
     var children = [];
-    ix.rootMods.forEach(function (m) { children.push(item("m" + m)); });
-    ix.rootNodes.forEach(function (i) { children.push(item("n" + i)); });
+    ix.rootMods.forEach(function (m) { item("m" + m, children); });
+    ix.rootNodes.forEach(function (i) { item("n" + i, children); });
     var labels = opts.edgeLabels !== false && edges.length <= 700;
     edges.forEach(function (e) {
       var sh = nodes[e.src].sh;
