@@ -97,7 +97,18 @@
     function findBox(key) {
       var found = null;
       (function walk(c) { (c.children || []).forEach(function (x) { if (x.id === key) found = x; else walk(x); }); })(laid.graph);
+      if (!found && key[0] === "m" && open[+key.slice(1)]) {
+        // an open module drawn without its box (mod.il): its first node stands for it
+        var first = firstNode(+key.slice(1));
+        if (first != null) return findBox("n" + first);
+      }
       return found;
+    }
+
+    function firstNode(m) {
+      if (ix.modNodes[m].length) return ix.modNodes[m][0];
+      for (var k = 0; k < ix.childMods[m].length; k++) { var i = firstNode(ix.childMods[m][k]); if (i != null) return i; }
+      return null;
     }
 
     function render() {
@@ -168,6 +179,7 @@
         var mod = model.modules[id];
         rows.push(["module", mod.path], ["type", mod.type], ["nodes", mod.nodes], ["params", (mod.p || 0).toLocaleString()], ["FLOPs", num(mod.f)]);
         if (mod.ms != null) rows.push(["time", mod.ms.toFixed(3) + " ms (" + (100 * (mod.share || 0)).toFixed(1) + "%)"]);
+        if (mod.il) rows.push(["drawn", "without its box when open: a path leaves and re-enters it"]);
         html = "<h3>" + esc(mod.path) + "</h3>" + table(rows) + '<button type="button" data-toggle="' + id + '">' + (open[id] ? "collapse" : "expand") + "</button>";
       } else {
         var n = model.nodes[id];
@@ -181,6 +193,10 @@
         if (n.o) rows.push(["computes", "the value of " + n.o + " in the captured graph"]);
         if (n.heir) rows.push(["now computed by", n.heir]);
         html = "<h3>" + esc(n.n) + "</h3>" + table(rows);
+        // modules drawn open without a box have no - to click: they close from here
+        FXG.ancestors(model, n.m).forEach(function (a) {
+          if (model.modules[a].il && open[a]) html += '<button type="button" data-toggle="' + a + '">collapse ' + esc(model.modules[a].path) + "</button> ";
+        });
         if (n.src) {
           var s = n.src;
           html += '<div class="fxg-src"><b>' + (s.exact ? "source" : "called from") + "</b> " + esc(s.file) + ":" + s.line + " in " + esc(s.fn) +
