@@ -182,3 +182,33 @@ def test_a_flat_10k_node_graph_opens_in_seconds_as_boxes(chromium, tmp_path):
     _wait_until(page, "document.querySelectorAll('#fxg-graph g.node').length", 199)
     assert page.locator(f'g.mod[data-k="m{box}"]').count() == 1
     assert record.console_errors == [] and record.requests == []
+
+
+def test_a_module_named_like_a_node_is_selected_from_search(chromium, tmp_path):
+    """An nn.Sequential named ``relu`` beside a torch.relu call: each search result selects what it lists."""
+    import torch
+
+    class Collide(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.relu = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+
+        def forward(self, x):
+            return self.relu(torch.relu(x))
+
+    captured = fxforge.capture(Collide(), (torch.randn(1, 4),), method="symbolic_trace", check=False)
+    view = fxforge.graph_html(captured, tmp_path / "collide.html")
+    module = next(i for i, m in enumerate(view.model["modules"]) if m["path"] == "relu")
+    node = next(i for i, n in enumerate(view.model["nodes"]) if n["n"] == "relu")
+    record = PageRecord()
+    page = open_page(chromium, tmp_path / "collide.html", record)
+    page.locator(".fxg-search").press_sequentially("relu")
+    page.locator(".fxg-results [data-go='relu'][data-kind='module']").click()
+    _wait_until(page, "window.fxgraph.selected()", f"m{module}")
+    assert page.locator(".fxg-side h3").inner_text() == "relu"
+    assert "Sequential" in page.locator(".fxg-side").inner_text()
+    page.locator(".fxg-search").fill("")
+    page.locator(".fxg-search").press_sequentially("relu")
+    page.locator(".fxg-results [data-go='relu'][data-kind='node']").click()
+    _wait_until(page, "window.fxgraph.selected()", f"n{node}")
+    assert record.console_errors == [] and record.requests == []

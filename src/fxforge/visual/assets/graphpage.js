@@ -151,15 +151,23 @@
       return render();
     }
 
-    /* Select a node (by name) or module (by path): open its modules, lay out, centre and show details. */
-    function select(name) { return queue(function () { return selectNow(name); }); }
+    /* Select a node (by name) or module (by path): open its modules, lay out, centre and show details.
+     * ``kind`` ("module" or "node") says which a name shared by both is (an nn.Sequential named ``relu``
+     * beside a torch.relu call); left out, the node. */
+    function select(name, kind) { return queue(function () { return selectNow(name, kind); }); }
 
-    function selectNow(name) {
+    function keyOf(name, kind) {
+      var i = ix.byName[name], m = ix.byPath[name];
+      if (kind !== "module" && i != null && !model.nodes[i].h) return "n" + i;
+      if (kind !== "node" && m != null) return "m" + m;
+      return null;
+    }
+
+    function selectNow(name, kind) {
       {
-        var i = ix.byName[name], key, m;
-        if (i != null && !model.nodes[i].h) { key = "n" + i; m = model.nodes[i].m; }
-        else if (ix.byPath[name] != null) { m = model.modules[ix.byPath[name]].parent; key = "m" + ix.byPath[name]; }
-        else return Promise.resolve(false);
+        var key = keyOf(name, kind), m;
+        if (key == null) return Promise.resolve(false);
+        m = key[0] === "n" ? model.nodes[+key.slice(1)].m : model.modules[+key.slice(1)].parent;
         var need = FXG.ancestors(model, m).some(function (a) { return !open[a]; });
         var p = Promise.resolve(laid);
         if (need) { FXG.ancestors(model, m).forEach(function (a) { open[a] = true; }); p = render(); }
@@ -275,7 +283,7 @@
       q = q.trim().toLowerCase();
       if (!q) return [];
       var out = [];
-      model.modules.forEach(function (m) { if (out.length < 30 && m.path.toLowerCase().indexOf(q) >= 0) out.push({ name: m.path, kind: "module " + m.type }); });
+      model.modules.forEach(function (m) { if (out.length < 30 && m.path.toLowerCase().indexOf(q) >= 0) out.push({ name: m.path, kind: "module " + m.type, mod: true }); });
       model.nodes.forEach(function (n) {
         if (out.length < 30 && !n.h && (n.n.toLowerCase().indexOf(q) >= 0 || String(n.t).toLowerCase().indexOf(q) >= 0 || (n.mp || "").toLowerCase().indexOf(q) >= 0)) out.push({ name: n.n, kind: n.l });
       });
@@ -284,18 +292,20 @@
     search.addEventListener("input", function () {
       var found = find(search.value);
       matches = {};
-      found.forEach(function (f) { var i = ix.byName[f.name]; if (i != null) matches["n" + i] = 1; else if (ix.byPath[f.name] != null) matches["m" + ix.byPath[f.name]] = 1; });
+      found.forEach(function (f) { var key = keyOf(f.name, f.mod ? "module" : "node"); if (key) matches[key] = 1; });
       mark();
-      results.innerHTML = found.map(function (f) { return '<div data-go="' + esc(f.name) + '">' + esc(f.name) + " <small>" + esc(f.kind) + "</small></div>"; }).join("");
+      results.innerHTML = found.map(function (f) {
+        return '<div data-go="' + esc(f.name) + '" data-kind="' + (f.mod ? "module" : "node") + '">' + esc(f.name) + " <small>" + esc(f.kind) + "</small></div>";
+      }).join("");
       results.style.display = found.length ? "block" : "none";
     });
     search.addEventListener("keydown", function (ev) {
-      if (ev.key === "Enter") { var first = results.querySelector("[data-go]"); if (first) { results.style.display = "none"; select(first.getAttribute("data-go")); } }
+      if (ev.key === "Enter") { var first = results.querySelector("[data-go]"); if (first) { results.style.display = "none"; select(first.getAttribute("data-go"), first.getAttribute("data-kind")); } }
       if (ev.key === "Escape") { results.style.display = "none"; }
     });
     results.addEventListener("click", function (ev) {
       var d = ev.target.closest("[data-go]");
-      if (d) { results.style.display = "none"; select(d.getAttribute("data-go")); }
+      if (d) { results.style.display = "none"; select(d.getAttribute("data-go"), d.getAttribute("data-kind")); }
     });
 
     depthSel.addEventListener("change", function () {
