@@ -311,3 +311,35 @@ def test_a_module_a_path_leaves_and_reenters_is_drawn_open_without_a_box(resnet_
     svg = svg_of(graph_model(fxforge.capture(_LoopOverLayers(20), (torch.randn(1, 4),), check=False)), depth=99)
     assert svg.count('class="mod') == 1  # head: a box; the layers' linears sit among the relus and adds
     assert svg.count('class="node') == 20 * 3 + 2 + 2
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.v = (torch.nn.Linear(4, 4) for _ in range(3))
+
+    def forward(self, x):
+        return self.q(x) * self.k(x) + self.v(x)
+
+
+class _WithAttention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = _Attention()
+
+    def forward(self, x):
+        return torch.relu(self.attn(x))
+
+
+def test_a_merged_linear_is_drawn_in_the_module_of_the_linears_it_replaces():
+    captured = fxforge.capture(_WithAttention().eval(), (torch.randn(2, 4),), method="export", check=False)
+    result = fxforge.optimize(captured, ["merge_parallel_linears"])
+    model = diff_model(captured, result.pipeline.graph_module, passes=["merge_parallel_linears"])
+    modules = model["modules"]
+    inserted = [n for n in model["nodes"] if n.get("st") == "inserted" and not n.get("h")]
+    assert inserted and all(n["m"] >= 0 and modules[n["m"]]["path"].startswith("attn") for n in inserted)
+    merged = next(n for n in inserted if n["c"] == "matmul")
+    assert modules[merged["m"]]["path"] == "attn"  # not the top level
+    # a module's totals are those of the rewritten graph: the removed linears' FLOPs are not counted again
+    attn = next(m for m in modules if m["path"] == "attn")
+    assert attn["f"] == sum(n.get("f", 0) for n in model["nodes"] if n.get("st") != "removed")

@@ -250,6 +250,9 @@ def _chain(node: fx.Node, known: Mapping[str, list[tuple[str, Any]]] | None = No
     elif node.op == "get_attr":
         parts = str(node.target).split(".")[:-1]
         chain = [(".".join(parts[: i + 1]), "") for i in range(len(parts))]
+    if not chain and known is not None and node.meta.get(ORIGIN) in known:
+        # reloaded from model.pt2, a node a pass inserted has the re-export's wrapper as its only module
+        return known[node.meta[ORIGIN]]
     return chain
 
 
@@ -434,7 +437,7 @@ class _Builder:
     def totals(self) -> None:
         """Nodes, parameters and FLOPs of every module, counted through its children."""
         for entry in self.nodes:
-            module = entry["m"]
+            module = entry["m"] if entry.get("st") != REMOVED else -1  # a diff's modules count the rewritten graph
             while module >= 0:
                 record = self.modules[module]
                 if not entry.get("h"):
@@ -450,12 +453,16 @@ class _Builder:
         for record in self.modules:
             if record["parent"] >= 0:
                 children[record["parent"]] += 1
+        drawn = dict.fromkeys(range(len(self.modules)), 0)  # a diff's removed nodes too, unlike the totals
+        for entry in self.nodes:
+            if entry["m"] >= 0 and not entry.get("h"):
+                drawn[entry["m"]] += 1
         for entry in self.nodes:
             module = entry["m"]
             if module < 0 or entry.get("h") or children[module]:
                 continue
             record = self.modules[module]
-            if record["nodes"] == 1 and not record.get("absorbed"):
+            if drawn[module] == 1 and not record.get("absorbed"):
                 record["absorbed"] = True
                 entry["mp"] = record["path"]
                 entry["mt"] = record["type"]
@@ -550,6 +557,8 @@ class _Builder:
         """Move a node into a group box (its totals count towards the group's)."""
         entry = self.nodes[node]
         entry["m"] = group
+        if entry.get("st") == REMOVED:
+            return
         record = self.modules[group]
         record["nodes"] += 1
         record["p"] += entry.get("p", 0)
@@ -871,6 +880,7 @@ def diff_model(
             entry.pop("ps")
         counts[REMOVED] += not entry.get("h")
     _removed_with_their_readers(builder, before, removed, value_now_in)
+    _place_inserted_nodes(builder, rewritten, old_nodes)
     findings = _attach_findings(builder, lint_report, key=1)
     model = builder.result(
         kind="diff",
@@ -915,6 +925,34 @@ def _removed_with_their_readers(
         found = {builder.nodes[builder.index[(0, reader)]].get("ps") for reader in readers}
         if len(found) == 1 and None not in found:
             entry["ps"] = found.pop()
+
+
+def _place_inserted_nodes(builder: _Builder, rewritten: fx.GraphModule, old_nodes: Mapping[str, fx.Node]) -> None:
+    """A node a pass inserted that names no module and computes no captured node's value (the merged linear of
+    merge_parallel_linears, its split) goes in the innermost module holding all its readers (else its inputs):
+    at the top level, the merged q/k/v linear of a transformer's attention was drawn outside every layer."""
+    modules = builder.modules
+
+    def ancestors(module: int) -> list[int]:
+        chain = []
+        while module >= 0:
+            chain.append(module)
+            module = modules[module]["parent"]
+        return chain[::-1]
+
+    for node in reversed(list(rewritten.graph.nodes)):
+        entry = builder.nodes[builder.index[(1, node.name)]]
+        if node.name in old_nodes or entry["m"] >= 0 or entry.get("h") or not node.meta.get(PASS):
+            continue
+        placed = [builder.nodes[builder.index[(1, other.name)]] for other in list(node.users) or node.all_input_nodes]
+        chains = [ancestors(other["m"]) for other in placed if not other.get("h")]
+        if not chains:
+            continue
+        shared = chains[0]
+        for chain in chains[1:]:
+            shared = [a for a, b in zip(shared, chain, strict=False) if a == b]
+        if shared:
+            entry["m"] = shared[-1]
 
 
 def _removal_passes(before: fx.GraphModule, steps: Sequence[tuple[str, fx.GraphModule]]) -> dict[str, str]:
