@@ -32,33 +32,33 @@ def as_names(value: Any) -> Any:
 USER_MODULE_PREFIX = "fxforge_user_"
 
 
-# The folders of the user files imported so far: their sibling modules (``from helpers import scale``) are cached in
-# sys.modules under plain names, which another user file's own siblings share.
-_USER_FOLDERS: set[str] = set()
+# The modules a user file's import brought in from its own folder (``from helpers import scale``), by folder: cached
+# in sys.modules under plain names, which another user file's own siblings share.
+_SIBLINGS: dict[str, set[str]] = {}
 
 
-def _forget_other_folders_modules(folder: str) -> None:
-    """Drop from ``sys.modules`` the modules an earlier user file imported from its own folder (not this one's):
-    ``a/model.py`` and ``b/model.py`` each importing their ``helpers.py`` got a's twice, and ``fxforge verify
-    a/model.py:build b/model.py:build`` said OK for two different models (QA). Their code keeps working: a module's
-    functions hold their own globals."""
-    others = [Path(f) for f in _USER_FOLDERS if f != folder]
-    if not others:
-        return
-    here = Path(folder)
-    # never an installed package (torch, in a venv inside the user's project folder) nor fxforge itself
-    installed = [Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve(), Path(__file__).resolve().parent]
-    for name, module in list(sys.modules.items()):
-        file = getattr(module, "__file__", None)
-        if not file or name.startswith(USER_MODULE_PREFIX):
+def _forget_other_folders_siblings(folder: str) -> None:
+    """Drop from ``sys.modules`` the sibling modules that user files of other folders imported: ``a/model.py`` and
+    ``b/model.py`` each importing their ``helpers.py`` got a's twice, and ``fxforge verify a/model.py:build
+    b/model.py:build`` said OK for two different models (QA). Their code keeps working (a module's functions hold
+    their own globals). Only modules recorded while a user file was imported, and found in its folder, are dropped:
+    never an installed package, nor what the caller imported itself."""
+    for other, names in _SIBLINGS.items():
+        if other == folder:
             continue
-        location = Path(file).resolve()
-        if location.is_relative_to(here) or any(location.is_relative_to(p) for p in installed):
-            continue
-        if {"site-packages", "dist-packages"} & set(location.parts):
-            continue
-        if any(location.is_relative_to(other) for other in others):
-            del sys.modules[name]
+        for name in names:
+            module = sys.modules.get(name)
+            file = getattr(module, "__file__", None) if module is not None else None
+            if file and Path(file).resolve().is_relative_to(other):
+                del sys.modules[name]
+
+
+def _record_siblings(folder: str, before: set[str]) -> None:
+    """Remember which modules the import of a user file from ``folder`` added from that folder."""
+    for name in set(sys.modules) - before:
+        file = getattr(sys.modules[name], "__file__", None)
+        if file and not name.startswith(USER_MODULE_PREFIX) and Path(file).resolve().is_relative_to(folder):
+            _SIBLINGS.setdefault(folder, set()).add(name)
 
 
 def import_file(
@@ -86,8 +86,8 @@ def import_file(
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
     folder = str(path.resolve().parent)
-    _forget_other_folders_modules(folder)
-    _USER_FOLDERS.add(folder)
+    _forget_other_folders_siblings(folder)
+    before = set(sys.modules)
     sys.path.insert(0, folder)
     try:
         # Import-time code may draw random numbers (`example_inputs = (torch.randn(...),)`): only the first build
@@ -110,6 +110,7 @@ def import_file(
         ) from None
     finally:
         sys.path.remove(folder)
+        _record_siblings(folder, before)
     return module
 
 
