@@ -197,7 +197,7 @@ def test_wrong_input_shape_is_an_input_error(resnet18, method: str):
     message = str(info.value)
     assert "\n" not in message and "Traceback" not in message
     assert "the graph failed at node" in info.value.message
-    assert info.value.hint and "--input" in info.value.hint
+    assert info.value.hint and "check the inputs" in info.value.hint  # the Python wording: no CLI option here
 
 
 def test_missing_input_is_an_input_error():

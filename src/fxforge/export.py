@@ -112,6 +112,7 @@ from fxforge.runtime import (
 from fxforge.verify import DEFAULT_CASES, VerifyResult, reference_output, verify
 
 ONNX_EXPORTERS = ("auto", "dynamo", "legacy")
+BATCH_CONDITION = "batch-dependent code (a condition on the batch size)"
 
 
 class ExportError(FxforgeError):
@@ -422,7 +423,8 @@ def _traced_at_batch_two(
         lambda _: reproduces_example(),
         errors=(ExportError,),
         rejected=remove_partial_files,
-        final=lambda error: getattr(error, "construct", None) == "batch-dependent code",
+        # traced at batch 1 the condition is gone (the batch is specialised): that file would be the wrong one
+        final=lambda error: getattr(error, "construct", None) == BATCH_CONDITION,
     )
     if at_two:
         result.notes.append("traced at batch 2 (the example repeated): at batch 1, torch.export may fix the batch at 1")
@@ -633,7 +635,7 @@ def _export_onnx(
         except ExportError as error:
             # code that branches on the batch size: the legacy exporter's trace would fix the branch just the same,
             # with no condition to see (QA: it wrote the wrong file after this refusal)
-            if exporter == "dynamo" or error.construct == "batch-dependent code":
+            if exporter == "dynamo" or error.construct == BATCH_CONDITION:
                 raise
             dynamo_error = error
         # the fallback runs outside the except block: there, the legacy exporter's own exception would chain to
@@ -713,11 +715,24 @@ def _batch_conditions(module: nn.Module, inputs: tuple[Any, ...]) -> list[str]:
     dynamic = torch.export.Dim.DYNAMIC
     shapes = tuple({0: dynamic} if isinstance(t, torch.Tensor) and t.dim() > 0 else None for t in inputs)
     try:
-        with quiet_torch_logs(), preserved_state(module, runs=False):
+        # a mode of its own: the export's _AttentionAs4D counts the exported file's reshaped attention calls, and
+        # this trace's calls reach it already made 4-D (not counted twice)
+        with quiet_torch_logs(), preserved_state(module, runs=False), _AttentionAs4D():
             probe = torch.export.export(module, inputs, dynamic_shapes=shapes, strict=False)
     except Exception:  # the ONNX exporter managed what this cannot: its own checks stand
         return []
     return batch_conditions(probe)
+
+
+def _condition_refusal(name: str, conditions: list[str]) -> ExportError:
+    return ExportError(
+        f"cannot export {name} to ONNX with a dynamic batch: torch.export traced its code on the condition "
+        f"{conditions[0]} (it branches on the batch size), which an ONNX file cannot record: a file for any "
+        "batch would compute the traced branch where the condition fails",
+        hint=f"leave {option('--dynamic-batch')} out (a file for the example's batch), or export to pt2, whose "
+        "program checks the condition at each call",
+        construct=BATCH_CONDITION,
+    )
 
 
 def _onnx_dynamo(
@@ -734,14 +749,7 @@ def _onnx_dynamo(
     limits = narrowed_batch(captured) if dynamic_batch and captured is not None else None
     conditions = _batch_conditions(module, inputs) if dynamic_batch else []
     if conditions and limits is None:
-        raise ExportError(
-            f"cannot export {name} to ONNX with a dynamic batch: torch.export traced its code on the condition "
-            f"{conditions[0]} (it branches on the batch size), which an ONNX file cannot record: a file for any "
-            "batch would compute the traced branch where the condition fails",
-            hint=f"leave {option('--dynamic-batch')} out (a file for the example's batch), or export to pt2, whose "
-            "program checks the condition at each call",
-            construct="batch-dependent code",
-        )
+        raise _condition_refusal(name, conditions)
     if limits is not None:
         # the file would declare a free batch and compute the traced batch's branch at every other one (QA: a model
         # doubling its output above batch 2, exported at batch 2, was verified at batches 1 and 2 and wrong at 3)
@@ -846,6 +854,9 @@ def _onnx_legacy(
     opset: int | None,
     dynamic_batch: bool,
 ) -> None:
+    conditions = _batch_conditions(module, inputs) if dynamic_batch else []
+    if conditions:  # the legacy trace fixes the branch just as the dynamo exporter does
+        raise _condition_refusal(type(reference).__name__, conditions)
     outputs = [v for v in pytree.tree_leaves(_example_output(reference, inputs)) if isinstance(v, torch.Tensor)]
     output_names = [f"output_{i}" for i in range(len(outputs))]
     # the inputs named as the model's forward names them, as the dynamo exporter does: a loaded file is then called
