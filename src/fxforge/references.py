@@ -41,12 +41,16 @@ def _forget_other_folders_siblings(folder: str) -> None:
     """Drop from ``sys.modules`` the sibling modules that user files of other folders imported: ``a/model.py`` and
     ``b/model.py`` each importing their ``helpers.py`` got a's twice, and ``fxforge verify a/model.py:build
     b/model.py:build`` said OK for two different models (QA). Their code keeps working (a module's functions hold
-    their own globals). Only modules recorded while a user file was imported, and found in its folder, are dropped:
-    never an installed package, nor what the caller imported itself."""
+    their own globals). Only modules recorded while a user file was imported, found in its folder, and named like a
+    module of this folder are dropped: never an installed package, nor what the caller imported itself."""
+    here = Path(folder)
     for other, names in _SIBLINGS.items():
         if other == folder:
             continue
         for name in names:
+            top = name.partition(".")[0]
+            if not ((here / f"{top}.py").is_file() or (here / top).is_dir()):
+                continue  # this folder has no module of that name: the cached one is the only one it can import
             module = sys.modules.get(name)
             file = getattr(module, "__file__", None) if module is not None else None
             if file and Path(file).resolve().is_relative_to(other):
