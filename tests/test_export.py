@@ -1034,3 +1034,13 @@ def test_damaged_output_structure_metadata_in_an_onnx_file_is_refused(tmp_path, 
     onnx.save(model, str(path))
     with pytest.raises(ModelSpecError, match=r"output_structure metadata (is not JSON|describes 3 outputs)"):
         load_exported(path, "onnx")
+
+
+def test_an_opset_newer_than_onnx_knows_is_refused_before_the_export(tmp_path):
+    """QA: --opset 99 ran the whole export and then read "the dynamo exporter wrote opset 18, not the opset 99"."""
+    onnx = pytest.importorskip("onnx")
+    latest = onnx.defs.onnx_opset_version()
+    with pytest.raises(FxforgeError, match=f"installed onnx package knows \\(up to {latest}\\)"):
+        export_model(nn.Linear(4, 2).eval(), "onnx", tmp_path / "m.onnx", example_inputs=(torch.randn(1, 4),),
+                     opset=latest + 70)  # fmt: skip
+    assert _files(tmp_path) == []

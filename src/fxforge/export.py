@@ -271,6 +271,7 @@ def export_model(
         )
     if to == "onnx":
         _require_onnx(exporter)
+        _check_opset_known(opset)
     source, reference, inputs = _export_source(target, example_inputs)
     # errors name the user's model, not the GraphModule or wrapper that is exported
     name = type(target.original if isinstance(target, Captured) else target).__name__
@@ -687,6 +688,21 @@ def _record_output_structure(path: Path, output: Any) -> bool:
     model.metadata_props.add(key=OUTPUT_STRUCTURE_KEY, value=json.dumps(structure))
     onnx.save(model, str(path))
     return True
+
+
+def _check_opset_known(opset: int | None) -> None:
+    """An opset newer than the installed onnx package knows is refused up front: it read "the dynamo exporter wrote
+    opset 18, not the opset 99 asked for" after a whole export (QA)."""
+    if opset is None:
+        return
+    import onnx
+
+    latest = onnx.defs.onnx_opset_version()
+    if opset > latest:
+        raise FxforgeError(
+            f"{option('--opset')} {opset} is newer than any opset the installed onnx package knows (up to {latest})",
+            hint=f"pass {option('--opset')} {latest} or lower, or leave it out for the exporter's own",
+        )
 
 
 def _check_opset(path: Path, opset: int | None) -> None:
