@@ -255,6 +255,16 @@ def user_location(exc: BaseException) -> str | None:
     return None
 
 
+def raised_in_user_code(exc: BaseException) -> str | None:
+    """``file:line `source``` where ``exc`` was raised, when that is the user's own code (a ``raise`` or
+    ``sys.exit`` in their forward, a recursion), not a library it called; else None."""
+    frames = list(traceback.walk_tb(exc.__traceback__))
+    if not frames or not is_user_file(frames[-1][0].f_code.co_filename):
+        return None
+    frame, lineno = frames[-1]
+    return format_location(frame.f_code.co_filename, lineno)
+
+
 def user_code(exc: BaseException) -> types.CodeType | None:
     """The code object of the innermost frame of the user's code in ``exc``'s traceback (see
     :func:`user_location`): which function of theirs stopped."""

@@ -18,7 +18,6 @@ import logging
 import os
 import re
 import sys
-import traceback
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -33,7 +32,7 @@ from torch.fx.experimental import _config as fx_config
 from torch.utils import _pytree as pytree
 
 from fxforge.compare import compare_outputs
-from fxforge.errors import FxforgeError, InputSpecError, is_user_file, one_line_reason, said, user_location
+from fxforge.errors import FxforgeError, InputSpecError, one_line_reason, raised_in_user_code, said, user_location
 
 
 @contextlib.contextmanager
@@ -319,8 +318,7 @@ def run_reference(module: Any, args: Sequence[Any], kwargs: dict[str, Any], *oth
                 "fxforge.prepare(model, '1x16:int64:max=999')",
             )
         where = user_location(exc)
-        frames = list(traceback.walk_tb(exc.__traceback__))
-        if where and frames and is_user_file(frames[-1][0].f_code.co_filename):
+        if raised_in_user_code(exc):
             # raised by the model's own code (a raise, a recursion), not by a torch op its inputs did not fit: QA
             # got "pass --input with the shape..." and no line for `raise RuntimeError(...)` in forward
             hint = "the model's own code raised it: fix the model there, or pass the inputs it expects"

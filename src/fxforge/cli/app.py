@@ -11,7 +11,6 @@ import importlib
 import os
 import pkgutil
 import sys
-import traceback
 
 import click
 from rich.text import Text
@@ -26,9 +25,8 @@ from fxforge.errors import (
     SYSTEM_REFUSALS,
     FxforgeError,
     command_line_wording,
-    format_location,
-    is_user_file,
     one_line_reason,
+    raised_in_user_code,
 )
 
 
@@ -100,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             emit_json_error(exc.format_message(), None, exc.exit_code)
         return exc.exit_code
     except SystemExit as exc:
-        called_at = _exit_called_by_user_code(exc)
+        called_at = raised_in_user_code(exc)  # None for fxforge's own exits (a command's exit code)
         if called_at is not None:
             # the model's forward, a pass or a data function ended the run: its code is no exit code of fxforge's
             # (QA: sys.exit() in a forward made inspect exit 0 with no output, sys.exit(1) read as "mismatch")
@@ -122,16 +120,6 @@ def main(argv: list[str] | None = None) -> int:
         hint = "rerun with --debug for the traceback, and please report it"
         return _failed("internal error:", one_line_reason(exc), hint, EXIT_INTERNAL, as_json)
     return EXIT_OK
-
-
-def _exit_called_by_user_code(exc: SystemExit) -> str | None:
-    """``file:line `source``` where code other than fxforge's (the model's, a pass's, a data function's) called
-    ``sys.exit``, or None for fxforge's own exits (a command's exit code)."""
-    frames = list(traceback.walk_tb(exc.__traceback__))
-    if not frames or not is_user_file(frames[-1][0].f_code.co_filename):
-        return None
-    frame, lineno = frames[-1]
-    return format_location(frame.f_code.co_filename, lineno)
 
 
 def _refused_by_the_system(exc: BaseException) -> OSError | None:
