@@ -367,12 +367,12 @@ def _batch_sizes_only(
     limits = narrowed_batch(program)
     if limits is not None and limits[0] == limits[1]:
         return batch_range_text(limits)
+    # a range is what the batch symbol holds, and a guard may ask more: resnet18 exported at batch 1 recorded [1, 2]
+    # and a guard ``x.size()[0] == 1`` (QA: "batch sizes up to 2" for a file that refuses batch 2)
     fixed = _fixed_batch(program, inputs, kwargs)
-    if limits is not None:
-        # a range is what the batch symbol holds, and a guard may ask more: resnet18 exported at batch 1 recorded
-        # [1, 2] and a guard ``x.size()[0] == 1`` (QA: "batch sizes up to 2" for a file that refuses batch 2)
-        return batch_range_text((fixed, fixed) if fixed is not None else limits)
-    return batch_range_text((fixed, fixed)) if fixed is not None else None
+    if fixed is not None:
+        return batch_range_text((fixed, fixed))
+    return batch_range_text(limits) if limits is not None else None
 
 
 def _fixed_batch(
@@ -1355,15 +1355,17 @@ class OnnxRuntimeModule(nn.Module):
                 raise ModelSpecError(
                     f"{path}: its {OUTPUT_STRUCTURE_KEY} metadata is not JSON", hint="is the file corrupt?"
                 ) from None
-            # a description this version cannot read (written by another one): the flat list, as the graph gives it
-            with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError, StopIteration):
-                described = _tensors_in(structure)
-                if described != outputs:
-                    raise ModelSpecError(
-                        f"{path}: its {OUTPUT_STRUCTURE_KEY} metadata describes {described} outputs, and the graph "
-                        f"has {outputs}",
-                        hint="is the file corrupt?",
-                    )
+            try:
+                described: int | None = _tensors_in(structure)
+            except (ValueError, TypeError, KeyError, AttributeError, StopIteration):
+                described = None  # a description this version cannot read (another one wrote it): the flat list
+            if described is not None and described != outputs:
+                raise ModelSpecError(
+                    f"{path}: its {OUTPUT_STRUCTURE_KEY} metadata describes {described} outputs, and the graph has "
+                    f"{outputs}",
+                    hint="is the file corrupt?",
+                )
+            if described is not None:
                 self.output_structure = structure
 
     def input_specs(self) -> list[InputSpec]:

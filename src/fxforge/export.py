@@ -625,10 +625,11 @@ def _export_onnx(
     notes: list[str] = []
     used = exporter
     dynamo_error: ExportError | None = None
+    conditions = _batch_conditions(module, inputs) if dynamic_batch else []  # one trace, for either exporter
     if exporter in ("auto", "dynamo"):
         try:
             with _exporting(f"{name} to ONNX (dynamo exporter)", notes), _AttentionAs4D() as mode:
-                _onnx_dynamo(module, name, inputs, path, opset, dynamic_batch)
+                _onnx_dynamo(module, name, inputs, path, opset, dynamic_batch, conditions)
             _check_opset(path, opset)
             if mode.reshaped:
                 notes.append(f"{mode.reshaped} attention call(s) on non-4-D tensors exported as 4-D attention")
@@ -647,7 +648,7 @@ def _export_onnx(
             notes.append(f"dynamo exporter failed ({dynamo_error.message}); used the legacy exporter")
             try:
                 with _exporting(f"{name} to ONNX (legacy exporter)", notes, allow_trace_warnings):
-                    _onnx_legacy(module, reference, inputs, path, opset, dynamic_batch)
+                    _onnx_legacy(module, reference, inputs, path, opset, dynamic_batch, conditions)
             except ExportError as legacy_error:
                 same = legacy_error.construct == dynamo_error.construct
                 also = "on it too" if same else f"too: {_after_colon(legacy_error.message)}"
@@ -660,7 +661,7 @@ def _export_onnx(
             used = "legacy"
     else:
         with _exporting(f"{name} to ONNX (legacy exporter)", notes, allow_trace_warnings):
-            _onnx_legacy(module, reference, inputs, path, opset, dynamic_batch)
+            _onnx_legacy(module, reference, inputs, path, opset, dynamic_batch, conditions)
     try:
         onnx.checker.check_model(str(path))
     except Exception as exc:
@@ -731,8 +732,7 @@ def _batch_conditions(module: nn.Module, inputs: tuple[Any, ...]) -> list[str]:
     dynamic = torch.export.Dim.DYNAMIC
     shapes = tuple({0: dynamic} if isinstance(t, torch.Tensor) and t.dim() > 0 else None for t in inputs)
     try:
-        # a mode of its own: the export's _AttentionAs4D counts the exported file's reshaped attention calls, and
-        # this trace's calls reach it already made 4-D (not counted twice)
+        # attention on non-4-D tensors, as the ONNX export itself runs it
         with quiet_torch_logs(), preserved_state(module, runs=False), _AttentionAs4D():
             probe = torch.export.export(module, inputs, dynamic_shapes=shapes, strict=False)
     except Exception:  # the ONNX exporter managed what this cannot: its own checks stand
@@ -752,7 +752,13 @@ def _condition_refusal(name: str, conditions: list[str]) -> ExportError:
 
 
 def _onnx_dynamo(
-    module: nn.Module, name: str, inputs: tuple[Any, ...], path: Path, opset: int | None, dynamic_batch: bool
+    module: nn.Module,
+    name: str,
+    inputs: tuple[Any, ...],
+    path: Path,
+    opset: int | None,
+    dynamic_batch: bool,
+    conditions: list[str],
 ) -> None:
     dynamic_shapes = None
     if dynamic_batch:
@@ -763,7 +769,6 @@ def _onnx_dynamo(
     )
     captured = getattr(program, "exported_program", None)
     limits = narrowed_batch(captured) if dynamic_batch and captured is not None else None
-    conditions = _batch_conditions(module, inputs) if dynamic_batch else []
     if conditions and limits is None:
         raise _condition_refusal(name, conditions)
     if limits is not None:
@@ -869,8 +874,8 @@ def _onnx_legacy(
     path: Path,
     opset: int | None,
     dynamic_batch: bool,
+    conditions: list[str],
 ) -> None:
-    conditions = _batch_conditions(module, inputs) if dynamic_batch else []
     if conditions:  # the legacy trace fixes the branch just as the dynamo exporter does
         raise _condition_refusal(type(reference).__name__, conditions)
     outputs = [v for v in pytree.tree_leaves(_example_output(reference, inputs)) if isinstance(v, torch.Tensor)]
