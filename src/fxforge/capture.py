@@ -79,6 +79,7 @@ from fxforge.runtime import (
 )
 
 SYMBOLIC_TRACE = "symbolic_trace"
+RANDOM_NOTE = "the model is random"  # how a capture note says two calls on one input differ
 EXPORT = "torch.export"
 LOADED = "loaded"  # the model was already a graph (a .pt2 program or a saved GraphModule)
 
@@ -124,6 +125,12 @@ class CaptureRecord:
     @property
     def ok(self) -> bool:
         return all(check.ok for check in self.checks)
+
+    @property
+    def random(self) -> bool:
+        """Whether capture found that two calls of the model on one input differ (its notes say so): an error
+        measured against it then holds its own randomness."""
+        return any(RANDOM_NOTE in note for note in self.notes)
 
 
 def model_args_text(model_kwargs: Mapping[str, Any] | None) -> dict[str, str]:
@@ -623,7 +630,7 @@ def _check(captured: Captured, reference: Any, check_batch: int | None) -> bool:
         if sources and _differs_on_rerun(captured, reference, CHECK_SEED + 1):
             why = _randomness_hint(sources, captured.original)
             record.notes.append(
-                f"the model is random: two calls on the same input differ ({why}); "
+                f"{RANDOM_NOTE}: two calls on the same input differ ({why}); "
                 "the output check ran the model and the graph under the same random seed"
             )
         return True
@@ -633,7 +640,7 @@ def _check(captured: Captured, reference: Any, check_batch: int | None) -> bool:
     why = _randomness_hint(sources, captured.original)
     record.checks = []
     record.notes.append(
-        f"output check skipped: the model is random: two calls on the same input differ, even under the same "
+        f"output check skipped: {RANDOM_NOTE}: two calls on the same input differ, even under the same "
         f"random seed ({why}), so no captured graph can be compared with it "
         f"(model vs graph: max abs err {failed.max_abs_err:.3g})"
     )
@@ -810,7 +817,7 @@ def capture(
             sources = _random_sources(captured.graph_module)
             if sources and _differs_on_rerun(captured, reference, CHECK_SEED + 1):
                 why = _randomness_hint(sources, captured.original)
-                captured.record.notes.append(f"the model is random: two calls on the same input differ ({why})")
+                captured.record.notes.append(f"{RANDOM_NOTE}: two calls on the same input differ ({why})")
             if check_batch is not None:
                 batched = with_batch(captured.example_inputs, check_batch)
                 run_reference(captured.graph_module, batched, dict(captured.example_kwargs))
