@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -448,6 +449,9 @@ def test_token_ids_past_the_embedding_get_a_hint_about_their_range(capsys, tmp_p
     code = main(["inspect", f"{source}:build", "-i", "1x12:int64:max=100"])
     err = capsys.readouterr().err
     assert code == EXIT_USAGE and "index out of range" in err and "max=" in err and "1x3x224x224" not in err
+    # the ids that were drawn, since max= is what the error is about (the spec's max= is not in the tensors)
+    drawn = re.search(r"1x12:int64 with values (\d+)\.\.(\d+)", err)
+    assert drawn and int(drawn.group(2)) >= 50, err
 
 
 _EXITS = """

@@ -12,7 +12,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from fxforge.errors import InputSpecError, first_line, said
-from fxforge.runtime import batch_of
+from fxforge.runtime import batch_of, is_integer_dtype
 
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -67,7 +67,7 @@ class InputSpec:
         (``2x16:int64:max=3``), which :func:`parse_input_spec` reads back."""
         dims = "x".join(str(d) for d in self.shape) or "scalar"
         suffix = "" if self.dtype == torch.float32 else f":{str(self.dtype).removeprefix('torch.')}"
-        if with_range and self.high is not None and self.high != INT_HIGH and _is_integer(self.dtype):
+        if with_range and self.high is not None and self.high != INT_HIGH and is_integer_dtype(self.dtype):
             suffix += f":max={self.high - 1}"
         return dims + suffix
 
@@ -79,7 +79,7 @@ class InputSpec:
     @classmethod
     def of(cls, example: torch.Tensor) -> InputSpec:
         """The spec of an example tensor; integer ids keep its range when it starts at 0 or above."""
-        integer = _is_integer(example.dtype)
+        integer = is_integer_dtype(example.dtype)
         readable = integer and example.numel() and example.device.type != "meta"  # a meta tensor has no values
         high = int(example.max()) + 1 if readable and int(example.min()) >= 0 else None
         if high is not None:  # torch.randint draws below its bound, which must fit the dtype
@@ -109,10 +109,6 @@ class InputSpec:
         return drawn.to(device)
 
 
-def _is_integer(dtype: torch.dtype) -> bool:
-    return not dtype.is_floating_point and not dtype.is_complex and dtype != torch.bool
-
-
 def parse_input_spec(text: str) -> InputSpec:
     """Parse ``1x3x224x224``, ``2x16:int64`` or ``:int64``/``scalar:int64`` (a scalar) into an :class:`InputSpec`;
     ``2x16:int64:max=30521`` draws the integers from [0, 30521] (a vocabulary's ids) instead of [0, 9]."""
@@ -140,7 +136,7 @@ def parse_input_spec(text: str) -> InputSpec:
             ) from None
     if max_text is None:
         return InputSpec(shape, dtype)
-    if not _is_integer(dtype):
+    if not is_integer_dtype(dtype):
         raise InputSpecError(
             f"input spec {text!r} bounds a {str(dtype).removeprefix('torch.')} input: max= is for integer inputs",
             hint=f"e.g. {dims_text or 'scalar'}:int64:{max_text and 'max=' + max_text}",

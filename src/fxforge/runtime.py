@@ -287,9 +287,21 @@ def describe_inputs(args: Sequence[Any]) -> str:
         if not isinstance(value, torch.Tensor):
             return type(value).__name__
         shape = "x".join(map(str, value.shape)) or "scalar"
-        return shape if value.dtype == torch.float32 else f"{shape}:{str(value.dtype).removeprefix('torch.')}"
+        if value.dtype == torch.float32:
+            return shape
+        text = f"{shape}:{str(value.dtype).removeprefix('torch.')}"
+        if is_integer_dtype(value.dtype) and value.numel() and value.device.type != "meta":
+            # the ids drawn, not only the dtype: an --input's max= is what an "index out of range" is about (QA: the
+            # message said "2x3:int64" for --input 2x3:int64:max=50)
+            text += f" with values {int(value.min())}..{int(value.max())}"
+        return text
 
     return ", ".join(spec(a) for a in args)
+
+
+def is_integer_dtype(dtype: torch.dtype) -> bool:
+    """Integer tensors (ids, indices), which ``max=`` bounds; bool is no integer here."""
+    return not dtype.is_floating_point and not dtype.is_complex and dtype != torch.bool
 
 
 def run_reference(module: Any, args: Sequence[Any], kwargs: dict[str, Any], *others: nn.Module) -> Any:
