@@ -147,6 +147,28 @@ def test_loop_over_batch_with_check_batch_reports_the_baked_batch(batch: int):
     assert first.ok and first.batch is None
     assert other.batch == 3 and not other.ok and other.message  # the unrolled loop only fits `batch` rows
     assert not captured.record.ok
+    # the guard says which batch the graph holds for; the line of the loop says why
+    assert "torch.export fixed the batch size at" in other.message and "range(x.size(0))" in other.message
+
+
+class _SqueezedLength(torch.nn.Module):
+    def forward(self, x):
+        y = x.squeeze()
+        return y * len(y)
+
+
+def test_a_batch_one_example_the_model_squeezes_is_captured_for_batch_one():
+    """QA: traced for any batch, torch.export takes the batch to be other than 1, so ``x.squeeze()`` kept the batch
+    dimension the model drops at batch 1 and the graph differed on the example itself: nothing was captured, and
+    the error blamed "Python values". The program for the example's batch computes it; the other batch says why
+    it does not run there."""
+    model, example = _SqueezedLength(), torch.randn(1, 3, 4)
+    captured = capture(model, (example,), check_batch=4)
+    assert captured.record.method == EXPORT
+    example_check, at_four = captured.record.checks[:2]
+    assert example_check.ok and at_four.batch == 4 and not at_four.ok and "Guard failed" in at_four.message
+    assert any(note.startswith("captured for batch 1 only") for note in captured.record.notes)
+    assert_same_outputs(model, captured, example)
 
 
 def test_shape_arithmetic_traces_and_stays_batch_agnostic():

@@ -91,7 +91,9 @@ from fxforge.errors import (
 from fxforge.graphs import ATEN, without_input_guards
 from fxforge.inputs import specs_of
 from fxforge.runtime import (
+    BatchGuardRecorder,
     batch_conditions,
+    batch_narrowed_at,
     batch_of,
     batch_range_text,
     cloned,
@@ -764,9 +766,10 @@ def _onnx_dynamo(
     if dynamic_batch:
         batch = torch.export.Dim("batch")
         dynamic_shapes = tuple({0: batch} if t.dim() > 0 else None for t in inputs)
-    program = torch.onnx.export(
-        module, inputs, dynamo=True, opset_version=opset, dynamic_shapes=dynamic_shapes, verbose=False
-    )
+    with BatchGuardRecorder() as narrowed_at:
+        program = torch.onnx.export(
+            module, inputs, dynamo=True, opset_version=opset, dynamic_shapes=dynamic_shapes, verbose=False
+        )
     captured = getattr(program, "exported_program", None)
     limits = narrowed_batch(captured) if dynamic_batch and captured is not None else None
     if conditions and limits is None:
@@ -774,9 +777,10 @@ def _onnx_dynamo(
     if limits is not None:
         # the file would declare a free batch and compute the traced batch's branch at every other one (QA: a model
         # doubling its output above batch 2, exported at batch 2, was verified at batches 1 and 2 and wrong at 3)
+        at = f" at {narrowed_at.location}" if narrowed_at.location else ""
         raise ExportError(
             f"cannot export {name} to ONNX with a dynamic batch: its code holds for {batch_range_text(limits)} only "
-            "as torch.export traced it (it branches on the batch size or fixes it), which an ONNX file cannot "
+            f"as torch.export traced it (it branches on the batch size or fixes it{at}), which an ONNX file cannot "
             "record: a file for any batch would compute the wrong thing at others",
             hint=f"leave {option('--dynamic-batch')} out (a file for the example's batch), or export to pt2, whose "
             "program checks the batch at each call",
@@ -915,9 +919,29 @@ def _export_pt2(
     notes: list[str] = []
     with _exporting(f"{name} with torch.export", notes):
         program = export_program(module, inputs, {}, dynamic_batch=dynamic_batch)
+        _refuse_fixed_batch(program, name, dynamic_batch)
         record_example(program, example, {})
         save_program(program, path, module)
     return ExportResult("pt2", None, True, "torch.export", dynamic_batch=dynamic_batch, notes=notes)
+
+
+def _refuse_fixed_batch(program: torch.export.ExportedProgram, name: str, dynamic_batch: bool) -> None:
+    """A dynamic-batch export whose batch the trace fixed to one size is no dynamic-batch file: refused here, naming
+    the line that fixed it, rather than by the verification at other batches (QA: ``len(x)`` gave "the export does
+    not run at every batch size" and a list of reasons it might)."""
+    limits = narrowed_batch(program) if dynamic_batch else None
+    if limits is None or limits[0] != limits[1]:
+        return
+    where = batch_narrowed_at(program)
+    because = f"the line {where} fixed it" if where else "the model's code or torch fixed it"
+    raise ExportError(
+        f"cannot export {name} with a dynamic batch: torch.export traced it for {batch_range_text(limits)} only "
+        f"({because}: a loop over the batch, len(), a Python number taken from a size, or a branch on it)",
+        hint=f"leave {option('--dynamic-batch')} out (a file for the example's batch), or keep the batch size a "
+        "tensor size in that code (x.shape[0] passed to torch ops, not turned into a Python number)",
+        construct="batch-dependent code",
+        location=where,
+    )
 
 
 # --------------------------------------------------------------------------------------------------

@@ -32,7 +32,16 @@ from torch.fx.experimental import _config as fx_config
 from torch.utils import _pytree as pytree
 
 from fxforge.compare import compare_outputs
-from fxforge.errors import FxforgeError, InputSpecError, one_line_reason, raised_in_user_code, said, user_location
+from fxforge.errors import (
+    FxforgeError,
+    InputSpecError,
+    format_location,
+    is_user_file,
+    one_line_reason,
+    raised_in_user_code,
+    said,
+    user_location,
+)
 
 
 @contextlib.contextmanager
@@ -279,9 +288,9 @@ def graph_error_report_dropped() -> Iterator[None]:
     sys.stderr.write(held.getvalue())  # reached only when the call returned
 
 
-def describe_inputs(args: Sequence[Any]) -> str:
+def describe_inputs(args: Sequence[Any], values: bool = False) -> str:
     """``1x3x224x224, 2x16:int64`` for a list of inputs, as ``--input`` spells them (float32, the default dtype,
-    left out; type names for non-tensors)."""
+    left out; type names for non-tensors); ``values``: with the range of each integer input's values."""
 
     def spec(value: Any) -> str:
         if not isinstance(value, torch.Tensor):
@@ -290,7 +299,7 @@ def describe_inputs(args: Sequence[Any]) -> str:
         if value.dtype == torch.float32:
             return shape
         text = f"{shape}:{str(value.dtype).removeprefix('torch.')}"
-        if is_integer_dtype(value.dtype) and value.numel() and value.device.type != "meta":
+        if values and is_integer_dtype(value.dtype) and value.numel() and value.device.type != "meta":
             # the ids drawn, not only the dtype: an --input's max= is what an "index out of range" is about (QA: the
             # message said "2x3:int64" for --input 2x3:int64:max=50)
             text += f" with values {int(value.min())}..{int(value.max())}"
@@ -322,7 +331,8 @@ def run_reference(module: Any, args: Sequence[Any], kwargs: dict[str, Any], *oth
                 f"forward takes {', '.join(keyword_only)} by keyword only, and the CLI passes inputs by position: "
                 f"use the Python API, fxforge.capture(model, (), example_kwargs={{{keyword_only[0]!r}: ...}})"
             )
-        if "index out of range" in str(exc):  # an id past an embedding's rows: the shape was not the problem
+        out_of_range = "index out of range" in str(exc)
+        if out_of_range:  # an id past an embedding's rows: the shape was not the problem
             hint = said(
                 "an integer input indexes past an embedding's rows: draw ids below its size with max=, e.g. "
                 "--input 1x16:int64:max=999",
@@ -342,7 +352,8 @@ def run_reference(module: Any, args: Sequence[Any], kwargs: dict[str, Any], *oth
             )
         at = f" at {where}" if where else ""
         raise InputSpecError(
-            f"the model rejected the example inputs ({describe_inputs(args) or 'none'}): {one_line_reason(exc)}{at}",
+            f"the model rejected the example inputs ({describe_inputs(args, values=out_of_range) or 'none'}): "
+            f"{one_line_reason(exc)}{at}",
             hint=hint,
         ) from None
 
@@ -497,8 +508,66 @@ def export_program(
         # needed, and harmful: ViT's program then checked that the batch is not 1.
         oblivious = fx_config.patch(backed_size_oblivious=True)
     # torch.export prints the partial graph of a failed export straight to stderr; we report errors ourselves.
-    with torch.no_grad(), quiet_torch_logs(), contextlib.redirect_stderr(io.StringIO()), oblivious:
-        return torch.export.export(model, inputs, kwargs=kwargs or None, dynamic_shapes=dynamic_shapes, strict=False)
+    recorder = BatchGuardRecorder()
+    recording = recorder if dynamic_shapes is not None else contextlib.nullcontext()
+    with torch.no_grad(), quiet_torch_logs(), contextlib.redirect_stderr(io.StringIO()), oblivious, recording:
+        program = torch.export.export(model, inputs, kwargs=kwargs or None, dynamic_shapes=dynamic_shapes, strict=False)
+    if recorder.location is not None:
+        _BATCH_NARROWED_AT[program] = recorder.location
+    return program
+
+
+class BatchGuardRecorder(logging.Handler):
+    """Where the model's code narrowed a dynamic batch while torch.export traced it: the first user line at which
+    torch added a guard on a batch symbol (``len(x)``, ``int(x.shape[0])``, ``if x.shape[0] > 2``).
+
+    torch.export reports a fixed batch only as the program's guard (``x.size()[0] == 2``) and says where it came
+    from only in its INFO log of the symbolic-shapes engine, which this handler reads while it is active (a
+    ``with`` block). Best effort: torch's log records are not an API, and nothing is found where they change."""
+
+    _LOGGER = "torch.fx.experimental.symbolic_shapes"
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self._batch_symbols: set[str] = set()
+        self.location: str | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with contextlib.suppress(Exception):  # a record of another shape: not ours to explain
+            if "create_symbol" in str(record.msg) and re.search(r"\.size\(\)\[0\]$", str(record.args[2])):
+                self._batch_symbols.add(str(record.args[0]))
+            elif "[guard added]" in str(record.msg) and self.location is None:
+                symbols = set(re.findall(r"\bs\d+\b", str(record.args[1])))
+                frame = record.args[2].framework_loc
+                if symbols & self._batch_symbols and is_user_file(frame.filename):
+                    self.location = format_location(frame.filename, frame.lineno)
+
+    def __enter__(self) -> BatchGuardRecorder:
+        logger = logging.getLogger(self._LOGGER)
+        self._saved = (logger.level, logger.propagate, logger.handlers)
+        # this handler alone: torch gives the logger its own stderr handler, which INFO would make print
+        # (levels set as attributes, as quiet_torch_logs does: setLevel clears every logger's cache)
+        logger.handlers, logger.level, logger.propagate = [self], logging.INFO, False
+        logging.root.manager._clear_cache()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        logger = logging.getLogger(self._LOGGER)
+        logger.level, logger.propagate, logger.handlers = self._saved
+        logging.root.manager._clear_cache()
+
+
+# where each program exported with a dynamic batch had that batch narrowed (BatchGuardRecorder), by program
+_BATCH_NARROWED_AT: weakref.WeakKeyDictionary[torch.export.ExportedProgram, str] = weakref.WeakKeyDictionary()
+
+
+def batch_narrowed_at(program: Any) -> str | None:
+    """The user's line (``model.py:5 `n = len(y)```) that fixed or bounded the batch of ``program`` as
+    :func:`export_program` traced it with a dynamic batch; None where it was not recorded."""
+    try:
+        return _BATCH_NARROWED_AT.get(program)
+    except TypeError:  # not weak-referenceable: not a program of ours
+        return None
 
 
 def narrowed_batch(program: torch.export.ExportedProgram) -> tuple[int, int] | None:
@@ -507,6 +576,10 @@ def narrowed_batch(program: torch.export.ExportedProgram) -> tuple[int, int] | N
 
     torch.export records such a limit as the range of the batch symbol (``x.shape[0] > 2`` traced at batch 2:
     ``[0, 2]``), which a ``.pt2`` program checks at each call and an ONNX file cannot record."""
+    for guard in getattr(program, "_guards_code", None) or []:  # torch.export's checks at each call, as Python
+        fixed = re.fullmatch(r"L\[[^\]]*\]\.size\(\)\[0\] == (\d+)", guard.strip())
+        if fixed:  # a batch-1 trace fixed by len(x) keeps the range [1, 2] and checks `== 1`
+            return int(fixed.group(1)), int(fixed.group(1))
     user_inputs = set(program.graph_signature.user_inputs)
     narrowed: tuple[int, int] | None = None
     for node in program.graph.nodes:
@@ -516,6 +589,10 @@ def narrowed_batch(program: torch.export.ExportedProgram) -> tuple[int, int] | N
         if value.dim() == 0:
             continue
         size = value.shape[0]
+        if isinstance(size, torch.SymInt) and isinstance(size.node.expr, sympy.Integer):
+            # a symbol the trace replaced by a number (len(x) at batch 2: the program's guard is `== 2`), which
+            # still reads as a SymInt, without a range: it was taken for a free batch
+            size = int(size.node.expr)
         if isinstance(size, int):
             narrowed = narrowed or (size, size)
             continue
