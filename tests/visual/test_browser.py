@@ -11,6 +11,7 @@ import pytest
 
 import fxforge
 from browser_helpers import PageRecord, browser, browser_or_skip, open_page
+from fxforge.visual.graph import visible_count
 
 
 @pytest.fixture(scope="module")
@@ -211,4 +212,31 @@ def test_a_module_named_like_a_node_is_selected_from_search(chromium, tmp_path):
     page.locator(".fxg-search").press_sequentially("relu")
     page.locator(".fxg-results [data-go='relu'][data-kind='node']").click()
     _wait_until(page, "window.fxgraph.selected()", f"n{node}")
+    assert record.console_errors == [] and record.requests == []
+
+
+def test_a_looped_module_list_is_drawn_in_boxes_of_the_nodes_around_it(chromium, tmp_path):
+    """The linears of a ModuleList looped over with work between them sit in the boxes of consecutive nodes, with
+    the relus and adds they alternate with: every node drawn at depth 1, the ModuleList itself no box at any depth,
+    and its linears found by a search for it."""
+    import torch
+    from test_graph_model import _LoopOverLayers
+
+    captured = fxforge.capture(_LoopOverLayers(150), (torch.randn(1, 4),), method="symbolic_trace", check=False)
+    view = fxforge.graph_html(captured, tmp_path / "loop.html")
+    model = view.model
+    layers = next(i for i, m in enumerate(model["modules"]) if m["path"] == "layers")
+    record = PageRecord()
+    page = open_page(chromium, tmp_path / "loop.html", record)
+    page.evaluate("window.fxgraph.setDepth(0).then(() => 1)")
+    assert page.locator("#fxg-graph g.node").count() == visible_count(model, 0)
+    assert page.locator(f'[data-k="m{layers}"]').count() == 0
+    page.evaluate("window.fxgraph.setDepth(1).then(() => 1)")
+    assert page.locator("#fxg-graph g.node").count() == sum(1 for n in model["nodes"] if not n.get("h"))
+    linear = next(i for i, n in enumerate(model["nodes"]) if n["n"] == "layers_7")
+    page.evaluate("window.fxgraph.setDepth(0).then(() => 1)")
+    page.locator(".fxg-search").press_sequentially("layers")
+    page.locator(".fxg-results [data-go='layers_7']").click()
+    _wait_until(page, "window.fxgraph.selected()", f"n{linear}")
+    assert "module\tlayers\n" in page.locator(".fxg-side").inner_text()  # the ModuleList it belongs to
     assert record.console_errors == [] and record.requests == []

@@ -13,7 +13,8 @@ Format (short keys: a 10k-node graph is a few MB): ``nodes`` is a list of dicts 
 ``t`` target, ``l`` label, ``c`` category (colour), ``m`` index of the containing module or -1 for the root,
 ``sh`` shape text, ``dt`` dtype, ``p`` params, ``f`` FLOPs, ``src`` source line, ``h`` hidden (weights and
 guards, drawn only in the details), ``st`` diff status, ``ps`` pass, ``o`` origin, ``lint`` finding
-indices, ``ms``/``share`` profile time. ``edges`` are ``[source, target]`` index pairs (a third element
+indices, ``ms``/``share`` profile time, ``im`` the interleaved module of a node boxed with the nodes around it
+(``_Builder._drawn_in``). ``edges`` are ``[source, target]`` index pairs (a third element
 ``1`` marks an edge of the original graph kept to show a removed node). ``modules`` have ``path``,
 ``type``, ``parent``, ``depth`` and totals; ``g`` marks a box of consecutive nodes (a long run of nodes
 directly in one module, see ``GROUP_OVER``), not a module of the model; ``il`` a module that a path leaves and
@@ -490,19 +491,21 @@ class _Builder:
         self.module_index = {record["path"]: i for i, record in enumerate(modules)}
 
     def group_long_runs(self) -> None:
-        """Put long runs of nodes that sit directly in one module (or at the top) into boxes of consecutive nodes.
+        """Put long runs of nodes that are drawn in one place (a module, or the top) into boxes of consecutive nodes.
 
         A module is what the page collapses; a graph with no modules -- one ``forward`` with a loop, a model
         written as functions -- had nothing to collapse, and the page laid out every node at once (a flat
-        10k-node graph: minutes in the browser). More than :data:`GROUP_OVER` nodes directly in one place go
+        10k-node graph: minutes in the browser). More than :data:`GROUP_OVER` nodes drawn in one place go
         into boxes of :data:`GROUP_SIZE` in graph order ("nodes 1-100", named by their first and last node),
-        boxes of boxes when there are more than that many boxes. A diff's removed nodes join the box of a
-        node they were connected to.
+        boxes of boxes when there are more than that many boxes. The nodes of an interleaved module are drawn
+        in the place around it (:meth:`mark_interleaved`), so they are boxed with that place's nodes (see
+        :meth:`_drawn_in`). A diff's removed nodes join the box of a node they were connected to.
         """
+        drawn_in = self._drawn_in()
         direct: dict[int, list[int]] = {}
         for i, entry in enumerate(self.nodes):
             if not entry.get("h") and entry.get("st") != REMOVED:
-                direct.setdefault(entry["m"], []).append(i)
+                direct.setdefault(drawn_in[entry["m"]], []).append(i)
         grouped: set[int] = set()
         for parent, members in direct.items():
             if len(members) > GROUP_OVER:
@@ -514,16 +517,36 @@ class _Builder:
             i: entry["m"] for i, entry in enumerate(self.nodes) if entry["m"] >= 0 and self.modules[entry["m"]].get("g")
         }
         removed = {
-            i for i, e in enumerate(self.nodes) if e.get("st") == REMOVED and not e.get("h") and e["m"] in grouped
+            i
+            for i, e in enumerate(self.nodes)
+            if e.get("st") == REMOVED and not e.get("h") and drawn_in[e["m"]] in grouped
         }
         for edge in self.edges if removed else ():
             for mine, other in ((edge[0], edge[1]), (edge[1], edge[0])):
                 if mine in removed and other in group_of:
                     group = group_of[other]
-                    while self.modules[group]["parent"] != self.nodes[mine]["m"]:
+                    while self.modules[group]["parent"] != drawn_in[self.nodes[mine]["m"]]:
                         group = self.modules[group]["parent"]
                     self._join(mine, group)
                     removed.discard(mine)
+
+    def _drawn_in(self) -> dict[int, int]:
+        """Where the page draws the nodes directly in each module (-1: the top): the module itself, or for an
+        interleaved one (``il``, drawn open without a box) the nearest enclosing module that is not.
+
+        Boxing an interleaved module's nodes on their own made boxes that a path leaves and re-enters: a
+        ModuleList of 1,000 linears looped over with a relu and an add between them became 10 boxes of 100
+        linears, and at depth 1 (the boxes closed, the relus and adds around them open) every relu -> add ->
+        linear -> relu step went out of a box and back in. ELK took 44 s on those 2,000 cycles. Boxed with
+        the place around them, in graph order, the boxes are runs of consecutive nodes: a chain of boxes.
+        """
+        drawn_in = {-1: -1}
+        for module in range(len(self.modules)):
+            place = module
+            while place >= 0 and self.modules[place].get("il"):
+                place = self.modules[place]["parent"]
+            drawn_in[module] = place
+        return drawn_in
 
     def _group(self, parent: int, members: list[int]) -> None:
         size = GROUP_SIZE
@@ -556,6 +579,8 @@ class _Builder:
     def _join(self, node: int, group: int) -> None:
         """Move a node into a group box (its totals count towards the group's)."""
         entry = self.nodes[node]
+        if entry["m"] >= 0 and self.modules[entry["m"]].get("il") and "mp" not in entry:
+            entry["im"] = self.modules[entry["m"]]["path"]  # an interleaved module's node: the page still names it
         entry["m"] = group
         if entry.get("st") == REMOVED:
             return
@@ -596,8 +621,9 @@ class _Builder:
     def result(self, **extra: Any) -> dict[str, Any]:
         self.totals()
         self.absorb_single_node_modules()
+        self.mark_interleaved()  # the model's own modules: which are drawn without a box, for group_long_runs
         self.group_long_runs()
-        self.mark_interleaved()
+        self.mark_interleaved()  # and the boxes of consecutive nodes next to modules that are boxed
         model = {"nodes": self.nodes, "edges": self.edges, "modules": self.modules, **extra}
         model.setdefault("depth", default_depth(model))
         return model
@@ -663,9 +689,10 @@ def default_depth(model: Mapping[str, Any], budget: int = OPEN_BUDGET) -> int:
 
 def visible_count(model: Mapping[str, Any], depth: int) -> int:
     """Nodes drawn when every module up to ``depth`` is open: visible graph nodes whose modules are all open,
-    plus one box per collapsed module whose parent is open."""
+    plus one box per collapsed module whose parent is open (and that has a node to draw, see _drawn_modules)."""
     modules = model["modules"]
-    count = sum(1 for m in modules if m["depth"] == depth + 1)
+    drawn = _drawn_modules(model)
+    count = sum(1 for i, m in enumerate(modules) if m["depth"] == depth + 1 and i in drawn)
     for entry in model["nodes"]:
         if entry.get("h"):
             continue
@@ -673,6 +700,18 @@ def visible_count(model: Mapping[str, Any], depth: int) -> int:
         if module < 0 or modules[module]["depth"] <= depth:
             count += 1
     return count
+
+
+def _drawn_modules(model: Mapping[str, Any]) -> set[int]:
+    """The modules with a visible node inside: the page draws no other. An interleaved module whose nodes went
+    into the boxes of consecutive nodes around it (``_Builder.group_long_runs``) is left with none."""
+    modules, drawn = model["modules"], set()
+    for entry in model["nodes"]:
+        module = entry["m"] if not entry.get("h") else -1
+        while module >= 0 and module not in drawn:
+            drawn.add(module)
+            module = modules[module]["parent"]
+    return drawn
 
 
 def graph_model(

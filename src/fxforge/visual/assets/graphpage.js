@@ -188,10 +188,11 @@
         rows.push(["module", mod.path], ["type", mod.type], ["nodes", mod.nodes], ["params", (mod.p || 0).toLocaleString()], ["FLOPs", num(mod.f)]);
         if (mod.ms != null) rows.push(["time", mod.ms.toFixed(3) + " ms (" + (100 * (mod.share || 0)).toFixed(1) + "%)"]);
         if (mod.il) rows.push(["drawn", "without its box when open: a path leaves and re-enters it"]);
+        if (!ix.modShown[id]) rows.push(["nodes drawn", "in the boxes of consecutive nodes around it"]);
         html = "<h3>" + esc(mod.path) + "</h3>" + table(rows) + '<button type="button" data-toggle="' + id + '">' + (open[id] ? "collapse" : "expand") + "</button>";
       } else {
         var n = model.nodes[id];
-        rows.push(["op", n.op], ["target", n.t], ["module", (n.mp || (n.m >= 0 ? model.modules[n.m].path : "")) + (n.mt ? " (" + n.mt + ")" : "")]);
+        rows.push(["op", n.op], ["target", n.t], ["module", (n.mp || n.im || (n.m >= 0 ? model.modules[n.m].path : "")) + (n.mt ? " (" + n.mt + ")" : "")]);
         if (n.sh) rows.push(["output", n.sh + (n.dt ? " " + n.dt : "")]);
         if (n.p) rows.push(["params", n.p.toLocaleString()]);
         if (n.f) rows.push(["FLOPs", n.f.toLocaleString() + " (" + num(n.f) + ")"]);
@@ -285,7 +286,7 @@
       var out = [];
       model.modules.forEach(function (m) { if (out.length < 30 && m.path.toLowerCase().indexOf(q) >= 0) out.push({ name: m.path, kind: "module " + m.type, mod: true }); });
       model.nodes.forEach(function (n) {
-        if (out.length < 30 && !n.h && (n.n.toLowerCase().indexOf(q) >= 0 || String(n.t).toLowerCase().indexOf(q) >= 0 || (n.mp || "").toLowerCase().indexOf(q) >= 0)) out.push({ name: n.n, kind: n.l });
+        if (out.length < 30 && !n.h && (n.n.toLowerCase().indexOf(q) >= 0 || String(n.t).toLowerCase().indexOf(q) >= 0 || (n.mp || n.im || "").toLowerCase().indexOf(q) >= 0)) out.push({ name: n.n, kind: n.l });
       });
       return out;
     }

@@ -42,8 +42,8 @@
     if (model._ix) return model._ix;
     var mods = model.modules, nodes = model.nodes;
     var ix = { childMods: [], rootMods: [], modNodes: [], rootNodes: [], byName: {}, byPath: {}, users: [], inputs: [],
-               modStatus: [], modLint: [], modShare: [] };
-    for (var m = 0; m < mods.length; m++) { ix.childMods.push([]); ix.modNodes.push([]); ix.modStatus.push({}); ix.modLint.push(0); ix.modShare.push(0); ix.byPath[mods[m].path] = m; }
+               modStatus: [], modLint: [], modShare: [], modShown: [] };
+    for (var m = 0; m < mods.length; m++) { ix.childMods.push([]); ix.modNodes.push([]); ix.modStatus.push({}); ix.modLint.push(0); ix.modShare.push(0); ix.modShown.push(0); ix.byPath[mods[m].path] = m; }
     for (m = 0; m < mods.length; m++) { if (mods[m].parent >= 0) ix.childMods[mods[m].parent].push(m); else ix.rootMods.push(m); }
     for (var i = 0; i < nodes.length; i++) {
       var n = nodes[i];
@@ -52,6 +52,7 @@
       if (n.h) continue;
       if (n.m >= 0) ix.modNodes[n.m].push(i); else ix.rootNodes.push(i);
       for (var a = n.m; a >= 0; a = mods[a].parent) {
+        ix.modShown[a]++;
         if (n.st && n.st !== "unchanged") ix.modStatus[a][n.st] = (ix.modStatus[a][n.st] || 0) + 1;
         if (n.lint) ix.modLint[a] += n.lint.length;
         if (n.share) ix.modShare[a] += n.share;
@@ -163,6 +164,8 @@
     // appends the ELK node(s) of ``key`` to ``into``
     function item(key, into) {
       var isMod = key[0] === "m", id = +key.slice(1);
+      // no visible node inside: an interleaved module whose nodes graph.py boxed with the place around it
+      if (isMod && !ix.modShown[id]) return;
       if (isMod && open[id]) {
         var mod = model.modules[id];
         // a path leaves and re-enters it (graph.py's mark_interleaved): as a box, ELK spends minutes on the
