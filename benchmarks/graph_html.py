@@ -11,19 +11,24 @@ with :func:`fxforge.graph_html`, timing the stages separately (best of ``--repea
 Then (with Chromium and Playwright, as the browser tests use them) opens each page from ``file://`` and
 measures the time until the viewer reports ready (its own clock, ``performance.now()`` from parse to drawn),
 the wall time from navigation, the boxes drawn, the time to open one module, and -- up to ``--full-limit``
-nodes -- the time to lay out every module open.
+nodes -- the time to lay out each depth between the opening one and the deepest, and every module open.
 
-Two synthetic models:
+Three synthetic models:
 
 * ``layers``: a transformer-like stack of ``Layer`` modules (layer norm, attention with q/k/v/o linears,
   softmax, an MLP): 16 nodes and 10 modules per layer, nested 3 deep, as real models are; the page opens
   collapsed at the depth that keeps about 220 boxes on screen;
 * ``flat``: one ``forward`` with a loop of elementwise ops, no submodules -- nothing to collapse: the page
-  draws boxes of 100 consecutive nodes instead (boxes of boxes above 10k nodes).
+  draws boxes of 100 consecutive nodes instead (boxes of boxes above 10k nodes);
+* ``loop``: a ``ModuleList`` of linears looped over with work between the layers (``x = relu(layer(x)) + 1``):
+  3 nodes per step, the list left and re-entered at each one, so it is drawn without a box and its linears
+  are boxed with the relus and adds around them. Boxed on their own, they made ELK take 44 s at depth 1 of
+  the 3k-node page.
 
 Not part of the test suite::
 
-    .venv/bin/python benchmarks/graph_html.py                       # layers and flat; 1k, 10k, 30k nodes
+    .venv/bin/python benchmarks/graph_html.py                       # layers, flat and loop; 1k, 10k, 30k nodes
+    .venv/bin/python benchmarks/graph_html.py --sizes 3000 --models loop
     .venv/bin/python benchmarks/graph_html.py --sizes 1000 10000 --models layers --json
     .venv/bin/python benchmarks/graph_html.py --no-browser           # writing only
 """
@@ -108,6 +113,19 @@ class Layers(nn.Module):
         return self.head(x)
 
 
+class Loop(nn.Module):
+    """A ModuleList looped over with work of the loop's own between the layers."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(WIDTH, WIDTH) for _ in range(count))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = torch.relu(layer(x)) + 1
+        return x
+
+
 class Flat(nn.Module):
     def __init__(self, length: int) -> None:
         super().__init__()
@@ -122,6 +140,8 @@ class Flat(nn.Module):
 def build(kind: str, nodes: int) -> nn.Module:
     if kind == "layers":
         return Layers(max(1, (nodes - _FIXED_NODES) // (_NODES_PER_LAYER - 1))).eval()
+    if kind == "loop":
+        return Loop(max(1, (nodes - 2) // 3)).eval()
     return Flat(max(1, nodes - 2)).eval()
 
 
@@ -152,6 +172,7 @@ class Row:
     ready_ms: float | None = None  # the viewer's own clock: JSON parsed, laid out by ELK, drawn
     open_wall_s: float | None = None  # navigation to ready, as the user waits
     expand_one_s: float | None = None  # open one collapsed module (re-layout of what is visible)
+    middle_s: dict[int, float] | None = None  # each depth between the opening one and the deepest (--full-limit)
     all_open_s: float | None = None  # every module open (up to --full-limit nodes)
     all_open_drawn: int | None = None
 
@@ -164,7 +185,7 @@ def write_page(kind: str, target: int, repeat: int, folder: Path) -> tuple[Row, 
     model_s, data = best_of(repeat, lambda: graph_model(captured, report=report, lint_report=findings))
     page_s, html = best_of(repeat, lambda: graph_document(data, kind))
     path = folder / f"{kind}_{target}.html"
-    total_s, _ = best_of(repeat, lambda: graph_html(captured, path, title=kind))
+    total_s, _ = best_of(repeat, lambda: graph_html(captured, path, title=kind, force=True))  # rewritten each run
     nodes = sum(1 for n in data["nodes"] if not n.get("h"))
     size = path.stat().st_size
     row = Row(
@@ -204,6 +225,12 @@ def measure_in_browser(rows: list[tuple[Row, Path, dict[str, Any]]], full_limit:
                 page.evaluate(f"window.fxgraph.expand({json.dumps(closed[len(closed) // 2])}).then(() => 1)")
                 row.expand_one_s = time.perf_counter() - start
             deepest = max((m["depth"] for m in data["modules"]), default=0)
+            if row.nodes <= full_limit:
+                row.middle_s = {}
+                for depth in range(data["depth"] + 1, deepest):
+                    start = time.perf_counter()
+                    page.evaluate(f"window.fxgraph.setDepth({depth}).then(() => 1)")
+                    row.middle_s[depth] = time.perf_counter() - start
             if row.nodes <= full_limit and deepest > data["depth"]:
                 start = time.perf_counter()
                 page.evaluate(f"window.fxgraph.setDepth({deepest}).then(() => 1)")
@@ -216,9 +243,10 @@ def measure_in_browser(rows: list[tuple[Row, Path, dict[str, Any]]], full_limit:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000, 10_000, 30_000], help="target node counts")
-    parser.add_argument("--models", nargs="+", choices=["layers", "flat"], default=["layers", "flat"])
+    models = ["layers", "flat", "loop"]
+    parser.add_argument("--models", nargs="+", choices=models, default=models)
     parser.add_argument("--repeat", type=int, default=3, help="best of N up to 10k nodes (one run above)")
-    parser.add_argument("--full-limit", type=int, default=10_000, help="open every module up to this many nodes")
+    parser.add_argument("--full-limit", type=int, default=10_000, help="open each depth up to this many nodes")
     parser.add_argument("--no-browser", action="store_true", help="only write the pages")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
@@ -281,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         table = Table(title="opening it in Chromium (one run)")
         for column in ("model", "nodes", "depth", "drawn", "ready (page clock)", "open (wall)", "open 1 module"):
             table.add_column(column, justify="left" if column == "model" else "right")
+        table.add_column("middle depths", justify="right")
         table.add_column("all open (drawn)", justify="right")
         for r in rows:
             table.add_row(
@@ -291,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{r.ready_ms / 1000:.2f} s" if r.ready_ms is not None else "-",
                 f"{r.open_wall_s:.2f} s" if r.open_wall_s is not None else "-",
                 f"{r.expand_one_s:.2f} s" if r.expand_one_s is not None else "-",
+                ", ".join(f"{d}: {t:.2f} s" for d, t in r.middle_s.items()) if r.middle_s else "-",
                 f"{r.all_open_s:.2f} s ({r.all_open_drawn:,})" if r.all_open_s is not None else "-",
             )
         out.print(table)
