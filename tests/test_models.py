@@ -900,3 +900,10 @@ def test_a_package_model_spec_is_found_from_the_folder_above_it(tmp_path, monkey
     assert torch.equal(load_model("qa_pkg_spec.model:build").module(x), 2 * x)
     with pytest.raises(ModelSpecError, match="No module named 'no_such_pkg'"):
         load_model("no_such_pkg.model:build")
+
+
+def test_a_loaded_model_runs_when_called_as_its_module_does():
+    loaded = load_model("demo")
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(loaded(x), loaded.module(x))

@@ -96,6 +96,10 @@ class LoadedModel:
         inputs = ", ".join(str(spec) for spec in self.default_inputs) or "none recorded"
         return f"<LoadedModel {self.spec}: {type(self.module).__name__}, inputs {inputs}>"
 
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the module: ``fxforge.load_model("out/r18")(x)`` is ``.module(x)`` (QA: "not callable")."""
+        return self.module(*args, **kwargs)
+
 
 @contextlib.contextmanager
 def _seeded(seed: int) -> Iterator[None]:
