@@ -83,6 +83,16 @@ def test_fold_bn_diff_names_every_change_and_its_pass(resnet_captures, dialect):
     assert f"{sum(p.numel() for p in result.pipeline.graph_module.parameters()):,} parameters" in header
 
 
+def test_a_diff_against_a_rewrite_of_the_other_dialect_captures_the_original_again(resnet_captures):
+    """The CLI's graph --diff captured the model in the rewritten graph's dialect; the API refused instead."""
+    rewritten = fxforge.optimize(resnet_captures["aten"], ["fold_bn"], verify=False)
+    model = fxforge.diff_html(resnet_captures["torch"], rewritten).model
+    statuses = {n.get("st") for n in model["nodes"]}
+    assert {"removed", "unchanged"} <= statuses  # batch norms folded away, the rest matched node for node
+    assert sum(n.get("st") == "unchanged" for n in model["nodes"]) > 20
+    assert resnet_captures["torch"].record.dialect == "torch"  # the caller's capture is left as it was
+
+
 def test_a_broken_pass_highlights_the_first_diverging_node(resnet_captures, broken_pass):
     captured = resnet_captures["torch"]
     result = fxforge.optimize(captured, ["fold_bn", broken_pass], verify=True)

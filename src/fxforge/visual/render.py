@@ -23,7 +23,7 @@ from typing import Any
 from torch import fx
 
 from fxforge.artifacts import PROVENANCE_FILE, REPORT_FILE
-from fxforge.capture import Captured, model_args_text
+from fxforge.capture import Captured, capture, model_args_text
 from fxforge.errors import FxforgeError, ModelSpecError, option, require
 from fxforge.graphs import TORCH, dialect_of
 from fxforge.inspect import InspectReport
@@ -157,6 +157,17 @@ def rewritten_graph(result: Any) -> tuple[fx.GraphModule, list[tuple[str, fx.Gra
     raise FxforgeError(f"cannot find a rewritten graph in {type(result).__name__}", hint="pass a GraphModule")
 
 
+def _captured_in(captured: Captured, dialect: str) -> Captured | None:
+    """``captured``'s model captured again in ``dialect``, from the same example; None where that fails."""
+    method = "symbolic_trace" if dialect == TORCH else "export"
+    try:
+        return capture(
+            captured.original, captured.example_inputs, example_kwargs=captured.example_kwargs, method=method
+        )
+    except FxforgeError:  # the refusal below says what to do
+        return None
+
+
 def diff_html(
     original: Captured | fx.GraphModule,
     rewritten: Any,
@@ -183,6 +194,10 @@ def diff_html(
         passes = list(passes) or saved_passes
     graph, steps, found = rewritten_graph(rewritten)
     original_dialect = dialect_of(original.graph_module if isinstance(original, Captured) else original)
+    if original_dialect != dialect_of(graph) and isinstance(original, Captured):
+        # the model captured again as the rewritten graph was, as the CLI's graph --diff does (the API refused)
+        original = _captured_in(original, dialect_of(graph)) or original
+        original_dialect = dialect_of(original.graph_module)
     if original_dialect != dialect_of(graph):  # no node of one corresponds to a node of the other
         other = "export" if original_dialect == TORCH else "symbolic_trace"
         raise FxforgeError(
