@@ -46,6 +46,46 @@ def test_nested_outputs_dicts_and_tuples():
     assert not result.ok and "output['a'][1]" in result.problems[0]
 
 
+class _Cache:
+    """Stands for a transformers key/value cache: == is identity, the tensors sit in its attributes."""
+
+    def __init__(self, *layers: torch.Tensor) -> None:
+        self.layers = [{"keys": layer, "values": layer * 2} for layer in layers]
+
+
+def test_objects_in_outputs_are_compared_by_the_tensors_they_hold():
+    """QA: two runs of a deterministic T5 returned two caches, never equal by ==: the model was called random."""
+    x = torch.randn(2, 3)
+    assert compare_outputs((x, _Cache(x, x + 1)), (x.clone(), _Cache(x.clone(), x + 1))).ok
+    result = compare_outputs((x, _Cache(x, x + 1)), (x, _Cache(x, x + 1.5)))
+    assert not result.ok and "tensors of its _Cache" in result.problems[0]
+    empty = compare_outputs((x, object.__new__(_Cache)), (x, object.__new__(_Cache)))
+    assert empty.ok and "holding no tensor, not compared" in empty.warnings[0]
+
+
+def test_a_mapping_entry_that_is_none_matches_a_missing_one():
+    """A transformers ModelOutput leaves its None fields out of its keys; a traced graph's copy had them as None."""
+    x = torch.randn(2)
+    assert compare_outputs({"logits": x}, {"logits": x.clone(), "attentions": None}).ok
+    assert not compare_outputs({"logits": x}, {"logits": x, "attentions": x}).ok
+
+
+class _ReturnsItsCache(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.lin(x)
+        return y, _Cache(y)
+
+
+def test_a_model_returning_an_object_is_verified_not_called_random():
+    model = _ReturnsItsCache().eval()
+    result = verify(model, copy.deepcopy(model), input_specs=["2x4"])
+    assert result.ok and "not deterministic" not in " ".join(result.problems)
+
+
 def test_shape_mismatch_is_reported():
     result = compare_outputs(torch.ones(2, 3), torch.ones(3, 2))
     assert not result.ok and "shape" in result.problems[0]

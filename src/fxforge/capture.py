@@ -57,7 +57,7 @@ from fxforge.errors import (
     user_code,
     user_location,
 )
-from fxforge.graphs import ATEN, TORCH, dialect_of, draws_random_numbers, reads_metadata_only
+from fxforge.graphs import ATEN, TORCH, MutableArguments, dialect_of, draws_random_numbers, reads_metadata_only
 from fxforge.inputs import make_inputs, specs_of
 from fxforge.models import LoadedModel
 from fxforge.references import as_names
@@ -832,6 +832,10 @@ def capture(
     return captured
 
 
+class _ShapeRecorder(MutableArguments, ShapeProp):
+    """torch's ShapeProp, calling functions from outside torch with plain containers (a traced T5's config)."""
+
+
 def record_shapes(gm: fx.GraphModule, values: Sequence[Any]) -> bool:
     """Run ``gm`` once on copies of ``values`` (its placeholder values) with ``ShapeProp``, filling every node's
     ``meta['tensor_meta']`` (shape, dtype, strides): the facts lint rules and passes read in the torch dialect,
@@ -846,7 +850,7 @@ def record_shapes(gm: fx.GraphModule, values: Sequence[Any]) -> bool:
             rng_preserved(),
             contextlib.redirect_stderr(io.StringIO()),
         ):
-            ShapeProp(gm).propagate(*cloned(list(values)))
+            _ShapeRecorder(gm).propagate(*cloned(list(values)))
     except Exception:  # shape facts are an optimisation: passes that need them skip with a reason instead
         return False
     return True

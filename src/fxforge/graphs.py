@@ -335,8 +335,33 @@ def node_value(node: fx.Node) -> Any:
     return value
 
 
-class GraphRunner(fx.Interpreter):
-    """``fx.Interpreter`` that gives a ``**kwargs`` placeholder an empty dict.
+class MutableArguments:
+    """An ``fx.Interpreter`` mix-in that calls functions from outside torch with plain lists and dicts.
+
+    The Interpreter hands a node's arguments over as fx's immutable containers, as they sit in the graph; the
+    GraphModule's generated code builds fresh ones. A traced T5 rebuilds its config in the graph
+    (``T5Config(id2label={...})``), whose validator writes to that dict: every node-by-node run (inspect, profile,
+    graph, split) ended in an internal error, though the GraphModule itself ran (QA)."""
+
+    def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
+        if not getattr(target, "__module__", "torch").startswith(("torch", "_operator", "operator", "builtins")):
+            args, kwargs = _mutable(args), _mutable(kwargs)
+        return super().call_function(target, args, kwargs)  # type: ignore[misc]
+
+
+def _mutable(value: Any) -> Any:
+    if isinstance(value, dict):  # immutable_dict is a dict
+        return {key: _mutable(item) for key, item in value.items()}
+    if isinstance(value, list):  # and immutable_list a list
+        return [_mutable(item) for item in value]
+    if type(value) is tuple:
+        return tuple(_mutable(item) for item in value)
+    return value
+
+
+class GraphRunner(MutableArguments, fx.Interpreter):
+    """``fx.Interpreter`` that gives a ``**kwargs`` placeholder an empty dict (and plain arguments to functions
+    from outside torch: :class:`MutableArguments`).
 
     A traced ``forward(self, x, **kwargs)`` keeps ``kwargs`` as a placeholder, which torch's Interpreter fills with
     the leftover positional values -- a list: ``kwargs.get("scale", 1.0)`` then failed on every run fxforge makes
