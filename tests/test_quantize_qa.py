@@ -380,3 +380,41 @@ def test_labels_as_a_column_are_read_as_classes():
         _Mlp().eval(), calibration=[torch.randn(8, 16)], eval_data=(x, y), example_inputs=(torch.randn(8, 16),)
     )
     assert result.accuracy.float_top1 is not None and not any("labels" in w for w in result.warnings)
+
+
+def test_dynamic_int8_of_a_saved_program_is_refused_up_front(tmp_path, capsys):
+    """QA: a .pt2's Linear layers are ATen ops, not modules: quantize --mode dynamic said "quantized (0)" and
+    "Linear layers were swapped" in one output, and with -o ended in an internal error pickling the program."""
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)).eval()
+    program = fxforge.export_model(model, "pt2", tmp_path / "m.pt2", example_inputs=(torch.randn(2, 8),))
+    code = main(["quantize", str(program.path), "--mode", "dynamic", "-o", str(tmp_path / "q")])
+    err = capsys.readouterr().err
+    assert code == EXIT_USAGE and "saved torch.export program" in err and "internal error" not in err
+    assert not (tmp_path / "q").exists()
+    assert quantize(fxforge.prepare(model, ["2x8"]), "dynamic").quantized_layers  # the model itself: fine
+
+
+class _ConvThenMLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.act = nn.Conv2d(3, 4, 3), nn.ReLU()
+        self.fc1, self.act1, self.fc2 = nn.Linear(4 * 6 * 6, 16), nn.ReLU(), nn.Linear(16, 2)
+
+    def forward(self, x):
+        return self.fc2(self.act1(self.fc1(self.act(self.conv(x)).flatten(1))))
+
+
+@pytest.mark.parametrize("kind", ["mlp", "conv then mlp"])
+def test_dynamic_int8_of_linear_then_relu_modules(kind):
+    """QA: FX fusion joins Linear -> nn.ReLU and wants one qconfig for both; dynamic mode gave the Linear's alone,
+    and every MLP written with nn.ReLU modules failed ("During fusion, we need to specify the same qconfigs")."""
+    model = (nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)) if kind == "mlp" else _ConvThenMLP()).eval()
+    spec = "2x8" if kind == "mlp" else "2x3x8x8"
+    result = quantize(fxforge.prepare(model, [spec]), "dynamic")
+    linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    assert sorted(result.quantized_layers) == sorted(linears)
+    kinds = {f"{type(m).__module__}.{type(m).__name__}" for m in result.model.modules()}
+    assert "torch.ao.nn.intrinsic.quantized.dynamic.modules.linear_relu.LinearReLU" in kinds
+    assert not any("quantized" in k and "Conv" in k for k in kinds)  # no dynamic conv kernel: the conv stays float
+    x = fxforge.make_inputs([spec], seed=3)[0]
+    assert (result.model(x) - model(x)).abs().max() < 0.05

@@ -18,7 +18,7 @@ import torch
 from torch import fx, nn
 
 from fxforge.artifacts import check_output_directory
-from fxforge.capture import Captured, capture, require_real_weights
+from fxforge.capture import LOADED, Captured, capture, require_real_weights
 from fxforge.errors import DialectError, FxforgeError, InputSpecError, one_line_reason, option, said
 from fxforge.graphs import ATEN, WEIGHTED_LAYER_TYPES
 from fxforge.inputs import make_inputs, specs_of
@@ -64,6 +64,7 @@ IN_SAMPLE_WARNING = (
 # conv/linear, so the conv's name stands for the fused block.
 STATIC_LAYER_TYPES: tuple[type[nn.Module], ...] = WEIGHTED_LAYER_TYPES
 DYNAMIC_LAYER_TYPES: tuple[type[nn.Module], ...] = (nn.Linear, nn.LSTM, nn.GRU, nn.LSTMCell, nn.GRUCell, nn.RNNCell)
+_RELU_FUSION_PARTNERS = (nn.ReLU, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 
 
 def _label_problem(labels: Sequence[Any], reference: list[list[torch.Tensor]]) -> str | None:
@@ -210,6 +211,11 @@ def _qconfig_mapping(plan: _Plan, float_units: Sequence[Unit] = ()):
             mapping = QConfigMapping()
             for layer_type in DYNAMIC_LAYER_TYPES:
                 mapping.set_object_type(layer_type, default_dynamic_qconfig)
+            # FX fusion joins an nn.ReLU with the Linear, conv or batch norm before it and wants one qconfig
+            # (looked up by type) for both: with the Linear's alone, every Linear -> nn.ReLU model (an MLP) failed
+            # to quantize (QA). Dynamic int8 has no conv or ReLU kernels, so those stay float (fused, same math).
+            for partner in _RELU_FUSION_PARTNERS:
+                mapping.set_object_type(partner, default_dynamic_qconfig)
         elif plan.mode == "qat-prepare":
             mapping = get_default_qat_qconfig_mapping(plan.backend)
         else:
@@ -387,6 +393,17 @@ def _plan(captured: Captured, mode: str, backend: str) -> _Plan:
             hint="make the untraceable submodule a leaf (--leaf NAME) so symbolic tracing succeeds, "
             "or quantize in dynamic mode (Linear/LSTM layers only, works on any model: quantize --mode dynamic, "
             "report --quantize dynamic)",
+        )
+    if captured.record.method == LOADED and not any(
+        isinstance(m, DYNAMIC_LAYER_TYPES) for m in captured.original.modules()
+    ):
+        # a program read from a file: its Linear layers are ATen ops, not modules to swap (QA: "quantized (0)",
+        # then "Linear layers were swapped", then an internal error pickling the program with -o)
+        raise DialectError(
+            "dynamic int8 swaps a model's nn.Linear/LSTM modules for int8 ones, and this model is a saved "
+            "torch.export program, whose layers are ATen ops, not modules",
+            hint="quantize the model the program was exported from (its spec: file.py:factory, "
+            "transformers:NAME...)",
         )
     return _Plan(captured.original, mode, backend, tuple(captured.example_inputs), eager=True)
 
