@@ -180,13 +180,15 @@ def diff_html(
     title: str = "",
     force: bool = False,
     trust_pickle: bool | None = None,
+    match_dialect: bool = True,
 ) -> GraphView:
     """The interactive page of ``rewritten`` overlaid on ``original``: removed, inserted and changed nodes
     coloured and labelled with the pass that made each change, the first diverging node of a failed
     verification highlighted (given, or found in a pipeline result). ``rewritten`` may also be an optimize
     output directory (:func:`load_output_dir`; its pickled ``model.pt`` loads with ``trust_pickle``, default the
     ``FXFORGE_TRUST_PICKLE`` environment variable). ``path`` is written only with a page's suffix (``.html``),
-    an existing file only with ``force``."""
+    an existing file only with ``force``. A ``Captured`` original in the other dialect than ``rewritten`` is
+    captured again in its dialect unless ``match_dialect`` is False (then such a diff is refused)."""
     if path is not None:
         check_page_path(path, force=force)  # before loading and drawing
     if isinstance(rewritten, (str, Path)):
@@ -194,7 +196,7 @@ def diff_html(
         passes = list(passes) or saved_passes
     graph, steps, found = rewritten_graph(rewritten)
     original_dialect = dialect_of(original.graph_module if isinstance(original, Captured) else original)
-    if original_dialect != dialect_of(graph) and isinstance(original, Captured):
+    if original_dialect != dialect_of(graph) and isinstance(original, Captured) and match_dialect:
         # the model captured again as the rewritten graph was, as the CLI's graph --diff does (the API refused)
         original = _captured_in(original, dialect_of(graph)) or original
         original_dialect = dialect_of(original.graph_module)

@@ -55,8 +55,14 @@ def command(
     with status("drawing the graph", opts.as_json):
         title = opts.model or "model"
         if diff_dir is not None:
-            view = diff_html(
-                captured, rewritten, passes=passes, depth=depth, profile=profile, title=f"{title} vs {diff_dir}"
+            view = diff_html(  # captured in the output's dialect above, unless --method said otherwise
+                captured,
+                rewritten,
+                passes=passes,
+                depth=depth,
+                profile=profile,
+                title=f"{title} vs {diff_dir}",
+                match_dialect=False,
             )
         else:
             view = graph_html(captured, depth=depth, profile=profile, title=title)
