@@ -415,3 +415,32 @@ def test_a_trace_the_profiler_could_not_write_is_one_error_and_leaves_nothing(tm
     with pytest.raises(FxforgeError, match="could not write the trace") as info:
         _write_trace(FailingWriter(), target, force=False)
     assert info.value.exit_code == 2 and sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+_BRANCHY = """
+import torch
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+    def forward(self, x):
+        if x.sum() > 0:  # data-dependent: symbolic_trace fails, torch.export too
+            return self.a(x)
+        return self.b(x)
+example_inputs = ["2x8"]
+"""
+
+
+def test_the_eager_backend_profiles_a_model_that_cannot_be_captured(tmp_path, capsys):
+    """QA: profile --backend eager ("leaf modules, no graph needed") captured the model first, and failed where
+    capture did."""
+    source = tmp_path / "branchy.py"
+    source.write_text(_BRANCHY)
+    code = main(["profile", f"{source}:Net", "--backend", "eager", "--repeats", "2", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0 and report["backend"] == "eager" and {n["name"] for n in report["nodes"]} <= {"a", "b"}
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+    direct = fxforge.profile_model(model, backend="eager", example_inputs=(torch.randn(4, 8),), repeats=1, batch=2)
+    assert direct.inputs == ["2x8"] and [n.name for n in direct.nodes] == ["0", "1"]
+    with pytest.raises(FxforgeError, match="plain module"):
+        fxforge.profile_model(model, example_inputs=(torch.randn(4, 8),))  # the fx backend needs a graph

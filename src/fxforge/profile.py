@@ -58,6 +58,7 @@ from fxforge.runtime import (
     preserved_state,
     quiet_torch_logs,
     torch_threads,
+    with_batch,
 )
 
 BACKENDS = ("fx", "eager")
@@ -158,9 +159,10 @@ class ProfileReport:
 
 @keeps_rng_state
 def profile_model(
-    captured: Captured,
+    captured: Captured | nn.Module,
     *,
     backend: str = "fx",
+    example_inputs: Sequence[Any] | torch.Tensor | None = None,
     batch: int | None = None,
     repeats: int = 10,
     warmup: int = 2,
@@ -172,7 +174,9 @@ def profile_model(
 ) -> ProfileReport:
     """Profile ``captured`` (see the module docstring) and return the per-node and per-module report.
 
-    ``batch``: run at this batch size instead of the example's. ``peak``: the machine's peak to compare with
+    The ``eager`` backend runs the model, not a graph: ``captured`` may also be a plain ``nn.Module`` with its
+    ``example_inputs``, for a model that cannot be captured. ``batch``: run at this batch size instead of the
+    example's. ``peak``: the machine's peak to compare with
     (default: measured once per process, about 2 s). ``trace``: write a Chrome/Perfetto trace of one profiled
     run there (atomically; ``force`` to replace a file).
     """
@@ -187,9 +191,19 @@ def profile_model(
         raise FxforgeError(f"{option('--threads')} must be at least 1")
     if batch is not None and batch < 1:
         raise FxforgeError(f"{option('--batch')} must be at least 1")
-    require_captured(captured, "profile_model")
-    require_real_weights(captured, "profile")
-    device = device_of((captured.example_inputs, captured.example_kwargs), captured.original)
+    if isinstance(captured, nn.Module) and backend == "eager":
+        model, args, kwargs = captured, _as_inputs(example_inputs), {}
+    else:
+        if isinstance(captured, nn.Module):
+            raise FxforgeError(
+                "the fx backend profiles a captured graph node by node, and this is a plain module",
+                hint="capture it first (fxforge.capture(model, inputs)), or profile it leaf module by leaf module: "
+                "backend='eager'",
+            )
+        require_captured(captured, "profile_model")
+        require_real_weights(captured, "profile")
+        model, args, kwargs = captured.original, captured.example_inputs, captured.example_kwargs
+    device = device_of((args, kwargs), model)
     if device.type != "cpu":
         # its clocks stop when a GPU's kernels are queued, not done, and its peak and memory are the CPU's
         raise FxforgeError(
@@ -197,17 +211,26 @@ def profile_model(
             hint="profile a CPU copy (model.cpu()), or use torch.profiler with ProfilerActivity.CUDA on the GPU; "
             "fxforge.bench times GPU models",
         )
-    if not captured.example_inputs and not captured.example_kwargs:
+    if not args and not kwargs:
         raise FxforgeError("profile needs example inputs", hint=pass_inputs_hint())
     if trace is not None:
         _check_trace_target(trace, force)
-    if batch is not None:
-        captured = at_batch(captured, batch, seed)
+    if batch is not None and backend == "fx":
+        captured = at_batch(captured, batch, seed)  # type: ignore[arg-type]
+    elif batch is not None:
+        args = with_batch(args, batch)
+        kwargs = dict(zip(kwargs, with_batch(tuple(kwargs.values()), batch)))  # masks share the batch
     with torch_threads(threads):
         peak = peak or cached_peak(threads)
         if backend == "fx":
-            return _profile_graph(captured, repeats, warmup, trace, peak, force)
-        return _profile_eager(captured, repeats, warmup, trace, peak, force)
+            return _profile_graph(captured, repeats, warmup, trace, peak, force)  # type: ignore[arg-type]
+        return _profile_eager(model, args, kwargs, repeats, warmup, trace, peak, force)
+
+
+def _as_inputs(example_inputs: Sequence[Any] | torch.Tensor | None) -> tuple[Any, ...]:
+    if example_inputs is None:
+        raise FxforgeError("profiling a plain module needs its inputs", hint="pass example_inputs=(x,)")
+    return (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -359,7 +382,7 @@ def _profile_graph(
         nodes.append(
             _node_time(node.name, node.op, target, info.module, times[node.name], sizes, info.flops, moved, info.dtype)
         )
-    return _report("fx", captured, repeats, nodes, totals, peak, trace, _modules(nodes), idle)
+    return _report("fx", captured.example_inputs, repeats, nodes, totals, peak, trace, _modules(nodes), idle)
 
 
 def _bytes_out(info: NodeInfo) -> int:
@@ -430,7 +453,7 @@ def _modules(nodes: list[NodeTime]) -> list[ModuleTime]:
 
 def _report(
     backend: str,
-    captured: Captured,
+    example_inputs: Sequence[Any],
     repeats: int,
     nodes: list[NodeTime],
     totals: _RunTotals,
@@ -449,7 +472,7 @@ def _report(
     for module in modules:
         module.share = module.time_ms / total if total else 0.0
     # as the other commands spell them: 2x16:int64 (float32 goes unsaid)
-    inputs = [str(spec) for spec in specs_of([t for t in captured.example_inputs if isinstance(t, torch.Tensor)])]
+    inputs = [str(spec) for spec in specs_of([t for t in example_inputs if isinstance(t, torch.Tensor)])]
     overhead = total / whole_ms - 1 if whole_ms > 0 else 0.0
     report = ProfileReport(backend, inputs, repeats, total, whole_ms, overhead, peak, nodes, modules)
     report.trace = str(trace) if trace is not None else None
@@ -509,12 +532,19 @@ def _interquartile_range(values: Sequence[float]) -> float:
 
 
 def _profile_eager(
-    captured: Captured, repeats: int, warmup: int, trace: str | Path | None, peak: Peak, force: bool
+    model: nn.Module,
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    repeats: int,
+    warmup: int,
+    trace: str | Path | None,
+    peak: Peak,
+    force: bool,
 ) -> ProfileReport:
-    model = captured.original
+    """The model itself with clocks around its leaf modules: no graph, so a model capture fails on is profiled too
+    (QA: the CLI captured for --backend eager, whose help says "no graph needed", and failed where capture did)."""
     leaves = {name: module for name, module in model.named_modules() if name and not list(module.children())}
-    flops_by_module = _module_flops(captured)
-    args, kwargs = captured.example_inputs, captured.example_kwargs
+    flops_by_module = _module_flops(model, args, kwargs)
 
     def run() -> None:
         model(*cloned(list(args)), **cloned(kwargs))
@@ -551,7 +581,7 @@ def _profile_eager(
         nodes.append(
             _node_time(name, "call_module", type(module).__name__, name, times[name], sizes, flops, moved, dtype)
         )
-    return _report("eager", captured, repeats, nodes, totals, peak, trace, _modules(nodes))
+    return _report("eager", args, repeats, nodes, totals, peak, trace, _modules(nodes))
 
 
 def _module_traffic(leaves: dict[str, nn.Module], run: Callable[[], None]) -> dict[str, tuple[int, str | None]]:
@@ -631,13 +661,13 @@ def _module_clocks(
     return _around_calls(leaves, lambda name: time.perf_counter(), stop)
 
 
-def _module_flops(captured: Captured) -> dict[str, int]:
+def _module_flops(model: nn.Module, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, int]:
     """FLOPs per module path, from torch's FLOP counter (which tracks the module hierarchy)."""
     counter = FlopCounterMode(display=False)
-    with torch.no_grad(), quiet_torch_logs(), preserved_state(captured.original), counter:
-        captured.original(*cloned(list(captured.example_inputs)), **cloned(captured.example_kwargs))
+    with torch.no_grad(), quiet_torch_logs(), preserved_state(model), counter:
+        model(*cloned(list(args)), **cloned(kwargs))
     counts = counter.get_flop_counts()
-    root = type(captured.original).__name__
+    root = type(model).__name__
     flops = {}
     for path, by_op in counts.items():
         name = path.removeprefix(root).removeprefix(".") if path != root else ""

@@ -93,6 +93,22 @@ class CaptureOptions:
     def model_kwargs(self) -> dict[str, Any]:
         return parse_model_args(self.model_args)
 
+    def load(self) -> tuple[Any, tuple[Any, ...]]:
+        """Load the model and make its example inputs without capturing it: ``(module, inputs)``."""
+        from fxforge.api import example_inputs_for
+        from fxforge.models import load_model
+
+        stop_if_interrupted()
+        with status("loading model", self.as_json):
+            loaded = load_model(
+                self.model or "",
+                seed=self.seed,
+                device=self.device,
+                model_kwargs=self.model_kwargs(),
+                trust_pickle=self.trust_pickle or None,
+            )
+            return loaded.module, example_inputs_for(loaded, list(self.inputs), seed=self.seed, device=self.device)
+
     def prepare(self) -> Any:
         """Load and capture the model (:func:`fxforge.prepare`), with a spinner on a terminal."""
         from fxforge.api import prepare

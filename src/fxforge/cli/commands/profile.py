@@ -63,11 +63,16 @@ def command(
             "every node and module",
             hint="drop them, or select from the JSON, e.g. jq '.nodes | sort_by(-.time_ms) | .[:5]'",
         )
-    captured = opts.prepare()
+    example = None
+    if backend == "eager":  # leaf modules of the model itself: no graph, so no capture to fail
+        target, example = opts.load()
+    else:
+        target = opts.prepare()
     with status("profiling", opts.as_json):
         report = profile_model(
-            captured,
+            target,
             backend=backend,
+            example_inputs=example,
             batch=batch,
             repeats=repeats,
             warmup=warmup,
