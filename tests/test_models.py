@@ -907,3 +907,11 @@ def test_a_loaded_model_runs_when_called_as_its_module_does():
     x = torch.randn(1, 3, 32, 32)
     with torch.no_grad():
         assert torch.equal(loaded(x), loaded.module(x))
+
+
+def test_a_transformers_config_the_model_rejects_is_a_spec_error():
+    """QA: a config transformers' constructor refuses (hidden size 65 for 12 heads) was an "internal error"."""
+    pytest.importorskip("transformers")
+    with pytest.raises(ModelSpecError, match="building the model raised ValueError") as info:
+        load_model("transformers:BertModel", model_kwargs={"hidden_size": 65})
+    assert "model_kwargs" in info.value.hint

@@ -396,7 +396,14 @@ def _load_transformers(class_name: str, spec: str, kwargs: dict[str, Any]) -> Lo
     # eager attention: the SDPA path has data-dependent branches that no capture method can keep.
     with contextlib.suppress(AttributeError, ValueError):
         config._attn_implementation = "eager"
-    model = cls(config)
+    try:
+        model = cls(config)
+    except NotImplementedError:  # load_model retries a meta build its own way
+        raise
+    except Exception as exc:  # a config the model rejects (hidden size 65 for 12 heads): was "internal error"
+        error = _factory_error(spec, exc)
+        error.hint = f"check the {option('--model-arg', python='model_kwargs')} values" if kwargs else None
+        raise error from None
     inputs: list[InputSpec] = []
     main_input = getattr(cls, "main_input_name", "input_ids")
     if main_input == "input_ids":
