@@ -740,3 +740,21 @@ def test_a_model_pt_whose_graph_calls_a_kept_helper_loads_again(tmp_path):
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert done.returncode == 0, done.stderr[-1500:]
+
+
+def test_a_torch_only_pass_on_a_model_symbolic_trace_cannot_capture_says_so():
+    """QA: "capture with --method symbolic_trace" sent the user of a transformers model to a capture that fails;
+    where capture already tried it, the hint says where it stopped, before any pass runs."""
+    from pathlib import Path
+
+    tricky = Path(__file__).parent / "tricky_models.py"
+    captured = fxforge.prepare(f"{tricky}:LenOfTensor", ["2x8"])
+    assert captured.dialect == "aten"
+    with pytest.raises(PassError) as info:
+        optimize(captured, ["remove_dropout", "replace_modules"])
+    assert "works on torch graphs" in info.value.message
+    assert "symbolic_trace cannot capture this model" in info.value.hint and "len(x)" in info.value.hint
+    plain = fxforge.prepare("demo", method="export")  # symbolic_trace was never tried: it would work
+    with pytest.raises(PassError) as info:
+        optimize(plain, ["replace_modules"])
+    assert info.value.hint == "capture with method='symbolic_trace'"

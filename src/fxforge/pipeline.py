@@ -24,7 +24,7 @@ import yaml
 from torch import fx
 
 from fxforge.capture import Captured, has_shapes, placeholder_values, record_shapes
-from fxforge.errors import FxforgeError, first_line, one_line_reason
+from fxforge.errors import FxforgeError, first_line, one_line_reason, option
 from fxforge.lint import lint
 from fxforge.passes import (
     PassError,
@@ -230,6 +230,8 @@ class Pipeline:
         """
         timings: dict[str, float] = {}
         captured = target if isinstance(target, Captured) else None
+        if captured is not None:
+            self._refuse_other_dialect(captured)
         reference = target.graph_module if isinstance(target, Captured) else target
         work = reference if inplace else copy_graph_module(reference)
         stamp_provenance(work)
@@ -291,6 +293,31 @@ class Pipeline:
             # Roll the pass back and run the passes after it again, on the graph it started from.
             work, position = befores[culprit], culprit + 1
             del records[position:], befores[position:]
+
+    def _refuse_other_dialect(self, captured: Captured) -> None:
+        """A pass for the other dialect, refused before any work with a hint that can be followed: "capture with
+        --method symbolic_trace" sent a transformers model's user to a capture that fails (QA)."""
+        for step in self.steps:
+            spec = get_pass(step.name)
+            if captured.dialect in spec.dialects:
+                continue
+            failed = next((a for a in captured.record.attempts if a.strategy == "symbolic_trace"), None)
+            others = [name for name in ("replace_pattern",) if captured.dialect in get_pass(name).dialects]
+            if failed is not None and "torch" in spec.dialects:
+                at = f" at {failed.location}" if failed.location else ""
+                hint = (
+                    f"symbolic_trace cannot capture this model (it stopped{at}), so {step.name} cannot run on it"
+                    + (f"; on its {captured.dialect} graph, {others[0]} rewrites ops" if others else "")
+                    + " (fxforge passes lists each pass's dialects)"
+                )
+            else:
+                method = "symbolic_trace" if "torch" in spec.dialects else "export"
+                hint = f"capture with {option('--method', method)}"
+            raise PassError(
+                f"pass {step.name!r} works on {' and '.join(spec.dialects)} graphs, but this graph is "
+                f"{captured.dialect}",
+                hint=hint,
+            )
 
     @staticmethod
     def _culprit(records: list[StepRecord], final: VerifyResult, verifier: Verifier) -> int | None:
