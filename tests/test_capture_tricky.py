@@ -578,6 +578,7 @@ def test_a_transformers_cache_in_the_output_names_use_cache():
     with pytest.raises(CaptureError) as info:
         capture(transformers.T5Model(config).eval(), (), example_kwargs={"input_ids": ids, "decoder_input_ids": ids})
     assert "model_kwargs={'use_cache': False}" in info.value.hint  # the Python API's words: capture() was called
+    assert "config.use_cache = False in a factory of your own" in info.value.hint  # a --model-arg it may refuse
     config.use_cache = False
     kwargs = {"input_ids": ids, "decoder_input_ids": ids}
     assert capture(transformers.T5Model(config).eval(), (), example_kwargs=kwargs).record.ok

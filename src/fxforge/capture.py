@@ -1269,11 +1269,16 @@ def _capture_error(
             hint = f"symbolic_trace cannot trace a forward that takes **kwargs: pass {option('--method', 'export')}"
         if "cache" in last.lower() and "found" in last.lower():
             # transformers' encoder-decoders return their key/value cache object, which torch.export cannot flatten
+            # (the model-arg reaches the config of a transformers:NAME spec only; a factory of the user's builds its
+            # own config, and a --model-arg it does not take is refused: QA)
             use_cache = said(
-                "--model-arg use_cache=false",
-                "use_cache=False in its config (fxforge.prepare: model_kwargs={'use_cache': False})",
+                "--model-arg use_cache=false for a transformers:NAME spec",
+                "model_kwargs={'use_cache': False} for a 'transformers:NAME' spec",
             )
-            hint = f"a transformers model returning its key/value cache: build it with {use_cache}"
+            hint = (
+                f"a transformers model returning its key/value cache: build it with use_cache=False in its config "
+                f"({use_cache}; config.use_cache = False in a factory of your own)"
+            )
     name = type(model).__name__
     if split_stops and blocking_trace is not None:
         export_text = str(export_error).lower()
