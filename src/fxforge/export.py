@@ -178,6 +178,67 @@ class ExportResult:
 # public entry point
 
 
+def check_export_options(
+    path: str | Path,
+    to: str | None,
+    *,
+    exporter: str = "auto",
+    opset: int | None = None,
+    script: bool = False,
+    onednn_fusion: bool = False,
+    dynamic_batch: bool = False,
+) -> str:
+    """The format :func:`export_model` writes to ``path``; raises on options that do not fit it, before any model
+    is loaded (the CLI calls it first: a misplaced option was refused after a 12 s capture, QA)."""
+    named = format_for(path)
+    if to in SUFFIXES and named is not None and named != to:
+        # fxforge (and every other tool) reads a file by its suffix: an ONNX file named .pt would not load again
+        raise FxforgeError(
+            f"{str(path)!r} is the name of {'an' if named[0] in 'aeiou' else 'a'} {named} file, not {to}",
+            hint=f"name it {SUFFIXES[to]}, or leave {option('--to')} out to export {named}",
+        )
+    if to in SUFFIXES and named is None:
+        # a file fxforge's own verify and load_exported could not read back (they go by the suffix)
+        raise FxforgeError(
+            f"{str(path)!r} has no suffix fxforge reads {to} files by", hint=f"name it {SUFFIXES[to]}"
+        )
+    to = to or named
+    if to is None:
+        raise FxforgeError(
+            f"cannot tell the format from {str(path)!r}", hint=f"pass {option('--to')} torchscript, onnx or pt2"
+        )
+    if to not in FORMATS:
+        raise FxforgeError(f"unknown export format {to!r}", hint=f"one of {', '.join(FORMATS)}")
+    if exporter not in ONNX_EXPORTERS:
+        raise FxforgeError(f"unknown ONNX exporter {exporter!r}", hint=f"one of {', '.join(ONNX_EXPORTERS)}")
+    if exporter != "auto" and to != "onnx":  # it chose nothing, silently
+        raise FxforgeError(
+            f"{option('--exporter')} applies to onnx, not {to}", hint=f"leave {option('--exporter')} out"
+        )
+    # options of one format given for another chose nothing, silently (QA: to="pt2", opset=17 ran)
+    misplaced = [
+        (name, fmt)
+        for name, fmt, given in (
+            ("--opset", "onnx", opset is not None),
+            ("--script", "torchscript", script),
+            ("--onednn-fusion", "torchscript", onednn_fusion),
+        )
+        if given and to != fmt
+    ]
+    if misplaced:
+        flag, fmt = misplaced[0]
+        raise FxforgeError(f"{option(flag)} applies to {fmt}, not {to}", hint=f"leave {option(flag)} out")
+    if dynamic_batch and to == "torchscript":
+        raise FxforgeError(
+            "a dynamic batch applies to onnx and pt2",
+            hint="a TorchScript module runs any batch size its code allows: leave the option out",
+        )
+    if to == "onnx":
+        _require_onnx(exporter)
+        _check_opset_known(opset)
+    return to
+
+
 @keeps_rng_state
 def export_model(
     target: Captured | nn.Module,
@@ -228,52 +289,15 @@ def export_model(
     Raises:
         ExportError: the exporter failed; the message names the operator or construct and where.
     """
-    named = format_for(path)
-    if to in SUFFIXES and named is not None and named != to:
-        # fxforge (and every other tool) reads a file by its suffix: an ONNX file named .pt would not load again
-        raise FxforgeError(
-            f"{str(path)!r} is the name of {'an' if named[0] in 'aeiou' else 'a'} {named} file, not {to}",
-            hint=f"name it {SUFFIXES[to]}, or leave {option('--to')} out to export {named}",
-        )
-    if to in SUFFIXES and named is None:
-        # a file fxforge's own verify and load_exported could not read back (they go by the suffix)
-        raise FxforgeError(
-            f"{str(path)!r} has no suffix fxforge reads {to} files by", hint=f"name it {SUFFIXES[to]}"
-        )
-    to = to or named
-    if to is None:
-        raise FxforgeError(
-            f"cannot tell the format from {str(path)!r}", hint=f"pass {option('--to')} torchscript, onnx or pt2"
-        )
-    if to not in FORMATS:
-        raise FxforgeError(f"unknown export format {to!r}", hint=f"one of {', '.join(FORMATS)}")
-    if exporter not in ONNX_EXPORTERS:
-        raise FxforgeError(f"unknown ONNX exporter {exporter!r}", hint=f"one of {', '.join(ONNX_EXPORTERS)}")
-    if exporter != "auto" and to != "onnx":  # it chose nothing, silently
-        raise FxforgeError(
-            f"{option('--exporter')} applies to onnx, not {to}", hint=f"leave {option('--exporter')} out"
-        )
-    # options of one format given for another chose nothing, silently (QA: to="pt2", opset=17 ran)
-    misplaced = [
-        (name, fmt)
-        for name, fmt, given in (
-            ("--opset", "onnx", opset is not None),
-            ("--script", "torchscript", script),
-            ("--onednn-fusion", "torchscript", onednn_fusion),
-        )
-        if given and to != fmt
-    ]
-    if misplaced:
-        flag, fmt = misplaced[0]
-        raise FxforgeError(f"{option(flag)} applies to {fmt}, not {to}", hint=f"leave {option(flag)} out")
-    if dynamic_batch and to == "torchscript":
-        raise FxforgeError(
-            "a dynamic batch applies to onnx and pt2",
-            hint="a TorchScript module runs any batch size its code allows: leave the option out",
-        )
-    if to == "onnx":
-        _require_onnx(exporter)
-        _check_opset_known(opset)
+    to = check_export_options(
+        path,
+        to,
+        exporter=exporter,
+        opset=opset,
+        script=script,
+        onednn_fusion=onednn_fusion,
+        dynamic_batch=dynamic_batch,
+    )
     source, reference, inputs = _export_source(target, example_inputs)
     # errors name the user's model, not the GraphModule or wrapper that is exported
     name = type(target.original if isinstance(target, Captured) else target).__name__

@@ -73,16 +73,17 @@ def command(
     force: bool,
 ) -> None:
     """Export to TorchScript, ONNX or a torch.export program; reload it and verify it against the model."""
-    from fxforge.artifacts import check_output_file, format_for
+    from fxforge.artifacts import check_output_file
     from fxforge.cli.render import render_export
-    from fxforge.errors import FxforgeError
-    from fxforge.export import export_model
+    from fxforge.export import check_export_options, export_model
 
-    if (to_format or format_for(output)) is None:  # before the model loads: a typo costs nothing
-        raise FxforgeError(f"cannot tell the format from {output!r}", hint="pass --to torchscript, onnx or pt2")
-    check_output_file(output, force=force)  # before the model loads and exports
-    target, example, scripted_model = _target(opts, script and (to_format or format_for(output)) == "torchscript")
-    with status(f"exporting to {to_format or format_for(output)}", opts.as_json):
+    # before the model loads: a typo or a misplaced option costs nothing
+    written = check_export_options(
+        output, to_format, exporter=exporter, opset=opset, script=script, dynamic_batch=dynamic_batch
+    )
+    check_output_file(output, force=force)
+    target, example, scripted_model = _target(opts, script and written == "torchscript")
+    with status(f"exporting to {written}", opts.as_json):
         result = export_model(
             target,
             to_format,
