@@ -418,3 +418,51 @@ def test_dynamic_int8_of_linear_then_relu_modules(kind):
     assert not any("quantized" in k and "Conv" in k for k in kinds)  # no dynamic conv kernel: the conv stays float
     x = fxforge.make_inputs([spec], seed=3)[0]
     assert (result.model(x) - model(x)).abs().max() < 0.05
+
+
+_SAME_PADDING = '''
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+def same_padding(size, kernel, stride):
+    return max((-(size // -stride) - 1) * stride + kernel - size, 0)  # max() of traced sizes: a branch
+
+
+class SamePadConv(nn.Conv2d):
+    """timm's "same" padding: reads its weight's shape, calls a helper capture must wrap, then F.conv2d."""
+
+    def forward(self, x):
+        pad = same_padding(x.shape[-1], self.weight.shape[-1], self.stride[0])
+        x = F.pad(x, [pad // 2, pad - pad // 2, pad // 2, pad - pad // 2])
+        return F.conv2d(x, self.weight, self.bias, self.stride)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = SamePadConv(3, 8, 3, stride=2)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.conv(x)).mean((2, 3)))
+'''
+
+
+@pytest.mark.parametrize("mode", ["static", "dynamic"])
+def test_a_model_whose_capture_wrapped_a_helper_quantizes_and_loads_back(tmp_path, mode):
+    """QA (timm's tf_efficientnet_b0 and every model with "same" padding): prepare_fx traced the captured graph
+    again, into the helper capture had wrapped (a branch on sizes); then conversion broke on the weight whose shape
+    the helper reads, then F.conv2d's missing padding; then torch.load of model.pt traced into the helper again."""
+    source = tmp_path / "samepad.py"
+    source.write_text(_SAME_PADDING)
+    captured = fxforge.prepare(f"{source}:Net", ["2x3x16x16"])
+    assert captured.record.wrapped  # the helper is one call in the graph
+    result = quantize(captured, mode, output_dir=tmp_path / "q")
+    code = result.model.code
+    assert "quantized.conv2d" in code if mode == "static" else "quantized.conv2d" not in code
+    loaded = fxforge.load_model(str(tmp_path / "q"), trust_pickle=True).module
+    x = torch.randn(2, 3, 16, 16)
+    assert torch.allclose(loaded(x), result.model(x))
+    assert (result.model(x) - captured.original(x)).abs().max() < 0.1  # int8 of the same model

@@ -480,7 +480,7 @@ def save_graph_module(
         problems.append(f"{MODEL_FILE}: torch.load could not rebuild it from its code ({unloadable})")
     elif dialect != ATEN:
         try:
-            with quiet_torch_logs(), _rebuilt_with_opaque_calls(gm):
+            with quiet_torch_logs(), rebuilt_with_opaque_calls(gm):
                 torch.save(gm, directory / MODEL_FILE)
             files.append(MODEL_FILE)
             if write_user_sources(directory / MODEL_FILE, directory):
@@ -573,7 +573,7 @@ def _opaque_function(value: Any) -> bool:
 
 
 @contextlib.contextmanager
-def _rebuilt_with_opaque_calls(gm: fx.GraphModule) -> Iterator[None]:
+def rebuilt_with_opaque_calls(gm: fx.GraphModule) -> Iterator[None]:
     """While pickling ``gm``: name :class:`GraphRebuildTracer` as its tracer where its code calls such a function
     (only there, so other model.pt files load with torch alone); ``gm`` is given back as it was."""
     needed = any(n.op == "call_function" and _opaque_function(n.target) for n in gm.graph.nodes)
@@ -591,7 +591,7 @@ def _rebuild_problem(gm: fx.GraphModule) -> str | None:
     """Why ``torch.load`` could not rebuild ``gm`` from its code (it traces the code again), else None: checked in
     memory through the same rebuild, with no weights written or read."""
     try:
-        with quiet_torch_logs(), _rebuilt_with_opaque_calls(gm), fx_wraps_kept_loadable():
+        with quiet_torch_logs(), rebuilt_with_opaque_calls(gm), fx_wraps_kept_loadable():
             rebuild, arguments = gm.__reduce__()
             rebuild(*arguments)
     except Exception as exc:

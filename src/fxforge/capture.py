@@ -355,6 +355,25 @@ def _patched(wraps: Iterable[_Wrap]):
             wrap.caller_globals[wrap.name] = original
 
 
+def _is_wrapped_call(node: fx.Node) -> bool:
+    """A call of a function from outside torch and Python's operators: symbolic tracing records no other, so it is
+    one capture kept whole (``--wrap``, or a wrap capture's retries found)."""
+    module = getattr(node.target, "__module__", None) or "torch"
+    return node.op == "call_function" and not module.startswith(("torch", "_operator", "operator", "builtins", "math"))
+
+
+@contextlib.contextmanager
+def wrapped_calls_kept(gm: fx.GraphModule) -> Iterator[None]:
+    """While ``gm`` is traced again (FX quantization's ``prepare_fx`` traces the captured graph), its calls of
+    wrapped functions stay single calls: traced into, timm's "same" padding branched on a size again and every
+    such model failed to quantize (QA)."""
+    functions = {id(node.target): node.target for node in gm.graph.nodes if _is_wrapped_call(node)}
+    space = getattr(gm.forward, "__globals__", {})
+    wraps = [_Wrap(space, name, value) for name, value in list(space.items()) if id(value) in functions]
+    with _patched(wraps):
+        yield
+
+
 class BufferWriteError(RuntimeError):
     """``forward`` assigns a traced value to a buffer (``self.count += 1``): symbolic tracing records the
     arithmetic but not the assignment, so the graph would silently stop updating the buffer."""

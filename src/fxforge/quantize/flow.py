@@ -16,11 +16,12 @@ from typing import Any
 
 import torch
 from torch import fx, nn
+from torch.nn import functional as F
 
 from fxforge.artifacts import check_output_directory
-from fxforge.capture import LOADED, Captured, capture, require_real_weights
+from fxforge.capture import LOADED, Captured, capture, require_real_weights, wrapped_calls_kept
 from fxforge.errors import DialectError, FxforgeError, InputSpecError, one_line_reason, option, said
-from fxforge.graphs import ATEN, WEIGHTED_LAYER_TYPES
+from fxforge.graphs import ATEN, WEIGHTED_LAYER_TYPES, get_attr_value
 from fxforge.inputs import make_inputs, specs_of
 from fxforge.quantize.accuracy import AccuracyReport, Target, compare_batches, parse_target, run_batches
 from fxforge.quantize.data import (
@@ -286,6 +287,61 @@ def _float_outputs(plan: _Plan, data: CalibrationData, kind: str) -> list[list[t
     return outputs
 
 
+def _stored_shapes_as_constants(gm: fx.GraphModule) -> None:
+    """Replace reads of a stored tensor's shape (``weight.shape``, ``weight.size(0)``) with the shape itself.
+
+    Conversion folds a conv's weight into the int8 conv and deletes its node; a second reader of that node broke it
+    (QA: timm's "same" padding reads ``weight.shape``: KeyError 'conv_stem_weight' for every such model). A stored
+    tensor's shape cannot change between calls, so the constant computes the same."""
+    changed = False
+    for node in list(gm.graph.nodes):
+        source = node.args[0] if node.args else None
+        if not isinstance(source, fx.Node) or source.op != "get_attr":
+            continue
+        shape = None
+        if node.op == "call_function" and node.target is getattr and node.args[1:] == ("shape",):
+            shape = tuple(get_attr_value(gm, str(source.target)).shape)
+        elif node.op == "call_method" and node.target == "size" and not node.kwargs:
+            value = get_attr_value(gm, str(source.target)).shape
+            shape = tuple(value) if len(node.args) == 1 else value[node.args[1]]
+        if shape is None:
+            continue
+        node.replace_all_uses_with(shape)  # type: ignore[arg-type]
+        gm.graph.erase_node(node)
+        changed = True
+    if changed:
+        gm.recompile()
+
+
+_CONV_DEFAULTS = (1, 0, 1, 1)  # stride, padding, dilation, groups
+_CONVS = (F.conv1d, F.conv2d, F.conv3d)
+
+
+def _conv_defaults_spelled_out(gm: fx.GraphModule) -> None:
+    """Give each functional convolution every argument, sizes as lists: torch's lowering to int8 reads them by
+    position, and ``F.conv2d(x, w, b, stride)`` failed ("conv2d_prepack() is missing value for argument
+    'padding'"; an int stride: "Expected a value of type 'List[int]'")."""
+    changed = False
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target not in _CONVS or len(node.args) >= 7:
+            continue
+        args = list(node.args) + [None] * (3 - len(node.args)) if len(node.args) < 3 else list(node.args)
+        names = ("stride", "padding", "dilation", "groups")
+        kwargs = dict(node.kwargs)
+        args[2] = kwargs.pop("bias", args[2])
+        for index, name in enumerate(names):
+            if len(args) <= 3 + index:
+                args.append(kwargs.pop(name, _CONV_DEFAULTS[index]))
+        dims = _CONVS.index(node.target) + 1
+        for index in (3, 4, 5):  # and sizes as lists: the int8 op takes no single int for them
+            if isinstance(args[index], int):
+                args[index] = [args[index]] * dims
+        node.args, node.kwargs = tuple(args), kwargs
+        changed = True
+    if changed:
+        gm.recompile()
+
+
 def _prepare(plan: _Plan, mapping: Any) -> fx.GraphModule:
     """``prepare_fx`` (``prepare_qat_fx`` for QAT) on a fresh copy of ``plan.source``, capture's leaves untraced."""
     from torch.ao.quantization.fx.custom_config import PrepareCustomConfig
@@ -294,10 +350,14 @@ def _prepare(plan: _Plan, mapping: Any) -> fx.GraphModule:
     model = copy.deepcopy(plan.source)  # prepare_fx changes the module it is given
     custom = PrepareCustomConfig()
     if isinstance(model, fx.GraphModule):
+        _stored_shapes_as_constants(model)
+        _conv_defaults_spelled_out(model)
         custom.set_non_traceable_module_names(_non_traceable(model))
-    if plan.mode == "qat-prepare":
-        return prepare_qat_fx(model.train(), mapping, plan.example_inputs, prepare_custom_config=custom)
-    return prepare_fx(model.eval(), mapping, plan.example_inputs, prepare_custom_config=custom)
+    kept = wrapped_calls_kept(model) if isinstance(model, fx.GraphModule) else contextlib.nullcontext()
+    with kept:  # prepare_fx traces the captured graph again: capture's wrapped functions stay single calls
+        if plan.mode == "qat-prepare":
+            return prepare_qat_fx(model.train(), mapping, plan.example_inputs, prepare_custom_config=custom)
+        return prepare_fx(model.eval(), mapping, plan.example_inputs, prepare_custom_config=custom)
 
 
 @contextlib.contextmanager

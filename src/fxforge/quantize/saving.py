@@ -21,6 +21,7 @@ from fxforge.artifacts import (
     REPORT_FILE,
     SOURCE_DIR,
     atomic_directory,
+    rebuilt_with_opaque_calls,
     write_inputs,
     write_report,
     write_user_sources,
@@ -54,7 +55,13 @@ def write_output(
     files = [MODEL_FILE, INPUTS_FILE, REPORT_FILE]
     inputs = tuple(captured.flat_inputs()) if isinstance(result.model, fx.GraphModule) else captured.example_inputs
     with atomic_directory(output_dir, force=force) as staging:
-        with picklable_quantized_modules(result.model):
+        # a graph calling a function capture kept whole names fxforge's rebuild tracer: torch's traced into it
+        rebuilt = (
+            rebuilt_with_opaque_calls(result.model)
+            if isinstance(result.model, fx.GraphModule)
+            else contextlib.nullcontext()
+        )
+        with picklable_quantized_modules(result.model), rebuilt:
             torch.save(result.model, staging / MODEL_FILE)
         if write_user_sources(staging / MODEL_FILE, staging):
             files.append(f"{SOURCE_DIR}/")
