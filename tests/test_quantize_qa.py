@@ -466,3 +466,25 @@ def test_a_model_whose_capture_wrapped_a_helper_quantizes_and_loads_back(tmp_pat
     x = torch.randn(2, 3, 16, 16)
     assert torch.allclose(loaded(x), result.model(x))
     assert (result.model(x) - captured.original(x)).abs().max() < 0.1  # int8 of the same model
+
+
+class _TakesAnOptionalMask(nn.Module):
+    """timm's ViT: ``forward(x, attn_mask=None, is_causal=False)``, traced with both as graph inputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x, mask=None, flag=False):
+        y = self.fc(x)
+        return y if mask is None else y * mask
+
+
+@pytest.mark.parametrize("mode", ["static", "dynamic"])
+def test_graph_inputs_with_non_tensor_defaults_are_left_to_their_defaults(tmp_path, mode):
+    """QA: every timm ViT stopped at "example input of type NoneType cannot be described by a spec", and its
+    model.pt then failed its reload check on torch's _assert_is_none wrap."""
+    captured = fxforge.prepare(_TakesAnOptionalMask().eval(), ["2x8"])
+    assert len([n for n in captured.graph_module.graph.nodes if n.op == "placeholder"]) == 3
+    result = quantize(captured, mode, output_dir=tmp_path / "q")
+    assert result.quantized_layers == ["fc"] and (tmp_path / "q" / "model.pt").exists()

@@ -443,9 +443,24 @@ def convert(prepared: nn.Module, backend: str = "x86") -> nn.Module:
         return convert_fx(prepared.eval())
 
 
+def _without_default_tail(gm: fx.GraphModule, values: Sequence[Any]) -> tuple[Any, ...]:
+    """The graph's inputs without the trailing ones that are no tensors and have a default (timm's ViT traces
+    ``attn_mask=None, is_causal=False`` as inputs): calibration and evaluation data hold the model's tensors only,
+    and "example input of type NoneType cannot be described by a spec" stopped every timm ViT (QA)."""
+    placeholders = [node for node in gm.graph.nodes if node.op == "placeholder"]
+    kept = list(values)
+    while kept and len(kept) <= len(placeholders):
+        node = placeholders[len(kept) - 1]
+        if isinstance(kept[-1], torch.Tensor) or not node.args:  # node.args holds the default, where there is one
+            break
+        kept.pop()
+    return tuple(kept)
+
+
 def _plan(captured: Captured, mode: str, backend: str) -> _Plan:
     if captured.dialect != ATEN:
-        return _Plan(captured.graph_module, mode, backend, tuple(captured.flat_inputs()), eager=False)
+        inputs = _without_default_tail(captured.graph_module, captured.flat_inputs())
+        return _Plan(captured.graph_module, mode, backend, inputs, eager=False)
     if mode != "dynamic":
         raise DialectError(
             f"{mode} quantization needs a torch-dialect graph (symbolic_trace); this model was captured "

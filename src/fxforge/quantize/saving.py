@@ -31,7 +31,7 @@ from fxforge.errors import FxforgeError, first_line
 from fxforge.quantize.accuracy import run_batches
 from fxforge.quantize.engine import quantized_engine
 from fxforge.quantize.result import QuantizeResult
-from fxforge.runtime import quiet_quantization_notices
+from fxforge.runtime import fx_wraps_kept_loadable, quiet_quantization_notices
 from fxforge.visual.report_page import REPORT_HTML, page_or_note, quantize_report_html
 
 
@@ -193,7 +193,7 @@ def _without_device_check(qconfig: Any) -> Any:
 def _check_reload(result: QuantizeResult, path: Path, inputs: Sequence[Any]) -> None:
     """Load ``path`` back and require bitwise-equal outputs: same int8 kernels on the same inputs."""
     try:
-        with quiet_quantization_notices():
+        with quiet_quantization_notices(), fx_wraps_kept_loadable():  # torch's _assert_is_none wrap (timm ViT)
             loaded = torch.load(str(path), map_location="cpu", weights_only=False)
     except Exception as exc:
         raise FxforgeError(
