@@ -488,3 +488,22 @@ def test_graph_inputs_with_non_tensor_defaults_are_left_to_their_defaults(tmp_pa
     assert len([n for n in captured.graph_module.graph.nodes if n.op == "placeholder"]) == 3
     result = quantize(captured, mode, output_dir=tmp_path / "q")
     assert result.quantized_layers == ["fc"] and (tmp_path / "q" / "model.pt").exists()
+
+
+class _LibraryLinear(nn.Linear):
+    """A library's Linear (timm.layers.Linear): not from torch.nn, so tracing goes into it and records F.linear."""
+
+    def forward(self, x):
+        return torch.nn.functional.linear(x, self.weight, self.bias)
+
+
+@pytest.mark.parametrize("mode", ["static", "dynamic"])
+def test_a_linear_traced_into_a_functional_call_is_quantized_and_listed(mode):
+    """QA (timm's ghostnet_050): its classifier, a timm Linear, was left in float by dynamic int8 ("the model has
+    no Linear layer"), and static int8 quantized it without listing it."""
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), _LibraryLinear(8, 2)).eval()
+    captured = fxforge.prepare(model, ["2x8"])
+    assert any(n.target is torch.nn.functional.linear for n in captured.graph_module.graph.nodes)
+    result = quantize(captured, mode)
+    assert sorted(result.quantized_layers) == ["0", "2"]
+    assert not any(n.target is torch.nn.functional.linear for n in result.model.graph.nodes)

@@ -161,11 +161,28 @@ def quantizable_layers(module: nn.Module, mode: str = "static") -> list[tuple[st
                 sub = module.get_submodule(str(node.target))
                 if type(sub) in types:
                     found.setdefault(str(node.target), type(sub).__name__)
+            elif (functional := _functional_layer(node, mode)) is not None:
+                found.setdefault(*functional)
     else:
         for name, sub in module.named_modules():
             if name and type(sub) in types:
                 found.setdefault(name, type(sub).__name__)
     return list(found.items())
+
+
+_FUNCTIONAL_LAYERS = {F.linear: "Linear", F.conv1d: "Conv1d", F.conv2d: "Conv2d", F.conv3d: "Conv3d"}
+
+
+def _functional_layer(node: fx.Node, mode: str) -> tuple[str, str] | None:
+    """``(name, type)`` of a layer traced into a functional call on a stored weight (a subclass of ``nn.Linear``
+    from a library, timm's: its forward calls ``F.linear``), named after the weight's owner; else None."""
+    kind = _FUNCTIONAL_LAYERS.get(node.target) if node.op == "call_function" else None
+    weight = node.args[1] if len(node.args) > 1 else node.kwargs.get("weight")
+    if kind is None or not isinstance(weight, fx.Node) or weight.op != "get_attr":
+        return None
+    if mode == "dynamic" and kind != "Linear":
+        return None
+    return str(weight.target).removesuffix(".weight"), kind
 
 
 def _is_quantized_module(module: nn.Module) -> bool:
@@ -210,7 +227,7 @@ def _qconfig_mapping(plan: _Plan, float_units: Sequence[Unit] = ()):
     with quiet_quantization_notices():
         if plan.mode == "dynamic":
             mapping = QConfigMapping()
-            for layer_type in DYNAMIC_LAYER_TYPES:
+            for layer_type in (*DYNAMIC_LAYER_TYPES, F.linear):  # F.linear: a library's Linear traced into
                 mapping.set_object_type(layer_type, default_dynamic_qconfig)
             # FX fusion joins an nn.ReLU with the Linear, conv or batch norm before it and wants one qconfig
             # (looked up by type) for both: with the Linear's alone, every Linear -> nn.ReLU model (an MLP) failed
@@ -811,7 +828,18 @@ def _keep_float_until(
 
 def _quantized_layers(model: nn.Module, source: nn.Module, mode: str) -> list[str]:
     names = []
+    functional = (
+        {name for node in source.graph.nodes if (found := _functional_layer(node, mode)) for name in found[:1]}
+        if isinstance(source, fx.GraphModule)
+        else set()
+    )
     for name, _ in quantizable_layers(source, mode):
+        if name in functional:
+            # packed into an int8 op, the float weight is gone from the converted graph (QA: ghostnet's classifier
+            # was quantized and left out of the list)
+            if not _holds(model, f"{name}.weight"):
+                names.append(name)
+            continue
         try:
             sub = model.get_submodule(name)
         except AttributeError:
@@ -819,6 +847,14 @@ def _quantized_layers(model: nn.Module, source: nn.Module, mode: str) -> list[st
         if _is_quantized_module(sub) or hasattr(sub, "weight_fake_quant"):
             names.append(name)
     return names
+
+
+def _holds(model: nn.Module, target: str) -> bool:
+    try:
+        get_attr_value(model, target)
+    except AttributeError:
+        return False
+    return True
 
 
 def _sensitivity(
