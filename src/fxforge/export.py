@@ -1102,7 +1102,15 @@ def _export_error(what: str, exc: BaseException) -> ExportError:
         )
     innermost = chain[-1]
     reason = f"{type(innermost).__name__}: {first_line(innermost)}"
-    hint = "export with trace (the default) instead" if "script" in what else "try another format or exporter"
+    hint = (
+        # not only "trace instead": where the trace had just refused a fixed value, the two hints sent the user
+        # back and forth (QA, timm's ViT)
+        f"export with trace (the default) instead; where the trace stops on a fixed value (a shape check), "
+        f"{option('--allow-trace-warnings', python='allow_trace_warnings=True')} keeps it as a note, or export to "
+        "onnx or pt2"
+        if "script" in what
+        else "try another format or exporter"
+    )
     untyped = re.search(r"\n:(.+)$", str(innermost)) if "cannot infer type of" in str(innermost) else None
     if untyped:
         # "Tracer cannot infer type of {<every output tensor printed>}\n:<the reason>": the reason, not the values
