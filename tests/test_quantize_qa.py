@@ -507,3 +507,19 @@ def test_a_linear_traced_into_a_functional_call_is_quantized_and_listed(mode):
     result = quantize(captured, mode)
     assert sorted(result.quantized_layers) == ["0", "2"]
     assert not any(n.target is torch.nn.functional.linear for n in result.model.graph.nodes)
+
+
+def test_onnx_runtime_quantizer_warnings_become_one_note(capsys):
+    """QA: ONNX Runtime's quantizer logged one root-logger warning per LayerNorm weight of a ViT (25 lines)."""
+    import logging
+
+    from fxforge.quantize.ort import _root_warnings_as_notes
+
+    notes: list[str] = []
+    with _root_warnings_as_notes(notes):
+        for _ in range(3):
+            logging.warning("Axis 1 is out-of-range for weight 'w' with rank 1")
+    assert capsys.readouterr().err == ""
+    assert notes == [
+        "ONNX Runtime's quantizer warned 3 times, e.g. \"Axis 1 is out-of-range for weight 'w' with rank 1\""
+    ]

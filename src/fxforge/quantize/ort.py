@@ -21,9 +21,11 @@ Nothing here exports: the ``ort_int8`` backend of :mod:`fxforge.bench` exports t
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import platform
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -76,16 +78,17 @@ def quantize_onnx(
             notes.append(f"quant_pre_process failed ({one_line_reason(exc, 120)}): quantized the file as exported")
         reader = _Reader(_input_names(model), batches)
         try:
-            quantization.quantize_static(
-                str(model),
-                str(target),
-                reader,
-                quant_format=quantization.QuantFormat.QDQ,
-                per_channel=True,
-                activation_type=activation_type,
-                weight_type=quantization.QuantType.QInt8,
-                calibrate_method=quantization.CalibrationMethod.MinMax,
-            )
+            with _root_warnings_as_notes(notes):
+                quantization.quantize_static(
+                    str(model),
+                    str(target),
+                    reader,
+                    quant_format=quantization.QuantFormat.QDQ,
+                    per_channel=True,
+                    activation_type=activation_type,
+                    weight_type=quantization.QuantType.QInt8,
+                    calibrate_method=quantization.CalibrationMethod.MinMax,
+                )
         except FxforgeError:
             raise
         except Exception as exc:
@@ -136,3 +139,31 @@ class _Reader:
 
 
 __all__ = ["quantize_onnx"]
+
+
+class _Collected(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def _root_warnings_as_notes(notes: list[str]) -> Iterator[None]:
+    """ONNX Runtime's quantizer warns through the root logger, one line per tensor (QA: "Axis 1 is out-of-range for
+    weight 'blocks.0.norm1.weight'" 25 times for a ViT's LayerNorms): collected into one note instead."""
+    collected, root = _Collected(), logging.getLogger()
+    saved = root.handlers
+    root.handlers = [collected]
+    try:
+        yield
+    finally:
+        root.handlers = saved
+        if collected.messages:
+            distinct = list(dict.fromkeys(collected.messages))
+            notes.append(
+                f"ONNX Runtime's quantizer warned {len(collected.messages)} times, e.g. {distinct[0]!r}"
+                + (f" ({len(distinct)} distinct messages)" if len(distinct) > 1 else "")
+            )
