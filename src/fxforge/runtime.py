@@ -731,6 +731,8 @@ def quiet_quantization_notices() -> Iterator[None]:
         warnings.filterwarnings("ignore", message=r"torch\.quantize_per_tensor, torch\.quantize_per_channel and other")
         warnings.filterwarnings("ignore", message=r"TypedStorage is deprecated")  # torch.load of int8 tensors
         warnings.filterwarnings("ignore", message=r".*must run observer before calling calculate_qparams")
+        # once, not once per cat of the model (QA: 33 copies for ghostnet, each with a line of generated code)
+        warnings.filterwarnings("once", message=r"All inputs of this cat operator must share")
         # convert_fx copies LSTM weights with torch.tensor(tensor) inside torch itself
         warnings.filterwarnings("ignore", message=r"To copy construct", module=r"torch\.ao\.nn\.quantized\.reference")
         yield
