@@ -523,3 +523,13 @@ def test_onnx_runtime_quantizer_warnings_become_one_note(capsys):
     assert notes == [
         "ONNX Runtime's quantizer warned 3 times, e.g. \"Axis 1 is out-of-range for weight 'w' with rank 1\""
     ]
+
+
+def test_the_random_data_warning_points_at_the_callers_line():
+    """QA: it pointed at contextlib's ``return func(*args, **kwds)`` (quantize is a decorated function)."""
+    captured = fxforge.prepare(nn.Sequential(nn.Linear(8, 8)).eval(), ["2x8"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        quantize(captured, "dynamic")
+    random = [w for w in caught if issubclass(w.category, RandomCalibrationWarning)]
+    assert random and random[0].filename == __file__

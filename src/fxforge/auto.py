@@ -86,7 +86,7 @@ from fxforge.deploy import (
     write_artifact,
     write_model_itself,
 )
-from fxforge.errors import FxforgeError, InputSpecError, one_line_reason, option, said
+from fxforge.errors import FxforgeError, InputSpecError, one_line_reason, option, outside_stacklevel, said
 from fxforge.machine import native_bf16
 from fxforge.passes import exact_passes
 from fxforge.pipeline import Pipeline
@@ -481,7 +481,7 @@ def _calibration_data(
         return load_calibration(calibration_data, captured.example_inputs, kind="calibration (--calibration-data)")
     if eval_data is None or eval_data.random:
         return None
-    warnings.warn(in_sample_warning(), AutoWarning, stacklevel=3)
+    warnings.warn(in_sample_warning(), AutoWarning, stacklevel=outside_stacklevel())
     notes.append(in_sample_warning())
     return eval_data
 
@@ -506,7 +506,7 @@ def _evaluation_data(
                 + ", with samples along dim 0",
             ) from None
     if loaded.random:
-        warnings.warn(random_data_warning(), AutoWarning, stacklevel=3)
+        warnings.warn(random_data_warning(), AutoWarning, stacklevel=outside_stacklevel())
         notes.append(random_data_warning())
     return loaded
 

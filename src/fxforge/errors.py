@@ -15,6 +15,7 @@ import importlib.util
 import linecache
 import os
 import re
+import sys
 import sysconfig
 import traceback
 import types
@@ -285,6 +286,21 @@ def caller_location() -> str | None:
         if is_user_file(frame.filename):
             return format_location(frame.filename, frame.lineno or 0)
     return None
+
+
+def outside_stacklevel() -> int:
+    """``warnings.warn``'s ``stacklevel`` that points at the caller's line: the first frame above the function
+    calling this that is neither fxforge's nor a decorator's (contextlib, functools). A fixed ``stacklevel=2``
+    pointed at contextlib's ``return func(*args, **kwds)`` for a decorated API function (QA)."""
+    frame = sys._getframe(1)
+    level = 1
+    ours, decorators = os.path.dirname(__file__) + os.sep, ("contextlib.py", "functools.py")
+    while frame is not None and (
+        frame.f_code.co_filename.startswith(ours) or frame.f_code.co_filename.endswith(decorators)
+    ):
+        frame = frame.f_back  # type: ignore[assignment]
+        level += 1
+    return level
 
 
 def require(module_name: str, extra: str, feature: str):

@@ -20,7 +20,7 @@ from torch.nn import functional as F
 
 from fxforge.artifacts import check_output_directory
 from fxforge.capture import LOADED, Captured, capture, require_real_weights, wrapped_calls_kept
-from fxforge.errors import DialectError, FxforgeError, InputSpecError, one_line_reason, option, said
+from fxforge.errors import DialectError, FxforgeError, InputSpecError, one_line_reason, option, outside_stacklevel, said
 from fxforge.graphs import ATEN, WEIGHTED_LAYER_TYPES, get_attr_value
 from fxforge.inputs import make_inputs, specs_of
 from fxforge.quantize.accuracy import AccuracyReport, Target, compare_batches, parse_target, run_batches
@@ -639,7 +639,7 @@ def quantize(
     warning = None if nothing_to_quantize else _random_data_warning(calib, evaluation, label)
     if warning:
         result_warnings.append(warning)
-        warnings.warn(warning, RandomCalibrationWarning, stacklevel=2)
+        warnings.warn(warning, RandomCalibrationWarning, stacklevel=outside_stacklevel())
 
     reference = _float_outputs(plan, evaluation, "eval" if eval_data is not None else "calibration")
     with quantized_engine(backend):
