@@ -586,3 +586,23 @@ def test_keeps_a_batch_norm_whose_channels_are_not_the_linears_features(dialect,
     captured = capture_as(random_stats(_LinearNorm(shared=True)), torch.randn(2, 5, 8), dialect)
     result = run_verified(captured, "fold_bn")
     assert not result.changed and any("read by more than the batch norm" in s for s in result.skipped)
+
+
+class _LayerScaleResidual(nn.Module):
+    """ConvNeXt's block end: ``shortcut + gamma * fc(x)``, the form of a frozen norm with a residual as its shift."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.gamma = nn.Parameter(torch.full((8,), 0.5))
+
+    def forward(self, x):
+        return x + self.fc(x) * self.gamma
+
+
+def test_a_residual_after_a_scaled_layer_is_no_norm_and_is_not_reported():
+    """QA (timm's convnext_atto): every block printed "fold_bn skipped: add after ...mlp_fc2: its scale or shift is
+    computed from graph inputs", on a model without a batch norm."""
+    gm = torch.fx.symbolic_trace(_LayerScaleResidual())
+    result = apply_pass(gm, "fold_bn")
+    assert not result.changed and result.skipped == []

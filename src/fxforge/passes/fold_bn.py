@@ -242,6 +242,8 @@ def plan_fold(
     if len(readers) > 1:
         return _refusal(f"{producer.name}'s output has {len(readers)} users, not only the {norm.what}", label)
     state = _norm_state(gm, norm)
+    if state is None:
+        return None
     if isinstance(state, str):
         return _refusal(state, label, training=TRAINING_HINT in state)
     layer = _read_layer(gm, producer, uses)
@@ -348,6 +350,21 @@ def _match_frozen(gm: nn.Module, node: fx.Node, is_source) -> Norm | None:
     return None
 
 
+def _carries_activations(gm: nn.Module, value: Any, limit: int = 64) -> bool:
+    """Whether ``value`` is computed from the graph's inputs: a graph input or a layer is among its nearest
+    ``limit`` ancestors (bounded, so that scanning every node stays linear in the graph size)."""
+    frontier, seen = [value] if isinstance(value, fx.Node) else [], set()
+    while frontier and len(seen) < limit:
+        node = frontier.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if node.op in ("placeholder", "call_module") or _layer_kind(gm, node) is not None:
+            return True
+        frontier.extend(node.all_input_nodes)
+    return False
+
+
 def _norm_state(gm: nn.Module, norm: Norm):
     """``(kind, values)`` -- ``("bn", (mean, var, eps, gamma, beta))`` or ``("frozen", (scale, shift))`` --
     or why the map cannot fold. Reads statistics; constant subgraphs it evaluates join ``norm.consumed``."""
@@ -356,8 +373,10 @@ def _norm_state(gm: nn.Module, norm: Norm):
         values = []
         for arg in (norm.scale_arg, norm.shift_arg):
             value = _constant_or_literal(gm, arg, norm)
+            if value is None and _carries_activations(gm, arg):
+                return None  # x * scale + a residual (ConvNeXt's layer scale): no norm, nothing to say (QA)
             if value is None:
-                return "its scale or shift is computed from graph inputs or by calls fxforge cannot run at pass time"
+                return "its scale or shift is computed by calls fxforge cannot run at pass time"
             values.append(value)
         return "frozen", tuple(values)
     if node.op == "call_module":
