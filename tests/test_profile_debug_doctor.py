@@ -442,5 +442,5 @@ def test_the_eager_backend_profiles_a_model_that_cannot_be_captured(tmp_path, ca
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
     direct = fxforge.profile_model(model, backend="eager", example_inputs=(torch.randn(4, 8),), repeats=1, batch=2)
     assert direct.inputs == ["2x8"] and [n.name for n in direct.nodes] == ["0", "1"]
-    with pytest.raises(FxforgeError, match="plain module"):
+    with pytest.raises(FxforgeError, match="takes a captured model, not a Sequential, for the fx backend"):
         fxforge.profile_model(model, example_inputs=(torch.randn(4, 8),))  # the fx backend needs a graph

@@ -196,9 +196,10 @@ def profile_model(
     else:
         if isinstance(captured, nn.Module):
             raise FxforgeError(
-                "the fx backend profiles a captured graph node by node, and this is a plain module",
+                f"profile_model takes a captured model, not a {type(captured).__name__}, for the fx backend (it "
+                "times the graph node by node)",
                 hint="capture it first (fxforge.capture(model, inputs)), or profile it leaf module by leaf module: "
-                "backend='eager'",
+                "backend='eager', example_inputs=(x,)",
             )
         require_captured(captured, "profile_model")
         require_real_weights(captured, "profile")
