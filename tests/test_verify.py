@@ -632,3 +632,26 @@ def test_an_output_written_from_an_aten_graph_is_bisected_against_the_model_capt
     torch.export.save(program, str(tmp_path / "out" / "model.pt2"))
     result = verify_specs("demo", str(tmp_path / "out"))
     assert not result.ok and result.divergence is not None and result.divergence.pass_name == "fold_bn"
+
+
+def test_bisection_takes_a_fused_node_for_the_reference_node_it_absorbed():
+    """QA (timm's levit_128s, dynamic int8): FX fused a conv with its batch norm under the conv's name, and the
+    bisection compared it with the conv alone: "first divergence at node stem_conv1_linear", a conv that was never
+    quantized. A fused node computing the node it absorbed agrees; a wrong one is still named."""
+    from fxforge.verify import bisect_graphs
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2)).eval()
+    reference = torch.fx.symbolic_trace(model)
+    fused = copy.deepcopy(reference)
+    first = next(n for n in fused.graph.nodes if n.target == "0")
+    first.target = "fused"
+    fused.add_submodule("fused", torch.nn.Sequential(copy.deepcopy(model[0]), torch.nn.ReLU()))
+    relu = next(n for n in fused.graph.nodes if n.target == "1")
+    relu.replace_all_uses_with(first)
+    fused.graph.erase_node(relu)
+    fused.recompile()
+    x = torch.randn(3, 4)
+    assert bisect_graphs(reference, fused, [x], [x]) is None
+    fused.fused[0].weight.data.mul_(1.5)  # now it computes something else: named
+    divergence = bisect_graphs(reference, fused, [x], [x])
+    assert divergence is not None and divergence.node == first.name
