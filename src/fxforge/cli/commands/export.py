@@ -117,9 +117,7 @@ def _target(opts: CaptureOptions, scripting: bool) -> tuple[Any, Any, str | None
     """(what to export, its example inputs when it is a module, a note): the captured graph; with --script, the
     model itself where no graph can be captured -- torch.jit.script compiles Python control flow that neither
     symbolic_trace nor torch.export can capture, which is what --script is for (as export_model does)."""
-    from fxforge.api import example_inputs_for
     from fxforge.errors import CaptureError
-    from fxforge.models import load_model
 
     try:
         return opts.prepare(), None, None
@@ -127,12 +125,5 @@ def _target(opts: CaptureOptions, scripting: bool) -> tuple[Any, Any, str | None
         if not scripting:
             raise
         reason = exc.message
-    loaded = load_model(
-        opts.model or "",
-        seed=opts.seed,
-        device=opts.device,
-        model_kwargs=opts.model_kwargs(),
-        trust_pickle=opts.trust_pickle or None,
-    )
-    example = example_inputs_for(loaded, list(opts.inputs), seed=opts.seed, device=opts.device)
-    return loaded.module, example, f"no graph could be captured ({reason}): the model itself was scripted"
+    module, example = opts.load()
+    return module, example, f"no graph could be captured ({reason}): the model itself was scripted"
