@@ -530,17 +530,26 @@ class BatchGuardRecorder(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.INFO)
         self._batch_symbols: set[str] = set()
-        self.location: str | None = None
+        self._fixed_at: str | None = None  # the first guard that sets the batch to a number
+        self._bounded_at: str | None = None  # else the first that bounds it (Ne(s, 1), for broadcasting, does not)
+
+    @property
+    def location(self) -> str | None:
+        return self._fixed_at or self._bounded_at
 
     def emit(self, record: logging.LogRecord) -> None:
         with contextlib.suppress(Exception):  # a record of another shape: not ours to explain
             if "create_symbol" in str(record.msg) and re.search(r"\.size\(\)\[0\]$", str(record.args[2])):
                 self._batch_symbols.add(str(record.args[0]))
-            elif "[guard added]" in str(record.msg) and self.location is None:
-                symbols = set(re.findall(r"\bs\d+\b", str(record.args[1])))
+            elif "[guard added]" in str(record.msg):
+                guard = str(record.args[1])
                 frame = record.args[2].framework_loc
-                if symbols & self._batch_symbols and is_user_file(frame.filename):
-                    self.location = format_location(frame.filename, frame.lineno)
+                if not set(re.findall(r"\bs\d+\b", guard)) & self._batch_symbols or not is_user_file(frame.filename):
+                    return
+                if guard.startswith("Eq(") and self._fixed_at is None:
+                    self._fixed_at = format_location(frame.filename, frame.lineno)
+                elif not guard.startswith("Ne(") and self._bounded_at is None:
+                    self._bounded_at = format_location(frame.filename, frame.lineno)
 
     def __enter__(self) -> BatchGuardRecorder:
         logger = logging.getLogger(self._LOGGER)
