@@ -297,6 +297,32 @@ def test_auto_int8_falls_back_to_float_units_until_the_budget_holds(digits, tmp_
             assert torch.equal(loaded(x_train).argmax(1), model(x_train).argmax(1))
 
 
+def test_auto_int8_fallback_meets_the_budget_on_data_held_out_from_calibration(digits, tmp_path):
+    """QA: with --calibration-data, the fallback judged its target on the calibration samples, stopped there ("1 of
+    4 units kept in float (fc2)", "top-1 agreement >= 1") and was then rejected on --data (0.9983 < 1.0). It is
+    judged on the data the candidate is verified on."""
+    from fxforge.auto import Budget, auto_optimize
+
+    x_train, y_train, _, _ = digits
+    torch.manual_seed(0)
+    model = DigitsCNN()
+    _train(model, x_train, y_train, epochs=2)
+    captured = capture(model.eval(), (x_train[:4],))
+    result = auto_optimize(
+        captured,
+        tmp_path / "o",
+        backends=["eager", "int8"],
+        budget=Budget(min_agreement=1.0),
+        data=x_train,
+        calibration_data=x_train[:32],
+        repeats=3,
+    )
+    candidates = {c.name: c for c in result.candidates}
+    assert candidates["int8"].status == "rejected"  # plain int8 misses: the fallback runs
+    fallback = candidates["int8+fallback"]
+    assert fallback.status in ("accepted", "chosen") and fallback.top1_agreement == 1.0, fallback.reason
+
+
 def test_ort_int8_on_digits_keeps_accuracy(digits, trained_cnn, tmp_path):
     """ONNX Runtime's own static int8 (QDQ, per-channel weights) of the exported digits CNN, calibrated on the
     training digits: top-1 on the held-out digits within 1 point of float."""

@@ -331,7 +331,14 @@ def auto_optimize(
             candidates[fallback.name] = Candidate(fallback.name, exact=False)
             target = int8_target(budget)
             more = _build(
-                rewritten, [fallback], candidates, Path(workdir), calibration, threads, keep_float_until=target
+                rewritten,
+                [fallback],
+                candidates,
+                Path(workdir),
+                calibration,
+                threads,
+                keep_float_until=target,
+                fallback_data=eval_data,  # judged where the candidate is verified (--data), not where calibrated
             )
             for name, (runner, artifact) in more.items():
                 if _verify_candidate(captured, candidates[name], runner, budget, seeds, eval_data):
@@ -519,10 +526,11 @@ def _build(
     calibration: Any,
     threads: int | None,
     keep_float_until: Any = None,
+    fallback_data: Any = None,
 ) -> dict[str, tuple[Runner, Artifact | None]]:
     """Each candidate's runner: its artifact written and reloaded (eager: the model itself; a backend fxforge
     cannot write, such as a plug-in's: built in memory, timed, but never chosen). ``calibration``: the batches int8
-    is calibrated on (None: random ones)."""
+    is calibrated on (None: random ones); ``fallback_data``: the batches the int8 fallback's target is judged on."""
     expected = run_reference(rewritten.original, rewritten.example_inputs, {})
     built: dict[str, tuple[Runner, Artifact | None]] = {}
     for backend in backends:
@@ -531,6 +539,7 @@ def _build(
         settings.calibration = calibration
         settings.variants = backend.selected
         settings.keep_float_until = keep_float_until
+        settings.fallback_data = fallback_data
         if backend.base == "eager":
             built[backend.name] = (rewritten.original, None)
             candidate.artifact = "the model itself"

@@ -123,6 +123,9 @@ class BuildSettings:
     calibration: Any = None  # for "int8", "ort_int8": calibration data as fxforge.quantize takes it (None: random)
     # for "int8+fallback": the accuracy target of quantize's keep_float_until (None: INT8_FALLBACK_TARGET)
     keep_float_until: Any = None
+    # and the data that target is judged on (None: the calibration data); --auto passes its --data, so a fallback
+    # calibrated on other samples stops where the candidate will be judged, not where it was calibrated (QA)
+    fallback_data: Any = None
     notes: list[str] = field(default_factory=list)  # builders add what the row should say
     variants: tuple[str, ...] = ()  # the backend's variants asked for: "compile+channels_last" -> ("channels_last",)
 
@@ -348,7 +351,8 @@ def int8_options(settings: BuildSettings, variants: Iterable[str], notes: list[s
     target = None
     if "fallback" in variants:
         target = settings.keep_float_until if settings.keep_float_until is not None else INT8_FALLBACK_TARGET
-    return {"keep_float_until": target, "notes": notes}
+    eval_data = settings.fallback_data if target is not None else None
+    return {"keep_float_until": target, "eval_data": eval_data, "notes": notes}
 
 
 @register_backend(

@@ -905,6 +905,7 @@ def int8_backend(
     mode: str | None = None,
     backend: str = "x86",
     keep_float_until: float | str | Target | None = None,
+    eval_data: Any = None,
     notes: list[str] | None = None,
 ) -> nn.Module:
     """The int8 model ``fxforge.bench`` times in its "int8" row, in eval mode.
@@ -916,7 +917,7 @@ def int8_backend(
     accuracy, so the random-data warning is not raised). Run the model with
     ``torch.backends.quantized.engine`` set for ``backend`` (:func:`quantized_engine`; ``x86`` is
     torch's default on x86 machines). ``keep_float_until``: the sensitivity fallback of :func:`quantize`,
-    judged on the calibration data; which units stayed in float is added to ``notes``.
+    judged on ``eval_data`` (default: the calibration data); which units stayed in float is added to ``notes``.
 
     Raises:
         FxforgeError: when nothing in the model could be quantized (timing it would time the float
@@ -931,7 +932,7 @@ def int8_backend(
         raise FxforgeError("the int8 backend needs a quantized model", hint="mode static or dynamic")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RandomCalibrationWarning)
-        result = quantize(captured, mode, backend, calibration, keep_float_until=keep_float_until)
+        result = quantize(captured, mode, backend, calibration, eval_data=eval_data, keep_float_until=keep_float_until)
     if keep_float_until is not None and notes is not None:
         kept = result.float_layers
         listed = ", ".join(kept[:6]) + (f" and {len(kept) - 6} more" if len(kept) > 6 else "")
