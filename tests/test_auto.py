@@ -1035,3 +1035,12 @@ def test_a_budget_refuses_a_tolerance_that_proves_nothing(tolerance):
     """QA: Budget(tolerance=inf) was accepted: every candidate would be within it, and 'verified' meaningless."""
     with pytest.raises(FxforgeError, match="must be a finite positive number"):
         Budget(tolerance)
+
+
+def test_an_empty_backends_list_is_refused(capsys):
+    """QA: ``-b ""`` ran the whole default list (exit 0, 9 candidates timed)."""
+    from fxforge.cli import main
+    from fxforge.errors import EXIT_USAGE
+
+    assert main(["optimize", "demo", "--auto", "-b", "", "-o", "unused"]) == EXIT_USAGE
+    assert "--backends names no backend" in capsys.readouterr().err

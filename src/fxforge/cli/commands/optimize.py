@@ -70,7 +70,12 @@ pass is rolled back and reported instead).
     help="--auto: other samples to calibrate int8 on (default: --data, an in-sample judgement).",
 )
 @click.option(
-    "--backends", "-b", "auto_backends", default="", metavar="NAMES", help="--auto: candidates (compile+channels_last)."
+    "--backends",
+    "-b",
+    "auto_backends",
+    default=None,
+    metavar="NAMES",
+    help="--auto: candidates (compile+channels_last).",
 )
 @click.option("--quick", is_flag=True, help="--auto: only the candidates that usually win here, fewer rounds.")
 @click.option(
@@ -93,7 +98,7 @@ def command(
     max_drop: float | None,
     data: str | None,
     calibration_data: str | None,
-    auto_backends: str,
+    auto_backends: str | None,
     quick: bool,
     repeats: int | None,
     threads: int | None,
@@ -111,7 +116,7 @@ def command(
         "--max-drop": max_drop is not None,
         "--data": data is not None,
         "--calibration-data": calibration_data is not None,
-        "--backends": bool(auto_backends),
+        "--backends": auto_backends is not None,
         "--quick": quick,
         "--repeats": repeats is not None,
         "--threads": threads is not None,
@@ -166,7 +171,7 @@ def _auto(
     budget: Budget,
     data: str | None,
     calibration_data: str | None,
-    backends: str,
+    backends: str | None,
     quick: bool,
     repeats: int | None,
     threads: int | None,
@@ -184,7 +189,7 @@ def _auto(
             captured,
             output,
             budget=budget,
-            backends=split(backends) or None,
+            backends=_backend_names(backends),
             data=data,
             calibration_data=calibration_data,
             repeats=repeats,
@@ -199,3 +204,14 @@ def _auto(
         emit_json({"model": opts.model, "capture": captured.record.to_dict(), **result.to_dict()})
     else:
         render_auto(stdout, opts.model, result)
+
+
+def _backend_names(text: str | None) -> list[str] | None:
+    """``--backends``' names; None where it was not given. An empty list is refused: it ran the whole default list
+    (QA: ``-b ""``), where a list that replaces the default would leave eager alone."""
+    if text is None:
+        return None
+    names = split(text)
+    if not names:
+        raise FxforgeError("--backends names no backend", hint="e.g. --backends onnxruntime,compile (or leave it out)")
+    return names
