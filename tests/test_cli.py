@@ -547,3 +547,12 @@ def test_output_options_that_would_do_nothing_are_said(capsys):
     assert code == EXIT_USAGE and "-o applies to lint --fix" in err
     code, _, err = run(capsys, "optimize", "demo", "-p", "fold_bn")
     assert code == EXIT_OK and "nothing written: pass -o OUTDIR" in err
+
+
+def test_debug_shows_the_traceback_and_keeps_the_exit_code_and_json(capsys, monkeypatch):
+    """QA: --debug (or FXFORGE_DEBUG=1) re-raised: exit 1 (read as "findings") and no JSON document."""
+    assert main(["--debug", "inspect", "nosuch:x", "--json"]) == EXIT_USAGE
+    out, err = capsys.readouterr()
+    assert json.loads(out)["exit_code"] == EXIT_USAGE and "Traceback" in err
+    monkeypatch.setenv("FXFORGE_DEBUG", "1")
+    assert main(["inspect", "nosuch:x"]) == EXIT_USAGE

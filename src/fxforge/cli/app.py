@@ -11,6 +11,7 @@ import importlib
 import os
 import pkgutil
 import sys
+import traceback
 
 import click
 from rich.text import Text
@@ -87,8 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     except click.exceptions.Abort:  # click's own Ctrl-C (at a prompt)
         return _interrupted(as_json)
     except FxforgeError as exc:
-        if debug:
-            raise
+        if debug:  # the traceback, then the same line, exit code and JSON document as without --debug
+            traceback.print_exc(file=sys.stderr)
         if sigint_seen():  # the failure came from the interruption (see sigint_seen)
             return _interrupted(as_json)
         return _failed("error:", exc.message, exc.hint, exc.exit_code, as_json)
@@ -109,8 +110,8 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_OK
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     except Exception as exc:
-        if debug:
-            raise
+        if debug:  # (QA: raising it gave exit 1, "findings", and no JSON document for a bad spec)
+            traceback.print_exc(file=sys.stderr)
         if sigint_seen():
             return _interrupted(as_json)
         refused = _refused_by_the_system(exc)
