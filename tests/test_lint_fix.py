@@ -50,6 +50,7 @@ def test_fix_cli_json_and_exit_code(tmp_path, capsys):
     data = json.loads(capsys.readouterr().out)
     assert code == EXIT_OK  # every warning had a fix pass (FX003's is remove_redundant_activation)
     assert data["fixed"]["passes"][:3] == ["remove_dropout", "remove_redundant_activation", "fold_bn"]
+    assert data["capture"]["method"]  # as plain lint --json has it
     assert data["fixed"]["after"]["warning"] == 0 < data["fixed"]["before"]["warning"]
     assert (out_dir / "model.pt").exists()
 

@@ -82,7 +82,7 @@ def command(
         fixed = run_fix(captured, output, select=split(select), ignore=split(ignore), force=force, spec=opts.model)
         report = fixed.after
         if opts.as_json:
-            emit_json({**report.to_dict(), "fixed": fixed.to_dict()})
+            emit_json({**report.to_dict(), "capture": captured.record.to_dict(), "fixed": fixed.to_dict()})
         else:
             if not fixed.passes:  # else an empty pass table would be all there is to read
                 stdout.print("No finding names a fix pass: the model is written unchanged.")
