@@ -444,3 +444,23 @@ def test_the_eager_backend_profiles_a_model_that_cannot_be_captured(tmp_path, ca
     assert direct.inputs == ["2x8"] and [n.name for n in direct.nodes] == ["0", "1"]
     with pytest.raises(FxforgeError, match="takes a captured model, not a Sequential, for the fx backend"):
         fxforge.profile_model(model, example_inputs=(torch.randn(4, 8),))  # the fx backend needs a graph
+
+
+class _Doubles(nn.Module):
+    def forward(self, x):
+        return x * 2
+
+
+class _WithAScriptedPart(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin, self.scripted = nn.Linear(4, 4), torch.jit.script(_Doubles())
+
+    def forward(self, x):
+        return self.scripted(self.lin(x))
+
+
+def test_debug_watches_a_model_with_a_torchscript_submodule():
+    """QA: hooks cannot go on a ScriptModule, and the error read "the model rejected the example inputs"."""
+    report = fxforge.debug_model(_WithAScriptedPart(), (torch.randn(2, 4),), nan=True, stats=True)
+    assert report.nan is None and set(report.stats) == {"", "lin"}

@@ -117,7 +117,11 @@ def debug_model(
     if cases < 1:
         raise FxforgeError("debug needs at least one case")
     kwargs = dict(kwargs or {})
-    names = {module: name for name, module in model.named_modules()}
+    # a TorchScript submodule takes no hooks ("register_forward_pre_hook is not supported on ScriptModules", which
+    # read as the model rejecting its inputs, QA): it is watched as a whole by its parent's hooks
+    names = {
+        module: name for name, module in model.named_modules() if not isinstance(module, torch.jit.ScriptModule)
+    }
     report = DebugReport(len(names), [])
     recorders = {name: StatsRecorder(name or "<root>", name) for name in names.values()} if stats else {}
     for label, (args, case_kwargs) in _cases(tuple(inputs), kwargs, cases, seed):
