@@ -673,3 +673,12 @@ def test_resnet18_is_judged_per_sample(resnet18_captured):
     """A real conv net in eval mode: its BatchNorm uses running statistics, so no microbatch note."""
     plan = split(resnet18_captured, stages=2, verify_stages=False).plan
     assert not any("--microbatches" in note for note in plan.notes)
+
+
+def test_the_pipe_split_hint_never_names_a_line_outside_the_models_call(capsys):
+    """QA: for a model defined in fxforge's own files (demo), the recorded line was the CLI's caller, click's."""
+    from fxforge.cli import main
+
+    assert main(["split", "demo", "--stages", "3", "--no-verify", "--json"]) == 0
+    hints = [cut["pipe_split"] for cut in json.loads(capsys.readouterr().out)["plan"]["cuts"]]
+    assert hints and not any("click" in hint for hint in hints)

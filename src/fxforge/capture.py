@@ -196,6 +196,9 @@ def placeholder_values(gm: fx.GraphModule, args: Sequence[Any], kwargs: Mapping[
 # symbolic tracing with leaves
 
 
+_TRACE_CODE = fx.Tracer.trace.__code__
+
+
 class _LeafTracer(fx.Tracer):
     def __init__(self, leaf_names: set[str], leaf_types: tuple[type, ...]) -> None:
         super().__init__()
@@ -215,7 +218,9 @@ class _LeafTracer(fx.Tracer):
         # record_stack_traces extracts and formats the whole stack per node and made capture 3x slower.
         frame = sys._getframe(1)
         while frame is not None and not is_user_file(frame.f_code.co_filename):
-            frame = frame.f_back
+            # no further than the trace's start: a model in fxforge's own files (demo) got the CLI's caller,
+            # click's line, which split then named as the place to cut (QA)
+            frame = frame.f_back if frame.f_code is not _TRACE_CODE else None
         if frame is not None:
             code, lineno = frame.f_code, frame.f_lineno
             source = linecache.getline(code.co_filename, lineno).strip()

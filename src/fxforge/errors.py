@@ -212,8 +212,11 @@ _RECORDED_FRAME = re.compile(r'File "([^"]+)", line (\d+), in \S+\n\s*(.*)')
 def recorded_user_frame(stack_trace: str) -> tuple[str, int] | None:
     """(file, line) of the innermost frame of the user's code in a stack trace recorded on a node
     (``node.meta["stack_trace"]``: torch.export records one, and fxforge's symbolic tracing does)."""
-    frames = [(file, int(line)) for file, line, _ in _RECORDED_FRAME.findall(stack_trace) if is_user_file(file)]
-    return frames[-1] if frames else None
+    # the user's frames inside the model's call only: those after the last of torch's or fxforge's (the CLI's own
+    # callers, click's, came before them: split named click's line for a model defined in fxforge, QA)
+    frames = [(file, int(line)) for file, line, _ in _RECORDED_FRAME.findall(stack_trace)]
+    inner = frames[max((i + 1 for i, (file, _) in enumerate(frames) if not is_user_file(file)), default=0) :]
+    return inner[-1] if inner else None
 
 
 def graph_frame_source(frame: types.FrameType, lineno: int) -> tuple[str, int] | None:
