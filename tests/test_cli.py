@@ -556,3 +556,24 @@ def test_debug_shows_the_traceback_and_keeps_the_exit_code_and_json(capsys, monk
     assert json.loads(out)["exit_code"] == EXIT_USAGE and "Traceback" in err
     monkeypatch.setenv("FXFORGE_DEBUG", "1")
     assert main(["inspect", "nosuch:x"]) == EXIT_USAGE
+
+
+def test_json_stdout_holds_only_the_document_when_the_model_writes_to_descriptor_1(tmp_path):
+    """QA: Python's redirection alone let os.write(1, ...) and print(file=sys.__stdout__) into the document."""
+    source = tmp_path / "noisy.py"
+    source.write_text(
+        "import os, sys, torch\n"
+        "def build():\n"
+        "    os.write(1, b'RAW FD1 WRITE\\n')\n"
+        "    print('dunder', file=sys.__stdout__)\n"
+        "    return torch.nn.Sequential(torch.nn.Linear(4, 4))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "fxforge", "inspect", f"{source}:build", "-i", "2x4", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-500:]
+    assert json.loads(done.stdout)["dialect"] == "torch"
+    assert "RAW FD1 WRITE" in done.stderr and "dunder" in done.stderr

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -274,12 +275,37 @@ def user_prints_to_stderr(enabled: bool) -> Iterator[None]:
     if not enabled:
         yield
         return
-    _json_stdout.append(sys.stdout)
+    with _stdout_descriptor_to_stderr() as real_stdout:
+        _json_stdout.append(real_stdout or sys.stdout)
+        try:
+            with contextlib.redirect_stdout(sys.stderr):
+                yield
+        finally:
+            _json_stdout.pop()
+
+
+@contextlib.contextmanager
+def _stdout_descriptor_to_stderr() -> Iterator[Any]:
+    """File descriptor 1 pointed at stderr for the block, and a file on the real stdout to write to; None where the
+    streams have no descriptors (a test's capture). Python's redirection alone let ``os.write(1, ...)``,
+    ``sys.__stdout__``, C extensions and subprocesses print into the JSON document (QA)."""
     try:
-        with contextlib.redirect_stdout(sys.stderr):
-            yield
+        out, err = sys.stdout.fileno(), sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        yield None
+        return
+    sys.stdout.flush()
+    saved = os.dup(out)
+    os.dup2(err, out)
+    real = os.fdopen(os.dup(saved), "w", encoding="utf-8")
+    try:
+        yield real
     finally:
-        _json_stdout.pop()
+        real.flush()
+        real.close()
+        sys.stdout.flush()
+        os.dup2(saved, out)
+        os.close(saved)
 
 
 # How many JSON documents this process has printed: a failing --json command prints its error as one, unless the
