@@ -58,9 +58,12 @@ def test_objects_in_outputs_are_compared_by_the_tensors_they_hold():
     x = torch.randn(2, 3)
     assert compare_outputs((x, _Cache(x, x + 1)), (x.clone(), _Cache(x.clone(), x + 1))).ok
     result = compare_outputs((x, _Cache(x, x + 1)), (x, _Cache(x, x + 1.5)))
-    assert not result.ok and "tensors of its _Cache" in result.problems[0]
+    assert not result.ok and "values of its _Cache" in result.problems[0]
+    scored, rescored = _Cache(x), _Cache(x)
+    scored.score, rescored.score = 0.5, 0.75  # a number it holds counts too
+    assert not compare_outputs(scored, rescored).ok
     empty = compare_outputs((x, object.__new__(_Cache)), (x, object.__new__(_Cache)))
-    assert empty.ok and "holding no tensor, not compared" in empty.warnings[0]
+    assert empty.ok and "holding no tensor or number, not compared" in empty.warnings[0]
 
 
 def test_a_mapping_entry_that_is_none_matches_a_missing_one():

@@ -174,24 +174,25 @@ def _compare(
 def _compare_objects(
     reference: Any, candidate: Any, rtol: float | None, atol: float | None, path: str, allow_dtype_change: bool
 ) -> Comparison:
-    """Two objects of one class that ``==`` tells apart by identity alone, compared by the tensors they hold.
+    """Two objects of one class that ``==`` tells apart by identity alone, compared by the tensors and numbers they
+    hold.
 
     A transformers key/value cache is such an object: two runs of a deterministic T5 returned two caches that
     were never equal, and the model was called random (QA: verify "cannot verify", export refused)."""
-    held = _held_tensors(reference), _held_tensors(candidate)
+    held = _held_values(reference), _held_values(candidate)
     kind = type(reference).__name__
     if not held[0] and not held[1]:
-        return Comparison(True, warnings=[f"{path}: a {kind} holding no tensor, not compared"])
-    return _compare(held[0], held[1], rtol, atol, f"{path}<tensors of its {kind}>", allow_dtype_change)
+        return Comparison(True, warnings=[f"{path}: a {kind} holding no tensor or number, not compared"])
+    return _compare(held[0], held[1], rtol, atol, f"{path}<values of its {kind}>", allow_dtype_change)
 
 
-def _held_tensors(value: Any, depth: int = 0, seen: set[int] | None = None) -> list[torch.Tensor]:
-    """The tensors an object holds in its attributes, in attribute order, through containers and other objects
-    (a cache's layers) up to a few levels down."""
+def _held_values(value: Any, depth: int = 0, seen: set[int] | None = None) -> list[Any]:
+    """The tensors and Python numbers an object holds in its attributes, in attribute order, through containers
+    and other objects (a cache's layers) up to a few levels down."""
     seen = set() if seen is None else seen
-    if isinstance(value, torch.Tensor):
+    if isinstance(value, (torch.Tensor, int, float)):  # bool is an int
         return [value]
-    if depth > 4 or id(value) in seen or isinstance(value, (str, bytes, int, float, bool, type(None))):
+    if depth > 4 or id(value) in seen or isinstance(value, (str, bytes, type(None))):
         return []
     seen.add(id(value))
     if isinstance(value, Mapping):
@@ -202,7 +203,7 @@ def _held_tensors(value: Any, depth: int = 0, seen: set[int] | None = None) -> l
         children = list(vars(value).values())
     else:
         return []
-    return [t for child in children for t in _held_tensors(child, depth + 1, seen)]
+    return [t for child in children for t in _held_values(child, depth + 1, seen)]
 
 
 def paired_leaves(reference: Any, candidate: Any, path: str = "output") -> list[tuple[str, Any, Any]] | None:
