@@ -320,7 +320,10 @@ def _stored_shapes_as_constants(gm: fx.GraphModule) -> None:
             shape = tuple(get_attr_value(gm, str(source.target)).shape)
         elif node.op == "call_method" and node.target == "size" and not node.kwargs:
             value = get_attr_value(gm, str(source.target)).shape
-            shape = tuple(value) if len(node.args) == 1 else value[node.args[1]]
+            if len(node.args) == 1:
+                shape = tuple(value)
+            elif isinstance(node.args[1], int):
+                shape = value[node.args[1]]
         if shape is None:
             continue
         node.replace_all_uses_with(shape)  # type: ignore[arg-type]
@@ -340,8 +343,8 @@ def _conv_defaults_spelled_out(gm: fx.GraphModule) -> None:
     'padding'"; an int stride: "Expected a value of type 'List[int]'")."""
     changed = False
     for node in gm.graph.nodes:
-        if node.op != "call_function" or node.target not in _CONVS or len(node.args) >= 7:
-            continue
+        if node.op != "call_function" or node.target not in _CONVS or not 2 <= len(node.args) < 7:
+            continue  # (input and weight by keyword: left as they are)
         args = list(node.args) + [None] * (3 - len(node.args)) if len(node.args) < 3 else list(node.args)
         names = ("stride", "padding", "dilation", "groups")
         kwargs = dict(node.kwargs)
@@ -828,16 +831,15 @@ def _keep_float_until(
 
 def _quantized_layers(model: nn.Module, source: nn.Module, mode: str) -> list[str]:
     names = []
-    functional = (
-        {name for node in source.graph.nodes if (found := _functional_layer(node, mode)) for name in found[:1]}
-        if isinstance(source, fx.GraphModule)
-        else set()
-    )
+    functional = {}  # a functional layer's name -> its weight's target
+    for node in source.graph.nodes if isinstance(source, fx.GraphModule) else ():
+        if (found := _functional_layer(node, mode)) is not None:
+            functional[found[0]] = str(node.args[1].target if len(node.args) > 1 else node.kwargs["weight"].target)
     for name, _ in quantizable_layers(source, mode):
         if name in functional:
             # packed into an int8 op, the float weight is gone from the converted graph (QA: ghostnet's classifier
             # was quantized and left out of the list)
-            if not _holds(model, f"{name}.weight"):
+            if not _holds(model, functional[name]):
                 names.append(name)
             continue
         try:
