@@ -57,7 +57,15 @@ from fxforge.errors import (
     user_code,
     user_location,
 )
-from fxforge.graphs import ATEN, TORCH, MutableArguments, dialect_of, draws_random_numbers, reads_metadata_only
+from fxforge.graphs import (
+    ATEN,
+    TORCH,
+    MutableArguments,
+    dialect_of,
+    draws_random_numbers,
+    outside_torch,
+    reads_metadata_only,
+)
 from fxforge.inputs import make_inputs, specs_of
 from fxforge.models import LoadedModel
 from fxforge.references import as_names
@@ -77,6 +85,7 @@ from fxforge.runtime import (
     run_isolated,
     run_reference,
     with_batch,
+    with_batch_kwargs,
 )
 
 SYMBOLIC_TRACE = "symbolic_trace"
@@ -360,19 +369,16 @@ def _patched(wraps: Iterable[_Wrap]):
             wrap.caller_globals[wrap.name] = original
 
 
-def _is_wrapped_call(node: fx.Node) -> bool:
-    """A call of a function from outside torch and Python's operators: symbolic tracing records no other, so it is
-    one capture kept whole (``--wrap``, or a wrap capture's retries found)."""
-    module = getattr(node.target, "__module__", None) or "torch"
-    return node.op == "call_function" and not module.startswith(("torch", "_operator", "operator", "builtins", "math"))
-
-
 @contextlib.contextmanager
 def wrapped_calls_kept(gm: fx.GraphModule) -> Iterator[None]:
     """While ``gm`` is traced again (FX quantization's ``prepare_fx`` traces the captured graph), its calls of
     wrapped functions stay single calls: traced into, timm's "same" padding branched on a size again and every
     such model failed to quantize (QA)."""
-    functions = {id(node.target): node.target for node in gm.graph.nodes if _is_wrapped_call(node)}
+    functions = {
+        id(node.target): node.target
+        for node in gm.graph.nodes
+        if node.op == "call_function" and outside_torch(node.target)
+    }
     space = getattr(gm.forward, "__globals__", {})
     wraps = [_Wrap(space, name, value) for name, value in list(space.items()) if id(value) in functions]
     with _patched(wraps):
@@ -691,7 +697,7 @@ def check_capture(captured: Captured, batch: int | None = None, expected: Any = 
     args = captured.example_inputs if batch is None else with_batch(captured.example_inputs, batch)
     kwargs = captured.example_kwargs
     if batch is not None:  # keyword tensors (masks) share the batch dimension, as torch.export assumes too
-        kwargs = dict(zip(kwargs, with_batch(tuple(kwargs.values()), batch)))
+        kwargs = with_batch_kwargs(kwargs, batch)
     if expected is None:
         expected = _seeded_reference(captured, CHECK_SEED, args, kwargs)
     try:

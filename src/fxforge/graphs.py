@@ -335,6 +335,13 @@ def node_value(node: fx.Node) -> Any:
     return value
 
 
+def outside_torch(target: Any) -> bool:
+    """A callable from outside torch and Python's operators and math: a user's or a library's function, which a
+    symbolically traced graph calls only where capture kept it whole (``--wrap``)."""
+    module = getattr(target, "__module__", None) or "torch"
+    return not module.startswith(("torch", "_operator", "operator", "builtins", "math"))
+
+
 class MutableArguments:
     """An ``fx.Interpreter`` mix-in that calls functions from outside torch with plain lists and dicts.
 
@@ -344,7 +351,7 @@ class MutableArguments:
     graph, split) ended in an internal error, though the GraphModule itself ran (QA)."""
 
     def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
-        if not getattr(target, "__module__", "torch").startswith(("torch", "_operator", "operator", "builtins")):
+        if outside_torch(target):
             args, kwargs = _mutable(args), _mutable(kwargs)
         return super().call_function(target, args, kwargs)  # type: ignore[misc]
 

@@ -302,12 +302,12 @@ class Pipeline:
             if captured.dialect in spec.dialects:
                 continue
             failed = next((a for a in captured.record.attempts if a.strategy == "symbolic_trace"), None)
-            others = [name for name in ("replace_pattern",) if captured.dialect in get_pass(name).dialects]
             if failed is not None and "torch" in spec.dialects:
                 at = f" at {failed.location}" if failed.location else ""
+                rewrites = captured.dialect in get_pass("replace_pattern").dialects
                 hint = (
                     f"symbolic_trace cannot capture this model (it stopped{at}), so {step.name} cannot run on it"
-                    + (f"; on its {captured.dialect} graph, {others[0]} rewrites ops" if others else "")
+                    + (f"; on its {captured.dialect} graph, replace_pattern rewrites ops" if rewrites else "")
                     + " (fxforge passes lists each pass's dialects)"
                 )
             else:

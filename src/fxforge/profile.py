@@ -59,6 +59,7 @@ from fxforge.runtime import (
     quiet_torch_logs,
     torch_threads,
     with_batch,
+    with_batch_kwargs,
 )
 
 BACKENDS = ("fx", "eager")
@@ -220,7 +221,7 @@ def profile_model(
         captured = at_batch(captured, batch, seed)  # type: ignore[arg-type]
     elif batch is not None:
         args = with_batch(args, batch)
-        kwargs = dict(zip(kwargs, with_batch(tuple(kwargs.values()), batch)))  # masks share the batch
+        kwargs = with_batch_kwargs(kwargs, batch)
     with torch_threads(threads):
         peak = peak or cached_peak(threads)
         if backend == "fx":

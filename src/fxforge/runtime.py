@@ -383,6 +383,12 @@ def batch_of(values: Any) -> int | None:
     return batched[0].shape[0] if batched else None
 
 
+def with_batch_kwargs(kwargs: dict[str, Any], batch: int) -> dict[str, Any]:
+    """Keyword inputs resized as :func:`with_batch` resizes positional ones: keyword tensors (masks) share the batch
+    dimension, as torch.export assumes too."""
+    return dict(zip(kwargs, with_batch(tuple(kwargs.values()), batch)))
+
+
 def with_batch(inputs: Sequence[Any], batch: int) -> tuple[Any, ...]:
     """``inputs`` with every batched tensor resized along dim 0 to ``batch`` (repeating rows): those whose first
     dimension is the example's batch, the first tensor's of one or more dimensions (a weight matrix passed to forward,
