@@ -268,7 +268,17 @@ def test_keep_float_until_meets_a_one_point_budget_and_stops_at_the_first(digits
     assert again.accuracy.top1_drop == pytest.approx(result.accuracy.top1_drop)
 
 
-def test_auto_int8_falls_back_to_float_units_until_the_budget_holds(digits, tmp_path):
+@pytest.fixture(scope="module")
+def two_epoch_cnn(digits):
+    """A digits CNN trained for 2 epochs (small margins: plain int8 misses a 100% agreement budget) and its capture."""
+    x_train, y_train, _, _ = digits
+    torch.manual_seed(0)
+    model = DigitsCNN()
+    _train(model, x_train, y_train, epochs=2)
+    return model.eval(), capture(model, (x_train[:4],))
+
+
+def test_auto_int8_falls_back_to_float_units_until_the_budget_holds(digits, two_epoch_cnn, tmp_path):
     """optimize --auto under a budget plain int8 misses: a digits CNN trained for 2 epochs (small margins) and a
     budget of every training digit's top-1 class kept. --auto then tries int8+fallback -- quantize's sensitivity
     fallback toward the budget's target -- which keeps the fewest units in float that meet it, is verified
@@ -276,11 +286,8 @@ def test_auto_int8_falls_back_to_float_units_until_the_budget_holds(digits, tmp_
     from fxforge.auto import Budget, auto_optimize
     from fxforge.models import load_model
 
-    x_train, y_train, _, _ = digits
-    torch.manual_seed(0)
-    model = DigitsCNN()
-    _train(model, x_train, y_train, epochs=2)
-    captured = capture(model.eval(), (x_train[:4],))
+    x_train = digits[0]
+    model, captured = two_epoch_cnn
     result = auto_optimize(
         captured, tmp_path / "o", backends=["eager", "int8"], budget=Budget(min_agreement=1.0), data=x_train, repeats=3
     )
@@ -297,17 +304,14 @@ def test_auto_int8_falls_back_to_float_units_until_the_budget_holds(digits, tmp_
             assert torch.equal(loaded(x_train).argmax(1), model(x_train).argmax(1))
 
 
-def test_auto_int8_fallback_meets_the_budget_on_data_held_out_from_calibration(digits, tmp_path):
+def test_auto_int8_fallback_meets_the_budget_on_data_held_out_from_calibration(digits, two_epoch_cnn, tmp_path):
     """QA: with --calibration-data, the fallback judged its target on the calibration samples, stopped there ("1 of
     4 units kept in float (fc2)", "top-1 agreement >= 1") and was then rejected on --data (0.9983 < 1.0). It is
     judged on the data the candidate is verified on."""
     from fxforge.auto import Budget, auto_optimize
 
-    x_train, y_train, _, _ = digits
-    torch.manual_seed(0)
-    model = DigitsCNN()
-    _train(model, x_train, y_train, epochs=2)
-    captured = capture(model.eval(), (x_train[:4],))
+    x_train = digits[0]
+    captured = two_epoch_cnn[1]
     result = auto_optimize(
         captured,
         tmp_path / "o",
