@@ -166,7 +166,9 @@ def test_auto_on_the_gpu_writes_an_artifact_that_runs_there(resnet, resnet_captu
     assert chosen.status == "chosen" and chosen.verified_on, chosen
     if GPU.type == "cuda":
         assert not any(c.name in ("onnxruntime", "ort_int8", "int8") for c in result.candidates)
-    loaded = fxforge.load_model(str(tmp_path / "auto")).module
+    # trust_pickle: on a GPU the choice is often compile, written as an AOTInductor package (native code this test
+    # has just compiled), which fxforge loads only when told the file is trusted
+    loaded = fxforge.load_model(str(tmp_path / "auto"), trust_pickle=True).module
     with torch.no_grad(), ieee_float32():  # the artifact may be Inductor's code: its own sums, so 1e-3
         torch.testing.assert_close(loaded(x), model(x), rtol=1e-3, atol=1e-3)
 
