@@ -1045,3 +1045,39 @@ def test_an_empty_backends_list_is_refused(capsys):
 
     assert main(["optimize", "demo", "--auto", "-b", "", "-o", "unused"]) == EXIT_USAGE
     assert "--backends names no backend" in capsys.readouterr().err
+
+
+def test_a_choice_the_medians_contradict_is_timed_again_and_said_to_be_disputed(monkeypatch, classifier):
+    """Seen on a busy machine: int8 chosen at 10.3 ms median beside ort_int8 at 5.7 ms, because int8 was faster in
+    most paired rounds; the table's speedups (10.1x against 18.3x) said the opposite of the choice. Such a choice
+    is timed again against the candidate the medians prefer; if the two still disagree, the choice says so."""
+    from fxforge import auto
+
+    int8, ort = [10.0, 10.0, 30.0, 30.0, 30.0], [12.0, 12.0, 5.0, 5.0, 40.0]  # int8 wins 3 rounds, ort's median
+    report = _report({"int8": int8, "ort_int8": ort})
+    candidates = _candidates(report)
+    assert auto.choose(candidates, report) == "int8"  # by the rounds
+    assert auto._disputed(candidates["int8"], candidates["ort_int8"])
+    calls = []
+
+    def steady(rewritten, runners, warmup, repeats, threads):
+        calls.append((sorted(runners), repeats))
+        return _report({"int8": [10.0] * repeats, "ort_int8": [5.0] * repeats})  # a quiet machine: ort is 2x
+
+    monkeypatch.setattr(auto, "_time", steady)
+    built = {name: (None, None) for name in candidates}
+    chosen = auto._settle_close_call(classifier, built, candidates, report, "int8", set(built), 1, 5, None)
+    assert calls == [(["int8", "ort_int8"], auto.RUNOFF_FACTOR * 5)]
+    assert chosen == "ort_int8" and candidates["ort_int8"].reason is None
+    assert "slower than ort_int8" in candidates["int8"].reason
+
+    # the extra rounds as split as the first: the choice follows the rounds and says the medians disagree
+    report = _report({"int8": int8, "ort_int8": ort})
+    candidates = _candidates(report)
+    auto.choose(candidates, report)
+    split = _report({"int8": int8 * 2, "ort_int8": ort * 2})
+    monkeypatch.setattr(auto, "_time", lambda rewritten, runners, warmup, repeats, threads: split)
+    assert auto._settle_close_call(classifier, built, candidates, report, "int8", set(built), 1, 5, None) == "int8"
+    reason = candidates["int8"].reason
+    assert "the medians and the rounds disagree" in reason and "faster in 9 of 15 rounds" in reason, reason
+    assert "rerun with nothing else running" in reason

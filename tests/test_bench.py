@@ -180,6 +180,29 @@ def test_the_table_and_the_report_show_the_interval_and_the_warning():
     assert f"({low:.2f}-{high:.2f})" in html and "a busy machine" in html
 
 
+def test_a_fraction_of_peak_above_one_is_marked_and_explained():
+    """Seen on a busy machine: ONNX Runtime at "242%" of a peak measured while other work ran, with no word that
+    such a number cannot be."""
+    from rich.console import Console
+
+    from fxforge.bench import BenchReport, set_speedups
+    from fxforge.cli.render import render_bench
+
+    eager, ort = _timed_row("eager", [10.0, 11.0, 10.5]), _timed_row("onnxruntime", [2.0, 2.1, 2.2])
+    set_speedups([eager, ort])
+    eager.gflops, eager.peak_fraction = 40.0, 0.31
+    ort.gflops, ort.peak_fraction = 276.0, 2.42
+    console = Console(record=True, width=120)
+    render_bench(console, "demo", BenchReport([eager, ort], 2, 1, 3, ["1x3"], "-"))
+    text = " ".join(console.export_text().split())
+    assert "(242%!)" in text and "(31%)" in text and "(31%!)" not in text
+    assert "of peak above 100% (!)" in text and "measured while the machine was busy" in text
+    console = Console(record=True, width=120)
+    ort.peak_fraction = 0.9
+    render_bench(console, "demo", BenchReport([eager, ort], 2, 1, 3, ["1x3"], "-"))
+    assert "above 100%" not in console.export_text()
+
+
 def test_peak_memory_sees_what_a_backend_allocates(mlp):
     if not ResidentPeak.available():
         pytest.skip("needs Linux /proc")

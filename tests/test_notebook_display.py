@@ -208,6 +208,7 @@ def test_a_graph_page_asked_to_open_too_deep_opens_at_its_deepest_level(nested_s
 
 
 def test_a_small_page_states_its_size_in_kib(nested_spec):
+    pytest.importorskip("py_mini_racer")  # graph_svg's layout engine: the `visual` extra
     captured = fxforge.prepare(nested_spec, ["2x4"])
     svg = fxforge.graph_svg(captured, depth=1)
     text = repr(GraphView(svg, fxforge.graph_html(captured).model, title="nested"))

@@ -6,6 +6,7 @@ imports no torch and ``fxforge --help`` stays fast) and a ``rich`` console.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from rich.console import Console
@@ -464,6 +465,7 @@ def render_bench(console: Any, spec: str, report: Any) -> None:
     for row in report.rows:
         for note in row.notes:
             console.print(f"[dim]{row.backend}: {note}[/]")
+    _print_beyond_peak(console, (row.peak_fraction for row in report.rows))
     _print_noise_warning(console, report)
 
 
@@ -491,7 +493,24 @@ def _peak_share(row: Any) -> str:
     if row.peak_fraction is None:
         return "-"
     precision = "" if row.precision == "fp32" else f" {row.precision}"
-    return f"{row.peak_fraction:.0%}{precision}"
+    return f"{_of_peak(row.peak_fraction)}{precision}"
+
+
+def _of_peak(fraction: float | None) -> str:
+    """A fraction of the measured peak; above 100% marked '!', which :func:`_print_beyond_peak` explains."""
+    if fraction is None:
+        return "-"
+    return f"{fraction:.0%}" + ("!" if fraction > 1 else "")
+
+
+def _print_beyond_peak(console: Any, fractions: Iterable[float | None]) -> None:
+    # seen at 242%: a peak measured while the machine was busy makes every fraction of it too high
+    if any(f is not None and f > 1 for f in fractions):
+        console.print(
+            "[yellow]of peak above 100% (!): faster than the matmul peak measured at the start, which cannot "
+            "be; the peak was measured while the machine was busy (rerun with nothing else running), or the "
+            "backend computes fewer multiplications than the model's FLOP count says[/]"
+        )
 
 
 def _print_noise_warning(console: Any, report: Any) -> None:
@@ -520,7 +539,7 @@ def render_auto(console: Any, spec: str, result: Any) -> None:
             _fmt(c.median_ms, ".2f"),
             _interval(c.vs_fastest),
             _fmt(c.speedup, ".2f", "x"),
-            _fmt(c.peak_fraction, ".0%"),
+            _of_peak(c.peak_fraction),
             _fmt(c.build_s, ".1f"),
             _fmt(c.max_abs_err, ".2g"),
             _fmt(c.top1_agreement, ".4f"),
@@ -530,6 +549,7 @@ def render_auto(console: Any, spec: str, result: Any) -> None:
     for c in result.candidates:
         if c.reason:
             console.print(f"  {c.name}: {escape(c.reason)}")
+    _print_beyond_peak(console, (c.peak_fraction for c in result.candidates))
     if result.bench is not None:
         _print_noise_warning(console, result.bench)  # the same line bench prints
     if result.bench is not None and result.bench.machine:
