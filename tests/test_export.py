@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -633,11 +634,16 @@ def test_cli_export_json_contract(capsys, tmp_path):
     assert code == EXIT_OK and data["ok"] and data["format"] == "pt2" and data["path"] == str(path)
     assert data["verify"]["ok"] and data["verify"]["trials"] == 16 and data["size_bytes"] == path.stat().st_size
     assert set(data) >= {"exporter", "files", "verified_batches", "dynamic_batch", "opset", "notes", "export_s"}
+    # QA: "1.4 s" was printed after 36 s of waiting: the capture and the verification are timed too
+    assert data["verify_s"] > 0 and data["capture_s"] > 0
+    assert data["total_s"] >= data["capture_s"] + data["export_s"] + data["verify_s"] - 0.01
 
 
 def test_cli_export_human_output(capsys, tmp_path):
     code, out, _ = run(capsys, "export", "demo", "--to", "torchscript", "-o", str(tmp_path / "d.pt"))
     assert code == EXIT_OK and "exported demo" in out and "verified" in out
+    line = " ".join(out.split())
+    assert re.search(r"; capture [\d.]+ s, export [\d.]+ s, load and verify [\d.]+ s, [\d.]+ s in all\)", line), line
 
 
 def test_cli_export_failures_exit_codes(capsys, tmp_path):

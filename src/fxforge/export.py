@@ -144,7 +144,8 @@ class ExportResult:
     dynamic_batch: bool = False
     opset: int | None = None
     size_bytes: int = 0
-    export_s: float = 0.0
+    export_s: float = 0.0  # writing the file (tracing, exporting, the checks of a traced batch)
+    verify_s: float = 0.0  # loading it back and verifying it
     notes: list[str] = field(default_factory=list)
 
     def __repr__(self) -> str:
@@ -166,6 +167,7 @@ class ExportResult:
             "opset": self.opset,
             "size_bytes": self.size_bytes,
             "export_s": round(self.export_s, 3),
+            "verify_s": round(self.verify_s, 3),
             "notes": self.notes,
         }
 
@@ -381,6 +383,7 @@ def export_model(
                 atol=atol,
                 bisect=False,
             )
+            result.verify_s = time.perf_counter() - start - result.export_s
             result.verified_batches = list(result.verification.batch_sizes)
             result.ok = result.verification.ok
             check = result.verification

@@ -385,14 +385,24 @@ def _render_sensitivity(console: Console, result: Any) -> None:
     console.print(table)
 
 
-def render_export(console: Any, spec: str, result: Any) -> None:
-    """Print an export result on a rich console (the CLI's human output)."""
+def render_export(
+    console: Any, spec: str, result: Any, capture_s: float | None = None, total_s: float | None = None
+) -> None:
+    """Print an export result on a rich console (the CLI's human output). ``capture_s``/``total_s``: the command's
+    own clocks, so that the seconds printed add up to the wait (QA: "1.4 s" printed after 36 s)."""
     check = result.verification
     opset = f", opset {result.opset}" if result.opset else ""
     if result.ok:
+        took = [f"export {result.export_s:.1f} s"]
+        if check is not None:
+            took.append(f"load and verify {result.verify_s:.1f} s")
+        if capture_s is not None:
+            took.insert(0, f"capture {capture_s:.1f} s")
+        if total_s is not None:
+            took.append(f"{total_s:.1f} s in all")
         console.print(
             f"[green]exported[/] {escape(spec)} to {result.path} ({result.format} via {result.exporter}{opset}, "
-            f"{byte_size(result.size_bytes)}, {result.export_s:.1f} s)"
+            f"{byte_size(result.size_bytes)}; {', '.join(took)})"
         )
         if check is not None:
             console.print(

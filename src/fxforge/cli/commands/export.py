@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import click
@@ -82,7 +83,9 @@ def command(
         output, to_format, exporter=exporter, opset=opset, script=script, dynamic_batch=dynamic_batch
     )
     check_output_file(output, force=force)
+    started = time.perf_counter()
     target, example, scripted_model = _target(opts, script and written == "torchscript")
+    capture_s = time.perf_counter() - started
     with status(f"exporting to {written}", opts.as_json):
         result = export_model(
             target,
@@ -105,10 +108,11 @@ def command(
         )
     if scripted_model is not None:
         result.notes.insert(0, scripted_model)
+    seconds = {"capture_s": round(capture_s, 3), "total_s": round(time.perf_counter() - started, 3)}
     if opts.as_json:
-        emit_json(result.to_dict())
+        emit_json({**result.to_dict(), **seconds})
     else:
-        render_export(stdout, opts.model, result)
+        render_export(stdout, opts.model, result, **seconds)
     if not result.ok:
         raise SystemExit(EXIT_FINDINGS)
 
