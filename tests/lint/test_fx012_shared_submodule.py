@@ -53,6 +53,14 @@ class Plain(nn.Module):
         return self.seq(x)
 
 
+class SamePadConv(nn.Conv2d):
+    """timm's Conv2dSame: the padding is sized from the weight's shape, read in forward."""
+
+    def forward(self, x):
+        kh, kw = self.weight.shape[-2:]
+        return F.conv2d(F.pad(x, [kw // 2, kw // 2, kh // 2, kh // 2]), self.weight, self.bias)
+
+
 X = torch.randn(2, 4)
 
 
@@ -93,3 +101,11 @@ def test_resnet18_blocks_reuse_their_relu(findings, resnet18_captured):
     expected = [f"module layer{i}.{j}.relu" for i in range(1, 5) for j in range(2)]
     assert modules == expected
     assert all("from 2 places" in f.message for f in found)
+
+
+@pytest.mark.parametrize("dialect", ["torch", "aten"])
+def test_a_weight_read_for_its_shape_is_not_shared(capture_as, findings, dialect):
+    """QA: every timm model with "same" padding had an FX012 per conv ("parameter conv.weight is read by 2 nodes"):
+    one of the two reads its shape only."""
+    model = nn.Sequential(SamePadConv(3, 4, 3), nn.ReLU())
+    assert findings(capture_as(model, torch.randn(1, 3, 8, 8), dialect), "FX012") == []

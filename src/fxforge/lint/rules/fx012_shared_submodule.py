@@ -6,7 +6,7 @@ from collections import Counter
 
 from torch import fx, nn
 
-from fxforge.graphs import get_attr_value, is_input_guard
+from fxforge.graphs import get_attr_value, is_input_guard, reads_metadata_only
 from fxforge.lint import LintContext, rule
 
 
@@ -45,7 +45,8 @@ def _count(keys: set[str]) -> int:
 @rule("FX012", "shared-submodule", "info", "module or parameter used from more than one place")
 def check(ctx: LintContext):
     """Modules called more than once (a ``self.relu`` applied twice, one Linear used for two inputs) and
-    parameters read by more than one compute node outside such a module (tied weights). Rewrites that
+    parameters read by more than one compute node outside such a module (tied weights; a read of a weight's
+    shape, dtype or device only is no use of its values). Rewrites that
     change a module or its weights in place (folding, merging) would change every call.
 
     torch dialect: repeated ``call_module`` targets, plus ``nn_module_stack`` for modules that are not
@@ -80,7 +81,9 @@ def check(ctx: LintContext):
             if not isinstance(value, nn.Parameter):
                 continue
             params = [(str(node.target), value)]
-            reading = sorted((u for u in node.users if u.op.startswith("call_")), key=order.__getitem__)
+            # a read of the weight's shape (timm's "same" padding sizes it) is no second use of its values
+            computing = (u for u in node.users if u.op.startswith("call_") and not reads_metadata_only(u, node))
+            reading = sorted(computing, key=order.__getitem__)
         else:
             continue
         for name, param in params:
