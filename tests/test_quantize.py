@@ -615,7 +615,7 @@ def test_cli_quantize_demo(tmp_path, capsys):
     nodes = {n["name"]: n for n in report["nodes"]}
     quantize_nodes = [n for n in nodes.values() if n["target"] == "torch.quantize_per_tensor"]
     assert quantize_nodes and quantize_nodes[0]["dtype"] == "quint8" and quantize_nodes[0]["quant"] == "quantize"
-    assert nodes["conv1"]["quant"] == "int8" and report["totals"]["int8_nodes"] == 4  # conv1, conv2, dropout, fc
+    assert nodes["conv1"]["quant"] == "int8" and report["totals"]["int8_nodes"] == 3  # conv1, conv2, fc: no dropout
     assert report["totals"]["quantize_nodes"] == report["totals"]["dequantize_nodes"] == 3
     code = main(["inspect", str(out), "--nodes", "--trust-pickle"])
     stdout, stderr = capsys.readouterr()

@@ -195,7 +195,7 @@ def test_units_are_null_unless_computed(tmp_path, capsys):
     code, _, err = _cli(capsys, "quantize", "demo", "--float-layer", "fc", "-o", str(tmp_path / "b"))
     assert code == EXIT_OK, err
     units = json.loads((tmp_path / "b" / "report.json").read_text())["units"]
-    assert [unit["name"] for unit in units] == ["conv1", "conv2", "pool", "dropout", "fc"]
+    assert [unit["name"] for unit in units] == ["conv1", "conv2", "pool", "fc"]  # dropout: taken out first
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RandomCalibrationWarning)
         dynamic = quantize(fxforge.prepare("demo:mlp"), "dynamic", float_layers=["layers.0"])
@@ -533,3 +533,36 @@ def test_the_random_data_warning_points_at_the_callers_line():
         quantize(captured, "dynamic")
     random = [w for w in caught if issubclass(w.category, RandomCalibrationWarning)]
     assert random and random[0].filename == __file__
+
+
+class _NoOpBlocks(nn.Module):
+    """timm's way: blocks that hold an Identity (an unused squeeze-excite, drop path) and a Dropout."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.se, self.drop, self.drop_path = nn.Identity(), nn.Dropout(0.1), nn.Identity()
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        y = self.drop_path(self.drop(self.se(torch.relu(self.conv(x)))))
+        return self.head(y.mean((2, 3)))
+
+
+def test_calls_that_compute_nothing_are_no_units_and_no_quantization_points():
+    """QA: --sensitivity on regnetx_002 ranked (and quantized one by one, 414 s) units named after Identity and
+    Dropout modules: prepare_fx gave each its own int8 output. They are taken out first (exact in eval mode)."""
+    from fxforge.quantize.flow import fallback_units
+
+    captured = fxforge.capture(_NoOpBlocks().eval(), [torch.randn(2, 3, 8, 8)])
+    units = fallback_units(captured)
+    assert [u.type for u in units if u.type in ("Identity", "Dropout")] == [], [(u.name, u.type) for u in units]
+    assert {u.name for u in units} >= {"conv", "head"}
+    result = fxforge.quantize(captured, "static", calibration="random", sensitivity=True)
+    assert all(entry.type not in ("Identity", "Dropout") for entry in result.sensitivity)
+    assert any("3 calls that return their input in eval mode" in note for note in result.notes), result.notes
+    # the caller's graph keeps them: the removal works on a copy
+    assert sum(n.op == "call_module" for n in captured.graph_module.graph.nodes) == 5
+    # QAT trains: dropout is live there, and stays
+    prepared = fxforge.quantize(captured, "qat-prepare").model
+    assert any(isinstance(m, nn.Dropout) for m in prepared.modules())

@@ -10,7 +10,7 @@ import math
 import platform
 import warnings
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +20,11 @@ from torch.nn import functional as F
 
 from fxforge.artifacts import check_output_directory
 from fxforge.capture import LOADED, Captured, capture, require_real_weights, wrapped_calls_kept
+from fxforge.display import counted
 from fxforge.errors import DialectError, FxforgeError, InputSpecError, one_line_reason, option, outside_stacklevel, said
 from fxforge.graphs import ATEN, WEIGHTED_LAYER_TYPES, get_attr_value
 from fxforge.inputs import make_inputs, specs_of
+from fxforge.passes import apply_pass
 from fxforge.quantize.accuracy import AccuracyReport, Target, compare_batches, parse_target, run_batches
 from fxforge.quantize.data import (
     DEFAULT_RANDOM_BATCHES,
@@ -213,6 +215,7 @@ class _Plan:
     example_inputs: tuple[Any, ...]
     eager: bool  # dynamic quantization by module swap (no torch-dialect graph)
     units: list[Unit] | None = None  # the fallback units, found on first use (fallback_units)
+    removed: list[str] = field(default_factory=list)  # the no-op calls taken out first (_without_inactive_calls)
 
     @property
     def machinery(self) -> str:
@@ -480,7 +483,8 @@ def _without_default_tail(gm: fx.GraphModule, values: Sequence[Any]) -> tuple[An
 def _plan(captured: Captured, mode: str, backend: str) -> _Plan:
     if captured.dialect != ATEN:
         inputs = _without_default_tail(captured.graph_module, captured.flat_inputs())
-        return _Plan(captured.graph_module, mode, backend, inputs, eager=False)
+        source, removed = _without_inactive_calls(captured.graph_module, mode)
+        return _Plan(source, mode, backend, inputs, eager=False, removed=removed)
     if mode != "dynamic":
         raise DialectError(
             f"{mode} quantization needs a torch-dialect graph (symbolic_trace); this model was captured "
@@ -501,6 +505,26 @@ def _plan(captured: Captured, mode: str, backend: str) -> _Plan:
             "transformers:NAME...)",
         )
     return _Plan(captured.original, mode, backend, tuple(captured.example_inputs), eager=True)
+
+
+def _without_inactive_calls(graph_module: fx.GraphModule, mode: str) -> tuple[fx.GraphModule, list[str]]:
+    """The graph without the calls that return their input in eval mode (inactive dropout, ``nn.Identity``), and
+    the names of those taken out; for static and dynamic int8, never for QAT (training runs dropout).
+
+    ``prepare_fx`` gives an ``nn.Dropout`` or ``nn.Identity`` its own output observer: each became an int8
+    quantization point (quantize, requantize) and a fallback unit named after a module that computes nothing,
+    which ``--sensitivity`` ranked and timed like a layer (QA: timm's regnetx_002, whose blocks hold Identity
+    and Dropout modules). Both passes are exact: the values reaching every other op are unchanged.
+    """
+    if mode == "qat-prepare":
+        return graph_module, []
+    removed: list[str] = []
+    for name in ("remove_dropout", "remove_identity"):
+        result = apply_pass(graph_module, name)
+        if result.changed:
+            graph_module = result.graph_module
+            removed += result.log
+    return graph_module, removed
 
 
 def _as_captured(target: Captured | nn.Module, example_inputs: Sequence[Any] | None, calibration: Any) -> Captured:
@@ -610,6 +634,11 @@ def quantize(
             "qnnpack is ARM's int8 engine: on this x86 CPU torch's QNNPACK kernels gave far larger errors than the "
             "same int8 model on the x86 engine (QA, mobilenet_v2: 93% against 2.5% relative error), so the "
             "accuracy measured here may not be what an ARM device gets; judge it there"
+        )
+    if plan.removed:
+        notes.append(
+            f"{counted(len(plan.removed), 'call')} that return their input in eval mode (inactive dropout, "
+            "Identity) taken out first, so that none is an int8 quantization point of its own"
         )
     if plan.eager:
         notes.append(
