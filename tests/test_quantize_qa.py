@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 import fxforge
 from fxforge.cli import main
@@ -566,3 +567,48 @@ def test_calls_that_compute_nothing_are_no_units_and_no_quantization_points():
     # QAT trains: dropout is live there, and stays
     prepared = fxforge.quantize(captured, "qat-prepare").model
     assert any(isinstance(m, nn.Dropout) for m in prepared.modules())
+
+
+class _BatchNormAct(nn.BatchNorm2d):
+    """timm's BatchNormAct2d: a BatchNorm2d subclass symbolic_trace traces into, a rank check, F.batch_norm, act."""
+
+    def __init__(self, channels: int):
+        super().__init__(channels)
+        self.drop, self.act = nn.Identity(), nn.ReLU()
+
+    def forward(self, x):
+        torch._assert(x.ndim == 4, "expected a 4-D input")
+        x = F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, False, 0.0, self.eps)
+        return self.act(self.drop(x))
+
+
+class _TimmStyleConvNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(3, 8, 3, padding=1), _BatchNormAct(8)
+        self.conv2, self.bn2 = nn.Conv2d(8, 8, 3, padding=1), _BatchNormAct(8)
+        self.head = nn.Linear(8, 4)
+        for bn in (self.bn1, self.bn2):  # statistics of a trained model, not the identity of a fresh one
+            bn.running_mean.uniform_(-0.5, 0.5), bn.running_var.uniform_(0.5, 2.0)
+
+    def forward(self, x):
+        return self.head(self.bn2(self.conv2(self.bn1(self.conv1(x)))).mean((2, 3)))
+
+
+def test_a_traced_batch_norm_is_folded_before_int8_and_shape_checks_need_no_dequantize():
+    """QA follow-up on regnetx_002: static int8 left every timm batch norm (F.batch_norm, no int8 kernel) in float
+    between a dequantize and a quantize (44 of each per call), and timm's `x.ndim == 4` check dequantized every
+    conv output to read its rank."""
+    captured = fxforge.capture(_TimmStyleConvNet().eval(), [torch.randn(2, 3, 8, 8)])
+    assert sum("batch_norm" in str(n.target) for n in captured.graph_module.graph.nodes) == 2
+    calibration = [(torch.randn(4, 3, 8, 8),) for _ in range(4)]
+    result = fxforge.quantize(captured, "static", calibration=calibration)
+    graph = result.model.graph
+    assert not any("batch_norm" in str(n.target) for n in graph.nodes), result.model.code
+    dequantizes = [n for n in graph.nodes if n.target == "dequantize"]
+    assert len(dequantizes) == 1, result.model.code  # before the float mean/head only, none for the rank checks
+    assert any("2 batch norms folded" in note for note in result.notes), result.notes
+    assert result.accuracy.rel_err < 0.05, result.accuracy  # the folded int8 model still computes the model
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(result.model(x), captured.original(x), rtol=0.1, atol=0.05)

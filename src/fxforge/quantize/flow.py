@@ -22,7 +22,7 @@ from fxforge.artifacts import check_output_directory
 from fxforge.capture import LOADED, Captured, capture, require_real_weights, wrapped_calls_kept
 from fxforge.display import counted
 from fxforge.errors import DialectError, FxforgeError, InputSpecError, one_line_reason, option, outside_stacklevel, said
-from fxforge.graphs import ATEN, WEIGHTED_LAYER_TYPES, get_attr_value
+from fxforge.graphs import ATEN, WEIGHTED_LAYER_TYPES, get_attr_value, reads_metadata_only
 from fxforge.inputs import make_inputs, specs_of
 from fxforge.passes import apply_pass
 from fxforge.quantize.accuracy import AccuracyReport, Target, compare_batches, parse_target, run_batches
@@ -215,7 +215,7 @@ class _Plan:
     example_inputs: tuple[Any, ...]
     eager: bool  # dynamic quantization by module swap (no torch-dialect graph)
     units: list[Unit] | None = None  # the fallback units, found on first use (fallback_units)
-    removed: list[str] = field(default_factory=list)  # the no-op calls taken out first (_without_inactive_calls)
+    prepared: dict[str, int] = field(default_factory=dict)  # rewrites made by exact passes first (_ready_for_int8)
 
     @property
     def machinery(self) -> str:
@@ -274,7 +274,42 @@ def _quantize_once(
                         data = f"calibration data from {source}" if source else "calibration data"
                         _check_batch_fits(plan, batch, index, data, exc)
                         raise
-        return convert_fx(prepared)
+        return _shape_reads_without_dequantize(convert_fx(prepared))
+
+
+# What a quantized tensor answers as its float form would: not dtype (quint8), and not is_floating_point.
+_QUANTIZED_KEEPS = frozenset({"ndim", "shape", "device", "is_cuda", "layout", "dim", "ndimension", "size", "numel",
+                              "nelement", "get_device"})  # fmt: skip
+
+
+def _shape_reads_without_dequantize(model: nn.Module) -> nn.Module:
+    """Let reads of an int8 activation's shape read it directly, and drop the dequantize they alone needed.
+
+    ``convert_fx`` puts a dequantize before every op it leaves in float, a shape check too: timm's
+    ``BatchNormAct2d`` asserts ``x.ndim == 4``, so the int8 regnetx_002 dequantized every conv's output (44 full
+    tensors per call) to read its rank. A quantized tensor has the same shape, rank, size and device.
+    """
+    if not isinstance(model, fx.GraphModule):
+        return model
+    changed = False
+    for node in list(model.graph.nodes):
+        if node.op != "call_method" or node.target != "dequantize" or not node.users:
+            continue
+        readers = list(node.users)
+        if all(reads_metadata_only(user, node) and _metadata_name(user) in _QUANTIZED_KEEPS for user in readers):
+            for user in readers:
+                user.replace_input_with(node, node.args[0])
+            model.graph.erase_node(node)
+            changed = True
+    if changed:
+        model.recompile()
+    return model
+
+
+def _metadata_name(user: fx.Node) -> str:
+    if user.op == "call_function" and user.target is getattr:
+        return str(user.args[1])
+    return str(user.target) if user.op == "call_method" else ""
 
 
 def _data_error(plan: _Plan, batch: tuple[Any, ...], index: int, data: str, exc: Exception) -> InputSpecError:
@@ -483,8 +518,8 @@ def _without_default_tail(gm: fx.GraphModule, values: Sequence[Any]) -> tuple[An
 def _plan(captured: Captured, mode: str, backend: str) -> _Plan:
     if captured.dialect != ATEN:
         inputs = _without_default_tail(captured.graph_module, captured.flat_inputs())
-        source, removed = _without_inactive_calls(captured.graph_module, mode)
-        return _Plan(source, mode, backend, inputs, eager=False, removed=removed)
+        source, prepared = _ready_for_int8(captured.graph_module, mode)
+        return _Plan(source, mode, backend, inputs, eager=False, prepared=prepared)
     if mode != "dynamic":
         raise DialectError(
             f"{mode} quantization needs a torch-dialect graph (symbolic_trace); this model was captured "
@@ -507,24 +542,27 @@ def _plan(captured: Captured, mode: str, backend: str) -> _Plan:
     return _Plan(captured.original, mode, backend, tuple(captured.example_inputs), eager=True)
 
 
-def _without_inactive_calls(graph_module: fx.GraphModule, mode: str) -> tuple[fx.GraphModule, list[str]]:
-    """The graph without the calls that return their input in eval mode (inactive dropout, ``nn.Identity``), and
-    the names of those taken out; for static and dynamic int8, never for QAT (training runs dropout).
+def _ready_for_int8(graph_module: fx.GraphModule, mode: str) -> tuple[fx.GraphModule, dict[str, int]]:
+    """The graph made ready for int8 by exact passes, on a copy, and how many rewrites each made; for
+    static and dynamic int8, never for QAT (training runs dropout and updates batch norm statistics).
 
-    ``prepare_fx`` gives an ``nn.Dropout`` or ``nn.Identity`` its own output observer: each became an int8
-    quantization point (quantize, requantize) and a fallback unit named after a module that computes nothing,
-    which ``--sensitivity`` ranked and timed like a layer (QA: timm's regnetx_002, whose blocks hold Identity
-    and Dropout modules). Both passes are exact: the values reaching every other op are unchanged.
+    * ``remove_dropout``, ``remove_identity``: ``prepare_fx`` gave an ``nn.Dropout`` or ``nn.Identity`` its own
+      output observer: each became an int8 quantization point (quantize, requantize) and a fallback unit named
+      after a module that computes nothing, which ``--sensitivity`` ranked and quantized like a layer (QA: timm's
+      regnetx_002, whose blocks hold 99 of them).
+    * ``fold_bn``: ``prepare_fx`` fuses a conv with an ``nn.BatchNorm2d`` *module* only. timm's ``BatchNormAct2d``
+      is traced into ``F.batch_norm``, which has no int8 kernel: every batch norm of regnetx_002 (44) stayed
+      float between a dequantize and a quantize. Folded into the conv first, it is part of the int8 conv.
     """
     if mode == "qat-prepare":
-        return graph_module, []
-    removed: list[str] = []
-    for name in ("remove_dropout", "remove_identity"):
+        return graph_module, {}
+    done: dict[str, int] = {}
+    for name in ("remove_dropout", "remove_identity", "fold_bn"):
         result = apply_pass(graph_module, name)
         if result.changed:
             graph_module = result.graph_module
-            removed += result.log
-    return graph_module, removed
+            done[name] = len(result.log)  # one line per rewrite
+    return graph_module, done
 
 
 def _as_captured(target: Captured | nn.Module, example_inputs: Sequence[Any] | None, calibration: Any) -> Captured:
@@ -635,10 +673,15 @@ def quantize(
             "same int8 model on the x86 engine (QA, mobilenet_v2: 93% against 2.5% relative error), so the "
             "accuracy measured here may not be what an ARM device gets; judge it there"
         )
-    if plan.removed:
+    if plan.prepared:
+        removed = plan.prepared.get("remove_dropout", 0) + plan.prepared.get("remove_identity", 0)
+        folded = plan.prepared.get("fold_bn", 0)
+        done = [f"{counted(removed, 'call')} that return their input in eval mode (inactive dropout, Identity) "
+                "taken out"] if removed else []  # fmt: skip
+        done += [f"{counted(folded, 'batch norm')} folded into the layers before them"] if folded else []
         notes.append(
-            f"{counted(len(plan.removed), 'call')} that return their input in eval mode (inactive dropout, "
-            "Identity) taken out first, so that none is an int8 quantization point of its own"
+            f"before quantizing, by exact passes: {' and '.join(done)}, so that none is left as a float op or "
+            "an int8 quantization point of its own"
         )
     if plan.eager:
         notes.append(
