@@ -672,3 +672,24 @@ def test_an_input_of_another_first_dimension_is_not_batched():
     captured = capture(TakesAMatrix().eval(), example)
     report = bench(captured, ["eager", "fx"], batches=[2], warmup=1, repeats=2)
     assert all(row.ok and row.within_tolerance for row in report.rows), [row.error for row in report.rows]
+
+
+def test_a_machine_busy_with_other_work_is_said_to_be(monkeypatch):
+    """QA: with other sessions loading the 2 CPUs, eager ran at 87 ms in every round (0.27 ms with one thread),
+    steady enough to be neither noisy nor wide, and the table said onnxruntime 534x (387-672) without a word."""
+    from fxforge.bench import BenchReport, set_speedups
+    from fxforge.machine import Load
+
+    eager, fx = _timed_row("eager", [87.0, 86.0, 88.0, 87.5]), _timed_row("fx", [0.16, 0.17, 0.16, 0.15])
+    set_speedups([eager, fx])
+    quiet = BenchReport([eager, fx], 2, 1, 4, ["1x3"], "-", load=Load(2.3, 2))  # this run's own 2 threads
+    assert quiet.noise_warning is None
+    busy = BenchReport([eager, fx], 2, 1, 4, ["1x3"], "-", load=Load(5.1, 2))
+    warning = busy.noise_warning
+    assert warning.startswith("a busy machine: other work held the cores (load average 5.1 on 2 CPUs")
+    assert "--threads 1" in warning
+    assert busy.to_dict()["load"] == {"average": 5.1, "cpus": 2} and busy.to_dict()["noise_warning"] == warning
+    # the load is read when bench runs
+    monkeypatch.setattr("os.getloadavg", lambda: (9.0, 9.0, 9.0))
+    report = fxforge.bench(fxforge.prepare("demo", ["1x3x16x16"]), ["eager"], repeats=3, warmup=1, peak=False)
+    assert report.load is not None and report.load.average == 9.0 and "load average 9.0" in report.noise_warning

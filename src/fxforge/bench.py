@@ -79,7 +79,7 @@ from fxforge.export import export_model
 from fxforge.graphs import ATEN
 from fxforge.inputs import make_inputs, specs_of
 from fxforge.inspect import count_flops
-from fxforge.machine import Peak, bf16_unavailable, cached_peak, describe, peak_dict
+from fxforge.machine import Load, Peak, bf16_unavailable, cached_peak, current_load, describe, peak_dict
 from fxforge.models import load_model
 from fxforge.passes import exact_passes
 from fxforge.pipeline import Pipeline
@@ -615,6 +615,7 @@ class BenchReport:
     memory: str  # how peak memory was measured
     machine: str = ""  # CPU model, features, threads, torch, measured peaks (fxforge.machine.describe)
     peak: Peak | None = None  # the machine's measured matmul peaks the rows' peak_fraction divide by
+    load: Load | None = None  # the load average when the timing ended (other work competing for the cores)
 
     def __repr__(self) -> str:
         return notebook.bench_repr(self)
@@ -624,17 +625,32 @@ class BenchReport:
 
     @property
     def noise_warning(self) -> str | None:
-        """One line naming the noisy rows (:attr:`BenchRow.noisy`), or None when every row's rounds held steady."""
+        """One line naming the noisy rows (:attr:`BenchRow.noisy`) and saying when other work competed for the cores
+        (:attr:`load`), or None when neither."""
         noisy = [row for row in self.rows if row.noisy]
-        if not noisy:
+        busy = self.load is not None and self.load.busy(self.threads)
+        if not noisy and not busy:
             return None
-        spreads = sorted(row.spread or 0.0 for row in noisy)
-        span = f"{spreads[0]:.1f}x" if len(noisy) == 1 else f"{spreads[0]:.1f}-{spreads[-1]:.1f}x"
-        names = ", ".join(dict.fromkeys(row.backend for row in noisy))
-        return (
-            f"a busy machine: the rounds of {names} spread {span} (p90 over p10, above {NOISY_SPREAD}); compare "
-            "backends by the speedup intervals, or rerun with nothing else running"
-        )
+        parts = []
+        if noisy:
+            spreads = sorted(row.spread or 0.0 for row in noisy)
+            span = f"{spreads[0]:.1f}x" if len(noisy) == 1 else f"{spreads[0]:.1f}-{spreads[-1]:.1f}x"
+            names = ", ".join(dict.fromkeys(row.backend for row in noisy))
+            parts.append(f"the rounds of {names} spread {span} (p90 over p10, above {NOISY_SPREAD})")
+        if busy:
+            assert self.load is not None
+            # QA: eager at 87 ms (0.27 ms with one thread) in every round alike, so neither noisy nor a wide
+            # interval, and "onnxruntime 534x (387-672)": torch's threads waited for cores other work held
+            parts.append(
+                f"other work held the cores (load average {self.load.average:.1f} on {self.load.cpus} CPUs, "
+                f"{self.threads} of it this run's at most): a backend's threads can wait for busy cores and run many "
+                "times slower in every round alike, which no interval shows, so its speedups are the load's"
+            )
+        if busy:
+            advice = "rerun with nothing else running, or with --threads 1"
+        else:
+            advice = "compare backends by the speedup intervals, or rerun with nothing else running"
+        return f"a busy machine: {'; '.join(parts)}; {advice}"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -646,6 +662,7 @@ class BenchReport:
             "memory": self.memory,
             "machine": self.machine,
             "peak": peak_dict(self.peak) if self.peak is not None else None,
+            "load": dataclasses.asdict(self.load) if self.load is not None else None,
             "rows": [row.to_dict() for row in self.rows],
         }
 
@@ -800,7 +817,7 @@ def bench(
             machine += f"; the model runs on {device} ({gpu}), each call timed to the end of its kernels"
     memory = MEMORY_METHOD if ResidentPeak.available() else "not measured (needs Linux /proc)"
     inputs = [str(s) for s in specs_of(captured.example_inputs)]
-    return BenchReport(rows, threads, warmup, repeats, inputs, memory, machine, measured)
+    return BenchReport(rows, threads, warmup, repeats, inputs, memory, machine, measured, current_load())
 
 
 def refuse_passes_without_fx(backends: Sequence[Backend]) -> None:

@@ -239,6 +239,33 @@ def _int8_linear(values: torch.Tensor, size: int) -> Any:
     return lambda: layer(activations)
 
 
+@dataclass
+class Load:
+    """How busy the CPUs were: the 1-minute load average (runnable threads, this process's included) and the CPUs
+    this process may run on."""
+
+    average: float
+    cpus: int
+
+    def others(self, own_threads: int) -> float:
+        """Runnable threads beyond this run's own, on average: other work competing for the cores."""
+        return self.average - min(own_threads, self.cpus)
+
+    def busy(self, own_threads: int) -> bool:
+        # one other runnable thread on average takes a core from a run that uses them all
+        return self.others(own_threads) >= 1.0
+
+
+def current_load() -> Load | None:
+    """The load now (None where the OS has no load average)."""
+    try:
+        average = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return Load(average, cpus)
+
+
 @functools.lru_cache(maxsize=4)
 def cached_peak(threads: int | None = None, seconds: float = 2.0) -> Peak:
     """:func:`measure_peak`, once per process and thread count."""
