@@ -693,3 +693,38 @@ def test_a_machine_busy_with_other_work_is_said_to_be(monkeypatch):
     monkeypatch.setattr("os.getloadavg", lambda: (9.0, 9.0, 9.0))
     report = fxforge.bench(fxforge.prepare("demo", ["1x3x16x16"]), ["eager"], repeats=3, warmup=1, peak=False)
     assert report.load is not None and report.load.average == 9.0 and "load average 9.0" in report.noise_warning
+
+
+def test_a_bfloat16_model_is_held_to_the_bf16_peak():
+    """QA: a bf16 model's eager and fx rows were divided by the fp32 peak ("834%!")."""
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8)).to(torch.bfloat16).eval()
+    captured = fxforge.capture(model, [torch.randn(4, 64, dtype=torch.bfloat16)])
+    report = fxforge.bench(captured, ["eager", "fx"], repeats=3, warmup=1)
+    assert {row.precision for row in report.rows} == {"bf16"}
+    bf16_peak = report.peak.gflops["bf16"]
+    for row in report.rows:
+        assert row.peak_fraction == pytest.approx(row.gflops / bf16_peak)
+    # a float32 model stays at fp32
+    fp32 = fxforge.bench(fxforge.prepare("demo", ["1x3x16x16"]), ["eager"], repeats=3, warmup=1)
+    assert fp32.rows[0].precision == "fp32"
+
+
+def test_an_output_that_is_all_inf_is_not_compared_and_says_why():
+    """QA: an inf output gave every row, eager against itself too, "max abs err 0" and "beyond tol"."""
+    from rich.console import Console
+
+    from fxforge.cli.render import render_bench
+
+    class Overflow(nn.Module):
+        def forward(self, x):
+            return x * float("inf")
+
+    captured = fxforge.capture(Overflow(), [torch.ones(2, 3)])
+    report = fxforge.bench(captured, ["eager", "fx"], repeats=3, warmup=1, peak=False)
+    for row in report.rows:
+        assert row.max_abs_err is None and row.within_tolerance is None
+        assert any("all NaN or Inf" in note for note in row.notes), row.notes
+    console = Console(record=True, width=160)
+    render_bench(console, "overflow", report)
+    text = console.export_text()
+    assert "beyond tol" not in text and "not compared" in text

@@ -981,12 +981,30 @@ def _peak_fractions(rows: Iterable[BenchRow], resized: Captured, peak: Peak | No
         flops = count_flops(resized.original, resized.example_inputs, resized.example_kwargs)
     except Exception:  # a model the FLOP counter cannot run: no GFLOP/s, the timings stand
         return
+    arithmetic = _model_precision(resized)
     for row in timed:
+        if row.precision == "fp32":  # an exact backend runs the model's own arithmetic (QA: a bf16 model at "834%")
+            row.precision = arithmetic
         row.gflops = flops / (row.median_ms * 1e-3) / 1e9 if flops else None
         known = peak is not None and row.precision != UNKNOWN_PRECISION
         reference = (peak.gflops.get(row.precision) or peak.gflops.get("fp32")) if known else None
         if row.gflops and reference:
             row.peak_fraction = row.gflops / reference
+
+
+def _model_precision(captured: Captured) -> str:
+    """The precision the measured peaks know that the model computes in: that of most of its floating-point
+    weights (of its floating inputs, without weights); fp16 and fp64 have no measured peak (unknown)."""
+    counts: dict[torch.dtype, int] = {}
+    for tensor in [*captured.original.parameters(), *captured.original.buffers()]:
+        if tensor.is_floating_point():
+            counts[tensor.dtype] = counts.get(tensor.dtype, 0) + tensor.numel()
+    if not counts:
+        for tensor in captured.example_inputs:
+            if isinstance(tensor, torch.Tensor) and tensor.is_floating_point():
+                counts[tensor.dtype] = counts.get(tensor.dtype, 0) + 1
+    dtype = max(counts, key=counts.__getitem__) if counts else torch.float32
+    return {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(dtype, UNKNOWN_PRECISION)
 
 
 def _warm_up(runner: Runner, inputs: tuple[Any, ...], warmup: int, row: BenchRow, expected: Any) -> None:
@@ -1003,6 +1021,10 @@ def _warm_up(runner: Runner, inputs: tuple[Any, ...], warmup: int, row: BenchRow
     comparison = compare_outputs(expected, output)
     row.max_abs_err = comparison.max_abs_err
     row.within_tolerance = comparison.ok
+    if comparison.reference_values and comparison.reference_nonfinite == comparison.reference_values:
+        # QA: every row, eager against itself too, read "max abs err 0" and "beyond tol" with no word why
+        row.max_abs_err, row.within_tolerance = None, None
+        row.notes.append("the model's output is all NaN or Inf on the bench inputs: no error can be measured")
 
 
 SETTLE_CALLS = 1  # untimed calls of a backend right before each of its timed calls (module docstring)

@@ -447,7 +447,7 @@ def render_bench(console: Any, spec: str, report: Any) -> None:
         if not row.ok:
             table.add_row(row.backend, str(row.batch), *["-"] * (len(columns) + 2), f"[red]{escape(row.error)}[/]")
             continue
-        verdict = "[green]ok[/]" if row.within_tolerance else "[yellow]beyond tol[/]"
+        verdict = {True: "[green]ok[/]", False: "[yellow]beyond tol[/]", None: "not compared"}[row.within_tolerance]
         table.add_row(
             row.backend,
             str(row.batch),
