@@ -216,6 +216,8 @@ class _Plan:
     eager: bool  # dynamic quantization by module swap (no torch-dialect graph)
     units: list[Unit] | None = None  # the fallback units, found on first use (fallback_units)
     prepared: dict[str, int] = field(default_factory=dict)  # rewrites made by exact passes first (_ready_for_int8)
+    # the float model int8 is measured against: the caller's, before those passes (source: None)
+    reference: nn.Module | None = None
 
     @property
     def machinery(self) -> str:
@@ -332,7 +334,7 @@ def _check_batch_fits(plan: _Plan, batch: tuple[Any, ...], index: int, data: str
 def _float_outputs(plan: _Plan, data: CalibrationData, kind: str) -> list[list[torch.Tensor]]:
     """The float model's outputs on every batch of ``data``. It ran on the example inputs when it was captured, so
     a batch it cannot run is the data's fault: an input error naming the batch's shapes."""
-    model = copy.deepcopy(plan.source).eval()
+    model = copy.deepcopy(plan.reference if plan.reference is not None else plan.source).eval()
     outputs = []
     for index, batch in enumerate(data.batches):
         try:
@@ -519,7 +521,7 @@ def _plan(captured: Captured, mode: str, backend: str) -> _Plan:
     if captured.dialect != ATEN:
         inputs = _without_default_tail(captured.graph_module, captured.flat_inputs())
         source, prepared = _ready_for_int8(captured.graph_module, mode)
-        return _Plan(source, mode, backend, inputs, eager=False, prepared=prepared)
+        return _Plan(source, mode, backend, inputs, eager=False, prepared=prepared, reference=captured.graph_module)
     if mode != "dynamic":
         raise DialectError(
             f"{mode} quantization needs a torch-dialect graph (symbolic_trace); this model was captured "
