@@ -19,10 +19,11 @@ from typing import Any
 from fxforge.api import prepare
 from fxforge.bench import bench as run_bench
 from fxforge.capture import Captured, require_captured
-from fxforge.errors import FxforgeError
+from fxforge.errors import FxforgeError, first_line
 from fxforge.inspect import inspect_graph
 from fxforge.lint import lint
 from fxforge.optimize import optimize
+from fxforge.pipeline import PipelineResult
 from fxforge.profile import profile_model
 from fxforge.quantize import RandomCalibrationWarning
 from fxforge.quantize import quantize as run_quantize
@@ -54,6 +55,23 @@ def check_report_path(path: str | Path, *, force: bool = False) -> Path:
     return check_page_path(path, force=force)
 
 
+def verification_failure(pipeline: PipelineResult) -> str:
+    """One line for a failed pipeline, as its page's Verification section puts it: why nothing could be verified, or
+    the pass that failed and where the outputs first diverged."""
+    check = pipeline.verification
+    if pipeline.problem:  # a random model, which nothing can be checked against
+        reason = pipeline.problem
+    else:
+        culprit = f" after pass {pipeline.failed_pass}" if pipeline.failed_pass else ""
+        detail = ""
+        if check is not None and check.divergence is not None:
+            detail = f": {check.divergence.describe()}"
+        elif check is not None and check.problems:
+            detail = f": {check.problems[0]}"
+        reason = f"outputs differ{culprit}{detail}"
+    return f"verification FAILED: {first_line(reason)}"
+
+
 def report(
     model: Captured | str,
     path: str | Path | None = None,
@@ -74,7 +92,8 @@ def report(
     ``passes``: run them (verified) and show the change log, verification and diff. ``bench``: True for
     :data:`REPORT_BACKENDS`, or the backend names. ``quantize``: a mode (``static``, ``dynamic``) to run and
     report. ``profile``: ``fxforge.profile_model``'s result, its dict or that JSON file's path, or True to profile
-    the model now, to colour nodes by time.
+    the model now, to colour nodes by time. The view's ``failures`` has one line per check that failed (the passes'
+    verification), which the page shows too.
     """
     if path is not None:
         check_report_path(path, force=force)  # before the work: a refusal after it would waste it
@@ -96,8 +115,11 @@ def report(
     ]
     graph_title = "Graph"
     findings_data: dict[str, Any] = {"lint": [f.to_dict() for f in findings.findings]}
+    failures: list[str] = []
     if passes:
         result = optimize(captured, list(passes), verify=True, spec=spec)
+        if not result.pipeline.ok:
+            failures.append(verification_failure(result.pipeline))
         data = result.pipeline.to_dict()
         # the change log is "passes" in a pipeline's dict; the report calls it "steps" (docs/commands/report.md)
         findings_data["optimize"] = {key: data.get(key) for key in ("verify", "failed_pass", "problem")}
@@ -136,7 +158,7 @@ def report(
     after += [capture_section(spec, captured.record.to_dict()), environment_section(environment())]
     title = f"fxforge report: {spec}"
     html = report_document(title, describe(model_data), sections, model_data, graph_title, after)
-    view = GraphView(html, model_data, title=title, findings=findings_data)
+    view = GraphView(html, model_data, title=title, findings=findings_data, failures=failures)
     if path is not None:
         view.save(path, force=force)
     return view

@@ -211,6 +211,41 @@ def test_report_json_carries_the_verification_a_ci_job_reads(tmp_path, capsys):
     assert [step["name"] for step in out["optimize"]["steps"]] == ["fold_bn"]  # the change log (it was null)
 
 
+RANDOM_MODEL = """
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.fc(x) + torch.rand_like(x)  # random: nothing can be verified against it
+
+
+example_inputs = ["2x8"]
+"""
+
+
+def test_report_exits_1_when_its_verification_fails_as_optimize_does(tmp_path, capsys):
+    """QA: report -p on a model whose verification failed exited 0 and said nothing, while its page said
+    "Verification FAILED" and optimize --verify exited 1 on the same model."""
+    (tmp_path / "rnd.py").write_text(RANDOM_MODEL)
+    spec = f"{tmp_path / 'rnd.py'}:Net"
+    page = tmp_path / "r.html"
+    assert main(["report", spec, "-p", "exact", "-o", str(page)]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("wrote ") and page.exists() and "FAILED" in page.read_text()  # the page is written
+    failed = [line for line in out.splitlines() if line.startswith("verification FAILED")]
+    assert len(failed) == 1 and "not deterministic" in failed[0], out
+    assert main(["report", spec, "-p", "exact", "-o", str(tmp_path / "j.html"), "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["optimize"]["verify"]["ok"] is False
+    assert main(["optimize", spec, "-p", "exact", "--verify"]) == 1  # the same verdict
+    capsys.readouterr()
+
+
 def test_the_page_writers_never_replace_a_users_file(tmp_path):
     """QA: graph_html, graph_svg, diff_html and report defaulted to force=True and took any name: a page replaced
     the user's model.py. Only .html/.htm/.svg names, and an existing file only with force=True, as on the CLI."""

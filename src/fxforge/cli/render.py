@@ -900,3 +900,5 @@ def render_page(console: Console, view: Any) -> None:
         highlight=False,
         soft_wrap=True,
     )
+    for failure in view.failures:  # a report's failed verification, which its page shows too (exit code 1)
+        console.print(f"[bold red]{escape(failure)}[/]", highlight=False, soft_wrap=True)

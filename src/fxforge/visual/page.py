@@ -136,6 +136,9 @@ class GraphView:
     notes: list[str] = field(default_factory=list)
     # what a report found besides the graph, as data (for --json): the passes' verification, bench, quantize
     findings: dict[str, Any] = field(default_factory=dict)
+    # one line for each check a report ran that failed (a verification): the page says so, and so must the exit code
+    # (fxforge report exits 1 on any, as optimize --verify does), which a CI job reads rather than the page
+    failures: list[str] = field(default_factory=list)
 
     def save(self, path: str | Path, *, force: bool = False) -> Path:
         self.path = write_text(path, self.html, force=force)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from fxforge.cli.options import CaptureOptions, capture_options, emit_json, split, status, stdout
-from fxforge.errors import FxforgeError
+from fxforge.errors import EXIT_FINDINGS, FxforgeError
 
 
 @click.command(
@@ -19,6 +19,7 @@ Examples:
 The page holds the environment, capture, inspect table, lint findings (click one: the graph shows its node),
 the change log, verification and diff (with -p), bench latencies (--bench), quantize accuracy (--quantize) and
 each node's share of the time (--profile: the captured model's nodes timed one by one, as fxforge profile does).
+Exit code: 1 when the verification of -p fails (the page is written and says so).
 """,
 )
 @capture_options
@@ -107,5 +108,7 @@ def command(
                 **view.findings,  # lint, and optimize (its verification), bench, quantize where asked
             }
         )
-        return
-    render_page(stdout, view)
+    else:
+        render_page(stdout, view)
+    if view.failures:  # the page is written and says so; a CI job reads the exit code, as of optimize --verify
+        raise SystemExit(EXIT_FINDINGS)
