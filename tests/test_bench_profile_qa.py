@@ -132,6 +132,35 @@ def test_profile_json_is_whole_and_refuses_options_that_shape_tables(capsys):
     assert json.loads(out)["ok"] is False  # the error is the one JSON document, not a partial profile
 
 
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        (["--leaf", "layer4"], "--leaf applies"),
+        (["--wrap", "torch.flatten"], "--wrap applies"),
+        (["--method", "export", "--concrete", "flag=true"], "--method, --concrete apply"),
+        (["--check-batch", "2"], "--check-batch applies"),
+    ],
+)
+def test_profile_eager_refuses_the_capture_options_it_would_ignore(capsys, options, named):
+    """QA: profile --backend eager --leaf layer4 exited 0: eager profiling does not capture, so the capture's
+    options were ignored, silently."""
+    code, out, err = run(capsys, "profile", "demo", "--backend", "eager", "--repeats", "1", *options)
+    assert code == EXIT_USAGE and not out, err
+    assert err.startswith("error:") and named in err.splitlines()[0] and "to --backend fx" in err
+
+
+def test_report_refuses_bench_options_without_bench(tmp_path, capsys):
+    """QA: report -b eager,fx (or --repeats 3) without --bench exited 0 with no bench section."""
+    for options, named in (
+        (["-b", "eager,fx"], "--backends applies to --bench"),
+        (["--repeats", "3"], "--repeats applies to --bench"),
+        (["-b", "eager", "--repeats", "3"], "--backends, --repeats apply to --bench"),
+    ):
+        code, out, err = run(capsys, "report", "demo", *options, "-o", str(tmp_path / "r.html"))
+        assert code == EXIT_USAGE and not out and err.splitlines()[0] == f"error: {named}", err
+        assert not (tmp_path / "r.html").exists()
+
+
 def test_the_peak_takes_about_the_seconds_asked_for(monkeypatch):
     # the copy's fixed cost (filling a 768 MiB buffer) comes out of the budget instead of adding to it
     def slow_copy(budget: float) -> float:

@@ -94,6 +94,18 @@ class CaptureOptions:
     def model_kwargs(self) -> dict[str, Any]:
         return parse_model_args(self.model_args)
 
+    def capture_only(self) -> list[str]:
+        """The options given that only a capture reads (``--leaf``, ``--method export``...): :meth:`load`, which does
+        not capture, would ignore them, so a command that loads refuses them rather than ignore them silently."""
+        given = {
+            "--leaf": bool(self.leaves),
+            "--wrap": bool(self.wraps),
+            "--method": self.method != "auto",
+            "--concrete": bool(self.concrete),
+            "--check-batch": self.check_batch is not None,
+        }
+        return [name for name, is_given in given.items() if is_given]
+
     def load(self) -> tuple[Any, tuple[Any, ...]]:
         """Load the model and make its example inputs without capturing it: ``(module, inputs)``."""
         from fxforge.api import example_inputs_for

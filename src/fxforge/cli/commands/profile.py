@@ -63,6 +63,13 @@ def command(
             "every node and module",
             hint="drop them, or select from the JSON, e.g. jq '.nodes | sort_by(-.time_ms) | .[:5]'",
         )
+    if backend == "eager" and opts.capture_only():
+        given = opts.capture_only()
+        raise FxforgeError(
+            f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to --backend fx: --backend eager times "
+            "the model itself, uncaptured",
+            hint=f"drop {', '.join(given)}, or profile with --backend fx",
+        )
     example = None
     if backend == "eager":  # leaf modules of the model itself: no graph, so no capture to fail
         target, example = opts.load()

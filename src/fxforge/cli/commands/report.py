@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import click
+from click.core import ParameterSource
 
 from fxforge.cli.options import CaptureOptions, capture_options, emit_json, split, status, stdout
 from fxforge.errors import EXIT_FINDINGS, FxforgeError
@@ -75,6 +76,12 @@ def command(
     from fxforge.visual.graph import read_profile
 
     check_report_path(output, force=force)  # before the work: a refusal after it would waste it
+    context = click.get_current_context()
+    given = ParameterSource.COMMANDLINE
+    bench_only = [f"--{name}" for name in ("backends", "repeats") if context.get_parameter_source(name) is given]
+    if bench_only and not do_bench:  # they would be ignored, and the page would have no bench section
+        verb = "applies" if len(bench_only) == 1 else "apply"
+        raise FxforgeError(f"{', '.join(bench_only)} {verb} to --bench", hint="add --bench")
     if do_profile and profile_file:
         raise FxforgeError("--profile and --profile-file both say where the times come from", hint="pass one")
     names = expand_groups([name for group in pass_names for name in split(group)])
