@@ -464,3 +464,59 @@ def test_debug_watches_a_model_with_a_torchscript_submodule():
     """QA: hooks cannot go on a ScriptModule, and the error read "the model rejected the example inputs"."""
     report = fxforge.debug_model(_WithAScriptedPart(), (torch.randn(2, 4),), nan=True, stats=True)
     assert report.nan is None and set(report.stats) == {"", "lin"}
+
+
+def test_profile_eager_refuses_a_torchscript_file_without_suggesting_the_fx_backend(tmp_path, capsys):
+    """QA: profile FILE.ts.pt --backend eager printed an empty table, "0.00 ms summed over 0 leaf modules (-100%)",
+    and exited 0 (a TorchScript module runs its submodules without Python hooks); its note suggested --backend fx,
+    which cannot capture a TorchScript file."""
+    path = tmp_path / "m.ts.pt"
+    torch.jit.save(torch.jit.script(nn.Sequential(nn.Linear(8, 8), nn.ReLU()).eval()), str(path))
+    code, out, err = run(capsys, "profile", str(path), "-i", "2x8", "--backend", "eager", "--repeats", "1")
+    assert code == EXIT_USAGE and not out, out
+    first, hint = err.splitlines()
+    assert first.startswith("error: cannot profile a TorchScript module leaf module by leaf module"), first
+    assert hint.startswith("hint: profile the PyTorch model it was made from") and "--backend" not in hint
+
+
+class _TwoLinears(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.out = nn.Linear(8, 8), nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.out(torch.relu(self.fc(x)))
+
+
+def test_profile_eager_refuses_an_exported_program_that_calls_no_leaf_module(tmp_path, capsys):
+    """QA: an optimize output's model.pt2 (torch.export: the weights in modules it never calls) showed one row,
+    torch.export's input guard, "_guards_fn GuardsFn 100.0% memory (9%)", though _guards_fn gets no verdict."""
+    example = (torch.randn(2, 8),)
+    program = torch.export.export(_TwoLinears().eval(), example)
+    with pytest.raises(FxforgeError, match="calls no leaf module") as raised:
+        profile_model(program.module(), backend="eager", example_inputs=example, repeats=1, peak=PEAK)
+    assert raised.value.hint == "--backend fx times its operations node by node"
+    path = tmp_path / "model.pt2"
+    torch.export.save(program, str(path))
+    code, out, err = run(capsys, "profile", str(path), "-i", "2x8", "--backend", "eager", "--repeats", "1")
+    assert code == EXIT_USAGE and not out and err.startswith("error: cannot profile this GraphModule"), err
+    code, out, err = run(capsys, "profile", str(path), "-i", "2x8", "--repeats", "1")  # what the hint says works
+    assert code == EXIT_OK and "fx backend" in out, err
+
+
+class _AroundAProgram(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        # an exported program's module() refuses .eval() and .train(): this model stays as it is built
+        self.program = torch.export.export(_TwoLinears().eval(), (torch.randn(2, 8),)).module()
+        self.act = nn.Sigmoid()
+
+    def forward(self, x):
+        return self.act(self.program(x))
+
+
+def test_profile_eager_leaves_torch_exports_input_guard_out_of_the_table():
+    report = profile_model(
+        _AroundAProgram(), backend="eager", example_inputs=(torch.randn(2, 8),), repeats=1, peak=PEAK
+    )
+    assert [node.name for node in report.nodes] == ["act"]  # not program._guards_fn, which checks the shapes

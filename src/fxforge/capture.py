@@ -721,19 +721,24 @@ def check_capture(captured: Captured, batch: int | None = None, expected: Any = 
 # public entry point
 
 
+def compiled_form(model: nn.Module) -> str | None:
+    """What ``model`` is when it runs compiled code, not Python (``"a TorchScript module"``, an ONNX Runtime session,
+    an AOTInductor package), or None: such a model has no Python forward to trace, nor submodule calls that run
+    Python hooks."""
+    if isinstance(model, (torch.jit.ScriptModule, OnednnFusion, StructuredOutputs)):
+        return "a TorchScript module"
+    if isinstance(model, OnnxRuntimeModule):
+        return "an ONNX model (run by ONNX Runtime)"
+    if isinstance(model, AotiModule):
+        return "an AOTInductor package (compiled code)"
+    return None
+
+
 def _refuse_compiled_forms(model: nn.Module) -> None:
-    """A TorchScript module, an ONNX Runtime session or an AOTInductor package has no Python forward to trace: say
-    so plainly, instead of reporting whatever tracing trips over first inside it (tracing into a package printed
-    a C++ error, then blamed data-dependent control flow)."""
-    kind = (
-        "a TorchScript module"
-        if isinstance(model, (torch.jit.ScriptModule, OnednnFusion, StructuredOutputs))
-        else "an ONNX model (run by ONNX Runtime)"
-        if isinstance(model, OnnxRuntimeModule)
-        else "an AOTInductor package (compiled code)"
-        if isinstance(model, AotiModule)
-        else None
-    )
+    """A compiled form (:func:`compiled_form`) has no Python forward to trace: say so plainly, instead of reporting
+    whatever tracing trips over first inside it (tracing into a package printed a C++ error, then blamed
+    data-dependent control flow)."""
+    kind = compiled_form(model)
     if kind is not None:
         raise CaptureError(
             f"cannot capture {kind} as an fx graph: it has no Python code to trace",

@@ -44,9 +44,9 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from fxforge import display
 from fxforge.artifacts import StagedOutput, output_target
-from fxforge.capture import Captured, at_batch, require_captured, require_real_weights
+from fxforge.capture import Captured, at_batch, compiled_form, require_captured, require_real_weights
 from fxforge.errors import FxforgeError, option, pass_inputs_hint
-from fxforge.graphs import GraphRunner, is_input_guard
+from fxforge.graphs import INPUT_GUARDS, GraphRunner, is_input_guard
 from fxforge.inputs import specs_of
 from fxforge.inspect import NodeInfo, inspect_graph
 from fxforge.machine import Peak, cached_peak
@@ -545,7 +545,23 @@ def _profile_eager(
 ) -> ProfileReport:
     """The model itself with clocks around its leaf modules: no graph, so a model capture fails on is profiled too
     (QA: the CLI captured for --backend eager, whose help says "no graph needed", and failed where capture did)."""
-    leaves = {name: module for name, module in model.named_modules() if name and not list(module.children())}
+    kind = compiled_form(model)
+    if kind is not None:
+        # its submodules run inside compiled code, which calls no Python hooks: every run would time nothing (QA: a
+        # TorchScript file gave an empty table, "0.00 ms summed over 0 leaf modules (-100%)"); and it has no Python
+        # code to capture either, so --backend fx is no way out
+        raise FxforgeError(
+            f"cannot profile {kind} leaf module by leaf module: it runs its submodules as compiled code, which calls "
+            "no forward hooks, and has no Python code to capture for --backend fx",
+            hint="profile the PyTorch model it was made from; fxforge bench MODEL --artifact FILE times this file "
+            "as a whole next to it",
+        )
+    leaves = {
+        name: module
+        for name, module in model.named_modules()
+        # torch.export's input guard (an exported program's first call) checks shapes: no module of the user's model
+        if name and not list(module.children()) and name.rpartition(".")[2] != INPUT_GUARDS
+    }
     flops_by_module = _module_flops(model, args, kwargs)
 
     def run() -> None:
@@ -563,6 +579,17 @@ def _profile_eager(
     times: dict[str, list[float]] = {}
     totals = _RunTotals()
     with torch.no_grad(), quiet_torch_logs(), preserved_state(model):
+        # first, which leaf modules a run calls: a module can hold weights that its parent's forward reads itself
+        # (an exported program, such as an optimize output's model.pt2, keeps its weights in modules it never calls)
+        traffic = _module_traffic(leaves, run)
+        leaves = {name: module for name, module in leaves.items() if name in traffic}
+        if not leaves:
+            raise FxforgeError(
+                f"cannot profile this {type(model).__name__} leaf module by leaf module: its forward calls no leaf "
+                "module (a submodule with none of its own) to time, but computes everything itself, as a torch.export "
+                "program does",
+                hint="--backend fx times its operations node by node",
+            )
         for _ in range(warmup):
             timed_run({})
             run()
@@ -572,7 +599,6 @@ def _profile_eager(
             totals.whole.append(_timed_ms(whole_call()))
         with _module_ranges(leaves):
             allocated = _allocated(_profiled_run(run, trace, force), _MODULE)
-        traffic = _module_traffic(leaves, run)
     nodes = []
     for name, module in leaves.items():
         if name not in times:
