@@ -246,6 +246,25 @@ def test_report_exits_1_when_its_verification_fails_as_optimize_does(tmp_path, c
     capsys.readouterr()
 
 
+def test_report_bench_names_the_machine_and_the_environment_every_relevant_cpu_flag(tmp_path, capsys, monkeypatch):
+    """QA: the report's bench section had no machine line (the CPU, its features and measured peaks, which bench
+    prints under its table), and its Environment section's flags left out amx_bf16, amx_int8, avx512_fp16,
+    avx512bw and avx_vnni: it read a shorter list of its own."""
+    from fxforge import machine
+
+    every_flag = machine.CpuInfo("Test CPU 9000", list(machine.RELEVANT_FLAGS), 2, "AVX512")
+    monkeypatch.setattr(machine, "cpu_info", lambda: every_flag)
+    page = tmp_path / "r.html"
+    args = ["report", "demo", "--bench", "-b", "eager", "--repeats", "2", "-o", str(page), "--json"]
+    assert main(args) == 0
+    bench = json.loads(capsys.readouterr().out)["bench"]
+    assert bench["machine"].startswith("Test CPU 9000") and "peak GFLOP/s" in bench["machine"]
+    text = page.read_text()
+    assert f"machine: {bench['machine']}" in text  # as bench prints it under its table
+    for flag in ("amx_bf16", "amx_int8", "avx512_fp16", "avx512bw", "avx_vnni"):
+        assert text.count(flag) == 2, flag  # in the machine line and in the Environment section
+
+
 def test_the_page_writers_never_replace_a_users_file(tmp_path):
     """QA: graph_html, graph_svg, diff_html and report defaulted to force=True and took any name: a page replaced
     the user's model.py. Only .html/.htm/.svg names, and an existing file only with force=True, as on the CLI."""

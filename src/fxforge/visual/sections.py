@@ -9,7 +9,6 @@ here: no charting library, nothing to load.
 
 from __future__ import annotations
 
-import os
 import platform
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -18,10 +17,10 @@ from typing import Any
 
 import torch
 
+from fxforge import machine
 from fxforge.display import byte_size, counted, escape, key_values, number, status, table
 
 _PACKAGES = ("fxforge", "torch", "torchvision", "timm", "transformers", "onnx", "onnxruntime", "numpy")
-_CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "fma", "f16c", "neon", "asimd")
 
 
 def environment() -> dict[str, Any]:
@@ -32,24 +31,15 @@ def environment() -> dict[str, Any]:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             continue
-    cpu, flags = platform.processor() or platform.machine(), []
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("model name") and cpu in ("", platform.machine()):
-                    cpu = line.split(":", 1)[1].strip()
-                if line.startswith(("flags", "Features")):
-                    present = set(line.split(":", 1)[1].split())
-                    flags = [flag for flag in _CPU_FLAGS if flag in present]
-                    break
-    except OSError:
-        pass
+    # the CPU as bench's machine line and doctor read it: one list of the flags that change what is fast (this page
+    # kept a shorter one of its own, and left out AMX's bf16 and int8, avx512_fp16, avx512bw and avx_vnni)
+    cpu = machine.cpu_info()
     return {
         "python": sys.version.split()[0],
         "platform": platform.platform(),
-        "cpu": cpu,
-        "cpu_flags": flags,
-        "cores": os.cpu_count(),
+        "cpu": cpu.model,
+        "cpu_flags": cpu.features,
+        "cores": cpu.cores,
         "torch_threads": torch.get_num_threads(),
         "versions": versions,
     }
@@ -316,6 +306,8 @@ def bench_section(bench: Mapping[str, Any]) -> str:
         "eager's median over the row's, in brackets the 95% interval of eager's time over the row's round by "
         "round (an interval that reaches 1.00 is no speedup within noise)</p>"
     )
+    if bench.get("machine"):  # the CPU, its features and measured peaks the timings were taken on, as bench prints
+        body += f"<p>machine: {escape(bench['machine'])}</p>"
     if bench.get("noise_warning"):
         body += f"<p class='fxf-warn'>{escape(bench['noise_warning'])}</p>"
     return section("Bench", body, anchor="bench")
