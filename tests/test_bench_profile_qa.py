@@ -161,6 +161,17 @@ def test_report_refuses_bench_options_without_bench(tmp_path, capsys):
         assert not (tmp_path / "r.html").exists()
 
 
+def test_profile_trace_and_report_make_missing_folders_as_every_output_does(tmp_path, capsys):
+    """QA asked whether profile --trace and report -o should refuse a missing folder: export, optimize, graph and
+    split make theirs (and remove them again when nothing is written), so these two do as well, as documented."""
+    trace = tmp_path / "new" / "traces" / "t.json"
+    code, _, err = run(capsys, "profile", "demo", "--repeats", "1", "--warmup", "0", "--trace", str(trace))
+    assert code == EXIT_OK and trace.is_file() and json.loads(trace.read_text()), err
+    page = tmp_path / "pages" / "of" / "r.html"
+    code, _, err = run(capsys, "report", "demo", "-o", str(page))
+    assert code == EXIT_OK and page.is_file(), err
+
+
 def test_the_peak_takes_about_the_seconds_asked_for(monkeypatch):
     # the copy's fixed cost (filling a 768 MiB buffer) comes out of the budget instead of adding to it
     def slow_copy(budget: float) -> float:

@@ -43,7 +43,7 @@ from torch.utils import _pytree as pytree
 from torch.utils.flop_counter import FlopCounterMode
 
 from fxforge import display
-from fxforge.artifacts import StagedOutput, output_target
+from fxforge.artifacts import StagedOutput, check_writable, output_target
 from fxforge.capture import Captured, at_batch, compiled_form, require_captured, require_real_weights
 from fxforge.errors import FxforgeError, option, pass_inputs_hint
 from fxforge.graphs import INPUT_GUARDS, GraphRunner, is_input_guard
@@ -216,7 +216,7 @@ def profile_model(
     if not args and not kwargs:
         raise FxforgeError("profile needs example inputs", hint=pass_inputs_hint())
     if trace is not None:
-        _check_trace_target(trace, force)
+        check_trace_path(trace, force=force)
     if batch is not None and backend == "fx":
         captured = at_batch(captured, batch, seed)  # type: ignore[arg-type]
     elif batch is not None:
@@ -269,9 +269,10 @@ def _profiled_run(run: Any, trace: str | Path | None, force: bool) -> list[Any]:
     return list(prof.events())
 
 
-def _check_trace_target(trace: str | Path, force: bool) -> None:
-    """Refuse a trace path that cannot be written before the runs, not after them, and with a hint about --trace
-    (StagedOutput's, checked again when writing, is about export's -o)."""
+def check_trace_path(trace: str | Path, *, force: bool = False) -> Path:
+    """Refuse a trace path that cannot be written before the runs (the CLI: before the model loads), not after
+    them, and with a hint about --trace (StagedOutput's, checked again when writing, is about export's -o). Missing
+    folders are no reason: they are made when the trace is written, as every output's are."""
     target = output_target(trace)
     if target.is_dir():
         raise FxforgeError(
@@ -280,6 +281,10 @@ def _check_trace_target(trace: str | Path, force: bool) -> None:
         )
     if target.exists() and not force:
         raise FxforgeError(f"{option('--trace', trace)} exists", hint=f"pass {option('--force', True)} to replace it")
+    # a read-only mount, no permission, /proc ("its file system takes no new files", not ENOENT's "No such file or
+    # directory" about a folder that exists), as every other output is checked
+    check_writable(target)
+    return target
 
 
 def _write_trace(prof: Any, path: Path, force: bool) -> None:

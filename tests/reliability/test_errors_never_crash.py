@@ -264,6 +264,9 @@ def test_ctrl_c_as_the_command_returns_still_says_interrupted_once():
         ["split", "demo", "--stages", "2", "-o", "/proc/fxforge/split"],
         ["optimize", "demo", "-p", "fold_bn", "-o", "/proc/fxforge/out"],
         ["optimize", "demo", "--auto", "--quick", "-o", "/proc/fxforge/out"],
+        # QA: "cannot write to /proc: No such file or directory", after the model was captured and profiled
+        ["profile", "demo", "--trace", "/proc/nope.json"],
+        ["profile", "demo", "--backend", "eager", "--trace", "/proc/fxforge/t.json"],
     ],
 )
 def test_an_output_folder_that_cannot_be_written_is_refused_before_the_model_loads(capsys, monkeypatch, args):
@@ -274,6 +277,7 @@ def test_an_output_folder_that_cannot_be_written_is_refused_before_the_model_loa
         raise AssertionError("the model was loaded before the output was checked")
 
     monkeypatch.setattr(CaptureOptions, "prepare", no_work)
+    monkeypatch.setattr(CaptureOptions, "load", no_work)  # profile --backend eager loads without capturing
     code, _, err = run(capsys, *args)
     assert_one_error_line(code, err)
     assert err.startswith("error: cannot write to /proc: its file system takes no new files"), err  # not ENOENT's

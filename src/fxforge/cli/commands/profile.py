@@ -50,7 +50,7 @@ def command(
 ) -> None:
     """Time every node (or leaf module) under torch.profiler; say which are compute- or memory-bound."""
     from fxforge.cli.render import render_profile
-    from fxforge.profile import profile_model
+    from fxforge.profile import check_trace_path, profile_model
 
     context = click.get_current_context()
     given = ParameterSource.COMMANDLINE
@@ -70,6 +70,8 @@ def command(
             "the model itself, uncaptured",
             hint=f"drop {', '.join(given)}, or profile with --backend fx",
         )
+    if trace is not None:
+        check_trace_path(trace, force=force)  # before the model loads: a refusal after it would waste the wait
     example = None
     if backend == "eager":  # leaf modules of the model itself: no graph, so no capture to fail
         target, example = opts.load()
