@@ -728,3 +728,36 @@ def test_an_output_that_is_all_inf_is_not_compared_and_says_why():
     render_bench(console, "overflow", report)
     text = console.export_text()
     assert "beyond tol" not in text and "not compared" in text
+
+
+def test_a_failed_export_row_does_not_offer_export_options_as_benchs():
+    """QA: GPT-2's torchscript row told the user to pass --script or --allow-trace-warnings, which bench has not."""
+    from fxforge.bench import build_failure
+    from fxforge.errors import command_line_wording
+    from fxforge.export import ExportError
+
+    error = ExportError("cannot export GPT2Model: the trace fixed a value", hint="export with --script")
+    with command_line_wording():
+        line = build_failure(error)
+    assert line.startswith("cannot export GPT2Model")
+    assert "export it yourself, then time the file with --artifact" in line
+    assert "--script" in line  # export's hint, said to be export's
+    plain = FxforgeError("no onnx", hint="pip install fxforge[onnx]")
+    assert build_failure(plain) == "no onnx (pip install fxforge[onnx])"
+
+
+def test_notes_of_several_batch_sizes_are_printed_once_or_with_their_batch():
+    from rich.console import Console
+
+    from fxforge.bench import BenchReport
+    from fxforge.cli.render import render_bench
+
+    rows = [_timed_row("fx", [1.0, 1.1, 1.0]), _timed_row("fx", [2.0, 2.1, 2.0])]
+    rows[1].batch = 4
+    folded = "passes that changed the graph: fold_bn"
+    rows[0].notes, rows[1].notes = [folded], [folded, "1,024 page faults per call"]
+    console = Console(record=True, width=120)
+    render_bench(console, "demo", BenchReport(rows, 2, 1, 3, ["1x3"], "-"))
+    text = console.export_text()
+    assert text.count("fx: passes that changed the graph: fold_bn") == 1
+    assert "fx (batch 4): 1,024 page faults per call" in text

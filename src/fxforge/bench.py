@@ -75,7 +75,7 @@ from fxforge.artifacts import (
 from fxforge.capture import Captured, at_batch, require_captured, require_real_weights
 from fxforge.compare import compare_outputs
 from fxforge.errors import FxforgeError, one_line_reason, option, pass_inputs_hint, require, said
-from fxforge.export import export_model
+from fxforge.export import ExportError, export_model
 from fxforge.graphs import ATEN
 from fxforge.inputs import make_inputs, specs_of
 from fxforge.inspect import count_flops
@@ -874,6 +874,10 @@ def build_failure(exc: BaseException) -> str:
     """Why a build failed, in one line, with fxforge's hint where it gave one (what to install for a missing optional
     dependency, the opt-in a pickled artifact needs)."""
     reason = one_line_reason(exc)
+    if isinstance(exc, ExportError) and exc.hint:
+        # its hint names export's own options (--script, --allow-trace-warnings), which bench has none of (QA)
+        timed = said("time the file with --artifact FILE", "time the file as a backend: artifact_backend(path)")
+        return f"{reason} (export it yourself, then {timed}: {exc.hint})"
     return f"{reason} ({exc.hint})" if isinstance(exc, FxforgeError) and exc.hint else reason
 
 

@@ -472,9 +472,7 @@ def render_bench(console: Any, spec: str, report: Any) -> None:
         f"vs eager on the same inputs; of peak: GFLOP/s over the measured matmul peak of the row's precision; "
         f"peak MiB: {report.memory}[/]"
     )
-    for row in report.rows:
-        for note in row.notes:
-            console.print(f"[dim]{row.backend}: {note}[/]")
+    _print_row_notes(console, report.rows)
     _print_beyond_peak(console, (row.peak_fraction for row in report.rows))
     _print_noise_warning(console, report)
 
@@ -497,6 +495,20 @@ def _gflops(row: Any) -> str:
     if row.gflops is None:
         return "-"
     return f"{row.gflops:.0f}" + (f"\n[dim]({_peak_share(row)})[/]" if row.peak_fraction is not None else "")
+
+
+def _print_row_notes(console: Any, rows: Any) -> None:
+    """Each backend's notes once; a note that holds at some batch sizes only names them (QA: with --batch 1,4
+    every note was printed twice, with no batch)."""
+    batches: dict[str, list[int]] = {}
+    said: dict[tuple[str, str], list[int]] = {}
+    for row in rows:
+        batches.setdefault(row.backend, []).append(row.batch)
+        for note in row.notes:
+            said.setdefault((row.backend, note), []).append(row.batch)
+    for (backend, note), at in said.items():
+        where = "" if len(at) == len(batches[backend]) else f" (batch {', '.join(map(str, at))})"
+        console.print(f"[dim]{escape(backend)}{where}: {escape(note)}[/]")
 
 
 def _peak_share(row: Any) -> str:
