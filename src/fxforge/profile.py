@@ -49,7 +49,7 @@ from fxforge.errors import FxforgeError, option, pass_inputs_hint
 from fxforge.graphs import INPUT_GUARDS, GraphRunner, is_input_guard
 from fxforge.inputs import specs_of
 from fxforge.inspect import NodeInfo, inspect_graph
-from fxforge.machine import Peak, cached_peak
+from fxforge.machine import Peak, cached_peak, current_load
 from fxforge.runtime import (
     cloned,
     device_of,
@@ -515,6 +515,15 @@ def _overhead_note(backend: str, total_ms: float, totals: _RunTotals) -> str | N
             f"{compared}: other work on this machine interrupted the runs -- the node-timed runs added up to "
             f"{node_timed_ms:.2f} ms each (median), but a node is short and its median leaves the interruptions "
             f"out. The {parts}' times are the uninterrupted ones; on a quiet machine the two agree"
+        )
+    load = current_load()
+    if load is not None and load.busy(torch.get_num_threads()):
+        # QA: "33 ms of each resnet18 call outside the nodes", on a machine other sessions kept busy
+        return (
+            f"{compared}: other work held the cores (load average {load.average:.1f} on {load.cpus} CPUs), and a "
+            "whole run waits for them longer than a short node does, so the gap is the load's more than the "
+            "model's; rerun with nothing else running to see what the model spends outside its "
+            f"{parts}"
         )
     if backend == "eager":
         return (
