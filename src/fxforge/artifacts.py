@@ -28,8 +28,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import types
 import warnings
 import zipfile
@@ -229,31 +231,53 @@ def atomic_directory(target: str | Path, *, force: bool = False) -> Iterator[Pat
     """
     target = check_output_directory(target, force=force)
     created = _missing_parents(target)
+    staging: Path | None = None
     try:
-        for directory in created:
-            directory.mkdir()
-        _remove_abandoned_staging(target)
-        staging = Path(tempfile.mkdtemp(prefix=_staging_prefix(target), dir=target.parent))
-        # mkdtemp makes it private (0700); the output should get the permissions of any directory the user makes.
-        umask = os.umask(0)
-        os.umask(umask)
-        staging.chmod(0o777 & ~umask)
-    except OSError as exc:
-        _remove_empty(created)
-        raise FxforgeError(f"cannot write to {target.parent}: {exc.strerror or exc}") from None
-    try:
+        try:
+            for directory in created:
+                directory.mkdir()
+            _remove_abandoned_staging(target)
+            staging = Path(tempfile.mkdtemp(prefix=_staging_prefix(target), dir=target.parent))
+            # mkdtemp makes it private (0700); the output should get the permissions of any directory the user makes
+            umask = os.umask(0)
+            os.umask(umask)
+            staging.chmod(0o777 & ~umask)
+        except OSError as exc:
+            raise FxforgeError(f"cannot write to {target.parent}: {exc.strerror or exc}") from None
         yield staging
-        if target.exists():
-            backup = target.with_name(f".{target.name}.old-{os.getpid()}")
-            os.rename(target, backup)
-            os.rename(staging, target)
+        # Ctrl-C between the two renames left no output at all, the old one hidden as .NAME.old-PID (QA): the swap
+        # runs with the signals held, and the interrupt arrives once the new output is in place
+        with signals_held():
+            if target.exists():
+                backup = target.with_name(f".{target.name}.old-{os.getpid()}")
+                os.rename(target, backup)
+                os.rename(staging, target)
+            else:
+                os.rename(staging, target)
+                backup = None
+        if backup is not None:
             shutil.rmtree(backup, ignore_errors=True)
-        else:
-            os.rename(staging, target)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        # Ctrl-C right after mkdtemp, before the block (QA): the staging directory must go too, even one made by
+        # a mkdtemp that the interrupt stopped from returning its name
+        _remove_own_staging(target)
         _remove_empty(created)
         raise
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM while a few renames put an output in place (they arrive when the block ends): an
+    interrupt between them left a mix of the old and the new output, or neither. Only the main thread can."""
+    hold = (signal.SIGINT, signal.SIGTERM)
+    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, hold)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _staging_prefix(target: Path) -> str:
@@ -262,14 +286,24 @@ def _staging_prefix(target: Path) -> str:
 
 
 def _remove_abandoned_staging(target: Path) -> None:
-    """Remove staging directories of ``target`` left by a process that no longer runs. A process killed outright
-    (SIGKILL, the out-of-memory killer, a C++ abort in torch's zip writer on a full disk) runs no cleanup, and
-    its half-written output would stay beside the target for good."""
-    pattern = re.compile(rf"^\.{re.escape(target.name)}\.partial-(\d+)-")
+    """Remove staging directories of ``target`` (and old outputs moved aside to be deleted, ``.NAME.old-PID``) left
+    by a process that no longer runs. A process killed outright (SIGKILL, the out-of-memory killer, a C++ abort in
+    torch's zip writer on a full disk) runs no cleanup, and its half-written output would stay beside the target for
+    good."""
+    pattern = re.compile(rf"^\.{re.escape(target.name)}\.(?:partial|old)-(\d+)")
     with contextlib.suppress(OSError):
         for entry in target.parent.iterdir():
             match = pattern.match(entry.name)
             if match and entry.is_dir() and not _process_alive(int(match.group(1))):
+                shutil.rmtree(entry, ignore_errors=True)
+
+
+def _remove_own_staging(target: Path) -> None:
+    """Remove this process's staging directories of ``target`` (:func:`_staging_prefix`)."""
+    prefix = _staging_prefix(target)
+    with contextlib.suppress(OSError):
+        for entry in target.parent.iterdir():
+            if entry.name.startswith(prefix) and entry.is_dir():
                 shutil.rmtree(entry, ignore_errors=True)
 
 
@@ -328,22 +362,33 @@ class StagedOutput:
         except OSError as exc:
             self._remove_created()
             raise FxforgeError(f"cannot write to {self.target.parent}: {exc.strerror or exc}") from None
+        except BaseException:  # Ctrl-C here: __exit__ does not run for a failed __enter__ (QA)
+            self.__exit__()
+            raise
         return self
 
     def commit(self) -> list[str]:
-        """Move the staged files into place, the main file last (so it never appears half-complete)."""
+        """Move the staged files into place, the main file last (so it never appears half-complete), with the
+        signals held (an interrupt between two moves left the old model.onnx beside the new model.onnx.data).
+
+        Every file that would be replaced was checked, not only the main one: an ONNX model over 2 GB writes its
+        weights to ``NAME.onnx.data`` beside it, which replaced a user's file of that name without ``force`` (QA).
+        """
         assert self.directory is not None
         staged = sorted(p.name for p in self.directory.iterdir())
         main = self.target.name
-        for name in [n for n in staged if n != main] + [main]:
-            os.replace(self.directory / name, self.target.parent / name)
+        for name in staged:
+            if name != main:
+                _refuse_existing_file(self.target.parent / name, self.force)
+        with signals_held():
+            for name in [n for n in staged if n != main] + [main]:
+                os.replace(self.directory / name, self.target.parent / name)
         self.files = staged
         self._created = []
         return staged
 
     def __exit__(self, *exc_info: Any) -> None:
-        if self.directory is not None:
-            shutil.rmtree(self.directory, ignore_errors=True)
+        _remove_own_staging(self.target)  # self.directory, or one an interrupted mkdtemp made without naming it
         self._remove_created()
 
     def _remove_created(self) -> None:

@@ -1,0 +1,84 @@
+"""Outputs put in place whole or not at all, under Ctrl-C and beside the user's own files (QA, interrupts and
+atomic writes): every writer goes through fxforge.artifacts' atomic_directory or StagedOutput."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from fxforge.artifacts import StagedOutput, atomic_directory, signals_held
+from fxforge.errors import FxforgeError
+
+
+def test_a_side_file_of_an_export_does_not_replace_the_users_file_without_force(tmp_path):
+    """An ONNX model over 2 GB writes NAME.onnx.data beside it: a user's file of that name was replaced, exit 0."""
+    (tmp_path / "big.onnx.data").write_text("precious")
+    with pytest.raises(FxforgeError, match=r"big\.onnx\.data exists"), StagedOutput(tmp_path / "big.onnx") as staged:
+        (staged.directory / "big.onnx.data").write_text("weights")
+        staged.path.write_text("graph")
+        staged.commit()
+    assert (tmp_path / "big.onnx.data").read_text() == "precious"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big.onnx.data"]  # no staging, no main file
+    with StagedOutput(tmp_path / "big.onnx", force=True) as staged:
+        (staged.directory / "big.onnx.data").write_text("weights")
+        staged.path.write_text("graph")
+        staged.commit()
+    assert (tmp_path / "big.onnx.data").read_text() == "weights" and (tmp_path / "big.onnx").read_text() == "graph"
+
+
+@pytest.mark.parametrize("writer", ["directory", "file"])
+def test_ctrl_c_right_after_the_staging_directory_is_made_leaves_nothing(tmp_path, monkeypatch, writer):
+    made = tempfile.mkdtemp
+
+    def interrupted(*args, **kwargs):
+        made(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tempfile, "mkdtemp", interrupted)
+    target = tmp_path / "a" / "b" / ("out" if writer == "directory" else "model.pt2")
+    with pytest.raises(KeyboardInterrupt):
+        if writer == "directory":
+            with atomic_directory(target):
+                pass
+        else:
+            with StagedOutput(target):
+                pass
+    assert list(tmp_path.iterdir()) == []  # neither the staging directory nor the folders made for it
+
+
+def test_an_old_output_moved_aside_by_a_process_that_died_is_removed(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f".out.old-{int(dead.stdout)}"
+    (stale / "optimized_model").mkdir(parents=True)
+    with atomic_directory(tmp_path / "out") as staging:
+        (staging / "report.json").write_text("{}")
+    assert not stale.exists() and (tmp_path / "out" / "report.json").exists()
+
+
+def test_an_interrupt_while_the_output_is_swapped_in_arrives_after_it():
+    """Ctrl-C between the renames of --force left no output, the old one hidden as .NAME.old-PID (QA)."""
+    if not hasattr(signal, "pthread_sigmask"):
+        pytest.skip("needs POSIX signal masks")
+    done = []
+    with pytest.raises(KeyboardInterrupt), signals_held():
+        os.kill(os.getpid(), signal.SIGINT)
+        done.append("first rename")
+        done.append("second rename")
+    assert done == ["first rename", "second rename"]
+
+
+def test_force_replaces_an_old_output_whole(tmp_path):
+    target = tmp_path / "out"
+    with atomic_directory(target) as staging:
+        (staging / "report.json").write_text('{"written_by": "fxforge"}')
+        (staging / "old.txt").write_text("old")
+    with atomic_directory(target, force=True) as staging:
+        (staging / "report.json").write_text('{"written_by": "fxforge"}')
+        (staging / "new.txt").write_text("new")
+    assert sorted(p.name for p in target.iterdir()) == ["new.txt", "report.json"]
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
