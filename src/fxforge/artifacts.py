@@ -267,17 +267,25 @@ def atomic_directory(target: str | Path, *, force: bool = False) -> Iterator[Pat
 
 @contextlib.contextmanager
 def signals_held() -> Iterator[None]:
-    """Hold SIGINT and SIGTERM while a few renames put an output in place (they arrive when the block ends): an
-    interrupt between them left a mix of the old and the new output, or neither. Only the main thread can."""
-    hold = (signal.SIGINT, signal.SIGTERM)
-    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+    """Hold SIGINT and SIGTERM while a few renames put an output in place: an interrupt between them left a mix of
+    the old and the new output, or neither (QA). A signal that comes meanwhile is raised again once the block has
+    ended, to the handler it would have met. (Python-level handlers, not a signal mask: the OS hands a process's
+    signal to any of its threads, torch's included, and only the main thread's mask could be set.)"""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
         yield
         return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, hold)
+    received: list[int] = []
+    previous = {held: signal.signal(held, lambda number, frame: received.append(number)) for held in _HELD}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for held, handler in previous.items():
+            signal.signal(held, signal.SIG_DFL if handler is None else handler)  # None: a handler set outside Python
+        if received:
+            signal.raise_signal(received[0])
+
+
+_HELD = (signal.SIGINT, signal.SIGTERM)
 
 
 def _staging_prefix(target: Path) -> str:
