@@ -909,6 +909,9 @@ def _onnx_legacy(
 ) -> None:
     if conditions:  # the legacy trace fixes the branch just as the dynamo exporter does
         raise _condition_refusal(type(reference).__name__, conditions)
+    # the legacy exporter runs the model on the tensors it is given: a forward writing into its input (x.mul_(2))
+    # changed the caller's tensor (QA; the other exporters run on copies)
+    inputs = pytree.tree_map_only(torch.Tensor, torch.clone, inputs)
     outputs = [v for v in pytree.tree_leaves(_example_output(reference, inputs)) if isinstance(v, torch.Tensor)]
     output_names = [f"output_{i}" for i in range(len(outputs))]
     # the inputs named as the model's forward names them, as the dynamo exporter does: a loaded file is then called
@@ -987,6 +990,18 @@ _OPERATOR_PATTERNS = [
 ]
 
 
+def _interrupted(exc: BaseException) -> bool:
+    """Whether ``exc`` wraps a KeyboardInterrupt (an exporter re-raises what it caught as its own error)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, KeyboardInterrupt):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
 @contextlib.contextmanager
 def _exporting(what: str, notes: list[str], allow_trace_warnings: bool = False) -> Iterator[None]:
     """Run an exporter quietly (they print progress and warnings) and turn its failure into an ExportError.
@@ -1017,6 +1032,8 @@ def _exporting(what: str, notes: list[str], allow_trace_warnings: bool = False) 
             raise
         raise _export_error(what, exc) from None
     except Exception as exc:
+        if _interrupted(exc):  # Ctrl-C inside the dynamo exporter came out wrapped, and fell back to legacy (QA)
+            raise KeyboardInterrupt from None
         raise _export_error(what, exc) from None
     # (first sentence, file, line) of each trace warning, at the user's line where one was found
     traced = [

@@ -82,3 +82,32 @@ def test_force_replaces_an_old_output_whole(tmp_path):
         (staging / "new.txt").write_text("new")
     assert sorted(p.name for p in target.iterdir()) == ["new.txt", "report.json"]
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def test_ctrl_c_inside_an_exporter_stops_the_export_rather_than_falling_back():
+    """QA: Ctrl-C in the dynamo exporter came out wrapped in the exporter's error: fxforge fell back to the legacy
+    exporter, and the call returned ok=False instead of stopping."""
+    from fxforge.export import _exporting
+
+    with pytest.raises(KeyboardInterrupt), _exporting("m to ONNX (dynamo exporter)", []):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as interrupt:
+            raise RuntimeError("torch.onnx failed") from interrupt
+
+
+def test_the_legacy_onnx_exporter_leaves_the_callers_input_alone(tmp_path):
+    pytest.importorskip("onnxruntime")
+    import torch
+    from torch import nn
+
+    import fxforge
+
+    class Doubles(nn.Module):
+        def forward(self, x):
+            x.mul_(2)  # writes into its input
+            return x + 1
+
+    x = torch.ones(2, 3)
+    fxforge.export_model(Doubles(), to="onnx", path=tmp_path / "d.onnx", example_inputs=(x,), exporter="legacy")
+    assert torch.equal(x, torch.ones(2, 3))
