@@ -111,3 +111,20 @@ def test_the_legacy_onnx_exporter_leaves_the_callers_input_alone(tmp_path):
     x = torch.ones(2, 3)
     fxforge.export_model(Doubles(), to="onnx", path=tmp_path / "d.onnx", example_inputs=(x,), exporter="legacy")
     assert torch.equal(x, torch.ones(2, 3))
+
+
+def test_a_disk_that_fills_up_inside_torchs_writer_is_the_systems_refusal(tmp_path, monkeypatch):
+    """QA: quantize -o on a full disk was "internal error: RuntimeError: [enforce fail at inline_container.cc:672]"."""
+    import errno
+    import shutil
+
+    from fxforge.artifacts import disk_full_said
+
+    full = shutil.disk_usage(tmp_path)._replace(free=1024)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: full)
+    with pytest.raises(OSError) as refused, disk_full_said(tmp_path):
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 11298368 vs 11298320")
+    assert refused.value.errno == errno.ENOSPC
+    monkeypatch.undo()
+    with pytest.raises(RuntimeError, match="something else"), disk_full_said(tmp_path):  # room left: not the disk
+        raise RuntimeError("something else")

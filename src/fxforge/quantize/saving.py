@@ -21,6 +21,7 @@ from fxforge.artifacts import (
     REPORT_FILE,
     SOURCE_DIR,
     atomic_directory,
+    disk_full_said,
     rebuilt_with_opaque_calls,
     write_inputs,
     write_report,
@@ -61,7 +62,7 @@ def write_output(
             if isinstance(result.model, fx.GraphModule)
             else contextlib.nullcontext()
         )
-        with picklable_quantized_modules(result.model), rebuilt:
+        with picklable_quantized_modules(result.model), rebuilt, disk_full_said(staging):
             torch.save(result.model, staging / MODEL_FILE)
         if write_user_sources(staging / MODEL_FILE, staging):
             files.append(f"{SOURCE_DIR}/")
