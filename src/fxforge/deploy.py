@@ -28,6 +28,7 @@ measured, applying ``recipe.json`` where there is one.
 from __future__ import annotations
 
 import json
+import pickle
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -206,10 +207,16 @@ def write_model_itself(captured: Captured, directory: Path) -> str:
     local functions that pickle refuses; QA: optimize DIR --auto -b fx crashed), the program it came from."""
     itself = with_constant_kwargs(captured.original, captured.example_kwargs)
     if _picklable(itself):
-        with quiet_torch_logs():
-            torch.save(itself, directory / MODEL_FILE)
-        write_user_sources(directory / MODEL_FILE, directory)
-        return with_sources_on_path(PLAIN_TORCH_LOAD["eager"], directory)
+        try:
+            with quiet_torch_logs():
+                torch.save(itself, directory / MODEL_FILE)
+        except (AttributeError, TypeError, pickle.PicklingError):
+            # a hook or attribute pickle refuses: a lambda registered as a forward hook ended --auto in an internal
+            # error after all its timing (QA); the program is written instead
+            (directory / MODEL_FILE).unlink(missing_ok=True)
+        else:
+            write_user_sources(directory / MODEL_FILE, directory)
+            return with_sources_on_path(PLAIN_TORCH_LOAD["eager"], directory)
     program = export_program_any_batch(itself, captured.example_inputs, {})
     save_program(program, directory / PROGRAM_FILE, itself)
     return program_load_line("fx", directory)

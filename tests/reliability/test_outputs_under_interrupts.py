@@ -128,3 +128,21 @@ def test_a_disk_that_fills_up_inside_torchs_writer_is_the_systems_refusal(tmp_pa
     monkeypatch.undo()
     with pytest.raises(RuntimeError, match="something else"), disk_full_said(tmp_path):  # room left: not the disk
         raise RuntimeError("something else")
+
+
+def test_a_model_pickle_refuses_is_written_as_its_program(tmp_path):
+    """QA: a lambda registered as a forward hook ended optimize --auto in "internal error: AttributeError: Can't
+    pickle local object", after all the timing."""
+    import torch
+    from torch import nn
+
+    import fxforge
+    from fxforge.deploy import write_model_itself
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU()).eval()
+    model[0].register_forward_hook(lambda module, args, output: None)
+    captured = fxforge.capture(model, [torch.randn(2, 4)])
+    line = write_model_itself(captured, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pt2"] and "torch.export.load" in line
+    reloaded = fxforge.load_model(str(tmp_path / "model.pt2")).module
+    assert torch.allclose(reloaded(torch.ones(2, 4)), model(torch.ones(2, 4)))
