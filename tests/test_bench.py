@@ -761,3 +761,12 @@ def test_notes_of_several_batch_sizes_are_printed_once_or_with_their_batch():
     text = console.export_text()
     assert text.count("fx: passes that changed the graph: fold_bn") == 1
     assert "fx (batch 4): 1,024 page faults per call" in text
+
+
+def test_too_few_rounds_are_said_to_be():
+    from fxforge.bench import BenchReport, set_speedups
+
+    eager, ort = _timed_row("eager", [40.0, 41.0]), _timed_row("onnxruntime", [0.16, 0.15])
+    set_speedups([eager, ort])
+    warning = BenchReport([eager, ort], 2, 1, 2, ["1x3"], "-").noise_warning
+    assert warning.startswith("2 rounds: too few for a speedup interval") and "--repeats" in warning

@@ -74,6 +74,7 @@ from fxforge.artifacts import (
 )
 from fxforge.capture import Captured, at_batch, require_captured, require_real_weights
 from fxforge.compare import compare_outputs
+from fxforge.display import counted
 from fxforge.errors import FxforgeError, one_line_reason, option, pass_inputs_hint, require, said
 from fxforge.export import ExportError, export_model
 from fxforge.graphs import ATEN
@@ -629,6 +630,12 @@ class BenchReport:
         (:attr:`load`), or None when neither."""
         noisy = [row for row in self.rows if row.noisy]
         busy = self.load is not None and self.load.busy(self.threads)
+        if self.repeats < MIN_INTERVAL_ROUNDS and any(row.median_ms for row in self.rows):
+            # QA: --repeats 2 printed "onnxruntime 254.10x" with no interval and no word of doubt
+            return (
+                f"{counted(self.repeats, 'round')}: too few for a speedup interval or a spread, so nothing here "
+                f"says whether the machine was busy; time at least {MIN_INTERVAL_ROUNDS} rounds (--repeats)"
+            )
         if not noisy and not busy:
             return None
         parts = []
