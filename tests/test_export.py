@@ -819,7 +819,9 @@ def test_a_disk_without_room_for_the_weights_is_refused_before_writing(tmp_path,
     out.mkdir()
     assert main([part.format(out=out) for part in command]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: the system refused: no room for") and "16.0 MiB for the rest (4.0 KiB free)" in err
+    assert err.startswith("error: not enough free space: writing this model takes up to")
+    assert "16.0 MiB for the rest, and 4.0 KiB is free" in err
+    assert ".partial-" not in err and str(out) in err  # the directory the user gave, not the staging one
     assert list(out.iterdir()) == []  # nothing half-written, no staging directory
 
 
@@ -841,7 +843,7 @@ def test_split_is_refused_before_writing_on_a_disk_without_room(tmp_path, monkey
     usage = collections.namedtuple("usage", "total used free")
     monkeypatch.setattr(fxforge.artifacts.shutil, "disk_usage", lambda path: usage(2**20, 2**20 - 4096, 4096))
     assert main(["split", "demo", "--stages", "2", "-o", str(tmp_path / "split")]) == 2
-    assert capsys.readouterr().err.startswith("error: the system refused: no room for")
+    assert capsys.readouterr().err.startswith("error: not enough free space: ")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -853,7 +855,7 @@ def test_auto_is_refused_before_writing_a_candidate_on_a_disk_without_room(tmp_p
     usage = collections.namedtuple("usage", "total used free")
     monkeypatch.setattr(fxforge.artifacts.shutil, "disk_usage", lambda path: usage(2**20, 2**20 - 4096, 4096))
     code = main(["optimize", "demo", "--auto", "--quick", "-b", "eager", "-o", str(tmp_path / "auto")])
-    assert code == 2 and capsys.readouterr().err.startswith("error: the system refused: no room for")
+    assert code == 2 and capsys.readouterr().err.startswith("error: not enough free space: ")
     assert list(tmp_path.iterdir()) == []
 
 

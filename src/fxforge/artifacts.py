@@ -46,7 +46,16 @@ from torch.utils import _pytree as pytree
 from fxforge import display
 from fxforge.callstack import call_on_fresh_chunk
 from fxforge.effects import written_args
-from fxforge.errors import FxforgeError, InputSpecError, ModelSpecError, first_line, option, require, user_location
+from fxforge.errors import (
+    FxforgeError,
+    InputSpecError,
+    ModelSpecError,
+    NotEnoughSpace,
+    first_line,
+    option,
+    require,
+    user_location,
+)
 from fxforge.graphs import ATEN, aten_packet, index_bounds
 from fxforge.inputs import InputSpec, parse_input_spec, specs_of
 from fxforge.machine import cpu_info
@@ -484,18 +493,26 @@ def check_free_space(directory: Path, module: nn.Module, copies: int = 1) -> Non
 
     Out of space, torch's archive writer (torch.save, torch.jit.save, torch.export.save) throws from a C++
     destructor and the process aborts: no Python error, a half-written file, the staging directory left behind.
-    Raises ``OSError(ENOSPC)``, which the CLI reports as the system's refusal.
+    Raises :class:`NotEnoughSpace` (an ``OSError(ENOSPC)``) naming the directory the user gave, not a staging
+    directory beside it (QA: the message named a hidden folder that no longer existed, and said the system refused).
     """
     tensors = itertools.chain(module.parameters(), module.buffers())
-    needed = copies * sum(t.numel() * t.element_size() for t in tensors if t.device.type != "meta")
+    weights = sum(t.numel() * t.element_size() for t in tensors if t.device.type != "meta")
+    needed = copies * weights
     free = shutil.disk_usage(directory).free
     if needed + FREE_SPACE_MARGIN > free:
-        raise OSError(
+        visible = directory
+        while visible.name.startswith(".") and ".partial-" in visible.name:
+            visible = visible.parent
+        copies_said = "" if copies == 1 else f" ({copies} copies of its {display.byte_size(weights)}: the files, "
+        copies_said += "and the copy verification loads)" if copies > 1 else ""
+        raise NotEnoughSpace(
             errno.ENOSPC,
             # the margin named too: "no room for 0.0 MiB of weights (0.1 MiB free)" read as a contradiction (QA)
-            f"no room for {display.byte_size(needed)} of weights and {display.byte_size(FREE_SPACE_MARGIN)} for "
-            f"the rest ({display.byte_size(free)} free)",
-            str(directory),
+            f"not enough free space: writing this model takes up to {display.byte_size(needed)} of weights"
+            f"{copies_said} and {display.byte_size(FREE_SPACE_MARGIN)} for the rest, and "
+            f"{display.byte_size(free)} is free",
+            str(visible),
         )
 
 

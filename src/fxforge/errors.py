@@ -34,6 +34,11 @@ EXIT_INTERNAL = 4  # a bug in fxforge (or torch); rerun with --debug for the tra
 SYSTEM_REFUSALS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
 
 
+class NotEnoughSpace(OSError):
+    """fxforge's own estimate says an output will not fit (``ENOSPC`` before anything is written): exit code 2 like
+    the system's refusals, but said as the estimate it is, not as the system's refusal."""
+
+
 # Whether the user is on the command line (fxforge.cli's main sets it around every command): a message names what
 # the user typed, ``--check-batch 2`` there and ``check_batch=2`` in Python (see option and said).
 _COMMAND_LINE = contextvars.ContextVar("fxforge_command_line", default=False)

@@ -25,6 +25,7 @@ from fxforge.errors import (
     EXIT_USAGE,
     SYSTEM_REFUSALS,
     FxforgeError,
+    NotEnoughSpace,
     command_line_wording,
     one_line_reason,
     raised_in_user_code,
@@ -117,7 +118,10 @@ def main(argv: list[str] | None = None) -> int:
         refused = _refused_by_the_system(exc)
         if refused is not None:  # a full disk or a read-only folder is the machine's state, not a bug in fxforge
             where = f": {refused.filename}" if refused.filename else ""
-            return _failed("error:", f"the system refused: {refused.strerror}{where}", None, EXIT_USAGE, as_json)
+            said = f"{refused.strerror}{where}"
+            if not isinstance(refused, NotEnoughSpace):  # fxforge's estimate, not the system's refusal
+                said = f"the system refused: {said}"
+            return _failed("error:", said, None, EXIT_USAGE, as_json)
         hint = "rerun with --debug for the traceback, and please report it"
         return _failed("internal error:", one_line_reason(exc), hint, EXIT_INTERNAL, as_json)
     return EXIT_OK
