@@ -193,6 +193,8 @@ def test_ctrl_c_at_any_point_exits_130_with_one_line(tmp_path, delay):
     code, out, err = _interrupt(args, delay, tmp_path)
     assert code == 130, (code, err[-2000:])
     assert err.strip().splitlines()[-1] == "interrupted" and "Traceback" not in err
+    lines = err.splitlines()
+    assert len(lines) == 1 or lines[-2].strip(), repr(err[-200:])  # click printed a blank line before it (QA)
     assert out == "" and list(tmp_path.iterdir()) == []  # no output directory, no .partial staging directory
 
 

@@ -12,6 +12,7 @@ import os
 import pkgutil
 import sys
 import traceback
+from typing import Any
 
 import click
 from rich.text import Text
@@ -32,9 +33,20 @@ from fxforge.errors import (
 )
 
 
+class _Stopped(Exception):
+    """Ctrl-C (or SIGTERM) carried past click, whose own handler prints a blank line on stderr before the one
+    "interrupted" line (QA: stderr was "\ninterrupted")."""
+
+
 class _Group(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(self.commands)  # keep declaration order: the natural workflow order
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt as exc:
+            raise _Stopped from exc
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
@@ -84,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         with user_prints_to_stderr(as_json), command_line_wording():
             cli.main(args=args, prog_name="fxforge", standalone_mode=False)
         stop_if_interrupted()  # a command without a capture step: Ctrl-C still ends it with 130
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, _Stopped):
         return _interrupted(as_json)
     except click.exceptions.Abort:  # click's own Ctrl-C (at a prompt)
         return _interrupted(as_json)
