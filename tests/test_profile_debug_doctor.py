@@ -525,3 +525,28 @@ def test_profile_eager_leaves_torch_exports_input_guard_out_of_the_table():
         _AroundAProgram(), backend="eager", example_inputs=(torch.randn(2, 8),), repeats=1, peak=PEAK
     )
     assert [node.name for node in report.nodes] == ["act"]  # not program._guards_fn, which checks the shapes
+
+
+def test_a_matmul_too_slow_for_the_time_budget_is_measured_smaller():
+    """QA: with bf16 emulated (AVX2 only), a 1024 bf16 matmul took seconds a call and doctor --seconds 0.2 took
+    14 s. The peak is measured at the largest size whose calls fit the budget."""
+    import time
+
+    from fxforge.machine import _fitting_rate
+
+    sizes = []
+
+    def slow(n: int):  # 1e-9 s per multiply-add: a 1024 matmul takes 1.07 s, a 256 one 17 ms
+        def run():
+            sizes.append(n)
+            time.sleep(n**3 * 1e-9)
+
+        return run
+
+    started = time.perf_counter()
+    rate = _fitting_rate(slow, 1024, budget=0.2)
+    assert max(sizes) == 512 and time.perf_counter() - started < 1.5, sizes  # 1024 would not fit 0.2 s
+    assert 1e9 < rate < 2.2e9  # about 2e9 FLOP/s, at the size measured
+    sizes.clear()
+    _fitting_rate(slow, 1024, budget=2.0)
+    assert max(sizes) == 1024  # a budget it fits: the full size

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -175,6 +177,24 @@ def torch_backends() -> dict[str, Any]:
     }
 
 
+def _fitting_rate(make: Callable[[int], Callable[[], Any]], size: int, budget: float) -> float:
+    """Multiply-add rate (FLOP/s, 2 per multiply-add) of ``make(n)``'s ``n``x``n`` matmul at ``size``, or at the
+    largest of ``size / 2``, ``size / 4`` whose calls fit ``budget``: without bf16 in hardware (AVX2 only), a bf16
+    matmul of 1024 took seconds a call, and ``doctor --seconds 0.2`` took 14 s (QA). Where the hardware computes
+    it, a 1024 matmul takes milliseconds and is what is measured."""
+    small = size // 4
+    probe = make(small)
+    probe()  # first-call costs
+    seconds = math.inf
+    for _ in range(2):  # the faster of two: a busy moment must not shrink a matmul the hardware runs fast
+        start = time.perf_counter()
+        probe()
+        seconds = min(seconds, time.perf_counter() - start)
+    while size > small and seconds * (size / small) ** 3 > budget:
+        size //= 2
+    return _rate(2.0 * size**3, make(size), budget)
+
+
 def _rate(work: float, run: Any, budget: float) -> float:
     """``work`` units per second of ``run()``: the best of as many timed calls as fit in ``budget`` seconds, and
     at least one (the best, not the mean: a peak is what the machine can do when nothing else runs)."""
@@ -198,7 +218,6 @@ def measure_peak(seconds: float = 2.0, threads: int | None = None, size: int = 1
     """
     started = time.perf_counter()
     peak = Peak(threads=threads or torch.get_num_threads())
-    flop = 2.0 * size**3
     generator = torch.Generator().manual_seed(0)
     with torch_threads(threads), torch.no_grad():
         # First, because its fixed cost is most of the time: the matmuls then share what is left of ``seconds``
@@ -208,11 +227,19 @@ def measure_peak(seconds: float = 2.0, threads: int | None = None, size: int = 1
         share = max(seconds / 4, seconds - (time.perf_counter() - started)) / 3
         a = torch.randn(size, size, generator=generator)
         b = torch.randn(size, size, generator=generator)
-        peak.gflops["fp32"] = _rate(flop, lambda: torch.mm(a, b), share) / 1e9
-        a16, b16 = a.to(torch.bfloat16), b.to(torch.bfloat16)
-        peak.gflops["bf16"] = _rate(flop, lambda: torch.mm(a16, b16), share) / 1e9
+
+        def matmul(dtype: torch.dtype) -> Callable[[int], Callable[[], Any]]:
+            def make(n: int) -> Callable[[], Any]:
+                left, right = a[:n, :n].to(dtype).contiguous(), b[:n, :n].to(dtype).contiguous()
+                return lambda: torch.mm(left, right)
+
+            return make
+
+        peak.gflops["fp32"] = _fitting_rate(matmul(torch.float32), size, share) / 1e9
+        peak.gflops["bf16"] = _fitting_rate(matmul(torch.bfloat16), size, share) / 1e9
         with contextlib.suppress(RuntimeError):  # a torch build without an x86/fbgemm quantized engine
-            peak.gflops["int8"] = _rate(flop, _int8_linear(a, size), share) / 1e9
+            int8 = _fitting_rate(lambda n: _int8_linear(a[:n, :n].contiguous(), n), size, share)
+            peak.gflops["int8"] = int8 / 1e9
     peak.seconds = time.perf_counter() - started
     return peak
 
