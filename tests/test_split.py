@@ -682,3 +682,21 @@ def test_the_pipe_split_hint_never_names_a_line_outside_the_models_call(capsys):
     assert main(["split", "demo", "--stages", "3", "--no-verify", "--json"]) == 0
     hints = [cut["pipe_split"] for cut in json.loads(capsys.readouterr().out)["plan"]["cuts"]]
     assert hints and not any("click" in hint for hint in hints)
+
+
+def test_a_model_that_cannot_be_checked_is_not_said_to_mismatch_its_split(tmp_path):
+    """QA: a model whose output does not depend on its input: split said "the split stages do not match the
+    model", where export says CANNOT VERIFY."""
+
+    class Constant(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.b(self.a(torch.ones_like(x)))
+
+    captured = capture(Constant(), [torch.randn(2, 4)])
+    with pytest.raises(FxforgeError, match="cannot verify the split stages: the model itself cannot be checked"):
+        split(captured, stages=2, output_dir=tmp_path / "s")
+    assert not (tmp_path / "s").exists()

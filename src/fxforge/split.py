@@ -946,8 +946,15 @@ class SplitVerificationError(FxforgeError):
     exit_code = 1
 
     def __init__(self, result: SplitResult) -> None:
-        problems = "; ".join((result.verification.problems if result.verification else [])[:2])
-        super().__init__(f"the split stages do not match the model: {problems}; nothing was written")
+        check = result.verification
+        problems = "; ".join((check.problems if check else [])[:2])
+        if check is not None and check.unverifiable:
+            # the model gives nothing to compare against (an output its input does not change, a random one):
+            # "do not match" blamed the split for it (QA)
+            message = f"cannot verify the split stages: the model itself cannot be checked: {problems}"
+        else:
+            message = f"the split stages do not match the model: {problems}"
+        super().__init__(f"{message}; nothing was written", hint="--no-verify writes the stages unverified")
         self.result = result
 
 
