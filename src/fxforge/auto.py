@@ -818,7 +818,7 @@ def _settle_close_call(
     close_call = picked.vs_fastest is not None and picked.vs_fastest[0] > 1.0 + PRACTICALLY_EQUAL
     if not close_call and not _disputed(picked, by_median):
         return chosen
-    rival = by_median if by_median is not picked else _fastest_by_rounds(candidates, report, writable)
+    rival = by_median if by_median is not picked else _fastest_by_rounds(candidates, writable)
     if rival is None or rival is picked:
         return chosen
     more = _time(
@@ -864,9 +864,7 @@ def _disputed(picked: Candidate, by_median: Candidate) -> bool:
     return by_median.median_ms * (1.0 + WITHIN_NOISE) < picked.median_ms
 
 
-def _fastest_by_rounds(
-    candidates: dict[str, Candidate], report: BenchReport, writable: set[str] | None
-) -> Candidate | None:
+def _fastest_by_rounds(candidates: dict[str, Candidate], writable: set[str] | None) -> Candidate | None:
     """The candidate :func:`choose` measured every other against (``vs_fastest`` 1.00): the rival of a simpler
     choice that tied with it."""
     timed = [c for c in candidates.values() if c.status in ("accepted", "chosen") and c.vs_fastest is not None]
