@@ -19,7 +19,15 @@ from fxforge.api import verify_specs
 from fxforge.artifacts import SUFFIXES
 from fxforge.capture import capture
 from fxforge.cli import main
-from fxforge.errors import EXIT_CAPTURE, EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, FxforgeError, MissingExtraError
+from fxforge.errors import (
+    EXIT_CAPTURE,
+    EXIT_FINDINGS,
+    EXIT_OK,
+    EXIT_USAGE,
+    FxforgeError,
+    MissingExtraError,
+    ModelSpecError,
+)
 from fxforge.export import ExportError, export_model, load_exported
 from fxforge.verify import compare_outputs
 from model_helpers import randomize_batchnorm
@@ -1095,3 +1103,20 @@ def test_an_opset_newer_than_onnx_knows_is_refused_before_the_export(tmp_path):
         export_model(nn.Linear(4, 2).eval(), "onnx", tmp_path / "m.onnx", example_inputs=(torch.randn(1, 4),),
                      opset=latest + 70)  # fmt: skip
     assert _files(tmp_path) == []
+
+
+def test_an_onnx_file_onnx_runtime_has_no_kernel_for_is_not_called_corrupt(tmp_path):
+    """QA: a bf16 Gemm ONNX Runtime cannot run on the CPU was "cannot read ...: NOT_IMPLEMENTED (is the file
+    corrupt?)"."""
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    from onnx import TensorProto, helper
+
+    from fxforge.artifacts import load_exported
+
+    a, b, y = (helper.make_tensor_value_info(name, TensorProto.BFLOAT16, [2, 2]) for name in "aby")
+    graph = helper.make_graph([helper.make_node("Gemm", ["a", "b"], ["y"])], "g", [a, b], [y])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "g.onnx")
+    with pytest.raises(ModelSpecError) as info:
+        load_exported(tmp_path / "g.onnx")
+    assert info.value.message.startswith("ONNX Runtime cannot run") and "corrupt" not in (info.value.hint or "")

@@ -981,6 +981,13 @@ def load_exported(
     except FxforgeError:
         raise
     except Exception as exc:  # each runtime raises its own error types for a damaged file
+        if "NOT_IMPLEMENTED" in str(exc) or "Could not find an implementation" in str(exc):
+            # a well-formed file whose op ONNX Runtime has no CPU kernel for (a bf16 Gemm): no corruption (QA)
+            raise ModelSpecError(
+                f"ONNX Runtime cannot run {path}: {first_line(exc)}",
+                hint="it has no kernel for an op in the file in that dtype: export the model in float32, or to "
+                "another format",
+            ) from None
         raise ModelSpecError(f"cannot read {path}: {first_line(exc)}", hint="is the file corrupt?") from None
 
 
