@@ -770,3 +770,13 @@ def test_too_few_rounds_are_said_to_be():
     set_speedups([eager, ort])
     warning = BenchReport([eager, ort], 2, 1, 2, ["1x3"], "-").noise_warning
     assert warning.startswith("2 rounds: too few for a speedup interval") and "--repeats" in warning
+
+
+def test_the_repr_of_several_batch_sizes_names_them():
+    from fxforge.bench import BenchReport
+
+    rows = [_timed_row("eager", [1.0, 1.1, 1.0]), _timed_row("eager", [2.0, 2.1, 2.0])]
+    rows[1].batch = 4
+    text = repr(BenchReport(rows, 2, 1, 3, ["1x3"], "-"))
+    assert "eager (batch 1) 1.00 ms" in text and "eager (batch 4) 2.00 ms" in text
+    assert "(batch" not in repr(BenchReport(rows[:1], 2, 1, 3, ["1x3"], "-"))

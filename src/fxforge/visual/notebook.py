@@ -58,7 +58,12 @@ def fix_html(result: Any) -> str:
 
 
 def bench_repr(report: Any) -> str:
-    rows = ", ".join(f"{r.backend} {r.median_ms:.2f} ms" if r.median_ms else f"{r.backend} failed" for r in report.rows)
+    several = len({r.batch for r in report.rows}) > 1  # "eager 18.77 ms, ..., eager 20.45 ms" named no batch (QA)
+
+    def name(row: Any) -> str:
+        return f"{row.backend} (batch {row.batch})" if several else row.backend
+
+    rows = ", ".join(f"{name(r)} {r.median_ms:.2f} ms" if r.median_ms else f"{name(r)} failed" for r in report.rows)
     return f"<BenchReport {counted(report.threads, 'thread')}, {counted(report.repeats, 'round')}: {rows}>"
 
 
