@@ -122,7 +122,8 @@ class NapsTwiceAndOutsideLeaves(nn.Module):
         return self.fc(self.nap(self.nap(x)))
 
 
-def test_eager_counts_both_calls_of_a_reused_module_and_names_the_time_outside_leaves():
+def test_eager_counts_both_calls_of_a_reused_module_and_names_the_time_outside_leaves(monkeypatch):
+    monkeypatch.setattr("os.getloadavg", lambda: (0.0, 0.0, 0.0))  # else a busy CI machine's note is the load's
     captured = fxforge.prepare(NapsTwiceAndOutsideLeaves().eval(), ["2x4"])
     report = profile_model(captured, backend="eager", repeats=3, warmup=1, peak=PEAK)
     nap = next(n for n in report.nodes if n.name == "nap")

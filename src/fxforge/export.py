@@ -361,7 +361,9 @@ def export_model(
                     staged.path, to, output_like=_example_output(reference, inputs), device=device_of(inputs, reference)
                 )
             except ModelSpecError as exc:  # it read "cannot read <staging path>: ... (is the file corrupt?)" (QA)
-                reason = exc.message.split(": ", 1)[1] if exc.message.startswith("cannot read ") else exc.message
+                # both name the staging path
+                read = exc.message.startswith(("cannot read ", "ONNX Runtime cannot run "))
+                reason = exc.message.split(": ", 1)[1] if read else exc.message
                 runtime = {"onnx": "ONNX Runtime", "torchscript": "torch.jit.load", "pt2": "torch.export.load"}[to]
                 raise ExportError(
                     f"the exported {to} file does not load back in {runtime}: {reason}; nothing was written",
