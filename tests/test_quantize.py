@@ -80,13 +80,17 @@ def _accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
         return float((model(x).argmax(1) == y).float().mean())
 
 
+def _trained_cnn(x_train: torch.Tensor, y_train: torch.Tensor, epochs: int) -> DigitsCNN:
+    torch.manual_seed(0)
+    model = DigitsCNN()
+    _train(model, x_train, y_train, epochs=epochs)
+    return model.eval()
+
+
 @pytest.fixture(scope="module")
 def trained_cnn(digits):
     x_train, y_train, x_test, y_test = digits
-    torch.manual_seed(0)
-    model = DigitsCNN()
-    _train(model, x_train, y_train, epochs=8)
-    model.eval()
+    model = _trained_cnn(x_train, y_train, epochs=8)
     accuracy = _accuracy(model, x_test, y_test)
     assert accuracy >= 0.95, f"float CNN reached only {accuracy:.3f} on held-out digits"
     return model, accuracy
@@ -272,10 +276,8 @@ def test_keep_float_until_meets_a_one_point_budget_and_stops_at_the_first(digits
 def two_epoch_cnn(digits):
     """A digits CNN trained for 2 epochs (small margins: plain int8 misses a 100% agreement budget) and its capture."""
     x_train, y_train, _, _ = digits
-    torch.manual_seed(0)
-    model = DigitsCNN()
-    _train(model, x_train, y_train, epochs=2)
-    return model.eval(), capture(model, (x_train[:4],))
+    model = _trained_cnn(x_train, y_train, epochs=2)
+    return model, capture(model, (x_train[:4],))
 
 
 def test_auto_int8_falls_back_to_float_units_until_the_budget_holds(digits, two_epoch_cnn, tmp_path):

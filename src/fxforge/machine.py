@@ -268,8 +268,8 @@ def _int8_linear(values: torch.Tensor, size: int) -> Any:
 
 @dataclass
 class Load:
-    """How busy the CPUs were: the 1-minute load average (runnable threads, this process's included) and the CPUs
-    this process may run on."""
+    """How busy the CPUs were: the 1-minute load average (runnable threads, this process's included) and the
+    machine's logical CPUs."""
 
     average: float
     cpus: int
@@ -289,8 +289,7 @@ def current_load() -> Load | None:
         average = os.getloadavg()[0]
     except (AttributeError, OSError):
         return None
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return Load(average, cpus)
+    return Load(average, os.cpu_count() or 1)  # the load average counts the whole system's CPUs, as cpu_info does
 
 
 @functools.lru_cache(maxsize=4)
