@@ -949,6 +949,12 @@ def test_no_interval_is_claimed_from_fewer_than_three_rounds(classifier):
     render_auto(console, "classifier", result)
     rows = [line for line in console.export_text().splitlines() if "slow" in line and "│" in line]
     assert rows and "(" not in rows[0]
+    narrow = Console(record=True, width=60)  # columns are left out, and named, rather than numbers cut
+    render_auto(narrow, "classifier", result)
+    text = narrow.export_text()
+    assert "…" not in text and "not shown at this width (60 columns): build s" in " ".join(text.split())
+    slow = next(c for c in result.candidates if c.name == "slow")
+    assert f"{slow.median_ms:.2f}" in text
 
 
 def test_a_compile_recipe_called_at_another_batch_says_so_in_one_line(tmp_path):

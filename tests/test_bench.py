@@ -203,6 +203,31 @@ def test_a_fraction_of_peak_above_one_is_marked_and_explained():
     assert "above 100%" not in console.export_text()
 
 
+def test_a_narrow_terminal_leaves_out_columns_rather_than_cutting_numbers():
+    """QA: at COLUMNS=80 rich cut the medians to "567…"; columns are left out instead, and named."""
+    from rich.console import Console
+
+    from fxforge.bench import BenchReport, set_speedups
+    from fxforge.cli.render import render_bench
+
+    eager, ort = _timed_row("eager", [567.31, 601.25, 590.5]), _timed_row("onnxruntime", [40.12, 42.5, 41.75])
+    set_speedups([eager, ort])
+    for row in (eager, ort):
+        row.gflops, row.peak_fraction, row.max_abs_err, row.build_s, row.peak_mem_mib = 12.0, 0.21, 2.9e-6, 22.2, 7.0
+    report = BenchReport([eager, ort], 2, 1, 3, ["1x3x224x224"], "-")
+    wide = Console(record=True, width=200)
+    render_bench(wide, "torchvision:resnet18", report)
+    whole = wide.export_text()
+    assert "not shown" not in whole and "22.2" in whole
+    narrow = Console(record=True, width=80)
+    render_bench(narrow, "torchvision:resnet18", report)
+    text = narrow.export_text()
+    assert "…" not in text and f"{eager.median_ms:.2f}" in text and f"{ort.median_ms:.2f}" in text
+    said = " ".join(text.split())
+    assert "not shown at this width (80 columns): build s" in said and "--json has every column" in said
+    assert max(len(line) for line in text.splitlines()) <= 80
+
+
 def test_peak_memory_sees_what_a_backend_allocates(mlp):
     if not ResidentPeak.available():
         pytest.skip("needs Linux /proc")

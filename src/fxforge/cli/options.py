@@ -42,6 +42,13 @@ class _PipedConsole(Console):
     columns, rich cut a bench table's last column and border. A terminal keeps its own width (there, the user can
     widen the window), and so does a width the user set with ``COLUMNS``."""
 
+    @property
+    def table_room(self) -> int:
+        """How wide a table printed here may be before its cells are cut (``render.print_fitted``)."""
+        if self.is_terminal or os.environ.get("COLUMNS", "").isdigit():
+            return self.width
+        return max(self.width, PIPED_MAX_WIDTH)
+
     def on_broken_pipe(self) -> None:
         """The reader stopped reading (``| head -1``): print nothing more, and let the command end with its own exit
         code. rich's default raises SystemExit(1), which read as "mismatch" after a verify that said OK (QA)."""

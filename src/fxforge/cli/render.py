@@ -6,11 +6,12 @@ imports no torch and ``fxforge --help`` stays fast) and a ``rich`` console.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -33,6 +34,42 @@ def human_count(value: float, unit: str = "") -> str:
         if abs(value) >= threshold:
             return f"{value / threshold:.2f}{suffix}{unit}"
     return f"{value:g}{unit}"
+
+
+def print_fitted(console: Any, build: Callable[[set[str]], Table], optional: list[str]) -> None:
+    """Print the table ``build(left_out)`` makes, leaving out as few of the ``optional`` columns (first ones first) as
+    let every cell fit the console whole: in a narrow terminal rich cut the numbers instead, "567…" for "567.31"
+    (QA, ``COLUMNS=80``). The columns left out are named; ``--json`` has them all. A console that widens its
+    tables when piped (``cli.options``) says how wide it lets them grow, as ``table_room``."""
+    room = getattr(console, "table_room", console.width)
+    unbounded = console.options.update_width(100_000)  # rich clamps a measurement to the width it is given
+    left_out: list[str] = []
+    table = _cells_whole(build(set()))
+    for name in optional:
+        if Measurement.get(console, unbounded, table).minimum <= room:
+            break
+        left_out.append(name)
+        table = _cells_whole(build(set(left_out)))
+    console.print(table)
+    if left_out:
+        shown = ", ".join(left_out)
+        console.print(f"[dim]not shown at this width ({room} columns): {shown}; --json has every column[/]")
+
+
+def _cells_whole(table: Table) -> Table:
+    """Fix each column's width to its widest cell line (and longest header word), the last column's excepted (its
+    text may wrap): squeezing a table, rich narrows its widest columns first, whatever they hold."""
+    for column in table.columns[:-1]:
+        if column.no_wrap:
+            continue
+        lines = [line for cell in column.cells for line in _plain(cell).splitlines()]
+        words = _plain(column.header).split()
+        column.width = max([len(line) for line in lines] + [len(word) for word in words] + [1])
+    return table
+
+
+def _plain(cell: Any) -> str:
+    return Text.from_markup(cell).plain if isinstance(cell, str) else getattr(cell, "plain", str(cell))
 
 
 def render_capture(console: Console, spec: str, capture: dict[str, Any]) -> None:
@@ -434,34 +471,38 @@ def render_export(
 
 def render_bench(console: Any, spec: str, report: Any) -> None:
     """Print a bench report as a rich table (the CLI's human output)."""
-    table = Table(title=f"{escape(spec)}  inputs {', '.join(report.inputs)}  threads {report.threads}")
-    table.add_column("backend", no_wrap=True)
     # samples/s is batch / median: worth its width only where batch sizes differ (it stays in --json)
     throughput = len({row.batch for row in report.rows}) > 1
-    columns = ["batch", "median ms", "p90 ms", *(["samples/s"] if throughput else []), "speedup", "GFLOP/s (of peak)"]
-    for column in (*columns, "peak MiB", "max abs err", "build s"):
-        # the speedup's interval under it ("0.97-1.05") must not be cut
-        table.add_column(column, justify="right", min_width=9 if column == "speedup" else None)
-    table.add_column("status")
-    for row in report.rows:
-        if not row.ok:
-            table.add_row(row.backend, str(row.batch), *["-"] * (len(columns) + 2), f"[red]{escape(row.error)}[/]")
-            continue
-        verdict = {True: "[green]ok[/]", False: "[yellow]beyond tol[/]", None: "not compared"}[row.within_tolerance]
-        table.add_row(
-            row.backend,
-            str(row.batch),
-            _fmt(row.median_ms, ".2f"),
-            _fmt(row.p90_ms, ".2f"),
-            *([_fmt(row.throughput, ".1f")] if throughput else []),
-            _speedup(row),
-            _gflops(row),
-            _fmt(row.peak_mem_mib, ".1f"),
-            _fmt(row.max_abs_err, ".2g"),
-            _fmt(row.build_s, ".1f"),
-            verdict,
-        )
-    console.print(table)
+    columns: list[tuple[str, Any]] = [
+        ("batch", lambda row: str(row.batch)),
+        ("median ms", lambda row: _fmt(row.median_ms, ".2f")),
+        ("p90 ms", lambda row: _fmt(row.p90_ms, ".2f")),
+        *([("samples/s", lambda row: _fmt(row.throughput, ".1f"))] if throughput else []),
+        ("speedup", _speedup),
+        ("GFLOP/s (of peak)", _gflops),
+        ("peak MiB", lambda row: _fmt(row.peak_mem_mib, ".1f")),
+        ("max abs err", lambda row: _fmt(row.max_abs_err, ".2g")),
+        ("build s", lambda row: _fmt(row.build_s, ".1f")),
+    ]
+
+    def build(left_out: set[str]) -> Table:
+        table = Table(title=f"{escape(spec)}  inputs {', '.join(report.inputs)}  threads {report.threads}")
+        table.add_column("backend", no_wrap=True)
+        shown = [(name, cell) for name, cell in columns if name not in left_out]
+        for name, _ in shown:
+            # the speedup's interval under it ("0.97-1.05") must not be cut
+            table.add_column(name, justify="right", min_width=9 if name == "speedup" else None)
+        table.add_column("status")
+        for row in report.rows:
+            if not row.ok:
+                cells = [str(row.batch), *["-"] * (len(shown) - 1)]
+                table.add_row(row.backend, *cells, f"[red]{escape(row.error)}[/]")
+                continue
+            verdict = {True: "[green]ok[/]", False: "[yellow]beyond tol[/]", None: "not compared"}[row.within_tolerance]
+            table.add_row(row.backend, *(cell(row) for _, cell in shown), verdict)
+        return table
+
+    print_fitted(console, build, ["build s", "peak MiB", "p90 ms", "samples/s", "GFLOP/s (of peak)", "max abs err"])
     if report.machine:
         console.print(f"[dim]machine: {escape(report.machine)}[/]")
     console.print(
@@ -546,28 +587,31 @@ def render_auto(console: Any, spec: str, result: Any) -> None:
     console.print(f"[bold]{escape(spec)}[/]  exact passes: {passes}")
     for name, reason in result.rejected_passes.items():
         console.print(f"  [yellow]pass {name} rejected[/]: {escape(reason)}")
-    table = Table(title=f"candidates (tolerance {result.budget.tolerance:g}" + _agreement(result.budget) + ")")
-    table.add_column("candidate", no_wrap=True)
     dropped = any(c.top1_drop is not None for c in result.candidates)
-    columns = ["median ms", "vs fastest (95% CI)", "speedup", "of peak", "build s", "max abs err", "top-1 agr."]
-    for column in columns + (["top-1 drop"] if dropped else []):
-        table.add_column(column, justify="right")
-    table.add_column("verdict")
+    columns: list[tuple[str, Any]] = [
+        ("median ms", lambda c: _fmt(c.median_ms, ".2f")),
+        ("vs fastest (95% CI)", lambda c: _interval(c.vs_fastest)),
+        ("speedup", lambda c: _fmt(c.speedup, ".2f", "x")),
+        ("of peak", lambda c: _of_peak(c.peak_fraction)),
+        ("build s", lambda c: _fmt(c.build_s, ".1f")),
+        ("max abs err", lambda c: _fmt(c.max_abs_err, ".2g")),
+        ("top-1 agr.", lambda c: _fmt(c.top1_agreement, ".4f")),
+        *([("top-1 drop", lambda c: _fmt(c.top1_drop, "+.4f"))] if dropped else []),
+    ]
     styles = {"chosen": "bold green", "accepted": "green", "rejected": "red", "failed": "red"}
-    for c in result.candidates:
-        verdict = f"[{styles.get(c.status, '')}]{c.status}[/]"
-        cells = [
-            c.name,
-            _fmt(c.median_ms, ".2f"),
-            _interval(c.vs_fastest),
-            _fmt(c.speedup, ".2f", "x"),
-            _of_peak(c.peak_fraction),
-            _fmt(c.build_s, ".1f"),
-            _fmt(c.max_abs_err, ".2g"),
-            _fmt(c.top1_agreement, ".4f"),
-        ]
-        table.add_row(*cells, *([_fmt(c.top1_drop, "+.4f")] if dropped else []), verdict)
-    console.print(table)
+
+    def build(left_out: set[str]) -> Table:
+        table = Table(title=f"candidates (tolerance {result.budget.tolerance:g}" + _agreement(result.budget) + ")")
+        table.add_column("candidate", no_wrap=True)
+        shown = [(name, cell) for name, cell in columns if name not in left_out]
+        for name, _ in shown:
+            table.add_column(name, justify="right")
+        table.add_column("verdict")
+        for c in result.candidates:
+            table.add_row(c.name, *(cell(c) for _, cell in shown), f"[{styles.get(c.status, '')}]{c.status}[/]")
+        return table
+
+    print_fitted(console, build, ["build s", "of peak", "speedup", "top-1 agr.", "max abs err"])
     for c in result.candidates:
         if c.reason:
             console.print(f"  {c.name}: {escape(c.reason)}")
