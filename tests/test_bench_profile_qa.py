@@ -87,9 +87,9 @@ def test_nodes_that_do_no_work_get_no_verdict():
     idle = {n.name for n in graph.nodes if n.op == "get_attr" or n.target == "_guards_fn"}
     assert "_guards_fn" in idle  # torch.export's input guard: the case this test is about
     report = profile_model(captured, repeats=2, warmup=1, peak=PEAK)
-    timed = {n.name: n for n in report.nodes}
-    assert idle <= set(timed)  # still timed: their time is spent
-    assert all(timed[name].bound == "" and timed[name].peak_fraction is None for name in idle)
+    # not rows either (QA: BERT's weights' get_attr nodes among the slowest): their time, the interpreter's, is
+    # left outside the nodes, which the report's overhead says
+    assert not idle & {n.name for n in report.nodes}
     assert any(n.bound for n in report.nodes)
 
 

@@ -795,3 +795,19 @@ def test_a_model_whose_output_is_all_nan_is_captured_and_the_check_says_what_it_
     captured = capture(_AllNaN().eval(), (torch.randn(2, 4),))
     assert captured.record.method == SYMBOLIC_TRACE and captured.record.ok
     assert "8 of 8 reference values are NaN or Inf" in captured.record.checks[0].message
+
+
+@pytest.mark.parametrize("name", ['bn"<x>', "back\\slash", "two\nlines"])
+def test_a_name_torch_fx_cannot_write_into_code_is_refused_by_name(name):
+    """QA: a submodule named 'bn"<x>' made torch's generated code a SyntaxError that escaped capture bare (with
+    torch.export) or was blamed on untraceable code (with symbolic_trace)."""
+    model = torch.nn.Sequential()
+    model.add_module("fc", torch.nn.Linear(2, 2))
+    model.add_module(name, torch.nn.ReLU())
+    for method in ("auto", "export", "symbolic_trace"):
+        with pytest.raises(CaptureError) as raised:
+            capture(model, (torch.randn(1, 2),), method=method)
+        assert repr(name) in str(raised.value) and "rename" in raised.value.hint
+    model = torch.nn.Sequential()
+    model.add_module("<it's & fine>", torch.nn.Linear(2, 2))  # quoted the other way, escaped: captured
+    assert capture(model, (torch.randn(1, 2),)).record.method == SYMBOLIC_TRACE

@@ -239,3 +239,58 @@ def test_the_depth_menu_is_never_blank(nested_spec, tmp_path):
         assert page.evaluate(menu) == "0"
         page.wait_for_function(f"document.querySelectorAll('#fxg-graph g.node').length < {nodes_open}")
     assert record.console_errors == [] and record.requests == []
+
+
+# QA of the notebook views, 2026-11-27: what a notebook user saw wrong.
+
+
+def test_the_bench_view_says_which_rows_are_wrong(demo):
+    """A backend returning NaN showed as a normal row (a speedup, no status) and its repr as a plain timing."""
+    from fxforge.bench import BenchReport, BenchRow
+
+    eager, wrong = BenchRow("eager", batch=1), BenchRow("nan_backend", batch=1)
+    eager.set_rounds([2.0, 2.1, 2.2])
+    wrong.set_rounds([1.0, 1.1, 1.2])
+    eager.within_tolerance, eager.max_abs_err = True, 0.0
+    wrong.within_tolerance, wrong.max_abs_err, wrong.gflops, wrong.peak_fraction = False, float("inf"), 5.0, 0.02
+    report = BenchReport([eager, wrong], threads=1, warmup=1, repeats=3, inputs=["1x3"], memory="-")
+    rows = {row[0]: row for row in cells(report._repr_html_())}
+    assert "beyond tol" in rows["nan_backend"] and "ok" in rows["eager"]
+    assert "5 (2%)" in rows["nan_backend"]  # GFLOP/s and its share of the peak, as the CLI's table has them
+    assert "nan_backend 1.10 ms beyond tol" in assert_short_repr(report, "BenchReport")
+    assert report._repr_html_().count("Bench</h") == 1  # one heading, not the card's over the section's
+
+
+def test_the_inspect_view_shows_the_depth_the_report_was_made_at():
+    """The view cut at depth 2 whatever the report held: a BERT layer (depth 3) never showed."""
+    model = nn.Sequential(nn.Sequential(nn.Sequential(nn.Linear(4, 4), nn.ReLU())))
+    captured = fxforge.capture(model, (torch.randn(1, 4),))
+    deep = fxforge.inspect_graph(captured, depth=3)
+    assert "0.0.0" in [row[0] for row in cells(deep._repr_html_())]
+    shallow = fxforge.inspect_graph(captured, depth=1)
+    assert "0.0.0" not in [row[0] for row in cells(shallow._repr_html_())]
+
+
+def test_show_draws_a_quantize_result_and_qat_is_not_called_int8():
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)).eval()
+    captured = fxforge.capture(model, (torch.randn(2, 8),))
+    with pytest.warns(Warning):  # random calibration is said
+        static = fxforge.quantize(captured, "static", random_batches=2)
+    page = fxforge.show(static)
+    assert isinstance(page, GraphView) and "quantize_per_tensor" in page.html
+    assert "still float" in repr(fxforge.quantize(captured, "qat-prepare"))
+
+
+def test_an_optimize_that_changed_nothing_draws_no_diff(demo):
+    """A diff of no change embedded the whole graph page (1.8 MB) all the same."""
+    unchanged = fxforge.optimize(demo, [])
+    assert "<iframe" not in unchanged._repr_html_() and "No pass changed the graph" in unchanged._repr_html_()
+    changed = fxforge.optimize(demo, ["fold_bn"])
+    assert changed.pipeline.steps[0].result.changed and "<iframe" in changed._repr_html_()
+
+
+def test_a_card_brings_its_own_background():
+    """On a dark notebook theme the cards' dark text sat on a transparent card, on a near-black page."""
+    css = display.card("x", "y").split("</style>")[0]
+    rule = next(line for line in css.split("}") if line.lstrip("<style>\n").startswith(".fxf-card{"))
+    assert "background:#fff" in rule and "color:#1f2933" in rule

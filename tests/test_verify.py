@@ -658,3 +658,15 @@ def test_bisection_takes_a_fused_node_for_the_reference_node_it_absorbed():
     fused.fused[0].weight.data.mul_(1.5)  # now it computes something else: named
     divergence = bisect_graphs(reference, fused, [x], [x])
     assert divergence is not None and divergence.node == first.name
+
+
+def test_a_nan_in_the_candidate_is_named_not_only_an_infinite_error():
+    """QA: a candidate returning NaN read "max abs error inf exceeds atol", with no word of NaN."""
+    reference = torch.ones(2, 3)
+    candidate = reference.clone()
+    candidate[0, 0], candidate[1, 2] = float("nan"), float("inf")
+    result = compare_outputs(reference, candidate)
+    assert not result.ok and "the candidate has 1 NaN and 1 Inf of 6 values where the reference is finite" in (
+        result.problems[0]
+    )
+    assert "NaN" not in compare_outputs(reference, reference + 1).problems[0]  # a plain mismatch says nothing of NaN

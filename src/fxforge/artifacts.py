@@ -1015,10 +1015,12 @@ def _load_exported(path: Path, format: str, output_like: Any, threads: int | Non
 PYTREE_TYPE_PACKAGES = ("transformers", "diffusers", "timm", "torchvision")
 
 
-# The file inside a model.pt2 archive where fxforge records the model's names of the program's positional
-# inputs (a JSON list), where the program's own are not them: a program exported through a wrapper that takes
-# ``*args`` (channels-last layout, --concrete values fixed) names its inputs ``args_0``, ``args_1``...
-PROGRAM_ARGUMENTS_FILE = "fxforge.arguments"
+# Where fxforge records the model's names of a program's positional inputs (a JSON list): the name of an extra
+# file inside a model.pt2 archive, where the program's own names are not them (a program exported through a
+# wrapper that takes ``*args`` -- channels-last layout, --concrete values fixed -- names its inputs ``args_0``,
+# ``args_1``...), and the metadata key of an AOTInductor package, which takes its inputs by position only while a
+# transformers user calls ``model(**tokenizer(text))``.
+ARGUMENTS_KEY = "fxforge.arguments"
 # ... which :func:`load_program` keeps on the program it returns, for :func:`program_module`
 _RECORDED_NAMES = "_fxforge_argument_names"
 
@@ -1029,7 +1031,7 @@ def save_program(program: torch.export.ExportedProgram, path: str | Path, source
     that the program's module takes inputs by the model's names."""
     own = positional_names(program.module()) if source is not None else None
     names = argument_names(unwrapped(source), len(own)) if source is not None and own else None
-    extra = {PROGRAM_ARGUMENTS_FILE: json.dumps(names)} if names and own != names else None
+    extra = {ARGUMENTS_KEY: json.dumps(names)} if names and own != names else None
     with quiet_torch_logs():
         torch.export.save(program, str(path), extra_files=extra)
 
@@ -1051,10 +1053,10 @@ def load_program(path: str | Path) -> torch.export.ExportedProgram:
         FxforgeError: the program names a type from another package that is not imported yet.
     """
     import_pytree_types(_pytree_types(Path(path)), Path(path).name)
-    extra = {PROGRAM_ARGUMENTS_FILE: ""}
+    extra = {ARGUMENTS_KEY: ""}
     program = torch.export.load(str(path), extra_files=extra)
     with contextlib.suppress(ValueError, TypeError):
-        names = json.loads(extra[PROGRAM_ARGUMENTS_FILE] or "null")
+        names = json.loads(extra[ARGUMENTS_KEY] or "null")
         if isinstance(names, list) and all(isinstance(n, str) for n in names):
             setattr(program, _RECORDED_NAMES, names)
     return program
@@ -1307,12 +1309,9 @@ def rebuild_structure(description: Any, tensors: Iterator[torch.Tensor]) -> Any:
     return cls(**items) if cls is not None else items
 
 
-# The metadata key under which an AOTInductor package written by fxforge records the names of its positional
-# inputs (a JSON list): the package itself takes them by position only, and a transformers user calls
-# ``model(**tokenizer(text))``.
-ARGUMENTS_KEY = "fxforge.arguments"
-# ... and its input specs (the text of inputs.txt, one line per input), which it runs and does not check itself:
-# a package copied without its directory's inputs.txt still refuses other shapes
+# An AOTInductor package written by fxforge records its inputs' names under ARGUMENTS_KEY, and its input specs (the
+# text of inputs.txt, one line per input) here, which it runs and does not check itself: a package copied without its
+# directory's inputs.txt still refuses other shapes
 INPUTS_KEY = "fxforge.inputs"
 # ... and the index bounds of its inputs that embeddings look up (:func:`~fxforge.graphs.index_bounds`, a JSON
 # object from input position to rows): compiled code aborts the process on an out-of-range index

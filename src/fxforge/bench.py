@@ -653,8 +653,10 @@ class BenchReport:
                 f"{self.threads} of it this run's at most): a backend's threads can wait for busy cores and run many "
                 "times slower in every round alike, which no interval shows, so its speedups are the load's"
             )
-        if busy:
-            advice = "rerun with nothing else running, or with --threads 1"
+        if busy and self.threads > 1:
+            advice = f"rerun with nothing else running, or with {option('--threads', 1)}"
+        elif busy:
+            advice = "rerun with nothing else running"
         else:
             advice = "compare backends by the speedup intervals, or rerun with nothing else running"
         return f"a busy machine: {'; '.join(parts)}; {advice}"

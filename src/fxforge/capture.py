@@ -27,6 +27,7 @@ import difflib
 import functools
 import inspect as pyinspect
 import io
+import itertools
 import linecache
 import operator
 import os
@@ -747,6 +748,28 @@ def _refuse_compiled_forms(model: nn.Module) -> None:
         )
 
 
+# torch.fx writes each attribute path into Python source between double quotes, unescaped: a name holding one of
+# these made torch's generated code a SyntaxError (or an AttributeError for a backslash) that escaped capture bare (QA)
+_UNWRITABLE_IN_NAMES = ('"', "\\", "\n", "\r")
+
+
+def _refuse_unwritable_names(model: nn.Module) -> None:
+    named = itertools.chain(
+        model.named_modules(remove_duplicate=False),
+        model.named_parameters(remove_duplicate=False),
+        model.named_buffers(remove_duplicate=False),
+    )
+    for name, _ in named:
+        bad = [c for c in _UNWRITABLE_IN_NAMES if c in name]
+        if bad:
+            raise CaptureError(
+                f"cannot capture a model with the attribute name {name!r}: torch.fx writes attribute names into "
+                f"generated Python code unescaped, and {bad[0]!r} breaks it",
+                hint="rename the submodule, parameter or buffer (add_module/register_buffer take any name; give "
+                "one without quotes, backslashes or line breaks)",
+            )
+
+
 @rng_preserved()  # tracing, exporting and checking draw from torch's RNG: the caller's state is kept
 def capture(
     model: nn.Module | LoadedModel,
@@ -810,6 +833,7 @@ def capture(
             hint="put a function in a module's forward, or name a model spec with fxforge.prepare",
         )
     _refuse_compiled_forms(model)
+    _refuse_unwritable_names(model)
     compiled_recipe = isinstance(model, CompiledModule)
     if compiled_recipe:
         # an --auto output's model.pt2 + recipe.json, loaded compiled: the graph is the program's, not the code of

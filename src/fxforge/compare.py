@@ -270,9 +270,24 @@ def _compare_tensors(
         if ok
         else [
             f"{path}: max abs error {max_abs:.3g} exceeds atol={atol:g} + rtol={rtol:g} * max|reference| ({scale:.3g})"
+            + _nonfinite_in_candidate(reference, candidate)
         ]
     )
     return Comparison(ok, max_abs, max_rel, problems, reference_values=values, reference_nonfinite=nonfinite)
+
+
+def _nonfinite_in_candidate(reference: torch.Tensor, candidate: torch.Tensor) -> str:
+    """Why an error is infinite: NaN or Inf in the candidate where the reference is finite (QA: a NaN output read
+    "max abs error inf", naming no NaN)."""
+    if not (candidate.is_floating_point() or candidate.is_complex()) or candidate.is_quantized:
+        return ""
+    finite = torch.isfinite(reference.dequantize() if reference.is_quantized else reference)
+    nan = int((torch.isnan(candidate) & finite).sum())
+    inf = int((torch.isinf(candidate) & finite).sum())
+    said = [f"{count:,} {kind}" for count, kind in ((nan, "NaN"), (inf, "Inf")) if count]
+    if not said:
+        return ""
+    return f"; the candidate has {' and '.join(said)} of {candidate.numel():,} values where the reference is finite"
 
 
 def _value_dtype(tensor: torch.Tensor) -> str:

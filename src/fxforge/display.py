@@ -17,10 +17,14 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 # One inline style block per card, scoped by class: notebooks render many outputs on one page, and a
-# card must neither depend on nor change the notebook's own styles.
+# card must neither depend on nor change the notebook's own styles. Its own background: a dark notebook theme
+# left dark text on a near-black page (QA).
 _STYLE = """<style>
-.fxf-card{font:13px/1.4 system-ui,-apple-system,'Segoe UI',sans-serif;color:#1f2933;max-width:100%;overflow-x:auto}
+.fxf-card{font:13px/1.4 system-ui,-apple-system,'Segoe UI',sans-serif;color:#1f2933;max-width:100%;overflow-x:auto;
+  background:#fff;padding:4px 8px;border-radius:6px;box-sizing:border-box}
 .fxf-card h4{margin:4px 0 6px;font-size:14px}
+/* a report section inside a card: its heading no larger than the card's (the notebook's h2 is) */
+.fxf-card section.fxr h2{margin:6px 0 4px;font-size:14px}
 .fxf-card .fxf-sub{color:#52606d;margin:0 0 6px}
 .fxf-card table{border-collapse:collapse;margin:4px 0 8px}
 .fxf-card th,.fxf-card td{border-bottom:1px solid #e4e7eb;padding:3px 10px;text-align:left;vertical-align:top}
@@ -109,9 +113,11 @@ def table(
 
 
 def card(title: str, *parts: str, subtitle: str = "") -> str:
-    """A titled block of HTML parts (tables, paragraphs), with the shared style."""
+    """A titled block of HTML parts (tables, paragraphs), with the shared style; no title line for ``""`` (a part
+    that brings its own heading, as a report section does: "Bench" over "Bench" read twice, QA)."""
     sub = f'<p class="fxf-sub">{escape(subtitle)}</p>' if subtitle else ""
-    return f'{_STYLE}<div class="fxf-card"><h4>{escape(title)}</h4>{sub}{"".join(parts)}</div>'
+    heading = f"<h4>{escape(title)}</h4>" if title else ""
+    return f'{_STYLE}<div class="fxf-card">{heading}{sub}{"".join(parts)}</div>'
 
 
 def paragraph(text: str) -> str:
@@ -164,12 +170,12 @@ def inspect_repr(report: Any) -> str:
     )
 
 
-def inspect_html(report: Any, depth: int = 2) -> str:
+def inspect_html(report: Any) -> str:
     totals = report.totals
+    # the report holds the modules down to the depth it was asked for (a fixed depth 2 here hid BERT's layers, QA)
     rows = [
         (m.path, m.type, m.nodes, number(m.params), number(m.flops), byte_size(m.activation_bytes))
         for m in report.modules
-        if m.depth <= depth
     ]
     subtitle = (
         f"{totals.get('nodes')} nodes, {totals.get('params', 0):,} parameters, {number(totals.get('flops'))} "

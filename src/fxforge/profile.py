@@ -248,7 +248,9 @@ class _TimedInterpreter(GraphRunner):
         self.times, self.ranges = times, ranges
 
     def run_node(self, n: fx.Node) -> Any:
-        if n.op in ("placeholder", "output"):
+        # torch.export's input guard checks shapes and a get_attr fetches a tensor: no work of the model's, and
+        # timed they filled the slowest rows with weights' names (QA); their time is the interpreter's, outside
+        if n.op in ("placeholder", "output", "get_attr") or is_input_guard(n):
             return super().run_node(n)
         if self.ranges:
             with record_function(_NODE + n.name):
@@ -374,8 +376,6 @@ def _profile_graph(
         ranged = _TimedInterpreter(gm, {}, ranges=True)
         allocated = _allocated(_profiled_run(lambda: ranged.run(*cloned(values)), trace, force), _NODE)
     producers = {n.name: [i.name for i in n.all_input_nodes] for n in gm.graph.nodes}
-    # torch.export's input guard checks shapes and a get_attr fetches a tensor: timed, but doing no work to judge
-    idle = {n.name for n in gm.graph.nodes if is_input_guard(n) or n.op == "get_attr"}
     nodes = []
     for node in gm.graph.nodes:
         if node.name not in times:
@@ -389,7 +389,7 @@ def _profile_graph(
         nodes.append(
             _node_time(node.name, node.op, target, info.module, times[node.name], sizes, info.flops, moved, info.dtype)
         )
-    return _report("fx", captured.example_inputs, repeats, nodes, totals, peak, trace, _modules(nodes), idle)
+    return _report("fx", captured.example_inputs, repeats, nodes, totals, peak, trace, _modules(nodes))
 
 
 def _bytes_out(info: NodeInfo) -> int:
@@ -467,15 +467,12 @@ def _report(
     peak: Peak,
     trace: str | Path | None,
     modules: list[ModuleTime],
-    idle: set[str] | None = None,
 ) -> ProfileReport:
-    """The report; ``idle``: nodes that do no work, given no verdict."""
     total = sum(n.time_ms for n in nodes)
     whole_ms = statistics.median(totals.whole)
     for node in nodes:
         node.share = node.time_ms / total if total else 0.0
-        if node.name not in (idle or set()):
-            _judge(node, peak)
+        _judge(node, peak)
     for module in modules:
         module.share = module.time_ms / total if total else 0.0
     # as the other commands spell them: 2x16:int64 (float32 goes unsaid)

@@ -627,9 +627,9 @@ def _plan(captured: Captured, mode: str, backend: str) -> _Plan:
         raise DialectError(
             f"{mode} quantization needs a torch-dialect graph (symbolic_trace); this model was captured "
             "with torch.export (ATen dialect), whose ops FX graph-mode quantization does not match",
-            hint="make the untraceable submodule a leaf (--leaf NAME) so symbolic tracing succeeds, "
-            "or quantize in dynamic mode (Linear/LSTM layers only, works on any model: quantize --mode dynamic, "
-            "report --quantize dynamic)",
+            hint=f"make the untraceable submodule a leaf ({said('--leaf NAME', 'capture with leaf_modules=[NAME]')}) "
+            "so symbolic tracing succeeds, or quantize in dynamic mode (Linear/LSTM layers only, works on any model: "
+            + said("quantize --mode dynamic, report --quantize dynamic)", "mode='dynamic')"),
         )
     if captured.record.method == LOADED and not any(
         isinstance(m, DYNAMIC_LAYER_TYPES) for m in captured.original.modules()

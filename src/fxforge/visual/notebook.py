@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fxforge.display import card, counted
+from fxforge.display import card, counted, paragraph
 from fxforge.visual.render import diff_html
 from fxforge.visual.sections import bench_section, changelog_section, quantize_section, verify_section
 
@@ -33,8 +33,11 @@ def optimize_html(result: Any) -> str:
         changelog_section(data),
     ]
     captured = getattr(result, "captured", None)
-    if captured is not None:
+    changed = any(s.result.changed and not s.rolled_back for s in result.pipeline.steps)
+    if captured is not None and changed:
         parts.append(diff_html(captured, result, title="diff")._repr_html_())
+    elif captured is not None:  # a diff page of no change weighed as much as any other (QA)
+        parts.append(paragraph("No pass changed the graph: no diff to draw."))
     return card("Optimize", *parts)
 
 
@@ -63,12 +66,19 @@ def bench_repr(report: Any) -> str:
     def name(row: Any) -> str:
         return f"{row.backend} (batch {row.batch})" if several else row.backend
 
-    rows = ", ".join(f"{name(r)} {r.median_ms:.2f} ms" if r.median_ms else f"{name(r)} failed" for r in report.rows)
+    def timing(row: Any) -> str:
+        if not row.median_ms:
+            return f"{name(row)} failed"
+        # a wrong answer, fast, must not read as a plain timing (QA: a NaN backend as "qa_nan 0.24 ms")
+        verdict = {False: " beyond tol", None: " not compared"}.get(row.within_tolerance, "")
+        return f"{name(row)} {row.median_ms:.2f} ms{verdict}"
+
+    rows = ", ".join(timing(r) for r in report.rows)
     return f"<BenchReport {counted(report.threads, 'thread')}, {counted(report.repeats, 'round')}: {rows}>"
 
 
 def bench_html(report: Any) -> str:
-    return card("Bench", bench_section(report.to_dict()))
+    return card("", bench_section(report.to_dict()))
 
 
 def quantize_repr(result: Any) -> str:
@@ -79,8 +89,10 @@ def quantize_repr(result: Any) -> str:
         else ""
     )
     layers = counted(len(result.quantized_layers), "layer")
-    return f"<QuantizeResult {result.mode} ({result.backend}): {layers} int8{agreement}>"
+    # QAT's prepared model is float with fake-quant nodes: nothing is int8 until it is converted (QA)
+    what = "with fake-quant, still float" if result.mode == "qat-prepare" else "int8"
+    return f"<QuantizeResult {result.mode} ({result.backend}): {layers} {what}{agreement}>"
 
 
 def quantize_html(result: Any) -> str:
-    return card("Quantize", quantize_section(result.to_dict()))
+    return card("", quantize_section(result.to_dict()))

@@ -275,11 +275,18 @@ def graph_svg(
 
 
 def show(target: Any, *, depth: int | None = None, profile: Any = None) -> GraphView:
-    """For notebooks: the graph of a Captured or GraphModule, or the diff of an optimize/quantize result's
-    ``captured`` attribute when it has one. The last line of a cell displays it."""
+    """For notebooks: the graph of a Captured or GraphModule; the diff of an optimize result (from its ``captured``
+    attribute); the quantized graph of a quantize result (its ``model``; ``diff_html(float_model, result)`` shows
+    what quantization changed). The last line of a cell displays it."""
     if isinstance(target, (Captured, fx.GraphModule)):
         return graph_html(target, depth=depth, profile=profile)
     captured = getattr(target, "captured", None)
     if captured is not None:
         return diff_html(captured, target, depth=depth, profile=profile)
-    raise FxforgeError(f"cannot draw a {type(target).__name__}", hint="pass a Captured or a GraphModule")
+    model = getattr(target, "model", None)
+    if isinstance(model, fx.GraphModule):  # QA: show(quantize_result) refused, as its docstring said it would draw
+        return graph_html(model, depth=depth, profile=profile)
+    raise FxforgeError(
+        f"cannot draw a {type(target).__name__}",
+        hint="pass a Captured, a GraphModule, an optimize result or a quantize result",
+    )

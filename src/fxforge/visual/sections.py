@@ -19,6 +19,7 @@ import torch
 
 from fxforge import machine
 from fxforge.display import byte_size, counted, escape, key_values, number, status, table
+from fxforge.errors import option
 
 _PACKAGES = ("fxforge", "torch", "torchvision", "timm", "transformers", "onnx", "onnxruntime", "numpy")
 
@@ -168,7 +169,7 @@ def verify_section(
     check: Mapping[str, Any] | None, *, failed_pass: str | None = None, problem: str | None = None
 ) -> str:
     if check is None and not problem:
-        return section("Verification", "<p>Not verified (run with --verify).</p>", anchor="verify")
+        return section("Verification", f"<p>Not verified (run with {option('--verify', True)}).</p>", anchor="verify")
     parts = []
     if check is not None:
         word = status(check.get("ok"), "verified", "FAILED")
@@ -277,28 +278,18 @@ def bench_section(bench: Mapping[str, Any]) -> str:
             _ms(row.get("p90_ms")),
             _speedup(row),
             f"{row['throughput']:.1f}" if row.get("throughput") else "-",
+            _gflops(row),
             f"{row['peak_mem_mib']:.1f}" if row.get("peak_mem_mib") is not None else "-",
             f"{row['max_abs_err']:.2g}" if row.get("max_abs_err") is not None else "-",
+            f"{row['build_s']:.1f}" if row.get("build_s") is not None else "-",
+            _bench_status(row),
             row.get("error") or "; ".join(row.get("notes", [])),
         )
         for row in rows
     ]
-    body = "".join(charts) + table(
-        [
-            "backend",
-            "batch",
-            "median ms",
-            "p10 ms",
-            "p90 ms",
-            "speedup",
-            "samples/s",
-            "peak MiB",
-            "max abs err",
-            "notes",
-        ],
-        table_rows,
-        numeric=[1, 2, 3, 4, 5, 6, 7, 8],
-    )
+    headers = ["backend", "batch", "median ms", "p10 ms", "p90 ms", "speedup", "samples/s", "GFLOP/s (of peak)"]
+    headers += ["peak MiB", "max abs err", "build s", "status", "notes"]
+    body = "".join(charts) + table(headers, table_rows, numeric=range(1, 11), raw=[11])
     body += (
         f"<p>{counted(bench.get('threads') or 0, 'thread')}, {counted(bench.get('warmup') or 0, 'warm-up call')}, "
         f"{bench.get('repeats')} timed "
@@ -311,6 +302,27 @@ def bench_section(bench: Mapping[str, Any]) -> str:
     if bench.get("noise_warning"):
         body += f"<p class='fxf-warn'>{escape(bench['noise_warning'])}</p>"
     return section("Bench", body, anchor="bench")
+
+
+def _bench_status(row: Mapping[str, Any]) -> str:
+    """As the CLI's status column: a row out of tolerance must not read as a plain timing (QA: a backend returning
+    NaN showed as a normal row in the notebook)."""
+    if row.get("error"):
+        return status(False, bad="failed")
+    return {True: status(True), False: '<span class="fxf-bad">beyond tol</span>'}.get(
+        row.get("within_tolerance"), "not compared"
+    )
+
+
+def _gflops(row: Mapping[str, Any]) -> str:
+    if row.get("gflops") is None:
+        return "-"
+    fraction = row.get("peak_fraction")
+    if fraction is None:
+        return f"{row['gflops']:.0f}"
+    precision = "" if row.get("precision", "fp32") == "fp32" else f" {row['precision']}"
+    # above 100% of a peak cannot be: a peak measured on a busy machine (the CLI explains the '!' the same way)
+    return f"{row['gflops']:.0f} ({fraction:.0%}{'!' if fraction > 1 else ''}{precision})"
 
 
 def _speedup(row: Mapping[str, Any]) -> str:
