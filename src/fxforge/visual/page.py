@@ -5,10 +5,17 @@ A page works offline from ``file://`` and makes no network request: the layout e
 Security Policy (``default-src 'none'``) forbids the browser to fetch anything even if a script tried.
 :class:`GraphView` is what the API returns: the page's HTML, written to a file with :meth:`GraphView.save`
 and shown inline in Jupyter (``_repr_html_``, an iframe holding the page).
+
+In a notebook the page is smaller: ELK (1.6 MB of script, most of any page) travels gzip-compressed and base64-encoded
+(:func:`packed_elk`, 0.64 MB) and the browser unpacks it (``DecompressionStream``) into a ``blob:`` script, which the
+notebook page's policy (:data:`NOTEBOOK_CSP`) adds to the inline scripts; nothing is fetched still. A saved page keeps
+ELK as a plain script: it opens in any browser, also one without ``DecompressionStream``, under the strictest policy.
 """
 
 from __future__ import annotations
 
+import base64
+import gzip
 import html
 from dataclasses import dataclass, field
 from functools import cache
@@ -24,12 +31,72 @@ ASSETS = ("elk.bundled.js", "graphview.js", "graphpage.js")
 
 # No network, ever: scripts and styles are inline, images are data: URIs, downloads are blob: URLs.
 CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data: blob:"
+# A notebook's page also runs a blob: script: ELK, unpacked by the page itself (ELK_LOADER). A blob: URL can only be
+# made by a script already running in the page, so this lets no new code in (remote scripts stay forbidden, as does
+# every request). Not 'unsafe-eval' instead: that would let any script of the page turn any string into code.
+NOTEBOOK_CSP = CSP.replace("script-src 'unsafe-inline'", "script-src 'unsafe-inline' blob:")
+
+# Unpacks ELK (page.py's packed_elk) and runs it as a blob: script; window.fxgElk is the promise of the ELK class,
+# which graphview.js's FXG.layout waits for. A browser that cannot unpack it says so in the page (the viewer shows
+# why the graph could not be laid out) rather than drawing nothing.
+ELK_LOADER = """(function () {
+  "use strict";
+  window.fxgElk = new Promise(function (resolve, reject) {
+    if (typeof DecompressionStream === "undefined") {
+      throw new Error("this browser cannot unpack the layout engine (no DecompressionStream: Chrome 80, " +
+        "Firefox 113, Safari 16.4 or newer can); fxforge graph -o page.html writes a page any browser opens");
+    }
+    var text = atob(document.getElementById("fxg-elk").textContent);
+    var bytes = new Uint8Array(text.length);
+    for (var i = 0; i < text.length; i++) bytes[i] = text.charCodeAt(i);
+    var unpacked = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("gzip"));
+    new Response(unpacked).blob().then(function (js) {
+      var url = URL.createObjectURL(new Blob([js], { type: "text/javascript" }));
+      var script = document.createElement("script");
+      script.onload = function () {
+        URL.revokeObjectURL(url);
+        if (window.ELK) resolve(window.ELK); else reject(new Error("the layout engine did not load"));
+      };
+      script.onerror = function () { URL.revokeObjectURL(url); reject(new Error("the layout engine could not run")); };
+      script.src = url;
+      document.head.appendChild(script);
+    }).catch(reject);
+  });
+})();"""
 
 
 @cache
 def asset(name: str) -> str:
     """The text of a bundled asset (``assets/`` in the package)."""
     return resources.files("fxforge.visual").joinpath("assets", name).read_text(encoding="utf-8")
+
+
+@cache
+def plain_elk() -> str:
+    """ELK as a saved page holds it: one inline script, as :func:`document` writes each of :data:`ASSETS`."""
+    return f"<script>\n{asset('elk.bundled.js')}\n</script>"
+
+
+@cache
+def packed_elk() -> str:
+    """ELK as a notebook's page holds it: gzip (mtime 0, so the same bytes every time) in base64, and the script that
+    unpacks and runs it (:data:`ELK_LOADER`). Made once a process: every graph of a notebook shares it."""
+    packed = base64.b64encode(gzip.compress(asset("elk.bundled.js").encode(), compresslevel=9, mtime=0)).decode()
+    return f'<script type="application/octet-stream" id="fxg-elk">{packed}</script>\n<script>\n{ELK_LOADER}\n</script>'
+
+
+def csp_meta(policy: str) -> str:
+    return f'<meta http-equiv="Content-Security-Policy" content="{policy}">'
+
+
+def notebook_page(page: str) -> str:
+    """``page`` as a notebook shows it: its inline ELK packed (:func:`packed_elk`) under :data:`NOTEBOOK_CSP`.
+    A page without ELK (an SVG, a report without a graph) is returned as it is."""
+    start = page.find(plain_elk()[:80])  # where ELK begins (a short search), then the whole of it compared
+    if start < 0 or not page.startswith(plain_elk(), start):
+        return page
+    packed = page[:start] + packed_elk() + page[start + len(plain_elk()) :]
+    return packed.replace(csp_meta(CSP), csp_meta(NOTEBOOK_CSP), 1)
 
 
 def script_json(data: Any) -> str:
@@ -60,7 +127,7 @@ def document(title: str, subtitle: str, body: str, model: dict[str, Any] | None,
         scripts += f"<script>\n{extra_script}\n</script>"
     return (
         '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
-        f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
+        f"{csp_meta(CSP)}"
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{html.escape(title)}</title><style>{asset('page.css')}</style></head>\n<body>"
         f'<header class="fxg-top"><h1>{html.escape(title)}</h1><p>{html.escape(subtitle)}</p></header>'
@@ -152,8 +219,9 @@ class GraphView:
         return f"<fxforge page {self.title!r}: {nodes} nodes, {size}{where}>"
 
     def _repr_html_(self) -> str:
-        # An iframe: the page's scripts and styles stay inside it, and the notebook's stay out.
+        # An iframe: the page's scripts and styles stay inside it, and the notebook's stay out. Its ELK is packed
+        # (notebook_page): a graph in a notebook was 1.8 MB, whatever the model's size.
         return (
-            f'<iframe srcdoc="{html.escape(self.html, quote=True)}" style="width:100%;height:720px;'
+            f'<iframe srcdoc="{html.escape(notebook_page(self.html), quote=True)}" style="width:100%;height:720px;'
             'border:1px solid #e4e7eb;border-radius:6px" sandbox="allow-scripts allow-downloads"></iframe>'
         )

@@ -208,10 +208,18 @@
     };
   };
 
+  /* The ELK class, as a promise: a saved page (and the embedded V8 of graph_svg) runs elk.bundled.js before this
+   * file, a notebook's page unpacks it after (page.py's ELK_LOADER sets root.fxgElk): the layout waits for it. */
+  function elkClass() {
+    if (root.ELK) return Promise.resolve(root.ELK);
+    return root.fxgElk || Promise.reject(new Error("the layout engine (ELK) is not in the page"));
+  }
+
   FXG.layout = function (model, open, opts) {
     var built = FXG.elkGraph(model, open, opts);
-    var elk = new root.ELK();
-    return elk.layout(built.graph).then(function (laid) { return { graph: laid, texts: built.texts, open: open }; });
+    return elkClass().then(function (ELK) {
+      return new ELK().layout(built.graph);
+    }).then(function (laid) { return { graph: laid, texts: built.texts, open: open }; });
   };
 
   /* ---------------------------------------------------------------- drawing */
