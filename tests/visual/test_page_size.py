@@ -82,10 +82,11 @@ def test_a_notebook_graph_lays_out_and_draws_every_node_in_a_sandboxed_iframe(ch
     record = PageRecord()
     page = open_page(chromium, path, record)
     frame = next(f for f in page.frames if f is not page.main_frame)
-    frame.wait_for_selector("body[data-ready='1']", timeout=30_000)
+    frame.wait_for_selector("body[data-ready='1'], #fxg-graph .fxg-error", timeout=30_000)
+    errors = frame.locator("#fxg-graph .fxg-error")
+    assert errors.count() == 0, errors.first.inner_text()
     assert frame.evaluate("typeof window.ELK") == "function"  # unpacked from the page, not fetched
     assert frame.locator("#fxg-graph g.node").count() == visible(view) >= 7
-    assert frame.locator("#fxg-graph .fxg-error").count() == 0
     assert record.console_errors == [] and record.requests == []
 
 
