@@ -50,7 +50,7 @@ def _backend(name: str, *, scale: float = 1.0, delay: float = 0.0, cheat: bool =
     return Backend(name, "test candidate", build)
 
 
-def test_a_wrong_fast_candidate_is_rejected_and_never_chosen(classifier, tmp_path):
+def test_a_wrong_fast_candidate_is_rejected_and_never_chosen(classifier, tmp_path, monkeypatch):
     candidates = [
         _backend("cached", cheat=True),  # the fastest by far, and wrong
         _backend("perturbed", scale=1.001),  # as fast as eager, off by 1e-3 relative
@@ -79,8 +79,15 @@ def test_a_wrong_fast_candidate_is_rejected_and_never_chosen(classifier, tmp_pat
     assert compare_outputs(classifier.original(x), loaded(x)).ok
     # the printed fxforge line loads it as written: a pickle needs the opt-in (the line without it raised)
     line = result.load_with_fxforge.split("  #")[0]
-    assert line.endswith(", trust_pickle=True).module") and report["load_with_fxforge"] == result.load_with_fxforge
+    assert line.endswith(", trust_pickle=True).module")
     assert compare_outputs(classifier.original(x), eval(line, {"fxforge": fxforge})(x)).ok
+    # report.json's line runs in the directory, wherever the command ran (QA: a path relative to the command's
+    # working directory), and output_dir is where it was written
+    assert report["load_with_fxforge"].startswith("fxforge.load_model('.', trust_pickle=True).module")
+    assert report["output_dir"] == str((tmp_path / "out").resolve())
+    monkeypatch.chdir(tmp_path / "out")
+    in_place = eval(report["load_with_fxforge"].split("  #")[0], {"fxforge": fxforge})
+    assert compare_outputs(classifier.original(x), in_place(x)).ok
 
 
 def test_the_output_says_what_the_table_says_and_warns_of_a_busy_machine(classifier):

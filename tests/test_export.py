@@ -1120,3 +1120,30 @@ def test_an_onnx_file_onnx_runtime_has_no_kernel_for_is_not_called_corrupt(tmp_p
     with pytest.raises(ModelSpecError) as info:
         load_exported(tmp_path / "g.onnx")
     assert info.value.message.startswith("ONNX Runtime cannot run") and "corrupt" not in (info.value.hint or "")
+
+
+def test_a_program_written_by_another_torch_is_said_to_be_so_not_corrupt(tmp_path):
+    """QA: a .pt2 recording a newer torch (and schema) read "check the warnings above" (silenced) and "is the file
+    corrupt?"; the archive records the torch that wrote it, which is the likelier cause."""
+    import zipfile
+
+    from fxforge.errors import ModelSpecError
+    from fxforge.models import load_model
+
+    program = torch.export.export(nn.Linear(2, 2).eval(), (torch.randn(1, 2),))
+    written = tmp_path / "now.pt2"
+    torch.export.save(program, written)
+    newer = tmp_path / "newer.pt2"
+    with zipfile.ZipFile(written) as source, zipfile.ZipFile(newer, "w") as target:
+        for item in source.infolist():
+            data = source.read(item)
+            if item.filename.endswith("models/model.json"):
+                model = json.loads(data)
+                model["torch_version"], model["schema_version"]["major"] = "2.99.0", 99
+                data = json.dumps(model).encode()
+            target.writestr(item, data)
+    with pytest.raises(ModelSpecError) as raised:
+        load_model(str(newer))
+    assert "written by torch 2.99.0, and this is torch" in str(raised.value) and "corrupt" not in raised.value.hint
+    assert "warnings above" not in str(raised.value)
+    assert load_model(str(written)).module(torch.randn(1, 2)).shape == (1, 2)

@@ -924,6 +924,10 @@ def _write(
         now = time.perf_counter()
         result.seconds["write"], result.seconds["total"] = now - clocks[1], now - clocks[0]
         report = {"model": spec, "capture": rewritten.record.to_dict(), **result.to_dict()}
+        # the file lives in the directory: its line runs there, as `load` does, and output_dir says where it was
+        # written whatever the working directory was (QA: a path relative to where the command ran)
+        report["load_with_fxforge"] = f"fxforge.load_model('.'{opt_in}).module  # in this directory; runs as timed"
+        report["output_dir"] = str(Path(result.output_dir).resolve())
         report["files"] = [*sorted(p.name for p in staging.iterdir()), REPORT_FILE]
         write_report(staging, report)
         return sorted(p.name for p in staging.iterdir())

@@ -86,7 +86,9 @@ PLAIN_TORCH_LOAD = {
     "torchscript": "torch.jit.load('model.torchscript.pt')",
     "torchscript+optimize": "torch.jit.optimize_for_inference(torch.jit.load('model.torchscript.pt'))",
     "onnxruntime": "onnxruntime.InferenceSession('model.onnx')  # the example's input shapes only",
-    "aoti": "torch._inductor.aoti_load_package('model.aoti.pt2')",
+    # QA: called at another shape, the package returned a wrong-shaped result, or aborted the process
+    "aoti": "torch._inductor.aoti_load_package('model.aoti.pt2')  # the example's input shapes only (inputs.txt): "
+    "others are not checked, and give wrong results or abort",
     "compile": "torch.compile(torch.export.load('model.pt2').module()), first call under "
     "torch._inductor.config.patch(freezing=True)",
     "int8": "torch.load('model.pt', weights_only=False)  # with torch.backends.quantized.engine = 'x86'",

@@ -495,7 +495,10 @@ def _load_aoti(path: Path, spec: str, trusted: bool) -> LoadedModel:
         raise ModelSpecError(
             f"{spec} is an AOTInductor package: loading it runs the native code compiled into it",
             hint=f"if you trust this file, pass {option('--trust-pickle', True)} (or set {TRUST_PICKLE_ENV}=1), "
-            "which allows files that run code when loaded; a model.pt2 program loads without it",
+            "which allows files that run code when loaded"
+            # a program beside it is named only where there is one (QA: --auto writes the package alone)
+            + ("; the model.pt2 program beside it loads without it" if (path.parent / "model.pt2").is_file()
+               and path.name != "model.pt2" else ""),
         )
     try:
         return LoadedModel(AotiModule(path), spec)
@@ -539,6 +542,16 @@ def _load_pt2(path: Path, spec: str, trusted: bool) -> LoadedModel:
     except FxforgeError:
         raise
     except Exception as exc:  # torch raises a wide variety of errors for damaged archives
+        # a program written by another torch reads as damaged ("check the warnings above", which were silenced):
+        # the version it records is the likelier cause, and is said (QA)
+        written_by = _pt2_torch_version(path)
+        if written_by and written_by.split("+")[0] != torch.__version__.split("+")[0]:
+            reason = first_line(exc)  # torch's own points at the log lines it printed, which were silenced
+            raise ModelSpecError(
+                f"cannot read exported program {spec}: it was written by torch {written_by}, and this is torch "
+                f"{torch.__version__}" + (f" ({reason})" if "warnings above" not in reason else ""),
+                hint=f"load it with torch {written_by.split('+')[0]}, or export it again with this torch",
+            ) from None
         raise ModelSpecError(
             f"cannot read exported program {spec}: {first_line(exc)}", hint="is the file corrupt?"
         ) from None
@@ -553,6 +566,20 @@ def _load_pt2(path: Path, spec: str, trusted: bool) -> LoadedModel:
         )
     inputs = [InputSpec.of(value) for value in (recorded[0] if recorded else ()) if isinstance(value, torch.Tensor)]
     return LoadedModel(program_module(program), spec, inputs, exported_program=program)
+
+
+def _pt2_torch_version(path: Path) -> str | None:
+    """The torch version a ``.pt2`` archive records (``models/*.json``: ``torch_version``), or None."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for name in archive.namelist():
+                if "/models/" in f"/{name}" and name.endswith(".json"):
+                    version = json.loads(archive.read(name)).get("torch_version")
+                    if isinstance(version, str):
+                        return version
+    except (OSError, ValueError, zipfile.BadZipFile, AttributeError):
+        return None
+    return None
 
 
 class PickleRefused(Exception):

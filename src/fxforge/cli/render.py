@@ -629,9 +629,10 @@ def render_auto(console: Any, spec: str, result: Any) -> None:
         console.print(f"chosen: [bold green]{result.chosen}[/]; nothing written (-o DIR writes it)")
         return
     console.print(f"chosen: [bold green]{result.chosen}[/]; wrote {result.output_dir} ({', '.join(result.files)})")
-    console.print(f"  load: {escape(result.load_with_fxforge)}")
+    # whole lines, never wrapped by rich: a comment wrapped onto a line of its own broke the pasted code (QA)
+    console.print(f"  load: {escape(result.load_with_fxforge)}", soft_wrap=True)
     # the line names the directory's files as they are named inside it (the directory can be moved)
-    console.print(f"  without fxforge, in {escape(str(result.output_dir))}: {escape(result.load)}")
+    console.print(f"  without fxforge, in {escape(str(result.output_dir))}: {escape(result.load)}", soft_wrap=True)
 
 
 def _interval(value: Any) -> str:
