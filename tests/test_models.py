@@ -754,9 +754,32 @@ def test_make_inputs_leaves_global_rng_alone():
     assert torch.equal(torch.rand(2), expected)
 
 
-def test_specs_of_rejects_non_tensors():
-    with pytest.raises(InputSpecError, match="cannot be described"):
-        specs_of([torch.zeros(1), 3])
+def test_specs_of_rejects_non_tensors_naming_the_argument_and_the_way_out():
+    with pytest.raises(InputSpecError, match="argument 1 is of type int") as raised:
+        specs_of([torch.zeros(1), 3], "export")
+    assert str(raised.value).startswith("export needs tensor inputs") and "concrete_args" in raised.value.hint
+    with pytest.raises(InputSpecError, match="one tensor per forward argument; argument 0 is a dict") as raised:
+        specs_of([{"a": torch.zeros(1)}])
+    assert "wrap the model" in raised.value.hint
+
+
+def test_split_and_bench_refuse_a_dict_argument_rather_than_baking_it_in():
+    """QA: split of a model taking a dict wrote stages whose first took no input (the example's tensors were
+    constants), and bench raised "'dict' object has no attribute 'dim'"."""
+    import fxforge
+
+    class TakesADict(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(8, 4)
+
+        def forward(self, d):
+            return self.linear(d["a"]) - self.linear(d["b"])
+
+    captured = fxforge.capture(TakesADict().eval(), ({"a": torch.randn(2, 8), "b": torch.randn(2, 8)},))
+    for step in (lambda: fxforge.split(captured, stages=2), lambda: fxforge.bench(captured, ["eager"], repeats=1)):
+        with pytest.raises(InputSpecError, match="one tensor per forward argument; argument 0 is a dict"):
+            step()
 
 
 def test_file_example_inputs_with_bad_spec(tmp_path: Path):

@@ -656,3 +656,22 @@ def test_sensitivity_calibrates_once_and_each_unit_is_quantized_as_its_own_calib
     result = fxforge.quantize(captured, "static", calibration=calibration, sensitivity=True)
     assert len(result.sensitivity) == len(units)
     assert len(calls) == 2, calls  # the model itself, and the observers every unit's model takes
+
+
+def test_a_model_returning_only_integers_is_told_why_its_int8_error_cannot_be_measured():
+    """QA: an argmax model read "the float model's outputs ... are not finite (NaN or inf) anywhere" and was told
+    to check its data for NaN."""
+    from fxforge.errors import FxforgeError
+
+    class Argmax(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(8, 4)
+
+        def forward(self, x):
+            return self.linear(x).argmax(dim=-1), self.linear(x) > 0
+
+    captured = fxforge.capture(Argmax().eval(), (torch.randn(2, 8),))
+    with pytest.raises(FxforgeError, match="outputs are bool and int64 only") as raised:
+        fxforge.quantize(captured, "dynamic")
+    assert "NaN" not in str(raised.value) and "logits" in raised.value.hint

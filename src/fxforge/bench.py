@@ -776,6 +776,7 @@ def bench(
         raise FxforgeError(f"{option('--batch', python='batches')} sizes must be at least 1")
     if not captured.example_inputs:
         raise FxforgeError("bench needs positional example inputs", hint=pass_inputs_hint())
+    specs_of(captured.example_inputs, "bench")  # a dict or list argument: said here, not an AttributeError later
     keyword_tensors = [name for name, value in captured.example_kwargs.items() if holds_tensor(value)]
     if keyword_tensors:
         raise FxforgeError(

@@ -197,12 +197,34 @@ def _check_fits_in_memory(specs: Sequence[InputSpec]) -> None:
         )
 
 
-def specs_of(inputs: Sequence[object]) -> list[InputSpec]:
-    """The specs of concrete example tensors (non-tensor inputs are not representable and are rejected)."""
+def refuse_containers(inputs: Sequence[object], step: str = "") -> None:
+    """Refuse a positional argument that is a dict, list or tuple (of tensors), naming it: the steps that take
+    one tensor per argument (QA: split wrote stages with a dict's tensors baked in as constants, and bench raised
+    AttributeError)."""
+    for index, value in enumerate(inputs):
+        if isinstance(value, (dict, list, tuple)):
+            kind = type(value).__name__
+            raise InputSpecError(
+                f"{step or 'this step'} needs one tensor per forward argument; argument {index} is a {kind}",
+                hint=f"wrap the model in a module whose forward takes the tensors one by one and builds the {kind} "
+                "(e.g. forward(self, a, b): return model({'a': a, 'b': b}))",
+            )
+
+
+def specs_of(inputs: Sequence[object], step: str = "") -> list[InputSpec]:
+    """The specs of concrete example tensors (non-tensor inputs are not representable and are rejected, naming the
+    argument and what to do; ``step`` names what needs them, e.g. ``"split"``)."""
+    refuse_containers(inputs, step)
     specs = []
-    for value in inputs:
+    for index, value in enumerate(inputs):
         if not isinstance(value, torch.Tensor):
-            raise InputSpecError(f"example input of type {type(value).__name__} cannot be described by a spec")
+            raise InputSpecError(
+                f"{step or 'this step'} needs tensor inputs; argument {index} is of type {type(value).__name__} "
+                f"({value!r:.40})",
+                hint=said(
+                    "fix it with --concrete NAME=VALUE", "fix it with concrete_args={NAME: VALUE} when capturing"
+                ),
+            )
         specs.append(InputSpec.of(value))
     return specs
 

@@ -62,7 +62,7 @@ from fxforge.capture import Captured, placeholder_values, require_captured
 from fxforge.compare import compare_outputs
 from fxforge.errors import FxforgeError, ModelSpecError, first_line, format_location, option, recorded_user_frame
 from fxforge.graphs import GraphRunner, get_attr_value, is_input_guard, module_path, submodule
-from fxforge.inputs import InputSpec, draw_like, parse_input_spec
+from fxforge.inputs import InputSpec, draw_like, parse_input_spec, refuse_containers
 from fxforge.inspect import NodeInfo, inspect_graph
 from fxforge.models import LoadedModel, load_model, pickle_trusted
 from fxforge.partition import partition, prefix_sums
@@ -449,6 +449,9 @@ def _plan(
     require_captured(captured, "split")
     started = time.perf_counter()
     _check_request(stages, balance, profile, slack)
+    # a dict or list argument was baked into the stages as constants (they ignored their inputs: QA); a fixed
+    # value (an int flag) is fine, the stages hold it as the model would
+    refuse_containers(captured.example_inputs, "split")
     times = load_profile(profile) if isinstance(profile, (str, Path)) else dict(profile) if profile else None
     report = inspect_graph(captured, include_code=False)
     graph = _analyse(captured, {info.name: info for info in report.nodes})

@@ -75,11 +75,14 @@ def compare_batches(
     agree = samples = float_correct = int8_correct = 0
     max_abs = total_abs = magnitude = 0.0
     count = unmatched = 0
+    kinds: set[str] = set()  # the dtypes of the outputs that are not floating point
+    floating = any(t.is_floating_point() for batch in reference for t in batch)
     for index, (ref_batch, cand_batch) in enumerate(zip(reference, candidate)):
         if len(ref_batch) != len(cand_batch):
             raise FxforgeError("the quantized model returns a different number of outputs than the float model")
         for i, (ref, cand) in enumerate(zip(ref_batch, cand_batch)):
             if not ref.is_floating_point():
+                kinds.add(str(ref.dtype).removeprefix("torch."))
                 continue
             if ref.shape != cand.shape:
                 raise FxforgeError(f"quantized output {i} has shape {tuple(cand.shape)}, not {tuple(ref.shape)}")
@@ -106,6 +109,13 @@ def compare_batches(
         if not classifier:
             first = ref_batch[0] if ref_batch else None
             samples += int(first.shape[0]) if first is not None and first.dim() > 0 else 1
+    if not count and not unmatched and kinds and not floating:
+        # QA: an argmax model read "outputs ... not finite (NaN or inf) anywhere", advising to check the data
+        raise FxforgeError(
+            f"the model's outputs are {' and '.join(sorted(kinds))} only: int8's error is measured on floating-point "
+            "outputs, and this model has none",
+            hint="quantize the model that returns the scores (logits), and take the argmax or comparison outside it",
+        )
     if not count and not unmatched:
         raise FxforgeError(
             f"the float model's outputs on {data or 'the data'} are not finite (NaN or inf) anywhere: float and int8 "
