@@ -670,3 +670,41 @@ def test_a_nan_in_the_candidate_is_named_not_only_an_infinite_error():
         result.problems[0]
     )
     assert "NaN" not in compare_outputs(reference, reference + 1).problems[0]  # a plain mismatch says nothing of NaN
+
+
+def test_an_output_of_another_container_type_is_said_once():
+    """QA: verify said OK, and nothing else, for a model returning a dict against one returning a dataclass (or a
+    tuple for a namedtuple): the values match, but out.logits and out["logits"] are not interchangeable."""
+    import collections
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Out:
+        logits: torch.Tensor
+
+    Pair = collections.namedtuple("Pair", "logits")
+
+    class AsDataclass(torch.nn.Module):
+        def forward(self, x):
+            return Out(x * 2)
+
+    class AsDict(torch.nn.Module):
+        def forward(self, x):
+            return {"logits": x * 2}
+
+    class AsNamedtuple(torch.nn.Module):
+        def forward(self, x):
+            return Pair(x * 2)
+
+    class AsTuple(torch.nn.Module):
+        def forward(self, x):
+            return (x * 2,)
+
+    x = torch.randn(2, 3)
+    result = verify(AsDataclass(), AsDict(), inputs=(x,))
+    assert result.ok and [w for w in result.warnings if "type differs" in w] == [
+        "output: a dict where the reference returns a test_verify.Out (values compared; the type differs)"
+    ]
+    assert any("a tuple where the reference returns a test_verify.Pair" in w for w in
+               verify(AsNamedtuple(), AsTuple(), inputs=(x,)).warnings)
+    assert not [w for w in verify(AsDict(), AsDict(), inputs=(x,)).warnings if "type differs" in w]

@@ -134,7 +134,35 @@ def compare_outputs(
     return result
 
 
+# ends the warning of an output whose container type differs from the reference's (verify says it once)
+TYPE_DIFFERS = "(values compared; the type differs)"
+
+
 def _compare(
+    reference: Any, candidate: Any, rtol: float | None, atol: float | None, path: str, allow_dtype_change: bool
+) -> Comparison:
+    result = _compare_values(reference, candidate, rtol, atol, path, allow_dtype_change)
+    if _is_container(reference) and _is_container(candidate) and type(reference) is not type(candidate):
+        # values are compared whatever holds them (a TorchScript file returns a dict for a ModelOutput), but a user's
+        # code reads out.logits or out["logits"], and a namedtuple lost to a tuple breaks it: said (QA)
+        result.warnings.append(
+            f"{path}: a {_type_name(candidate)} where the reference returns a {_type_name(reference)} {TYPE_DIFFERS}"
+        )
+    return result
+
+
+def _is_container(value: Any) -> bool:
+    return isinstance(value, (Mapping, list, tuple)) or (
+        dataclasses.is_dataclass(value) and not isinstance(value, type)
+    )
+
+
+def _type_name(value: Any) -> str:
+    kind = type(value)
+    return kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__name__}"
+
+
+def _compare_values(
     reference: Any, candidate: Any, rtol: float | None, atol: float | None, path: str, allow_dtype_change: bool
 ) -> Comparison:
     reference, candidate = _without_none_keys(as_structure(reference)), _without_none_keys(as_structure(candidate))
