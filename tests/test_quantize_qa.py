@@ -675,3 +675,21 @@ def test_a_model_returning_only_integers_is_told_why_its_int8_error_cannot_be_me
     with pytest.raises(FxforgeError, match="outputs are bool and int64 only") as raised:
         fxforge.quantize(captured, "dynamic")
     assert "NaN" not in str(raised.value) and "logits" in raised.value.hint
+
+
+def test_a_number_returned_beside_the_tensors_is_named_as_the_cause():
+    """QA: `return self.a(x), 7` failed in FX quantization with the hint to keep a submodule in float."""
+    from fxforge.errors import FxforgeError
+
+    class TensorAndNumber(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(8, 4)
+
+        def forward(self, x):
+            return self.linear(x), 7
+
+    captured = fxforge.capture(TensorAndNumber().eval(), (torch.randn(2, 8),))
+    with pytest.raises(FxforgeError) as raised:
+        fxforge.quantize(captured, "dynamic")
+    assert "returns a Python number beside its tensors" in raised.value.hint and "leaf" not in raised.value.hint

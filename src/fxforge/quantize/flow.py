@@ -537,6 +537,11 @@ def _fx_errors(mode: str) -> Iterator[None]:
             hint += f", or try {option('--mode', 'dynamic')}"
         if "Float Tensor" in str(exc):  # a float64 or bfloat16 model: torch's int8 starts from float32
             hint = "torch's int8 quantizes float32 models: convert it first (model.float()) and quantize that"
+        if "Unhandled type for returned node" in str(exc):  # QA: blamed a submodule for `return x, 7`
+            hint = (
+                "the model returns a Python number beside its tensors, which FX quantization cannot place: return "
+                "tensors only (add the number outside the model, or return it as a tensor)"
+            )
         raise FxforgeError(f"FX graph-mode quantization failed: {one_line_reason(exc)}", hint=hint) from exc
 
 
