@@ -627,8 +627,8 @@ class Verifier:
                 allow_nonfinite=True,
             )
             # the output's container type differing (a dict for a dataclass) is said once, not per case
-            said = [w for w in comparison.warnings if w.endswith(TYPE_DIFFERS) and w not in result.warnings]
-            result.warnings.extend(said)
+            differs = [w for w in comparison.warnings if w.endswith(TYPE_DIFFERS) and w not in result.warnings]
+            result.warnings.extend(differs)
             if not comparison.ok:
                 comparison = self._against_float64(index, actual, comparison, result)
             result.max_abs_err = max(result.max_abs_err, comparison.max_abs_err)
