@@ -1147,3 +1147,23 @@ def test_a_program_written_by_another_torch_is_said_to_be_so_not_corrupt(tmp_pat
     assert "written by torch 2.99.0, and this is torch" in str(raised.value) and "corrupt" not in raised.value.hint
     assert "warnings above" not in str(raised.value)
     assert load_model(str(written)).module(torch.randn(1, 2)).shape == (1, 2)
+
+
+def test_a_namedtuple_output_a_pt2_cannot_hold_is_said_with_the_formats_that_can(tmp_path):
+    """QA: "NotImplementedError: Can't serialize TreeSpec of namedtuple class ... Please register using
+    `_register_namedtuple`" (a private torch API) with the hint "try another format or exporter"."""
+    Pair = collections.namedtuple("Pair", "logits feat")
+
+    class ReturnsAPair(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(8, 4)
+
+        def forward(self, x):
+            return Pair(self.linear(x), x * 2)
+
+    with pytest.raises(ExportError) as raised:
+        export_model(ReturnsAPair().eval(), "pt2", tmp_path / "pair.pt2", example_inputs=(torch.randn(2, 8),))
+    assert "cannot hold the model's namedtuple output type" in str(raised.value) and "Pair" in str(raised.value)
+    assert "to='onnx'" in raised.value.hint and "_register_namedtuple" not in str(raised.value)
+    assert not (tmp_path / "pair.pt2").exists()

@@ -1032,8 +1032,20 @@ def save_program(program: torch.export.ExportedProgram, path: str | Path, source
     own = positional_names(program.module()) if source is not None else None
     names = argument_names(unwrapped(source), len(own)) if source is not None and own else None
     extra = {ARGUMENTS_KEY: json.dumps(names)} if names and own != names else None
-    with quiet_torch_logs():
-        torch.export.save(program, str(path), extra_files=extra)
+    try:
+        with quiet_torch_logs():
+            torch.export.save(program, str(path), extra_files=extra)
+    except NotImplementedError as exc:
+        if "namedtuple" not in str(exc):
+            raise
+        # torch's message points at a private registration; what a user can do is another format or output (QA)
+        kind = re.search(r"namedtuple class <class '([^']+)'>", str(exc))
+        raise FxforgeError(
+            f"a .pt2 file cannot hold the model's namedtuple output type{f' {kind.group(1)}' if kind else ''}: "
+            "torch.export saves only the output types registered with it by name",
+            hint=f"export with {option('--to', 'onnx')} or {option('--to', 'torchscript')}, which keep it "
+            "(fxforge.load_model returns it), or return a tuple or dict",
+        ) from None
 
 
 def unwrapped(module: nn.Module) -> nn.Module:

@@ -953,7 +953,10 @@ def _export_pt2(
         program = export_program(module, inputs, {}, dynamic_batch=dynamic_batch)
         _refuse_fixed_batch(program, name, dynamic_batch)
         record_example(program, example, {})
-        save_program(program, path, module)
+        try:
+            save_program(program, path, module)
+        except FxforgeError as exc:  # what the file cannot hold (a namedtuple output), said as the export's refusal
+            raise ExportError(f"cannot export {name} to pt2: {exc.message}", hint=exc.hint) from None
     return ExportResult("pt2", None, True, "torch.export", dynamic_batch=dynamic_batch, notes=notes)
 
 
