@@ -1167,3 +1167,21 @@ def test_a_namedtuple_output_a_pt2_cannot_hold_is_said_with_the_formats_that_can
     assert "cannot hold the model's namedtuple output type" in str(raised.value) and "Pair" in str(raised.value)
     assert "to='onnx'" in raised.value.hint and "_register_namedtuple" not in str(raised.value)
     assert not (tmp_path / "pair.pt2").exists()
+
+
+def test_a_traced_output_holding_none_names_the_cause_and_script(tmp_path):
+    """QA: "RuntimeError: Only tensors, lists, tuples of tensors, or dictionary of tensors can be output from traced
+    functions" and "try another format or exporter", with no word of --script, which exports it."""
+
+    class AndNone(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(8, 4)
+
+        def forward(self, x):
+            return self.linear(x), None
+
+    with pytest.raises(ExportError) as raised:
+        export_model(AndNone().eval(), "torchscript", tmp_path / "m.pt", example_inputs=(torch.randn(2, 8),))
+    assert "output holds a value a trace cannot return (None" in str(raised.value)
+    assert "script=True" in raised.value.hint

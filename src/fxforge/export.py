@@ -1136,6 +1136,15 @@ def _export_error(what: str, exc: BaseException) -> ExportError:
         if "script" in what
         else "try another format or exporter"
     )
+    if "can be output from traced functions" in str(innermost) or "can be a dictionary output of a traced" in str(
+        innermost
+    ):
+        # QA: the bare torch line, "try another format or exporter", and no word of --script, which keeps them
+        reason = "the model's output holds a value a trace cannot return (None, a Python number, a non-string key)"
+        hint = (
+            f"export with {option('--script', True)} (scripting keeps such outputs), or to onnx or pt2; or return "
+            "tensors, and tuples, lists and string-keyed dicts of them"
+        )
     untyped = re.search(r"\n:(.+)$", str(innermost)) if "cannot infer type of" in str(innermost) else None
     if untyped:
         # "Tracer cannot infer type of {<every output tensor printed>}\n:<the reason>": the reason, not the values
