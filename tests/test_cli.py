@@ -577,3 +577,19 @@ def test_json_stdout_holds_only_the_document_when_the_model_writes_to_descriptor
     assert done.returncode == 0, done.stderr[-500:]
     assert json.loads(done.stdout)["dialect"] == "torch"
     assert "RAW FD1 WRITE" in done.stderr and "dunder" in done.stderr
+
+
+def test_a_keyword_only_constant_is_pointed_at_concrete_and_keeps_the_positional_inputs(capsys, tmp_path):
+    """QA: for forward(self, x, *, scale) the hint was fxforge.capture(model, (), example_kwargs=...), which drops
+    x, and said nothing of --concrete scale=3, which works."""
+    model_file = tmp_path / "kw.py"
+    model_file.write_text(
+        "import torch\nfrom torch import nn\n\n\nclass KwOnly(nn.Module):\n    def __init__(self):\n"
+        "        super().__init__()\n        self.linear = nn.Linear(8, 4)\n\n    def forward(self, x, *, scale):\n"
+        "        return self.linear(x) * scale\n"
+    )
+    code, _, err = run(capsys, "inspect", f"{model_file}:KwOnly", "-i", "2x8")
+    said = " ".join(err.split())
+    assert code == EXIT_USAGE and "--concrete scale=VALUE" in said and "fxforge.capture(model, (x, ...)," in said
+    code, _, _ = run(capsys, "inspect", f"{model_file}:KwOnly", "-i", "2x8", "--concrete", "scale=3")
+    assert code == 0

@@ -327,9 +327,16 @@ def run_reference(module: Any, args: Sequence[Any], kwargs: dict[str, Any], *oth
             "pass inputs with the shape and dtype the model expects, e.g. fxforge.prepare(model, '1x3x224x224')",
         )
         if keyword_only and args and not kwargs:
+            # the positional inputs stay positional (QA: the example dropped them, capture(model, (), ...)); a
+            # constant keyword (a scale, a flag) is fixed with --concrete
             hint = (
                 f"forward takes {', '.join(keyword_only)} by keyword only, and the CLI passes inputs by position: "
-                f"use the Python API, fxforge.capture(model, (), example_kwargs={{{keyword_only[0]!r}: ...}})"
+                + said(
+                    f"fix a constant with --concrete {keyword_only[0]}=VALUE, or for a tensor use the Python API, ",
+                    "",
+                )
+                + f"fxforge.capture(model, {'(x, ...)' if _takes_positional(module) else '()'}, "
+                f"example_kwargs={{{keyword_only[0]!r}: ...}})"
             )
         out_of_range = "index out of range" in str(exc)
         if out_of_range:  # an id past an embedding's rows: the shape was not the problem
@@ -374,6 +381,16 @@ def _keyword_only_inputs(module: Any) -> list[str]:
     except (TypeError, ValueError):  # a builtin or a C++ module: no signature to read
         return []
     return [name for name, p in parameters.items() if p.kind is pyinspect.Parameter.KEYWORD_ONLY]
+
+
+def _takes_positional(module: Any) -> bool:
+    """Whether ``module``'s forward takes any argument by position."""
+    try:
+        parameters = pyinspect.signature(module.forward if isinstance(module, nn.Module) else module).parameters
+    except (TypeError, ValueError):
+        return True
+    positional = (pyinspect.Parameter.POSITIONAL_ONLY, pyinspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return any(p.kind in positional for p in parameters.values())
 
 
 def batch_of(values: Any) -> int | None:
