@@ -1185,3 +1185,28 @@ def test_a_traced_output_holding_none_names_the_cause_and_script(tmp_path):
         export_model(AndNone().eval(), "torchscript", tmp_path / "m.pt", example_inputs=(torch.randn(2, 8),))
     assert "output holds a value a trace cannot return (None" in str(raised.value)
     assert "script=True" in raised.value.hint
+
+
+def test_an_unregistered_dataclass_output_is_refused_once_in_every_format(tmp_path):
+    """QA: ONNX gave ONNX Runtime's "OrtValue indexes should have been populated" and a hint about dtypes, pt2 a
+    link to a functorch issue; a registered dataclass (as transformers registers its outputs) exports."""
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Scores:
+        logits: torch.Tensor
+
+    class ReturnsScores(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(8, 4)
+
+        def forward(self, x):
+            return Scores(self.linear(x))
+
+    for to, name in (("onnx", "m.onnx"), ("pt2", "m.pt2"), ("torchscript", "m.pt")):
+        with pytest.raises(ExportError) as raised:
+            export_model(ReturnsScores().eval(), to, tmp_path / name, example_inputs=(torch.randn(2, 8),))
+        assert "it returns a Scores, a dataclass torch's exporters cannot take apart" in str(raised.value)
+        assert "torch.export.register_dataclass(Scores)" in raised.value.hint
+        assert not (tmp_path / name).exists()

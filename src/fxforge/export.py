@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import inspect
 import io
 import json
@@ -303,6 +304,8 @@ def export_model(
     source, reference, inputs = _export_source(target, example_inputs)
     # errors name the user's model, not the GraphModule or wrapper that is exported
     name = type(target.original if isinstance(target, Captured) else target).__name__
+    if not script:
+        _refuse_unregistered_dataclass(_example_output(reference, inputs), name)
     start = time.perf_counter()
     # tracing and exporting run the caller's modules: a model in training mode would update its BatchNorm
     # statistics (even when the export then fails); whatever the runs wrote is undone
@@ -941,6 +944,26 @@ def _onnx_legacy(
 
 # --------------------------------------------------------------------------------------------------
 # torch.export
+
+
+def _refuse_unregistered_dataclass(output: Any, name: str) -> None:
+    """A dataclass in the output that torch's pytree does not know (a transformers ModelOutput is registered): every
+    tracing exporter stops on it, each with its own words (QA: ONNX Runtime's "OrtValue indexes should have been
+    populated" and a hint about dtypes; torch.export's pytree link). Said once, with what to do."""
+    stuck = next((leaf for leaf in pytree.tree_leaves(output) if _is_dataclass_instance(leaf)), None)
+    if stuck is None:
+        return
+    kind = type(stuck).__name__
+    raise ExportError(
+        f"cannot export {name}: it returns a {kind}, a dataclass torch's exporters cannot take apart",
+        hint=f"return a dict or tuple, or register the class before exporting: torch.export.register_dataclass({kind})"
+        " (then it loads back only where it is registered too)",
+        construct=f"output type {kind}",
+    )
+
+
+def _is_dataclass_instance(value: Any) -> bool:
+    return dataclasses.is_dataclass(value) and not isinstance(value, type)
 
 
 def _export_pt2(
