@@ -226,6 +226,16 @@ def test_a_narrow_terminal_leaves_out_columns_rather_than_cutting_numbers():
     said = " ".join(text.split())
     assert "not shown at this width (80 columns): build s" in said and "--json has every column" in said
     assert max(len(line) for line in text.splitlines()) <= 80
+    # a failed row's error, too long for the narrow status cell, is said whole under the table (QA: 45 lines of it)
+    from fxforge.bench import BenchRow
+
+    failed = BenchRow("onnxruntime", batch=1)
+    failed.error = "build failed: cannot export Net to ONNX: operator prims.bessel_j0 has no translation"
+    report.rows.append(failed)
+    narrow = Console(record=True, width=60)
+    render_bench(narrow, "m", report)
+    said = " ".join(narrow.export_text().split())
+    assert "(below)" in said and f"onnxruntime (batch 1) failed: {failed.error}" in said
 
 
 def test_peak_memory_sees_what_a_backend_allocates(mlp):

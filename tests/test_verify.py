@@ -708,3 +708,22 @@ def test_an_output_of_another_container_type_is_said_once():
     assert any("a tuple where the reference returns a test_verify.Pair" in w for w in
                verify(AsNamedtuple(), AsTuple(), inputs=(x,)).warnings)
     assert not [w for w in verify(AsDict(), AsDict(), inputs=(x,)).warnings if "type differs" in w]
+
+
+def test_a_namedtuple_rebuilt_with_the_same_name_and_fields_is_no_other_type():
+    """QA: a TorchScript file's namedtuple, rebuilt by fxforge as a look-alike of the model's class (same name and
+    fields, read the same way), was warned about as another type."""
+    import collections
+
+    Mine, LookAlike = collections.namedtuple("NT", "a b"), collections.namedtuple("NT", "a b")
+
+    class Model(torch.nn.Module):
+        def forward(self, x):
+            return Mine(x, x * 2)
+
+    class Loaded(torch.nn.Module):
+        def forward(self, x):
+            return LookAlike(x, x * 2)
+
+    result = verify(Model(), Loaded(), inputs=(torch.randn(2, 3),))
+    assert result.ok and not [w for w in result.warnings if "type differs" in w]

@@ -1043,8 +1043,9 @@ def save_program(program: torch.export.ExportedProgram, path: str | Path, source
         raise FxforgeError(
             f"a .pt2 file cannot hold the model's namedtuple output type{f' {kind.group(1)}' if kind else ''}: "
             "torch.export saves only the output types registered with it by name",
-            hint=f"export with {option('--to', 'onnx')} or {option('--to', 'torchscript')}, which keep it "
-            "(fxforge.load_model returns it), or return a tuple or dict",
+            # not TorchScript: its trace refuses a namedtuple inside a dict of other values, and sent the user back
+            hint=f"export with {option('--to', 'onnx')}, whose file records it (fxforge.load_model returns it), or "
+            "return a tuple or dict of tensors",
         ) from None
 
 

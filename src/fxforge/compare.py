@@ -142,13 +142,27 @@ def _compare(
     reference: Any, candidate: Any, rtol: float | None, atol: float | None, path: str, allow_dtype_change: bool
 ) -> Comparison:
     result = _compare_values(reference, candidate, rtol, atol, path, allow_dtype_change)
-    if _is_container(reference) and _is_container(candidate) and type(reference) is not type(candidate):
+    if (
+        _is_container(reference)
+        and _is_container(candidate)
+        and type(reference) is not type(candidate)
+        and not _same_namedtuple(reference, candidate)
+    ):
         # values are compared whatever holds them (a TorchScript file returns a dict for a ModelOutput), but a user's
         # code reads out.logits or out["logits"], and a namedtuple lost to a tuple breaks it: said (QA)
         result.warnings.append(
             f"{path}: a {_type_name(candidate)} where the reference returns a {_type_name(reference)} {TYPE_DIFFERS}"
         )
     return result
+
+
+def _same_namedtuple(reference: Any, candidate: Any) -> bool:
+    """Two namedtuples of one name and fields: an ONNX or TorchScript file's output rebuilt as a look-alike of the
+    model's class (whose code the file does not hold), read the same way (out.logits)."""
+    fields = getattr(type(reference), "_fields", None), getattr(type(candidate), "_fields", None)
+    return isinstance(reference, tuple) and fields[0] is not None and fields[0] == fields[1] and (
+        type(reference).__name__ == type(candidate).__name__
+    )
 
 
 def _is_container(value: Any) -> bool:

@@ -206,8 +206,8 @@ def refuse_containers(inputs: Sequence[object], step: str = "") -> None:
             kind = type(value).__name__
             raise InputSpecError(
                 f"{step or 'this step'} needs one tensor per forward argument; argument {index} is a {kind}",
-                hint=f"wrap the model in a module whose forward takes the tensors one by one and builds the {kind} "
-                "(e.g. forward(self, a, b): return model({'a': a, 'b': b}))",
+                hint=f"wrap the model in a module whose forward takes each tensor as an argument of its own (the "
+                f"other arguments as they are) and rebuilds the {kind} before calling the model",
             )
 
 

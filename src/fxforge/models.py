@@ -552,9 +552,8 @@ def _load_pt2(path: Path, spec: str, trusted: bool) -> LoadedModel:
                 f"{torch.__version__}" + (f" ({reason})" if "warnings above" not in reason else ""),
                 hint=f"load it with torch {written_by.split('+')[0]}, or export it again with this torch",
             ) from None
-        raise ModelSpecError(
-            f"cannot read exported program {spec}: {first_line(exc)}", hint="is the file corrupt?"
-        ) from None
+        reason = first_line(exc).replace(" Please check the warnings above for possible errors.", "")
+        raise ModelSpecError(f"cannot read exported program {spec}: {reason}", hint="is the file corrupt?") from None
     recorded = program.example_inputs
     if recorded is not None and not (
         isinstance(recorded, tuple) and len(recorded) == 2 and isinstance(recorded[0], tuple)

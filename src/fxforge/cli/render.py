@@ -36,11 +36,11 @@ def human_count(value: float, unit: str = "") -> str:
     return f"{value:g}{unit}"
 
 
-def print_fitted(console: Any, build: Callable[[set[str]], Table], optional: list[str]) -> None:
+def print_fitted(console: Any, build: Callable[[set[str]], Table], optional: list[str]) -> list[str]:
     """Print the table ``build(left_out)`` makes, leaving out as few of the ``optional`` columns (first ones first) as
-    let every cell fit the console whole: in a narrow terminal rich cut the numbers instead, "567…" for "567.31"
-    (QA, ``COLUMNS=80``). The columns left out are named; ``--json`` has them all. A console that widens its
-    tables when piped (``cli.options``) says how wide it lets them grow, as ``table_room``."""
+    let every cell fit the console whole; return the columns left out. In a narrow terminal rich cut the numbers
+    instead, "567…" for "567.31" (QA, ``COLUMNS=80``). The columns left out are named; ``--json`` has them all. A
+    console that widens its tables when piped (``cli.options``) says how wide it lets them grow, as ``table_room``."""
     room = getattr(console, "table_room", console.width)
     unbounded = console.options.update_width(100_000)  # rich clamps a measurement to the width it is given
     left_out: list[str] = []
@@ -54,6 +54,7 @@ def print_fitted(console: Any, build: Callable[[set[str]], Table], optional: lis
     if left_out:
         shown = ", ".join(left_out)
         console.print(f"[dim]not shown at this width ({room} columns): {shown}; --json has every column[/]")
+    return left_out
 
 
 def _cells_whole(table: Table) -> Table:
@@ -496,17 +497,26 @@ def render_bench(console: Any, spec: str, report: Any) -> None:
         for row in report.rows:
             if not row.ok:
                 cells = [str(row.batch), *["-"] * (len(shown) - 1)]
-                table.add_row(row.backend, *cells, f"[red]{escape(row.error)}[/]")
+                # too narrow for the table's columns, too narrow for an error: said whole under it (QA: at 60
+                # columns one error wrapped to 45 lines of 12 characters, its key words cut)
+                said = "[red]failed (below)[/]" if left_out else f"[red]{escape(row.error)}[/]"
+                table.add_row(row.backend, *cells, said)
                 continue
             verdict = {True: "[green]ok[/]", False: "[yellow]beyond tol[/]", None: "not compared"}[row.within_tolerance]
             table.add_row(row.backend, *(cell(row) for _, cell in shown), verdict)
         return table
 
-    print_fitted(console, build, ["build s", "peak MiB", "p90 ms", "samples/s", "GFLOP/s (of peak)", "max abs err"])
+    left_out = print_fitted(
+        console, build, ["build s", "peak MiB", "p90 ms", "samples/s", "GFLOP/s (of peak)", "max abs err"]
+    )
+    for row in report.rows if left_out else ():
+        if not row.ok:
+            console.print(f"[red]{escape(row.backend)} (batch {row.batch}) failed:[/] {escape(row.error)}")
     if report.machine:
         console.print(f"[dim]machine: {escape(report.machine)}[/]")
     console.print(
-        f"[dim]{report.repeats} timed calls per backend after {report.warmup} warm-up calls, interleaved "
+        f"[dim]{counted(report.repeats, 'timed call')} per backend after {counted(report.warmup, 'warm-up call')}, "
+        "interleaved "
         f"in a shuffled order each round, each right after an untimed call of the same backend; speedup: eager's "
         f"median over the row's, under it the 95% interval of eager's time over the row's round by round (an "
         f"interval that reaches 1.00 is no speedup within noise); max abs err "
