@@ -1197,22 +1197,35 @@ def _modules_of(types: set[str]) -> list[str]:
     return sorted({name.rpartition(".")[0] for name in types if "." in name})
 
 
+def _saved_programs(path: Path) -> list[dict[str, Any]]:
+    """The serialized programs (``models/*.json``) of a ``.pt2`` archive, read without torch: empty for a file that
+    is no such archive."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            programs = [json.loads(archive.read(m)) for m in archive.namelist() if m.endswith("models/model.json")]
+    except (OSError, zipfile.BadZipFile, ValueError):
+        return []
+    return [program for program in programs if isinstance(program, dict)]
+
+
 def _pytree_types(path: Path) -> set[str]:
     """The serialized type names in the input and output specs of a saved program's module call graph."""
     serialized = []
     try:
-        with zipfile.ZipFile(path) as archive:
-            for member in archive.namelist():
-                if not member.endswith("models/model.json"):
-                    continue
-                program = json.loads(archive.read(member))
-                for entry in program.get("graph_module", {}).get("module_call_graph", []):
-                    signature = entry.get("signature") or {}
-                    texts = (signature.get("in_spec"), signature.get("out_spec"))
-                    serialized += [text for text in texts if isinstance(text, str)]
-    except (OSError, zipfile.BadZipFile, ValueError, AttributeError, TypeError):
+        for program in _saved_programs(path):
+            for entry in program.get("graph_module", {}).get("module_call_graph", []):
+                signature = entry.get("signature") or {}
+                texts = (signature.get("in_spec"), signature.get("out_spec"))
+                serialized += [text for text in texts if isinstance(text, str)]
+    except (AttributeError, TypeError):
         return set()
     return spec_types(serialized)
+
+
+def pt2_torch_version(path: str | Path) -> str | None:
+    """The torch version a ``.pt2`` archive records as the one that wrote it, or None."""
+    versions = [p.get("torch_version") for p in _saved_programs(Path(path))]
+    return next((v for v in versions if isinstance(v, str)), None)
 
 
 # The metadata key under which fxforge's ONNX export records the model's output structure (dicts, namedtuples,

@@ -84,7 +84,7 @@ def as_structure(value: Any) -> Any:
         return dict(value)
     if hasattr(value, "to_tuple") and callable(value.to_tuple):
         return value.to_tuple()
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+    if is_dataclass_instance(value):
         # not dataclasses.asdict: that deep-copies every tensor
         return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
     return value
@@ -166,9 +166,12 @@ def _same_namedtuple(reference: Any, candidate: Any) -> bool:
 
 
 def _is_container(value: Any) -> bool:
-    return isinstance(value, (Mapping, list, tuple)) or (
-        dataclasses.is_dataclass(value) and not isinstance(value, type)
-    )
+    return isinstance(value, (Mapping, list, tuple)) or is_dataclass_instance(value)
+
+
+def is_dataclass_instance(value: Any) -> bool:
+    """A dataclass's instance (``dataclasses.is_dataclass`` is also true of the class itself)."""
+    return dataclasses.is_dataclass(value) and not isinstance(value, type)
 
 
 def _type_name(value: Any) -> str:

@@ -79,6 +79,15 @@ def byte_size(value: int | None) -> str:
     return f"{size:.1f} GiB"
 
 
+def of_peak(fraction: float | None, precision: str = "fp32") -> str:
+    """A share of the machine's measured peak, ``87%``; the precision it is of when not fp32 (``41% bf16``). Above
+    100% it is marked ``!``: faster than the measured peak cannot be (a peak measured on a busy machine), which
+    the bench table and page explain under it."""
+    if fraction is None:
+        return "-"
+    return f"{fraction:.0%}" + ("!" if fraction > 1 else "") + ("" if precision == "fp32" else f" {precision}")
+
+
 def status(ok: bool | None, good: str = "ok", bad: str = "FAILED") -> str:
     """A coloured word: ``ok``/``FAILED`` (``-`` when unknown)."""
     if ok is None:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import inspect
 import io
 import json
@@ -72,7 +71,7 @@ from fxforge.artifacts import (
     unwrapped,
 )
 from fxforge.capture import Captured
-from fxforge.compare import compare_outputs
+from fxforge.compare import compare_outputs, is_dataclass_instance
 from fxforge.errors import (
     EXIT_CAPTURE,
     SYSTEM_REFUSALS,
@@ -950,7 +949,7 @@ def _refuse_unregistered_dataclass(output: Any, name: str) -> None:
     """A dataclass in the output that torch's pytree does not know (a transformers ModelOutput is registered): every
     tracing exporter stops on it, each with its own words (QA: ONNX Runtime's "OrtValue indexes should have been
     populated" and a hint about dtypes; torch.export's pytree link). Said once, with what to do."""
-    stuck = next((leaf for leaf in pytree.tree_leaves(output) if _is_dataclass_instance(leaf)), None)
+    stuck = next((leaf for leaf in pytree.tree_leaves(output) if is_dataclass_instance(leaf)), None)
     if stuck is None:
         return
     kind = type(stuck).__name__
@@ -960,10 +959,6 @@ def _refuse_unregistered_dataclass(output: Any, name: str) -> None:
         " (then it loads back only where it is registered too)",
         construct=f"output type {kind}",
     )
-
-
-def _is_dataclass_instance(value: Any) -> bool:
-    return dataclasses.is_dataclass(value) and not isinstance(value, type)
 
 
 def _export_pt2(

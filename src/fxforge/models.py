@@ -52,6 +52,7 @@ from fxforge.artifacts import (
     load_program,
     load_provenance,
     program_module,
+    pt2_torch_version,
     read_inputs,
     user_sources,
 )
@@ -544,7 +545,7 @@ def _load_pt2(path: Path, spec: str, trusted: bool) -> LoadedModel:
     except Exception as exc:  # torch raises a wide variety of errors for damaged archives
         # a program written by another torch reads as damaged ("check the warnings above", which were silenced):
         # the version it records is the likelier cause, and is said (QA)
-        written_by = _pt2_torch_version(path)
+        written_by = pt2_torch_version(path)
         if written_by and written_by.split("+")[0] != torch.__version__.split("+")[0]:
             reason = first_line(exc)  # torch's own points at the log lines it printed, which were silenced
             raise ModelSpecError(
@@ -565,20 +566,6 @@ def _load_pt2(path: Path, spec: str, trusted: bool) -> LoadedModel:
         )
     inputs = [InputSpec.of(value) for value in (recorded[0] if recorded else ()) if isinstance(value, torch.Tensor)]
     return LoadedModel(program_module(program), spec, inputs, exported_program=program)
-
-
-def _pt2_torch_version(path: Path) -> str | None:
-    """The torch version a ``.pt2`` archive records (``models/*.json``: ``torch_version``), or None."""
-    try:
-        with zipfile.ZipFile(path) as archive:
-            for name in archive.namelist():
-                if "/models/" in f"/{name}" and name.endswith(".json"):
-                    version = json.loads(archive.read(name)).get("torch_version")
-                    if isinstance(version, str):
-                        return version
-    except (OSError, ValueError, zipfile.BadZipFile, AttributeError):
-        return None
-    return None
 
 
 class PickleRefused(Exception):

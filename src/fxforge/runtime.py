@@ -374,23 +374,26 @@ def _fixed_batch(message: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def _forward_parameters(module: Any) -> list[pyinspect.Parameter] | None:
+    """The parameters of ``module``'s forward (of ``module`` itself when it is a function), or None for a builtin or
+    a C++ module, which has no signature to read."""
+    function = module.forward if isinstance(module, nn.Module) else module
+    try:
+        return list(pyinspect.signature(function).parameters.values())
+    except (TypeError, ValueError):
+        return None
+
+
 def _keyword_only_inputs(module: Any) -> list[str]:
     """The names ``module``'s forward takes by keyword only (``forward(self, *, x)``)."""
-    try:
-        parameters = pyinspect.signature(module.forward if isinstance(module, nn.Module) else module).parameters
-    except (TypeError, ValueError):  # a builtin or a C++ module: no signature to read
-        return []
-    return [name for name, p in parameters.items() if p.kind is pyinspect.Parameter.KEYWORD_ONLY]
+    return [p.name for p in _forward_parameters(module) or () if p.kind is pyinspect.Parameter.KEYWORD_ONLY]
 
 
 def _takes_positional(module: Any) -> bool:
-    """Whether ``module``'s forward takes any argument by position."""
-    try:
-        parameters = pyinspect.signature(module.forward if isinstance(module, nn.Module) else module).parameters
-    except (TypeError, ValueError):
-        return True
+    """Whether ``module``'s forward takes any argument by position (True where its signature cannot be read)."""
+    parameters = _forward_parameters(module)
     positional = (pyinspect.Parameter.POSITIONAL_ONLY, pyinspect.Parameter.POSITIONAL_OR_KEYWORD)
-    return any(p.kind in positional for p in parameters.values())
+    return parameters is None or any(p.kind in positional for p in parameters)
 
 
 def batch_of(values: Any) -> int | None:

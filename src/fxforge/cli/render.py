@@ -15,7 +15,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from fxforge.display import byte_size, counted
+from fxforge.display import byte_size, counted, of_peak
 
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 # inspect's quant column, in fxforge.vocabulary.QUANT_KINDS order: what is left of calibration stands out
@@ -545,7 +545,8 @@ def _gflops(row: Any) -> str:
     """GFLOP/s over its share of the measured peak (one column: the table must fit 120 columns when piped)."""
     if row.gflops is None:
         return "-"
-    return f"{row.gflops:.0f}" + (f"\n[dim]({_peak_share(row)})[/]" if row.peak_fraction is not None else "")
+    share = f"\n[dim]({of_peak(row.peak_fraction, row.precision)})[/]" if row.peak_fraction is not None else ""
+    return f"{row.gflops:.0f}{share}"
 
 
 def _print_row_notes(console: Any, rows: Any) -> None:
@@ -560,20 +561,6 @@ def _print_row_notes(console: Any, rows: Any) -> None:
     for (backend, note), at in said.items():
         where = "" if len(at) == len(batches[backend]) else f" (batch {', '.join(map(str, at))})"
         console.print(f"[dim]{escape(backend)}{where}: {escape(note)}[/]")
-
-
-def _peak_share(row: Any) -> str:
-    if row.peak_fraction is None:
-        return "-"
-    precision = "" if row.precision == "fp32" else f" {row.precision}"
-    return f"{_of_peak(row.peak_fraction)}{precision}"
-
-
-def _of_peak(fraction: float | None) -> str:
-    """A fraction of the measured peak; above 100% marked '!', which :func:`_print_beyond_peak` explains."""
-    if fraction is None:
-        return "-"
-    return f"{fraction:.0%}" + ("!" if fraction > 1 else "")
 
 
 def _print_beyond_peak(console: Any, fractions: Iterable[float | None]) -> None:
@@ -602,7 +589,7 @@ def render_auto(console: Any, spec: str, result: Any) -> None:
         ("median ms", lambda c: _fmt(c.median_ms, ".2f")),
         ("vs fastest (95% CI)", lambda c: _interval(c.vs_fastest)),
         ("speedup", lambda c: _fmt(c.speedup, ".2f", "x")),
-        ("of peak", lambda c: _of_peak(c.peak_fraction)),
+        ("of peak", lambda c: of_peak(c.peak_fraction)),
         ("build s", lambda c: _fmt(c.build_s, ".1f")),
         ("max abs err", lambda c: _fmt(c.max_abs_err, ".2g")),
         ("top-1 agr.", lambda c: _fmt(c.top1_agreement, ".4f")),

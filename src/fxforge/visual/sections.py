@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from fxforge import machine
-from fxforge.display import byte_size, counted, escape, key_values, number, status, table
+from fxforge.display import byte_size, counted, escape, key_values, number, of_peak, status, table
 from fxforge.errors import option
 
 _PACKAGES = ("fxforge", "torch", "torchvision", "timm", "transformers", "onnx", "onnxruntime", "numpy")
@@ -320,9 +320,7 @@ def _gflops(row: Mapping[str, Any]) -> str:
     fraction = row.get("peak_fraction")
     if fraction is None:
         return f"{row['gflops']:.0f}"
-    precision = "" if row.get("precision", "fp32") == "fp32" else f" {row['precision']}"
-    # above 100% of a peak cannot be: a peak measured on a busy machine (the CLI explains the '!' the same way)
-    return f"{row['gflops']:.0f} ({fraction:.0%}{'!' if fraction > 1 else ''}{precision})"
+    return f"{row['gflops']:.0f} ({of_peak(fraction, row.get('precision', 'fp32'))})"
 
 
 def _speedup(row: Mapping[str, Any]) -> str:
