@@ -144,3 +144,24 @@ def test_an_aten_output_states_the_batch_its_model_pt2_runs(tmp_path):
     assert program(torch.randn(1, 3, 64, 64)).shape == (1, 1000)
     with pytest.raises(Exception, match="Guard failed"):
         program(torch.randn(2, 3, 64, 64))
+
+
+def test_a_segmentation_models_ordered_dict_output_stays_one(tmp_path):
+    """torchvision's segmentation models return an OrderedDict, which torch.fx turns into a dict: the captured
+    graph, the rewritten one and its model.pt2 returned a dict, and verify warned on fxforge's own output that the
+    type differs from the model's (QA)."""
+    import collections
+
+    import fxforge
+
+    captured = fxforge.prepare("torchvision:lraspp_mobilenet_v3_large", ["1x3x64x64"])
+    x = torch.randn(1, 3, 64, 64)
+    assert type(captured.graph_module(x)) is collections.OrderedDict
+    result = fxforge.optimize(captured, ["fold_bn", "dead_code"], output_dir=tmp_path / "out")
+    rewritten = result.captured.graph_module
+    assert type(rewritten(x)) is collections.OrderedDict
+    assert "model.pt2" in result.files
+    program = torch.export.load(str(tmp_path / "out" / "model.pt2")).module()
+    assert type(program(x)) is collections.OrderedDict
+    report = fxforge.verify(captured.original, tmp_path / "out", [x])
+    assert report.ok and not report.warnings, report

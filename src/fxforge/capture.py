@@ -21,6 +21,7 @@ original model; nothing here changes them, nor the caller's random state.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import difflib
@@ -209,11 +210,43 @@ def placeholder_values(gm: fx.GraphModule, args: Sequence[Any], kwargs: Mapping[
 _TRACE_CODE = fx.Tracer.trace.__code__
 
 
+class _OrderedDictOutput(fx.graph.CodeGen):
+    """Generated code that returns the graph's output dict as the ``collections.OrderedDict`` the model returned:
+    torch.fx turns every dict it traces into a plain one, and torchvision's segmentation models return an
+    OrderedDict (verify then warned, on fxforge's own capture, that the type differs). The graph keeps its plain
+    dict, so passes see the usual output node. torch.export keeps the type (model.pt2); a GraphModule pickled and
+    loaded again is traced anew by torch from its code and returns a plain dict (docs/capture.md)."""
+
+    def additional_globals(self) -> list[tuple[str, Any]]:
+        return [("collections", collections)]
+
+    def generate_output(self, output_args: Any, **kwargs: Any) -> str:
+        statement = super().generate_output(output_args, **kwargs)
+        return f"return collections.OrderedDict({statement.removeprefix('return ')})"
+
+    def process_outputs(self, outputs: Any) -> Any:
+        # what an Interpreter over the graph returns (torch.export runs a GraphModule that way, not its code)
+        return collections.OrderedDict(outputs)
+
+
 class _LeafTracer(fx.Tracer):
     def __init__(self, leaf_names: set[str], leaf_types: tuple[type, ...]) -> None:
         super().__init__()
         self.leaf_names = leaf_names
         self.leaf_types = leaf_types
+        self.returns_ordered_dict = False
+        self._arg_depth = 0
+        self._last_outer_arg_type: type | None = None
+
+    def create_arg(self, a: Any) -> Any:
+        # the outermost argument converted last, before the output node is made, is what forward returned
+        self._arg_depth += 1
+        try:
+            return super().create_arg(a)
+        finally:
+            self._arg_depth -= 1
+            if not self._arg_depth:
+                self._last_outer_arg_type = type(a)
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         if module_qualified_name in self.leaf_names or (self.leaf_types and isinstance(m, self.leaf_types)):
@@ -222,6 +255,8 @@ class _LeafTracer(fx.Tracer):
 
     def create_node(self, *args: Any, **kwargs: Any) -> fx.Node:
         node = super().create_node(*args, **kwargs)
+        if node.op == "output":
+            self.returns_ordered_dict = self._last_outer_arg_type is collections.OrderedDict
         # The model's line that made the node, as torch.export records it (node.meta["stack_trace"]): a warning or
         # error raised while the captured graph runs then names that line, not the generated code's
         # (errors.graph_frame_source). Only the innermost frame of the user's code: torch.fx's own
@@ -450,6 +485,8 @@ def _symbolic_trace(
                 if isinstance(node.type, str):
                     node.type = None
             _drop_unused_attribute_reads(graph)
+            if tracer.returns_ordered_dict:
+                graph.set_codegen(_OrderedDictOutput())
             # Built before the state is restored: tracing stores tensor constants (``_tensor_constant0``) on the
             # root, and the GraphModule takes them from there.
             gm = fx.GraphModule(tracer.root, graph, model.__class__.__name__)
