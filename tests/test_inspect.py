@@ -97,6 +97,23 @@ def test_report_is_json_serialisable(demo_report: InspectReport):
     )
 
 
+def test_a_container_output_gives_each_tensors_dtype_and_key():
+    """QA: topk's (float values, int64 indices) was said to be float32, and nothing said which shape was which key."""
+
+    class TopK(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+            values, indices = torch.topk(x, 2)
+            return {"values": values, "indices": indices.to(torch.int32) * 0 + indices.to(torch.int32)}
+
+    report = inspect_graph(capture(TopK(), (torch.randn(3, 5),)))
+    topk = node(report, "topk")
+    assert topk.shape == [[3, 2], [3, 2]] and topk.dtype == "float32, int64" and topk.output_keys == ["[0]", "[1]"]
+    output = node(report, "output")
+    assert output.dtype == "float32, int32" and output.output_keys == ["['values']", "['indices']"]
+    assert node(report, "x").output_keys == [] and node(report, "x").dtype == "float32"
+    assert json.loads(json.dumps(report.to_dict()))["nodes"][-1]["output_keys"] == ["['values']", "['indices']"]
+
+
 def test_include_code_and_other_inputs():
     loaded = load_model("demo")
     captured = capture(loaded, make_inputs(loaded.default_inputs))

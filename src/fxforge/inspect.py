@@ -49,6 +49,9 @@ class NodeInfo:
     activation_bytes: int
     quant: str = ""  # a fxforge.vocabulary.QUANT_KINDS entry for nodes of quantized graphs
     flops_unknown: list[str] = field(default_factory=list)  # ops this node ran that have no FLOP formula
+    # where each tensor of a container output sits ("[0]", "['logits']"), in the order of ``shape``; empty for a
+    # tensor. ``dtype`` is then one dtype when all share it, else each tensor's, comma-separated in that order
+    output_keys: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -82,20 +85,27 @@ class InspectReport:
         return display.inspect_html(self)
 
 
-def _describe(value: Any) -> tuple[Any, str | None, int]:
-    """(shape, dtype, bytes) of a node's output; containers of tensors (tuples, dicts, a library's output class:
-    whatever pytree flattens) give a list of shapes."""
+def _describe(value: Any) -> tuple[Any, str | None, int, list[str]]:
+    """(shape, dtype, bytes, keys) of a node's output; containers of tensors (tuples, dicts, a library's output
+    class: whatever pytree flattens) give a list of shapes, their dtypes (one when all share it: topk's values
+    and int64 indices were both said to be float32, QA) and where each tensor sits."""
     if isinstance(value, torch.Tensor):
-        return list(value.shape), str(value.dtype).removeprefix("torch."), value.numel() * value.element_size()
+        return list(value.shape), _dtype_name(value), value.numel() * value.element_size(), []
     if value is not None:
-        tensors = [v for v in pytree.tree_leaves(value) if isinstance(v, torch.Tensor)]
-        if tensors:
+        leaves = [(path, v) for path, v in pytree.tree_leaves_with_path(value) if isinstance(v, torch.Tensor)]
+        if leaves:
+            dtypes = [_dtype_name(t) for _, t in leaves]
             return (
-                [list(t.shape) for t in tensors],
-                str(tensors[0].dtype).removeprefix("torch."),
-                sum(t.numel() * t.element_size() for t in tensors),
+                [list(t.shape) for _, t in leaves],
+                dtypes[0] if len(set(dtypes)) == 1 else ", ".join(dtypes),
+                sum(t.numel() * t.element_size() for _, t in leaves),
+                [pytree.keystr(path) for path, _ in leaves],
             )
-    return None, None, 0
+    return None, None, 0, []
+
+
+def _dtype_name(tensor: torch.Tensor) -> str:
+    return str(tensor.dtype).removeprefix("torch.")
 
 
 def _node_params(gm: nn.Module, node: fx.Node) -> int:
@@ -178,6 +188,7 @@ class _Profiler(GraphRunner):
         self.blame_inputs = blame_inputs
         self.infos: dict[fx.Node, tuple[Any, str | None, int, int]] = {}
         self.unknown: dict[fx.Node, list[str]] = {}
+        self.output_keys: dict[fx.Node, list[str]] = {}
 
     def run_node(self, n: fx.Node) -> Any:
         before = self.counter.get_total_flops()
@@ -198,7 +209,7 @@ class _Profiler(GraphRunner):
                 device = said("inspect it with --device cpu", "load it with device='cpu'")
                 hint = f"this part of the model reads tensor values, which the meta device does not have: {device}"
             raise InputSpecError(f"the graph failed at node {n.name} ({where}): {message}", hint=hint) from None
-        shape, dtype, nbytes = _describe(result)
+        shape, dtype, nbytes, keys = _describe(result)
         flops = self.counter.get_total_flops() - before
         int8 = 0
         if n.op == "call_module":
@@ -211,6 +222,8 @@ class _Profiler(GraphRunner):
             if unknown:
                 self.unknown[n] = unknown
         self.infos[n] = (shape, dtype, nbytes, flops + int8)
+        if keys:
+            self.output_keys[n] = keys
         return result
 
 
@@ -345,6 +358,7 @@ def inspect_graph(
         info = NodeInfo(node.name, node.op, target_name(node), module_path(node), shape, dtype, params, flops, nbytes)
         info.quant = quant_kind(gm, node) or ""
         info.flops_unknown = profiler.unknown.get(node, [])
+        info.output_keys = profiler.output_keys.get(node, [])
         nodes.append(info)
         for path, type_name in _with_containers(_module_chain(node), captured.original):
             summary = modules.get(path)
