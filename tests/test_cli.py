@@ -593,3 +593,29 @@ def test_a_keyword_only_constant_is_pointed_at_concrete_and_keeps_the_positional
     assert code == EXIT_USAGE and "--concrete scale=VALUE" in said and "fxforge.capture(model, (x, ...)," in said
     code, _, _ = run(capsys, "inspect", f"{model_file}:KwOnly", "-i", "2x8", "--concrete", "scale=3")
     assert code == 0
+
+
+def test_verify_of_a_file_written_with_concrete_values_says_so_and_another_signature_is_rejected(capsys, tmp_path):
+    """QA: a .pt2 exported with --concrete scale=true, verified against its model, was a bare MISMATCH (the model
+    ran with scale=False); a candidate taking another number of inputs was a MISMATCH, not a refusal of the inputs."""
+    model_file = tmp_path / "scaled.py"
+    model_file.write_text(
+        "import torch\nfrom torch import nn\n\n\nclass Scaled(nn.Module):\n    def __init__(self):\n"
+        "        super().__init__()\n        self.linear = nn.Linear(4, 4)\n\n"
+        "    def forward(self, x, scale: bool = False):\n        y = self.linear(x)\n"
+        "        return y * 2 if scale else y\n\n\nclass Two(nn.Module):\n"
+        "    def forward(self, x, y):\n        return x + y\n"
+    )
+    program = str(tmp_path / "scaled.pt2")
+    code, _, _ = run(capsys, "export", f"{model_file}:Scaled", "-i", "2x4", "--concrete", "scale=true", "-o", program)
+    assert code == 0
+    code, out, _ = run(capsys, "verify", f"{model_file}:Scaled", program, "-i", "2x4")
+    said = " ".join(out.split())
+    assert code == 1 and "MISMATCH" in said and "forward's defaults (scale=False)" in said, said
+    assert "--concrete scale=VALUE" in said
+    code, out, _ = run(capsys, "verify", f"{model_file}:Scaled", program, "-i", "2x4", "--concrete", "scale=true")
+    assert code == 0 and out.startswith("OK")
+    code, out, _ = run(capsys, "verify", f"{model_file}:Two", program, "-i", "2x4", "-i", "2x4")
+    said = " ".join(out.split())
+    assert code == 1 and said.startswith("REJECTED") and "takes 1 input (x), got 2" in said, said
+    assert "the two do not take the same inputs" in said and "hint:" not in said

@@ -20,7 +20,7 @@ from fxforge.graphs import ATEN
 from fxforge.inputs import InputSpec, make_inputs, parse_input_spec
 from fxforge.models import LoadedModel, load_model
 from fxforge.references import import_function
-from fxforge.runtime import with_constant_kwargs
+from fxforge.runtime import unprovided_defaults, with_constant_kwargs
 from fxforge.verify import DEFAULT_CASES, VerifyResult, verify
 
 
@@ -179,7 +179,24 @@ def verify_specs(
     # an output directory holds several forms: the verdict is about one (verify OK while model.pt was damaged
     # read as if the whole directory were checked)
     result.files = {side: m.file for side, m in (("reference", ref_loaded), ("candidate", cand_loaded)) if m.file}
+    if not result.ok and not result.unverifiable and isinstance(candidate, (str, Path)) and Path(candidate).exists():
+        result.hint = _defaults_hint(ref_loaded.module, example, concrete_args or {})
     return result
+
+
+def _defaults_hint(reference: Any, example: Sequence[Any], fixed: Mapping[str, Any]) -> str | None:
+    """On a failure against a written file: the reference ran with its forward's defaults where the file may have
+    been written with other values (QA: a .pt2 exported with --concrete scale=true gave a bare MISMATCH)."""
+    defaults = unprovided_defaults(reference, example, fixed)
+    if not defaults:
+        return None
+    shown = ", ".join(f"{name}={value!r}" for name, value in list(defaults.items())[:3])
+    name = next(iter(defaults))
+    again = said(f"--concrete {name}=VALUE", f"concrete_args={{{name!r}: value}}")
+    return (
+        f"the reference ran with its forward's defaults ({shown}); if the candidate was written with other values "
+        f"({said('--concrete', 'concrete_args')}), pass the same here, e.g. {again}"
+    )
 
 
 def _written_from_aten(spec: Any) -> bool:

@@ -1103,8 +1103,8 @@ class _ByPosition:
     def __call__(self, _module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
         bound = bind_keywords(self.names, args, kwargs, "the exported program")
         if not self.required <= len(bound) <= len(self.names):
-            listed = ", ".join(self.names)
-            raise TypeError(f"the exported program takes {len(self.names)} inputs ({listed}), got {len(bound)}")
+            takes = f"{display.counted(len(self.names), 'input')} ({', '.join(self.names)})"
+            raise TypeError(f"the exported program takes {takes}, got {len(bound)}")
         return (bound, {}) if kwargs else None
 
 
@@ -1515,7 +1515,7 @@ class OnnxRuntimeModule(nn.Module):
             )
         flat = [t for t in leaves if isinstance(t, torch.Tensor)]
         if len(flat) != len(self.input_names):
-            raise ValueError(f"the ONNX model takes {len(self.input_names)} inputs, got {len(flat)}")
+            raise ValueError(f"the ONNX model takes {display.counted(len(self.input_names), 'input')}, got {len(flat)}")
         for name, fixed, tensor in zip(self.input_names, self.input_dims, flat):
             # ONNX Runtime's own message for a wrong shape spans lines ("... for the following indices\n index: 2
             # Got: 200 Expected: 224"), and reports keep its first line only

@@ -86,6 +86,7 @@ from fxforge.runtime import (
     rng_preserved,
     run_isolated,
     run_reference,
+    unprovided_defaults,
     with_batch,
     with_batch_kwargs,
 )
@@ -525,23 +526,6 @@ def _drop_unused_attribute_reads(graph: fx.Graph) -> None:
 
 def _reads_metadata(value: Any) -> bool:
     return isinstance(value, fx.Node) and bool(value.args) and reads_metadata_only(value, value.args[0])
-
-
-def _unprovided_defaults(model: nn.Module, inputs: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-    """``forward``'s parameters that the example inputs leave out and whose default is a plain constant."""
-    try:
-        parameters = list(pyinspect.signature(model.forward).parameters.values())
-    except (TypeError, ValueError):  # a forward without a readable signature: trace as before
-        return {}
-    defaults = {}
-    for index, parameter in enumerate(parameters):
-        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD) or index < len(inputs):
-            continue
-        if parameter.name in kwargs or parameter.default is parameter.empty:
-            continue
-        if parameter.default is None or isinstance(parameter.default, (bool, int, float, str)):
-            defaults[parameter.name] = parameter.default
-    return defaults
 
 
 def _name_concrete_placeholders(gm: fx.GraphModule, model: nn.Module, concrete_args: dict[str, Any]) -> None:
@@ -1058,7 +1042,7 @@ def _capture_module(
     kwargs = {**kwargs, **(concrete_args or {})}
     # Parameters the example leaves out run with their defaults (``mask=None``): tracing them as inputs would
     # record the branch for a tensor the model never gets, so they are traced as the constants they are.
-    traced_constants = {**_unprovided_defaults(model, inputs, kwargs), **(concrete_args or {})}
+    traced_constants = {**unprovided_defaults(model, inputs, kwargs), **(concrete_args or {})}
     can_check = check and (inputs or kwargs) and not _on_meta(model, inputs)
     # Run the model once first: inputs it rejects are the user's error, not a capture failure. Under the seed the
     # captured graph will run under too: random ops draw the same numbers in both.

@@ -226,6 +226,7 @@ def verify_html(result: Any) -> str:
         ("problems", "; ".join(result.problems[:4]) or None),
         ("skipped", "; ".join(result.skipped[:4]) or None),
         ("warnings", "; ".join(result.warnings[:4]) or None),
+        ("hint", getattr(result, "hint", None)),
     ]
     rows = [(name, value if name == "result" else escape(value)) for name, value in pairs if value is not None]
     return card(

@@ -20,7 +20,7 @@ import re
 import sys
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
@@ -382,6 +382,20 @@ def _forward_parameters(module: Any) -> list[pyinspect.Parameter] | None:
         return list(pyinspect.signature(function).parameters.values())
     except (TypeError, ValueError):
         return None
+
+
+def unprovided_defaults(model: Any, inputs: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """``forward``'s parameters that ``inputs`` and ``kwargs`` leave out and whose default is a plain constant
+    (``scale=False``): the values a call runs with unless told otherwise."""
+    defaults = {}
+    for index, parameter in enumerate(_forward_parameters(model) or ()):
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD) or index < len(inputs):
+            continue
+        if parameter.name in kwargs or parameter.default is parameter.empty:
+            continue
+        if parameter.default is None or isinstance(parameter.default, (bool, int, float, str)):
+            defaults[parameter.name] = parameter.default
+    return defaults
 
 
 def _keyword_only_inputs(module: Any) -> list[str]:

@@ -154,6 +154,7 @@ class VerifyResult:
     rejected_inputs: str | None = None  # the case a program exported for other shapes refused to run
     # on a mismatch with no divergence: why no node could be named (the candidate is not a graph...)
     divergence_unknown: str | None = None
+    hint: str | None = None  # on a failure: what to try (the --concrete values a file was written with)
     failing_case: int | None = field(default=None, repr=False)  # the Verifier's index of the first failing case
     # the (rtol, atol) each floating dtype of the outputs was compared with: "equal" is only as strict as these
     tolerances: dict[str, tuple[float, float]] = field(default_factory=dict)
@@ -333,6 +334,19 @@ def _input_guard_failed(exc: BaseException) -> bool:
         or bool(re.search(r"Expected input at \S+ to be equal to", text))
         or bool(re.search(r"the ONNX model's input \S+ has shape", text))
         or "package was compiled for inputs" in text
+    )
+
+
+def _input_count_refused(exc: BaseException) -> bool:
+    """Whether ``exc`` is a candidate refusing the number of inputs at its call (fxforge's loaders of an exported
+    program or ONNX file check it; a Python forward raises TypeError), rather than a failure while computing."""
+    text = str(exc)
+    return bool(
+        re.search(r"^the (exported program|ONNX model) takes \d+ inputs?\b", text)
+        or (
+            isinstance(exc, TypeError)
+            and re.search(r"forward\(\) (takes \d+ positional arguments? but \d+ (were|was) given|missing \d+)", text)
+        )
     )
 
 
@@ -602,6 +616,17 @@ class Verifier:
                     continue
                 result.ok = False
                 result.max_abs_err = result.max_rel_err = math.inf
+                if _input_count_refused(exc):
+                    # a file written with other arguments (--concrete fixed one), another model: nothing computed
+                    # differed, the two do not take the same inputs
+                    result.rejected_inputs = case.label
+                    result.problems.append(
+                        f"the candidate does not take the inputs of {case.label} ({one_line_reason(exc, 160)}): "
+                        "the two do not take the same inputs"
+                    )
+                    result.divergence_unknown = "the candidate did not run on these inputs"
+                    result.failing_case = index
+                    break
                 if _input_guard_failed(exc):
                     # a program exported for other shapes checks its inputs: it differs from the model there, but
                     # computed nothing, so no node can be named (the shapes it takes are what can be verified)

@@ -325,6 +325,8 @@ def render_verify(console: Console, reference: str, candidate: str, result: Any)
         console.print("  " + result.divergence.describe())
     elif result.divergence_unknown:
         console.print(f"  [dim]no diverging node named: {result.divergence_unknown}[/]")
+    if result.hint:
+        console.print(f"  hint: {escape(result.hint)}")
 
 
 def render_passes(console: Console, specs: list[Any]) -> None:
