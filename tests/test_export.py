@@ -1188,6 +1188,27 @@ def test_a_traced_output_holding_none_names_the_cause_and_script(tmp_path):
     assert "script=True" in raised.value.hint
 
 
+def test_a_traced_dict_output_of_mixed_types_points_at_script_which_exports_it(tmp_path):
+    """QA: the trace's "Dictionary inputs to traced functions must have consistent type" hint named onnx and pt2 and
+    not --script, which exports such a model."""
+
+    class Mixed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(8, 4)
+
+        def forward(self, x):
+            y = self.linear(x)
+            return {"y": y, "parts": [y, y * 2]}
+
+    with pytest.raises(ExportError) as raised:
+        export_model(Mixed().eval(), "torchscript", tmp_path / "m.pt", example_inputs=(torch.randn(2, 8),))
+    assert "the trace cannot type the model's output" in str(raised.value) and "script=True" in raised.value.hint
+    result = export_model(Mixed().eval(), "torchscript", tmp_path / "m.pt", example_inputs=(torch.randn(2, 8),),
+                          script=True)
+    assert result.ok
+
+
 def test_an_unregistered_dataclass_output_is_refused_once_in_every_format(tmp_path):
     """QA: ONNX gave ONNX Runtime's "OrtValue indexes should have been populated" and a hint about dtypes, pt2 a
     link to a functorch issue; a registered dataclass (as transformers registers its outputs) exports."""

@@ -1167,7 +1167,10 @@ def _export_error(what: str, exc: BaseException) -> ExportError:
     if untyped:
         # "Tracer cannot infer type of {<every output tensor printed>}\n:<the reason>": the reason, not the values
         reason = f"the trace cannot type the model's output: {untyped.group(1).strip()}"
-        hint = "return tensors, or tuples and dicts of tensors of one type (no None); onnx and pt2 keep such outputs"
+        hint = (
+            f"export with {option('--script', True)} (scripting can type more outputs), or to onnx or pt2; or return "
+            "tensors, and tuples and dicts of tensors of one type (no None)"
+        )
     construct = type(innermost).__name__
     return ExportError(f"cannot export {what}: {reason}{where}", hint=hint, construct=construct, location=location)
 
