@@ -720,6 +720,11 @@ def test_the_recipe_variant_ships_the_compiled_model_without_aotinductor(tmp_pat
     loaded = load_model(str(tmp_path / "recipe")).module
     x = torch.randn(2, 8)
     assert isinstance(loaded, CompiledModule) and compare_outputs(model(x), loaded(x)).ok
+    # the plain-torch line is code that runs as printed, with the recipe's settings (it was prose, QA)
+    assert artifact.load == "torch.compile(torch.export.load('model.pt2').module(), options={'freezing': True})"
+    monkeypatch.chdir(tmp_path / "recipe")
+    plain = eval(artifact.load, {"torch": torch})
+    assert compare_outputs(model(x), plain(x)).ok
 
 
 def test_ort_int8_is_a_reduced_candidate_whose_artifact_reloads(tmp_path):

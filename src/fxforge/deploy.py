@@ -89,12 +89,12 @@ PLAIN_TORCH_LOAD = {
     # QA: called at another shape, the package returned a wrong-shaped result, or aborted the process
     "aoti": "torch._inductor.aoti_load_package('model.aoti.pt2')  # the example's input shapes only (inputs.txt): "
     "others are not checked, and give wrong results or abort",
-    "compile": "torch.compile(torch.export.load('model.pt2').module()), first call under "
-    "torch._inductor.config.patch(freezing=True)",
+    # the recipe's Inductor settings are filled in (compile_load_line): torch.compile applies them while compiling
+    "compile": "torch.compile(torch.export.load('model.pt2').module(), options={options})",
     "int8": "torch.load('model.pt', weights_only=False)  # with torch.backends.quantized.engine = 'x86'",
     "ort_int8": "onnxruntime.InferenceSession('model.onnx')  # int8 QDQ, any batch size",
     "bf16": "torch.export.load('model.pt2').module()",
-    "autocast": "torch.export.load('model.pt2').module(), called under torch.autocast('cpu', torch.bfloat16)",
+    "autocast": "torch.export.load('model.pt2').module()  # call it under torch.autocast('cpu', torch.bfloat16)",
 }
 
 
@@ -190,6 +190,17 @@ def program_load_line(kind: str, directory: Path) -> str:
     """The plain-torch load line of a ``model.pt2`` artifact, after the imports that register its output types
     (``import transformers.modeling_outputs``: torch.export.load refuses the file without it)."""
     return _after_imports(program_imports(directory / PROGRAM_FILE), PLAIN_TORCH_LOAD[kind])
+
+
+def compile_load_line(recipe: dict[str, Any]) -> str:
+    """The plain-torch line that compiles ``model.pt2`` as ``recipe`` says: its Inductor settings and its mode's
+    as ``torch.compile``'s options (it takes one or the other), so that the line is code, not a description."""
+    options = dict(recipe.get("inductor") or {})
+    if recipe.get("mode"):
+        from torch._inductor import list_mode_options  # Inductor is slow to import: only for this line
+
+        options.update(list_mode_options(recipe["mode"]))
+    return PLAIN_TORCH_LOAD["compile"].format(options=repr(options))
 
 
 def _after_imports(imports: list[str], line: str) -> str:
@@ -318,7 +329,7 @@ def _write_compiled(
     if "max_autotune" in variants:
         recipe["mode"] = "max-autotune-no-cudagraphs"
     (directory / RECIPE_FILE).write_text(json.dumps(recipe, indent=1))
-    a.load = program_load_line("compile", directory)
+    a.load = _after_imports(program_imports(directory / PROGRAM_FILE), compile_load_line(recipe))
 
 
 def _write_aoti(
