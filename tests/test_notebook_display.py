@@ -261,6 +261,24 @@ def test_the_bench_view_says_which_rows_are_wrong(demo):
     assert report._repr_html_().count("Bench</h") == 1  # one heading, not the card's over the section's
 
 
+def test_a_bench_of_many_backends_and_batches_has_a_short_repr():
+    """QA: 9 backends at 2 batches made a 600-character repr; above 6 rows it says the fastest matching row per
+    batch and how many were timed."""
+    from fxforge.bench import BenchReport, BenchRow
+
+    rows = []
+    for batch in (1, 8):
+        for index, backend in enumerate(["eager", "fx", "torchscript", "compile", "onnxruntime", "int8", "bf16"]):
+            row = BenchRow(backend, batch=batch)
+            row.set_rounds([10.0 * batch - index] * 3)
+            row.within_tolerance = backend not in ("int8", "bf16")  # the fastest two are wrong: never "fastest"
+            rows.append(row)
+    report = BenchReport(rows, threads=2, warmup=1, repeats=3, inputs=["1x3"], memory="-")
+    text = assert_short_repr(report, "BenchReport")
+    assert "batch 1: fastest onnxruntime 6.00 ms, 7 backends (2 failed or beyond tol)" in text, text
+    assert "batch 8: fastest onnxruntime 76.00 ms" in text, text
+
+
 def test_the_inspect_view_shows_the_depth_the_report_was_made_at():
     """The view cut at depth 2 whatever the report held: a BERT layer (depth 3) never showed."""
     model = nn.Sequential(nn.Sequential(nn.Sequential(nn.Linear(4, 4), nn.ReLU())))

@@ -73,8 +73,26 @@ def bench_repr(report: Any) -> str:
         verdict = {False: " beyond tol", None: " not compared"}.get(row.within_tolerance, "")
         return f"{name(row)} {row.median_ms:.2f} ms{verdict}"
 
-    rows = ", ".join(timing(r) for r in report.rows)
-    return f"<BenchReport {counted(report.threads, 'thread')}, {counted(report.repeats, 'round')}: {rows}>"
+    head = f"<BenchReport {counted(report.threads, 'thread')}, {counted(report.repeats, 'round')}"
+    if len(report.rows) <= _REPR_ROWS:
+        return f"{head}: {', '.join(timing(r) for r in report.rows)}>"
+    # many backends at many batches made a repr of 600+ characters (QA): per batch, the fastest row that
+    # matches, and how many were timed; the table (the HTML view, to_dict) has them all
+    parts = []
+    for batch in dict.fromkeys(r.batch for r in report.rows):
+        rows = [r for r in report.rows if r.batch == batch]
+        good = [r for r in rows if r.median_ms and r.within_tolerance is not False]
+        fastest = f"fastest {min(good, key=lambda r: r.median_ms).backend} " if good else ""
+        best = f"{min(r.median_ms for r in good):.2f} ms, " if good else "none ran, "
+        failed = sum(1 for r in rows if not r.median_ms or r.within_tolerance is False)
+        parts.append(
+            f"batch {batch}: {fastest}{best}{counted(len(rows), 'backend')}"
+            + (f" ({failed} failed or beyond tol)" if failed else "")
+        )
+    return f"{head}: {'; '.join(parts)}>"
+
+
+_REPR_ROWS = 6  # a repr names every row up to this many, and summarises per batch above it
 
 
 def bench_html(report: Any) -> str:
