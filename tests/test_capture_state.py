@@ -41,6 +41,18 @@ class RunningMean(nn.Module):
         return x - self.mean
 
 
+class DecayedMean(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = nn.Linear(8, 8)
+        self.register_buffer("mean", torch.zeros(8))
+
+    def forward(self, x):
+        with torch.no_grad():
+            self.mean.mul_(0.9).add_(0.1 * x.mean(0))
+        return self.l(x - self.mean)
+
+
 class Counter(nn.Module):
     def __init__(self):
         super().__init__()
@@ -144,6 +156,18 @@ def test_arithmetic_on_a_buffer_is_recorded_not_frozen(models):
     graph = capture(model, (x,)).graph_module  # shares model's buffer; twin is updated by the model's own code
     for _ in range(3):
         assert torch.allclose(graph(x), twin(x))
+
+
+def test_an_in_place_write_that_leaves_a_buffer_as_it_was_is_recorded(models):
+    """QA: ``self.mean.mul_(0.9)`` on a mean of zeros ran once while tracing and changed no value, so the graph lost
+    it and passed the check; from the second call on it drifted from the model (and optimize blamed cse)."""
+    x = torch.randn(2, 8)
+    model, twin = build(models, "DecayedMean"), build(models, "DecayedMean")
+    twin.load_state_dict(model.state_dict())
+    captured = capture(model, (x,))
+    assert "mul_" in captured.graph_module.code
+    for _ in range(3):
+        assert torch.allclose(captured.graph_module(x), twin(x))
 
 
 @pytest.mark.parametrize("name, mark", [("Counter", "counter"), ("Cache", "cache")])

@@ -74,6 +74,7 @@ from fxforge.references import as_names
 from fxforge.runtime import (
     batch_narrowed_at,
     batch_of,
+    buffer_versions,
     buffers_snapshot,
     changed_buffers,
     cloned,
@@ -89,6 +90,7 @@ from fxforge.runtime import (
     unprovided_defaults,
     with_batch,
     with_batch_kwargs,
+    written_buffers,
 )
 
 SYMBOLIC_TRACE = "symbolic_trace"
@@ -467,14 +469,17 @@ def _symbolic_trace(
     tracer = _LeafTracer(leaf_names, leaf_types)
     tracer.proxy_buffer_attributes = proxy_buffers
     snapshot = buffers_snapshot(model)
+    versions = buffer_versions(model)
     refuse_buffer_writes = _buffer_assignments_refused(model) if proxy_buffers else contextlib.nullcontext()
     # preserved_state: a failed trace must leave the user's module as it was (a leaked Proxy in a buffer
     # made every later model(x) return a Proxy), and tracing runs ops on real buffers eagerly.
     with preserved_state(model, runs=False):
         with _patched(wraps), refuse_buffer_writes:
             graph = tracer.trace(model, concrete_args=concrete_args)
-        # a buffer written in place in forward (a call counter) changed, and the write is missing from the graph
-        changed = changed_buffers(model, snapshot)
+        # a buffer written in place in forward (a call counter) changed, and the write is missing from the graph;
+        # or it was written to the value it had (a running mean of zeros scaled by 0.9, QA), which its version
+        # counter tells: the write ran once while tracing and is missing from the graph all the same
+        changed = changed_buffers(model, snapshot) or written_buffers(model, versions)
         if not changed:
             # Forget our tracer class: GraphModule pickles it and would need fxforge (and its arguments) to reload.
             graph._tracer_cls = None

@@ -94,6 +94,16 @@ def changed_buffers(module: nn.Module, snapshot: dict[str, torch.Tensor]) -> lis
     return [name for name, value in snapshot.items() if not same(buffers.get(name), value)]
 
 
+def buffer_versions(module: nn.Module) -> dict[str, int]:
+    """Each buffer's version counter, which every in-place write bumps, even one that leaves the value as it was."""
+    return {name: buf._version for name, buf in module.named_buffers()}
+
+
+def written_buffers(module: nn.Module, versions: dict[str, int]) -> list[str]:
+    """Names of the buffers written in place since :func:`buffer_versions` gave ``versions``."""
+    return [name for name, buf in module.named_buffers() if name in versions and buf._version != versions[name]]
+
+
 def restore_buffers(module: nn.Module, snapshot: dict[str, torch.Tensor]) -> None:
     """Put back the buffer values saved by :func:`buffers_snapshot`."""
     buffers = dict(module.named_buffers())
