@@ -33,6 +33,7 @@ from fxforge.graphs import (
     get_attr_value,
     has_side_effects,
     node_arg,
+    runs_hooks,
     submodule,
 )
 
@@ -189,7 +190,9 @@ def written_args(gm: nn.Module, node: fx.Node) -> list[fx.Node]:
                 written.append(first)
     elif node.op == "call_module":
         module = submodule(gm, node)
-        if getattr(module, "inplace", False) is True and first is not None:
+        if runs_hooks(module):
+            written += node.all_input_nodes  # a hook may write into what the module is given
+        elif getattr(module, "inplace", False) is True and first is not None:
             written.append(first)
         elif _is_export_guard(module):
             pass  # torch.export's input guard only reads shapes
@@ -372,7 +375,7 @@ def returns_fresh(gm: nn.Module, node: fx.Node) -> bool:
         return str(node.target) in _FRESH_METHODS
     if node.op == "call_module":
         module = submodule(gm, node)
-        return type(module) in _FRESH_MODULES and not getattr(module, "inplace", False)
+        return type(module) in _FRESH_MODULES and not getattr(module, "inplace", False) and not runs_hooks(module)
     return False
 
 
@@ -832,6 +835,8 @@ def module_state_write(module: nn.Module) -> str | None:
 
 def _module_impurity(module: nn.Module) -> str | None:
     kind = type(module)
+    if runs_hooks(module):
+        return f"module {kind.__name__} runs hooks, which fxforge cannot see into"
     if kind in _DROPOUT_MODULES or kind is nn.RReLU:
         return f"{kind.__name__} in training mode is random" if module.training else None
     state_write = module_state_write(module)

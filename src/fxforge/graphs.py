@@ -42,7 +42,9 @@ def is_input_guard(node: fx.Node) -> bool:
 def without_input_guards(gm: fx.GraphModule) -> fx.GraphModule:
     """A copy of ``gm`` that does not call torch.export's input-shape check: TorchScript's trace froze the
     check's Python assertions as if they were the model's control flow, and its script cannot compile them."""
-    copied = copy.deepcopy(gm)
+    # a copy of the graph on the same modules: a deep copy of the modules refused a model with the old weight_norm
+    # or pruning (their recomputed weight is not a leaf tensor, QA), and duplicated every weight
+    copied = fx.GraphModule(gm, copy.deepcopy(gm.graph), gm.__class__.__name__)
     for node in list(copied.graph.nodes):
         if is_input_guard(node) and not node.users:
             copied.graph.erase_node(node)
@@ -158,10 +160,21 @@ NODE_KINDS: dict[str, tuple[tuple[type, ...], tuple[Any, ...], tuple[str, ...], 
 }
 
 
+def runs_hooks(module: Any) -> bool:
+    """Whether calling ``module`` runs hooks besides its ``forward``: a forward hook (a user's feature hook, one that
+    rescales the output) or a forward pre-hook (pruning's mask, the old ``weight_norm`` and ``spectral_norm``,
+    which recompute the weight on every call). Such a module computes more than its type says, so passes treat it
+    as opaque: folding, merging or removing it dropped the hook (QA: fold_bn wrote a model 0.35 off)."""
+    return bool(getattr(module, "_forward_hooks", None) or getattr(module, "_forward_pre_hooks", None))
+
+
 def node_kind(gm: nn.Module, node: fx.Node) -> str | None:
-    """Classify ``node`` as one of the kinds above (``"conv"``, ``"relu"``...), or None."""
+    """Classify ``node`` as one of the kinds above (``"conv"``, ``"relu"``...), or None (a module that runs hooks
+    is none of them: :func:`runs_hooks`)."""
     if node.op == "call_module":
         module = submodule(gm, node)
+        if runs_hooks(module):
+            return None
         for kind, (types, _, _, _) in NODE_KINDS.items():
             # exact type for module kinds: a subclass may override forward with anything
             if type(module) in types:

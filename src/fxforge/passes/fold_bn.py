@@ -52,6 +52,7 @@ from fxforge.graphs import (
     get_attr_value,
     node_kind,
     node_value,
+    runs_hooks,
     submodule,
 )
 from fxforge.passes import ORIGIN, PassResult, mark, register_pass, store_tensor
@@ -286,8 +287,9 @@ _TUPLE_RESULTS = {name for name in _ATEN_BATCH_NORMS if name != "batch_norm"}
 
 
 def _plain_batch_norm_module(module: nn.Module | None) -> bool:
-    """A BatchNorm module: a torch.nn one, or a subclass that keeps its forward (anything else may do more)."""
-    return isinstance(module, _BatchNorm) and type(module).forward is _BatchNorm.forward
+    """A BatchNorm module: a torch.nn one, or a subclass that keeps its forward (anything else may do more), that
+    runs no hooks."""
+    return isinstance(module, _BatchNorm) and type(module).forward is _BatchNorm.forward and not runs_hooks(module)
 
 
 def _match_norm(gm: nn.Module, node: fx.Node, is_source) -> Norm | None:
@@ -616,6 +618,11 @@ def _read_module(gm: nn.Module, node: fx.Node, uses: Counter[str]) -> Layer | st
     target = str(node.target)
     if type(module) not in WEIGHTED_LAYER_TYPES:
         return f"{type(module).__name__} is not a plain conv/linear module"
+    if runs_hooks(module):
+        return (
+            f"module {target} runs hooks (a forward hook, or a pre-hook: pruning, weight_norm, spectral_norm), "
+            "which folding would drop"
+        )
     passed_whole = uses.whole[target] if isinstance(uses, Uses) else 0
     if uses[target] - passed_whole > 1:
         return (
@@ -764,6 +771,8 @@ def _trace_composite(gm: nn.Module, node: fx.Node, uses: Counter[str]) -> fx.Gra
     """The graph of the module ``node`` calls, ready to inline in its place, or why it cannot be inlined."""
     module, target = submodule(gm, node), str(node.target)
     label = f"{node.name} (a {type(module).__name__} call)"
+    if runs_hooks(module):  # inlining its forward would drop them; a plain BatchNorm with a hook comes here too
+        return _refusal(f"module {target} runs hooks (a forward hook or pre-hook), which folding would drop", label)
     if uses[target] > 1:
         return _refusal(f"module {target} is called, or its tensors read, from more than one place", label)
     if node.kwargs or not all(isinstance(arg, fx.Node) for arg in node.args):

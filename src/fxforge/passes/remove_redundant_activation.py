@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from fxforge.effects import AliasClasses, copy_layout_problem, returns_fresh, tensor_facts, written_args
-from fxforge.graphs import aten_packet, node_arg, node_kind, submodule, target_name
+from fxforge.graphs import aten_packet, node_arg, node_kind, runs_hooks, submodule, target_name
 from fxforge.passes import PassResult, mark, register_pass
 
 NAME = "remove_redundant_activation"
@@ -129,6 +129,8 @@ def clamp_of(gm: nn.Module, node: fx.Node) -> Clamp | None:
         return None
     if node.op == "call_module":
         module = submodule(gm, node)
+        if runs_hooks(module):
+            return None
         if type(module) is nn.ReLU6:
             return Clamp(0.0, 6.0, "relu6")
         if type(module) is nn.Hardtanh:
@@ -170,7 +172,8 @@ def _bounded(gm: nn.Module, node: fx.Node) -> tuple[str, float, float] | None:
     if kind in ("sigmoid", "softmax"):
         return kind, 0.0, 1.0
     if node.op == "call_module":
-        return _BOUNDED_MODULES.get(type(submodule(gm, node)))
+        module = submodule(gm, node)
+        return None if runs_hooks(module) else _BOUNDED_MODULES.get(type(module))
     if node.op == "call_method":
         return _BOUNDED_NAMES.get(str(node.target))
     if node.op == "call_function":
