@@ -22,7 +22,7 @@ from fxforge.artifacts import check_output_directory
 from fxforge.capture import LOADED, Captured, capture, require_real_weights, wrapped_calls_kept
 from fxforge.display import counted
 from fxforge.errors import DialectError, FxforgeError, InputSpecError, one_line_reason, option, outside_stacklevel, said
-from fxforge.graphs import ATEN, WEIGHTED_LAYER_TYPES, get_attr_value, reads_metadata_only
+from fxforge.graphs import ATEN, WEIGHTED_LAYER_TYPES, get_attr_value, reads_metadata_only, runs_hooks
 from fxforge.inputs import make_inputs, specs_of
 from fxforge.passes import apply_pass
 from fxforge.quantize.accuracy import AccuracyReport, Target, compare_batches, parse_target, run_batches
@@ -761,6 +761,10 @@ def quantize(
     plan = _plan(captured, mode, backend)
     float_layers = as_names(float_layers)
     float_units = _checked_float_units(plan, float_layers)
+    # an int8 layer is a new module without the user's hooks (QA: a forward hook on fc, dropped, read as 91%
+    # int8 error): a layer that runs hooks stays the float module it is
+    hooked = [name for name, _ in quantizable_layers(plan.source, mode) if _runs_hooks(plan.source, name)]
+    float_units += [u for u in _checked_float_units(plan, hooked) if u.name not in {f.name for f in float_units}]
     nothing_to_quantize = mode == "static" and not quantizable_layers(plan.source, mode)
     if nothing_to_quantize:
         # Without a conv or linear layer, static int8 would only quantize ops (tanh, mul, add...): quantize and
@@ -790,6 +794,11 @@ def quantize(
         notes.append(
             f"before quantizing, by exact passes: {' and '.join(done)}, so that none is left as a float op or "
             "an int8 quantization point of its own"
+        )
+    if hooked:
+        notes.append(
+            f"kept in float: {', '.join(hooked)} {'runs' if len(hooked) == 1 else 'run'} hooks (a forward hook or "
+            "pre-hook), which an int8 layer would not run"
         )
     if plan.eager:
         notes.append(
@@ -868,6 +877,12 @@ def quantize(
         notes=notes,
         evaluation=evaluation.describe(),
     )
+    lost = _hooks_lost(plan.source, model)
+    if lost:
+        result.warnings.append(
+            f"the hooks of {', '.join(lost)} are not in the int8 model (quantization fuses a batch norm or activation "
+            "into the layer before it): the accuracy measured counts their loss"
+        )
     if nothing_to_quantize:
         result.warnings.append(
             f"nothing was quantized: the model has no {_layer_kinds(mode)}, and int8 ops alone would only add "
@@ -923,6 +938,28 @@ def _finish(
 
 def _layer_kinds(mode: str) -> str:
     return "/".join(sorted({t.__name__ for t in _layer_types(mode)})) + " layer"
+
+
+def _runs_hooks(source: nn.Module, name: str) -> bool:
+    with contextlib.suppress(AttributeError):
+        return runs_hooks(source.get_submodule(name))
+    return False
+
+
+def _hooks_lost(source: nn.Module, quantized: nn.Module) -> list[str]:
+    """The modules of ``source`` whose hooks no module of ``quantized`` runs any more (a hooked batch norm fused
+    into the conv before it)."""
+    kept = {
+        id(hook)
+        for module in quantized.modules()
+        for hook in [*module._forward_hooks.values(), *module._forward_pre_hooks.values()]
+    }
+    return [
+        name
+        for name, module in source.named_modules()
+        if runs_hooks(module)
+        and not {id(h) for h in [*module._forward_hooks.values(), *module._forward_pre_hooks.values()]} <= kept
+    ]
 
 
 def _checked_float_units(plan: _Plan, names: Sequence[str]) -> list[Unit]:
