@@ -3,6 +3,7 @@ one is written with a report of every candidate, and reduced precision needs an 
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -1099,3 +1100,42 @@ def test_a_choice_the_medians_contradict_is_timed_again_and_said_to_be_disputed(
     reason = candidates["int8"].reason
     assert "the medians and the rounds disagree" in reason and "faster in 9 of 15 rounds" in reason, reason
     assert "rerun with nothing else running" in reason
+
+
+class _ConvBnHead(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.bn, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.Linear(8, 5)
+        with torch.no_grad():
+            self.bn.running_mean.uniform_(-1, 1)
+            self.bn.running_var.uniform_(0.5, 2)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.bn(self.conv(x))).mean((2, 3)))
+
+
+def test_the_default_tolerance_is_each_dtypes_round_off():
+    """QA: --auto held every dtype to float32's 1e-4: a candidate computing a float64 model in float32 was verified,
+    and a float16 model's fold_bn, one float16 ulp off, was rejected as a divergence."""
+
+    def in_float32(captured, settings):
+        model = copy.deepcopy(captured.original).float()
+
+        class Float32(nn.Module):
+            def forward(self, x):
+                return model(x.float()).double()
+
+        return Float32()
+
+    torch.manual_seed(0)
+    model = _ConvBnHead().double().eval()
+    captured = capture(model, (torch.randn(1, 3, 16, 16, dtype=torch.float64),))
+    result = auto_optimize(captured, backends=["eager", Backend("fp32_inside", "float32", in_float32)], repeats=3)
+    fp32_inside = next(c for c in result.candidates if c.name == "fp32_inside")
+    assert fp32_inside.status == "rejected" and "rtol=1e-07" in fp32_inside.reason, fp32_inside.reason
+    assert result.passes == ["fold_bn"]  # exact in float64
+
+    torch.manual_seed(0)
+    captured = capture(_ConvBnHead().half().eval(), (torch.randn(1, 3, 16, 16, dtype=torch.float16),))
+    result = auto_optimize(captured, backends=["eager"], repeats=3)
+    assert result.passes == ["fold_bn"] and not result.rejected_passes, result.rejected_passes

@@ -600,7 +600,8 @@ def render_auto(console: Any, spec: str, result: Any) -> None:
     styles = {"chosen": "bold green", "accepted": "green", "rejected": "red", "failed": "red"}
 
     def build(left_out: set[str]) -> Table:
-        table = Table(title=f"candidates (tolerance {result.budget.tolerance:g}" + _agreement(result.budget) + ")")
+        tolerance = "each dtype's round-off" if result.budget.per_dtype else f"{result.budget.tolerance:g}"
+        table = Table(title=f"candidates (tolerance {tolerance}" + _agreement(result.budget) + ")")
         table.add_column("candidate", no_wrap=True)
         shown = [(name, cell) for name, cell in columns if name not in left_out]
         for name, _ in shown:

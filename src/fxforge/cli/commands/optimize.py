@@ -53,7 +53,10 @@ pass is rolled back and reported instead).
 @click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
 @click.option("--auto", is_flag=True, help="Try every backend, verify, time the survivors, write the fastest.")
 @click.option(
-    "--tolerance", type=float, default=None, help="--auto: normwise relative tolerance.  [default: 1e-4]"
+    "--tolerance",
+    type=float,
+    default=None,
+    help="--auto: normwise relative tolerance for every dtype.  [default: each output dtype's round-off, as verify]",
 )
 @click.option("--min-agreement", type=float, default=None, help="--auto: allow bf16/int8 at this top-1 agreement.")
 @click.option(
