@@ -135,11 +135,45 @@ def _refuse_unsafe_target(target: Path) -> None:
 def output_target(path: str | Path) -> Path:
     """Where an output really goes: a symlink to a directory is followed (the link stays a link)."""
     target = Path(path)
+    _refuse_long_names(target)
     if target.is_symlink():
         if not target.exists():
             raise FxforgeError(f"{target} is a broken symbolic link", hint="remove it or give another path")
         return target.resolve()
     return target
+
+
+def _refuse_long_names(target: Path) -> None:
+    """A name longer than the file system takes (255 bytes on most) raised OSError from the first look at the path
+    (exit 4, QA), and a name a little shorter could not be staged: the staging directory's name beside it
+    (:func:`_staging_prefix`) is longer, and the refusal named the folder (``cannot write to .``)."""
+    folder = target.parent
+    while not _exists(folder) and folder != folder.parent:
+        folder = folder.parent
+    try:
+        limit = os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    for part in target.parts:
+        if len(os.fsencode(part)) > limit:
+            raise FxforgeError(
+                f"the name {part[:32]}... is {len(os.fsencode(part))} bytes long; the file system takes {limit}",
+                hint="give a shorter name",
+            )
+    staged = len(os.fsencode(_staging_prefix(target))) + 8  # and mkdtemp's random suffix
+    if staged > limit:
+        raise FxforgeError(
+            f"the output name {target.name[:32]}... is too long to stage: fxforge writes it first under a name "
+            f"{staged - len(os.fsencode(target.name))} bytes longer beside it, and the file system takes {limit} bytes",
+            hint=f"give a name of at most {limit - (staged - len(os.fsencode(target.name)))} bytes",
+        )
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:  # a name too long: Path.exists raises rather than say no
+        return False
 
 
 def check_writable(target: Path) -> None:

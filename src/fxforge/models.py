@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import errno
 import inspect as pyinspect
 import io
 import json
@@ -183,6 +184,13 @@ def load_model(
         # The constructor needed tensor data (e.g. `.tolist()`), which meta tensors do not have.
         with _seeded(seed), _parameters_on_meta():
             loaded = _dispatch(spec.strip(), dict(kwargs), trusted)
+    except OSError as exc:
+        if exc.errno != errno.ENAMETOOLONG:
+            raise
+        # the first look at such a path raised it, an internal error (QA)
+        raise ModelSpecError(
+            f"no file can be named {spec[:48]}...: a name in it is longer than the file system takes"
+        ) from None
     # torch.export modules refuse .eval()/.train(): their mode was fixed when they were exported.
     with contextlib.suppress(NotImplementedError):
         loaded.module.train(train)

@@ -89,6 +89,25 @@ def test_invalid_yaml_in_option_values(capsys, args):
     assert "not valid YAML" in err
 
 
+def test_names_longer_than_the_file_system_takes_are_refused_in_one_line(capsys, tmp_path, monkeypatch):
+    """QA: a 256-byte name was an internal error (exit 4) in every command that writes or reads a path, and a
+    240-byte one, legal, could not be staged and was refused as "cannot write to .": the folder, not the name."""
+    monkeypatch.chdir(tmp_path)
+    too_long, near = "b" * 300, "a" * 240
+    for args in (
+        ("optimize", "demo", "-p", "fold_bn", "-o", too_long),
+        ("export", "demo", "-o", f"{near}.onnx"),
+        ("graph", "demo", "-o", f"{too_long}/graph.html"),
+        ("quantize", "demo", "-o", too_long),
+        ("inspect", f"{too_long}.pt2"),
+        ("verify", "demo", f"{too_long}.py:make"),
+    ):
+        code, _, err = run(capsys, *args)
+        assert_one_error_line(code, err)
+        assert "long" in err and "cannot write to ." not in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_output_into_the_working_directory_is_refused(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     keep = tmp_path / "precious.txt"
