@@ -211,3 +211,18 @@ def test_a_program_fixed_to_one_batch_says_which_batch_it_takes():
     with pytest.raises(InputSpecError) as raised:
         run_reference(program, (torch.randn(1, 8),), {})
     assert raised.value.hint.startswith("the model takes batch 2 only") and "run it at batch 2," in raised.value.hint
+
+
+def test_a_reason_that_ends_at_who_raised_says_what_was_raised():
+    """QA: a bench row said "build failed: RuntimeError: backend='inductor' raised:" and stopped there."""
+    from fxforge.errors import one_line_reason
+
+    exc = RuntimeError(
+        "backend='inductor' raised:\nRuntimeError: itensor_view_from_dense expects float tensor inputDouble\n\n"
+        "Set TORCHDYNAMO_VERBOSE=1 for the internal stack trace"
+    )
+    assert one_line_reason(exc) == (
+        "RuntimeError: backend='inductor' raised: RuntimeError: itensor_view_from_dense expects float tensor "
+        "inputDouble"
+    )
+    assert one_line_reason(RuntimeError("plain\nsecond")) == "RuntimeError: plain"

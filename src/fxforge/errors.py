@@ -148,7 +148,11 @@ def first_line(exc: BaseException | Warning | str) -> str:
     if not lines:
         return type(exc).__name__
     # torch's advice to rerun with its debug logging is for torch developers, not a step for fxforge's user
-    return _TORCH_LOGS_ADVICE.sub("", lines[0]).strip() or lines[0]
+    first = _TORCH_LOGS_ADVICE.sub("", lines[0]).strip() or lines[0]
+    if first.endswith(" raised:") and len(lines) > 1:
+        # "backend='inductor' raised:" says who, the next line what (QA: a bench row ended at the colon)
+        return f"{first} {_TORCH_LOGS_ADVICE.sub('', lines[1]).strip()}"
+    return first
 
 
 _TORCH_LOGS_ADVICE = re.compile(

@@ -68,32 +68,43 @@ def quantize_onnx(
         raise FxforgeError(f"ONNX Runtime int8 activations are uint8 or int8, not {activations!r}")
     activation_type = quantization.QuantType.QUInt8 if activations == "uint8" else quantization.QuantType.QInt8
     notes: list[str] = []
-    with tempfile.TemporaryDirectory(prefix="fxforge-ort-int8-") as tmp:
-        model = source
-        prepared = Path(tmp) / "prepared.onnx"
-        try:
-            quantization.shape_inference.quant_pre_process(str(source), str(prepared))
-            model = prepared
-        except Exception as exc:  # quantizing the exported file as it is still works, if less well fused
-            notes.append(f"quant_pre_process failed ({one_line_reason(exc, 120)}): quantized the file as exported")
-        reader = _Reader(_input_names(model), batches)
-        try:
-            with _root_warnings_as_notes(notes):
-                quantization.quantize_static(
-                    str(model),
-                    str(target),
-                    reader,
-                    quant_format=quantization.QuantFormat.QDQ,
-                    per_channel=True,
-                    activation_type=activation_type,
-                    weight_type=quantization.QuantType.QInt8,
-                    calibrate_method=quantization.CalibrationMethod.MinMax,
+    # quant_pre_process's failed graph optimisation is logged, traceback and all, and ONNX Runtime's C++ logger
+    # warns from the sessions both steps open (QA: a float64 model's ort_int8 row printed both on stderr): the
+    # first is collected into a note, the C++ warnings are off while they run
+    onnxruntime = require("onnxruntime", "onnx", FEATURE)
+    onnxruntime.set_default_logger_severity(3)
+    try:
+        with tempfile.TemporaryDirectory(prefix="fxforge-ort-int8-") as tmp:
+            model = source
+            prepared = Path(tmp) / "prepared.onnx"
+            try:
+                with _root_warnings_as_notes(notes, "quant_pre_process"):
+                    quantization.shape_inference.quant_pre_process(str(source), str(prepared))
+                model = prepared
+            except Exception as exc:  # quantizing the exported file as it is still works, if less well fused
+                notes.append(
+                    f"quant_pre_process failed ({one_line_reason(exc, 120)}): quantized the file as exported"
                 )
-        except FxforgeError:
-            raise
-        except Exception as exc:
-            target.unlink(missing_ok=True)
-            raise FxforgeError(f"ONNX Runtime's static quantization failed: {one_line_reason(exc)}") from exc
+            reader = _Reader(_input_names(model), batches)
+            try:
+                with _root_warnings_as_notes(notes):
+                    quantization.quantize_static(
+                        str(model),
+                        str(target),
+                        reader,
+                        quant_format=quantization.QuantFormat.QDQ,
+                        per_channel=True,
+                        activation_type=activation_type,
+                        weight_type=quantization.QuantType.QInt8,
+                        calibrate_method=quantization.CalibrationMethod.MinMax,
+                    )
+            except FxforgeError:
+                raise
+            except Exception as exc:
+                target.unlink(missing_ok=True)
+                raise FxforgeError(f"ONNX Runtime's static quantization failed: {one_line_reason(exc)}") from exc
+    finally:
+        onnxruntime.set_default_logger_severity(2)  # ONNX Runtime's default (it has no getter to restore from)
     notes.append(
         f"ONNX Runtime static int8: QDQ, per-channel weights, {'U8S8' if activations == 'uint8' else 'S8S8'}, "
         f"MinMax calibration on {len(batches)} batches"
@@ -151,7 +162,7 @@ class _Collected(logging.Handler):
 
 
 @contextlib.contextmanager
-def _root_warnings_as_notes(notes: list[str]) -> Iterator[None]:
+def _root_warnings_as_notes(notes: list[str], who: str = "ONNX Runtime's quantizer") -> Iterator[None]:
     """ONNX Runtime's quantizer warns through the root logger, one line per tensor (QA: "Axis 1 is out-of-range for
     weight 'blocks.0.norm1.weight'" 25 times for a ViT's LayerNorms): collected into one note instead."""
     collected, root = _Collected(), logging.getLogger()
@@ -162,8 +173,8 @@ def _root_warnings_as_notes(notes: list[str]) -> Iterator[None]:
     finally:
         root.handlers = saved
         if collected.messages:
-            distinct = list(dict.fromkeys(collected.messages))
+            distinct = list(dict.fromkeys(message.strip().splitlines()[0] for message in collected.messages))
             notes.append(
-                f"ONNX Runtime's quantizer warned {len(collected.messages)} times, e.g. {distinct[0]!r}"
+                f"{who} warned {len(collected.messages)} times, e.g. {distinct[0]!r}"
                 + (f" ({len(distinct)} distinct messages)" if len(distinct) > 1 else "")
             )
