@@ -133,8 +133,9 @@ def _refuse_unsafe_target(target: Path) -> None:
 
 
 def output_target(path: str | Path) -> Path:
-    """Where an output really goes: a symlink to a directory is followed (the link stays a link)."""
-    target = Path(path)
+    """Where an output really goes: ``~`` is the home directory (``--output=~/out``, which the shell leaves alone,
+    made a folder named ``~``, QA); a symlink to a directory is followed (the link stays a link)."""
+    target = Path(path).expanduser()
     _refuse_long_names(target)
     if target.is_symlink():
         if not target.exists():

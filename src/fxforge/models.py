@@ -173,6 +173,8 @@ def load_model(
         spec = os.fspath(spec)  # a file or output directory as a Path: the same spec as its string
     if not isinstance(spec, str):
         raise ModelSpecError(f"a model is a spec string, a path or an nn.Module, not a {type(spec).__name__}")
+    if spec.startswith("~"):  # a path the shell did not expand (--model=~/m.py:make, or quoted)
+        spec = os.path.expanduser(spec)
     kwargs = dict(model_kwargs or {})
     trusted = pickle_trusted(trust_pickle)
     try:

@@ -108,6 +108,21 @@ def test_names_longer_than_the_file_system_takes_are_refused_in_one_line(capsys,
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_tilde_the_shell_left_alone_is_the_home_directory(capsys, tmp_path, monkeypatch):
+    """QA: --output=~/out (the shell expands no ~ after "=") made a folder named "~" in the working directory, a
+    trap for a later rm -rf ~; a model spec with ~ was "file not found"."""
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    code, _, err = run(capsys, "optimize", "demo", "-p", "fold_bn", "--output=~/out")
+    assert code == EXIT_OK, err
+    assert (home / "out" / "model.pt2").exists() and list(work.iterdir()) == []
+    code, _, err = run(capsys, "inspect", "~/out")
+    assert code == EXIT_OK, err
+
+
 def test_output_into_the_working_directory_is_refused(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     keep = tmp_path / "precious.txt"
