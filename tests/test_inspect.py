@@ -401,3 +401,25 @@ def test_a_graph_that_rebuilds_a_dataclass_runs_node_by_node():
     assert report.totals["flops"] > 0 and list(report.nodes[-2].shape) == [2, 4]
     profiled = fxforge.profile_model(captured, repeats=1, warmup=0)
     assert profiled.total_ms > 0 and any(node.name == "_scaled" for node in profiled.nodes)
+
+
+def test_a_tied_weight_counts_once_in_a_loaded_program(tmp_path):
+    """QA: an embedding tied to the output head counted once in the model and twice in its model.pt2, whose
+    module holds two Parameter objects over one storage."""
+    from fxforge.export import export_model
+
+    class TiedLM(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.head = torch.nn.Embedding(20, 8), torch.nn.Linear(8, 20, bias=False)
+            self.head.weight = self.emb.weight
+
+        def forward(self, ids):
+            return self.head(self.emb(ids))
+
+    ids = torch.randint(0, 20, (2, 5))
+    model = TiedLM().eval()
+    export_model(model, "pt2", tmp_path / "tied.pt2", example_inputs=(ids,))
+    loaded = load_model(str(tmp_path / "tied.pt2"))
+    for captured in (capture(model, (ids,)), capture(loaded, (ids,))):
+        assert inspect_graph(captured).totals["params"] == 160

@@ -375,8 +375,8 @@ def inspect_graph(
         summary.params = module_params[path] if module_params[path] >= 0 else params_under.get(path, 0)
         summary.type = _quantized_type_name(gm, path) or summary.type
 
-    unique_params = {id(p): p for p in gm.parameters()}
-    unique_params.update({id(t): t for module in gm.modules() for t in int8_weights(module)})
+    unique_params = {_storage_key(p): p for p in gm.parameters()}
+    unique_params.update({_storage_key(t): t for module in gm.modules() for t in int8_weights(module)})
     total_params = sum(p.numel() for p in unique_params.values())
     total_flops = sum(n.flops for n in nodes)
     totals = {
@@ -422,6 +422,19 @@ def _module_param_count(gm: nn.Module, path: str) -> int:
     except AttributeError:
         return -1
     return _param_count(module)
+
+
+def _storage_key(tensor: torch.Tensor) -> Any:
+    """One key per distinct weight: a tied weight is one Parameter in the model, but two Parameter objects over one
+    storage in a loaded ``model.pt2`` (QA: an embedding tied to the output head counted twice there). Meta tensors
+    have no storage to tell apart: each is its own."""
+    if tensor.device.type == "meta":
+        return id(tensor)
+    try:
+        storage = tensor.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # a quantized or opaque tensor
+        return id(tensor)
+    return storage, tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype
 
 
 def _param_count(module: nn.Module) -> int:
