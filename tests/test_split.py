@@ -700,3 +700,17 @@ def test_a_model_that_cannot_be_checked_is_not_said_to_mismatch_its_split(tmp_pa
     with pytest.raises(FxforgeError, match="cannot verify the split stages: the model itself cannot be checked"):
         split(captured, stages=2, output_dir=tmp_path / "s")
     assert not (tmp_path / "s").exists()
+
+
+def test_a_graph_that_computes_nothing_is_not_offered_zero_stages():
+    """QA: a model returning its input was told "at most 0 stages"."""
+
+    class Passthrough(nn.Module):
+        def forward(self, x):
+            return x
+
+    captured = capture(Passthrough(), (torch.randn(2, 4),))
+    with pytest.raises(FxforgeError) as raised:
+        plan_split(captured, 2)
+    assert "0 compute nodes" in str(raised.value)
+    assert raised.value.hint == "a graph that computes nothing cannot be split"

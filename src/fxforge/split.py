@@ -462,7 +462,8 @@ def _plan(
     if stages > n:
         raise FxforgeError(
             f"{option('--stages', stages)} is more than the graph's {display.counted(n, 'compute node')}",
-            hint=f"at most {display.counted(n, 'stage')}",
+            # a graph with no compute node (it returns its input) has nothing to split: "at most 0 stages" (QA)
+            hint=f"at most {display.counted(n, 'stage')}" if n else "a graph that computes nothing cannot be split",
         )
     crossing, allowed = _crossings(graph)
     possible = sum(allowed)
