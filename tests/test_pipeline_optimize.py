@@ -758,3 +758,23 @@ def test_a_torch_only_pass_on_a_model_symbolic_trace_cannot_capture_says_so():
     with pytest.raises(PassError) as info:
         optimize(plain, ["replace_modules"])
     assert info.value.hint == "capture with method='symbolic_trace'"
+
+
+def test_a_pass_that_crashes_is_an_internal_error_in_one_line(capsys):
+    """QA: fold_bn crashing (on a pruned conv) exited 2, the code of bad input, although the input was fine."""
+    from fxforge.cli import main
+    from fxforge.errors import EXIT_INTERNAL
+    from fxforge.passes import PASSES, register_pass
+
+    @register_pass("test_crashes", summary="test only", guarantees="none")
+    def crashes(gm, options):
+        raise RuntimeError("the pass's own bug")
+
+    try:
+        code = main(["optimize", "demo", "-p", "test_crashes"])
+    finally:
+        PASSES.pop("test_crashes")
+    err = capsys.readouterr().err
+    assert code == EXIT_INTERNAL, err
+    assert "error: pass 'test_crashes' (from" in err and "crashed: RuntimeError: the pass's own bug" in err, err
+    assert "Traceback" not in err and "internal error" not in err

@@ -27,6 +27,7 @@ from fxforge.capture import Captured, has_shapes, placeholder_values, record_sha
 from fxforge.errors import FxforgeError, first_line, one_line_reason, option
 from fxforge.lint import lint
 from fxforge.passes import (
+    PassCrashed,
     PassError,
     PassResult,
     apply_pass,
@@ -354,7 +355,11 @@ class Pipeline:
             if not self.keep_going:
                 origin = get_pass(step.name).origin
                 source = "" if origin == BUILTIN else f" (from {origin})"
-                raise PassError(f"pass {step.name!r}{source} crashed: {one_line_reason(exc)}") from exc
+                raise PassCrashed(
+                    f"pass {step.name!r}{source} crashed: {one_line_reason(exc)}",
+                    hint="rerun with --debug for the traceback, and please report it"
+                    + ("" if origin == BUILTIN else f" to the maker of {origin}"),
+                ) from exc
             failed = PassResult(step.name, work)
             return StepRecord(failed, rolled_back=f"crashed: {one_line_reason(exc)}"), work
         record = StepRecord(result)

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from fxforge.errors import FxforgeError, first_line
+from fxforge.errors import EXIT_INTERNAL, FxforgeError, first_line
 from fxforge.graphs import dialect_of
 from fxforge.plugins import PASSES_GROUP, load_group
 from fxforge.references import import_reference
@@ -39,6 +39,13 @@ from fxforge.vocabulary import ORIGIN, PASS
 
 class PassError(FxforgeError):
     """A pass could not run (unknown name, bad option, unmet precondition, broken postcondition)."""
+
+
+class PassCrashed(PassError):
+    """A pass raised an exception of its own: a bug in the pass (fxforge's, or its plug-in's), not the user's input,
+    so the exit code is the internal error's (QA: fold_bn crashing on a pruned conv exited 2, "bad input")."""
+
+    exit_code = EXIT_INTERNAL
 
 
 @dataclass
