@@ -284,3 +284,28 @@ def test_a_compile_recipe_is_captured_as_its_program():
     captured = capture(CompiledModule(program, {"freezing": True}), (x,))
     assert captured.original is program and any("compile recipe" in note for note in captured.record.notes)
     assert torch.allclose(captured.graph_module(x), model(x))
+
+
+def test_a_module_that_runs_hooks_is_kept_as_one_call_so_that_they_run():
+    """QA: a feature hook on resnet's layer4 ran once while tracing, on proxies: the user's dict of features held a
+    torch.fx Proxy, and the graph never called the hook."""
+    features: dict[str, torch.Tensor] = {}
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+            self.head = nn.Linear(8, 2)
+
+        def forward(self, x):
+            return self.head(self.body(x))
+
+    model = Net().eval()
+    model.body.register_forward_hook(lambda module, args, out: features.__setitem__("body", out.detach()))
+    x = torch.randn(2, 8)
+    captured = capture(model, (x,))
+    assert isinstance(features["body"], torch.Tensor) and type(features["body"]) is torch.Tensor
+    assert "kept as one call, so that their hooks run as in the model: body" in captured.record.notes
+    features.clear()
+    captured.graph_module(x)
+    assert torch.equal(features["body"], model.body(x))

@@ -67,6 +67,7 @@ from fxforge.graphs import (
     draws_random_numbers,
     outside_torch,
     reads_metadata_only,
+    runs_hooks,
 )
 from fxforge.inputs import make_inputs, specs_of
 from fxforge.models import LoadedModel
@@ -348,6 +349,11 @@ def _modules_of_file(function: Callable[..., Any]) -> list[Any]:
                 if Path(file).resolve() == source:
                     found.append(module)
     return found
+
+
+def _inside(name: str, leaves: set[str]) -> bool:
+    """Whether module ``name`` is, or is inside, one of ``leaves``."""
+    return any(name == leaf or name.startswith(leaf + ".") for leaf in leaves)
 
 
 def _unused_wraps(wraps: Sequence[_Wrap], gm: fx.GraphModule | None) -> list[str]:
@@ -1042,6 +1048,14 @@ def _capture_module(
     wraps = [wrap for f in autowrap_functions for wrap in _wraps_for(f, model)]
     module_names = {id(m): name for name, m in model.named_modules()}
     _check_leaf_names(user_leaves, set(module_names.values()) - {""})
+    # A module that runs hooks stays one call, so that they run when the graph does: traced through, a hook ran
+    # once, on proxies, and what it stored (a dict of features) held torch.fx Proxy objects while the graph never
+    # called it again (QA). Plain symbolic_trace of a leaf keeps its hooks: the module itself is called.
+    hooked = sorted(
+        name for name, m in model.named_modules() if name and runs_hooks(m) and not _inside(name, leaf_names)
+    )
+    hooked = [name for name in hooked if not _inside(name, set(hooked) - {name})]  # the outermost of nested ones
+    leaf_names |= set(hooked)
     # Concrete args are passed as keywords to the model and the graph alike, on every capture path, so that
     # checks and every later run compute the branch the user chose (torch.export guards on their values).
     kwargs = {**kwargs, **(concrete_args or {})}
@@ -1091,7 +1105,12 @@ def _capture_module(
                 attempts=attempts,
                 notes=[
                     f"--wrap {label}: the traced code never called it, so wrapping changed nothing" for label in unused
-                ],
+                ]
+                + (
+                    [f"kept as one call, so that their hooks run as in the model: {', '.join(hooked[:5])}"]
+                    if hooked
+                    else []
+                ),
             )
             captured = Captured(gm, model, inputs, record, kwargs)
             if not can_check:
