@@ -165,17 +165,28 @@ def verify_specs(
             )
     # a saved program or ONNX file may be fixed to the example's batch size: verify then runs every case at that
     # batch (not half of them skipped), and the result says which batch was left out and why
-    result = verify(
-        ref,
-        cand_loaded.module,
-        input_specs=specs,
-        cases=max(cases, seeds or 0),
-        seed=seed,
-        rtol=rtol,
-        atol=atol,
-        allow_dtype_change=allow_dtype_change,
-        candidate_may_fix_batch=True,
-    )
+    try:
+        result = verify(
+            ref,
+            cand_loaded.module,
+            input_specs=specs,
+            cases=max(cases, seeds or 0),
+            seed=seed,
+            rtol=rtol,
+            atol=atol,
+            allow_dtype_change=allow_dtype_change,
+            candidate_may_fix_batch=True,
+        )
+    except InputSpecError as exc:
+        if inputs or specs_source is not cand_loaded or not exc.message.startswith("the model rejected"):
+            raise
+        # the inputs came from the candidate's recorded example: "the model rejected" alone blamed them on no one
+        # (QA: a float64 reference given a float16 file's example read "Half and double should be the same")
+        shown = ", ".join(str(spec) for spec in specs)
+        raise InputSpecError(
+            f"{exc.message}; the inputs were drawn as {candidate} records them ({shown})",
+            hint=f"pass {option('--input', python='inputs')} with what both take, if they take the same",
+        ) from None
     # an output directory holds several forms: the verdict is about one (verify OK while model.pt was damaged
     # read as if the whole directory were checked)
     result.files = {side: m.file for side, m in (("reference", ref_loaded), ("candidate", cand_loaded)) if m.file}
