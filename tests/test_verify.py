@@ -727,3 +727,19 @@ def test_a_namedtuple_rebuilt_with_the_same_name_and_fields_is_no_other_type():
 
     result = verify(Model(), Loaded(), inputs=(torch.randn(2, 3),))
     assert result.ok and not [w for w in result.warnings if "type differs" in w]
+
+
+def test_a_reference_rejecting_the_candidates_recorded_inputs_names_them(tmp_path):
+    """QA: a float64 reference verified against a float16 file, whose recorded example verify draws its inputs
+    from, said only "Input type (c10::Half) and bias type (double) should be the same"."""
+    from fxforge.errors import InputSpecError
+    from fxforge.export import export_model
+
+    (tmp_path / "pair.py").write_text(
+        "import torch\n\n\ndef in_float64():\n    torch.manual_seed(0)\n    return torch.nn.Linear(4, 4).double()\n"
+    )
+    torch.manual_seed(0)
+    export_model(torch.nn.Linear(4, 4).eval(), "pt2", tmp_path / "f32.pt2", example_inputs=(torch.randn(2, 4),))
+    with pytest.raises(InputSpecError) as raised:
+        fxforge.verify_specs(f"{tmp_path / 'pair.py'}:in_float64", str(tmp_path / "f32.pt2"))
+    assert f"the inputs were drawn as {tmp_path / 'f32.pt2'} records them (2x4)" in raised.value.message
