@@ -17,7 +17,7 @@ import fxforge.plugins as plugins
 from fxforge.api import prepare
 from fxforge.bench import all_backends
 from fxforge.cli import main
-from fxforge.errors import EXIT_CAPTURE, EXIT_FINDINGS, EXIT_OK, EXIT_USAGE
+from fxforge.errors import EXIT_CAPTURE, EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, FxforgeError
 from fxforge.lint import all_rules, lint
 from fxforge.optimize import fix, optimize
 from fxforge.passes import PassError, all_passes, apply_pass, get_pass
@@ -486,3 +486,56 @@ def test_verify_takes_leaf_and_wrap_for_its_reference(capsys, helper_model):
     assert code == EXIT_OK and json.loads(out)["ok"], err
     code, _, err = run(capsys, *args, "--wrap", "helpers.py:nothing")
     assert code == EXIT_USAGE and "has no attribute 'nothing'" in err
+
+
+BROKEN_RULES_FILE = '''
+import operator
+from fxforge.lint import rule
+
+
+@rule("USR051", "raises", "warning", "raises at lint time")
+def raises(ctx):
+    raise KeyError("oops in rule")
+    yield
+
+
+@rule("USR052", "says-a-string", "warning", "yields a bare string")
+def says(ctx):
+    yield "not a finding"
+
+
+@rule("USR053", "edits", "warning", "edits the graph it reads")
+def edits(ctx):
+    for node in list(ctx.graph.nodes):
+        if node.target is operator.mul:
+            node.args = (node.args[0], 3)
+            yield node, "edited"
+'''
+
+
+def test_a_broken_rule_is_named_and_the_other_rules_still_run(capsys, user_files, monkeypatch):
+    """QA: a plug-in rule that raised (or yielded a bare string) stopped lint, and optimize with it, for every model,
+    as an internal error that named neither the rule nor its file; a rule that edited the graph corrupted
+    optimize's output and the next pass was blamed."""
+    from fxforge.errors import EXIT_INTERNAL
+    from fxforge.lint import RULES
+
+    monkeypatch.chdir(user_files)
+    (user_files / "broken_rules.py").write_text(BROKEN_RULES_FILE)
+    try:
+        code, out, err = run(
+            capsys, "lint", "model.py:Doubler", "--input", "2x4", "--rule", "broken_rules.py:raises",
+            "--rule", "my_rules.py:check", "--ignore", "USR053",
+        )  # fmt: skip
+        assert code == EXIT_FINDINGS and "USR001" in out, out  # the other rule's finding stands
+        said = " ".join(err.split())
+        assert "warning: rule USR051 raises (from file broken_rules.py) crashed: KeyError: 'oops in rule'" in said
+        assert "rule USR052 says-a-string (from file broken_rules.py) crashed: TypeError: yielded 'not a" in said
+        captured = prepare(Doubler().eval(), inputs="2x4")
+        with pytest.raises(FxforgeError) as raised:
+            lint(captured, select=["USR053"])
+        assert raised.value.exit_code == EXIT_INTERNAL
+        assert "rule USR053 edits (from file broken_rules.py) changed the graph" in str(raised.value)
+    finally:
+        for code_ in ("USR051", "USR052", "USR053", "USR001"):
+            RULES.pop(code_, None)

@@ -17,12 +17,12 @@ from torch import fx, nn
 
 from fxforge import display
 from fxforge.capture import Captured
-from fxforge.errors import FxforgeError
+from fxforge.errors import EXIT_INTERNAL, FxforgeError, one_line_reason
 from fxforge.graphs import dialect_of, module_path
 from fxforge.passes import FIX_ORDER
 from fxforge.plugins import RULES_GROUP, load_group
 from fxforge.references import as_names, import_reference
-from fxforge.registry import Registry, registering_from
+from fxforge.registry import BUILTIN, Registry, registering_from
 
 SEVERITIES = ("info", "warning", "error")
 
@@ -103,6 +103,12 @@ class RuleError(FxforgeError):
     """A lint rule could not be registered or found."""
 
 
+class RuleCrashed(RuleError):
+    """A rule broke its contract (it changed the graph it reads): a bug in the rule, not the user's input."""
+
+    exit_code = EXIT_INTERNAL
+
+
 RULES: Registry[Rule] = Registry("lint rule", RuleError, listing="fxforge lint --rules")
 
 
@@ -135,6 +141,8 @@ class LintReport:
     findings: list[Finding] = field(default_factory=list)
     rules_run: list[str] = field(default_factory=list)
     dialect: str = "torch"
+    # a rule that raised, or yielded something other than findings: its findings are missing, the others stand
+    rule_failures: list[str] = field(default_factory=list)
 
     def at_least(self, severity: str) -> list[Finding]:
         """The findings of ``severity`` or worse; ``"never"`` (``--fail-on never``): none."""
@@ -157,6 +165,7 @@ class LintReport:
             "findings": [f.to_dict() for f in self.findings],
             "counts": counts,
             "rules_run": self.rules_run,
+            "rule_failures": self.rule_failures,
         }
 
 
@@ -196,23 +205,54 @@ def lint(
         if context.dialect not in current.dialects:
             continue
         report.rules_run.append(current.code)
-        for node, message, *fix in current.check(context):
-            # a rule yields (node, message), or (node, message, fix) where one finding's fix is not the rule's
-            # (an active dropout: remove_dropout keeps it, so it names no fix)
-            report.findings.append(
-                Finding(
-                    current.code,
-                    current.name,
-                    current.severity,
-                    message,
-                    node.name if node is not None else None,
-                    module_path(node) if node is not None else None,
-                    fix[0] if fix else current.fix,
-                )
+        trusted = current.origin == BUILTIN
+        before = None if trusted else _fingerprint(context.graph)
+        try:
+            report.findings += _findings_of(current, context)
+        except Exception as exc:  # one broken rule (a plug-in's) stopped lint, and optimize with it, for every model
+            where = "" if trusted else f" (from {current.origin})"
+            report.rule_failures.append(
+                f"rule {current.code} {current.name}{where} crashed: {one_line_reason(exc)}; its findings are missing"
+            )
+        if before is not None and _fingerprint(context.graph) != before:
+            # rules only read: a plug-in rule that edited the graph corrupted optimize's output, and the next pass
+            # was blamed (QA)
+            raise RuleCrashed(
+                f"rule {current.code} {current.name} (from {current.origin}) changed the graph it was given to read",
+                hint=f"a rule yields findings; a change belongs in a pass (its fix), to the maker of {current.origin}",
             )
     order = {node.name: i for i, node in enumerate(context.graph.nodes)}
     report.findings.sort(key=lambda f: (-severity_rank(f.severity), order.get(f.node or "", -1), f.code))
     return report
+
+
+def _findings_of(current: Rule, context: LintContext) -> list[Finding]:
+    findings = []
+    for found in current.check(context):
+        # a rule yields (node, message), or (node, message, fix) where one finding's fix is not the rule's
+        # (an active dropout: remove_dropout keeps it, so it names no fix)
+        if not isinstance(found, tuple) or len(found) not in (2, 3) or not isinstance(found[1], str):
+            raise TypeError(f"yielded {found!r}, not (node, message) or (node, message, fix)")
+        node, message, *fix = found
+        if node is not None and not isinstance(node, fx.Node):
+            raise TypeError(f"yielded {node!r} as the node, not an fx.Node or None")
+        findings.append(
+            Finding(
+                current.code,
+                current.name,
+                current.severity,
+                message,
+                node.name if node is not None else None,
+                module_path(node) if node is not None else None,
+                fix[0] if fix else current.fix,
+            )
+        )
+    return findings
+
+
+def _fingerprint(graph: fx.Graph) -> list[tuple[Any, ...]]:
+    """What a rule must leave as it was: every node, its operation and its arguments."""
+    return [(node, node.op, node.target, node.args, node.kwargs) for node in graph.nodes]
 
 
 def all_rules() -> list[Rule]:

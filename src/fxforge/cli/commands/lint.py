@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import click
+from rich.markup import escape
 
 from fxforge.cli.options import CaptureOptions, capture_options, emit_json, split, stderr, stdout, warn_failed_checks
 from fxforge.errors import EXIT_FINDINGS, FxforgeError
@@ -111,5 +112,11 @@ def command(
                         highlight=False,
                     )
             render_findings(stdout, opts.model, report.findings)
+    if not opts.as_json:
+        # a rule that crashed, or a plug-in of rules that did not load: its findings are missing, which "All checks
+        # passed!" alone hid (QA: lint.md promises the plug-in is named on stderr)
+        for failure in report.rule_failures:
+            stderr.print(f"warning: {escape(failure)}", highlight=False)
+        render_plugin_failures(stderr, failures(RULES_GROUP))
     if fail_on != "never" and report.at_least(fail_on):
         raise SystemExit(EXIT_FINDINGS)
