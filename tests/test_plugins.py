@@ -539,3 +539,23 @@ def test_a_broken_rule_is_named_and_the_other_rules_still_run(capsys, user_files
     finally:
         for code_ in ("USR051", "USR052", "USR053", "USR001"):
             RULES.pop(code_, None)
+
+
+def test_a_plugin_pass_writing_through_data_is_caught_and_named():
+    """QA: a pass doubling a weight through .data (no write counter moves) changed the user's model undetected, and
+    verify put the difference down to rounding."""
+    from fxforge.passes import PASSES, PassResult, register_pass
+
+    @register_pass("test_data_write", summary="test only", guarantees="none")
+    def data_write(gm, options):
+        gm.get_submodule("lin").weight.data.mul_(2.0)
+        result = PassResult("test_data_write", gm)
+        result.note("doubled a weight behind fxforge's back")
+        return result
+
+    try:
+        captured = prepare(Doubler().eval(), inputs="2x4")
+        with pytest.raises(PassError, match=r"pass 'test_data_write' wrote into stored tensors in place \(lin.weight"):
+            apply_pass(captured.graph_module, "test_data_write")
+    finally:
+        PASSES.pop("test_data_write")

@@ -33,7 +33,7 @@ from fxforge.errors import EXIT_INTERNAL, FxforgeError, first_line
 from fxforge.graphs import dialect_of
 from fxforge.plugins import PASSES_GROUP, load_group
 from fxforge.references import import_reference
-from fxforge.registry import Registry, registering_from
+from fxforge.registry import BUILTIN, Registry, registering_from
 from fxforge.vocabulary import ORIGIN, PASS
 
 
@@ -388,8 +388,12 @@ def apply_pass(gm: fx.GraphModule, name: str | PassSpec, options: Any = None, *,
             raise PassError(f"pass {spec.name!r} cannot run: {reason}")
     before = set(gm.graph.nodes)
     stored = _stored_tensor_versions(gm)
+    # a plug-in's pass is also checked by value: a write through .data moves no counter (QA: it doubled the user's
+    # weight, and verify then blamed rounding)
+    sums = _stored_tensor_sums(gm) if spec.origin != BUILTIN else {}
     result = spec.function(gm, parsed)
     written = [name for name, (tensor, version) in stored.items() if tensor._version != version]
+    written += [name for name, (tensor, total) in sums.items() if name not in written and _sums(tensor) != total]
     if written:
         # the copy shares its tensors with the caller's graph and model (copy-on-write): an in-place write changed
         # them too. Detected, not undone: the pass must store new tensors (store_tensor) instead
@@ -423,6 +427,22 @@ def _stored_tensor_versions(gm: fx.GraphModule) -> dict[str, tuple[torch.Tensor,
         if not tensor.is_inference():  # an inference-mode tensor keeps no counter (and cannot be written outside)
             versions[name] = (tensor, tensor._version)
     return versions
+
+
+def _stored_tensor_sums(gm: fx.GraphModule) -> dict[str, tuple[torch.Tensor, tuple[Any, ...]]]:
+    """Every parameter and buffer of ``gm`` with where its data is and two sums of its values."""
+    named = {**dict(gm.named_parameters(remove_duplicate=False)), **dict(gm.named_buffers(remove_duplicate=False))}
+    return {name: (tensor, _sums(tensor)) for name, tensor in named.items() if tensor.device.type != "meta"}
+
+
+def _sums(tensor: torch.Tensor) -> tuple[Any, ...]:
+    try:
+        with torch.no_grad():
+            values = torch.view_as_real(tensor.detach()) if tensor.is_complex() else tensor.detach()
+            values = values.double() if values.is_floating_point() else values.long()
+            return tensor.data_ptr(), float(values.sum()), float(values.abs().sum())
+    except (RuntimeError, NotImplementedError):  # a quantized or opaque tensor: where its data is, only
+        return (tensor.data_ptr(),)
 
 
 def exact_passes() -> list[str]:
