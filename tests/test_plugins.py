@@ -559,3 +559,18 @@ def test_a_plugin_pass_writing_through_data_is_caught_and_named():
             apply_pass(captured.graph_module, "test_data_write")
     finally:
         PASSES.pop("test_data_write")
+
+
+def test_passes_named_after_a_file_of_passes_keep_their_own_origin(user_files):
+    """QA: after -p my_passes.py:double_to_add, every built-in pass was credited to my_passes.py."""
+    import subprocess
+
+    code = (
+        "from fxforge.passes import resolve_pass_reference, get_pass; "
+        f"resolve_pass_reference({str(user_files / 'my_passes.py') + ':double_to_add'!r}); "
+        "print(get_pass('fold_bn').origin, '|', get_pass('double_to_add').origin)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-500:]
+    builtin, theirs = done.stdout.strip().split(" | ")
+    assert builtin == "fxforge" and theirs.endswith("my_passes.py"), done.stdout

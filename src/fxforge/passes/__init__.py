@@ -218,9 +218,11 @@ def resolve_pass_reference(reference: str) -> str:
     """The registered name of the pass ``path/to/file.py:function`` or ``package.module:function`` names: the file
     (or module) is imported -- registering its ``@register_pass`` functions -- and an undecorated function is
     adopted as a pass under its own name."""
+    # the built-in passes (and plug-ins') first, outside the file's registration: imported inside it, every one of
+    # them was credited to the user's file ("pass 'fold_constants' (from file my_passes.py) crashed", QA)
+    _load_builtin_passes()
     with registering_from(f"file {reference.rpartition(':')[0]}"):
         function = import_reference(reference, what="pass", error=PassError, hint="e.g. -p my_passes.py:my_pass")
-        _load_builtin_passes()
         for spec in PASSES.values():
             if spec.function is function or getattr(spec.function, "__wrapped__", None) is function:
                 return spec.name
