@@ -574,3 +574,43 @@ def test_passes_named_after_a_file_of_passes_keep_their_own_origin(user_files):
     assert done.returncode == 0, done.stderr[-500:]
     builtin, theirs = done.stdout.strip().split(" | ")
     assert builtin == "fxforge" and theirs.endswith("my_passes.py"), done.stdout
+
+
+def test_options_are_checked_by_type_and_when_the_pipeline_is_built(tmp_path):
+    """QA: count=2.5 reached an int option, factor=true read as 1.0, an empty factor= as None; a misspelt option
+    was parsed only when its step ran, so under keep_going it was rolled back and the run said "verified", exit 0;
+    a YAML list of options was an internal error."""
+    import dataclasses
+
+    from fxforge.passes import PASSES, PassResult, parse_options, register_pass
+
+    @dataclasses.dataclass
+    class Opts:
+        factor: float = 1.0
+        count: int = 1
+        label: str = ""
+        limit: int | None = None
+
+    @register_pass("test_typed", summary="test only", guarantees="none", options=Opts)
+    def typed(gm, options):
+        return PassResult("test_typed", gm)
+
+    try:
+        spec = get_pass("test_typed")
+        good = parse_options(spec, {"factor": "2", "count": "3", "label": 5, "limit": None})
+        assert (good.factor, good.count, good.label, good.limit) == (2.0, 3, "5", None)
+        for bad in ({"count": 2.5}, {"count": [1, 2]}, {"count": True}, {"factor": True}, {"factor": None},
+                    {"label": [1]}, {"limit": "many"}):  # fmt: skip
+            with pytest.raises(PassError, match=r"option test_typed\.\w+ must be"):
+                parse_options(spec, bad)
+        with pytest.raises(PassError, match="has no option 'factr'"):
+            Pipeline([("test_typed", {"factr": 2}), "fold_bn"], keep_going=True)
+        with pytest.raises(PassError, match="options of pipeline step 'test_typed' are a list"):
+            Pipeline([{"name": "test_typed", "options": ["factor", 2]}])
+        assert Pipeline([("test_typed", Opts(factor=3.0))]).steps[0].options.factor == 3.0
+        pipeline_file = tmp_path / "p.yaml"
+        pipeline_file.write_text("passes:\n  - name: fold_constants\n    options: {max_byts: 10}\nkeep_going: true\n")
+        with pytest.raises(PassError, match="has no option 'max_byts'"):
+            build_pipeline(pipeline_file=pipeline_file)
+    finally:
+        PASSES.pop("test_typed")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from fxforge.passes import (
     exact_passes,
     expand_groups,
     get_pass,
+    parse_options,
     resolve_pass_reference,
     stamp_provenance,
 )
@@ -50,7 +51,7 @@ QUICK_CASES = (0,)
 @dataclass
 class PassStep:
     name: str
-    options: dict[str, Any] = field(default_factory=dict)
+    options: Any = field(default_factory=dict)  # a mapping, or the pass's options dataclass
 
 
 @dataclass
@@ -139,14 +140,29 @@ def _as_step(item: str | PassStep | tuple[str, Mapping[str, Any]] | Mapping[str,
         return item
     if isinstance(item, str):
         return PassStep(pass_name(item))
-    if isinstance(item, tuple):
-        return PassStep(pass_name(item[0]), dict(item[1] or {}))
+    if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
+        return PassStep(pass_name(item[0]), _step_options(item[0], item[1]))
     if isinstance(item, Mapping) and "name" in item:
         unknown = set(item) - {"name", "options"}
         if unknown:
             raise PassError(f"pipeline step {item['name']!r} has unknown keys {sorted(unknown)}")
-        return PassStep(pass_name(str(item["name"])), dict(item.get("options") or {}))
+        return PassStep(pass_name(str(item["name"])), _step_options(str(item["name"]), item.get("options")))
     raise PassError(f"cannot read pipeline step {item!r}", hint="a pass name, or {name: ..., options: {...}}")
+
+
+def _step_options(name: str, options: Any) -> Any:
+    """A step's options: a mapping (from YAML or Python), or the pass's options dataclass itself; anything else
+    is refused by name (QA: a YAML list of options was an internal error, a dataclass "not iterable")."""
+    if options is None:
+        return {}
+    if isinstance(options, Mapping):
+        return dict(options)
+    if is_dataclass(options) and not isinstance(options, type):
+        return options
+    raise PassError(
+        f"the options of pipeline step {name!r} are a {type(options).__name__}, not a mapping",
+        hint="options: {name: value, ...}",
+    )
 
 
 class Pipeline:
@@ -175,7 +191,9 @@ class Pipeline:
     ) -> None:
         self.steps = [_as_step(s) for s in expand_groups(as_names(steps))]
         for step in self.steps:
-            get_pass(step.name)  # fail early, before any work, on an unknown name
+            # fail early, before any work, on an unknown name or option: parsed only when the step ran, a misspelt
+            # option was rolled back under keep_going and the run said "verified", exit 0 (QA)
+            parse_options(get_pass(step.name), step.options)
         self.verify_each = verify_each
         self.lint_between = lint_between
         self.keep_going = keep_going

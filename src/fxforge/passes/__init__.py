@@ -21,6 +21,7 @@ import dataclasses
 import importlib
 import inspect
 import pkgutil
+import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -275,19 +276,35 @@ def parse_options(spec: PassSpec, raw: Any) -> Any:
 
 
 def _coerce(pass_name: str, key: str, value: Any, hint: Any) -> Any:
-    # CLI values arrive as YAML scalars; make "3" an int and 3 a float where the option says so.
+    """``value`` as the option's type says: CLI values arrive as YAML scalars ("3" an int, 3 a float where the
+    option takes one). A value of another kind is refused by name here, where it reached the pass before and read
+    as the pass's crash, or ran (QA: count=2.5 into an int, factor=true as 1.0, an empty factor= as None)."""
+    members = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else ()
+    if members and type(None) in members:
+        if value is None:
+            return None
+        others = [m for m in members if m is not type(None)]
+        hint = others[0] if len(others) == 1 else None  # a union of several types: left to the pass
+    if hint not in (float, int, bool, str):
+        return value
     try:
-        if hint is float and isinstance(value, (int, str)) and not isinstance(value, bool):
+        if isinstance(value, bool) and hint is not bool:
+            raise ValueError(value)
+        if hint is float and isinstance(value, (int, float, str)):
             return float(value)
-        if hint is int and isinstance(value, str):
+        if hint is int and isinstance(value, (int, str)):
+            return int(value)
+        if hint is int and isinstance(value, float) and value.is_integer():
             return int(value)
         if hint is bool and isinstance(value, str) and value.lower() in _BOOL_WORDS:
             return _BOOL_WORDS[value.lower()]
-        if hint is bool and not isinstance(value, bool):  # "ture" was read as False, silently
-            raise ValueError(value)
+        if hint is bool and isinstance(value, bool):
+            return value
+        if hint is str and isinstance(value, (str, int, float)):
+            return str(value)
+        raise ValueError(value)
     except ValueError:
         raise PassError(f"option {pass_name}.{key} must be {hint.__name__}, got {value!r}") from None
-    return value
 
 
 _BOOL_WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
