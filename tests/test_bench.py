@@ -817,3 +817,24 @@ def test_the_repr_of_several_batch_sizes_names_them():
     text = repr(BenchReport(rows, 2, 1, 3, ["1x3"], "-"))
     assert "eager (batch 1) 1.00 ms" in text and "eager (batch 4) 2.00 ms" in text
     assert "(batch" not in repr(BenchReport(rows[:1], 2, 1, 3, ["1x3"], "-"))
+
+
+def test_a_backend_whose_machine_check_raises_is_unsupported_not_a_crash(capsys):
+    """QA: a plug-in backend whose unsupported() raised stopped `bench --list-backends` and `bench MODEL` (which
+    asks every backend) as an internal error."""
+    from fxforge.bench import register_backend
+
+    @register_backend("test_check_raises", "test only", unsupported=lambda: 1 / 0)
+    def build(captured, settings):
+        return captured.graph_module
+
+    try:
+        assert BACKENDS["test_check_raises"].unsupported_here() == (
+            "its check of this machine raised ZeroDivisionError: division by zero"
+        )
+        code, out, err = run(capsys, "bench", "--list-backends", "--json")
+        assert code == 0, err
+        listed = {b["name"]: b for b in json.loads(out)["backends"]}
+        assert listed["test_check_raises"]["unsupported_here"].startswith("its check of this machine raised")
+    finally:
+        BACKENDS.pop("test_check_raises")

@@ -151,7 +151,15 @@ class Backend:
         return self.name.split("+")[0]
 
     def unsupported_here(self) -> str | None:
-        return self.unsupported() if self.unsupported is not None else None
+        """Why the backend cannot run on this machine, or None. A check that raises (a plug-in's bug) makes the
+        backend unsupported, by its reason: it stopped bench and --list-backends for every backend (QA)."""
+        if self.unsupported is None:
+            return None
+        try:
+            reason = self.unsupported()
+        except Exception as exc:
+            return f"its check of this machine raised {one_line_reason(exc)}"
+        return None if reason is None else str(reason)
 
     @property
     def origin(self) -> str:
