@@ -838,3 +838,28 @@ def test_a_backend_whose_machine_check_raises_is_unsupported_not_a_crash(capsys)
         assert listed["test_check_raises"]["unsupported_here"].startswith("its check of this machine raised")
     finally:
         BACKENDS.pop("test_check_raises")
+
+
+def test_a_plugin_backend_that_edits_the_graph_it_is_given_leaves_the_others_alone(mlp):
+    """QA: a plug-in backend that edited captured.graph_module made every later row run the edited graph (the
+    built-in fx row: 0.43 beyond tolerance)."""
+    import operator
+
+    from fxforge.bench import register_backend
+
+    @register_backend("test_edits_graph", "test only")
+    def build(captured, settings):
+        gm = captured.graph_module
+        output = next(n for n in gm.graph.nodes if n.op == "output")
+        with gm.graph.inserting_before(output):
+            doubled = gm.graph.call_function(operator.mul, (output.args[0], 2.0))
+        output.args = (doubled,)
+        gm.recompile()
+        return gm
+
+    try:
+        report = bench(mlp, ["eager", "test_edits_graph", "fx"], warmup=1, repeats=3)
+    finally:
+        BACKENDS.pop("test_edits_graph")
+    rows = {row.backend: row for row in report.rows}
+    assert rows["test_edits_graph"].within_tolerance is False and rows["fx"].within_tolerance is True

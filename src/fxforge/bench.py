@@ -82,13 +82,13 @@ from fxforge.inputs import make_inputs, specs_of
 from fxforge.inspect import count_flops
 from fxforge.machine import Load, Peak, bf16_unavailable, cached_peak, current_load, describe, peak_dict
 from fxforge.models import load_model
-from fxforge.passes import exact_passes
+from fxforge.passes import copy_graph_module, exact_passes
 from fxforge.pipeline import Pipeline
 from fxforge.plugins import BACKENDS_GROUP, load_group
 from fxforge.quantize import DEFAULT_RANDOM_BATCHES, int8_backend, load_calibration
 from fxforge.quantize.ort import quantize_onnx
 from fxforge.references import as_names
-from fxforge.registry import Registry
+from fxforge.registry import BUILTIN, Registry
 from fxforge.runtime import (
     device_of,
     holds_tensor,
@@ -880,6 +880,10 @@ def build_backend(
     """
     settings.workdir.mkdir(parents=True)
     settings.variants = backend.selected
+    if backend.origin != BUILTIN:
+        # a plug-in's builder gets its own copy of the graph (sharing the tensors): one that edited the graph it
+        # was given changed every later row's, and the built-in fx row failed for it (QA)
+        captured = dataclasses.replace(captured, graph_module=copy_graph_module(captured.graph_module))
     start = time.perf_counter()
     try:
         with quiet_torch_logs():
