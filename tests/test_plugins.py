@@ -614,3 +614,41 @@ def test_options_are_checked_by_type_and_when_the_pipeline_is_built(tmp_path):
             build_pipeline(pipeline_file=pipeline_file)
     finally:
         PASSES.pop("test_typed")
+
+
+def test_a_registered_pass_must_return_a_result_and_report_what_it_changed():
+    """QA: a decorated pass returning None or the graph module crashed with AttributeError or RecursionError; one
+    that changed the graph without a note read "changed: no", and verification could blame no pass."""
+    import operator
+
+    from fxforge.passes import PASSES, PassResult, register_pass
+
+    @register_pass("test_returns_gm", summary="test only", guarantees="none")
+    def returns_gm(gm, options):
+        return gm
+
+    @register_pass("test_returns_str", summary="test only", guarantees="none")
+    def returns_str(gm, options):
+        return "done"
+
+    @register_pass("test_silent_change", summary="test only", guarantees="none")
+    def silent_change(gm, options):
+        output = next(n for n in gm.graph.nodes if n.op == "output")
+        with gm.graph.inserting_before(output):
+            scaled = gm.graph.call_function(operator.mul, (output.args[0], 1.5))
+        output.args = (scaled,)
+        return PassResult("someone_else", gm)
+
+    try:
+        captured = prepare(Doubler().eval(), inputs="2x4")
+        assert not apply_pass(captured.graph_module, "test_returns_gm").changed
+        with pytest.raises(PassError, match=r"pass 'test_returns_str' returned 'done' \(a str\), not a PassResult"):
+            apply_pass(captured.graph_module, "test_returns_str")
+        result = apply_pass(captured.graph_module, "test_silent_change")
+        assert result.changed and result.name == "test_silent_change"
+        assert result.log == ["changed the graph without reporting it (no note)"]
+        verified = optimize(captured, ["test_silent_change"], verify=True)
+        assert not verified.pipeline.ok and verified.pipeline.failed_pass == "test_silent_change"
+    finally:
+        for name in ("test_returns_gm", "test_returns_str", "test_silent_change"):
+            PASSES.pop(name)

@@ -409,8 +409,22 @@ def apply_pass(gm: fx.GraphModule, name: str | PassSpec, options: Any = None, *,
     stored = _stored_tensor_versions(gm)
     # a plug-in's pass is also checked by value: a write through .data moves no counter (QA: it doubled the user's
     # weight, and verify then blamed rounding)
-    sums = _stored_tensor_sums(gm) if spec.origin != BUILTIN else {}
+    plugin = spec.origin != BUILTIN
+    sums = _stored_tensor_sums(gm) if plugin else {}
+    shape = _graph_shape(gm.graph) if plugin else None
     result = spec.function(gm, parsed)
+    if result is None or result is gm:  # as a plain function may (QA: AttributeError, RecursionError before)
+        result = PassResult(spec.name, gm)
+    if not isinstance(result, PassResult):
+        raise PassError(
+            f"pass {spec.name!r} returned {str(result)[:40]!r} (a {type(result).__name__}), not a PassResult",
+            hint=PASS_CONTRACT,
+        )
+    result.name = spec.name  # the change log names the pass that ran, whatever name its result was given
+    if shape is not None and not result.changed and _graph_shape(gm.graph) != shape:
+        # a plug-in's pass that changed the graph without a note read "changed: no", and verification, finding
+        # the difference, could blame no pass (QA): what it did is its change, said
+        result.note("changed the graph without reporting it (no note)")
     written = [name for name, (tensor, version) in stored.items() if tensor._version != version]
     written += [name for name, (tensor, total) in sums.items() if name not in written and _sums(tensor) != total]
     if written:
@@ -446,6 +460,11 @@ def _stored_tensor_versions(gm: fx.GraphModule) -> dict[str, tuple[torch.Tensor,
         if not tensor.is_inference():  # an inference-mode tensor keeps no counter (and cannot be written outside)
             versions[name] = (tensor, tensor._version)
     return versions
+
+
+def _graph_shape(graph: fx.Graph) -> list[tuple[Any, ...]]:
+    """Every node with its operation and arguments: what a pass that reports no change must leave as it was."""
+    return [(node, node.op, node.target, node.args, node.kwargs) for node in graph.nodes]
 
 
 def _stored_tensor_sums(gm: fx.GraphModule) -> dict[str, tuple[torch.Tensor, tuple[Any, ...]]]:
