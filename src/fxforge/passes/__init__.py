@@ -21,6 +21,7 @@ import dataclasses
 import importlib
 import inspect
 import pkgutil
+import re
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -32,7 +33,7 @@ from torch import fx, nn
 
 from fxforge.errors import EXIT_INTERNAL, FxforgeError, first_line
 from fxforge.graphs import dialect_of
-from fxforge.plugins import PASSES_GROUP, load_group
+from fxforge.plugins import PASSES_GROUP, failures, load_group
 from fxforge.references import import_reference
 from fxforge.registry import BUILTIN, Registry, registering_from
 from fxforge.vocabulary import ORIGIN, PASS
@@ -152,6 +153,17 @@ def register_pass(
 ) -> Callable[[PassFunction], PassFunction]:
     """Register a pass under ``name``; usable as a decorator by users for their own passes too."""
 
+    # a name no command line can ask for, or a dialect no graph has, was accepted and failed later (QA: "" or
+    # "has,comma" or "exact"; dialects=("Torch",) then said "works on Torch graphs, but this graph is torch")
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][\w.-]*", name) or name == EXACT_GROUP:
+        raise PassError(
+            f"cannot register a pass named {name!r}",
+            hint=f"a name of letters, digits, '_', '.' and '-', starting with a letter, and not {EXACT_GROUP!r}",
+        )
+    unknown = [d for d in dialects if d not in ("torch", "aten")]
+    if unknown or not dialects:
+        raise PassError(f"pass {name!r}: dialects are 'torch' and 'aten', got {tuple(dialects)!r}")
+
     def decorator(function: PassFunction) -> PassFunction:
         spec = PassSpec(name, function, summary, guarantees, options, dialects, requires, ensures)
         PASSES.register(name, spec, same=lambda old, new: old.function is new.function, module=function.__module__)
@@ -245,7 +257,14 @@ def all_passes() -> list[PassSpec]:
 
 def get_pass(name: str) -> PassSpec:
     _load_builtin_passes()
-    return PASSES.lookup(name)
+    try:
+        return PASSES.lookup(name)
+    except PassError as exc:
+        broken = failures(PASSES_GROUP)
+        if not broken:
+            raise
+        # the pass may be a plug-in's that did not load: "unknown pass" alone sent the user looking for a typo (QA)
+        raise PassError(exc.message, hint=f"{exc.hint + '; ' if exc.hint else ''}{broken[0].describe()}") from None
 
 
 def parse_options(spec: PassSpec, raw: Any) -> Any:
