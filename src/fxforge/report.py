@@ -108,6 +108,11 @@ def report(
         profile = profile_model(captured)
     inspected = inspect_graph(captured, depth=3, include_code=False)
     findings = lint(captured)
+    quantized = None
+    if quantize:  # first: a model quantize refuses (float16, say) was refused after the passes and the timings (QA)
+        with warnings.catch_warnings():  # the quantize section shows the result's warnings
+            warnings.simplefilter("ignore", RandomCalibrationWarning)
+            quantized = run_quantize(captured, quantize, calibration=calibration)
     sections: list[str] = []  # above the graph: what changed and whether it was proven
     after = [  # below it: the model, its findings, timings and where the numbers come from
         lint_section([f.to_dict() for f in findings.findings]),
@@ -149,10 +154,7 @@ def report(
         timings = run_bench(captured, backends, repeats=bench_repeats).to_dict()
         findings_data["bench"] = timings
         after.append(bench_section(timings))
-    if quantize:
-        with warnings.catch_warnings():  # the quantize section shows the result's warnings
-            warnings.simplefilter("ignore", RandomCalibrationWarning)
-            quantized = run_quantize(captured, quantize, calibration=calibration)
+    if quantized is not None:
         findings_data["quantize"] = quantized.to_dict()
         after.append(quantize_section(findings_data["quantize"]))
     after += [capture_section(spec, captured.record.to_dict()), environment_section(environment())]
