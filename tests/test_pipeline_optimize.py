@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -778,3 +779,36 @@ def test_a_pass_that_crashes_is_an_internal_error_in_one_line(capsys):
     assert code == EXIT_INTERNAL, err
     assert "error: pass 'test_crashes' (from" in err and "crashed: RuntimeError: the pass's own bug" in err, err
     assert "Traceback" not in err and "internal error" not in err
+
+
+def test_a_model_whose_file_imports_a_module_beside_it_loads_elsewhere_too(tmp_path):
+    """QA: --auto choosing eager copied the factory's file into source/ but not models.py beside it, from which it
+    imports the model's class: the printed load line failed, "No module named 'models'"."""
+    from fxforge.cli import main
+
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "models.py").write_text(
+        "import torch\nfrom torch import nn\n\n\nclass Tiny(nn.Module):\n    def __init__(self):\n"
+        "        super().__init__()\n        self.lin = nn.Linear(4, 2)\n\n    def forward(self, x):\n"
+        "        return self.lin(x)\n"
+    )
+    (project / "factory.py").write_text("from models import Tiny\n\n\ndef build():\n    return Tiny().eval()\n")
+    out = tmp_path / "out"
+    args = ["optimize", f"{project / 'factory.py'}:build", "-i", "2x4", "--auto", "-b", "eager", "--repeats", "3"]
+    assert main([*args, "-o", str(out)]) == 0
+    assert {p.name for p in (out / "source").iterdir()} == {"models.py"}  # the class is models.Tiny
+    shutil.rmtree(project)  # the copies are all there is
+    script = (
+        "import sys, torch\n"
+        "sys.path.insert(0, 'source')\n"
+        "model = torch.load('model.pt', weights_only=False)\n"
+        "assert model(torch.randn(2, 4)).shape == (2, 2)\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, cwd=out)
+    script = (
+        "import fxforge, torch\n"
+        f"loaded = fxforge.load_model({str(out)!r}, trust_pickle=True).module\n"
+        "assert loaded(torch.randn(2, 4)).shape == (2, 2)\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, cwd=tmp_path)

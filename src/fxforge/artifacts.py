@@ -761,9 +761,29 @@ def write_user_sources(pickled: Path, directory: Path) -> list[str]:
     except zipfile.BadZipFile:
         data = pickled.read_bytes()
     written = []
+    folders = set()
     for name, module in sorted(sys.modules.items()):
         origin = getattr(module, "__file__", None)
-        if name.startswith(USER_MODULE_PREFIX) and origin and name.encode() in data:
+        if name.startswith(USER_MODULE_PREFIX) and origin:
+            folders.add(Path(origin).resolve().parent)
+            if name.encode() in data:
+                (directory / SOURCE_DIR).mkdir(exist_ok=True)
+                shutil.copy2(origin, directory / SOURCE_DIR / f"{name}.py")
+                written.append(f"{SOURCE_DIR}/{name}.py")
+    # the modules beside the user's files that the pickle names too (a factory file importing its model class from
+    # models.py): without them the printed load line failed, "No module named 'models'" (QA)
+    for name, module in sorted(sys.modules.items()):
+        origin = getattr(module, "__file__", None)
+        if (
+            folders
+            and name.isidentifier()
+            and not name.startswith(USER_MODULE_PREFIX)
+            and origin
+            and origin.endswith(".py")
+            and Path(origin).resolve().parent in folders
+            and Path(origin).name != "__init__.py"
+            and name.encode() in data  # a module the pickle may name (a copy too many is harmless)
+        ):
             (directory / SOURCE_DIR).mkdir(exist_ok=True)
             shutil.copy2(origin, directory / SOURCE_DIR / f"{name}.py")
             written.append(f"{SOURCE_DIR}/{name}.py")
@@ -780,6 +800,11 @@ def user_sources(directory: Path) -> Iterator[None]:
     name -- is replaced for the block only: unpickled with the edited class, the directory computed the new code,
     and verify said OK against the model it was to be compared with."""
     replaced: dict[str, Any] = {}
+    # the modules copied beside the user's files (models.py) are imported by name: on the path for the block
+    sources = str(directory / SOURCE_DIR)
+    on_path = (directory / SOURCE_DIR).is_dir() and sources not in sys.path
+    if on_path:
+        sys.path.append(sources)
     try:
         for file in sorted((directory / SOURCE_DIR).glob(f"{USER_MODULE_PREFIX}*.py")):
             present = sys.modules.get(file.stem)
@@ -796,6 +821,8 @@ def user_sources(directory: Path) -> Iterator[None]:
         yield
     finally:
         sys.modules.update(replaced)  # the unpickled objects keep the copy's classes; the process, its modules
+        if on_path:
+            sys.path.remove(sources)
 
 
 def _same_code(module: Any, copy: Path) -> bool:
@@ -809,7 +836,7 @@ def _same_code(module: Any, copy: Path) -> bool:
 
 def with_sources_on_path(load_line: str, directory: Path) -> str:
     """A plain-torch load line, preceded by what puts ``source/`` on ``sys.path`` when the directory has one."""
-    if not any((directory / SOURCE_DIR).glob(f"{USER_MODULE_PREFIX}*.py")):
+    if not any((directory / SOURCE_DIR).glob("*.py")):
         return load_line
     return f"import sys; sys.path.insert(0, '{SOURCE_DIR}'); {load_line}"
 
