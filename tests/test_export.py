@@ -1232,3 +1232,15 @@ def test_an_unregistered_dataclass_output_is_refused_once_in_every_format(tmp_pa
         assert "it returns a Scores, a dataclass torch's exporters cannot take apart" in str(raised.value)
         assert "torch.export.register_dataclass(Scores)" in raised.value.hint
         assert not (tmp_path / name).exists()
+
+
+def test_an_export_of_a_model_in_training_mode_says_so(tmp_path):
+    """QA: a training-mode BatchNorm's batch-size check was blamed on "a value computed from the input" at torch's
+    own line (TorchScript), and an ONNX export of it failed verification 16 times with no word of the mode."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))  # left in training mode
+    x = torch.randn(2, 3, 8, 8)
+    with pytest.raises(ExportError) as raised:
+        export_model(model, "torchscript", tmp_path / "m.pt", example_inputs=(x,))
+    assert raised.value.hint.startswith("the model is in training mode (BatchNorm2d 1): an export is for inference")
+    assert model.training  # the caller's model is left as it was
