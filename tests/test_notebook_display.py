@@ -312,3 +312,10 @@ def test_a_card_brings_its_own_background():
     css = display.card("x", "y").split("</style>")[0]
     rule = next(line for line in css.split("}") if line.lstrip("<style>\n").startswith(".fxf-card{"))
     assert "background:#fff" in rule and "color:#1f2933" in rule
+
+
+def test_a_failed_verification_repr_says_why_where_no_node_does():
+    """QA: a random model's result read "<VerifyResult FAILED: 16 cases ..., max abs err 0>": no reason."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.5))  # training mode: random
+    text = assert_short_repr(fxforge.verify(model, model, example=((torch.randn(2, 4),), {})), "VerifyResult")
+    assert text.startswith("<VerifyResult CANNOT VERIFY") and "the reference is not deterministic" in text, text

@@ -212,8 +212,11 @@ def lint_html(report: Any) -> str:
 
 def verify_repr(result: Any) -> str:
     where = f", first divergence at {result.divergence.node}" if result.divergence is not None else ""
-    verdict = "ok" if result.ok else "FAILED"
-    return f"<VerifyResult {verdict}: {result.describe_inputs()}, max abs err {result.max_abs_err:.3g}{where}>"
+    verdict = "ok" if result.ok else "CANNOT VERIFY" if result.unverifiable else "FAILED"
+    # why, where no node says it: "FAILED ..., max abs err 0" of a random model said nothing (QA)
+    problem = result.problems[0] if not result.ok and not where and result.problems else ""
+    why = f"; {problem if len(problem) <= 100 else problem[:97] + '...'}" if problem else ""
+    return f"<VerifyResult {verdict}: {result.describe_inputs()}, max abs err {result.max_abs_err:.3g}{where}{why}>"
 
 
 def verify_html(result: Any) -> str:
