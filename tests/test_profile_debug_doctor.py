@@ -146,6 +146,18 @@ def test_eager_counts_bytes_and_dtypes_as_fx_does():
     assert by_module["1"] == ("bfloat16", 2 * 4 * 64 * 2)  # the in-place ReLU reads and writes its tensor
 
 
+def test_a_node_of_a_dtype_without_a_measured_peak_gets_no_verdict():
+    """QA: float16 and float64 nodes were judged against the float32 peak (a conv "compute (1%)" in float16 and
+    "memory (1%)" in bfloat16 at the same intensity)."""
+    torch.manual_seed(0)
+    for dtype, judged in ((torch.float64, False), (torch.float32, True)):
+        model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64)).to(dtype).eval()
+        captured = fxforge.capture(model, (torch.randn(16, 64, dtype=dtype),))
+        report = profile_model(captured, repeats=2, warmup=1, peak=PEAK)
+        linears = [n for n in report.nodes if n.target.endswith("Linear") or "linear" in n.target]
+        assert linears and all(bool(n.bound) == judged for n in linears), [(n.name, n.bound) for n in linears]
+
+
 def _totals(whole: list[float], node_timed: list[float]) -> _RunTotals:
     return _RunTotals(whole=whole, node_timed=node_timed)
 

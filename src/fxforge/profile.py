@@ -430,6 +430,8 @@ def _judge(node: NodeTime, peak: Peak) -> None:
     """Compute- or memory-bound, and the fraction of that limit the node reached (set on hot nodes only)."""
     if node.share < _HOT_SHARE or node.time_ms <= 0:
         return
+    if node.dtype in _UNMEASURED:  # judged against the fp32 peak, a float16 conv read as compute-bound at 1% (QA)
+        return
     compute = peak.gflops.get(_peak_key(node.dtype), peak.gflops.get("fp32", 0.0))
     balance = compute / peak.bandwidth_gbs if peak.bandwidth_gbs else float("inf")  # FLOP per byte
     if node.intensity is not None and node.intensity >= balance and compute > 0:
@@ -438,6 +440,10 @@ def _judge(node: NodeTime, peak: Peak) -> None:
         achieved = node.bytes_moved / (node.time_ms * 1e6)  # GB/s
         node.bound = "memory"
         node.peak_fraction = achieved / peak.bandwidth_gbs if peak.bandwidth_gbs else None
+
+
+# floating dtypes whose matmul peak fxforge does not measure: their nodes are timed, not judged
+_UNMEASURED = frozenset({"float16", "float64", "complex64", "complex128"})
 
 
 def _peak_key(dtype: str) -> str:
