@@ -517,6 +517,9 @@ def test_a_loosened_tolerance_on_integer_outputs_is_said():
     loose = verify(_Counts(), _Counts(offset=6), input_specs=["2x8"], atol=100)
     assert loose.ok and loose.tolerances == {"int64": (0.0, 100)}
     assert "int64 within rtol 0e+00, atol 1e+02" in loose.describe_tolerances()
+    # by default they are said to be compared exactly (QA: only the float outputs were listed)
+    same = verify(_Counts(), _Counts(), input_specs=["2x8"])
+    assert same.ok and same.tolerances == {"int64": (0.0, 0.0)} and same.describe_tolerances() == "int64 exactly"
 
 
 class _ConstantCount(torch.nn.Module):

@@ -185,7 +185,8 @@ class VerifyResult:
     def describe_tolerances(self) -> str:
         """The tolerances the outputs were compared with (``float32 within rtol 1e-04, atol 1e-05``); "" if none."""
         return "; ".join(
-            f"{name} within rtol {rtol:.0e}, atol {atol:.0e}" for name, (rtol, atol) in self.tolerances.items()
+            f"{name} exactly" if rtol == atol == 0 else f"{name} within rtol {rtol:.0e}, atol {atol:.0e}"
+            for name, (rtol, atol) in self.tolerances.items()
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -525,14 +526,13 @@ class Verifier:
             )
 
     def _tolerances(self) -> dict[str, tuple[float, float]]:
-        # integer outputs match exactly unless the caller loosened the tolerance: then they are listed too, so
-        # that "OK" says how loose it was (--atol 100 on token ids passed with no tolerance shown)
-        loosened = self.rtol is not None or self.atol is not None
+        # every output dtype, integer and bool ones too: they match exactly unless the caller loosened the
+        # tolerance, and "OK" says so (QA: an argmax output was compared exactly, but only float32 was listed)
         dtypes = {
             leaf.dtype
             for output in self.expected[:1]
             for leaf in pytree.tree_leaves(as_structure(output))
-            if isinstance(leaf, torch.Tensor) and (leaf.is_floating_point() or leaf.is_complex() or loosened)
+            if isinstance(leaf, torch.Tensor)
         }
         return {
             str(dtype).removeprefix("torch."): resolve_tolerances(dtype, self.rtol, self.atol)
