@@ -13,7 +13,7 @@ from __future__ import annotations
 import html
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 # One inline style block per card, scoped by class: notebooks render many outputs on one page, and a
@@ -207,6 +207,14 @@ def lint_html(report: Any) -> str:
         "Lint",
         table(["rule", "severity", "node", "message", "fix"], rows, limit=100),
         subtitle=lint_repr(report).strip("<>"),
+    )
+
+
+def tolerances_text(tolerances: Mapping[str, Sequence[float]]) -> str:
+    """``float32 within rtol 1e-04, atol 1e-05; int64 exactly``: what "equal" meant, per output dtype."""
+    return "; ".join(
+        f"{name} exactly" if rtol == atol == 0 else f"{name} within rtol {rtol:.0e}, atol {atol:.0e}"
+        for name, (rtol, atol) in tolerances.items()
     )
 
 

@@ -184,10 +184,7 @@ class VerifyResult:
 
     def describe_tolerances(self) -> str:
         """The tolerances the outputs were compared with (``float32 within rtol 1e-04, atol 1e-05``); "" if none."""
-        return "; ".join(
-            f"{name} exactly" if rtol == atol == 0 else f"{name} within rtol {rtol:.0e}, atol {atol:.0e}"
-            for name, (rtol, atol) in self.tolerances.items()
-        )
+        return display.tolerances_text(self.tolerances)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

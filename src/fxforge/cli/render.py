@@ -868,7 +868,7 @@ def render_split(console: Console, spec: str, capture: dict[str, Any], result: A
             what = "the single stage matches" if count == 1 else f"the {count} stages chained in one process match"
             console.print(
                 f"  [green]verified[/]: {what} the model on "
-                f"{verification.describe_inputs()} (max abs err {verification.max_abs_err:.3g})"
+                f"{verification.describe_inputs()} (max abs err {verification.max_abs_err:.3g}{_within(verification)})"
             )
             render_verify_doubts(console, verification)
         else:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from fxforge import machine
-from fxforge.display import byte_size, counted, escape, key_values, number, of_peak, status, table
+from fxforge.display import byte_size, counted, escape, key_values, number, of_peak, status, table, tolerances_text
 from fxforge.errors import option
 
 _PACKAGES = ("fxforge", "torch", "torchvision", "timm", "transformers", "onnx", "onnxruntime", "numpy")
@@ -173,9 +173,11 @@ def verify_section(
     parts = []
     if check is not None:
         word = status(check.get("ok"), "verified", "FAILED")
+        # what "verified" meant, as the command line says it (QA: the page gave errors with no tolerance)
+        within = tolerances_text(check.get("tolerances") or {})
         parts.append(
             f"<p>{word}: {escape(check.get('tried', ''))}; max abs err {check.get('max_abs_err', 0):.3g}, "
-            f"max rel err {check.get('max_rel_err', 0):.3g}</p>"
+            f"max rel err {check.get('max_rel_err', 0):.3g}{escape('; ' + within) if within else ''}</p>"
         )
         divergence = check.get("divergence")
         if divergence:
