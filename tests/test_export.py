@@ -1244,3 +1244,22 @@ def test_an_export_of_a_model_in_training_mode_says_so(tmp_path):
         export_model(model, "torchscript", tmp_path / "m.pt", example_inputs=(x,))
     assert raised.value.hint.startswith("the model is in training mode (BatchNorm2d 1): an export is for inference")
     assert model.training  # the caller's model is left as it was
+
+
+def test_a_mismatch_of_a_model_computing_in_float16_inside_points_at_the_tolerance():
+    """QA: an export of a model with float16 layers inside and a float32 output "computes something else" by the
+    float16 rounding of the model itself: the failure now says so and names --rtol/--atol."""
+    from fxforge.export import _lower_precision_inside
+    from fxforge.verify import VerifyResult
+
+    class Mixed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.half_linear = nn.Linear(4, 4).half()
+
+        def forward(self, x):
+            return self.half_linear(x.half()).float()
+
+    check = VerifyResult(False, 1e-3, 1e-3, 16, tolerances={"float32": (1e-4, 1e-5)})
+    assert _lower_precision_inside(Mixed(), check) == "float16"
+    assert _lower_precision_inside(nn.Linear(4, 4), check) == ""

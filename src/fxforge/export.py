@@ -420,7 +420,23 @@ def export_model(
         raise
     if training and result.verification is not None and not result.verification.ok:
         result.verification.problems.insert(0, _TRAINING.format(training))
+    elif result.verification is not None and not result.verification.ok and not result.verification.rejected_inputs:
+        lower = _lower_precision_inside(reference, result.verification)
+        if lower:  # QA: a model with float16 layers inside a float32 output "computes something else"
+            result.verification.problems.append(
+                f"the model computes in {lower} inside and returns float32, which is held to float32's tolerance: "
+                f"its own rounding may exceed it; if so, pass {option('--rtol')} / {option('--atol')}"
+            )
     return result
+
+
+def _lower_precision_inside(model: Any, check: Any) -> str:
+    """The lower-precision float dtypes ``model`` holds weights in, where its outputs are compared as float32."""
+    if not isinstance(model, nn.Module) or "float32" not in check.tolerances:
+        return ""
+    lower = (torch.float16, torch.bfloat16)
+    found = {str(p.dtype).removeprefix("torch.") for p in model.parameters() if p.dtype in lower}
+    return " and ".join(sorted(found))
 
 
 _TRAINING = "the model is in training mode ({}): an export is for inference, call model.eval() first"

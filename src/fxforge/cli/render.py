@@ -463,7 +463,9 @@ def render_export(
                 "nothing was written"
             )
         else:
-            console.print(f"[bold red]MISMATCH[/]: {what} computes something else; nothing was written")
+            console.print(
+                f"[bold red]MISMATCH[/]: {what} differs from the model beyond the tolerance; nothing was written"
+            )
         for problem in (check.problems if check else [])[:5]:
             console.print(f"  {problem}")
         if any(note.startswith("trace:") for note in result.notes):
