@@ -27,6 +27,18 @@ def randomize_batchnorm(model: nn.Module, seed: int = 0) -> nn.Module:
     return model
 
 
+class ConvBnHead(nn.Module):
+    """conv -> batch norm (random statistics) -> relu -> mean -> linear: the smallest model fold_bn rewrites."""
+
+    def __init__(self, classes: int = 4) -> None:
+        super().__init__()
+        self.conv, self.bn, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.Linear(8, classes)
+        randomize_batchnorm(self)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.bn(self.conv(x))).mean((2, 3)))
+
+
 def register_broken_scale_pass(name: str) -> str:
     """Register a deliberately wrong pass ``name``: it scales resnet's ``layer2.0.conv1`` output by 1.01 and
     marks the new node as the conv's, so verification must fail there and name it. Pop it from

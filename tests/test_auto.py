@@ -23,7 +23,7 @@ from fxforge.cli import main
 from fxforge.errors import EXIT_CAPTURE, EXIT_OK, EXIT_USAGE, FxforgeError
 from fxforge.passes import PASSES, PassResult, register_pass
 from fxforge.verify import compare_outputs
-from model_helpers import Doubles, randomize_batchnorm
+from model_helpers import ConvBnHead, Doubles, randomize_batchnorm
 
 
 @pytest.fixture(scope="module")
@@ -1102,18 +1102,6 @@ def test_a_choice_the_medians_contradict_is_timed_again_and_said_to_be_disputed(
     assert "rerun with nothing else running" in reason
 
 
-class _ConvBnHead(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv, self.bn, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.Linear(8, 5)
-        with torch.no_grad():
-            self.bn.running_mean.uniform_(-1, 1)
-            self.bn.running_var.uniform_(0.5, 2)
-
-    def forward(self, x):
-        return self.fc(torch.relu(self.bn(self.conv(x))).mean((2, 3)))
-
-
 def test_the_default_tolerance_is_each_dtypes_round_off():
     """QA: --auto held every dtype to float32's 1e-4: a candidate computing a float64 model in float32 was verified,
     and a float16 model's fold_bn, one float16 ulp off, was rejected as a divergence."""
@@ -1128,7 +1116,7 @@ def test_the_default_tolerance_is_each_dtypes_round_off():
         return Float32()
 
     torch.manual_seed(0)
-    model = _ConvBnHead().double().eval()
+    model = ConvBnHead(classes=5).double().eval()
     captured = capture(model, (torch.randn(1, 3, 16, 16, dtype=torch.float64),))
     result = auto_optimize(captured, backends=["eager", Backend("fp32_inside", "float32", in_float32)], repeats=3)
     fp32_inside = next(c for c in result.candidates if c.name == "fp32_inside")
@@ -1136,6 +1124,6 @@ def test_the_default_tolerance_is_each_dtypes_round_off():
     assert result.passes == ["fold_bn"]  # exact in float64
 
     torch.manual_seed(0)
-    captured = capture(_ConvBnHead().half().eval(), (torch.randn(1, 3, 16, 16, dtype=torch.float16),))
+    captured = capture(ConvBnHead(classes=5).half().eval(), (torch.randn(1, 3, 16, 16, dtype=torch.float16),))
     result = auto_optimize(captured, backends=["eager"], repeats=3)
     assert result.passes == ["fold_bn"] and not result.rejected_passes, result.rejected_passes

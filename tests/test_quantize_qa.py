@@ -20,6 +20,7 @@ from fxforge.errors import EXIT_OK, EXIT_USAGE, InputSpecError
 from fxforge.quantize import RandomCalibrationWarning, load_calibration, quantize
 from fxforge.quantize import flow as quantize_flow
 from fxforge.vocabulary import quant_kind
+from model_helpers import ConvBnHead
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "commands"
 DEMO = (torch.zeros(1, 3, 32, 32),)  # the demo model's example inputs
@@ -695,23 +696,11 @@ def test_a_number_returned_beside_the_tensors_is_named_as_the_cause():
     assert "returns a Python number beside its tensors" in raised.value.hint and "leaf" not in raised.value.hint
 
 
-class _ConvBnFc(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv, self.bn, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.Linear(8, 4)
-        with torch.no_grad():
-            self.bn.running_mean.uniform_(-1, 1)
-            self.bn.running_var.uniform_(0.5, 2)
-
-    def forward(self, x):
-        return self.fc(F.relu(self.bn(self.conv(x))).mean((2, 3)))
-
-
 def test_a_layer_that_runs_hooks_stays_float_and_a_lost_hook_is_said(recwarn):
     """QA: the int8 layer replacing a module lost its forward hook, and the model computed something else with no
     word of it (a hook on fc: 91% relative error, read as int8's)."""
     torch.manual_seed(0)
-    model = _ConvBnFc().eval()
+    model = ConvBnHead().eval()
     model.fc.register_forward_hook(lambda module, args, out: out * 2 + 1)
     result = quantize(fxforge.capture(model, (torch.randn(2, 3, 8, 8),)), "static")
     assert result.float_layers == ["fc"] and "conv" in result.quantized_layers
@@ -719,7 +708,7 @@ def test_a_layer_that_runs_hooks_stays_float_and_a_lost_hook_is_said(recwarn):
     assert result.accuracy.rel_err < 0.05 and len(result.model.get_submodule("fc")._forward_hooks) == 1
     # a hooked batch norm is fused into the conv by FX quantization: not kept, but said
     torch.manual_seed(0)
-    model = _ConvBnFc().eval()
+    model = ConvBnHead().eval()
     model.bn.register_forward_hook(lambda module, args, out: out * 3)
     result = quantize(fxforge.capture(model, (torch.randn(2, 3, 8, 8),)), "static")
     assert any(w.startswith("the hooks of bn are not in the int8 model") for w in result.warnings), result.warnings

@@ -335,6 +335,21 @@ def _input_guard_failed(exc: BaseException) -> bool:
     )
 
 
+def _refusal_of_inputs(exc: BaseException, label: str) -> str | None:
+    """Why the candidate refused the inputs of case ``label`` rather than failing while computing, or None."""
+    if _input_count_refused(exc):  # a file written with other arguments (--concrete fixed one), another model
+        return (
+            f"the candidate does not take the inputs of {label} ({one_line_reason(exc, 160)}): the two do not take "
+            "the same inputs"
+        )
+    if _input_guard_failed(exc):  # a program exported for other shapes checks its inputs
+        return (
+            f"the candidate rejects the inputs of {label} ({one_line_reason(exc, 120)}): it was exported for other "
+            "input shapes; verify with those (an output directory's inputs.txt)"
+        )
+    return None
+
+
 def _input_count_refused(exc: BaseException) -> bool:
     """Whether ``exc`` is a candidate refusing the number of inputs at its call (fxforge's loaders of an exported
     program or ONNX file check it; a Python forward raises TypeError), rather than a failure while computing."""
@@ -613,28 +628,15 @@ class Verifier:
                     continue
                 result.ok = False
                 result.max_abs_err = result.max_rel_err = math.inf
-                if _input_count_refused(exc):
-                    # a file written with other arguments (--concrete fixed one), another model: nothing computed
-                    # differed, the two do not take the same inputs
+                refusal = _refusal_of_inputs(exc, case.label)
+                if refusal is not None:
+                    # it computed nothing, so no node can be named and there is nothing to bisect: what it takes
+                    # (the shapes of an output directory's inputs.txt, the same arguments) is what can be verified
                     result.rejected_inputs = case.label
-                    result.problems.append(
-                        f"the candidate does not take the inputs of {case.label} ({one_line_reason(exc, 160)}): "
-                        "the two do not take the same inputs"
-                    )
+                    result.problems.append(refusal)
                     result.divergence_unknown = "the candidate did not run on these inputs"
                     result.failing_case = index
                     break
-                if _input_guard_failed(exc):
-                    # a program exported for other shapes checks its inputs: it differs from the model there, but
-                    # computed nothing, so no node can be named (the shapes it takes are what can be verified)
-                    result.rejected_inputs = case.label
-                    result.problems.append(
-                        f"the candidate rejects the inputs of {case.label} ({one_line_reason(exc, 120)}): it was "
-                        "exported for other input shapes; verify with those (an output directory's inputs.txt)"
-                    )
-                    result.divergence_unknown = "the candidate did not run on these inputs"
-                    result.failing_case = index
-                    break  # neither failing nor bisectable: there is nothing to blame or bisect
                 result.problems.append(f"candidate failed to run on {case.label}: {one_line_reason(exc)}")
                 failing = failing or case
                 bisectable = bisectable or (case if case.batch not in self.graph_rejects else None)

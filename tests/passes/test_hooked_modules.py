@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import prune
 
@@ -15,18 +14,7 @@ from fxforge.capture import capture
 from fxforge.lint import lint
 from fxforge.passes import apply_pass
 from fxforge.verify import verify
-
-
-class ConvBn(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv, self.bn, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.Linear(8, 4)
-        with torch.no_grad():
-            self.bn.running_mean.uniform_(-1, 1)
-            self.bn.running_var.uniform_(0.5, 2)
-
-    def forward(self, x):
-        return self.fc(F.relu(self.bn(self.conv(x))).mean((2, 3)))
+from model_helpers import ConvBnHead
 
 
 class TwoLinears(nn.Module):
@@ -53,14 +41,14 @@ def _hooked(model: nn.Module, name: str) -> nn.Module:
 
 
 def _pruned() -> nn.Module:
-    model = ConvBn().eval()
+    model = ConvBnHead().eval()
     prune.l1_unstructured(model.conv, "weight", 0.5)
     return model
 
 
 CASES = {
-    "fold_bn, hook on the batch norm": (lambda: _hooked(ConvBn(), "bn"), "fold_bn", (2, 3, 8, 8)),
-    "fold_bn, hook on the conv": (lambda: _hooked(ConvBn(), "conv"), "fold_bn", (2, 3, 8, 8)),
+    "fold_bn, hook on the batch norm": (lambda: _hooked(ConvBnHead(), "bn"), "fold_bn", (2, 3, 8, 8)),
+    "fold_bn, hook on the conv": (lambda: _hooked(ConvBnHead(), "conv"), "fold_bn", (2, 3, 8, 8)),
     "fold_bn, pruned conv (a pre-hook)": (_pruned, "fold_bn", (2, 3, 8, 8)),
     "merge_convs": (lambda: _hooked(TwoLinears(parallel=False), "a"), "merge_convs", (2, 8)),
     "merge_parallel_linears": (lambda: _hooked(TwoLinears(parallel=True), "b"), "merge_parallel_linears", (2, 8)),
@@ -84,7 +72,7 @@ def test_a_pass_leaves_a_module_that_runs_hooks_as_it_is(case):
 def test_the_same_model_without_the_hook_is_rewritten():
     """The refusal is the hook's: without it fold_bn folds (the cases above would otherwise prove nothing)."""
     torch.manual_seed(0)
-    captured = capture(ConvBn().eval(), (torch.randn(2, 3, 8, 8),))
+    captured = capture(ConvBnHead().eval(), (torch.randn(2, 3, 8, 8),))
     result = apply_pass(captured.graph_module, "fold_bn")
     assert result.changed and verify(captured, result.graph_module).ok
 
