@@ -212,6 +212,36 @@ def test_a_plugin_reusing_a_builtin_name_is_refused_not_swapped_in(monkeypatch, 
     assert "fold_bn" in failure.error and "already" in failure.error
 
 
+def test_a_plugin_that_fails_to_load_leaves_nothing_it_registered(monkeypatch, tmp_path, fresh_plugins):
+    """QA: a plug-in that registered a pass and then raised was "failed to load", yet its pass stayed registered
+    and ran with no warning."""
+    from fxforge.passes import PASSES
+
+    (tmp_path / "half_plugin.py").write_text(
+        textwrap.dedent(
+            """
+            from fxforge.passes import PassResult, register_pass
+
+            @register_pass("half_registered", summary="x", guarantees="x")
+            def half(gm, options):
+                return PassResult("half_registered", gm)
+
+            raise RuntimeError("the rest of the plug-in is broken")
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    half = importlib.metadata.EntryPoint("half", "half_plugin", plugins.PASSES_GROUP)
+    _fake_entry_points(monkeypatch, {plugins.PASSES_GROUP: [half]})
+    try:
+        assert "half_registered" not in {spec.name for spec in all_passes()}
+        (failure,) = plugins.failures(plugins.PASSES_GROUP)
+        assert "the rest of the plug-in is broken" in failure.error
+    finally:
+        PASSES.pop("half_registered", None)
+        sys.modules.pop("half_plugin", None)
+
+
 def test_broken_rule_and_backend_plugins_are_reported_too(monkeypatch, capsys, fresh_plugins):
     rule = importlib.metadata.EntryPoint("rules", "fxforge_no_such_rules", plugins.RULES_GROUP)
     not_a_rule = importlib.metadata.EntryPoint("loose", "os.path:join", plugins.RULES_GROUP)

@@ -21,16 +21,29 @@ BUILTIN = "fxforge"
 
 # Where items registered right now come from, when a plug-in loader says (None: nobody said).
 _CURRENT_ORIGIN: contextvars.ContextVar[str | None] = contextvars.ContextVar("fxforge_registry_origin", default=None)
+# What the block of registering_from has registered so far, in every registry: taken back if the block fails.
+_ADDED: contextvars.ContextVar[list[tuple[Registry, str]] | None] = contextvars.ContextVar(
+    "fxforge_registry_added", default=None
+)
 
 
 @contextlib.contextmanager
 def registering_from(origin: str) -> Iterator[None]:
-    """Items registered inside the block are recorded as coming from ``origin`` (a plug-in, a user's file)."""
-    token = _CURRENT_ORIGIN.set(origin)
+    """Items registered inside the block are recorded as coming from ``origin`` (a plug-in, a user's file). If the
+    block raises, what it registered is taken back: a plug-in that failed to load is all gone, not half there
+    (QA: its passes registered before the failure ran with no warning)."""
+    added: list[tuple[Registry, str]] = []
+    token, added_token = _CURRENT_ORIGIN.set(origin), _ADDED.set(added)
     try:
         yield
+    except BaseException:
+        for registry, name in added:
+            registry.pop(name, None)
+            registry.origins.pop(name, None)
+        raise
     finally:
         _CURRENT_ORIGIN.reset(token)
+        _ADDED.reset(added_token)
 
 
 class Registry(dict[str, T], Generic[T]):
@@ -70,6 +83,9 @@ class Registry(dict[str, T], Generic[T]):
             )
         self[name] = item
         self.origins[name] = origin
+        added = _ADDED.get()
+        if added is not None:
+            added.append((self, name))
         return item
 
     def lookup(self, name: str) -> T:
