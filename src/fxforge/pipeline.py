@@ -31,11 +31,11 @@ from fxforge.passes import (
     PassError,
     PassResult,
     apply_pass,
+    check_options,
     copy_graph_module,
     exact_passes,
     expand_groups,
     get_pass,
-    parse_options,
     resolve_pass_reference,
     stamp_provenance,
 )
@@ -193,7 +193,7 @@ class Pipeline:
         for step in self.steps:
             # fail early, before any work, on an unknown name or option: parsed only when the step ran, a misspelt
             # option was rolled back under keep_going and the run said "verified", exit 0 (QA)
-            parse_options(get_pass(step.name), step.options)
+            check_options(get_pass(step.name), step.options)
         self.verify_each = verify_each
         self.lint_between = lint_between
         self.keep_going = keep_going

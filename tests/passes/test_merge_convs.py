@@ -653,7 +653,7 @@ def test_a_boolean_option_refuses_a_value_that_is_no_boolean(value):
     """QA: ``--option merge_convs.allow_larger=ture`` ran with allow_larger=False, silently."""
     from fxforge.passes import PassError, get_pass, parse_options
 
-    with pytest.raises(PassError, match=r"option merge_convs\.allow_larger must be bool"):
+    with pytest.raises(PassError, match=r"option merge_convs\.allow_larger must be true or false"):
         parse_options(get_pass("merge_convs"), {"allow_larger": value})
     assert parse_options(get_pass("merge_convs"), {"allow_larger": "off"}).allow_larger is False
     assert parse_options(get_pass("merge_convs"), {"allow_larger": "yes"}).allow_larger is True

@@ -269,6 +269,19 @@ def get_pass(name: str) -> PassSpec:
 
 def parse_options(spec: PassSpec, raw: Any) -> Any:
     """Build the pass's options dataclass from a mapping (CLI/YAML values), checking names and types."""
+    values = check_options(spec, raw)
+    if values is None or dataclasses.is_dataclass(values):
+        return values
+    try:
+        return spec.options(**values)
+    except (TypeError, ValueError) as exc:
+        raise PassError(f"bad options for {spec.name!r}: {exc}") from None
+
+
+def check_options(spec: PassSpec, raw: Any) -> Any:
+    """The option values of ``raw`` by name, each of its option's type (or the options dataclass itself, or None for
+    a pass without options): what a pipeline checks when it is built. The options' own checks (a pass that needs
+    one of two options) wait for :func:`parse_options` when the pass runs."""
     if spec.options is None:
         if raw:
             raise PassError(f"pass {spec.name!r} takes no options (got {', '.join(raw)})")
@@ -287,11 +300,7 @@ def parse_options(spec: PassSpec, raw: Any) -> Any:
             hint=f"its options: {', '.join(fields) or 'none'}",
         )
     hints = typing.get_type_hints(spec.options)
-    values = {key: _coerce(spec.name, key, value, hints.get(key)) for key, value in raw.items()}
-    try:
-        return spec.options(**values)
-    except (TypeError, ValueError) as exc:
-        raise PassError(f"bad options for {spec.name!r}: {exc}") from None
+    return {key: _coerce(spec.name, key, value, hints.get(key)) for key, value in raw.items()}
 
 
 def _coerce(pass_name: str, key: str, value: Any, hint: Any) -> Any:
@@ -323,7 +332,8 @@ def _coerce(pass_name: str, key: str, value: Any, hint: Any) -> Any:
             return str(value)
         raise ValueError(value)
     except ValueError:
-        raise PassError(f"option {pass_name}.{key} must be {hint.__name__}, got {value!r}") from None
+        kind = {float: "a number", int: "a whole number", bool: "true or false", str: "a string"}[hint]
+        raise PassError(f"option {pass_name}.{key} must be {kind}, got {value!r}") from None
 
 
 _BOOL_WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
