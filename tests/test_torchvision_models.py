@@ -163,5 +163,16 @@ def test_a_segmentation_models_ordered_dict_output_stays_one(tmp_path):
     assert "model.pt2" in result.files
     program = torch.export.load(str(tmp_path / "out" / "model.pt2")).module()
     assert type(program(x)) is collections.OrderedDict
+    # the package of Python source too (it raised NameError: 'collections' was never imported)
+    package = tmp_path / "out" / "optimized_model"
+    code = (
+        f"import sys, torch; sys.path.insert(0, {str(package.parent)!r}); from optimized_model import OptimizedModel; "
+        "print(type(OptimizedModel()(torch.randn(1, 3, 64, 64))).__name__)"
+    )
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.stdout.strip() == "OrderedDict", done.stderr[-800:]
     report = fxforge.verify(captured.original, tmp_path / "out", [x])
     assert report.ok and not report.warnings, report

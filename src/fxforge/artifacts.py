@@ -864,6 +864,12 @@ def _user_globals(gm: fx.GraphModule) -> list[str]:
         qualname = getattr(value, "__qualname__", "")
         if module.startswith(USER_MODULE_PREFIX) and qualname and "." not in qualname and "<" not in qualname:
             imports.append(f"from {module} import {qualname} as {name}")
+    # the modules a graph's own code generator names (capture's OrderedDict output: ``collections``), which
+    # to_folder does not import either (QA: the package raised NameError: name 'collections' is not defined)
+    for name, value in gm.graph._codegen.additional_globals():
+        if isinstance(value, types.ModuleType):
+            alias = "" if value.__name__ == name else f" as {name}"
+            imports.append(f"import {value.__name__}{alias}")
     return imports
 
 
