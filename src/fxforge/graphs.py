@@ -160,6 +160,12 @@ NODE_KINDS: dict[str, tuple[tuple[type, ...], tuple[Any, ...], tuple[str, ...], 
 }
 
 
+def graph_fingerprint(graph: fx.Graph) -> list[tuple[Any, ...]]:
+    """Every node with its operation and arguments: equal before and after code that must not change the graph (a
+    lint rule, a pass that reports no change)."""
+    return [(node, node.op, node.target, node.args, node.kwargs) for node in graph.nodes]
+
+
 def runs_hooks(module: Any) -> bool:
     """Whether calling ``module`` runs hooks besides its ``forward``: a forward hook (a user's feature hook, one that
     rescales the output) or a forward pre-hook (pruning's mask, the old ``weight_norm`` and ``spectral_norm``,

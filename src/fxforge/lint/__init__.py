@@ -18,7 +18,7 @@ from torch import fx, nn
 from fxforge import display
 from fxforge.capture import Captured
 from fxforge.errors import EXIT_INTERNAL, FxforgeError, one_line_reason
-from fxforge.graphs import dialect_of, module_path
+from fxforge.graphs import dialect_of, graph_fingerprint, module_path
 from fxforge.passes import FIX_ORDER
 from fxforge.plugins import RULES_GROUP, load_group
 from fxforge.references import as_names, import_reference
@@ -206,7 +206,7 @@ def lint(
             continue
         report.rules_run.append(current.code)
         trusted = current.origin == BUILTIN
-        before = None if trusted else _fingerprint(context.graph)
+        before = None if trusted else graph_fingerprint(context.graph)
         try:
             report.findings += _findings_of(current, context)
         except Exception as exc:  # one broken rule (a plug-in's) stopped lint, and optimize with it, for every model
@@ -214,7 +214,7 @@ def lint(
             report.rule_failures.append(
                 f"rule {current.code} {current.name}{where} crashed: {one_line_reason(exc)}; its findings are missing"
             )
-        if before is not None and _fingerprint(context.graph) != before:
+        if before is not None and graph_fingerprint(context.graph) != before:
             # rules only read: a plug-in rule that edited the graph corrupted optimize's output, and the next pass
             # was blamed (QA)
             raise RuleCrashed(
@@ -248,11 +248,6 @@ def _findings_of(current: Rule, context: LintContext) -> list[Finding]:
             )
         )
     return findings
-
-
-def _fingerprint(graph: fx.Graph) -> list[tuple[Any, ...]]:
-    """What a rule must leave as it was: every node, its operation and its arguments."""
-    return [(node, node.op, node.target, node.args, node.kwargs) for node in graph.nodes]
 
 
 def all_rules() -> list[Rule]:

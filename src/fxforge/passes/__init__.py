@@ -32,7 +32,7 @@ import torch
 from torch import fx, nn
 
 from fxforge.errors import EXIT_INTERNAL, FxforgeError, first_line
-from fxforge.graphs import dialect_of
+from fxforge.graphs import dialect_of, graph_fingerprint
 from fxforge.plugins import PASSES_GROUP, failures, load_group
 from fxforge.references import import_reference
 from fxforge.registry import BUILTIN, Registry, registering_from
@@ -440,7 +440,7 @@ def apply_pass(gm: fx.GraphModule, name: str | PassSpec, options: Any = None, *,
     # weight, and verify then blamed rounding)
     plugin = spec.origin != BUILTIN
     sums = _stored_tensor_sums(gm) if plugin else {}
-    shape = _graph_shape(gm.graph) if plugin else None
+    shape = graph_fingerprint(gm.graph) if plugin else None
     result = spec.function(gm, parsed)
     if result is None or result is gm:  # as a plain function may (QA: AttributeError, RecursionError before)
         result = PassResult(spec.name, gm)
@@ -450,7 +450,7 @@ def apply_pass(gm: fx.GraphModule, name: str | PassSpec, options: Any = None, *,
             hint=PASS_CONTRACT,
         )
     result.name = spec.name  # the change log names the pass that ran, whatever name its result was given
-    if shape is not None and not result.changed and _graph_shape(gm.graph) != shape:
+    if shape is not None and not result.changed and graph_fingerprint(gm.graph) != shape:
         # a plug-in's pass that changed the graph without a note read "changed: no", and verification, finding
         # the difference, could blame no pass (QA): what it did is its change, said
         result.note("changed the graph without reporting it (no note)")
@@ -489,11 +489,6 @@ def _stored_tensor_versions(gm: fx.GraphModule) -> dict[str, tuple[torch.Tensor,
         if not tensor.is_inference():  # an inference-mode tensor keeps no counter (and cannot be written outside)
             versions[name] = (tensor, tensor._version)
     return versions
-
-
-def _graph_shape(graph: fx.Graph) -> list[tuple[Any, ...]]:
-    """Every node with its operation and arguments: what a pass that reports no change must leave as it was."""
-    return [(node, node.op, node.target, node.args, node.kwargs) for node in graph.nodes]
 
 
 def _stored_tensor_sums(gm: fx.GraphModule) -> dict[str, tuple[torch.Tensor, tuple[Any, ...]]]:
