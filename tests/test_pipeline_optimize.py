@@ -812,3 +812,26 @@ def test_a_model_whose_file_imports_a_module_beside_it_loads_elsewhere_too(tmp_p
         "assert loaded(torch.randn(2, 4)).shape == (2, 2)\n"
     )
     subprocess.run([sys.executable, "-c", script], check=True, cwd=tmp_path)
+
+
+def test_an_output_that_appears_while_the_work_runs_is_not_replaced(tmp_path):
+    """QA: a folder the user made at the target while optimize ran (or another run's output) was replaced and
+    deleted without --force, and two runs at one target both said "wrote"; export's file likewise."""
+    from fxforge.artifacts import StagedOutput, atomic_directory
+
+    target = tmp_path / "out"
+    appeared = pytest.raises(FxforgeError, match="it appeared while this run worked")
+    with appeared, atomic_directory(target) as staging:
+        (staging / "model.pt2").write_text("new")
+        target.mkdir()
+        (target / "precious.txt").write_text("mine")
+    assert [p.name for p in target.iterdir()] == ["precious.txt"]
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no staging left behind
+
+    exported = tmp_path / "model.onnx"
+    appeared = pytest.raises(FxforgeError, match="it appeared while this run worked")
+    with appeared, StagedOutput(exported) as staged:
+        staged.path.write_text("new")
+        exported.write_text("user data")
+        staged.commit()
+    assert exported.read_text() == "user data"

@@ -289,6 +289,10 @@ def atomic_directory(target: str | Path, *, force: bool = False) -> Iterator[Pat
         except OSError as exc:
             raise FxforgeError(f"cannot write to {target.parent}: {exc.strerror or exc}") from None
         yield staging
+        # checked again: an output another run wrote meanwhile (or a folder the user made there) was replaced and
+        # deleted without force, and both runs said "wrote" (QA)
+        with _appeared_meanwhile(target):
+            check_output_directory(target, force=force)
         # Ctrl-C between the two renames left no output at all, the old one hidden as .NAME.old-PID (QA): the swap
         # runs with the signals held, and the interrupt arrives once the new output is in place
         with signals_held():
@@ -307,6 +311,19 @@ def atomic_directory(target: str | Path, *, force: bool = False) -> Iterator[Pat
         _remove_own_staging(target)
         _remove_empty(created)
         raise
+
+
+@contextlib.contextmanager
+def _appeared_meanwhile(target: Path) -> Iterator[None]:
+    """A refusal of ``target`` found when the work is done says that it appeared while the work ran."""
+    try:
+        yield
+    except FxforgeError as exc:
+        raise FxforgeError(
+            f"{exc.message} (it appeared while this run worked: another run, or you); nothing was replaced, and "
+            "this run's output is discarded",
+            hint=exc.hint,
+        ) from None
 
 
 @contextlib.contextmanager
@@ -429,8 +446,9 @@ class StagedOutput:
         assert self.directory is not None
         staged = sorted(p.name for p in self.directory.iterdir())
         main = self.target.name
-        for name in staged:
-            if name != main:
+        # the main file again too: one written meanwhile (another run, the user) was replaced without force (QA)
+        with _appeared_meanwhile(self.target):
+            for name in staged:
                 _refuse_existing_file(self.target.parent / name, self.force)
         with signals_held():
             for name in [n for n in staged if n != main] + [main]:
