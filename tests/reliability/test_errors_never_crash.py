@@ -327,3 +327,26 @@ def test_a_reason_cut_for_a_report_row_ends_at_a_word_and_says_so():
     reason = one_line_reason(long, 60)
     assert len(reason) <= 60 and reason.endswith("...") and reason[:-3].endswith("cannot")
     assert one_line_reason(RuntimeError("short"), 60) == "RuntimeError: short"
+
+
+def test_streams_that_cannot_be_written_lose_text_not_the_exit_code(tmp_path):
+    """QA: stderr on a full device made every capture "the model rejected the example inputs" (exit 1) and a bad spec
+    exit 1 with a traceback; an ASCII stdout made a command whose output was written exit 4 on an "e acute"; and
+    FXFORGE_DEBUG=0 turned debug on."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([FXFORGE, "inspect", "demo"], stdout=subprocess.PIPE, stderr=full, env=env, timeout=300)
+        assert done.returncode == EXIT_OK and b"Total:" in done.stdout
+        done = subprocess.run([FXFORGE, "inspect", "no_such_spec"], stderr=full, env=env, timeout=300)
+        assert done.returncode == EXIT_USAGE
+    target = tmp_path / "mod\u00e8le.pt2"
+    done = subprocess.run(
+        [FXFORGE, "export", "demo", "--to", "pt2", "-o", str(target)],
+        capture_output=True, env={**env, "PYTHONIOENCODING": "ascii"}, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == EXIT_OK, done.stderr[-600:]
+    assert target.exists() and b"mod\\xe8le.pt2" in done.stdout + done.stderr
+    done = subprocess.run(
+        [FXFORGE, "inspect", "no_such_spec"], capture_output=True, text=True, env={**env, "FXFORGE_DEBUG": "0"}
+    )
+    assert done.returncode == EXIT_USAGE and "Traceback" not in done.stderr

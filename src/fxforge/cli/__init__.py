@@ -72,10 +72,16 @@ def main(argv: list[str] | None = None) -> int:
 def _closed_streams_to_devnull() -> None:
     """A stream the shell closed (``fxforge inspect demo >&-``) is None in Python: every print raised, and the CLI
     failed at import with a traceback and exit 1, which reads as "mismatch" (QA). What is written there is
-    discarded; the exit code still says how the command went."""
+    discarded; the exit code still says how the command went.
+
+    A stream whose encoding cannot say a character (an ASCII locale, ``PYTHONIOENCODING=ascii``) writes it
+    escaped: a module or file name with an "e acute" made the command exit 4 after its output was written (QA)."""
     for name in ("stdout", "stderr"):
         if getattr(sys, name) is None:
             setattr(sys, name, open(os.devnull, "w"))  # noqa: SIM115 -- open for the rest of the process
+        stream = getattr(sys, name)
+        if hasattr(stream, "reconfigure") and getattr(stream, "errors", "strict") == "strict":
+            stream.reconfigure(errors="backslashreplace")
 
 
 def interrupted() -> int:

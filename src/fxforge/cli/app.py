@@ -7,6 +7,7 @@ Errors print one ``error:`` line (plus a ``hint:`` line) on stderr; an unexpecte
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import pkgutil
@@ -82,10 +83,14 @@ def _register_commands() -> None:
 _register_commands()
 
 
+_OFF = ("", "0", "false", "no", "off")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI and turn every error into one line and an exit code."""
     args = list(argv if argv is not None else sys.argv[1:])
-    debug = "--debug" in args or bool(os.environ.get("FXFORGE_DEBUG"))
+    # "0", "false", "no" and "off" are off, as for FXFORGE_TRUST_PICKLE (FXFORGE_DEBUG=0 turned debug on, QA)
+    debug = "--debug" in args or os.environ.get("FXFORGE_DEBUG", "").strip().lower() not in _OFF
     if "--debug" in args[1:]:  # "rerun with --debug" is followed by adding it at the end: a global option, moved
         args = ["--debug", *(arg for arg in args if arg != "--debug")]
     as_json = "--json" in args
@@ -159,12 +164,15 @@ def _interrupted(as_json: bool) -> int:
 
 
 def _failed(label: str, message: str, hint: str | None, exit_code: int, as_json: bool) -> int:
-    """One error line (and its hint) on stderr; with --json, the same as stdout's JSON document too."""
-    _print_line(label, "bold red", message)
-    if hint:
-        _print_line("hint:", "dim", hint)
+    """One error line (and its hint) on stderr; with --json, the same as stdout's JSON document too. A stream that
+    cannot be written (a full device) loses the line, not the exit code (QA: a traceback, and exit 1, "mismatch")."""
+    with contextlib.suppress(OSError):
+        _print_line(label, "bold red", message)
+        if hint:
+            _print_line("hint:", "dim", hint)
     if as_json:
-        emit_json_error(message, hint, exit_code)
+        with contextlib.suppress(OSError):
+            emit_json_error(message, hint, exit_code)
     return exit_code
 
 
