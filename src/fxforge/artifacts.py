@@ -136,12 +136,28 @@ def output_target(path: str | Path) -> Path:
     """Where an output really goes: ``~`` is the home directory (``--output=~/out``, which the shell leaves alone,
     made a folder named ``~``, QA); a symlink to a directory is followed (the link stays a link)."""
     target = Path(path).expanduser()
+    refuse_undecodable_path(target)
     _refuse_long_names(target)
     if target.is_symlink():
         if not target.exists():
             raise FxforgeError(f"{target} is a broken symbolic link", hint="remove it or give another path")
         return target.resolve()
     return target
+
+
+def refuse_undecodable_path(path: str | Path) -> None:
+    """A path Python holds with undecodable bytes (not UTF-8, or any non-ASCII name under an ASCII locale without
+    UTF-8 mode) cannot be passed to torch's file writers and readers: they aborted the process (SIGABRT) and left
+    the staging directory behind, or the error blamed the model or the file (QA)."""
+    try:
+        os.fspath(path).encode("utf-8")
+    except UnicodeEncodeError:
+        shown = os.fspath(path).encode("utf-8", "backslashreplace").decode("ascii", "replace")
+        raise FxforgeError(
+            f"the path {shown} is not valid UTF-8 (or this locale cannot read its name), which torch's file "
+            "functions need",
+            hint="rename it, or run with PYTHONUTF8=1 (a UTF-8 locale)",
+        ) from None
 
 
 def _refuse_long_names(target: Path) -> None:

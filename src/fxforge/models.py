@@ -55,6 +55,7 @@ from fxforge.artifacts import (
     program_module,
     pt2_torch_version,
     read_inputs,
+    refuse_undecodable_path,
     user_sources,
 )
 from fxforge.demo import DEMO_MODELS
@@ -175,6 +176,7 @@ def load_model(
         raise ModelSpecError(f"a model is a spec string, a path or an nn.Module, not a {type(spec).__name__}")
     if spec.startswith("~"):  # a path the shell did not expand (--model=~/m.py:make, or quoted)
         spec = os.path.expanduser(spec)
+    refuse_undecodable_path(spec)
     kwargs = dict(model_kwargs or {})
     trusted = pickle_trusted(trust_pickle)
     try:

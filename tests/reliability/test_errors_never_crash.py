@@ -350,3 +350,14 @@ def test_streams_that_cannot_be_written_lose_text_not_the_exit_code(tmp_path):
         [FXFORGE, "inspect", "no_such_spec"], capture_output=True, text=True, env={**env, "FXFORGE_DEBUG": "0"}
     )
     assert done.returncode == EXIT_USAGE and "Traceback" not in done.stderr
+
+
+def test_a_path_that_is_not_utf8_is_refused_in_one_line(tmp_path):
+    """QA: torch's file writers aborted the process (SIGABRT, exit 134) on such a path and left the staging
+    directory behind; reading one said "is the file corrupt?"."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for args in ([b"optimize", b"demo", b"-o", b"o\xe9"], [b"verify", b"demo", b"l\xe9.pt2"]):
+        done = subprocess.run([FXFORGE.encode(), *args], capture_output=True, text=True, env=env, cwd=tmp_path)
+        assert done.returncode == EXIT_USAGE, done.stderr[-500:]
+        assert "is not valid UTF-8" in done.stderr and "Traceback" not in done.stderr
+    assert list(tmp_path.iterdir()) == []
