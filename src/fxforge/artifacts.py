@@ -362,7 +362,7 @@ def signals_held() -> Iterator[None]:
             signal.raise_signal(received[0])
 
 
-_HELD = (signal.SIGINT, signal.SIGTERM)
+_HELD = tuple(held for held in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)) if held is not None)
 
 
 def _staging_prefix(target: Path) -> str:

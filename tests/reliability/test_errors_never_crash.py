@@ -242,6 +242,16 @@ def test_sigterm_mid_export_exits_143_and_leaves_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_sighup_mid_export_exits_129_and_leaves_nothing(tmp_path):
+    """QA: SIGHUP (the terminal closed, an SSH session dropped) killed optimize and export with no cleanup: their
+    staging directories stayed until a later run to the same target."""
+    args = ["export", "torchvision:resnet50", "-i", "1x3x64x64", "-o", str(tmp_path / "sub" / "r.onnx")]
+    code, _, err = _interrupt(args, 4.0, tmp_path, signal.SIGHUP)
+    assert code == 128 + signal.SIGHUP, (code, err[-2000:])
+    assert err.strip().splitlines()[-1] == "hung up" and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("args", [["inspect", "nosuch:model"], ["passes"]])
 def test_ctrl_c_that_a_library_swallowed_still_ends_with_130(args):
     """Ctrl-C while a C extension is imported can be swallowed by the importing library; the next import of it

@@ -20,7 +20,7 @@ from typing import Any
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143  # 128 + SIGTERM, as a shell reports a process SIGTERM ended
 _sigint_seen = False
-_terminated = False
+_terminated = 0  # the signal that ended the command (SIGTERM, SIGHUP), 0 for none
 _interruption_reported = False
 
 
@@ -31,10 +31,11 @@ def _note_sigint(signum: int, frame: Any) -> None:
 
 
 def _note_sigterm(signum: int, frame: Any) -> None:
-    """SIGTERM (``timeout``, ``docker stop``, Kubernetes) ends the command as Ctrl-C does, through the same cleanup:
-    by default it killed the process on the spot and left an export's staging directory behind (QA)."""
+    """SIGTERM (``timeout``, ``docker stop``, Kubernetes) and SIGHUP (the terminal closed, an SSH session dropped)
+    end the command as Ctrl-C does, through the same cleanup: by default they killed the process on the spot and
+    left an export's staging directory behind (QA)."""
     global _terminated
-    _terminated = True
+    _terminated = signum
     _note_sigint(signum, frame)
 
 
@@ -87,31 +88,40 @@ def _closed_streams_to_devnull() -> None:
 def interrupted() -> int:
     """Ctrl-C: one line, no traceback, exit code 130 (SIGTERM: "terminated", 143)."""
     global _interruption_reported
-    code = EXIT_TERMINATED if _terminated else EXIT_INTERRUPTED
+    code = 128 + _terminated if _terminated else EXIT_INTERRUPTED
     if _interruption_reported:
         return code
     _interruption_reported = True
     try:
-        sys.stderr.write("terminated\n" if _terminated else "interrupted\n")
+        sys.stderr.write(f"{interruption_word()}\n")
         sys.stderr.flush()
     except Exception:  # stderr closed: the exit code still says it
         pass
     return code
 
 
+def interruption_word() -> str:
+    """What stopped the command, in one word: ``interrupted`` (Ctrl-C), ``terminated`` (SIGTERM), ``hung up``."""
+    if not _terminated:
+        return "interrupted"
+    return "hung up" if _terminated == getattr(signal, "SIGHUP", None) else "terminated"
+
+
 def run() -> None:
     """Console-script entry point (``fxforge``)."""
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where SIGINT is ignored (nohup, &)
         signal.signal(signal.SIGINT, _note_sigint)
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _note_sigterm)
+    for ending in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):  # no SIGHUP on Windows
+        if ending is not None and signal.getsignal(ending) is signal.SIG_DFL:  # not where it is ignored (nohup)
+            signal.signal(ending, _note_sigterm)
     try:
         code = main()
     except KeyboardInterrupt:  # Ctrl-C as main returned, or a second one while the first was being reported
         code = interrupted()  # the line, unless it was already written
     # The command is over: a Ctrl-C from here on would only raise in the interpreter's shutdown, with a traceback.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for ending in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        if ending is not None:
+            signal.signal(ending, signal.SIG_IGN)
     try:
         sys.stdout.flush()
     except BrokenPipeError:

@@ -19,7 +19,7 @@ import click
 from rich.text import Text
 
 from fxforge import __version__
-from fxforge.cli import EXIT_TERMINATED, interrupted, sigint_seen, stop_if_interrupted
+from fxforge.cli import interrupted, interruption_word, sigint_seen, stop_if_interrupted
 from fxforge.cli.options import emit_json_error, forget_documents, stderr, user_prints_to_stderr
 from fxforge.errors import (
     EXIT_INTERNAL,
@@ -159,7 +159,7 @@ def _refused_by_the_system(exc: BaseException) -> OSError | None:
 def _interrupted(as_json: bool) -> int:
     code = interrupted()
     if as_json:  # the one document a script reads: this run's answer is that it was stopped
-        emit_json_error("terminated" if code == EXIT_TERMINATED else "interrupted", None, code)
+        emit_json_error(interruption_word(), None, code)
     return code
 
 
