@@ -208,7 +208,14 @@ def pickle_trusted(trust_pickle: bool | None = None) -> bool:
     """The caller's explicit choice, else the ``FXFORGE_TRUST_PICKLE`` environment variable (1/true/yes)."""
     if trust_pickle is not None:
         return trust_pickle
-    return os.environ.get(TRUST_PICKLE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    value = os.environ.get(TRUST_PICKLE_ENV, "").strip().lower()
+    if value not in ("", "1", "true", "yes", "on", "0", "false", "no", "off"):
+        # read as "no", the refusal then said to set the variable that was set (QA: FXFORGE_TRUST_PICKLE=maybe)
+        raise ModelSpecError(
+            f"{TRUST_PICKLE_ENV}={os.environ[TRUST_PICKLE_ENV]!r} is neither yes nor no",
+            hint=f"{TRUST_PICKLE_ENV}=1 to allow loading pickled modules, 0 (or unset) to refuse them",
+        )
+    return value in ("1", "true", "yes", "on")
 
 
 def _dispatch(spec: str, kwargs: dict[str, Any], trusted: bool) -> LoadedModel:

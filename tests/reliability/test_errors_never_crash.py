@@ -371,3 +371,13 @@ def test_a_path_that_is_not_utf8_is_refused_in_one_line(tmp_path):
         assert done.returncode == EXIT_USAGE, done.stderr[-500:]
         assert "is not valid UTF-8" in done.stderr and "Traceback" not in done.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_trust_pickle_variable_that_is_neither_yes_nor_no_is_refused(capsys, monkeypatch):
+    """QA: FXFORGE_TRUST_PICKLE=maybe was read as "no", and the refusal then said to set it."""
+    monkeypatch.setenv("FXFORGE_TRUST_PICKLE", "maybe")
+    code, _, err = run(capsys, "inspect", "demo")
+    assert_one_error_line(code, err)
+    assert "FXFORGE_TRUST_PICKLE='maybe' is neither yes nor no" in err
+    monkeypatch.setenv("FXFORGE_TRUST_PICKLE", "off")
+    assert run(capsys, "inspect", "demo")[0] == EXIT_OK

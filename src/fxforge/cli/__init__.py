@@ -7,7 +7,7 @@ shared options in :mod:`fxforge.cli.options`, the error handling in :mod:`fxforg
 output in :mod:`fxforge.cli.render`.
 
 Exit codes (docs/commands/index.md): 0 success · 1 findings (lint) or mismatch (verify) · 2 bad input ·
-3 capture failed · 4 internal error · 130 interrupted · 143 terminated (SIGTERM).
+3 capture failed · 4 internal error · 129 hung up (SIGHUP) · 130 interrupted · 143 terminated (SIGTERM).
 """
 
 from __future__ import annotations
