@@ -1263,3 +1263,13 @@ def test_a_mismatch_of_a_model_computing_in_float16_inside_points_at_the_toleran
     check = VerifyResult(False, 1e-3, 1e-3, 16, tolerances={"float32": (1e-4, 1e-5)})
     assert _lower_precision_inside(Mixed(), check) == "float16"
     assert _lower_precision_inside(nn.Linear(4, 4), check) == ""
+
+
+def test_scripting_a_model_whose_hook_is_a_lambda_says_what_the_line_is(tmp_path):
+    """QA: "RuntimeError: Expected a single top-level function: m_hooks.py:39", a line that was a forward hook."""
+    model = nn.Sequential(nn.Linear(4, 4)).eval()
+    model[0].register_forward_hook(lambda module, args, out: out - 0.5)
+    with pytest.raises(ExportError) as raised:
+        export_model(model, "torchscript", tmp_path / "m.pt", example_inputs=(torch.randn(2, 4),), script=True)
+    assert "TorchScript cannot compile a lambda the model calls (a forward hook" in str(raised.value)
+    assert "test_export.py:" in str(raised.value)

@@ -1217,6 +1217,13 @@ def _export_error(what: str, exc: BaseException) -> ExportError:
             f"export with {option('--script', True)} (scripting can type more outputs), or to onnx or pt2; or return "
             "tensors, and tuples and dicts of tensors of one type (no None)"
         )
+    if "Expected a single top-level function" in str(innermost):
+        # a lambda (a forward hook, a function passed in) is a line of source TorchScript cannot compile alone; the
+        # bare message named that line and not what it is (QA: a hook registered on a conv)
+        line = str(innermost).partition("top-level function:")[2].strip().splitlines()
+        where = where or (f" at {line[0]}" if line else "")
+        reason = "TorchScript cannot compile a lambda the model calls (a forward hook, a function it was given)"
+        hint = "export with trace (the default), or to onnx or pt2; or make the lambda a def"
     construct = type(innermost).__name__
     return ExportError(f"cannot export {what}: {reason}{where}", hint=hint, construct=construct, location=location)
 
