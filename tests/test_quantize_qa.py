@@ -712,3 +712,22 @@ def test_a_layer_that_runs_hooks_stays_float_and_a_lost_hook_is_said(recwarn):
     model.bn.register_forward_hook(lambda module, args, out: out * 3)
     result = quantize(fxforge.capture(model, (torch.randn(2, 3, 8, 8),)), "static")
     assert any(w.startswith("the hooks of bn are not in the int8 model") for w in result.warnings), result.warnings
+
+
+def test_an_observer_on_a_bool_mask_input_is_named_as_the_cause():
+    """QA: a model taking a bool mask failed static quantization with "linspace_cpu not implemented for 'Bool'" and
+    the hint to keep a submodule in float."""
+    from fxforge.errors import FxforgeError
+
+    class Masked(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.lin = nn.Embedding(50, 16), nn.Linear(16, 4)
+
+        def forward(self, ids, mask):
+            return self.lin(self.emb(ids) * mask.unsqueeze(-1).to(torch.float32)).sum(1)
+
+    inputs = (torch.randint(0, 50, (1, 8)), torch.ones(1, 8, dtype=torch.bool))
+    with pytest.raises(FxforgeError) as raised:
+        fxforge.quantize(fxforge.capture(Masked().eval(), inputs), "static")
+    assert "an observer was put on a bool or integer tensor" in raised.value.hint

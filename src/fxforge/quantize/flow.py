@@ -8,6 +8,7 @@ import contextlib
 import copy
 import math
 import platform
+import re
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -537,6 +538,14 @@ def _fx_errors(mode: str) -> Iterator[None]:
             hint += f", or try {option('--mode', 'dynamic')}"
         if "Float Tensor" in str(exc):  # a float64 or bfloat16 model: torch's int8 starts from float32
             hint = "torch's int8 quantizes float32 models: convert it first (model.float()) and quantize that"
+        if re.search(r"not implemented for '(Bool|Long|Int|Byte|Char|Short)'", str(exc)):
+            # an observer on a mask or index tensor (QA: a bool mask input, and the hint blamed a submodule)
+            hint = (
+                "an observer was put on a bool or integer tensor (a mask or index input): static int8 observes float "
+                f"tensors; try {option('--mode', 'dynamic')}, or keep the op that takes it in float ("
+                + said("--float-layer NAME", "float_layers=['NAME']")
+                + ")"
+            )
         if "Unhandled type for returned node" in str(exc):  # QA: blamed a submodule for `return x, 7`
             hint = (
                 "the model returns a Python number beside its tensors, which FX quantization cannot place: return "
