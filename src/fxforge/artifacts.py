@@ -136,6 +136,10 @@ def output_target(path: str | Path) -> Path:
     """Where an output really goes: ``~`` is the home directory (``--output=~/out``, which the shell leaves alone,
     made a folder named ``~``, QA); a symlink to a directory is followed (the link stays a link)."""
     target = Path(path).expanduser()
+    if ".." in target.parts and not _exists(target.parent):
+        # "missing/../out.pt2": the folder to make is "." (QA: "cannot write to missing/..: File exists"); a
+        # folder that does not exist is no symlink, so reading ".." lexically means what the system would
+        target = Path(os.path.normpath(target))
     refuse_undecodable_path(target)
     _refuse_long_names(target)
     if target.is_symlink():

@@ -381,3 +381,11 @@ def test_a_trust_pickle_variable_that_is_neither_yes_nor_no_is_refused(capsys, m
     assert "FXFORGE_TRUST_PICKLE='maybe' is neither yes nor no" in err
     monkeypatch.setenv("FXFORGE_TRUST_PICKLE", "off")
     assert run(capsys, "inspect", "demo")[0] == EXIT_OK
+
+
+def test_a_path_through_a_missing_folder_and_back_is_written(capsys, tmp_path, monkeypatch):
+    """QA: -o missing/../out.pt2 said "cannot write to missing/..: File exists"."""
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run(capsys, "export", "demo", "-o", "missing/../out.pt2")
+    assert code == EXIT_OK, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.pt2"]
