@@ -135,6 +135,8 @@ def _refuse_unsafe_target(target: Path) -> None:
 def output_target(path: str | Path) -> Path:
     """Where an output really goes: ``~`` is the home directory (``--output=~/out``, which the shell leaves alone,
     made a folder named ``~``, QA); a symlink to a directory is followed (the link stays a link)."""
+    if not os.fspath(path).strip():  # Path("") is ".": refused as "the working directory", not as empty (QA)
+        raise FxforgeError("the output path is empty", hint="give one, e.g. -o out/model")
     target = Path(path).expanduser()
     if ".." in target.parts and not _exists(target.parent):
         # "missing/../out.pt2": the folder to make is "." (QA: "cannot write to missing/..: File exists"); a

@@ -383,6 +383,13 @@ def test_a_trust_pickle_variable_that_is_neither_yes_nor_no_is_refused(capsys, m
     assert run(capsys, "inspect", "demo")[0] == EXIT_OK
 
 
+def test_an_empty_output_path_is_said_to_be_empty(capsys):
+    """QA: -o "" was refused as "refusing to write the output into . (the working directory)"."""
+    code, _, err = run(capsys, "optimize", "demo", "-o", "")
+    assert_one_error_line(code, err)
+    assert "the output path is empty" in err
+
+
 def test_a_path_through_a_missing_folder_and_back_is_written(capsys, tmp_path, monkeypatch):
     """QA: -o missing/../out.pt2 said "cannot write to missing/..: File exists"."""
     monkeypatch.chdir(tmp_path)
