@@ -76,6 +76,8 @@ def import_file(
     """
     path = Path(path)
     context = f" for {what}" if what else ""
+    if path.is_dir():  # "file not found" for a folder named like a file sent the user looking for it (QA)
+        raise error(f"{path} is a directory, not a Python file{context}")
     if not path.is_file():
         raise error(f"file not found{context}: {path}")
     module_name = module_name or f"{USER_MODULE_PREFIX}{path.stem}"

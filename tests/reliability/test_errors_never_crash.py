@@ -383,6 +383,14 @@ def test_a_trust_pickle_variable_that_is_neither_yes_nor_no_is_refused(capsys, m
     assert run(capsys, "inspect", "demo")[0] == EXIT_OK
 
 
+def test_a_model_file_that_is_a_directory_is_said_to_be_one(capsys, tmp_path):
+    """QA: "file not found: adir.py" for a directory named adir.py."""
+    (tmp_path / "adir.py").mkdir()
+    code, _, err = run(capsys, "inspect", f"{tmp_path / 'adir.py'}:build")
+    assert_one_error_line(code, err)
+    assert "adir.py is a directory, not a Python file" in err
+
+
 def test_an_empty_output_path_is_said_to_be_empty(capsys):
     """QA: -o "" was refused as "refusing to write the output into . (the working directory)"."""
     code, _, err = run(capsys, "optimize", "demo", "-o", "")
