@@ -210,9 +210,11 @@ def test_force_over_a_symlink_writes_through_it_and_leaves_no_backup(tmp_path):
 
 def _interrupt(args: list[str], delay: float, cwd: Path, sent: int = signal.SIGINT) -> tuple[int, str, str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # as from a shell: a signal the test runner's worker ignores (pytest-xdist's, SIGHUP) is not ignored there
     process = subprocess.Popen(
-        [FXFORGE, *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
-    )
+        [FXFORGE, *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        preexec_fn=lambda: signal.signal(sent, signal.SIG_DFL),
+    )  # fmt: skip
     time.sleep(delay)
     process.send_signal(sent)
     out, err = process.communicate(timeout=120)
