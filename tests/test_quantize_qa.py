@@ -731,3 +731,15 @@ def test_an_observer_on_a_bool_mask_input_is_named_as_the_cause():
     with pytest.raises(FxforgeError) as raised:
         fxforge.quantize(fxforge.capture(Masked().eval(), inputs), "static")
     assert "an observer was put on a bool or integer tensor" in raised.value.hint
+
+
+def test_a_lambda_hook_kept_with_its_float_layer_is_refused_when_saving(tmp_path):
+    """QA: a hooked layer kept float keeps its lambda hook, which torch.save cannot pickle: an internal error."""
+    from fxforge.errors import FxforgeError
+
+    torch.manual_seed(0)
+    model = ConvBnHead().eval()
+    model.conv.register_forward_hook(lambda module, args, out: out * 2)
+    with pytest.raises(FxforgeError, match="cannot save the int8 model") as raised:
+        quantize(fxforge.capture(model, (torch.randn(2, 3, 8, 8),)), "static", output_dir=tmp_path / "q")
+    assert "module-level function" in raised.value.hint and not (tmp_path / "q").exists()

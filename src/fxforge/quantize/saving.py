@@ -28,7 +28,7 @@ from fxforge.artifacts import (
     write_user_sources,
 )
 from fxforge.capture import Captured
-from fxforge.errors import FxforgeError, first_line
+from fxforge.errors import FxforgeError, first_line, one_line_reason
 from fxforge.quantize.accuracy import run_batches
 from fxforge.quantize.engine import quantized_engine
 from fxforge.quantize.result import QuantizeResult
@@ -62,8 +62,18 @@ def write_output(
             if isinstance(result.model, fx.GraphModule)
             else contextlib.nullcontext()
         )
-        with picklable_quantized_modules(result.model), rebuilt, disk_full_said(staging):
-            torch.save(result.model, staging / MODEL_FILE)
+        try:
+            with picklable_quantized_modules(result.model), rebuilt, disk_full_said(staging):
+                torch.save(result.model, staging / MODEL_FILE)
+        except (pickle.PicklingError, AttributeError, TypeError) as exc:
+            if "pickle" not in str(exc):
+                raise
+            # a layer kept float for its hook keeps a lambda hook, which pickle cannot save (QA: an internal error)
+            raise FxforgeError(
+                f"cannot save the int8 model: {one_line_reason(exc)}",
+                hint="a forward hook that is a lambda or a nested function cannot be pickled: make it a module-level "
+                "function, or keep the quantized model in memory (fxforge.quantize without output_dir)",
+            ) from None
         if write_user_sources(staging / MODEL_FILE, staging):
             files.append(f"{SOURCE_DIR}/")
         _check_reload(result, staging / MODEL_FILE, inputs)
