@@ -53,6 +53,20 @@ class DecayedMean(nn.Module):
         return self.l(x - self.mean)
 
 
+class ClampAndFlag(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.register_buffer("w", torch.rand(8))
+        self.register_buffer("flag", torch.tensor(True))
+
+    def forward(self, x):
+        self.w.clamp_(0, 1)
+        if self.flag:
+            x = x * 2
+        return self.fc(x) * self.w
+
+
 class Counter(nn.Module):
     def __init__(self):
         super().__init__()
@@ -309,3 +323,12 @@ def test_a_module_that_runs_hooks_is_kept_as_one_call_so_that_they_run():
     features.clear()
     captured.graph_module(x)
     assert torch.equal(features["body"], model.body(x))
+
+
+def test_a_write_alike_that_cannot_be_recorded_leaves_the_first_trace_and_says_so(models):
+    """QA: clamp_ within range (no value changed) made capture retrace with buffers as proxies, where the branch on a
+    flag buffer failed: a model that captured before was refused as data-dependent."""
+    x = torch.randn(2, 8)
+    captured = capture(build(models, "ClampAndFlag"), (x,))
+    assert captured.record.method == SYMBOLIC_TRACE
+    assert any(note.startswith("w written in place while tracing") for note in captured.record.notes)

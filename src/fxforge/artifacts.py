@@ -162,7 +162,7 @@ def refuse_undecodable_path(path: str | Path) -> None:
         raise FxforgeError(
             f"the path {shown} is not valid UTF-8 (or this locale cannot read its name), which torch's file "
             "functions need",
-            hint="rename it, or run with PYTHONUTF8=1 (a UTF-8 locale)",
+            hint="rename it (a UTF-8 name that an ASCII locale cannot read is read with PYTHONUTF8=1)",
         ) from None
 
 

@@ -212,6 +212,8 @@ def placeholder_values(gm: fx.GraphModule, args: Sequence[Any], kwargs: Mapping[
 
 
 _TRACE_CODE = fx.Tracer.trace.__code__
+# gm.meta key: buffers written in place to the value they had, whose write the graph does not record
+UNRECORDED_WRITES = "fxforge_unrecorded_buffer_writes"
 
 
 class _OrderedDictOutput(fx.graph.CodeGen):
@@ -485,7 +487,8 @@ def _symbolic_trace(
         # a buffer written in place in forward (a call counter) changed, and the write is missing from the graph;
         # or it was written to the value it had (a running mean of zeros scaled by 0.9, QA), which its version
         # counter tells: the write ran once while tracing and is missing from the graph all the same
-        changed = changed_buffers(model, snapshot) or written_buffers(model, versions)
+        changed = changed_buffers(model, snapshot)
+        written_alike = [] if changed else written_buffers(model, versions)
         if not changed:
             # Forget our tracer class: GraphModule pickles it and would need fxforge (and its arguments) to reload.
             graph._tracer_cls = None
@@ -506,6 +509,14 @@ def _symbolic_trace(
         if not proxy_buffers:  # trace again with buffers as proxies, so that the write is recorded
             return _symbolic_trace(model, leaf_names, leaf_types, wraps, concrete_args, proxy_buffers=True)
         raise BufferWriteError(changed[0], None)
+    if written_alike and not proxy_buffers:
+        try:
+            return _symbolic_trace(model, leaf_names, leaf_types, wraps, concrete_args, proxy_buffers=True)
+        except Exception:
+            # with buffers as proxies, Python use of one (a branch on a flag buffer) fails: the first trace stands,
+            # as it did before the write was seen (QA: a clamp_ within range made such a model uncapturable), and
+            # the record says what it lacks
+            gm.meta[UNRECORDED_WRITES] = written_alike
     if not proxy_buffers and _holds_tensor_constants(gm) and next(model.buffers(), None) is not None:
         # By default tracing reads buffers as the tensors they are: arithmetic on a buffer alone (``self.s * 3``,
         # ``0.9 * self.mean``) ran while tracing and is a constant in the graph, which goes stale when the buffer
@@ -1109,6 +1120,16 @@ def _capture_module(
                 + (
                     [f"kept as one call, so that their hooks run as in the model: {', '.join(hooked[:5])}"]
                     if hooked
+                    else []
+                )
+                + (
+                    [
+                        f"{', '.join(gm.meta[UNRECORDED_WRITES][:3])} written in place while tracing, to the value it "
+                        "had: the write is not in the graph (recording it needs buffers traced as proxies, which "
+                        "this model's code does not allow): where a later call's write would change it, the graph "
+                        "will not"
+                    ]
+                    if gm.meta.get(UNRECORDED_WRITES)
                     else []
                 ),
             )
