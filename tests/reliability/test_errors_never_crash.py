@@ -251,7 +251,9 @@ def test_sighup_mid_export_exits_129_and_leaves_nothing(tmp_path):
     code, _, err = _interrupt(args, 4.0, tmp_path, signal.SIGHUP)
     assert code == 128 + signal.SIGHUP, (code, err[-2000:])
     assert err.strip().splitlines()[-1] == "hung up" and "Traceback" not in err
-    assert list(tmp_path.iterdir()) == []
+    # nothing, or (a signal after the file was put in place, on a fast machine) the whole file, never a part of it
+    left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    assert left in ([], ["sub", "sub/r.onnx"]), left
 
 
 @pytest.mark.parametrize("args", [["inspect", "nosuch:model"], ["passes"]])
