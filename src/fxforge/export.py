@@ -306,118 +306,110 @@ def export_model(
     if not script:
         _refuse_unregistered_dataclass(_example_output(reference, inputs), name)
     start = time.perf_counter()
+    # tracing and exporting run the caller's modules: a model in training mode would update its BatchNorm
+    # statistics (even when the export then fails); whatever the runs wrote is undone
     training = _training_modules(reference)
-    try:
-        # tracing and exporting run the caller's modules: a model in training mode would update its BatchNorm
-        # statistics (even when the export then fails); whatever the runs wrote is undone
-        with StagedOutput(path, force=force) as staged, preserved_state(source, reference):
-            check_free_space(staged.path.parent, source, copies=2)  # the file, and the copy it may be verified from
-            if to == "torchscript":
-                result = _export_torchscript(
-                    source,
+    with _training_named(training), StagedOutput(path, force=force) as staged, preserved_state(source, reference):
+        check_free_space(staged.path.parent, source, copies=2)  # the file, and the copy it may be verified from
+        if to == "torchscript":
+            result = _export_torchscript(
+                source,
+                name,
+                inputs,
+                staged.path,
+                script=script,
+                freeze=freeze or onednn_fusion,
+                optimize=optimize and not onednn_fusion,
+                allow=allow_trace_warnings,
+                onednn_fusion=onednn_fusion,
+                output_structure=scripted_output_structure(_example_output(reference, inputs)),
+            )
+        elif to == "onnx":
+            output = _example_output(reference, inputs)
+            result = _traced_at_batch_two(
+                lambda traced: _export_onnx(
+                    _tensor_outputs_only(source, output),
                     name,
-                    inputs,
-                    staged.path,
-                    script=script,
-                    freeze=freeze or onednn_fusion,
-                    optimize=optimize and not onednn_fusion,
-                    allow=allow_trace_warnings,
-                    onednn_fusion=onednn_fusion,
-                    output_structure=scripted_output_structure(_example_output(reference, inputs)),
-                )
-            elif to == "onnx":
-                output = _example_output(reference, inputs)
-                result = _traced_at_batch_two(
-                    lambda traced: _export_onnx(
-                        _tensor_outputs_only(source, output),
-                        name,
-                        reference,
-                        traced,
-                        staged.path,
-                        exporter,
-                        opset,
-                        dynamic_batch,
-                        allow_trace_warnings,
-                    ),
-                    inputs,
-                    dynamic_batch,
-                    staged.path,
-                    lambda: _reproduces_example(staged.path, to, reference, inputs),
-                )
-                if not _record_output_structure(staged.path, output):
-                    result.notes.append(
-                        f"the model returns a {type(output).__name__}, whose structure an ONNX file cannot record: the "
-                        "file returns its tensors as a flat tuple (torch.utils._pytree.tree_leaves order)"
-                    )
-            else:
-                result = _traced_at_batch_two(
-                    lambda traced: _export_pt2(source, name, traced, staged.path, dynamic_batch, example=inputs),
-                    inputs,
-                    dynamic_batch,
-                    staged.path,
-                    lambda: _reproduces_example(staged.path, to, reference, inputs),
-                )
-            result.export_s = time.perf_counter() - start
-            loaded: Any = None
-            if verify_export:
-                try:
-                    loaded = load_exported(
-                        staged.path,
-                        to,
-                        output_like=_example_output(reference, inputs),
-                        device=device_of(inputs, reference),
-                    )
-                except ModelSpecError as exc:  # it read "cannot read <staging path>: ... (is the file corrupt?)" (QA)
-                    # both name the staging path
-                    read = exc.message.startswith(("cannot read ", "ONNX Runtime cannot run "))
-                    reason = exc.message.split(": ", 1)[1] if read else exc.message
-                    runtime = {"onnx": "ONNX Runtime", "torchscript": "torch.jit.load", "pt2": "torch.export.load"}[to]
-                    raise ExportError(
-                        f"the exported {to} file does not load back in {runtime}: {reason}; nothing was written",
-                        hint=f"export another format ({said('--to pt2, --to torchscript', 'to=pt2, to=torchscript')}), "
-                        "or the model in float32 where it is in another dtype",
-                    ) from None
-                # A traced TorchScript module runs any batch size its code allows, a dynamic-batch export any batch
-                # size: prove that; a static ONNX/pt2 file takes the example's batch only.
-                any_batch = to == "torchscript" or dynamic_batch
-                result.verification = verify(
                     reference,
-                    loaded,
-                    input_specs=specs_of(inputs),
-                    cases=cases,
-                    seed=seed,
-                    seeds=seeds,
-                    batch_sizes=None if any_batch else [None],
-                    rtol=rtol,
-                    atol=atol,
-                    bisect=False,
+                    traced,
+                    staged.path,
+                    exporter,
+                    opset,
+                    dynamic_batch,
+                    allow_trace_warnings,
+                ),
+                inputs,
+                dynamic_batch,
+                staged.path,
+                lambda: _reproduces_example(staged.path, to, reference, inputs),
+            )
+            if not _record_output_structure(staged.path, output):
+                result.notes.append(
+                    f"the model returns a {type(output).__name__}, whose structure an ONNX file cannot record: the "
+                    "file returns its tensors as a flat tuple (torch.utils._pytree.tree_leaves order)"
                 )
-                result.verify_s = time.perf_counter() - start - result.export_s
-                result.verified_batches = list(result.verification.batch_sizes)
-                result.ok = result.verification.ok
-                check = result.verification
-                if dynamic_batch and (check.rejected_inputs or any("failed to run on" in p for p in check.problems)):
-                    result.verification.problems.append(
-                        "the export does not run at every batch size: torch.export fixed the batch dimension, because "
-                        "the model's code does (a loop over it, a shape check) or because torch specialises it for a "
-                        "batch-1 example (size 1 broadcasts, and the program then holds for 1 only or for 2 and up); "
-                        "export without a dynamic batch, one file per batch size"
-                    )
-            if result.ok:
-                result.size_bytes = sum(p.stat().st_size for p in staged.directory.iterdir())  # type: ignore[union-attr]
-                result.files = staged.commit()
-                result.path = Path(path)
-                graphs = [m for m in (source, loaded) if isinstance(m, nn.Module)]
-                custom = sorted(set().union(*(_custom_operators(m) for m in graphs))) if to != "onnx" else []
-                if custom:  # the file names them; a fresh process cannot load it until they exist
-                    result.notes.append(
-                        f"the file calls custom operators ({', '.join(custom)}): load it after importing the code that "
-                        "registers them"
-                    )
-    except ExportError as exc:
-        if training:  # QA: torch's batch-size check of a training-mode BatchNorm was blamed on "the input"
-            exc.hint = f"{_TRAINING.format(training)}; " + (exc.hint or "")
-        raise
+        else:
+            result = _traced_at_batch_two(
+                lambda traced: _export_pt2(source, name, traced, staged.path, dynamic_batch, example=inputs),
+                inputs,
+                dynamic_batch,
+                staged.path,
+                lambda: _reproduces_example(staged.path, to, reference, inputs),
+            )
+        result.export_s = time.perf_counter() - start
+        loaded: Any = None
+        if verify_export:
+            try:
+                loaded = load_exported(
+                    staged.path, to, output_like=_example_output(reference, inputs), device=device_of(inputs, reference)
+                )
+            except ModelSpecError as exc:  # it read "cannot read <staging path>: ... (is the file corrupt?)" (QA)
+                # both name the staging path
+                read = exc.message.startswith(("cannot read ", "ONNX Runtime cannot run "))
+                reason = exc.message.split(": ", 1)[1] if read else exc.message
+                runtime = {"onnx": "ONNX Runtime", "torchscript": "torch.jit.load", "pt2": "torch.export.load"}[to]
+                raise ExportError(
+                    f"the exported {to} file does not load back in {runtime}: {reason}; nothing was written",
+                    hint=f"export another format ({said('--to pt2, --to torchscript', 'to=pt2, to=torchscript')}), "
+                    "or the model in float32 where it is in another dtype",
+                ) from None
+            # A traced TorchScript module runs any batch size its code allows, a dynamic-batch export any batch
+            # size: prove that; a static ONNX/pt2 file takes the example's batch only.
+            any_batch = to == "torchscript" or dynamic_batch
+            result.verification = verify(
+                reference,
+                loaded,
+                input_specs=specs_of(inputs),
+                cases=cases,
+                seed=seed,
+                seeds=seeds,
+                batch_sizes=None if any_batch else [None],
+                rtol=rtol,
+                atol=atol,
+                bisect=False,
+            )
+            result.verify_s = time.perf_counter() - start - result.export_s
+            result.verified_batches = list(result.verification.batch_sizes)
+            result.ok = result.verification.ok
+            check = result.verification
+            if dynamic_batch and (check.rejected_inputs or any("failed to run on" in p for p in check.problems)):
+                result.verification.problems.append(
+                    "the export does not run at every batch size: torch.export fixed the batch dimension, because "
+                    "the model's code does (a loop over it, a shape check) or because torch specialises it for a "
+                    "batch-1 example (size 1 broadcasts, and the program then holds for 1 only or for 2 and up); "
+                    "export without a dynamic batch, one file per batch size"
+                )
+        if result.ok:
+            result.size_bytes = sum(p.stat().st_size for p in staged.directory.iterdir())  # type: ignore[union-attr]
+            result.files = staged.commit()
+            result.path = Path(path)
+            graphs = [m for m in (source, loaded) if isinstance(m, nn.Module)]
+            custom = sorted(set().union(*(_custom_operators(m) for m in graphs))) if to != "onnx" else []
+            if custom:  # the file names them; a fresh process cannot load it until they exist
+                result.notes.append(
+                    f"the file calls custom operators ({', '.join(custom)}): load it after importing the code that "
+                    "registers them"
+                )
     if training and result.verification is not None and not result.verification.ok:
         result.verification.problems.insert(0, _TRAINING.format(training))
     elif result.verification is not None and not result.verification.ok and not result.verification.rejected_inputs:
@@ -440,6 +432,17 @@ def _lower_precision_inside(model: Any, check: Any) -> str:
 
 
 _TRAINING = "the model is in training mode ({}): an export is for inference, call model.eval() first"
+
+
+@contextlib.contextmanager
+def _training_named(training: str) -> Iterator[None]:
+    """An export's refusal of a model in training mode (``training`` names its modules) says so first."""
+    try:
+        yield
+    except ExportError as exc:
+        if training:  # QA: torch's batch-size check of a training-mode BatchNorm was blamed on "the input"
+            exc.hint = f"{_TRAINING.format(training)}; " + (exc.hint or "")
+        raise
 
 
 def _training_modules(model: Any) -> str:
