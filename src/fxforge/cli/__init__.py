@@ -17,8 +17,7 @@ import signal
 import sys
 from typing import Any
 
-EXIT_INTERRUPTED = 130
-EXIT_TERMINATED = 143  # 128 + SIGTERM, as a shell reports a process SIGTERM ended
+EXIT_INTERRUPTED = 130  # a signal that ends the command exits 128 + its number: 143 SIGTERM, 129 SIGHUP
 _sigint_seen = False
 _terminated = 0  # the signal that ended the command (SIGTERM, SIGHUP), 0 for none
 _interruption_reported = False

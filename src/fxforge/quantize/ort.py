@@ -71,40 +71,33 @@ def quantize_onnx(
     # quant_pre_process's failed graph optimisation is logged, traceback and all, and ONNX Runtime's C++ logger
     # warns from the sessions both steps open (QA: a float64 model's ort_int8 row printed both on stderr): the
     # first is collected into a note, the C++ warnings are off while they run
-    onnxruntime = require("onnxruntime", "onnx", FEATURE)
-    onnxruntime.set_default_logger_severity(3)
-    try:
-        with tempfile.TemporaryDirectory(prefix="fxforge-ort-int8-") as tmp:
-            model = source
-            prepared = Path(tmp) / "prepared.onnx"
-            try:
-                with _root_warnings_as_notes(notes, "quant_pre_process"):
-                    quantization.shape_inference.quant_pre_process(str(source), str(prepared))
-                model = prepared
-            except Exception as exc:  # quantizing the exported file as it is still works, if less well fused
-                notes.append(
-                    f"quant_pre_process failed ({one_line_reason(exc, 120)}): quantized the file as exported"
+    with _native_warnings_off(), tempfile.TemporaryDirectory(prefix="fxforge-ort-int8-") as tmp:
+        model = source
+        prepared = Path(tmp) / "prepared.onnx"
+        try:
+            with _root_warnings_as_notes(notes, "quant_pre_process"):
+                quantization.shape_inference.quant_pre_process(str(source), str(prepared))
+            model = prepared
+        except Exception as exc:  # quantizing the exported file as it is still works, if less well fused
+            notes.append(f"quant_pre_process failed ({one_line_reason(exc, 120)}): quantized the file as exported")
+        reader = _Reader(_input_names(model), batches)
+        try:
+            with _root_warnings_as_notes(notes):
+                quantization.quantize_static(
+                    str(model),
+                    str(target),
+                    reader,
+                    quant_format=quantization.QuantFormat.QDQ,
+                    per_channel=True,
+                    activation_type=activation_type,
+                    weight_type=quantization.QuantType.QInt8,
+                    calibrate_method=quantization.CalibrationMethod.MinMax,
                 )
-            reader = _Reader(_input_names(model), batches)
-            try:
-                with _root_warnings_as_notes(notes):
-                    quantization.quantize_static(
-                        str(model),
-                        str(target),
-                        reader,
-                        quant_format=quantization.QuantFormat.QDQ,
-                        per_channel=True,
-                        activation_type=activation_type,
-                        weight_type=quantization.QuantType.QInt8,
-                        calibrate_method=quantization.CalibrationMethod.MinMax,
-                    )
-            except FxforgeError:
-                raise
-            except Exception as exc:
-                target.unlink(missing_ok=True)
-                raise FxforgeError(f"ONNX Runtime's static quantization failed: {one_line_reason(exc)}") from exc
-    finally:
-        onnxruntime.set_default_logger_severity(2)  # ONNX Runtime's default (it has no getter to restore from)
+        except FxforgeError:
+            raise
+        except Exception as exc:
+            target.unlink(missing_ok=True)
+            raise FxforgeError(f"ONNX Runtime's static quantization failed: {one_line_reason(exc)}") from exc
     notes.append(
         f"ONNX Runtime static int8: QDQ, per-channel weights, {'U8S8' if activations == 'uint8' else 'S8S8'}, "
         f"MinMax calibration on {len(batches)} batches"
@@ -150,6 +143,17 @@ class _Reader:
 
 
 __all__ = ["quantize_onnx"]
+
+
+@contextlib.contextmanager
+def _native_warnings_off() -> Iterator[None]:
+    """ONNX Runtime's C++ logger at errors only for the block."""
+    onnxruntime = require("onnxruntime", "onnx", FEATURE)
+    onnxruntime.set_default_logger_severity(3)
+    try:
+        yield
+    finally:
+        onnxruntime.set_default_logger_severity(2)  # ONNX Runtime's default (it has no getter to restore from)
 
 
 class _Collected(logging.Handler):
