@@ -11,6 +11,7 @@ import random
 import subprocess
 import sys
 import textwrap
+from collections import OrderedDict
 
 import pytest
 import torch
@@ -714,3 +715,27 @@ def test_a_graph_that_computes_nothing_is_not_offered_zero_stages():
         plan_split(captured, 2)
     assert "0 compute nodes" in str(raised.value)
     assert raised.value.hint == "a graph that computes nothing cannot be split"
+
+
+@pytest.mark.parametrize("container", [dict, OrderedDict])
+def test_a_split_directory_of_a_model_returning_a_dict_verifies_against_the_model(tmp_path, container):
+    """QA: the directory's model.pt2 returns the output tensors flat; verify read MISMATCH, "expected a mapping, got
+    tuple", for a model returning a dict (torchvision's segmentation models return an OrderedDict)."""
+    from fxforge.api import verify_specs
+
+    class TwoHeads(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body, self.out, self.aux = nn.Linear(4, 8), nn.Linear(8, 3), nn.Linear(8, 2)
+
+        def forward(self, x):
+            h = torch.relu(self.body(x))
+            return container(out=self.out(h), aux=self.aux(h))
+
+    model = TwoHeads().eval()
+    split(capture(model, (torch.randn(2, 4),)), stages=2, output_dir=tmp_path / "s")
+    result = verify_specs(model, str(tmp_path / "s"), ["2x4"])
+    assert result.ok and result.files == {"candidate": "model.pt2"}
+    # and still a real check: a model whose heads differ is a mismatch
+    other = TwoHeads().eval()
+    assert not verify_specs(other, str(tmp_path / "s"), ["2x4"]).ok

@@ -42,6 +42,7 @@ from fxforge.artifacts import (
     INPUTS_FILE,
     MODEL_FILE,
     ONNX_FILE,
+    PLAN_FILE,
     PROGRAM_FILE,
     RECIPE_FILE,
     TORCHSCRIPT_FILE,
@@ -93,6 +94,9 @@ class LoadedModel:
     # For a directory spec: the file of it that was loaded (model.pt2, model.pt, model.onnx...), so that a
     # verdict can say which form of the output it is about.
     file: str | None = None
+    # Set for a split directory's model.pt2, which returns the model's output tensors flat (fxforge split): what
+    # compares it with the model puts them back into the model's structure first.
+    flat_outputs: bool = False
     # Extra keyword inputs (e.g. attention masks) are not supported in specs; models take positional inputs.
 
     def __repr__(self) -> str:  # the dataclass's would print the whole module
@@ -467,6 +471,7 @@ def _load_output_dir(path: Path, spec: str, trusted: bool) -> LoadedModel:
     elif chosen == PROGRAM_FILE:
         loaded = _load_pt2(path / PROGRAM_FILE, str(path / PROGRAM_FILE), trusted)  # errors name the file
         loaded.spec = spec
+        loaded.flat_outputs = (path / PLAN_FILE).exists()
     else:
         loaded = _load_exported_file(path / chosen, "torchscript" if chosen == TORCHSCRIPT_FILE else "onnx", spec)
     loaded.file = chosen
