@@ -553,6 +553,8 @@ def test_cli_optimize_and_to_folder_outputs_load_without_fxforge(capsys, capture
         ({"select": "Conv2d"}, "unknown selector 'Conv2d'", "did you mean type:Conv2d"),
         ({"select": "kind:relux"}, "unknown node kind", "kinds: relu"),
         ({"select": []}, "needs select", "selectors:"),
+        ({"select": ""}, "needs select", "selectors:"),
+        ({"select": 1}, "select is a selector or a list of them, got 1 (int)", "selectors:"),  # not "needs select"
         ({"select": "type:ReLU", "insert": "clamp", "sigma": 1}, "option sigma is for insert=noise", None),
         ({"select": "type:ReLU", "insert": "noise"}, "needs epsilon (calibrated noise) or sigma > 0", "sigma: 0.1"),
         ({"select": "type:ReLU", "insert": "noise", "sigma": 0}, "needs sigma > 0, got 0", "sigma: 0.1"),

@@ -635,8 +635,11 @@ class InsertAfterOptions:
 
     def __post_init__(self) -> None:
         raw = [self.select] if isinstance(self.select, str) else self.select
-        if not isinstance(raw, (list, tuple)) or not raw:
+        if self.select is None or raw == [""] or (isinstance(raw, (list, tuple)) and not raw):
             raise PassError(f"{NAME} needs select: a selector or a list of them", hint=_SELECTOR_HINT)
+        if not isinstance(raw, (list, tuple)):  # given, but not a selector (QA: select=1 read "needs select")
+            shown = f"{self.select!r} ({type(self.select).__name__})"
+            raise PassError(f"{NAME}'s select is a selector or a list of them, got {shown}", hint=_SELECTOR_HINT)
         self.selectors = [parse_selector(s) for s in raw]
         if self.insert not in KINDS:
             close = difflib.get_close_matches(str(self.insert), KINDS, n=1)
