@@ -164,3 +164,15 @@ def test_a_pass_wrong_on_the_quick_case_is_caught_as_it_runs():
     assert bad.result.name == "test_negate" and bad.verification.trials == len(QUICK_CASES)
     assert bad.verification.divergence.pass_name == "test_negate"
     assert result.ok and result.verification.trials == DEFAULT_CASES
+
+
+def test_an_option_value_the_pass_refuses_stops_the_run_before_any_work_even_under_keep_going():
+    """QA: insert_after's epsilon: -1 was refused only while the pass ran, so keep_going rolled it back and the run
+    said "verified", exit 0, having inserted nothing."""
+    from fxforge.passes import PassError
+
+    captured = fxforge.capture(_model(), X)
+    options = {"select": "type:ReLU", "insert": "noise", "epsilon": -1, "delta": 1e-5, "sensitivity": 1.0}
+    pipeline = Pipeline(["fold_bn", ("insert_after", options)], verify_each=True, keep_going=True)
+    with pytest.raises(PassError, match="epsilon"):
+        pipeline.run(captured)

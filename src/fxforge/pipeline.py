@@ -36,6 +36,7 @@ from fxforge.passes import (
     exact_passes,
     expand_groups,
     get_pass,
+    parse_options,
     resolve_pass_reference,
     stamp_provenance,
 )
@@ -251,6 +252,10 @@ class Pipeline:
         captured = target if isinstance(target, Captured) else None
         if captured is not None:
             self._refuse_other_dialect(captured)
+        for step in self.steps:
+            # the options' own checks (insert_after's epsilon > 0) before any work, after the dialect's: raised
+            # while the pass ran, such a mistake of the user's was rolled back under keep_going (QA)
+            parse_options(get_pass(step.name), step.options)
         reference = target.graph_module if isinstance(target, Captured) else target
         work = reference if inplace else copy_graph_module(reference)
         stamp_provenance(work)
