@@ -182,16 +182,15 @@ def load_model(
         spec = os.path.expanduser(spec)
     refuse_undecodable_path(spec)
     kwargs = dict(model_kwargs or {})
-    trusted = pickle_trusted(trust_pickle)
     try:
         with _seeded(seed), _build_context(device):
-            loaded = _dispatch(spec.strip(), dict(kwargs), trusted)
+            loaded = _dispatch(spec.strip(), dict(kwargs), trust_pickle)
     except NotImplementedError as exc:
         if device is None or torch.device(device).type != "meta":
             raise _factory_error(spec, exc) from None
         # The constructor needed tensor data (e.g. `.tolist()`), which meta tensors do not have.
         with _seeded(seed), _parameters_on_meta():
-            loaded = _dispatch(spec.strip(), dict(kwargs), trusted)
+            loaded = _dispatch(spec.strip(), dict(kwargs), trust_pickle)
     except OSError as exc:
         if exc.errno != errno.ENAMETOOLONG:
             raise
@@ -222,7 +221,9 @@ def pickle_trusted(trust_pickle: bool | None = None) -> bool:
     return value in ("1", "true", "yes", "on")
 
 
-def _dispatch(spec: str, kwargs: dict[str, Any], trusted: bool) -> LoadedModel:
+def _dispatch(spec: str, kwargs: dict[str, Any], trust_pickle: bool | None) -> LoadedModel:
+    # the environment's FXFORGE_TRUST_PICKLE is read only for a file that may hold a pickle: a value that is neither
+    # yes nor no stopped commands that never unpickle (QA)
     if not spec:
         raise ModelSpecError("empty model spec", hint=_SPEC_HINT)
     if "\x00" in spec:
@@ -238,15 +239,15 @@ def _dispatch(spec: str, kwargs: dict[str, Any], trusted: bool) -> LoadedModel:
         return _load_transformers(name, spec, kwargs)
     path = Path(spec)
     if path.is_dir():
-        return _load_output_dir(path, spec, trusted)
+        return _load_output_dir(path, spec, pickle_trusted(trust_pickle))
     if path.exists() and not path.is_file():  # a FIFO or device: reading it would wait forever
         raise ModelSpecError(f"{spec} is not a regular file", hint="give a model file, a directory or a spec")
     if path.suffix == ".pt2" and path.is_file() and is_aoti_package(path):  # not a torch.export program
-        return _load_aoti(path, spec, trusted)
+        return _load_aoti(path, spec, pickle_trusted(trust_pickle))
     if path.suffix == ".pt2":
-        return _load_pt2(path, spec, trusted)
+        return _load_pt2(path, spec, pickle_trusted(trust_pickle))
     if path.suffix in {".pt", ".pth", ".bin", ".pkl"}:
-        return _load_pickled_module(path, spec, trusted)
+        return _load_pickled_module(path, spec, pickle_trusted(trust_pickle))
     if path.suffix == ".onnx":
         return _load_onnx_file(path, spec)
     file_part, sep, attr = spec.rpartition(":")

@@ -377,12 +377,17 @@ def test_a_path_that_is_not_utf8_is_refused_in_one_line(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_trust_pickle_variable_that_is_neither_yes_nor_no_is_refused(capsys, monkeypatch):
-    """QA: FXFORGE_TRUST_PICKLE=maybe was read as "no", and the refusal then said to set it."""
+def test_a_trust_pickle_variable_that_is_neither_yes_nor_no_is_refused(capsys, monkeypatch, tmp_path):
+    """QA: FXFORGE_TRUST_PICKLE=maybe was read as "no", and the refusal then said to set it; then it stopped commands
+    that never unpickle (a model built from a spec) as well."""
+    import torch
+
+    torch.save(torch.nn.Linear(4, 2), tmp_path / "linear.pt")
     monkeypatch.setenv("FXFORGE_TRUST_PICKLE", "maybe")
-    code, _, err = run(capsys, "inspect", "demo")
+    code, _, err = run(capsys, "inspect", str(tmp_path / "linear.pt"), "--input", "1x4")
     assert_one_error_line(code, err)
     assert "FXFORGE_TRUST_PICKLE='maybe' is neither yes nor no" in err
+    assert run(capsys, "inspect", "demo")[0] == EXIT_OK  # nothing to unpickle: the variable is not read
     monkeypatch.setenv("FXFORGE_TRUST_PICKLE", "off")
     assert run(capsys, "inspect", "demo")[0] == EXIT_OK
 
