@@ -698,3 +698,16 @@ def test_a_registered_pass_must_return_a_result_and_report_what_it_changed():
     finally:
         for name in ("test_returns_gm", "test_returns_str", "test_silent_change"):
             PASSES.pop(name)
+
+
+def test_a_plugin_raising_a_base_exception_is_one_internal_error_line(capsys, user_files, monkeypatch):
+    """QA: a plug-in pass raising a BaseException subclass (GeneratorExit, a class of its own) gave a traceback."""
+    from fxforge.errors import EXIT_INTERNAL
+
+    monkeypatch.chdir(user_files)
+    (user_files / "halting.py").write_text(
+        "class Halt(BaseException):\n    pass\n\n\ndef halt(gm):\n    raise Halt('the plug-in stops here')\n"
+    )
+    code, _, err = run(capsys, "optimize", "model.py:Doubler", "--input", "2x4", "--passes", "halting.py:halt")
+    assert code == EXIT_INTERNAL and "Traceback" not in err
+    assert err.strip().splitlines()[0] == "internal error: Halt: the plug-in stops here", err

@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         if exc.code is None:
             return EXIT_OK
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
-    except Exception as exc:
+    except BaseException as exc:  # Ctrl-C and exits are taken above; GeneratorExit or a plug-in's own (QA: traceback)
         if debug:  # (QA: raising it gave exit 1, "findings", and no JSON document for a bad spec)
             traceback.print_exc(file=sys.stderr)
         if sigint_seen():
