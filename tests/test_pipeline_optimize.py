@@ -249,8 +249,9 @@ def test_atomic_directory_refuses_non_empty_without_force(tmp_path):
     target = tmp_path / "out"
     target.mkdir()
     (target / "keep.txt").write_text("user data")
-    with pytest.raises(FxforgeError, match="not empty"), atomic_directory(target):
+    with pytest.raises(FxforgeError, match="not empty: it holds files but no") as refused, atomic_directory(target):
         pass
+    assert "--force" not in str(refused.value.hint)  # it would be refused as well (QA: a hint that cannot work)
     assert (target / "keep.txt").read_text() == "user data"
     # --force replaces an earlier fxforge output, never a folder of the user's (optimize -o myproject --force)
     with pytest.raises(FxforgeError, match="not an fxforge output"), atomic_directory(target, force=True):
@@ -263,6 +264,9 @@ def test_atomic_directory_refuses_non_empty_without_force(tmp_path):
             pass
         assert (target / "keep.txt").read_text() == "user data"
     (target / "report.json").write_text('{"written_by": "fxforge 0.1.0"}')
+    with pytest.raises(FxforgeError, match=r"out is not empty \(hint") as refused, atomic_directory(target):
+        pass
+    assert refused.value.hint == "pass force=True to replace it"  # an earlier output: --force would replace it
     with atomic_directory(target, force=True) as staging:
         (staging / "new.txt").write_text("new")
     assert [p.name for p in target.iterdir()] == ["new.txt"]

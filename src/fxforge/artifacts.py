@@ -248,13 +248,15 @@ def check_output_directory(target: str | Path, *, force: bool = False) -> Path:
     check_writable(target)
     if not target.exists() or not any(target.iterdir()):
         return target
-    if not force:
+    ours = _written_by_fxforge(target)
+    if not force and ours:
         raise FxforgeError(
             f"output directory {target} is not empty", hint=f"pass {option('--force', True)} to replace it"
         )
-    if not _written_by_fxforge(target):
+    if not ours:  # --force would be refused too: not offered (QA: a folder made there meanwhile got that hint)
+        what = f"refusing to replace {target}: it" if force else f"output directory {target} is not empty: it"
         raise FxforgeError(
-            f"refusing to replace {target}: it holds files but no {' or '.join(OUTPUT_MARKERS)} written by fxforge, "
+            f"{what} holds files but no {' or '.join(OUTPUT_MARKERS)} written by fxforge, "
             "so it is not an fxforge output, and replacing it would delete files fxforge did not write",
             hint="give a new or empty directory, e.g. -o out/model",
         )
