@@ -156,6 +156,8 @@ def test_a_node_of_a_dtype_without_a_measured_peak_gets_no_verdict():
         report = profile_model(captured, repeats=2, warmup=1, peak=PEAK)
         linears = [n for n in report.nodes if n.target.endswith("Linear") or "linear" in n.target]
         assert linears and all(bool(n.bound) == judged for n in linears), [(n.name, n.bound) for n in linears]
+        hot = [n for n in linears if n.share >= 0.01]
+        assert hot and all((n.verdict == "not judged: no float64 peak") != judged for n in hot)  # the table says why
 
 
 def _totals(whole: list[float], node_timed: list[float]) -> _RunTotals:

@@ -101,6 +101,8 @@ class NodeTime:
         """What the tables print for the bound: ``memory (58%)``; above the measured limit, no impossible percentage
         but why -- a memory-bound node whose data stayed in cache beats the bandwidth, which is measured on a buffer
         larger than any cache, and a compute peak measured while other work held the cores can be beaten too."""
+        if not self.bound and self.dtype in _UNMEASURED and self.share >= _HOT_SHARE:
+            return f"not judged: no {self.dtype} peak"  # an empty cell read as if nothing were said (QA)
         if not self.bound or self.peak_fraction is None:
             return self.bound
         if self.peak_fraction <= 1:
