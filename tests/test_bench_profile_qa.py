@@ -184,6 +184,22 @@ def test_the_peak_takes_about_the_seconds_asked_for(monkeypatch):
     assert machine._rate(1.0, lambda: None, 0.0) > 0  # a budget spent by the copy still times one call
 
 
+def test_the_fp32_peak_is_the_faster_of_torch_mm_and_onednn_and_says_so_when_they_differ(monkeypatch):
+    """On an AMD EPYC with AVX-512, torch.mm (MKL) reached 210 GFLOP/s and oneDNN's matmul 455: a peak from
+    torch.mm alone put ONNX Runtime's resnet18 at 200% of the machine's peak."""
+    real = machine._onednn_fp32_rate
+    assert real(torch.randn(64, 64), torch.randn(64, 64), 64, 0.01) >= 0  # runs in this torch, or says 0
+    monkeypatch.setattr(machine, "_onednn_fp32_rate", lambda *args: 1e15)
+    peak = machine.measure_peak(seconds=0.2, size=64)
+    assert peak.gflops["fp32"] == 1e6 and peak.mm_fp32 is not None and peak.mm_fp32 < 1e6
+    assert "oneDNN's matmul 1000000" in peak.notes[0]
+    assert f"fp32 1000000 (torch.mm {peak.mm_fp32:.0f})" in machine.describe(peak)
+    monkeypatch.setattr(machine, "_onednn_fp32_rate", lambda *args: 0.0)  # no oneDNN: torch.mm's figure, no note
+    peak = machine.measure_peak(seconds=0.2, size=64)
+    assert peak.gflops["fp32"] > 0 and peak.mm_fp32 is None and not peak.notes
+    assert "torch.mm" not in machine.describe(peak)
+
+
 def test_the_machine_line_counts_one_cpu_in_the_singular(monkeypatch):
     monkeypatch.setattr(machine, "cpu_info", lambda: machine.CpuInfo("a CPU", ["avx2"], 1, "AVX2"))
     assert "a CPU; 1 CPU, torch threads" in machine.describe()

@@ -737,6 +737,8 @@ def render_doctor(console: Console, report: Any) -> None:
             f"matmul GFLOP/s {gflops}; "
             f"memory copy {report.peak.bandwidth_gbs:.1f} GB/s"
         )
+        for note in report.peak.notes:
+            console.print(f"  [dim]{escape(note)}[/]")
     table = Table(title="features", title_justify="left")
     table.add_column("feature")
     table.add_column("status")
