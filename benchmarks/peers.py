@@ -13,7 +13,10 @@ rounds, same inputs, same threads; median, p10 and p90 of the rounds):
   *default* session options (threads, graph optimisation level), except that pool threads stop spinning when a
   call returns (``session.force_spinning_stop``): by default they go on spinning after each call and would slow
   whichever column runs next. Alone, this runs as fast as the defaults (mobilenet_v2, batch 1: 2.7 vs 2.9 ms);
-  *no* spinning (``allow_spinning=0``, this benchmark's earlier setting) made it 1.9x slower;
+  *no* spinning (``allow_spinning=0``, this benchmark's earlier setting) made it 1.9x slower. The intra-op thread
+  count is set to torch's (ONNX Runtime's default count on these machines, one per core): left at its default,
+  ONNX Runtime also pins its threads to cores, and pinned they collided with torch's threads in the interleaved
+  rounds (AMD EPYC, mobilenet_v2, batch 1: 3.1 ms pinned, 2.5 ms not, 2.0 ms for both run alone);
 * ``auto`` -- ``fxforge.auto_optimize`` (what ``fxforge optimize --auto -o DIR`` runs: exact candidates only, no
   accuracy budget), its output directory loaded back with ``fxforge.load_model(DIR)``, which is what users get;
 * ``auto-budget`` -- the same with an accuracy budget, so reduced precision (int8, and bf16 where the CPU runs it
@@ -171,6 +174,7 @@ class _DefaultOrt(OnnxRuntimeModule):
         options = ort.SessionOptions()
         options.log_severity_level = 3
         options.add_session_config_entry("session.force_spinning_stop", "1")
+        options.intra_op_num_threads = torch.get_num_threads()  # its default count, without pinning (docstring)
         self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 

@@ -794,7 +794,8 @@ def test_conv_nets_get_the_channels_last_candidates_and_a_vit_does_not():
     assert "compile" in names and "compile+channels_last" not in names
     conv = fxforge.prepare("torchvision:resnet18", ["1x3x64x64"])
     names = [b.name for b in candidate_backends(conv, None, Budget(), quick=True)]
-    assert "compile+channels_last" in names
+    # both layouts: which one Inductor runs faster depends on the CPU (AMX Xeon: channels-last; AMD EPYC: not)
+    assert "compile+channels_last" in names and "compile" in names
 
 
 def test_quick_under_a_budget_on_a_cpu_without_native_bf16_tries_both_int8_paths(monkeypatch, classifier):
