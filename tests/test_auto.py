@@ -798,6 +798,33 @@ def test_conv_nets_get_the_channels_last_candidates_and_a_vit_does_not():
     assert "compile+channels_last" in names and "compile" in names
 
 
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch without oneDNN")
+def test_onednn_linear_is_a_candidate_where_the_model_has_float32_linears_and_its_artifact_runs(tmp_path, classifier):
+    """On an AMD EPYC with AVX-512, MKL's fp32 matmul ran at half oneDNN's rate, and no torch path but this one left
+    MKL: --auto tries it where it can change something, and what it writes loads back with the oneDNN calls."""
+    from fxforge.auto import candidate_backends
+
+    assert any(isinstance(m, nn.Linear) for m in classifier.original.modules())
+    for quick in (True, False):
+        assert "fx+onednn_linear" in [b.name for b in candidate_backends(classifier, None, Budget(), quick=quick)]
+    no_linear = fxforge.prepare(nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()), ["1x3x8x8"])
+    assert "fx+onednn_linear" not in [b.name for b in candidate_backends(no_linear, None, Budget(), quick=True)]
+    result = auto_optimize(classifier, backends=["fx+onednn_linear"], repeats=3)
+    row = next(c for c in result.candidates if c.name == "fx+onednn_linear")
+    assert row.status in ("accepted", "chosen") and row.max_abs_err < 1e-4, row.reason
+    # what it writes: model.pt2 holding the oneDNN calls, loaded by plain torch
+    from fxforge.bench import BuildSettings, get_backend
+    from fxforge.deploy import write_artifact
+
+    expected = classifier.original(*classifier.example_inputs)
+    settings = BuildSettings(1, tmp_path / "art", expected)
+    artifact = write_artifact(get_backend("fx+onednn_linear"), classifier, tmp_path / "art", settings)
+    loaded = torch.export.load(str(tmp_path / "art" / "model.pt2")).module()
+    assert sum(n.target is torch.ops.mkldnn._linear_pointwise.default for n in loaded.graph.nodes) == 2
+    torch.testing.assert_close(artifact.runner(*classifier.example_inputs), expected, rtol=1e-5, atol=1e-5)
+    assert artifact.load == "torch.export.load('model.pt2').module()"
+
+
 def test_quick_under_a_budget_on_a_cpu_without_native_bf16_tries_both_int8_paths(monkeypatch, classifier):
     """On an AVX2-only CPU bf16 is emulated (5x slower than fp32 on the AMD EPYC of issue 13) and never offered;
     both int8 engines are: which one is faster depends on the model (resnet18 on AMX: fxforge's; mobilenet_v2:

@@ -89,6 +89,7 @@ from fxforge.deploy import (
     write_model_itself,
 )
 from fxforge.errors import FxforgeError, InputSpecError, one_line_reason, option, outside_stacklevel, said
+from fxforge.graphs import node_kind
 from fxforge.machine import native_bf16
 from fxforge.passes import exact_passes
 from fxforge.pipeline import Pipeline
@@ -105,12 +106,17 @@ from fxforge.verify import TOLERANCES, compare_outputs, verify
 FP32_TOLERANCE = TOLERANCES[torch.float32][0]  # fp32 round-off: what the exact candidates are held to
 # compile+recipe: the same compiled model shipped as model.pt2 + recipe (compiled when loaded), which can run
 # faster than compile's AOTInductor package (docs/commands/optimize.md)
-EXACT_BACKENDS = ("eager", "fx", "torchscript", "torchscript+onednn", "onnxruntime", "compile", "compile+recipe")
+EXACT_BACKENDS = (
+    *("eager", "fx", "fx+onednn_linear", "torchscript", "torchscript+onednn", "onnxruntime"),
+    *("compile", "compile+recipe"),
+)
 # Layout variants tried for models with 2-D convolutions, where oneDNN's own layout can pay.
 CONV_VARIANTS = ("compile+channels_last", "torchscript+channels_last")
 REDUCED_BACKENDS = ("bf16", "autocast", "int8", "ort_int8")
 # --quick: the candidates that usually win, per kind of model (what was measured: docs/benchmarks.md)
-QUICK_EXACT = ("fx", "onnxruntime", "compile", "compile+recipe")
+# fx+onednn_linear where the model has float32 Linear layers: on an AMD EPYC with AVX-512 MKL's fp32 matmul runs at
+# half oneDNN's rate, and neither eager nor Inductor leaves MKL (BERT-base: 1.9x over eager, alone of the torch paths)
+QUICK_EXACT = ("fx", "fx+onednn_linear", "onnxruntime", "compile", "compile+recipe")
 # compile and compile+channels_last both: which layout Inductor runs faster depends on the CPU (mobilenet_v2, batch
 # 1: channels-last 1.3x faster on the AMX Xeon, 1.1x slower on an AMD EPYC with AVX-512)
 QUICK_CONV = ("fx", "onnxruntime", "compile", "compile+channels_last")
@@ -430,6 +436,8 @@ def candidate_backends(
             names += ["int8", "ort_int8"] if quick and not native_bf16() else list(REDUCED_BACKENDS)
         # never offer a path this machine cannot run fast (bf16 without AVX512-BF16/AMX: emulated, slower than fp32)
         names = [name for name in names if _runs_fast(get_backend(str(name)), model_device(captured))]
+        if not _has_float32_cpu_linear(captured):  # the candidate would be fx again
+            names = [name for name in names if name != "fx+onednn_linear"]
     else:
         names = list(backends)
         if "eager" not in [b if isinstance(b, str) else b.name for b in names]:
@@ -444,6 +452,16 @@ def candidate_backends(
                 f"0.99) or {option('--max-drop')} (e.g. 0.01)",
             )
     return chosen
+
+
+def _has_float32_cpu_linear(captured: Captured) -> bool:
+    """Whether the graph has a Linear layer the onednn_linear pass can take (float32, on the CPU, oneDNN built in)."""
+    if model_device(captured).type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    gm = captured.graph_module
+    return any(node_kind(gm, node) == "linear" for node in gm.graph.nodes) and any(
+        p.dtype == torch.float32 for p in gm.parameters()
+    )
 
 
 def _runs_fast(backend: Backend, device: torch.device) -> bool:

@@ -27,6 +27,7 @@ measured, applying ``recipe.json`` where there is one.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pickle
 import time
@@ -70,6 +71,7 @@ from fxforge.errors import FxforgeError, first_line, one_line_reason
 from fxforge.export import export_model
 from fxforge.graphs import ATEN, TORCH, index_bounds
 from fxforge.inputs import specs_of
+from fxforge.passes import apply_pass
 from fxforge.quantize import int8_backend, picklable_quantized_modules
 from fxforge.runtime import (
     export_program,
@@ -258,6 +260,9 @@ def _save_graph(captured: Captured, directory: Path, a: Artifact) -> None:
 
 
 def _write_fx(captured: Captured, directory: Path, settings: BuildSettings, variants: set[str], a: Artifact) -> None:
+    if "onednn_linear" in variants:  # the call stays an op of torch's: model.pt2 loads with plain torch
+        rewritten = apply_pass(captured.graph_module, "onednn_linear").graph_module
+        captured = dataclasses.replace(captured, graph_module=rewritten)
     if "channels_last" in variants:
         source = _source(captured, variants)
         save_program(export_program_any_batch(source, captured.example_inputs, {}), directory / PROGRAM_FILE, source)
