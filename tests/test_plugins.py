@@ -550,6 +550,11 @@ def says(ctx):
     yield "not a finding"
 
 
+@rule("USR054", "misspelt-fix", "info", "names a fix no pass has", fix="fold_bnn")
+def misspelt(ctx):
+    yield None, "a finding whose fix is misspelt"
+
+
 @rule("USR053", "edits", "warning", "edits the graph it reads")
 def edits(ctx):
     for node in list(ctx.graph.nodes):
@@ -577,13 +582,14 @@ def test_a_broken_rule_is_named_and_the_other_rules_still_run(capsys, user_files
         said = " ".join(err.split())
         assert "warning: rule USR051 raises (from file broken_rules.py) crashed: KeyError: 'oops in rule'" in said
         assert "rule USR052 says-a-string (from file broken_rules.py) crashed: TypeError: yielded 'not a" in said
+        assert "warning: rule USR054's fix 'fold_bnn' is not a registered pass: lint --fix cannot apply it" in said
         captured = prepare(Doubler().eval(), inputs="2x4")
         with pytest.raises(FxforgeError) as raised:
             lint(captured, select=["USR053"])
         assert raised.value.exit_code == EXIT_INTERNAL
         assert "rule USR053 edits (from file broken_rules.py) changed the graph" in str(raised.value)
     finally:
-        for code_ in ("USR051", "USR052", "USR053", "USR001"):
+        for code_ in ("USR051", "USR052", "USR053", "USR054", "USR001"):
             RULES.pop(code_, None)
 
 
