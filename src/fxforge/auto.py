@@ -89,9 +89,8 @@ from fxforge.deploy import (
     write_model_itself,
 )
 from fxforge.errors import FxforgeError, InputSpecError, one_line_reason, option, outside_stacklevel, said
-from fxforge.graphs import node_kind
 from fxforge.machine import native_bf16
-from fxforge.passes import exact_passes
+from fxforge.passes import exact_passes, onednn_linear
 from fxforge.pipeline import Pipeline
 from fxforge.quantize import Target, compare_batches, load_calibration, run_batches
 from fxforge.runtime import (
@@ -455,13 +454,12 @@ def candidate_backends(
 
 
 def _has_float32_cpu_linear(captured: Captured) -> bool:
-    """Whether the graph has a Linear layer the onednn_linear pass can take (float32, on the CPU, oneDNN built in)."""
+    """Whether the onednn_linear pass would rewrite a layer of the graph (QA: a Linear on a 1-D input, or a bf16 one
+    beside float32 weights, made a candidate that was fx again)."""
     if model_device(captured).type != "cpu" or not torch.backends.mkldnn.is_available():
         return False
     gm = captured.graph_module
-    return any(node_kind(gm, node) == "linear" for node in gm.graph.nodes) and any(
-        p.dtype == torch.float32 for p in gm.parameters()
-    )
+    return any(onednn_linear.why_not(gm, node) is None for node in gm.graph.nodes)
 
 
 def _runs_fast(backend: Backend, device: torch.device) -> bool:

@@ -301,6 +301,8 @@ def export_model(
         dynamic_batch=dynamic_batch,
     )
     source, reference, inputs = _export_source(target, example_inputs)
+    if to in ("onnx", "torchscript"):
+        _refuse_onednn_linear(source, to)
     # errors name the user's model, not the GraphModule or wrapper that is exported
     name = type(target.original if isinstance(target, Captured) else target).__name__
     if not script:
@@ -462,7 +464,24 @@ def _mode_matters(module: nn.Module) -> bool:
 
 
 # Operator namespaces torch itself registers: every other one is a library's or the user's custom operator.
-_TORCH_NAMESPACES = frozenset({"aten", "prims", "quantized", "quantized_decomposed", "_quantized", "higher_order"})
+_TORCH_NAMESPACES = frozenset(
+    {"aten", "prims", "quantized", "quantized_decomposed", "_quantized", "higher_order", "mkldnn", "mkl"}
+)
+
+
+def _refuse_onednn_linear(source: nn.Module, to: str) -> None:
+    """A graph the ``onednn_linear`` pass rewrote calls oneDNN's linear, which neither ONNX nor TorchScript can
+    express: said before the exporter fails on it (QA: "unsupported input list type: Scalar?", or an ONNX message
+    about the legacy exporter)."""
+    onednn = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
+    graphs = [m for m in source.modules() if isinstance(m, fx.GraphModule)]
+    if onednn is None or not any(n.target is onednn.default for g in graphs for n in g.graph.nodes):
+        return
+    raise ExportError(
+        f"cannot export to {to}: the graph computes Linear layers with oneDNN's matmul (the onednn_linear pass), "
+        f"which {'ONNX' if to == 'onnx' else 'TorchScript'} cannot express",
+        hint="export the model itself, or an output optimized without onednn_linear; --to pt2 keeps it",
+    )
 
 
 def _custom_operators(module: nn.Module) -> set[str]:

@@ -17,6 +17,7 @@ formula (torch's FLOP counter does not know the quantized kernels).
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -231,17 +232,25 @@ def _cpu_attention_flops(query_shape: Any, key_shape: Any, value_shape: Any, *ar
     return flop_counter.sdpa_flop_count(query_shape, key_shape, value_shape)
 
 
+def _onednn_linear_flops(input_shape: Any, weight_shape: Any, *args: Any, **kwargs: Any) -> int:
+    return 2 * math.prod(input_shape[:-1]) * weight_shape[0] * weight_shape[1]
+
+
 def _flop_counter() -> FlopCounterMode:
-    """torch's FLOP counter, taught the CPU attention kernel it has no formula for.
+    """torch's FLOP counter, taught the CPU kernels it has no formula for.
 
     On CPU, ``F.scaled_dot_product_attention`` (and ``nn.MultiheadAttention``'s fast path) run
     ``_scaled_dot_product_flash_attention_for_cpu``, which torch counts as 0 FLOPs: a ViT's attention
-    would vanish from the totals, and a CPU model would report fewer FLOPs than the same model on meta.
+    would vanish from the totals, and a CPU model would report fewer FLOPs than the same model on meta. oneDNN's
+    linear (the ``onednn_linear`` pass) counted 0 as well, and profile judged those matmuls memory-bound (QA).
     """
     custom = {}
     cpu_attention = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
     if cpu_attention is not None and hasattr(flop_counter, "sdpa_flop_count"):
         custom[cpu_attention] = _cpu_attention_flops
+    onednn_linear = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
+    if onednn_linear is not None:
+        custom[onednn_linear] = _onednn_linear_flops  # keyed by the packet, as torch keys its own
     return FlopCounterMode(display=False, custom_mapping=custom)
 
 

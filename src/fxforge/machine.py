@@ -248,7 +248,8 @@ def measure_peak(seconds: float = 2.0, threads: int | None = None, size: int = 1
             peak.notes.append(
                 f"fp32: torch.mm reached {peak.mm_fp32:.0f} GFLOP/s, oneDNN's matmul {onednn:.0f}: on this CPU, "
                 "fp32 Linear layers and matmuls run through MKL at the lower rate (eager, TorchScript, Inductor), "
-                "convolutions (oneDNN) and ONNX Runtime can reach the higher"
+                "convolutions (oneDNN) and ONNX Runtime can reach the higher; the onednn_linear pass moves Linear "
+                "layers to oneDNN (optimize --auto times it as fx+onednn_linear)"
             )
         peak.gflops["fp32"] = max(peak.gflops["fp32"], onednn)
         peak.gflops["bf16"] = _fitting_rate(matmul(torch.bfloat16), size, share) / 1e9

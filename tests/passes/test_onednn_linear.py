@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -61,12 +63,39 @@ def test_float32_linears_of_two_or_more_dimensions_are_rewritten_and_the_rest_ke
     if method == "symbolic_trace":
         assert any(n.op == "call_module" and n.target == "hooked" for n in gm.graph.nodes)
     skipped = " ".join(step.result.skipped)
-    assert "not known to be a float32 CPU tensor of 2 or more dimensions" in skipped
+    assert "its input is not a float32 CPU tensor of 2 or more dimensions" in skipped
+    assert ("module hooked runs hooks" in skipped) == (method == "symbolic_trace")
     expected = model(*_inputs())
     for got, want in zip(gm(*_inputs()), expected):
         assert got.dtype == want.dtype
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)  # float32 round-off: another summation order
     assert not any(onednn_calls(capture(model, _inputs(), method=method).graph_module))  # the model is untouched
+
+
+def test_inference_only_a_bare_trace_is_told_to_record_shapes_and_export_refuses_what_it_cannot_express(tmp_path):
+    """QA: a module in training mode was rewritten (no gradient flowed afterwards); a plain symbolic_trace graph
+    was skipped with no word of what to do; ONNX and TorchScript export failed with unrelated messages; the rewritten
+    layers counted 0 FLOPs."""
+    from torch import fx
+
+    from fxforge.errors import FxforgeError
+    from fxforge.export import export_model
+    from fxforge.inspect import inspect_graph
+
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4))
+    training = apply_pass(capture(model.train(), (torch.randn(2, 8),)).graph_module, NAME)
+    assert not training.changed and "is in training mode (oneDNN's linear has no backward)" in training.skipped[0]
+    bare = apply_pass(fx.symbolic_trace(model.eval()), NAME)
+    assert not bare.changed and "capture with fxforge.capture, or run ShapeProp first" in bare.skipped[0]
+    captured = capture(model.eval(), (torch.randn(2, 8),))
+    rewritten = dataclasses.replace(captured, graph_module=apply_pass(captured.graph_module, NAME).graph_module)
+    assert len(onednn_calls(rewritten.graph_module)) == 2
+    assert inspect_graph(rewritten).totals["flops"] == inspect_graph(captured).totals["flops"] == 2 * 2 * (64 + 32)
+    for to, suffix in (("onnx", "onnx"), ("torchscript", "pt")):
+        with pytest.raises(FxforgeError, match=f"cannot export to {to}: the graph computes Linear layers with oneDNN"):
+            export_model(rewritten, to, tmp_path / f"m.{suffix}")
+    result = export_model(rewritten, "pt2", tmp_path / "m.pt2")
+    assert result.ok and not any("custom operators" in note for note in result.notes)
 
 
 def test_not_in_the_exact_group_and_a_noop_without_linears():
