@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fxforge.artifacts import REPORT_FILE, OnnxRuntimeModule, RestructuredOutputs
+from fxforge.artifacts import REPORT_FILE, OnnxRuntimeModule, StructuredOutputs
 from fxforge.capture import Captured, capture, model_args_text
 from fxforge.errors import CaptureError, FxforgeError, InputSpecError, option, said
 from fxforge.graphs import ATEN
@@ -150,16 +150,15 @@ def verify_specs(
     specs_source = cand_loaded if (inputs or cand_loaded.default_inputs) else ref_loaded
     specs = resolve_inputs(specs_source, inputs)
     example = make_inputs(specs, seed=seed)
-    # a flat candidate (an ONNX file, a split directory's model.pt2) gets the model's output structure from verify's
-    # own reference outputs (QA: a split model returning a dict read MISMATCH, "expected a mapping, got tuple"); an
-    # ONNX reference needs one call of the candidate for it
-    if cand_loaded.flat_outputs:
-        cand_loaded.module = RestructuredOutputs(cand_loaded.module, None)
-    _lend_output_structure(ref_loaded.module, cand_loaded.module, example)
+    # an ONNX candidate gets the model's output structure from verify's own reference outputs; an ONNX reference
+    # needs one call of the candidate for it
+    _give_onnx_the_structure_of(ref_loaded.module, cand_loaded.module, example)
     ref: Any = ref_loaded.module
     functions = _wrapped_functions(wrap)
     with contextlib.suppress(CaptureError):  # compared all the same; only the bisection to a node needs the graph
-        if not concrete_args:  # the bound reference traces as forward(*args), which symbolic_trace cannot unpack
+        # the bound reference traces as forward(*args), which symbolic_trace cannot unpack; a split directory's
+        # model.pt2 captures with its flat outputs, not the structure it is loaded with (QA: MISMATCH against itself)
+        if not concrete_args and not isinstance(ref_loaded.module, StructuredOutputs):
             # an output written from an ATen graph (captured with --method export) is bisected against the model
             # captured the same way: a torch-dialect reference has no node of its names
             method = "export" if _written_from_aten(candidate) and not leaf_modules else "auto"
@@ -251,20 +250,20 @@ def _refuse_unknown_arguments(module: Any, fixed: Mapping[str, Any], spec: str) 
         )
 
 
-def _lend_output_structure(flat_side: Any, other: nn.Module, example: Sequence[Any]) -> None:
-    """An ONNX file (or a split directory's model.pt2) returns a flat list of tensors where the model returned a
-    structure (a transformers ``ModelOutput``, a dict, nested tuples): one call of the other side gives the structure
-    to put them back into, so that the two compare leaf by leaf (a file whose outputs do not fill it stays flat,
-    and differs). A file that records its own structure (fxforge's export) keeps it: lent the other side's, a file
-    of ``{"a": ..., "b": ...}`` compared equal to a model returning the same tensors under swapped keys."""
-    if not isinstance(flat_side, (OnnxRuntimeModule, RestructuredOutputs)) or flat_side.output_like is not None:
+def _give_onnx_the_structure_of(onnx_side: Any, other: nn.Module, example: Sequence[Any]) -> None:
+    """An ONNX file returns a flat list of tensors where the model returned a structure (a transformers
+    ``ModelOutput``, a dict, nested tuples): one call of the other side gives the structure to put them back
+    into, so that the two compare leaf by leaf (a file whose outputs do not fill it stays flat, and differs).
+    A file that records its own structure (fxforge's export) keeps it: lent the other side's, a file of
+    ``{"a": ..., "b": ...}`` compared equal to a model returning the same tensors under swapped keys."""
+    if not isinstance(onnx_side, OnnxRuntimeModule) or onnx_side.output_like is not None:
         return
-    if isinstance(flat_side, OnnxRuntimeModule) and flat_side.output_structure is not None:
+    if onnx_side.output_structure is not None:
         return
     if isinstance(other, OnnxRuntimeModule):
         return
     try:
         with torch.no_grad():
-            flat_side.output_like = other(*example)
+            onnx_side.output_like = other(*example)
     except Exception:  # inputs the model rejects: verify runs it again and reports that in one line
         return

@@ -1523,10 +1523,10 @@ class RestructuredOutputs(nn.Module):
 
 
 class StructuredOutputs(nn.Module):
-    """A loaded TorchScript module whose outputs are put back into the structure recorded at export
-    (:func:`scripted_output_structure`: a transformers output class, a namedtuple), as ONNX and ``.pt2`` files give
-    them back. ``scripted`` is the TorchScript module itself. Outputs of another tensor count are returned as they
-    are."""
+    """A loaded module whose outputs are put back into the structure recorded when it was written: a TorchScript
+    file's (:func:`scripted_output_structure`: a transformers output class, a namedtuple), as ONNX and ``.pt2`` files
+    give them back, or a split directory's flat ``model.pt2`` (plan.json's ``output_structure``). ``scripted`` is the
+    loaded module itself. Outputs of another tensor count are returned as they are."""
 
     def __init__(self, scripted: Any, structure: Any) -> None:
         super().__init__()

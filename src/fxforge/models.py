@@ -47,6 +47,7 @@ from fxforge.artifacts import (
     RECIPE_FILE,
     TORCHSCRIPT_FILE,
     AotiModule,
+    StructuredOutputs,
     apply_recipe,
     is_aoti_package,
     is_pickle_stream,
@@ -94,9 +95,6 @@ class LoadedModel:
     # For a directory spec: the file of it that was loaded (model.pt2, model.pt, model.onnx...), so that a
     # verdict can say which form of the output it is about.
     file: str | None = None
-    # Set for a split directory's model.pt2, which returns the model's output tensors flat (fxforge split): what
-    # compares it with the model puts them back into the model's structure first.
-    flat_outputs: bool = False
     # Extra keyword inputs (e.g. attention masks) are not supported in specs; models take positional inputs.
 
     def __repr__(self) -> str:  # the dataclass's would print the whole module
@@ -472,7 +470,9 @@ def _load_output_dir(path: Path, spec: str, trusted: bool) -> LoadedModel:
     elif chosen == PROGRAM_FILE:
         loaded = _load_pt2(path / PROGRAM_FILE, str(path / PROGRAM_FILE), trusted)  # errors name the file
         loaded.spec = spec
-        loaded.flat_outputs = (path / PLAN_FILE).exists()
+        structure = _split_output_structure(path)
+        if structure is not None:  # a split directory's model.pt2 returns the tensors flat: the model's nesting back
+            loaded.module = StructuredOutputs(loaded.module, structure)
     else:
         loaded = _load_exported_file(path / chosen, "torchscript" if chosen == TORCHSCRIPT_FILE else "onnx", spec)
     loaded.file = chosen
@@ -498,6 +498,16 @@ def _load_output_dir(path: Path, spec: str, trusted: bool) -> LoadedModel:
     if specs is not None:
         loaded.default_inputs = specs
     return loaded
+
+
+def _split_output_structure(path: Path) -> Any | None:
+    """The output structure a split directory's plan.json records for its flat model.pt2 (None for another
+    directory, a plan without one, or one whose output is a single tensor)."""
+    try:
+        structure = json.loads((path / PLAN_FILE).read_text()).get("output_structure")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        return None
+    return structure if isinstance(structure, dict) else None
 
 
 def _model_file_of(path: Path, trusted: bool) -> str | None:

@@ -55,6 +55,7 @@ from fxforge.artifacts import (
     atomic_directory,
     check_free_space,
     check_output_directory,
+    describe_structure,
     plain_containers,
     write_inputs,
 )
@@ -158,6 +159,9 @@ class SplitPlan:
     # (written when a stage or the unsplit model is pickled): unpickling them imports it for the classes.
     model_file: str | None = None
     model_source: str | None = None
+    # How the model's output nests its tensors (fxforge.artifacts.describe_structure), which model.pt2 returns flat:
+    # loading the directory as a model puts them back, under the model's own keys (None: not recorded)
+    output_structure: Any = None
 
     def __repr__(self) -> str:  # the dataclass's would print every stage and cut
         return display.split_plan_repr(self)
@@ -1012,6 +1016,7 @@ def _write_reference(directory: Path, captured: Captured, plan: SplitPlan) -> li
     """The unsplit model, the reference run-pipeline checks the pipeline's output against: ``model.pt2`` with its
     output tensors flat (a dynamic batch where the model allows one), exported from the original model, else from
     the captured graph; when neither exports, the captured graph pickled as ``model.pt`` (needs the opt-in)."""
+    plan.output_structure = _output_structure(captured)
     problems = []
     for module in (captured.original, captured.graph_module):
         try:
@@ -1038,6 +1043,18 @@ def _write_reference(directory: Path, captured: Captured, plan: SplitPlan) -> li
         "which loads only with --trust-pickle"
     )
     return [MODEL_FILE]
+
+
+def _output_structure(captured: Captured) -> Any:
+    """The description of the graph's output on the example (None where it does not run or is not describable):
+    matched by position into the structure of whatever it was compared with, a split of a model returning
+    ``{"a": x, "b": y}`` verified OK against one returning ``{"b": x, "a": y}`` (QA)."""
+    try:
+        with torch.no_grad(), preserved_state(captured.graph_module, runs=True):
+            output = captured.graph_module(*captured.example_inputs, **captured.example_kwargs)
+    except Exception:
+        return None
+    return describe_structure(output)
 
 
 def _write_model_source(directory: Path, plan: SplitPlan) -> list[str]:

@@ -43,7 +43,7 @@ from torch import fx, nn
 from torch.utils import _pytree as pytree
 
 from fxforge import display
-from fxforge.artifacts import OnnxRuntimeModule, RestructuredOutputs
+from fxforge.artifacts import OnnxRuntimeModule
 from fxforge.capture import Captured, placeholder_values
 from fxforge.compare import (
     TOLERANCES,
@@ -1067,7 +1067,6 @@ def verify(
         keep_batches_the_graph_rejects=keep_batches_the_graph_rejects,
     )
     unstructured = isinstance(candidate, OnnxRuntimeModule) and candidate.output_structure is None
-    unstructured = unstructured or isinstance(candidate, RestructuredOutputs)  # a split directory's model.pt2
     if unstructured and candidate.output_like is None and verifier.expected:
         # a file without fxforge's record of the output structure returns a flat list: put it into the model's (a
         # file with the record is compared as it loads, which is what its users get)
