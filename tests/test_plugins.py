@@ -716,4 +716,16 @@ def test_a_plugin_raising_a_base_exception_is_one_internal_error_line(capsys, us
     )
     code, _, err = run(capsys, "optimize", "model.py:Doubler", "--input", "2x4", "--passes", "halting.py:halt")
     assert code == EXIT_INTERNAL and "Traceback" not in err
-    assert err.strip().splitlines()[0] == "internal error: Halt: the plug-in stops here", err
+    # the plug-in is named, not fxforge asked to be reported (QA: "internal error: Halt")
+    first = err.strip().splitlines()[0]
+    assert first == "error: pass 'halt' (from file halting.py) crashed: Halt: the plug-in stops here", err
+    # and a plug-in's options dataclass that crashes names the plug-in too, before any pass runs
+    (user_files / "badopts.py").write_text(
+        "import dataclasses\nfrom fxforge.passes import PassResult, register_pass\n\n\n@dataclasses.dataclass\n"
+        "class Opts:\n    level: int = 1\n\n    def __post_init__(self):\n        raise RuntimeError('no level')\n\n\n"
+        "@register_pass('badopts', summary='x', guarantees='x', options=Opts)\ndef badopts(gm, options):\n"
+        "    return PassResult('badopts', gm)\n"
+    )
+    code, _, err = run(capsys, "optimize", "model.py:Doubler", "--input", "2x4", "--passes", "badopts.py:badopts")
+    assert code == EXIT_INTERNAL
+    assert "pass 'badopts' (from file badopts.py) crashed building its options: RuntimeError: no level" in err

@@ -252,10 +252,9 @@ class Pipeline:
         captured = target if isinstance(target, Captured) else None
         if captured is not None:
             self._refuse_other_dialect(captured)
-        for step in self.steps:
-            # the options' own checks (insert_after's epsilon > 0) before any work, after the dialect's: raised
-            # while the pass ran, such a mistake of the user's was rolled back under keep_going (QA)
-            parse_options(get_pass(step.name), step.options)
+        # the options' own checks (insert_after's epsilon > 0) before any work, after the dialect's: raised while the
+        # pass ran, such a mistake of the user's was rolled back under keep_going (QA); built once, and run with
+        built = [PassStep(step.name, self._built_options(step)) for step in self.steps]
         reference = target.graph_module if isinstance(target, Captured) else target
         work = reference if inplace else copy_graph_module(reference)
         stamp_provenance(work)
@@ -282,7 +281,7 @@ class Pipeline:
         befores: list[fx.GraphModule] = []  # the graph each step started from
         position = 0
         while True:
-            for step in self.steps[position:]:
+            for step in built[position:]:
                 befores.append(work)
                 start = time.perf_counter()
                 record, candidate = self._run_step(work, step, verifier)
@@ -361,6 +360,18 @@ class Pipeline:
             return index
         return None
 
+    @staticmethod
+    def _built_options(step: PassStep) -> Any:
+        """The step's options dataclass, built and checked; a plug-in's options that crash (not a PassError) are
+        the plug-in's fault, named as a crashing pass is (exit 4), not an internal error of fxforge's."""
+        spec = get_pass(step.name)
+        try:
+            return parse_options(spec, step.options)
+        except (PassError, KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:
+            raise _crashed(step.name, "crashed building its options", exc) from exc
+
     def _run_step(
         self, work: fx.GraphModule, step: PassStep, verifier: Verifier | None
     ) -> tuple[StepRecord, fx.GraphModule]:
@@ -374,15 +385,11 @@ class Pipeline:
                 raise
             failed = PassResult(step.name, work)
             return StepRecord(failed, rolled_back=exc.message), work
-        except Exception as exc:  # a crash inside the pass is the pass's fault, named as such
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # a crash inside the pass is the pass's fault, named as such (GeneratorExit too)
             if not self.keep_going:
-                origin = get_pass(step.name).origin
-                source = "" if origin == BUILTIN else f" (from {origin})"
-                raise PassCrashed(
-                    f"pass {step.name!r}{source} crashed: {one_line_reason(exc)}",
-                    hint="rerun with --debug for the traceback, and please report it"
-                    + ("" if origin == BUILTIN else f" to the maker of {origin}"),
-                ) from exc
+                raise _crashed(step.name, "crashed", exc) from exc
             failed = PassResult(step.name, work)
             return StepRecord(failed, rolled_back=f"crashed: {one_line_reason(exc)}"), work
         record = StepRecord(result)
@@ -392,6 +399,17 @@ class Pipeline:
             if not check.ok:
                 record.rolled_back = _failure(check)
         return record, result.graph_module
+
+
+def _crashed(name: str, what: str, exc: BaseException) -> PassCrashed:
+    """A crash inside a pass (or its options) is the pass's fault, named with the plug-in it came from."""
+    origin = get_pass(name).origin
+    source = "" if origin == BUILTIN else f" (from {origin})"
+    return PassCrashed(
+        f"pass {name!r}{source} {what}: {one_line_reason(exc)}",
+        hint="rerun with --debug for the traceback, and please report it"
+        + ("" if origin == BUILTIN else f" to the maker of {origin}"),
+    )
 
 
 def _failure(check: VerifyResult) -> str:

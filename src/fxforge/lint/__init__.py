@@ -209,7 +209,9 @@ def lint(
         before = None if trusted else graph_fingerprint(context.graph)
         try:
             report.findings += _findings_of(current, context)
-        except Exception as exc:  # one broken rule (a plug-in's) stopped lint, and optimize with it, for every model
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # one broken rule (a plug-in's) stopped lint and optimize for every model
             where = "" if trusted else f" (from {current.origin})"
             report.rule_failures.append(
                 f"rule {current.code} {current.name}{where} crashed: {one_line_reason(exc)}; its findings are missing"
