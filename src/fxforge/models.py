@@ -244,6 +244,8 @@ def _dispatch(spec: str, kwargs: dict[str, Any], trust_pickle: bool | None) -> L
         return _load_aoti(path, spec, pickle_trusted(trust_pickle))
     if path.suffix == ".pt2":
         return _load_pt2(path, spec, pickle_trusted(trust_pickle))
+    if path.suffix in {".pt", ".pth", ".bin", ".pkl"} and path.is_file() and _is_torchscript_archive(path):
+        return _load_exported_file(path, "torchscript", spec)  # not a pickle: no opt-in, nor its variable (QA)
     if path.suffix in {".pt", ".pth", ".bin", ".pkl"}:
         return _load_pickled_module(path, spec, pickle_trusted(trust_pickle))
     if path.suffix == ".onnx":

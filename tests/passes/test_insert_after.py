@@ -568,7 +568,7 @@ def test_cli_optimize_and_to_folder_outputs_load_without_fxforge(capsys, capture
         ),
         ({"select": "type:ReLU", "insert": "callable", "fn": "torch"}, "is not of the form module:name", "e.g. fn:"),
         ({"select": "type:ReLU", "insert": "callable", "fn": 3}, "fn must be callable", None),
-        ({"insert": "stats"}, "select", None),
+        ({"insert": "stats"}, "insert_after needs select", "selectors:"),  # not Python's "missing 1 required...
     ],
 )
 def test_bad_options_are_one_clear_error(resnet_torch, options, needle, hint):

@@ -388,6 +388,10 @@ def test_a_trust_pickle_variable_that_is_neither_yes_nor_no_is_refused(capsys, m
     assert_one_error_line(code, err)
     assert "FXFORGE_TRUST_PICKLE='maybe' is neither yes nor no" in err
     assert run(capsys, "inspect", "demo")[0] == EXIT_OK  # nothing to unpickle: the variable is not read
+    torch.jit.save(torch.jit.script(torch.nn.Linear(4, 2)), tmp_path / "scripted.pt")  # TorchScript: no pickle either
+    import fxforge
+
+    assert fxforge.load_model(tmp_path / "scripted.pt").module(torch.randn(1, 4)).shape == (1, 2)
     monkeypatch.setenv("FXFORGE_TRUST_PICKLE", "off")
     assert run(capsys, "inspect", "demo")[0] == EXIT_OK
 

@@ -618,7 +618,7 @@ class InsertAfterOptions:
     ``seed`` makes the noise reproducible (each site draws its own stream); without one, one is drawn at random.
     """
 
-    select: str | list[str]
+    select: str | list[str] | None = None  # required: None is refused by name (a missing argument read as Python's)
     insert: str = "stats"
     sigma: float | None = None  # noise: raw Gaussian standard deviation (> 0); no privacy claimed
     seed: int | None = None  # noise: seed; None draws one at random (not logged)
