@@ -158,6 +158,13 @@ def test_a_node_of_a_dtype_without_a_measured_peak_gets_no_verdict():
         assert linears and all(bool(n.bound) == judged for n in linears), [(n.name, n.bound) for n in linears]
         hot = [n for n in linears if n.share >= 0.01]
         assert hot and all((n.verdict == "not judged: no float64 peak") != judged for n in hot)  # the table says why
+    # a node without FLOPs is judged against the bandwidth, which is the same for every dtype (QA: a float64 ReLU
+    # read "not judged")
+    from fxforge.profile import NodeTime, _judge
+
+    relu = NodeTime("relu", "call_function", "relu", "", "float64", 1.0, 0.5, 0, 8 << 20, 0, 0.0, None, "", None)
+    _judge(relu, PEAK)
+    assert relu.bound == "memory" and relu.verdict.startswith("memory (")
 
 
 def _totals(whole: list[float], node_timed: list[float]) -> _RunTotals:

@@ -101,7 +101,7 @@ class NodeTime:
         """What the tables print for the bound: ``memory (58%)``; above the measured limit, no impossible percentage
         but why -- a memory-bound node whose data stayed in cache beats the bandwidth, which is measured on a buffer
         larger than any cache, and a compute peak measured while other work held the cores can be beaten too."""
-        if not self.bound and self.dtype in _UNMEASURED and self.share >= _HOT_SHARE:
+        if not self.bound and self.dtype in _UNMEASURED and self.flops and self.share >= _HOT_SHARE:
             return f"not judged: no {self.dtype} peak"  # an empty cell read as if nothing were said (QA)
         if not self.bound or self.peak_fraction is None:
             return self.bound
@@ -432,8 +432,8 @@ def _judge(node: NodeTime, peak: Peak) -> None:
     """Compute- or memory-bound, and the fraction of that limit the node reached (set on hot nodes only)."""
     if node.share < _HOT_SHARE or node.time_ms <= 0:
         return
-    if node.dtype in _UNMEASURED:  # judged against the fp32 peak, a float16 conv read as compute-bound at 1% (QA)
-        return
+    if node.dtype in _UNMEASURED and node.flops:  # against the fp32 peak, a float16 conv read compute-bound at 1% (QA)
+        return  # (a node without FLOPs is judged against the bandwidth, which no dtype changes)
     compute = peak.gflops.get(_peak_key(node.dtype), peak.gflops.get("fp32", 0.0))
     balance = compute / peak.bandwidth_gbs if peak.bandwidth_gbs else float("inf")  # FLOP per byte
     if node.intensity is not None and node.intensity >= balance and compute > 0:
