@@ -743,3 +743,29 @@ def test_a_lambda_hook_kept_with_its_float_layer_is_refused_when_saving(tmp_path
     with pytest.raises(FxforgeError, match="cannot save the int8 model") as raised:
         quantize(fxforge.capture(model, (torch.randn(2, 3, 8, 8),)), "static", output_dir=tmp_path / "q")
     assert "module-level function" in raised.value.hint and not (tmp_path / "q").exists()
+
+
+def test_dynamic_int8_of_an_aten_graph_without_linear_layers_does_not_claim_it_swapped_any():
+    """QA: a model whose Linear layers were gone (the onednn_linear pass) got "quantized (0): none" beside a note
+    that its "Linear/LSTM layers were swapped for dynamic int8 ones"."""
+
+    class Convs(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3)
+
+        def forward(self, x):
+            return torch.relu(self.conv(x)).mean((2, 3))
+
+    captured = fxforge.capture(Convs().eval(), (torch.randn(1, 3, 8, 8),), method="export")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RandomCalibrationWarning)
+        result = quantize(captured, "dynamic")
+    assert not result.quantized_layers
+    assert not any("were swapped" in note for note in result.notes), result.notes
+    assert any("no layer was quantized" in warning for warning in result.warnings), result.warnings
+    linear = fxforge.capture(nn.Sequential(nn.Linear(4, 4)).eval(), (torch.randn(2, 4),), method="export")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RandomCalibrationWarning)
+        swapped = quantize(linear, "dynamic")
+    assert swapped.quantized_layers and any("were swapped" in note for note in swapped.notes)

@@ -809,11 +809,6 @@ def quantize(
             f"kept in float: {', '.join(hooked)} {'runs' if len(hooked) == 1 else 'run'} hooks (a forward hook or "
             "pre-hook), which an int8 layer would not run"
         )
-    if plan.eager:
-        notes.append(
-            "the model was captured with torch.export (ATen dialect), which FX graph mode cannot quantize: "
-            "Linear/LSTM layers were swapped for dynamic int8 ones in the original module (eager mode)"
-        )
 
     calib = None
     if mode == "static":
@@ -821,6 +816,11 @@ def quantize(
     model = _quantize_once(
         plan, calib.batches if calib else [], float_units=float_units, source=calib.source if calib else ""
     )
+    if plan.eager and _quantized_layers(model, plan.source, mode):  # (QA: said where none was, beside "(0): none")
+        notes.append(
+            "the model was captured with torch.export (ATen dialect), which FX graph mode cannot quantize: "
+            "Linear/LSTM layers were swapped for dynamic int8 ones in the original module (eager mode)"
+        )
     if mode == "qat-prepare":
         notes.append(
             "fake-quant model in training mode: train it, then fxforge.quantize's convert(model) makes it int8"
