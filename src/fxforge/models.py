@@ -474,7 +474,8 @@ def _load_output_dir(path: Path, spec: str, trusted: bool) -> LoadedModel:
         loaded.spec = spec
         structure = _split_output_structure(path)
         if structure is not None:  # a split directory's model.pt2 returns the tensors flat: the model's nesting back
-            loaded.module = StructuredOutputs(loaded.module, structure)
+            with contextlib.suppress(Exception):  # a hand-edited record: the tensors stay flat, as the file has them
+                loaded.module = StructuredOutputs(loaded.module, structure)
     else:
         loaded = _load_exported_file(path / chosen, "torchscript" if chosen == TORCHSCRIPT_FILE else "onnx", spec)
     loaded.file = chosen

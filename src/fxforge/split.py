@@ -1046,9 +1046,10 @@ def _write_reference(directory: Path, captured: Captured, plan: SplitPlan) -> li
 
 
 def _output_structure(captured: Captured) -> Any:
-    """The description of the graph's output on the example (None where it does not run or is not describable):
-    matched by position into the structure of whatever it was compared with, a split of a model returning
-    ``{"a": x, "b": y}`` verified OK against one returning ``{"b": x, "a": y}`` (QA)."""
+    """The description of the graph's output on the example (None where it does not run or is not describable).
+    Without it, model.pt2's flat tensors were put into the structure of whatever they were compared with, by
+    position: a split of a model returning ``{"a": x, "b": y}`` verified OK against one returning ``{"b": x, "a": y}``
+    (QA)."""
     try:
         with torch.no_grad(), preserved_state(captured.graph_module, runs=True):
             output = captured.graph_module(*captured.example_inputs, **captured.example_kwargs)
