@@ -282,28 +282,30 @@ def two_epoch_cnn(digits):
 
 def test_auto_int8_falls_back_to_float_units_until_the_budget_holds(digits, two_epoch_cnn, tmp_path):
     """optimize --auto under a budget plain int8 misses: a digits CNN trained for 2 epochs (small margins) and a
-    budget of every training digit's top-1 class kept. --auto then tries int8+fallback -- quantize's sensitivity
-    fallback toward the budget's target -- which keeps the fewest units in float that meet it, is verified
-    against the budget like any candidate, and is what the output directory loads."""
+    budget of all but one in a thousand training digits' top-1 class kept. --auto then tries int8+fallback --
+    quantize's sensitivity fallback toward the budget's target -- which keeps the fewest units in float that meet it,
+    is verified against the budget like any candidate, and is what the output directory loads. (A budget of every
+    digit kept was met by the fallback with int8 layers left on the AMX Xeon, and only with every unit in float on an
+    AMD EPYC, whose int8 kernels round otherwise.)"""
     from fxforge.auto import Budget, auto_optimize
     from fxforge.models import load_model
 
     x_train = digits[0]
     model, captured = two_epoch_cnn
-    result = auto_optimize(
-        captured, tmp_path / "o", backends=["eager", "int8"], budget=Budget(min_agreement=1.0), data=x_train, repeats=3
-    )
+    budget = Budget(min_agreement=0.999)
+    result = auto_optimize(captured, tmp_path / "o", backends=["eager", "int8"], budget=budget, data=x_train, repeats=3)
     candidates = {c.name: c for c in result.candidates}
     plain, fallback = candidates["int8"], candidates["int8+fallback"]
-    assert plain.status == "rejected" and plain.top1_agreement < 1.0, plain.reason
-    assert fallback.status in ("accepted", "chosen") and fallback.top1_agreement == 1.0, fallback.reason
+    assert plain.status == "rejected" and plain.top1_agreement < 0.999, plain.reason
+    assert fallback.status in ("accepted", "chosen") and fallback.top1_agreement >= 0.999, fallback.reason
     kept = next(note for note in fallback.notes if "units kept in float" in note)
-    assert "top-1 agreement >= 1" in kept and not kept.startswith("fallback to top-1 agreement >= 1: 0 of")
+    assert "top-1 agreement >= 0.999" in kept and not kept.startswith("fallback to top-1 agreement >= 0.999: 0 of")
     assert "int8 fallback" in result.seconds
     if result.chosen == "int8+fallback":  # what the directory loads is the configuration that met the budget
         loaded = load_model(str(tmp_path / "o"), trust_pickle=True).module
         with torch.no_grad():
-            assert torch.equal(loaded(x_train).argmax(1), model(x_train).argmax(1))
+            agreement = (loaded(x_train).argmax(1) == model(x_train).argmax(1)).float().mean().item()
+        assert agreement == pytest.approx(fallback.top1_agreement)
 
 
 def test_auto_int8_fallback_meets_the_budget_on_data_held_out_from_calibration(digits, two_epoch_cnn, tmp_path):
