@@ -582,7 +582,10 @@ def test_a_broken_rule_is_named_and_the_other_rules_still_run(capsys, user_files
         said = " ".join(err.split())
         assert "warning: rule USR051 raises (from file broken_rules.py) crashed: KeyError: 'oops in rule'" in said
         assert "rule USR052 says-a-string (from file broken_rules.py) crashed: TypeError: yielded 'not a" in said
-        assert "warning: rule USR054's fix 'fold_bnn' is not a registered pass: lint --fix cannot apply it" in said
+        assert (
+            "warning: rule USR054 (from file broken_rules.py): its fix 'fold_bnn' is not a registered pass: lint --fix "
+            "cannot apply it" in said
+        )
         captured = prepare(Doubler().eval(), inputs="2x4")
         with pytest.raises(FxforgeError) as raised:
             lint(captured, select=["USR053"])

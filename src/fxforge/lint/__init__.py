@@ -226,7 +226,11 @@ def lint(
     known = registered_passes()
     for code, name in sorted({(f.code, f.fix) for f in report.findings if f.fix and f.fix not in known}):
         # lint --fix passed over such a finding in silence (QA: a plug-in rule's misspelt fix)
-        report.rule_failures.append(f"rule {code}'s fix {name!r} is not a registered pass: lint --fix cannot apply it")
+        origin = RULES[code].origin if code in RULES else BUILTIN
+        where = "" if origin == BUILTIN else f" (from {origin})"
+        report.rule_failures.append(
+            f"rule {code}{where}: its fix {name!r} is not a registered pass: lint --fix cannot apply it"
+        )
     order = {node.name: i for i, node in enumerate(context.graph.nodes)}
     report.findings.sort(key=lambda f: (-severity_rank(f.severity), order.get(f.node or "", -1), f.code))
     return report
