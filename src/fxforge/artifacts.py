@@ -255,8 +255,10 @@ def check_output_directory(target: str | Path, *, force: bool = False) -> Path:
         )
     if not ours:  # --force would be refused too: not offered (QA: a folder made there meanwhile got that hint)
         what = f"refusing to replace {target}: it" if force else f"output directory {target} is not empty: it"
+        entries = sorted(entry.name for entry in target.iterdir())  # a hidden .DS_Store alone went unnamed (QA)
+        held = ", ".join(entries[:3]) + (f" and {len(entries) - 3} more" if len(entries) > 3 else "")
         raise FxforgeError(
-            f"{what} holds files but no {' or '.join(OUTPUT_MARKERS)} written by fxforge, "
+            f"{what} holds files ({held}) but no {' or '.join(OUTPUT_MARKERS)} written by fxforge, "
             "so it is not an fxforge output, and replacing it would delete files fxforge did not write",
             hint="give a new or empty directory, e.g. -o out/model",
         )
