@@ -47,6 +47,7 @@ from fxforge import display
 from fxforge.callstack import call_on_fresh_chunk
 from fxforge.effects import written_args
 from fxforge.errors import (
+    ENDING_SIGNALS,
     FxforgeError,
     InputSpecError,
     ModelSpecError,
@@ -372,7 +373,7 @@ def signals_held() -> Iterator[None]:
             signal.raise_signal(received[0])
 
 
-_HELD = tuple(held for held in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)) if held is not None)
+_HELD = (signal.SIGINT, *ENDING_SIGNALS)
 
 
 def _staging_prefix(target: Path) -> str:

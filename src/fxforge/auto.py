@@ -456,7 +456,7 @@ def candidate_backends(
 def _has_float32_cpu_linear(captured: Captured) -> bool:
     """Whether the onednn_linear pass would rewrite a layer of the graph (QA: a Linear on a 1-D input, or a bf16 one
     beside float32 weights, made a candidate that was fx again)."""
-    if model_device(captured).type != "cpu" or not torch.backends.mkldnn.is_available():
+    if model_device(captured).type != "cpu" or not onednn_linear.available():
         return False
     gm = captured.graph_module
     return any(onednn_linear.why_not(gm, node) is None for node in gm.graph.nodes)

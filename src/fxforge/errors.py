@@ -15,6 +15,7 @@ import importlib.util
 import linecache
 import os
 import re
+import signal
 import sys
 import sysconfig
 import traceback
@@ -28,6 +29,9 @@ EXIT_FINDINGS = 1  # lint found problems / verify found a mismatch
 EXIT_USAGE = 2  # bad model spec, input spec, file, option or missing extra
 EXIT_CAPTURE = 3  # the model could not be captured as a graph
 EXIT_INTERNAL = 4  # a bug in fxforge (or torch); rerun with --debug for the traceback
+# Signals that end a command as Ctrl-C does, through the same cleanup (exit 128 + the signal's number); no SIGHUP on
+# Windows
+ENDING_SIGNALS = tuple(s for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None)
 
 # Why the system refused a write: the disk or quota is full, the file system is read-only, no permission. The
 # machine's state, not a bug and not a failed capture or export: the CLI says "the system refused" (exit 2).

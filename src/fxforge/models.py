@@ -203,6 +203,9 @@ def load_model(
 
 
 TRUST_PICKLE_ENV = "FXFORGE_TRUST_PICKLE"
+# what an environment variable of fxforge's (FXFORGE_TRUST_PICKLE, FXFORGE_DEBUG) says yes and no with
+YES_WORDS = ("1", "true", "yes", "on")
+NO_WORDS = ("0", "false", "no", "off")
 
 
 def pickle_trusted(trust_pickle: bool | None = None) -> bool:
@@ -210,13 +213,13 @@ def pickle_trusted(trust_pickle: bool | None = None) -> bool:
     if trust_pickle is not None:
         return trust_pickle
     value = os.environ.get(TRUST_PICKLE_ENV, "").strip().lower()
-    if value not in ("", "1", "true", "yes", "on", "0", "false", "no", "off"):
+    if value not in ("", *YES_WORDS, *NO_WORDS):
         # read as "no", the refusal then said to set the variable that was set (QA: FXFORGE_TRUST_PICKLE=maybe)
         raise ModelSpecError(
             f"{TRUST_PICKLE_ENV}={os.environ[TRUST_PICKLE_ENV]!r} is neither yes nor no",
             hint=f"{TRUST_PICKLE_ENV}=1 to allow loading pickled modules, 0 (or unset) to refuse them",
         )
-    return value in ("1", "true", "yes", "on")
+    return value in YES_WORDS
 
 
 def _dispatch(spec: str, kwargs: dict[str, Any], trust_pickle: bool | None) -> LoadedModel:

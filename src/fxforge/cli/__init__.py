@@ -17,6 +17,8 @@ import signal
 import sys
 from typing import Any
 
+from fxforge.errors import ENDING_SIGNALS
+
 EXIT_INTERRUPTED = 130  # a signal that ends the command exits 128 + its number: 143 SIGTERM, 129 SIGHUP
 _sigint_seen = False
 _terminated = 0  # the signal that ended the command (SIGTERM, SIGHUP), 0 for none
@@ -110,17 +112,16 @@ def run() -> None:
     """Console-script entry point (``fxforge``)."""
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where SIGINT is ignored (nohup, &)
         signal.signal(signal.SIGINT, _note_sigint)
-    for ending in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):  # no SIGHUP on Windows
-        if ending is not None and signal.getsignal(ending) is signal.SIG_DFL:  # not where it is ignored (nohup)
+    for ending in ENDING_SIGNALS:
+        if signal.getsignal(ending) is signal.SIG_DFL:  # not where it is ignored (nohup)
             signal.signal(ending, _note_sigterm)
     try:
         code = main()
     except KeyboardInterrupt:  # Ctrl-C as main returned, or a second one while the first was being reported
         code = interrupted()  # the line, unless it was already written
     # The command is over: a Ctrl-C from here on would only raise in the interpreter's shutdown, with a traceback.
-    for ending in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)):
-        if ending is not None:
-            signal.signal(ending, signal.SIG_IGN)
+    for ending in (signal.SIGINT, *ENDING_SIGNALS):
+        signal.signal(ending, signal.SIG_IGN)
     try:
         sys.stdout.flush()
     except BrokenPipeError:

@@ -32,6 +32,7 @@ from fxforge.errors import (
     one_line_reason,
     raised_in_user_code,
 )
+from fxforge.models import NO_WORDS
 
 
 class _Stopped(Exception):
@@ -83,7 +84,7 @@ def _register_commands() -> None:
 _register_commands()
 
 
-_OFF = ("", "0", "false", "no", "off")
+_OFF = ("", *NO_WORDS)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,7 +31,8 @@ from fxforge.passes import PassResult, mark, register_pass
 NAME = "onednn_linear"
 
 
-def _available() -> bool:
+def available() -> bool:
+    """Whether this torch has oneDNN's linear kernel (every x86 and aarch64 wheel does)."""
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
@@ -54,8 +55,7 @@ def why_not(gm: fx.GraphModule, node: fx.Node) -> str | None:
         return "its input's dtype and shape are not recorded (capture with fxforge.capture, or run ShapeProp first)"
     if not _float32_cpu(facts, 2):
         return "its input is not a float32 CPU tensor of 2 or more dimensions"
-    if node.op == "call_module":
-        module = gm.get_submodule(str(node.target))
+    if module is not None:
         if module.training:  # oneDNN's linear has no backward: a model being trained would get no gradient
             return f"module {node.target} is in training mode (oneDNN's linear has no backward)"
         tensors = [t for t in (module.weight, module.bias) if t is not None]
@@ -102,7 +102,7 @@ def _operands(gm: fx.GraphModule, node: fx.Node) -> tuple[Any, Any, Any]:
 )
 def onednn_linear(gm: fx.GraphModule, options: None) -> PassResult:
     result = PassResult(NAME, gm)
-    if not _available():
+    if not available():
         result.skip("this torch has no oneDNN linear kernel (torch.ops.mkldnn._linear_pointwise)")
         return result
     for node in list(gm.graph.nodes):
