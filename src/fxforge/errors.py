@@ -32,6 +32,9 @@ EXIT_INTERNAL = 4  # a bug in fxforge (or torch); rerun with --debug for the tra
 # Signals that end a command as Ctrl-C does, through the same cleanup (exit 128 + the signal's number); no SIGHUP on
 # Windows
 ENDING_SIGNALS = tuple(s for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None)
+# What an environment variable of fxforge's (FXFORGE_TRUST_PICKLE, FXFORGE_DEBUG) says yes and no with
+YES_WORDS = ("1", "true", "yes", "on")
+NO_WORDS = ("0", "false", "no", "off")
 
 # Why the system refused a write: the disk or quota is full, the file system is read-only, no permission. The
 # machine's state, not a bug and not a failed capture or export: the CLI says "the system refused" (exit 2).

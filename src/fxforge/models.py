@@ -62,6 +62,8 @@ from fxforge.artifacts import (
 )
 from fxforge.demo import DEMO_MODELS
 from fxforge.errors import (
+    NO_WORDS,
+    YES_WORDS,
     FxforgeError,
     ModelSpecError,
     first_line,
@@ -203,9 +205,6 @@ def load_model(
 
 
 TRUST_PICKLE_ENV = "FXFORGE_TRUST_PICKLE"
-# what an environment variable of fxforge's (FXFORGE_TRUST_PICKLE, FXFORGE_DEBUG) says yes and no with
-YES_WORDS = ("1", "true", "yes", "on")
-NO_WORDS = ("0", "false", "no", "off")
 
 
 def pickle_trusted(trust_pickle: bool | None = None) -> bool:

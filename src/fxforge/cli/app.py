@@ -25,6 +25,7 @@ from fxforge.errors import (
     EXIT_INTERNAL,
     EXIT_OK,
     EXIT_USAGE,
+    NO_WORDS,
     SYSTEM_REFUSALS,
     FxforgeError,
     NotEnoughSpace,
@@ -32,7 +33,6 @@ from fxforge.errors import (
     one_line_reason,
     raised_in_user_code,
 )
-from fxforge.models import NO_WORDS
 
 
 class _Stopped(Exception):
