@@ -85,7 +85,7 @@ from fxforge.models import load_model
 from fxforge.passes import copy_graph_module, exact_passes
 from fxforge.pipeline import Pipeline
 from fxforge.plugins import BACKENDS_GROUP, load_group
-from fxforge.quantize import DEFAULT_RANDOM_BATCHES, int8_backend, load_calibration
+from fxforge.quantize import DEFAULT_RANDOM_BATCHES, frozen_torchscript, int8_backend, load_calibration
 from fxforge.quantize.ort import quantize_onnx
 from fxforge.references import as_names
 from fxforge.registry import BUILTIN, Registry
@@ -374,7 +374,8 @@ def int8_options(settings: BuildSettings, variants: Iterable[str], notes: list[s
 
 @register_backend(
     "int8",
-    "fxforge.quantize int8 (static for traced graphs, dynamic for exported ones)",
+    "fxforge.quantize int8 (static for traced graphs, dynamic for exported ones), as frozen TorchScript where its "
+    "trace computes the same bits",
     precision="int8",
     cpu_only=True,
     variants={
@@ -383,7 +384,11 @@ def int8_options(settings: BuildSettings, variants: Iterable[str], notes: list[s
     },
 )
 def _int8(captured: Captured, settings: BuildSettings) -> Runner:
-    return int8_backend(captured, settings.calibration, **int8_options(settings, settings.variants, settings.notes))
+    model = int8_backend(captured, settings.calibration, **int8_options(settings, settings.variants, settings.notes))
+    # what optimize --auto writes (deploy), so that bench times the int8 users get
+    scripted, how = frozen_torchscript(model, captured.example_inputs) if not captured.example_kwargs else (None, "")
+    settings.notes.append(how if scripted is not None else f"run as the int8 GraphModule: {how or 'keyword inputs'}")
+    return scripted if scripted is not None else model
 
 
 @register_backend(

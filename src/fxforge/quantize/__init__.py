@@ -8,7 +8,8 @@ The package, one module per concern: :mod:`.data` (calibration and evaluation da
 :func:`int8_backend` hook of ``fxforge.bench``), :mod:`.units` (the fallback units: every layer and op static
 quantization quantizes, and how each is kept in float), :mod:`.ort` (ONNX Runtime's own static int8 of an
 exported ONNX file, used by the ``ort_int8`` backend of ``fxforge.bench``), :mod:`.saving` (the output directory and the
-work-arounds that let torch 2.14.1 pickle and reload FX-quantized and QAT models) and :mod:`.engine`
+work-arounds that let torch 2.14.1 pickle and reload FX-quantized and QAT models), :mod:`.scripted` (the int8
+model as frozen TorchScript, which ``optimize --auto`` writes and ``bench`` times) and :mod:`.engine`
 (the int8 kernel engine). What a node of a quantized graph is (``quant_kind``, ``int8_weights``,
 ``int8_flops``), which inspect and lint read without quantizing anything, is :mod:`fxforge.vocabulary`.
 
@@ -67,6 +68,7 @@ from fxforge.quantize.flow import (
 )
 from fxforge.quantize.result import LayerSensitivity, QuantizeResult
 from fxforge.quantize.saving import picklable_quantized_modules, write_output
+from fxforge.quantize.scripted import frozen_torchscript
 from fxforge.quantize.units import Unit
 
 __all__ = [
@@ -87,6 +89,7 @@ __all__ = [
     "compare_batches",
     "convert",
     "fallback_units",
+    "frozen_torchscript",
     "int8_backend",
     "load_calibration",
     "parse_target",

@@ -1,0 +1,174 @@
+"""The int8 model as frozen TorchScript: traced, frozen, and kept only where it computes bit for bit what the
+quantized GraphModule computes.
+
+Why: an FX-quantized GraphModule calls every quantized layer through Python (the module's ``forward``, the
+attribute reads of each scale and zero point); TorchScript's interpreter calls the same int8 kernels without it.
+Measured on an AMD EPYC (Zen 5), 2 threads, 2026-11-28: resnet18 batch 1 2.87 -> 2.47 ms, mobilenet_v2 batch 1
+2.52 -> 1.48 ms; at batch 8 the kernels dominate (resnet18 17.7 -> 17.1 ms). ``optimize_for_inference`` on top
+made mobilenet_v2 slower again (2.26 ms), so it is not applied. A TorchScript file also loads without unpickling
+Python objects (``torch.jit.load``), which a pickled GraphModule cannot.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+from torch import fx, nn
+from torch.utils import _pytree as pytree
+
+from fxforge.errors import InputSpecError, one_line_reason
+from fxforge.inputs import make_inputs, specs_of
+
+
+def frozen_torchscript(model: nn.Module, example_inputs: tuple[Any, ...]) -> tuple[torch.jit.ScriptModule | None, str]:
+    """``model`` (an int8 model in eval mode) traced and frozen, with what was checked; or None and why not.
+
+    A trace keeps one path through the Python it runs. The quantized GraphModule's own code is straight-line, and
+    so are torch's modules it calls; a module or function of the user's kept whole (a capture leaf, a wrapped
+    function) may branch on its input's values (``if x.sum() > 0``), so a graph that calls one is not traced.
+    Kept only when the trace took no branch on a tensor's value, and its outputs equal the model's bit for bit, in
+    the same structure, on the example inputs and on inputs of another batch size (the trace must not have fixed
+    the batch size). Tensors read as Python numbers are accepted: in torch's modules they are constants (the scale
+    of a quantized Hardswish), and a number computed from the input would have shown in the comparison."""
+    opaque = _user_calls(model)
+    if opaque:
+        return None, f"it calls {opaque}, whose Python a trace cannot see into"
+    try:
+        with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+            warnings.simplefilter("always", torch.jit.TracerWarning)
+            traced = torch.jit.trace(_scales_inlined(model), _copies(example_inputs), strict=False, check_trace=False)
+            frozen = torch.jit.freeze(traced.eval())
+    except Exception as exc:  # TorchScript refuses many Python constructs: the GraphModule is kept as it is
+        return None, f"TorchScript could not trace it ({one_line_reason(exc, 120)})"
+    branches = [w for w in caught if issubclass(w.category, torch.jit.TracerWarning) and "boolean" in str(w.message)]
+    if branches:
+        return None, f"its trace took a branch on a tensor's value ({one_line_reason(branches[0].message, 120)})"
+    checked = [example_inputs]
+    other = _other_batch(example_inputs)
+    if other is not None and _runs(model, other):  # a model fixed to its batch size is checked at that one only
+        checked.append(other)
+    for inputs in checked:
+        problem = _differs(model, frozen, inputs)
+        if problem:
+            return None, f"its trace {problem}"
+    sizes = " and ".join(str(_batch_of(inputs)) for inputs in checked)
+    return frozen, f"traced and frozen TorchScript, equal bit for bit to the int8 GraphModule at batch {sizes}"
+
+
+# code a trace may run through: torch's, Python's operators, and torchvision's (its ops, such as the
+# stochastic_depth that efficientnet calls as one wrapped function, are written to be traced and scripted)
+_TORCH_OWNED = ("torch", "torchvision", "operator", "_operator", "builtins", "math")
+
+
+def _user_calls(model: nn.Module) -> str | None:
+    """The first module or function of ``model``'s graph whose code is not torch's (None: none is), as named in the
+    graph. A model that is not a GraphModule is all the user's code."""
+    if not isinstance(model, fx.GraphModule):
+        return type(model).__name__
+    for node in model.graph.nodes:
+        if node.op == "call_module":
+            owner = type(model.get_submodule(str(node.target))).__module__
+        elif node.op == "call_function":
+            owner = getattr(node.target, "__module__", None) or "torch"  # torch.ops overloads have none
+        else:
+            continue
+        if owner.split(".")[0] not in _TORCH_OWNED:
+            if node.op == "call_module":
+                return f"{node.target} ({type(model.get_submodule(str(node.target))).__name__})"
+            return f"{getattr(node.target, '__name__', node.target)}()"
+    return None
+
+
+def _is_quantized_call(node: fx.Node) -> bool:
+    return node.op == "call_function" and (
+        node.target is torch.quantize_per_tensor or str(node.target).startswith("quantized.")
+    )
+
+
+def _scales_inlined(model: nn.Module) -> nn.Module:
+    """``model`` where the scales and zero points that convert_fx keeps as one-element tensor attributes, read by
+    ``quantize_per_tensor`` and the ``quantized.add``-like ops, are written into the graph as Python numbers. They
+    are constants, but the tracer cannot tell them from the input's values and warns that the trace fixed them,
+    which would hide a real warning. A new GraphModule over the same submodules: ``model`` is left as it is."""
+    if not isinstance(model, fx.GraphModule):
+        return model
+    graph = fx.Graph()
+    values: dict[fx.Node, fx.Node] = {}
+    graph.output(graph.graph_copy(model.graph, values))
+    for node in list(graph.nodes):
+        if node.op != "get_attr" or not node.users or not all(_is_quantized_call(user) for user in node.users):
+            continue
+        value = _attribute(model, str(node.target))
+        if not isinstance(value, torch.Tensor) or value.numel() != 1:
+            continue
+        for user in list(node.users):
+            _read_as_number(user, node, value.item())
+        graph.erase_node(node)
+    return fx.GraphModule(model, graph)
+
+
+def _read_as_number(user: fx.Node, attribute: fx.Node, number: float | int) -> None:
+    def swap(arg: fx.Node) -> Any:
+        return number if arg is attribute else arg
+
+    user.args = pytree.tree_map_only(fx.Node, swap, user.args)
+    user.kwargs = pytree.tree_map_only(fx.Node, swap, user.kwargs)
+
+
+def _attribute(model: nn.Module, target: str) -> Any:
+    value: Any = model
+    for part in target.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _copies(inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Copies of the inputs: a model that writes into its input must leave the caller's alone."""
+    return tuple(value.clone() if isinstance(value, torch.Tensor) else value for value in inputs)
+
+
+def _batch_of(inputs: tuple[Any, ...]) -> int | str:
+    first = inputs[0] if inputs else None
+    return first.shape[0] if isinstance(first, torch.Tensor) and first.dim() else "?"
+
+
+def _other_batch(inputs: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """Random inputs like ``inputs`` with the batch dimension one larger; None where they cannot be made (an input
+    that is not a tensor, a 0-d first input)."""
+    batch = _batch_of(inputs)
+    if not isinstance(batch, int):
+        return None
+    try:
+        return make_inputs(specs_of(inputs), seed=1, batch=batch + 1)
+    except InputSpecError:
+        return None
+
+
+def _runs(model: nn.Module, inputs: tuple[Any, ...]) -> bool:
+    try:
+        with torch.no_grad():
+            model(*inputs)
+        return True
+    except Exception:
+        return False
+
+
+def _differs(model: nn.Module, frozen: torch.jit.ScriptModule, inputs: tuple[Any, ...]) -> str | None:
+    """How the frozen trace's outputs differ from the model's on ``inputs`` (None: they are equal, bit for bit)."""
+    with torch.no_grad():
+        expected = model(*_copies(inputs))
+        try:
+            got = frozen(*_copies(inputs))
+        except Exception as exc:
+            return f"fails at batch {_batch_of(inputs)} ({one_line_reason(exc, 100)})"
+    expected_leaves, expected_spec = pytree.tree_flatten(expected)
+    got_leaves, got_spec = pytree.tree_flatten(got)
+    if expected_spec != got_spec:
+        return "returns another structure than the model (TorchScript keeps tensors, tuples, lists and dicts)"
+    for want, have in zip(expected_leaves, got_leaves):
+        same = torch.equal(want, have) if isinstance(want, torch.Tensor) else want == have
+        if not same:
+            return f"computes other values at batch {_batch_of(inputs)}"
+    return None

@@ -1,0 +1,96 @@
+"""The int8 model as frozen TorchScript (fxforge.quantize.scripted): what optimize --auto writes for its int8
+candidate and bench times. Kept only where the trace computes the GraphModule's bits; never where a trace could
+have fixed a branch of the user's code."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import fx, nn
+
+from fxforge.auto import Budget, auto_optimize
+from fxforge.capture import capture
+from fxforge.models import load_model
+from fxforge.quantize import frozen_torchscript, int8_backend
+
+torchvision = pytest.importorskip("torchvision")
+
+
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v3_large"])
+def test_a_torchvision_int8_model_traces_to_the_same_bits(name):
+    """resnet18 (quantized add_relu, whose scales convert_fx keeps as tensor attributes) and mobilenet_v3_large
+    (quantized Hardswish, whose module reads its scale tensor as a number): both trace, at batch 1 and 2."""
+    torch.manual_seed(0)
+    model = torchvision.models.get_model(name, num_classes=10).eval()
+    example = (torch.randn(1, 3, 64, 64),)
+    int8 = int8_backend(capture(model, example), 1)
+    code_before = int8.code
+    scripted, how = frozen_torchscript(int8, example)
+    assert scripted is not None, how
+    assert isinstance(scripted, torch.jit.ScriptModule) and "at batch 1 and 2" in how
+    other = torch.randn(3, 3, 64, 64)
+    with torch.no_grad():
+        assert torch.equal(scripted(other), int8(other))
+    assert int8.code == code_before  # the scales were written into a copy of the graph, not the caller's
+    assert any(isinstance(getattr(int8, name), torch.Tensor) for name in dir(int8) if name.endswith("_scale_0"))
+
+
+class _SignGate(nn.Module):
+    """Branches on a value computed from its input: a trace would keep the branch of the example."""
+
+    def forward(self, x):
+        return x * 2 if x.mean().item() > 0 else x - 1
+
+
+def test_a_leaf_of_the_users_code_is_not_traced():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), _SignGate(), nn.Flatten(), nn.Linear(4 * 6 * 6, 5)).eval()
+    example = (torch.randn(1, 3, 8, 8),)
+    int8 = int8_backend(capture(model, example, leaf_modules=[_SignGate]), 1)
+    scripted, how = frozen_torchscript(int8, example)
+    assert scripted is None
+    assert how == "it calls 1 (_SignGate), whose Python a trace cannot see into"  # the leaf, as the graph names it
+
+
+def test_a_branch_on_a_tensor_value_is_not_kept():
+    """Straight-line code of torch's own that reads a tensor as a bool: the trace warns, and is not kept."""
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    positive = graph.call_function(bool, (graph.call_function(torch.gt, (graph.call_method("sum", (x,)), 0)),))
+    graph.output(graph.call_function(torch.mul, (x, positive)))
+    module = fx.GraphModule(nn.Module(), graph)
+    scripted, how = frozen_torchscript(module, (torch.ones(2, 3),))
+    assert scripted is None and how.startswith("its trace took a branch on a tensor's value"), how
+
+
+def test_a_trace_that_computes_other_values_is_not_kept(monkeypatch):
+    """The bit-for-bit comparison can fail: a trace made to compute something else is refused, naming the batch."""
+    from fxforge.quantize import scripted as scripted_module
+
+    real_trace = torch.jit.trace
+    monkeypatch.setattr(torch.jit, "trace", lambda module, inputs, **kw: real_trace(nn.ReLU(), inputs, **kw))
+    module = fx.symbolic_trace(nn.Sequential(nn.Identity()))
+    result, how = scripted_module.frozen_torchscript(module, (torch.randn(2, 3),))
+    assert result is None and how == "its trace computes other values at batch 2"
+
+
+def test_auto_writes_its_int8_candidate_as_torchscript_that_loads_without_unpickling(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 14 * 14, 10)).eval()
+    captured = capture(model, (torch.randn(2, 3, 16, 16),))
+    result = auto_optimize(
+        captured, tmp_path / "o", backends=["eager", "int8"], budget=Budget(tolerance=10.0), repeats=2
+    )
+    int8 = next(c for c in result.candidates if c.name == "int8")
+    assert int8.status in ("accepted", "chosen"), int8.reason
+    assert "model.torchscript.pt" in int8.artifact and int8.load == "torch.jit.load('model.torchscript.pt')"
+    assert any("equal bit for bit to the int8 GraphModule" in note for note in int8.notes), int8.notes
+    if result.chosen == "int8":
+        assert sorted(p.name for p in (tmp_path / "o").iterdir() if p.name.startswith("model")) == [
+            "model.torchscript.pt"
+        ]
+        loaded = load_model(str(tmp_path / "o"), trust_pickle=False)  # no pickle: no opt-in needed
+        x = torch.randn(5, 3, 16, 16)
+        scripted = torch.jit.load(str(tmp_path / "o" / "model.torchscript.pt"))
+        with torch.no_grad():
+            assert torch.equal(loaded.module(x), scripted(x))
