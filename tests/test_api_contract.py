@@ -184,3 +184,20 @@ def test_a_mismatch_of_dict_keys_names_them():
     """QA: verify said only "output: keys differ"."""
     problems = fxforge.compare_outputs({"a": torch.ones(1), "b": torch.ones(1)}, {"a": torch.ones(1)}).problems
     assert problems == ["output: keys differ (missing 'b')"]
+
+
+def test_prepare_takes_example_tensors_as_well_as_shape_specs():
+    """QA (2026-11-28): fxforge.prepare(model, (x,)) -- the first thing a torch user types -- gave a TypeError from
+    the spec parser's regex. Tensors are the example inputs, used as they are; the caller's are not changed."""
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU()).eval()
+    x = torch.randn(2, 4)
+    before = x.clone()
+    for inputs in (x, (x,), [x]):
+        captured = fxforge.prepare(model, inputs)
+        assert len(captured.example_inputs) == 1 and torch.equal(captured.example_inputs[0], x)
+    assert torch.equal(x, before)
+    with pytest.raises(
+        FxforgeError, match=r"inputs are shape specs such as '1x3x224x224' \(got a value of type int\)"
+    ) as error:
+        fxforge.verify_specs(model, model, [4])
+    assert "fxforge.capture(model, (x,))" in error.value.hint

@@ -29,6 +29,12 @@ def resolve_inputs(loaded: LoadedModel, inputs: str | InputSpec | Sequence[str |
     if isinstance(inputs, (str, InputSpec)):
         inputs = [inputs]  # one spec, not a sequence of characters
     if inputs:
+        for spec in inputs:
+            if not isinstance(spec, (str, InputSpec)):  # a tensor reached parse_input_spec's regex: a TypeError
+                raise InputSpecError(
+                    f"inputs are shape specs such as '1x3x224x224' (got a value of type {type(spec).__name__})",
+                    hint="pass example tensors to fxforge.prepare(model, (x,)) or fxforge.capture(model, (x,))",
+                )
         return [s if isinstance(s, InputSpec) else parse_input_spec(s) for s in inputs]
     if loaded.default_inputs:
         return list(loaded.default_inputs)
@@ -53,7 +59,7 @@ def example_inputs_for(
 
 def prepare(
     model: str | nn.Module,
-    inputs: str | Sequence[str | InputSpec] | None = None,
+    inputs: str | torch.Tensor | Sequence[str | InputSpec | torch.Tensor] | None = None,
     *,
     seed: int = 0,
     device: str | None = None,
@@ -68,6 +74,8 @@ def prepare(
 ) -> Captured:
     """Load ``model`` (a spec string or module), make seeded example inputs and capture it.
 
+    ``inputs``: shape specs (``"1x3x224x224"``, one or a list), or example tensors, used as they are.
+
     ``trust_pickle``: allow loading a pickled module (a ``.pt`` file), which runs code from the file; default:
     the ``FXFORGE_TRUST_PICKLE`` environment variable. A module passed in is captured as it is (its training
     mode included) and never changed. ``wrap``: functions to keep as one opaque call (callables, or
@@ -80,8 +88,14 @@ def prepare(
     loaded = load_model(model, seed=seed, device=device, model_kwargs=model_kwargs, trust_pickle=trust_pickle)
     if concrete_args:  # a misspelt name would otherwise read as "the model rejected the example inputs"
         _refuse_unknown_arguments(loaded.module, concrete_args, loaded.spec)
-    specs = resolve_inputs(loaded, inputs)
-    example = make_inputs(specs, seed=seed, device=device or "cpu")
+    if isinstance(inputs, torch.Tensor):
+        inputs = (inputs,)
+    if inputs and not isinstance(inputs, str) and all(isinstance(value, torch.Tensor) for value in inputs):
+        example: tuple[Any, ...] = tuple(inputs)  # the caller's own tensors (capture copies them before any run)
+        specs: list[InputSpec] = []
+    else:
+        specs = resolve_inputs(loaded, inputs)  # type: ignore[arg-type]
+        example = make_inputs(specs, seed=seed, device=device or "cpu")
     functions = _wrapped_functions(wrap)
     try:
         captured = capture(
