@@ -4,6 +4,7 @@ and the CLI's JSON contract and exit codes."""
 
 from __future__ import annotations
 
+import collections
 import itertools
 import json
 import os
@@ -751,3 +752,31 @@ def test_a_split_directory_of_a_model_returning_a_dict_verifies_against_the_mode
     swapped = Swapped().eval()
     swapped.load_state_dict(model.state_dict())
     assert not verify_specs(swapped, str(tmp_path / "s"), ["2x4"]).ok
+
+
+_Heads = collections.namedtuple("_Heads", ["out", "aux"])
+
+
+def test_a_model_returning_a_namedtuple_splits_and_returns_it():
+    """QA: split refused a model returning a namedtuple ("not a tensor"): symbolic_trace records the namedtuple's
+    construction as a call in the graph, which was taken for an output value. The call only builds the output:
+    the stages send its tensors, and the chained stages return the namedtuple again."""
+
+    class TwoHeads(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body, self.out, self.aux = nn.Linear(4, 8), nn.Linear(8, 3), nn.Linear(8, 2)
+
+        def forward(self, x):
+            h = torch.relu(self.body(x))
+            return _Heads(self.out(h), self.aux(h))
+
+    model = TwoHeads().eval()
+    result = split(capture(model, (torch.randn(2, 4),)), stages=2)
+    assert result.verification is not None and result.verification.ok
+    assert all(isinstance(stage.graph, torch.fx.Graph) for stage in result.stages)
+    last = result.stages[-1]
+    assert not any(node.target is _Heads for node in last.graph.nodes)  # the stages return tensors only
+    x = torch.randn(5, 4)
+    got, expected = result.chained()(x), model(x)
+    assert type(got) is _Heads and torch.equal(got.out, expected.out) and torch.equal(got.aux, expected.aux)

@@ -285,19 +285,53 @@ def _stored_tensors(gm: fx.GraphModule, node: fx.Node) -> list[torch.Tensor]:
     return tensors
 
 
+def _is_namedtuple_class(target: Any) -> bool:
+    return isinstance(target, type) and issubclass(target, tuple) and hasattr(target, "_fields")
+
+
+def _output_structure_nodes(gm: fx.GraphModule) -> set[fx.Node]:
+    """The nodes that only build the model's output: a namedtuple it returns is a call of its class in the graph
+    (symbolic_trace records one), which holds tensors but is no computation a stage could send."""
+    structure: set[fx.Node] = set()
+    for node in reversed(gm.graph.nodes):
+        if (
+            node.op == "call_function"
+            and _is_namedtuple_class(node.target)
+            and not node.kwargs
+            and node.users
+            and all(user.op == "output" or user in structure for user in node.users)
+        ):
+            structure.add(node)
+    return structure
+
+
+def output_tree(gm: fx.GraphModule) -> Any:
+    """What ``gm``'s output node returns, with the namedtuples the graph builds as namedtuples of nodes (as
+    ``torch.fx.node.map_aggregate`` walks and rebuilds them)."""
+    output = next(node for node in reversed(gm.graph.nodes) if node.op == "output")
+    structure = _output_structure_nodes(gm)
+
+    def expand(value: Any) -> Any:
+        if isinstance(value, fx.Node) and value in structure:
+            return value.target(*fx.node.map_aggregate(value.args, expand))
+        return value
+
+    return fx.node.map_aggregate(output.args[0] if output.args else (), expand)
+
+
 def _analyse(captured: Captured, infos: dict[str, NodeInfo]) -> _Graph:
     gm = captured.graph_module
     nodes = list(gm.graph.nodes)
-    compute = [n for n in nodes if n.op in _COMPUTE and not is_input_guard(n)]
+    structure = _output_structure_nodes(gm)
+    compute = [n for n in nodes if n.op in _COMPUTE and not is_input_guard(n) and n not in structure]
     position = {n: i for i, n in enumerate(compute)}
     n = len(compute)
     placeholders = [p for p in nodes if p.op == "placeholder"]
     flat = captured.flat_inputs()
     constants = {p: v for p, v in zip(placeholders, flat) if not isinstance(v, torch.Tensor)}
     tensor_inputs = [p for p in placeholders if p not in constants]
-    output = next(node for node in reversed(nodes) if node.op == "output")
     leaves: list[fx.Node] = []
-    fx.node.map_arg(output.args[0] if output.args else (), leaves.append)
+    fx.node.map_arg(output_tree(gm), leaves.append)
 
     values = []
     for node in [*tensor_inputs, *compute]:
@@ -305,7 +339,7 @@ def _analyse(captured: Captured, infos: dict[str, NodeInfo]) -> _Graph:
         if not users:
             continue
         start = 0 if node.op == "placeholder" else position[node] + 1
-        end = max(n if u.op == "output" else position[u] + 1 for u in users)
+        end = max(n if u.op == "output" or u in structure else position[u] + 1 for u in users)
         if end > start:
             values.append(_Value(node, start, end, _tensor_info(node, infos.get(node.name))))
     stored = {node: _stored_tensors(gm, node) for node in compute}
@@ -741,7 +775,7 @@ class ChainedStages(nn.Module):
         super().__init__()
         self.stages = nn.ModuleList(stages)
         self._template = template  # the captured graph: how inputs map to placeholders, how outputs nest
-        self._output = next(n for n in reversed(template.graph.nodes) if n.op == "output")
+        self._output = output_tree(template)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         flat = placeholder_values(self._template, args, kwargs)
@@ -750,9 +784,9 @@ class ChainedStages(nn.Module):
             values = stage(*values)
             values = values if isinstance(values, tuple) else (values,)
         leaves: list[fx.Node] = []
-        fx.node.map_arg(self._output.args[0], leaves.append)
+        fx.node.map_arg(self._output, leaves.append)
         by_node = dict(zip(leaves, values))
-        result = fx.node.map_aggregate(self._output.args[0], lambda v: by_node[v] if isinstance(v, fx.Node) else v)
+        result = fx.node.map_aggregate(self._output, lambda v: by_node[v] if isinstance(v, fx.Node) else v)
         result = plain_containers(result)  # what the model itself returns, not fx's immutable containers
         out_spec = getattr(self._template, "_out_spec", None)
         if out_spec is not None:  # an ATen graph returns flat outputs that its forward nests again
