@@ -140,3 +140,24 @@ def test_eval_data_of_the_wrong_shape_is_an_input_error(tmp_path, capsys, demo):
     # dynamic quantization runs --calib data only to measure accuracy: the same error, not a crash
     with pytest.raises(InputSpecError, match=r"batch 0 of the calibration data .*inputs 4x4x32x32"):
         quantize(demo, "dynamic", calibration=torch.randn(4, 4, 32, 32))
+
+
+def test_a_calibration_generator_that_fails_part_way_is_the_datas_error(tmp_path, capsys):
+    """QA: a file.py:function generator raising after some batches gave exit 4 (internal error) with the user's
+    exception; it is the data's error: one line naming the item it stopped at, exit 2."""
+    source = tmp_path / "calib_source.py"
+    source.write_text(
+        "import torch\n\n"
+        "def batches():\n"
+        "    for i in range(3):\n"
+        "        if i == 2:\n"
+        "            raise OSError('disk gone')\n"
+        "        yield torch.randn(2, 3, 32, 32)\n"
+    )
+    code, err = _quantize_cli(capsys, "--calib", f"{source}:batches", "-o", str(tmp_path / "out"))
+    assert code == EXIT_USAGE, err
+    assert (
+        _one_error(err)
+        == f"error: calibration data from function {source}:batches failed at item 2: OSError: disk gone"
+    )
+    assert not (tmp_path / "out").exists()

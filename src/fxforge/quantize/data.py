@@ -9,7 +9,7 @@ import pickle
 import re
 import warnings
 import zipfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -186,8 +186,23 @@ def _batches_of(
             f"{kind} data from {source} is a {type(obj).__name__}",
             hint="give a tensor (samples along dim 0), (inputs, labels) tensors, or a list of batches",
         )
-    pairs = [_as_batch(item, arity, source, kind) for item in obj]
+    pairs = [_as_batch(item, arity, source, kind) for item in _items(obj, source, kind)]
     return CalibrationData([batch for batch, _ in pairs], source, labels=[labels for _, labels in pairs])
+
+
+def _items(obj: Iterable[Any], source: str, kind: str) -> Iterator[Any]:
+    """The items of the user's iterable; its own failure part-way (a generator that raises, a DataLoader whose
+    dataset does) is the data's error, said in one line with the item it stopped at, not an internal error."""
+    count = 0
+    try:
+        for item in obj:
+            yield item
+            count += 1
+    except Exception as exc:
+        raise InputSpecError(
+            f"{kind} data from {source} failed at item {count}: {type(exc).__name__}: {first_line(exc)}",
+            hint="the error is raised by the data's own code (its generator or dataset): fix it there",
+        ) from None
 
 
 def _load_callable(spec: str, kind: str) -> Callable[..., Any]:
