@@ -383,6 +383,29 @@ def test_cli_pass_and_rule_from_files(capsys, user_files, monkeypatch):
     assert code == EXIT_USAGE and "is not a lint rule" in err
 
 
+def test_a_rule_reference_adds_the_rule_it_names_not_the_whole_file(capsys, user_files, monkeypatch):
+    """QA: --rule my_rules.py:check ran every @rule in the file. Only the named one is added; naming the other
+    one too (the file is imported once) adds it as well."""
+    monkeypatch.chdir(user_files)
+    (user_files / "two_rules.py").write_text(
+        RULES_FILE
+        + '''
+
+@rule("USR002", "any_linear", "info", "a linear layer")
+def linears(ctx):
+    for node in ctx.graph.nodes:
+        if node.op == "call_module":
+            yield node, "a module call"
+'''
+    )
+    lint_doubler = ("lint", "model.py:Doubler", "--input", "2x4", "--json")
+    code, out, err = run(capsys, *lint_doubler, "--rule", "two_rules.py:check")
+    assert code == 1, err
+    assert {f["code"] for f in json.loads(out)["findings"]} & {"USR001", "USR002"} == {"USR001"}
+    code, out, err = run(capsys, *lint_doubler, "--rule", "two_rules.py:linears", "--rule", "two_rules.py:check")
+    assert {f["code"] for f in json.loads(out)["findings"]} & {"USR001", "USR002"} == {"USR001", "USR002"}, err
+
+
 # --------------------------------------------------------------------------------------------------------------
 # --wrap and --concrete
 
@@ -576,6 +599,7 @@ def test_a_broken_rule_is_named_and_the_other_rules_still_run(capsys, user_files
     try:
         code, out, err = run(
             capsys, "lint", "model.py:Doubler", "--input", "2x4", "--rule", "broken_rules.py:raises",
+            "--rule", "broken_rules.py:says", "--rule", "broken_rules.py:misspelt", "--rule", "broken_rules.py:edits",
             "--rule", "my_rules.py:check", "--ignore", "USR053",
         )  # fmt: skip
         assert code == EXIT_FINDINGS and "USR001" in out, out  # the other rule's finding stands

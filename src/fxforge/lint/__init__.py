@@ -279,13 +279,26 @@ def _adopt_rule(name: str, check: Any, origin: str) -> None:
         )
 
 
+# rules a --rule file defined but no reference named: importing the file registered them, and a later reference
+# to the same (already imported) file brings its rule back from here
+_UNNAMED_RULES: dict[int, Rule] = {}
+
+
 def load_rule_reference(reference: str) -> list[str]:
-    """Import ``path/to/file.py:function`` (or ``package.module:function``) for its ``@rule`` functions; returns the
-    codes of the rules it added. The named function must be one of them."""
+    """Import ``path/to/file.py:function`` (or ``package.module:function``) and add the ``@rule`` it names; returns
+    the codes of the rules it added. The file's other ``@rule`` functions are not added (QA: ``--rule
+    my_rules.py:one`` ran every rule in the file); name each one to run it."""
     _load_rules()
     before = set(RULES)
     with registering_from(f"file {reference.rpartition(':')[0]}"):
         check = import_reference(reference, what="lint rule", error=RuleError, hint="e.g. --rule my_rules.py:check")
+    for code in set(RULES) - before:
+        if RULES[code].check is not check:
+            unnamed = RULES.pop(code)
+            _UNNAMED_RULES[id(unnamed.check)] = unnamed
+    if id(check) in _UNNAMED_RULES:
+        named = _UNNAMED_RULES.pop(id(check))
+        RULES[named.code] = named
     if not any(rule_.check is check for rule_ in RULES.values()):
         raise RuleError(f"{reference} is not a lint rule", hint="decorate it with @fxforge.lint.rule(code, name, ...)")
     return sorted(set(RULES) - before)

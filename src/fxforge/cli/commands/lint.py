@@ -38,7 +38,8 @@ Exit code: 1 when a finding at or above --fail-on (default: warning) exists, els
     "rule_references",
     multiple=True,
     metavar="FILE.py:FUNCTION",
-    help="Also load the @rule functions of a file or module (from fxforge.lint import rule; repeatable).",
+    help="Also run the @rule function it names, from a file or module (from fxforge.lint import rule); repeat it "
+    "for each rule.",
 )
 @click.option("--fix", is_flag=True, help="Apply the passes that fix the findings (verified); needs -o.")
 @click.option("--output", "-o", type=click.Path(path_type=str), default=None, help="Output directory for --fix.")
