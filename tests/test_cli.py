@@ -413,6 +413,27 @@ def test_report_and_graph_take_a_profile_as_the_cli_does(tmp_path):
         fxforge.graph_html(captured, tmp_path / "g.html", profile=3)
 
 
+def test_the_graph_page_says_what_bounds_each_profiled_node():
+    """QA: graph --profile and report coloured nodes by time but showed no bound, which profile's table prints:
+    each judged node carries the profile's verdict (``bd``), and a profile file without verdicts its bare bound."""
+    import fxforge
+    from fxforge.machine import Peak
+    from fxforge.visual.graph import graph_model
+
+    captured = fxforge.prepare("demo")
+    peak = Peak(gflops={"fp32": 50.0}, bandwidth_gbs=10.0, threads=1)
+    profile = fxforge.profile_model(captured, repeats=1, warmup=0, peak=peak)
+    judged = {n.name: n.verdict for n in profile.nodes if n.bound}
+    assert judged, "nothing judged: the test checks nothing"
+    drawn = {n["n"]: n.get("bd") for n in graph_model(captured, profile=profile)["nodes"]}
+    assert {name: drawn[name] for name in judged} == judged
+    older = profile.to_dict()
+    for row in older["nodes"]:
+        del row["verdict"]
+    drawn = {n["n"]: n.get("bd") for n in graph_model(captured, profile=older)["nodes"]}
+    assert {name: drawn[name] for name in judged} == {n.name: n.bound for n in profile.nodes if n.bound}
+
+
 @pytest.mark.parametrize(
     ("args", "code"),
     [(["inspect", "nosuch:model"], 2), (["inspect", "demo", "--bogus"], 2), (["verify", "demo", "nosuch.pt"], 2)],

@@ -153,7 +153,7 @@ class ProfileReport:
             "whole_ms": round(self.whole_ms, 4),
             "overhead": round(self.overhead, 4),
             "peak": asdict(self.peak),
-            "nodes": [asdict(n) for n in self.nodes],
+            "nodes": [{**asdict(n), "verdict": n.verdict} for n in self.nodes],
             "modules": [asdict(m) for m in self.modules],
             "trace": self.trace,
             "notes": self.notes,

@@ -13,9 +13,9 @@ Format (short keys: a 10k-node graph is a few MB): ``nodes`` is a list of dicts 
 ``t`` target, ``l`` label, ``c`` category (colour), ``m`` index of the containing module or -1 for the root,
 ``sh`` shape text, ``dt`` dtype, ``p`` params, ``f`` FLOPs, ``src`` source line, ``h`` hidden (weights and
 guards, drawn only in the details), ``st`` diff status, ``ps`` pass, ``o`` origin, ``lint`` finding
-indices, ``ms``/``share`` profile time, ``im`` the interleaved module of a node boxed with the nodes around it
-(``_Builder._drawn_in``). ``edges`` are ``[source, target]`` index pairs (a third element
-``1`` marks an edge of the original graph kept to show a removed node). ``modules`` have ``path``,
+indices, ``ms``/``share`` profile time, ``bd`` what bounds it (profile's verdict), ``im`` the interleaved module
+of a node boxed with the nodes around it (``_Builder._drawn_in``). ``edges`` are ``[source, target]`` index pairs
+(a third element ``1`` marks an edge of the original graph kept to show a removed node). ``modules`` have ``path``,
 ``type``, ``parent``, ``depth`` and totals; ``g`` marks a box of consecutive nodes (a long run of nodes
 directly in one module, see ``GROUP_OVER``), not a module of the model; ``il`` a module that a path leaves and
 re-enters (drawn open without a box, see ``_Builder.mark_interleaved``).
@@ -787,6 +787,11 @@ def _attach_profile(model: dict[str, Any], builder: _Builder, profile: dict[str,
         share = row.get("share")
         builder.nodes[index]["ms"] = time_ms
         builder.nodes[index]["share"] = float(share) if share is not None else (time_ms / total if total else 0.0)
+        # what bounds it, as profile's table says it ("memory (58%)"); a profile written before the verdict was
+        # kept in the JSON has the bare bound
+        verdict = row.get("verdict", row.get("bound"))
+        if isinstance(verdict, str) and verdict:
+            builder.nodes[index]["bd"] = verdict
     times = {str(m.get("path")): m for m in profile.get("modules", [])}
     for record in model["modules"]:
         row = times.get(record["path"])

@@ -197,6 +197,7 @@
         if (n.p) rows.push(["params", n.p.toLocaleString()]);
         if (n.f) rows.push(["FLOPs", n.f.toLocaleString() + " (" + num(n.f) + ")"]);
         if (n.ms != null) rows.push(["time", n.ms.toFixed(3) + " ms (" + (100 * (n.share || 0)).toFixed(1) + "%)"]);
+        if (n.bd) rows.push(["bound", n.bd]);
         if (n.st) rows.push(["diff", n.st + (n.ps ? " by pass " + n.ps : "")]);
         else if (n.ps) rows.push(["pass", n.ps]);
         if (n.o) rows.push(["computes", "the value of " + n.o + " in the captured graph"]);

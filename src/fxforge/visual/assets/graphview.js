@@ -93,7 +93,7 @@
     if (n.p) stats.push(num(n.p) + " params");
     if (n.f) stats.push(num(n.f) + " FLOPs");
     if (stats.length) lines.push(stats.join(" \u00b7 "));
-    if (n.ms != null) lines.push(n.ms.toFixed(3) + " ms \u00b7 " + (100 * (n.share || 0)).toFixed(1) + "%");
+    if (n.ms != null) lines.push(n.ms.toFixed(3) + " ms \u00b7 " + (100 * (n.share || 0)).toFixed(1) + "%" + (n.bd ? " \u00b7 bound: " + n.bd : ""));
     if (n.st && n.st !== "unchanged") lines.push(n.st + (n.ps ? " by " + n.ps : ""));
     return { title: title, lines: lines };
   }
