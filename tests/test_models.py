@@ -938,3 +938,31 @@ def test_a_transformers_config_the_model_rejects_is_a_spec_error():
     with pytest.raises(ModelSpecError, match="building the model raised ValueError") as info:
         load_model("transformers:BertModel", model_kwargs={"hidden_size": 65})
     assert "model_kwargs" in info.value.hint
+
+
+def test_user_sources_copy_only_modules_the_pickle_names_and_only_files_still_there(tmp_path):
+    """QA (a flaky CI failure): a module ``helpers`` imported beside an earlier model file was copied into an output
+    because the bytes ``helpers`` occurred in the pickle (an attribute name), and its folder had since been deleted:
+    FileNotFoundError. Only the modules the pickle's GLOBAL opcodes name are copied, and only files that exist."""
+    import shutil
+
+    from fxforge.artifacts import write_user_sources
+
+    folder = tmp_path / "gone"
+    folder.mkdir()
+    (folder / "helpers.py").write_text("def scale(x):\n    return x * 2\n")
+    (folder / "model.py").write_text(
+        "from torch import nn\nfrom helpers import scale\n"
+        "class M(nn.Module):\n    def forward(self, x):\n        return scale(x)\n"
+        "def build():\n    return M()\n"
+    )
+    user = load_model(f"{folder / 'model.py'}:build").module
+    unrelated = nn.Linear(2, 2)
+    unrelated.register_buffer("helpers_scale", torch.ones(1))  # the name 'helpers' inside the pickle's bytes
+    (tmp_path / "out").mkdir()
+    torch.save(unrelated, tmp_path / "out" / "a.pt")
+    assert write_user_sources(tmp_path / "out" / "a.pt", tmp_path / "out") == []
+    torch.save(user, tmp_path / "out" / "b.pt")  # names fxforge_user_model.M: its file is copied
+    assert write_user_sources(tmp_path / "out" / "b.pt", tmp_path / "out") == ["source/fxforge_user_model.py"]
+    shutil.rmtree(folder)  # the file is gone: nothing to copy, and no FileNotFoundError
+    assert write_user_sources(tmp_path / "out" / "b.pt", tmp_path / "out") == []

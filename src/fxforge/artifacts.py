@@ -35,7 +35,7 @@ import threading
 import types
 import warnings
 import zipfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Container, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -802,16 +802,17 @@ def write_user_sources(pickled: Path, directory: Path) -> list[str]:
     """
     try:
         with zipfile.ZipFile(pickled) as archive:  # torch.save's format: the pickle is stored uncompressed
-            data = b"".join(archive.read(name) for name in archive.namelist() if name.endswith(".pkl"))
+            pickles = [archive.read(name) for name in archive.namelist() if name.endswith(".pkl")]
     except zipfile.BadZipFile:
-        data = pickled.read_bytes()
+        pickles = [pickled.read_bytes()]
+    named = _pickled_module_names(pickles)
     written = []
     folders = set()
     for name, module in sorted(sys.modules.items()):
         origin = getattr(module, "__file__", None)
-        if name.startswith(USER_MODULE_PREFIX) and origin:
+        if name.startswith(USER_MODULE_PREFIX) and origin and Path(origin).is_file():
             folders.add(Path(origin).resolve().parent)
-            if name.encode() in data:
+            if name in named:
                 (directory / SOURCE_DIR).mkdir(exist_ok=True)
                 shutil.copy2(origin, directory / SOURCE_DIR / f"{name}.py")
                 written.append(f"{SOURCE_DIR}/{name}.py")
@@ -827,12 +828,45 @@ def write_user_sources(pickled: Path, directory: Path) -> list[str]:
             and origin.endswith(".py")
             and Path(origin).resolve().parent in folders
             and Path(origin).name != "__init__.py"
-            and name.encode() in data  # a module the pickle may name (a copy too many is harmless)
+            and name in named
+            and Path(origin).is_file()  # a module imported earlier from a folder since deleted (a test's tmp_path)
         ):
             (directory / SOURCE_DIR).mkdir(exist_ok=True)
             shutil.copy2(origin, directory / SOURCE_DIR / f"{name}.py")
             written.append(f"{SOURCE_DIR}/{name}.py")
     return written
+
+
+def _pickled_module_names(pickles: Sequence[bytes]) -> Container[str]:
+    """The modules whose classes and functions the pickles name (their GLOBAL and STACK_GLOBAL opcodes), and the
+    packages above them. A substring search of the bytes matched a module called ``helpers`` inside the name of a
+    torch module, and copied a file of another folder (QA); it is what is left where a pickle does not parse."""
+    import pickletools
+
+    names: set[str] = set()
+    for data in pickles:
+        strings: list[str] = []
+        try:
+            for opcode, arg, _ in pickletools.genops(data):
+                if opcode.name == "GLOBAL":
+                    names.add(str(arg).split(" ", 1)[0])
+                elif opcode.name == "STACK_GLOBAL" and len(strings) >= 2:
+                    names.add(strings[-2])
+                elif isinstance(arg, str):
+                    strings.append(arg)
+        except Exception:
+            return _Substrings(b"".join(pickles))
+    return names | {name.rsplit(".", i)[0] for name in names for i in range(1, name.count(".") + 1)}
+
+
+class _Substrings:
+    """``name in it``: whether the bytes hold the name anywhere (a copy too many is harmless, one too few is not)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name.encode() in self.data
 
 
 @contextlib.contextmanager
