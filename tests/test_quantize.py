@@ -606,7 +606,13 @@ def test_cli_quantize_demo(tmp_path, capsys):
     data = json.loads(stdout)
     assert data["mode"] == "static" and data["calibration"]["random"] and data["warnings"]
     assert 0 <= data["accuracy"]["top1_agreement"] <= 1
-    assert sorted(p.name for p in out.iterdir()) == ["inputs.txt", "model.pt", "report.html", "report.json"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "inputs.txt",
+        "model.pt",
+        "model.torchscript.pt",
+        "report.html",
+        "report.json",
+    ]
     model = torch.load(out / "model.pt", weights_only=False)
     assert model(torch.randn(1, 3, 32, 32)).shape == (1, 10)
     assert json.loads((out / "report.json").read_text())["quantized_layers"] == ["conv1", "conv2", "fc"]

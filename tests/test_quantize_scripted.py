@@ -94,3 +94,31 @@ def test_auto_writes_its_int8_candidate_as_torchscript_that_loads_without_unpick
         scripted = torch.jit.load(str(tmp_path / "o" / "model.torchscript.pt"))
         with torch.no_grad():
             assert torch.equal(loaded.module(x), scripted(x))
+
+
+def test_quantize_writes_the_torchscript_beside_the_pickle_and_loads_it_without_trust(tmp_path, capsys):
+    from fxforge.cli import main
+
+    out = tmp_path / "q"
+    assert main(["quantize", "demo", "--calib", "random:2", "-o", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "deprecated" not in err  # torch.jit.save/load warn on every call: not a stray line of ours
+    assert (out / "model.pt").is_file() and (out / "model.torchscript.pt").is_file()
+    untrusted, trusted = load_model(str(out)), load_model(str(out), trust_pickle=True)
+    assert untrusted.file == "model.torchscript.pt" and trusted.file == "model.pt"  # the GraphModule, to inspect
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(untrusted.module(x), trusted.module(x))
+
+
+def test_quantize_of_a_graph_calling_user_code_writes_no_torchscript_and_says_why(tmp_path):
+    import fxforge
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), _SignGate(), nn.Flatten(), nn.Linear(4 * 6 * 6, 5)).eval()
+    captured = capture(model, (torch.randn(1, 3, 8, 8),), leaf_modules=[_SignGate])
+    result = fxforge.quantize(captured, "static", calibration="random:2", output_dir=tmp_path / "q")
+    assert not (tmp_path / "q" / "model.torchscript.pt").exists() and (tmp_path / "q" / "model.pt").is_file()
+    assert "no model.torchscript.pt: it calls 1 (_SignGate), whose Python a trace cannot see into" in " ".join(
+        result.notes
+    )

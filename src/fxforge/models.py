@@ -517,14 +517,15 @@ def _split_output_structure(path: Path) -> Any | None:
 
 def _model_file_of(path: Path, trusted: bool) -> str | None:
     """Which file of an output directory is the model: the AOTInductor package (runs as timed; trusted, as it runs
-    native code when loaded, or alone, to be refused by name), else the pickle
-    when trusted (the torch-dialect graph, with provenance for bisection) or alone, else the pickle-free
-    ``model.pt2``, else what ``optimize --auto`` writes when it picks TorchScript or ONNX Runtime (runnable,
-    though not capturable as an fx graph). None where there is none."""
+    native code when loaded, or alone, to be refused by name), else the pickle when trusted (the torch-dialect
+    graph, with provenance for bisection) or alone, else the pickle-free ``model.pt2``, else ``model.torchscript.pt``
+    (a quantize output's int8 model beside its pickle) or what ``optimize --auto`` writes when it picks TorchScript
+    or ONNX Runtime (runnable, though not capturable as an fx graph). None where there is none."""
     others = [name for name in (MODEL_FILE, PROGRAM_FILE, TORCHSCRIPT_FILE, ONNX_FILE) if (path / name).exists()]
     if (path / AOTI_FILE).exists() and (trusted or not others):  # untrusted and alone: refused when loaded
         return AOTI_FILE
-    if (path / MODEL_FILE).exists() and (trusted or not (path / PROGRAM_FILE).exists()):
+    pickle_free = (PROGRAM_FILE, TORCHSCRIPT_FILE)  # a quantize output's int8 TorchScript beside its model.pt
+    if (path / MODEL_FILE).exists() and (trusted or not any((path / name).exists() for name in pickle_free)):
         return MODEL_FILE
     return next((name for name in (PROGRAM_FILE, TORCHSCRIPT_FILE, ONNX_FILE) if (path / name).exists()), None)
 

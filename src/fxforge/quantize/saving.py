@@ -20,6 +20,7 @@ from fxforge.artifacts import (
     MODEL_FILE,
     REPORT_FILE,
     SOURCE_DIR,
+    TORCHSCRIPT_FILE,
     atomic_directory,
     disk_full_said,
     rebuilt_with_opaque_calls,
@@ -32,6 +33,7 @@ from fxforge.errors import FxforgeError, first_line, one_line_reason
 from fxforge.quantize.accuracy import run_batches
 from fxforge.quantize.engine import quantized_engine
 from fxforge.quantize.result import QuantizeResult
+from fxforge.quantize.scripted import frozen_torchscript, save_frozen
 from fxforge.runtime import fx_wraps_kept_loadable, quiet_quantization_notices
 from fxforge.visual.report_page import REPORT_HTML, page_or_note, quantize_report_html
 
@@ -77,6 +79,8 @@ def write_output(
         if write_user_sources(staging / MODEL_FILE, staging):
             files.append(f"{SOURCE_DIR}/")
         _check_reload(result, staging / MODEL_FILE, inputs)
+        if _write_torchscript(result, captured, staging):
+            files.insert(1, TORCHSCRIPT_FILE)
         write_inputs(staging, captured.example_inputs)
         result.output_dir, result.files = output_dir, files
         page = page_or_note(quantize_report_html, result.notes, captured, result, spec)  # report.html, for people
@@ -86,6 +90,32 @@ def write_output(
         report = {"model": spec, "capture": captured.record.to_dict(), **result.to_dict()}
         write_report(staging, report)
     return files
+
+
+def _write_torchscript(result: QuantizeResult, captured: Captured, staging: Path) -> bool:
+    """``model.torchscript.pt`` beside ``model.pt``: the int8 GraphModule traced and frozen, which runs faster (no
+    Python between the int8 kernels) and loads with ``torch.jit.load``, no unpickling. Written only where
+    :func:`~fxforge.quantize.scripted.frozen_torchscript` kept it and the saved file computes the same bits again;
+    a note says why not otherwise. Not for a QAT-prepared model, which is trained further, nor for eager dynamic
+    int8 (a trace would run the user's own ``forward``)."""
+    if result.mode == "qat-prepare" or not isinstance(result.model, fx.GraphModule):
+        return False
+    if captured.example_kwargs:
+        result.notes.append(f"no {TORCHSCRIPT_FILE}: the model takes keyword inputs, which a trace does not keep")
+        return False
+    with quantized_engine(result.backend):
+        scripted, how = frozen_torchscript(result.model, captured.example_inputs)
+        problem = save_frozen(scripted, staging / TORCHSCRIPT_FILE, captured.example_inputs) if scripted else None
+    if problem:
+        scripted, how = None, problem
+    if scripted is None:
+        result.notes.append(f"no {TORCHSCRIPT_FILE}: {how} (model.pt is the int8 model)")
+        return False
+    result.notes.append(
+        f"{TORCHSCRIPT_FILE}: the int8 model as {how}; torch.jit.load('{TORCHSCRIPT_FILE}') runs it without Python "
+        "between the int8 kernels, and without unpickling"
+    )
+    return True
 
 
 def _breaks_pickling(module: nn.Module) -> bool:

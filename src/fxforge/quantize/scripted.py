@@ -11,7 +11,10 @@ Python objects (``torch.jit.load``), which a pickled GraphModule cannot.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -122,6 +125,27 @@ def _attribute(model: nn.Module, target: str) -> Any:
     for part in target.split("."):
         value = getattr(value, part)
     return value
+
+
+def save_frozen(scripted: torch.jit.ScriptModule, path: Path, example_inputs: tuple[Any, ...]) -> str | None:
+    """Save ``scripted`` to ``path`` and load it back: None when the file computes the same bits on the example
+    inputs, else why not (and the file is removed)."""
+    with _quiet_jit():
+        torch.jit.save(scripted, str(path))
+        problem = _differs(scripted, torch.jit.load(str(path)), example_inputs)
+    if problem:
+        path.unlink()
+        return f"the saved TorchScript {problem} once loaded"
+    return None
+
+
+@contextlib.contextmanager
+def _quiet_jit() -> Iterator[None]:
+    """torch 2.14 warns on every ``torch.jit.save``/``load`` that TorchScript is deprecated: fxforge chose it
+    for int8 (torch.export has no int8 kernels to run), and the warning would be a stray line in the user's output."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated", category=FutureWarning)
+        yield
 
 
 def _copies(inputs: tuple[Any, ...]) -> tuple[Any, ...]:
