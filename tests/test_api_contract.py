@@ -201,3 +201,12 @@ def test_prepare_takes_example_tensors_as_well_as_shape_specs():
     ) as error:
         fxforge.verify_specs(model, model, [4])
     assert "fxforge.capture(model, (x,))" in error.value.hint
+    # QA: a numpy array, an int and a dict gave Python's own errors; a mix of tensors and specs blamed the tensors
+    import numpy
+
+    for inputs in (numpy.zeros((2, 4)), 3, {"x": x}):
+        with pytest.raises(FxforgeError, match=f"got a value of type {type(inputs).__name__} \\(hint"):
+            fxforge.prepare(model, inputs)
+    with pytest.raises(FxforgeError, match="inputs mix example tensors with str values") as error:
+        fxforge.prepare(model, [x, "2x4"])
+    assert "fxforge.capture(model, (x, 3), example_kwargs=" in error.value.hint

@@ -88,10 +88,9 @@ def prepare(
     loaded = load_model(model, seed=seed, device=device, model_kwargs=model_kwargs, trust_pickle=trust_pickle)
     if concrete_args:  # a misspelt name would otherwise read as "the model rejected the example inputs"
         _refuse_unknown_arguments(loaded.module, concrete_args, loaded.spec)
-    if isinstance(inputs, torch.Tensor):
-        inputs = (inputs,)
-    if inputs and not isinstance(inputs, str) and all(isinstance(value, torch.Tensor) for value in inputs):
-        example: tuple[Any, ...] = tuple(inputs)  # the caller's own tensors (capture copies them before any run)
+    tensors = _example_tensors(inputs)
+    if tensors is not None:
+        example: tuple[Any, ...] = tensors  # the caller's own tensors (capture copies them before any run)
         specs: list[InputSpec] = []
     else:
         specs = resolve_inputs(loaded, inputs)  # type: ignore[arg-type]
@@ -120,6 +119,35 @@ def prepare(
             leave_out = option("--input", python="inputs")
             exc.hint = f"{loaded.spec} takes {defaults} by default (leave out {leave_out} to use it)"
         raise
+
+
+def _example_tensors(inputs: Any) -> tuple[torch.Tensor, ...] | None:
+    """``prepare``'s inputs as example tensors, or None where they are shape specs (or not given); anything else is
+    one error naming what was passed (QA: a numpy array, an int or a dict gave Python's own errors)."""
+    if inputs is None or isinstance(inputs, (str, InputSpec)):
+        return None
+    if isinstance(inputs, torch.Tensor):
+        return (inputs,)
+    hint = said(
+        "pass --input specs",
+        "for other positional values, or keyword inputs, use fxforge.capture(model, (x, 3), example_kwargs={...})",
+    )
+    if isinstance(inputs, Mapping) or not isinstance(inputs, Sequence):
+        raise InputSpecError(
+            "inputs are shape specs ('1x3x224x224', or a list of them) or example tensors (a tensor, or a tuple of "
+            f"them), got a value of type {type(inputs).__name__}",
+            hint=hint,
+        )
+    kinds = {isinstance(value, torch.Tensor) for value in inputs}
+    if kinds == {True}:
+        return tuple(inputs)
+    if kinds == {True, False}:
+        others = sorted({type(value).__name__ for value in inputs if not isinstance(value, torch.Tensor)})
+        raise InputSpecError(
+            f"inputs mix example tensors with {', '.join(others)} values: give all as tensors, or all as shape specs",
+            hint=hint,
+        )
+    return None
 
 
 def verify_specs(

@@ -70,6 +70,7 @@ from fxforge.runtime import (
     holds_tensor,
     narrowed_batch,
     preserved_state,
+    quiet_quantization_notices,
     quiet_torch_logs,
     with_constant_kwargs,
 )
@@ -1142,7 +1143,8 @@ def _load_exported(path: Path, format: str, output_like: Any, threads: int | Non
     with quiet_torch_logs():
         if format == "torchscript":
             extra = {METADATA_FILE: ""}
-            module = torch.jit.load(str(path), map_location=device, _extra_files=extra)
+            with quiet_quantization_notices():  # an int8 file's tensors are made while loading
+                module = torch.jit.load(str(path), map_location=device, _extra_files=extra)
             metadata = json.loads(extra[METADATA_FILE] or "{}")
             if metadata.get("optimize_at_load"):
                 module = torch.jit.optimize_for_inference(module)

@@ -452,3 +452,14 @@ def _embedding_rows(gm: fx.GraphModule, user: fx.Node, indices: fx.Node) -> int 
         weight = get_attr_value(gm, weight.target) if weight.op == "get_attr" else node_value(weight)
     shape = getattr(weight, "shape", None)
     return int(shape[0]) if shape is not None and len(shape) == 2 and isinstance(shape[0], int) else None
+
+
+def builds_namedtuple(node: fx.Node) -> bool:
+    """Whether ``node`` only builds a namedtuple: symbolic_trace records ``Out(a, b)`` as a call of the class."""
+    target = node.target
+    return (
+        node.op == "call_function"
+        and isinstance(target, type)
+        and issubclass(target, tuple)
+        and hasattr(target, "_fields")
+    )

@@ -789,6 +789,11 @@ def _dynamic_shapes_by_name(model: nn.Module, shapes: dict[str, Any]) -> dict[st
 def quiet_quantization_notices() -> Iterator[None]:
     """Hide exactly the notices torch.ao.quantization prints on every call: FX graph mode is deprecated but
     chosen deliberately (see :mod:`fxforge.quantize`)."""
+    # torch warns once per process that quantized tensors are deprecated; where the first quantized tensor is made
+    # by TorchScript's loader or interpreter, no Python filter sees it and it prints a raw "[W... Quantizer.cpp]"
+    # line (QA: on every command loading an int8 model.torchscript.pt). Made here first, under the filters below,
+    # its once is spent.
+    global _QUANTIZED_NOTICE_SPENT
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"torch\.ao\.quantization is deprecated", category=DeprecationWarning)
         warnings.filterwarnings("ignore", message=r"Please use quant_min and quant_max", category=UserWarning)
@@ -799,7 +804,13 @@ def quiet_quantization_notices() -> Iterator[None]:
         warnings.filterwarnings("once", message=r"All inputs of this cat operator must share")
         # convert_fx copies LSTM weights with torch.tensor(tensor) inside torch itself
         warnings.filterwarnings("ignore", message=r"To copy construct", module=r"torch\.ao\.nn\.quantized\.reference")
+        if not _QUANTIZED_NOTICE_SPENT:
+            torch.quantize_per_tensor(torch.zeros(1), 1.0, 0, torch.quint8)
+            _QUANTIZED_NOTICE_SPENT = True
         yield
+
+
+_QUANTIZED_NOTICE_SPENT = False
 
 
 @contextlib.contextmanager

@@ -62,7 +62,7 @@ from fxforge.artifacts import (
 from fxforge.capture import Captured, placeholder_values, require_captured
 from fxforge.compare import compare_outputs
 from fxforge.errors import FxforgeError, ModelSpecError, first_line, format_location, option, recorded_user_frame
-from fxforge.graphs import GraphRunner, get_attr_value, is_input_guard, module_path, submodule
+from fxforge.graphs import GraphRunner, builds_namedtuple, get_attr_value, is_input_guard, module_path, submodule
 from fxforge.inputs import InputSpec, draw_like, parse_input_spec, refuse_containers
 from fxforge.inspect import NodeInfo, inspect_graph
 from fxforge.models import LoadedModel, load_model, pickle_trusted
@@ -285,18 +285,13 @@ def _stored_tensors(gm: fx.GraphModule, node: fx.Node) -> list[torch.Tensor]:
     return tensors
 
 
-def _is_namedtuple_class(target: Any) -> bool:
-    return isinstance(target, type) and issubclass(target, tuple) and hasattr(target, "_fields")
-
-
 def _output_structure_nodes(gm: fx.GraphModule) -> set[fx.Node]:
     """The nodes that only build the model's output: a namedtuple it returns is a call of its class in the graph
     (symbolic_trace records one), which holds tensors but is no computation a stage could send."""
     structure: set[fx.Node] = set()
     for node in reversed(gm.graph.nodes):
         if (
-            node.op == "call_function"
-            and _is_namedtuple_class(node.target)
+            builds_namedtuple(node)
             and not node.kwargs
             and node.users
             and all(user.op == "output" or user in structure for user in node.users)

@@ -12,6 +12,7 @@ Python objects (``torch.jit.load``), which a pickled GraphModule cannot.
 from __future__ import annotations
 
 import contextlib
+import copy
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ from torch import fx, nn
 from torch.utils import _pytree as pytree
 
 from fxforge.errors import InputSpecError, one_line_reason
+from fxforge.graphs import builds_namedtuple
 from fxforge.inputs import make_inputs, specs_of
 
 
@@ -31,10 +33,13 @@ def frozen_torchscript(model: nn.Module, example_inputs: tuple[Any, ...]) -> tup
     A trace keeps one path through the Python it runs. The quantized GraphModule's own code is straight-line, and
     so are torch's modules it calls; a module or function of the user's kept whole (a capture leaf, a wrapped
     function) may branch on its input's values (``if x.sum() > 0``), so a graph that calls one is not traced.
-    Kept only when the trace took no branch on a tensor's value, and its outputs equal the model's bit for bit, in
-    the same structure, on the example inputs and on inputs of another batch size (the trace must not have fixed
-    the batch size). Tensors read as Python numbers are accepted: in torch's modules they are constants (the scale
-    of a quantized Hardswish), and a number computed from the input would have shown in the comparison."""
+    Kept only when the trace read no tensor as a Python value (a bool is a branch; a number, such as a split size
+    computed from ``x.shape[1]``, is fixed in the trace: QA had one silently wrong at another sequence length) --
+    the scales and zero points the int8 graph keeps as tensors are written in as numbers first, being constants --
+    and its outputs equal the model's bit for bit, in the same structure, on the example inputs and on inputs of
+    another batch size (the trace must not have fixed the batch size)."""
+    if not isinstance(model, fx.GraphModule):  # dynamic int8 of an exported model swaps the model's own layers
+        return None, f"it is not an fx graph but the {type(model).__name__} module's own code, which a trace would fix"
     opaque = _user_calls(model)
     if opaque:
         return None, f"it calls {opaque}, whose Python a trace cannot see into"
@@ -44,10 +49,13 @@ def frozen_torchscript(model: nn.Module, example_inputs: tuple[Any, ...]) -> tup
             traced = torch.jit.trace(_scales_inlined(model), _copies(example_inputs), strict=False, check_trace=False)
             frozen = torch.jit.freeze(traced.eval())
     except Exception as exc:  # TorchScript refuses many Python constructs: the GraphModule is kept as it is
-        return None, f"TorchScript could not trace it ({one_line_reason(exc, 120)})"
-    branches = [w for w in caught if issubclass(w.category, torch.jit.TracerWarning) and "boolean" in str(w.message)]
-    if branches:
-        return None, f"its trace took a branch on a tensor's value ({one_line_reason(branches[0].message, 120)})"
+        reason = one_line_reason(exc, 120)
+        if "cannot infer type of" in reason:  # its message goes on to print the output's tensors, values and all
+            reason = "TorchScript has no type for the model's output"
+        return None, f"TorchScript could not trace it ({reason})"
+    fixed = [w for w in caught if issubclass(w.category, torch.jit.TracerWarning)]
+    if fixed:
+        return None, f"its trace fixed a value read from a tensor ({one_line_reason(fixed[0].message, 120)})"
     checked = [example_inputs]
     other = _other_batch(example_inputs)
     if other is not None and _runs(model, other):  # a model fixed to its batch size is checked at that one only
@@ -65,14 +73,14 @@ def frozen_torchscript(model: nn.Module, example_inputs: tuple[Any, ...]) -> tup
 _TORCH_OWNED = ("torch", "torchvision", "operator", "_operator", "builtins", "math")
 
 
-def _user_calls(model: nn.Module) -> str | None:
+def _user_calls(model: fx.GraphModule) -> str | None:
     """The first module or function of ``model``'s graph whose code is not torch's (None: none is), as named in the
-    graph. A model that is not a GraphModule is all the user's code."""
-    if not isinstance(model, fx.GraphModule):
-        return type(model).__name__
+    graph."""
     for node in model.graph.nodes:
         if node.op == "call_module":
             owner = type(model.get_submodule(str(node.target))).__module__
+        elif builds_namedtuple(node):
+            continue  # builds a namedtuple of the user's, no code (TorchScript returns a plain tuple: checked later)
         elif node.op == "call_function":
             owner = getattr(node.target, "__module__", None) or "torch"  # torch.ops overloads have none
         else:
@@ -99,8 +107,11 @@ def _scales_inlined(model: nn.Module) -> nn.Module:
         return model
     graph = fx.Graph()
     values: dict[fx.Node, fx.Node] = {}
+    inlined_modules: dict[str, nn.Module] = {}
     graph.output(graph.graph_copy(model.graph, values))
     for node in list(graph.nodes):
+        if node.op == "call_module":
+            _modules_with_number_scales(model, str(node.target), inlined_modules)
         if node.op != "get_attr" or not node.users or not all(_is_quantized_call(user) for user in node.users):
             continue
         value = _attribute(model, str(node.target))
@@ -109,7 +120,38 @@ def _scales_inlined(model: nn.Module) -> nn.Module:
         for user in list(node.users):
             _read_as_number(user, node, value.item())
         graph.erase_node(node)
-    return fx.GraphModule(model, graph)
+    inlined = fx.GraphModule(model, graph)
+    for target, module in inlined_modules.items():
+        # GraphModule copied the path to each called module as new containers holding the model's modules: a module
+        # set in them leaves the model's own as it is
+        parent, _, leaf = target.rpartition(".")
+        setattr(inlined.get_submodule(parent), leaf, module)
+    return inlined
+
+
+# the one-element tensors torch's quantized modules read as numbers in forward (torch.ao.nn.quantized.Hardswish:
+# ``torch.ops.quantized.hardswish(input, self.scale, self.zero_point)``)
+_SCALE_BUFFERS = ("scale", "zero_point")
+
+
+def _modules_with_number_scales(model: nn.Module, target: str, inlined: dict[str, nn.Module]) -> None:
+    """Where ``target`` is a quantized module keeping its scale or zero point as a one-element tensor buffer, a
+    shallow copy reading them as Python numbers goes into ``inlined`` (the model's own module is left as it is)."""
+    module = model.get_submodule(target)
+    if target in inlined or not type(module).__module__.startswith("torch.ao.nn.quantized"):
+        return
+    scalars = {
+        name: module._buffers[name]
+        for name in _SCALE_BUFFERS
+        if isinstance(module._buffers.get(name), torch.Tensor) and module._buffers[name].numel() == 1
+    }
+    if not scalars:
+        return
+    copied = copy.copy(module)
+    copied._buffers = {k: v for k, v in module._buffers.items() if k not in scalars}
+    for name, value in scalars.items():
+        object.__setattr__(copied, name, value.item())
+    inlined[target] = copied
 
 
 def _read_as_number(user: fx.Node, attribute: fx.Node, number: float | int) -> None:
