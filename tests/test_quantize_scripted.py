@@ -169,3 +169,32 @@ def test_loading_an_int8_torchscript_prints_no_stray_warning(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "(2, 10)", done.stderr
     assert "Warning" not in done.stderr and "deprecated" not in done.stderr, done.stderr
+
+
+def _branchy(x):
+    if x.mean() > 0:  # a branch on a value: capture keeps this function as one call (--wrap)
+        return x * 2
+    return x - 1
+
+
+class _WrapNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.fc = nn.Conv2d(3, 4, 3), nn.Linear(4, 5)
+
+    def forward(self, x):
+        return self.fc(_branchy(self.conv(x)).mean((2, 3)))
+
+
+def test_int8_of_a_graph_calling_a_wrapped_function_is_written_as_a_pickle_that_reloads(tmp_path):
+    """QA: the int8 candidate of a model captured with --wrap never built ("the written int8 artifact does not load
+    and run: symbolically traced variables cannot be used as inputs to control flow"): torch.load rebuilt the
+    GraphModule by tracing into the wrapped function. It is not traced (a trace would fix the branch), and its
+    pickle names fxforge's rebuild tracer, as quantize's does."""
+    torch.manual_seed(0)
+    captured = capture(_WrapNet().eval(), (torch.randn(1, 3, 8, 8),), autowrap_functions=[_branchy])
+    result = auto_optimize(captured, tmp_path / "o", backends=["int8"], budget=Budget(tolerance=10.0), repeats=2)
+    int8 = next(c for c in result.candidates if c.name == "int8")
+    assert int8.status in ("accepted", "chosen"), int8.reason
+    assert "model.pt" in int8.artifact and "model.torchscript.pt" not in int8.artifact
+    assert any(note.startswith("the int8 GraphModule is saved as it is: it calls _branchy()") for note in int8.notes)

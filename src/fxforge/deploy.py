@@ -30,6 +30,7 @@ measured, applying ``recipe.json`` where there is one.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import pickle
@@ -39,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
+from torch import fx, nn
 from torch.utils import _pytree as pytree
 
 from fxforge.artifacts import (
@@ -61,6 +62,7 @@ from fxforge.artifacts import (
     load_program,
     program_imports,
     program_module,
+    rebuilt_with_opaque_calls,
     save_graph_module,
     save_program,
     signature_imports,
@@ -379,7 +381,10 @@ def _write_int8(captured: Captured, directory: Path, settings: BuildSettings, va
         return
     how = problem or how
     a.notes.append(f"the int8 GraphModule is saved as it is: {how or 'its inputs include keywords'}")
-    with picklable_quantized_modules(model):
+    # a graph calling a function capture kept whole names fxforge's rebuild tracer, as quantize's model.pt does:
+    # torch's own would trace into the function while loading (QA: int8 with --wrap never built)
+    rebuilt = rebuilt_with_opaque_calls(model) if isinstance(model, fx.GraphModule) else contextlib.nullcontext()
+    with picklable_quantized_modules(model), rebuilt:
         torch.save(model, directory / MODEL_FILE)
     write_user_sources(directory / MODEL_FILE, directory)
     a.load = with_sources_on_path(PLAIN_TORCH_LOAD["int8"], directory)
