@@ -769,3 +769,24 @@ def test_dynamic_int8_of_an_aten_graph_without_linear_layers_does_not_claim_it_s
         warnings.simplefilter("ignore", RandomCalibrationWarning)
         swapped = quantize(linear, "dynamic")
     assert swapped.quantized_layers and any("were swapped" in note for note in swapped.notes)
+
+
+class _ScaledByShape(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return self.fc(x) * (x.size(-1) ** -0.5)  # a Python number computed in forward, as attention scales are
+
+
+def test_a_number_computed_in_forward_gets_a_hint_that_names_the_way_out():
+    """QA: "'float' object has no attribute 'numel'" was hinted as a submodule to keep in float, with a --mode that
+    optimize does not have. The hint says what it is; keeping the op in float, as it says, quantizes the rest."""
+    captured = fxforge.capture(_ScaledByShape().eval(), (torch.randn(2, 16),))
+    with pytest.raises(fxforge.errors.FxforgeError) as raised:
+        quantize(captured, "static", calibration="random:2")
+    assert "'float' object has no attribute 'numel'" in raised.value.message
+    assert raised.value.hint.startswith("the graph combines a tensor with a Python number computed in forward")
+    result = quantize(captured, "static", calibration="random:2", float_layers=["mul"])
+    assert result.quantized_layers == ["fc"] and result.float_layers == ["mul"]

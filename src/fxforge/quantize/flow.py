@@ -546,6 +546,15 @@ def _fx_errors(mode: str) -> Iterator[None]:
                 + said("--float-layer NAME", "float_layers=['NAME']")
                 + ")"
             )
+        if re.search(r"'(float|int)' object has no attribute 'numel'", str(exc)):
+            # QA: `scores * q.size(-1) ** -0.5`, `x * t.item()`; the hint blamed a submodule and, from optimize,
+            # named a --mode it does not have
+            hint = (
+                "the graph combines a tensor with a Python number computed in forward (from a shape or .item()), "
+                "which FX quantization cannot observe: make it a constant set in __init__, or keep that op in float ("
+                + said("quantize --float-layer NAME", "float_layers=['NAME']")
+                + ")"
+            )
         if "Unhandled type for returned node" in str(exc):  # QA: blamed a submodule for `return x, 7`
             hint = (
                 "the model returns a Python number beside its tensors, which FX quantization cannot place: return "
