@@ -427,11 +427,15 @@ def test_the_graph_page_says_what_bounds_each_profiled_node():
     assert judged, "nothing judged: the test checks nothing"
     drawn = {n["n"]: n.get("bd") for n in graph_model(captured, profile=profile)["nodes"]}
     assert {name: drawn[name] for name in judged} == judged
-    older = profile.to_dict()
-    for row in older["nodes"]:
-        del row["verdict"]
-    drawn = {n["n"]: n.get("bd") for n in graph_model(captured, profile=older)["nodes"]}
-    assert {name: drawn[name] for name in judged} == {n.name: n.bound for n in profile.nodes if n.bound}
+    for verdict in ("missing", None):  # QA: a null verdict showed no bound at all
+        older = profile.to_dict()
+        for row in older["nodes"]:
+            if verdict == "missing":
+                del row["verdict"]
+            else:
+                row["verdict"] = verdict
+        drawn = {n["n"]: n.get("bd") for n in graph_model(captured, profile=older)["nodes"]}
+        assert {name: drawn[name] for name in judged} == {n.name: n.bound for n in profile.nodes if n.bound}
 
 
 @pytest.mark.parametrize(

@@ -161,3 +161,36 @@ def test_a_calibration_generator_that_fails_part_way_is_the_datas_error(tmp_path
         == f"error: calibration data from function {source}:batches failed at item 2: OSError: disk gone"
     )
     assert not (tmp_path / "out").exists()
+
+
+def test_endless_calibration_data_is_refused_before_it_fills_the_memory(monkeypatch):
+    """QA: an endless generator (itertools.cycle(loader)) was read into memory until the allocator failed."""
+    from fxforge.quantize import data as data_module
+
+    monkeypatch.setattr(data_module, "MAX_DATA_BYTES", 10 * 4 * 3 * 32 * 32 * 4)  # ten batches of four samples
+
+    def endless():
+        while True:
+            yield torch.randn(4, 3, 32, 32)
+
+    with pytest.raises(InputSpecError, match=r"holds more than .* GiB of tensors after 11 items \(an endless gen"):
+        load_calibration(endless(), DEMO_INPUTS)
+
+
+class _CorruptDataset(torch.utils.data.Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, index):
+        if index == 5:
+            raise IndexError("corrupt sample 5")
+        return torch.randn(3, 32, 32)
+
+
+def test_a_dataloader_worker_error_keeps_its_own_message():
+    """QA: a DataLoader with workers re-raises "Caught IndexError in DataLoader worker process 0." and puts the
+    dataset's own message on its last line, which the one-line error dropped."""
+    loader = torch.utils.data.DataLoader(_CorruptDataset(), batch_size=2, num_workers=1)
+    with pytest.raises(InputSpecError) as raised:
+        load_calibration(loader, DEMO_INPUTS)
+    assert raised.value.message.endswith("failed at item 2: IndexError: corrupt sample 5"), raised.value.message

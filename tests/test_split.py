@@ -755,6 +755,7 @@ def test_a_split_directory_of_a_model_returning_a_dict_verifies_against_the_mode
 
 
 _Heads = collections.namedtuple("_Heads", ["out", "aux"])
+_Nested = collections.namedtuple("_Nested", ["out", "rest"])
 
 
 def test_a_model_returning_a_namedtuple_splits_and_returns_it():
@@ -780,3 +781,11 @@ def test_a_model_returning_a_namedtuple_splits_and_returns_it():
     x = torch.randn(5, 4)
     got, expected = result.chained()(x), model(x)
     assert type(got) is _Heads and torch.equal(got.out, expected.out) and torch.equal(got.aux, expected.aux)
+
+    class NestedHeads(TwoHeads):  # QA: the list inside came back as fx's immutable_list
+        def forward(self, x):
+            h = torch.relu(self.body(x))
+            return _Nested(self.out(h), [self.aux(h), {"h": h}])
+
+    got = split(capture(NestedHeads().eval(), (torch.randn(2, 4),)), stages=2).chained()(x)
+    assert type(got) is _Nested and type(got.rest) is list and type(got.rest[1]) is dict

@@ -1286,6 +1286,8 @@ def plain_containers(value: Any) -> Any:
         return [plain_containers(v) for v in value]
     if isinstance(value, tuple) and not hasattr(value, "_fields") and type(value) is tuple:
         return tuple(plain_containers(v) for v in value)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple: its fields too (QA)
+        return type(value)(*(plain_containers(v) for v in value))
     return value
 
 

@@ -16,10 +16,11 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils import _pytree as pytree
 
 from fxforge import references
 from fxforge.artifacts import is_pickle_stream
-from fxforge.errors import InputSpecError, first_line
+from fxforge.errors import FxforgeError, InputSpecError, first_line
 from fxforge.inputs import make_inputs, specs_of
 from fxforge.runtime import describe_inputs
 
@@ -190,19 +191,44 @@ def _batches_of(
     return CalibrationData([batch for batch, _ in pairs], source, labels=[labels for _, labels in pairs])
 
 
+# fxforge keeps calibration and evaluation data in memory (int8 is calibrated, then judged, on the same batches):
+# an endless generator (itertools.cycle(loader)) filled the machine's memory before failing (QA)
+MAX_DATA_BYTES = 4 * 2**30
+
+
 def _items(obj: Iterable[Any], source: str, kind: str) -> Iterator[Any]:
     """The items of the user's iterable; its own failure part-way (a generator that raises, a DataLoader whose
-    dataset does) is the data's error, said in one line with the item it stopped at, not an internal error."""
-    count = 0
+    dataset does) is the data's error, said in one line with the item it stopped at, not an internal error. More
+    than :data:`MAX_DATA_BYTES` of tensors is refused (an endless generator would fill the memory)."""
+    count = held = 0
+    what = kind if kind.endswith(")") or " " in kind else f"{kind} data"
     try:
         for item in obj:
+            held += sum(t.numel() * t.element_size() for t in pytree.tree_leaves(item) if isinstance(t, torch.Tensor))
+            if held > MAX_DATA_BYTES:
+                raise InputSpecError(
+                    f"{what} from {source} holds more than {MAX_DATA_BYTES / 2**30:g} GiB of tensors after {count + 1} "
+                    "items (an endless generator?): fxforge keeps it in memory",
+                    hint="pass fewer samples, e.g. itertools.islice(batches, 100)",
+                )
             yield item
             count += 1
+    except FxforgeError:
+        raise
     except Exception as exc:
         raise InputSpecError(
-            f"{kind} data from {source} failed at item {count}: {type(exc).__name__}: {first_line(exc)}",
+            f"{what} from {source} failed at item {count}: {_last_reason(exc)}",
             hint="the error is raised by the data's own code (its generator or dataset): fix it there",
         ) from None
+
+
+def _last_reason(exc: Exception) -> str:
+    """``Type: message``; for an error a DataLoader worker re-raised, the worker's own message, which torch puts on
+    the last line ("Caught IndexError in DataLoader worker process 0. Original Traceback ... IndexError: ...")."""
+    text = str(exc).strip()
+    if "DataLoader worker process" in text and "\n" in text:
+        return text.splitlines()[-1].strip()
+    return f"{type(exc).__name__}: {first_line(exc)}" if text else type(exc).__name__
 
 
 def _load_callable(spec: str, kind: str) -> Callable[..., Any]:

@@ -789,7 +789,7 @@ def _attach_profile(model: dict[str, Any], builder: _Builder, profile: dict[str,
         builder.nodes[index]["share"] = float(share) if share is not None else (time_ms / total if total else 0.0)
         # what bounds it, as profile's table says it ("memory (58%)"); a profile written before the verdict was
         # kept in the JSON has the bare bound
-        verdict = row.get("verdict", row.get("bound"))
+        verdict = row.get("verdict") or row.get("bound")  # missing or null (QA): the bare bound
         if isinstance(verdict, str) and verdict:
             builder.nodes[index]["bd"] = verdict
     times = {str(m.get("path")): m for m in profile.get("modules", [])}
