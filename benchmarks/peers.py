@@ -71,7 +71,7 @@ from fxforge.auto import (
     auto_optimize,
     candidate_backends,
 )
-from fxforge.bench import SETTLE_CALLS, Backend, artifact_backend, bench, get_backend, ratio_interval
+from fxforge.bench import SETTLE_CALLS, SETTLE_SECONDS, Backend, artifact_backend, bench, get_backend, ratio_interval
 from fxforge.capture import Captured
 from fxforge.doctor import versions
 from fxforge.errors import one_line_reason
@@ -190,10 +190,11 @@ def _ort(captured: Captured, settings: Any):
 
 
 def _rounds(eager_s: float, columns: int, budget_s: float, most: int) -> int:
-    """Timed rounds that fit ``budget_s`` (a round runs every column once, after an untimed settling call of the
-    same column: see ``fxforge.bench``; assume each call about eager's time)."""
-    calls = columns * (1 + SETTLE_CALLS)
-    return max(MIN_REPEATS, min(most, int(budget_s / max(eager_s * calls, 1e-6))))
+    """Timed rounds that fit ``budget_s`` (a round runs every column once, after untimed settling calls of the
+    same column, at least SETTLE_CALLS and SETTLE_SECONDS: see ``fxforge.bench``; assume each call about eager's
+    time)."""
+    round_s = columns * (max(eager_s * SETTLE_CALLS, SETTLE_SECONDS) + eager_s)
+    return max(MIN_REPEATS, min(most, int(budget_s / max(round_s, 1e-6))))
 
 
 def _eager_seconds(captured: Captured) -> float:

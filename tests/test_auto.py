@@ -91,7 +91,7 @@ def test_a_wrong_fast_candidate_is_rejected_and_never_chosen(classifier, tmp_pat
     assert compare_outputs(classifier.original(x), in_place(x)).ok
 
 
-def test_the_output_says_what_the_table_says_and_warns_of_a_busy_machine(classifier):
+def test_the_output_says_what_the_table_says_and_warns_of_a_busy_machine(classifier, monkeypatch):
     """QA: a reason line said 53.3x slower where the table said 29.5x (a ratio of medians against the median of
     the per-round ratios), and the busy-machine line bench prints was in report.json only."""
     from rich.console import Console
@@ -99,8 +99,10 @@ def test_the_output_says_what_the_table_says_and_warns_of_a_busy_machine(classif
     from fxforge.cli.render import render_auto
 
     # One candidate's rounds spread 20x: a machine busy in every other round. A round calls the runner
-    # SETTLE_CALLS + 1 times, so the pattern's halves are that long: whatever number of calls came before the
-    # rounds (verification, warm-up), the timed call of one round is slow and of the next fast.
+    # SETTLE_CALLS + 1 times (no minimum settling time here), so the pattern's halves are that long: whatever
+    # number of calls came before the rounds (verification, warm-up), the timed call of one round is slow and of
+    # the next fast.
+    monkeypatch.setattr("fxforge.bench.SETTLE_SECONDS", 0.0)
     calls_per_round = SETTLE_CALLS + 1
     delays = iter(([0.001] * calls_per_round + [0.02] * calls_per_round) * 200)
 

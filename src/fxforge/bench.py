@@ -13,11 +13,15 @@ shared with ``optimize --auto`` -- and the measurement:
   backends alike instead of the one that happened to be running; shuffling (not rotating) means no
   backend always runs right after the same other one, which would charge it that one's after-effects
   (a float model's weights evicting the caches made the int8 model timed after it 10% slower);
-* each timed call comes right after an untimed call of the same backend (``SETTLE_CALLS``): the timed call
-  then finds the backend's own threads awake and the other runtime's gone quiet, as when the model runs
-  alone in a loop. Without it, ONNX Runtime timed after a torch backend (whose OpenMP threads spin for a
-  while after their last op) was 19% slower than alone (mobilenet_v2, batch 1, 2 cores: 3.78 vs 3.18 ms),
-  and torch's oneDNN-fused TorchScript 21%; with it, 3% and 14%;
+* each timed call comes right after untimed calls of the same backend, for at least ``SETTLE_SECONDS`` and
+  ``SETTLE_CALLS`` calls: the timed call then finds the backend's own threads awake and the other runtime's gone
+  quiet, as when the model runs alone in a loop. Without it, ONNX Runtime timed after a torch backend (whose
+  OpenMP threads spin for a while after their last op) was 19% slower than alone (mobilenet_v2, batch 1, 2 cores:
+  3.78 vs 3.18 ms), and torch's oneDNN-fused TorchScript 21%; with one call, 3% and 14%. One call was not always
+  enough: torch's OpenMP threads can spin for over 10 ms, and ONNX Runtime timed after `torch.compile` ran at
+  two speeds (AMD EPYC, 2026-11-28: median 3.03 ms, p90 3.92, against 1.97 alone; after 10 ms of settling 2.16,
+  after 20 ms 2.02 with a p90 of 2.24 as alone). That was the "two speeds" of ONNX Runtime at batch 1 in
+  docs/benchmarks.md, which read as 0.90x the best peer for a candidate that was the peer itself;
 * median and p90 latency over the timed calls, throughput = batch / median; the speedup (eager's median over
   the row's) with the 95% bootstrap interval of eager's time over the row's round by round (rounds are paired,
   so a slow moment of the machine cancels); a row whose rounds spread wider than :data:`NOISY_SPREAD` is ``noisy``;
@@ -1066,7 +1070,8 @@ def _warm_up(runner: Runner, inputs: tuple[Any, ...], warmup: int, row: BenchRow
         row.notes.append("the model's output is all NaN or Inf on the bench inputs: no error can be measured")
 
 
-SETTLE_CALLS = 1  # untimed calls of a backend right before each of its timed calls (module docstring)
+SETTLE_CALLS = 1  # untimed calls of a backend right before each of its timed calls (module docstring) ...
+SETTLE_SECONDS = 0.02  # ... and for at least this long, for the other runtimes' threads to go quiet
 FAULTS_NOTED = 64  # page faults per timed call from which a row says so: a steady state faults a handful at most
 # p90 over p10 of a row's rounds from which it says the machine was busy: on a quiet machine rows stay within
 # 1.1-1.3x (docs/benchmarks.md tables); a second process on one of two cores gives 1.5-3x
@@ -1089,6 +1094,15 @@ def _note_faults(row: BenchRow, faults: list[int]) -> None:
             "3.11/3.12 possibly a frame-stack chunk boundary under the caller, see fxforge.callstack; or an "
             "allocator returning memory to the OS between calls), which costs time"
         )
+
+
+def _settle(runner: Runner, inputs: tuple[Any, ...]) -> None:
+    """Untimed calls of ``runner`` until both ``SETTLE_CALLS`` and ``SETTLE_SECONDS`` are reached."""
+    start, calls = time.perf_counter(), 0
+    while calls < SETTLE_CALLS or time.perf_counter() - start < SETTLE_SECONDS:
+        runner(*inputs)
+        wait_for_device(inputs)
+        calls += 1
 
 
 def _timed_rounds(
@@ -1115,9 +1129,7 @@ def _timed_rounds(
                     continue
                 runner = runners[name]
                 try:
-                    for _ in range(SETTLE_CALLS):
-                        runner(*inputs)
-                    wait_for_device(inputs)
+                    _settle(runner, inputs)
                     faults_before = _page_faults()
                     start = time.perf_counter()
                     runner(*inputs)
