@@ -356,6 +356,9 @@ def _summarise(name, batch, model, report, runs, auto_s, eager_s, budget, errors
             "top1_agreement": chosen.top1_agreement,
             "verified_on": chosen.verified_on,
             "candidates": {c.name: c.status for c in result.candidates},
+            # why a candidate was not chosen where it was not merely slower: a rejection read as "ONNX Runtime lost"
+            # in the summary of a run that kept no reason (efficientnet_b0 b8, 2026-11-28)
+            "reasons": {c.name: c.reason for c in result.candidates if c.status in ("rejected", "failed")},
         }
     return {
         "model": name,

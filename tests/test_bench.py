@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import platform
+import time
 from pathlib import Path
 
 import pytest
@@ -863,3 +864,23 @@ def test_a_plugin_backend_that_edits_the_graph_it_is_given_leaves_the_others_alo
         BACKENDS.pop("test_edits_graph")
     rows = {row.backend: row for row in report.rows}
     assert rows["test_edits_graph"].within_tolerance is False and rows["fx"].within_tolerance is True
+
+
+def test_each_timed_call_follows_at_least_twenty_ms_of_the_same_backend(monkeypatch):
+    """torch's OpenMP threads spin for over 10 ms after their last op: ONNX Runtime timed after torch.compile with
+    one settling call ran at two speeds (median 3.03 ms against 1.97 alone, AMD EPYC). The settling lasts 20 ms."""
+    import fxforge.bench as bench_module
+
+    assert bench_module.SETTLE_SECONDS == 0.001  # the suite's setting (conftest); the shipped value is below
+    monkeypatch.setattr(bench_module, "SETTLE_SECONDS", 0.02)
+    calls = []
+
+    def runner(*args):
+        calls.append(time.perf_counter())
+        time.sleep(0.002)
+
+    start = time.perf_counter()
+    bench_module._settle(runner, ())
+    assert len(calls) >= 2 and time.perf_counter() - start >= 0.02 and calls[-1] - start < 0.02
+    with open(bench_module.__file__, encoding="utf-8") as source:
+        assert "\nSETTLE_SECONDS = 0.02  #" in source.read()

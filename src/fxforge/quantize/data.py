@@ -201,7 +201,7 @@ def _items(obj: Iterable[Any], source: str, kind: str) -> Iterator[Any]:
     dataset does) is the data's error, said in one line with the item it stopped at, not an internal error. More
     than :data:`MAX_DATA_BYTES` of tensors is refused (an endless generator would fill the memory)."""
     count = held = 0
-    what = kind if kind.endswith(")") or " " in kind else f"{kind} data"
+    what = kind if " " in kind else f"{kind} data"  # "evaluation (--data)" says what it is already
     try:
         for item in obj:
             held += sum(t.numel() * t.element_size() for t in pytree.tree_leaves(item) if isinstance(t, torch.Tensor))

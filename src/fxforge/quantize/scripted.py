@@ -23,7 +23,7 @@ from torch import fx, nn
 from torch.utils import _pytree as pytree
 
 from fxforge.errors import InputSpecError, one_line_reason
-from fxforge.graphs import builds_namedtuple
+from fxforge.graphs import builds_namedtuple, get_attr_value
 from fxforge.inputs import make_inputs, specs_of
 
 
@@ -78,17 +78,17 @@ def _user_calls(model: fx.GraphModule) -> str | None:
     graph."""
     for node in model.graph.nodes:
         if node.op == "call_module":
-            owner = type(model.get_submodule(str(node.target))).__module__
+            kind = type(model.get_submodule(str(node.target)))
+            owner, named = kind.__module__, f"{node.target} ({kind.__name__})"
         elif builds_namedtuple(node):
             continue  # builds a namedtuple of the user's, no code (TorchScript returns a plain tuple: checked later)
         elif node.op == "call_function":
             owner = getattr(node.target, "__module__", None) or "torch"  # torch.ops overloads have none
+            named = f"{getattr(node.target, '__name__', node.target)}()"
         else:
             continue
         if owner.split(".")[0] not in _TORCH_OWNED:
-            if node.op == "call_module":
-                return f"{node.target} ({type(model.get_submodule(str(node.target))).__name__})"
-            return f"{getattr(node.target, '__name__', node.target)}()"
+            return named
     return None
 
 
@@ -100,9 +100,10 @@ def _is_quantized_call(node: fx.Node) -> bool:
 
 def _scales_inlined(model: nn.Module) -> nn.Module:
     """``model`` where the scales and zero points that convert_fx keeps as one-element tensor attributes, read by
-    ``quantize_per_tensor`` and the ``quantized.add``-like ops, are written into the graph as Python numbers. They
-    are constants, but the tracer cannot tell them from the input's values and warns that the trace fixed them,
-    which would hide a real warning. A new GraphModule over the same submodules: ``model`` is left as it is."""
+    ``quantize_per_tensor`` and the ``quantized.add``-like ops (and the scale buffers of quantized modules such as
+    Hardswish), are written in as Python numbers. They are constants, but the tracer cannot tell them from values
+    of the input and warns that the trace fixed them, and :func:`frozen_torchscript` refuses a trace that did. A new
+    GraphModule over the same submodules: ``model`` is left as it is."""
     if not isinstance(model, fx.GraphModule):
         return model
     graph = fx.Graph()
@@ -114,7 +115,7 @@ def _scales_inlined(model: nn.Module) -> nn.Module:
             _modules_with_number_scales(model, str(node.target), inlined_modules)
         if node.op != "get_attr" or not node.users or not all(_is_quantized_call(user) for user in node.users):
             continue
-        value = _attribute(model, str(node.target))
+        value = get_attr_value(model, str(node.target))
         if not isinstance(value, torch.Tensor) or value.numel() != 1:
             continue
         for user in list(node.users):
@@ -160,13 +161,6 @@ def _read_as_number(user: fx.Node, attribute: fx.Node, number: float | int) -> N
 
     user.args = pytree.tree_map_only(fx.Node, swap, user.args)
     user.kwargs = pytree.tree_map_only(fx.Node, swap, user.kwargs)
-
-
-def _attribute(model: nn.Module, target: str) -> Any:
-    value: Any = model
-    for part in target.split("."):
-        value = getattr(value, part)
-    return value
 
 
 def save_frozen(scripted: torch.jit.ScriptModule, path: Path, example_inputs: tuple[Any, ...]) -> str | None:
