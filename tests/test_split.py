@@ -719,17 +719,21 @@ def test_a_graph_that_computes_nothing_is_not_offered_zero_stages():
     assert raised.value.hint == "a graph that computes nothing cannot be split"
 
 
+class _TwoHeadsBody(nn.Module):
+    """A body and two heads; the tests' subclasses return the heads in the container they test."""
+
+    def __init__(self):
+        super().__init__()
+        self.body, self.out, self.aux = nn.Linear(4, 8), nn.Linear(8, 3), nn.Linear(8, 2)
+
+
 @pytest.mark.parametrize("container", [dict, OrderedDict])
 def test_a_split_directory_of_a_model_returning_a_dict_verifies_against_the_model(tmp_path, container):
     """QA: the directory's model.pt2 returns the output tensors flat; verify read MISMATCH, "expected a mapping, got
     tuple", for a model returning a dict (torchvision's segmentation models return an OrderedDict)."""
     from fxforge.api import verify_specs
 
-    class TwoHeads(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.body, self.out, self.aux = nn.Linear(4, 8), nn.Linear(8, 3), nn.Linear(8, 2)
-
+    class TwoHeads(_TwoHeadsBody):
         def forward(self, x):
             h = torch.relu(self.body(x))
             return container(out=self.out(h), aux=self.aux(h))
@@ -763,11 +767,7 @@ def test_a_model_returning_a_namedtuple_splits_and_returns_it():
     construction as a call in the graph, which was taken for an output value. The call only builds the output:
     the stages send its tensors, and the chained stages return the namedtuple again."""
 
-    class TwoHeads(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.body, self.out, self.aux = nn.Linear(4, 8), nn.Linear(8, 3), nn.Linear(8, 2)
-
+    class TwoHeads(_TwoHeadsBody):
         def forward(self, x):
             h = torch.relu(self.body(x))
             return _Heads(self.out(h), self.aux(h))
