@@ -300,11 +300,12 @@ def _output_structure_nodes(gm: fx.GraphModule) -> set[fx.Node]:
     return structure
 
 
-def output_tree(gm: fx.GraphModule) -> Any:
+def output_tree(gm: fx.GraphModule, structure: set[fx.Node] | None = None) -> Any:
     """What ``gm``'s output node returns, with the namedtuples the graph builds as namedtuples of nodes (as
-    ``torch.fx.node.map_aggregate`` walks and rebuilds them)."""
+    ``torch.fx.node.map_aggregate`` walks and rebuilds them). ``structure``: the graph's
+    :func:`_output_structure_nodes`, where the caller has them."""
     output = next(node for node in reversed(gm.graph.nodes) if node.op == "output")
-    structure = _output_structure_nodes(gm)
+    structure = _output_structure_nodes(gm) if structure is None else structure
 
     def expand(value: Any) -> Any:
         if isinstance(value, fx.Node) and value in structure:
@@ -326,7 +327,7 @@ def _analyse(captured: Captured, infos: dict[str, NodeInfo]) -> _Graph:
     constants = {p: v for p, v in zip(placeholders, flat) if not isinstance(v, torch.Tensor)}
     tensor_inputs = [p for p in placeholders if p not in constants]
     leaves: list[fx.Node] = []
-    fx.node.map_arg(output_tree(gm), leaves.append)
+    fx.node.map_arg(output_tree(gm, structure), leaves.append)
 
     values = []
     for node in [*tensor_inputs, *compute]:
