@@ -521,9 +521,9 @@ def render_bench(console: Any, spec: str, report: Any) -> None:
     console.print(
         f"[dim]{counted(report.repeats, 'timed call')} per backend after {counted(report.warmup, 'warm-up call')}, "
         "interleaved "
-        f"in a shuffled order each round, each right after untimed calls of the same backend (20 ms at least); speedup: eager's "
-        f"median over the row's, under it the 95% interval of eager's time over the row's round by round (an "
-        f"interval that reaches 1.00 is no speedup within noise); max abs err "
+        f"in a shuffled order each round, each right after untimed calls of the same backend (20 ms at least); "
+        "speedup: eager's median over the row's, under it the 95% interval of eager's time over the row's round by "
+        "round (an interval that reaches 1.00 is no speedup within noise); max abs err "
         f"vs eager on the same inputs; of peak: GFLOP/s over the measured matmul peak of the row's precision; "
         f"peak MiB: {report.memory}[/]"
     )
