@@ -99,10 +99,10 @@ def test_the_output_says_what_the_table_says_and_warns_of_a_busy_machine(classif
     from fxforge.cli.render import render_auto
 
     # One candidate's rounds spread 20x: a machine busy in every other round. A round calls the runner
-    # SETTLE_CALLS + 1 times (no minimum settling time here), so the pattern's halves are that long: whatever
-    # number of calls came before the rounds (verification, warm-up), the timed call of one round is slow and of
-    # the next fast.
-    monkeypatch.setattr("fxforge.bench.SETTLE_SECONDS", 0.0)
+    # SETTLE_CALLS + 1 times (no minimum settling time in the tests: conftest), so the pattern's halves are that
+    # long: whatever number of calls came before the rounds (verification, warm-up), the timed call of one round is
+    # slow and of the next fast.
+    monkeypatch.setattr(sys.modules["fxforge.bench"], "SETTLE_SECONDS", 0.0)
     calls_per_round = SETTLE_CALLS + 1
     delays = iter(([0.001] * calls_per_round + [0.02] * calls_per_round) * 200)
 
