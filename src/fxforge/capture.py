@@ -778,17 +778,24 @@ def compiled_form(model: nn.Module) -> str | None:
     return None
 
 
-def _refuse_compiled_forms(model: nn.Module) -> None:
+def _refuse_compiled_forms(model: nn.Module, pickle_passed_over: str | None = None) -> None:
     """A compiled form (:func:`compiled_form`) has no Python forward to trace: say so plainly, instead of reporting
     whatever tracing trips over first inside it (tracing into a package printed a C++ error, then blamed
-    data-dependent control flow)."""
+    data-dependent control flow). ``pickle_passed_over``: the pickled graph beside it in the directory, which the
+    opt-in would have loaded (a quantize output's model.pt, QA)."""
     kind = compiled_form(model)
-    if kind is not None:
-        raise CaptureError(
-            f"cannot capture {kind} as an fx graph: it has no Python code to trace",
-            hint="inspect, lint or optimize the PyTorch model it was made from; verify compares it with that model "
-            "(fxforge verify MODEL FILE), bench times it next to it (fxforge bench MODEL --artifact FILE)",
+    if kind is None:
+        return
+    hint = (
+        "inspect, lint or optimize the PyTorch model it was made from; verify compares it with that model "
+        "(fxforge verify MODEL FILE), bench times it next to it (fxforge bench MODEL --artifact FILE)"
+    )
+    if pickle_passed_over:
+        hint = (
+            f"the directory's {pickle_passed_over} is the fx graph, a pickle: if you trust it, pass "
+            f"{option('--trust-pickle', True)}; or " + hint
         )
+    raise CaptureError(f"cannot capture {kind} as an fx graph: it has no Python code to trace", hint=hint)
 
 
 # torch.fx writes each attribute path into Python source between double quotes, unescaped: a name holding one of
@@ -845,8 +852,10 @@ def capture(
     exported_program = None
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
+    passed_over = None
     if isinstance(model, LoadedModel):
         exported_program = model.exported_program
+        passed_over = model.pickle_passed_over
         if not example_inputs and not example_kwargs and model.default_inputs:
             # the inputs the model is known to take (its recorded ones, a transformers model's token ids): without
             # them BERT failed to capture with an error about its arguments (QA)
@@ -875,7 +884,7 @@ def capture(
             f"capture takes an nn.Module, not a {type(model).__name__}",
             hint="put a function in a module's forward, or name a model spec with fxforge.prepare",
         )
-    _refuse_compiled_forms(model)
+    _refuse_compiled_forms(model, passed_over)
     _refuse_unwritable_names(model)
     compiled_recipe = isinstance(model, CompiledModule)
     if compiled_recipe:

@@ -97,6 +97,9 @@ class LoadedModel:
     # For a directory spec: the file of it that was loaded (model.pt2, model.pt, model.onnx...), so that a
     # verdict can say which form of the output it is about.
     file: str | None = None
+    # For a directory spec whose pickled model.pt (the fx graph) was passed over for want of the opt-in: a quantize
+    # output loads its int8 model.torchscript.pt then, which cannot be captured (capture's refusal names the way in)
+    pickle_passed_over: str | None = None
     # Extra keyword inputs (e.g. attention masks) are not supported in specs; models take positional inputs.
 
     def __repr__(self) -> str:  # the dataclass's would print the whole module
@@ -481,6 +484,8 @@ def _load_output_dir(path: Path, spec: str, trusted: bool) -> LoadedModel:
     else:
         loaded = _load_exported_file(path / chosen, "torchscript" if chosen == TORCHSCRIPT_FILE else "onnx", spec)
     loaded.file = chosen
+    if chosen != MODEL_FILE and (path / MODEL_FILE).exists() and not trusted:
+        loaded.pickle_passed_over = MODEL_FILE
     if isinstance(loaded.module, torch.fx.GraphModule):
         load_provenance(loaded.module, path)
     recipe_file = path / RECIPE_FILE

@@ -101,7 +101,10 @@ def _write_torchscript(result: QuantizeResult, captured: Captured, staging: Path
     if result.mode == "qat-prepare" or not isinstance(result.model, fx.GraphModule):
         return False
     if captured.example_kwargs:
-        result.notes.append(f"no {TORCHSCRIPT_FILE}: the model takes keyword inputs, which a trace does not keep")
+        result.notes.append(
+            f"no {TORCHSCRIPT_FILE}: the model takes keyword inputs (--concrete values among them), which a trace "
+            "does not keep"
+        )
         return False
     with quantized_engine(result.backend):
         scripted, how = frozen_torchscript(result.model, captured.example_inputs)

@@ -56,6 +56,9 @@ def frozen_torchscript(model: nn.Module, example_inputs: tuple[Any, ...]) -> tup
     fixed = [w for w in caught if issubclass(w.category, torch.jit.TracerWarning)]
     if fixed:
         return None, f"its trace fixed a value read from a tensor ({one_line_reason(fixed[0].message, 120)})"
+    computed = _computed_from_sizes(frozen)
+    if computed:
+        return None, f"its trace computes with a size of the input as a tensor ({computed}), not as Python does"
     checked = [example_inputs]
     other = _other_batch(example_inputs)
     if other is not None and _runs(model, other):  # a model fixed to its batch size is checked at that one only
@@ -66,6 +69,33 @@ def frozen_torchscript(model: nn.Module, example_inputs: tuple[Any, ...]) -> tup
             return None, f"its trace {problem}"
     sizes = " and ".join(str(_batch_of(inputs)) for inputs in checked)
     return frozen, f"traced and frozen TorchScript, equal bit for bit to the int8 GraphModule at batch {sizes}"
+
+
+# where a size of the input read in Python (``x.size(1)``) may go in a trace: into another size (a shape argument),
+# through integer arithmetic. Anything else computes with it as a tensor, where Python computed with a number: QA had
+# ``h * x.size(1) ** -0.5`` traced as a float32 pow, one ulp off the GraphModule's double at some lengths only.
+_SIZE_ENDS = {"aten::Int", "aten::IntImplicit", "aten::ScalarImplicit", "prim::ListConstruct"}
+_SIZE_ARITHMETIC = {"aten::floor_divide", "aten::floordiv", "aten::add", "aten::sub", "aten::mul", "aten::remainder"}
+
+
+def _computed_from_sizes(frozen: torch.jit.ScriptModule) -> str | None:
+    """The first op of the trace that computes with a size of the input other than to make another size (None:
+    there is none); see :data:`_SIZE_ENDS`."""
+    pending = [node for node in frozen.graph.nodes() if node.kind() == "prim::NumToTensor"]
+    seen: set[int] = set()
+    while pending:
+        node = pending.pop()
+        for output in node.outputs():
+            for use in output.uses():
+                user = use.user
+                if user.kind() in _SIZE_ENDS:
+                    continue
+                if user.kind() not in _SIZE_ARITHMETIC:
+                    return user.kind()
+                if id(user) not in seen:
+                    seen.add(id(user))
+                    pending.append(user)
+    return None
 
 
 # code a trace may run through: torch's, Python's operators, and torchvision's (its ops, such as the
