@@ -248,3 +248,16 @@ def test_a_quantize_output_without_the_opt_in_names_its_pickled_graph(tmp_path, 
     err = " ".join(capsys.readouterr().err.split())
     assert "hint: the directory's model.pt is the fx graph, a pickle: if you trust it, pass --trust-pickle" in err
     assert main(["inspect", str(tmp_path / "q"), "--trust-pickle"]) == 0
+
+
+def test_debug_refuses_a_torchscript_model_it_cannot_watch(tmp_path, capsys):
+    """QA: debug --nan of a quantize output without the opt-in (its TorchScript) said "no NaN or Inf in any
+    module's output (0 modules, 1 case)": it had watched nothing."""
+    from fxforge.cli import main
+
+    assert main(["quantize", "demo", "--calib", "random:2", "-o", str(tmp_path / "q")]) == 0
+    capsys.readouterr()
+    assert main(["debug", str(tmp_path / "q"), "--nan"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: debug cannot watch a RecursiveScriptModule: none of its modules takes forward hooks")
+    assert main(["debug", str(tmp_path / "q"), "--nan", "--trust-pickle"]) == 0

@@ -122,6 +122,12 @@ def debug_model(
     names = {
         module: name for name, module in model.named_modules() if not isinstance(module, torch.jit.ScriptModule)
     }
+    if not names:  # a TorchScript model as a whole: "no NaN in any module's output (0 modules)" checked nothing (QA)
+        raise FxforgeError(
+            f"debug cannot watch a {type(model).__name__}: none of its modules takes forward hooks (TorchScript)",
+            hint="debug the PyTorch model it was made from (an fxforge output directory's model.pt loads with "
+            f"{option('--trust-pickle', True)})",
+        )
     report = DebugReport(len(names), [])
     recorders = {name: StatsRecorder(name or "<root>", name) for name in names.values()} if stats else {}
     for label, (args, case_kwargs) in _cases(tuple(inputs), kwargs, cases, seed):
