@@ -390,8 +390,8 @@ def int8_options(settings: BuildSettings, variants: Iterable[str], notes: list[s
 def _int8(captured: Captured, settings: BuildSettings) -> Runner:
     model = int8_backend(captured, settings.calibration, **int8_options(settings, settings.variants, settings.notes))
     # what optimize --auto writes (deploy), so that bench times the int8 users get
-    scripted, how = frozen_torchscript(model, captured.example_inputs) if not captured.example_kwargs else (None, "")
-    settings.notes.append(how if scripted is not None else f"run as the int8 GraphModule: {how or 'keyword inputs'}")
+    scripted, how = frozen_torchscript(model, captured.example_inputs, captured.example_kwargs)
+    settings.notes.append(how if scripted is not None else f"run as the int8 GraphModule: {how}")
     return scripted if scripted is not None else model
 
 

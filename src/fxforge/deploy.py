@@ -77,7 +77,7 @@ from fxforge.export import export_model
 from fxforge.graphs import ATEN, TORCH, index_bounds
 from fxforge.inputs import specs_of
 from fxforge.passes import apply_pass
-from fxforge.quantize import frozen_torchscript, int8_backend, picklable_quantized_modules, save_frozen
+from fxforge.quantize import int8_backend, picklable_quantized_modules, write_frozen
 from fxforge.runtime import (
     export_program,
     export_program_any_batch,
@@ -373,14 +373,12 @@ def _write_aoti(
 
 def _write_int8(captured: Captured, directory: Path, settings: BuildSettings, variants: set[str], a: Artifact) -> None:
     model = int8_backend(captured, settings.calibration, **int8_options(settings, variants, a.notes))
-    scripted, how = frozen_torchscript(model, captured.example_inputs) if not captured.example_kwargs else (None, "")
-    problem = save_frozen(scripted, directory / TORCHSCRIPT_FILE, captured.example_inputs) if scripted else None
-    if scripted is not None and problem is None:  # faster (no Python between the int8 kernels), loads unpickled
+    written, how = write_frozen(model, directory / TORCHSCRIPT_FILE, captured.example_inputs, captured.example_kwargs)
+    if written:  # faster (no Python between the int8 kernels), and loaded without unpickling
         a.load = PLAIN_TORCH_LOAD["torchscript"]
         a.notes.append(how)
         return
-    how = problem or how
-    a.notes.append(f"the int8 GraphModule is saved as it is: {how or 'its inputs include keywords'}")
+    a.notes.append(f"the int8 GraphModule is saved as it is: {how}")
     # a graph calling a function capture kept whole names fxforge's rebuild tracer, as quantize's model.pt does:
     # torch's own would trace into the function while loading (QA: int8 with --wrap never built)
     rebuilt = rebuilt_with_opaque_calls(model) if isinstance(model, fx.GraphModule) else contextlib.nullcontext()

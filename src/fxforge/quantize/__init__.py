@@ -68,7 +68,7 @@ from fxforge.quantize.flow import (
 )
 from fxforge.quantize.result import LayerSensitivity, QuantizeResult
 from fxforge.quantize.saving import picklable_quantized_modules, write_output
-from fxforge.quantize.scripted import frozen_torchscript, save_frozen
+from fxforge.quantize.scripted import frozen_torchscript, write_frozen
 from fxforge.quantize.units import Unit
 
 __all__ = [
@@ -98,6 +98,6 @@ __all__ = [
     "quantize",
     "quantized_engine",
     "run_batches",
-    "save_frozen",
+    "write_frozen",
     "write_output",
 ]

@@ -33,7 +33,7 @@ from fxforge.errors import FxforgeError, first_line, one_line_reason
 from fxforge.quantize.accuracy import run_batches
 from fxforge.quantize.engine import quantized_engine
 from fxforge.quantize.result import QuantizeResult
-from fxforge.quantize.scripted import frozen_torchscript, save_frozen
+from fxforge.quantize.scripted import write_frozen
 from fxforge.runtime import fx_wraps_kept_loadable, quiet_quantization_notices
 from fxforge.visual.report_page import REPORT_HTML, page_or_note, quantize_report_html
 
@@ -100,18 +100,11 @@ def _write_torchscript(result: QuantizeResult, captured: Captured, staging: Path
     int8 (a trace would run the user's own ``forward``)."""
     if result.mode == "qat-prepare" or not isinstance(result.model, fx.GraphModule):
         return False
-    if captured.example_kwargs:
-        result.notes.append(
-            f"no {TORCHSCRIPT_FILE}: the model takes keyword inputs (--concrete values among them), which a trace "
-            "does not keep"
-        )
-        return False
     with quantized_engine(result.backend):
-        scripted, how = frozen_torchscript(result.model, captured.example_inputs)
-        problem = save_frozen(scripted, staging / TORCHSCRIPT_FILE, captured.example_inputs) if scripted else None
-    if problem:
-        scripted, how = None, problem
-    if scripted is None:
+        written, how = write_frozen(
+            result.model, staging / TORCHSCRIPT_FILE, captured.example_inputs, captured.example_kwargs
+        )
+    if not written:
         result.notes.append(f"no {TORCHSCRIPT_FILE}: {how} (model.pt is the int8 model)")
         return False
     result.notes.append(

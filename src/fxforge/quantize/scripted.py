@@ -27,8 +27,11 @@ from fxforge.graphs import builds_namedtuple, get_attr_value
 from fxforge.inputs import make_inputs, specs_of
 
 
-def frozen_torchscript(model: nn.Module, example_inputs: tuple[Any, ...]) -> tuple[torch.jit.ScriptModule | None, str]:
+def frozen_torchscript(
+    model: nn.Module, example_inputs: tuple[Any, ...], example_kwargs: dict[str, Any] | None = None
+) -> tuple[torch.jit.ScriptModule | None, str]:
     """``model`` (an int8 model in eval mode) traced and frozen, with what was checked; or None and why not.
+    ``example_kwargs``: the captured model's keyword inputs, which a trace cannot take.
 
     A trace keeps one path through the Python it runs. The quantized GraphModule's own code is straight-line, and
     so are torch's modules it calls; a module or function of the user's kept whole (a capture leaf, a wrapped
@@ -38,6 +41,8 @@ def frozen_torchscript(model: nn.Module, example_inputs: tuple[Any, ...]) -> tup
     the scales and zero points the int8 graph keeps as tensors are written in as numbers first, being constants --
     and its outputs equal the model's bit for bit, in the same structure, on the example inputs and on inputs of
     another batch size (the trace must not have fixed the batch size)."""
+    if example_kwargs:
+        return None, "the model takes keyword inputs (--concrete values among them), which a trace does not keep"
     if not isinstance(model, fx.GraphModule):  # dynamic int8 of an exported model swaps the model's own layers
         return None, f"it is not an fx graph but the {type(model).__name__} module's own code, which a trace would fix"
     opaque = _user_calls(model)
@@ -193,16 +198,21 @@ def _read_as_number(user: fx.Node, attribute: fx.Node, number: float | int) -> N
     user.kwargs = pytree.tree_map_only(fx.Node, swap, user.kwargs)
 
 
-def save_frozen(scripted: torch.jit.ScriptModule, path: Path, example_inputs: tuple[Any, ...]) -> str | None:
-    """Save ``scripted`` to ``path`` and load it back: None when the file computes the same bits on the example
-    inputs, else why not (and the file is removed)."""
+def write_frozen(
+    model: nn.Module, path: Path, example_inputs: tuple[Any, ...], example_kwargs: dict[str, Any] | None = None
+) -> tuple[bool, str]:
+    """``model`` as :func:`frozen_torchscript` at ``path``, loaded back and computing the same bits on the example
+    inputs: (True, what was checked), or (False, why not; no file is left)."""
+    scripted, how = frozen_torchscript(model, example_inputs, example_kwargs)
+    if scripted is None:
+        return False, how
     with _quiet_jit():
         torch.jit.save(scripted, str(path))
         problem = _differs(scripted, torch.jit.load(str(path)), example_inputs)
     if problem:
         path.unlink()
-        return f"the saved TorchScript {problem} once loaded"
-    return None
+        return False, f"the saved TorchScript {problem} once loaded"
+    return True, how
 
 
 @contextlib.contextmanager
