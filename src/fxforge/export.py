@@ -103,6 +103,7 @@ from fxforge.runtime import (
     keeps_rng_state,
     narrowed_batch,
     native_output_silenced,
+    onednn_linear_op,
     preserved_state,
     quiet_torch_logs,
     record_example,
@@ -473,7 +474,7 @@ def _refuse_onednn_linear(source: nn.Module, to: str) -> None:
     """A graph the ``onednn_linear`` pass rewrote calls oneDNN's linear, which neither ONNX nor TorchScript can
     express: said before the exporter fails on it (QA: "unsupported input list type: Scalar?", or an ONNX message
     about the legacy exporter)."""
-    onednn = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
+    onednn = onednn_linear_op()
     graphs = [m for m in source.modules() if isinstance(m, fx.GraphModule)]
     if onednn is None or not any(n.target is onednn.default for g in graphs for n in g.graph.nodes):
         return

@@ -33,7 +33,14 @@ from fxforge import display
 from fxforge.capture import Captured, require_captured
 from fxforge.errors import FxforgeError, InputSpecError, first_line, said
 from fxforge.graphs import GraphRunner, get_attr_value, is_input_guard, module_path, submodule, target_name
-from fxforge.runtime import buffers_snapshot, keeps_rng_state, quiet_torch_logs, restore_buffers, run_isolated
+from fxforge.runtime import (
+    buffers_snapshot,
+    keeps_rng_state,
+    onednn_linear_op,
+    quiet_torch_logs,
+    restore_buffers,
+    run_isolated,
+)
 from fxforge.vocabulary import QUANT_KINDS, int8_flops, int8_weights, module_quant_kind, quant_kind
 
 
@@ -248,7 +255,7 @@ def _flop_counter() -> FlopCounterMode:
     cpu_attention = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
     if cpu_attention is not None and hasattr(flop_counter, "sdpa_flop_count"):
         custom[cpu_attention] = _cpu_attention_flops
-    onednn_linear = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
+    onednn_linear = onednn_linear_op()
     if onednn_linear is not None:
         custom[onednn_linear] = _onednn_linear_flops  # keyed by the packet, as torch keys its own
     return FlopCounterMode(display=False, custom_mapping=custom)

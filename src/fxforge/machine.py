@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.ao.nn.quantized as nnq
 
-from fxforge.runtime import quiet_quantization_notices, torch_threads
+from fxforge.runtime import onednn_linear_op, quiet_quantization_notices, torch_threads
 
 # CPU flags (as /proc/cpuinfo spells them) that change which kernels are fast.
 RELEVANT_FLAGS = (
@@ -268,12 +268,13 @@ _NOTED_KERNEL_GAP = 1.2
 def _onednn_fp32_rate(a: torch.Tensor, b: torch.Tensor, size: int, budget: float) -> float:
     """FLOP/s of oneDNN's fp32 matmul (``torch.ops.mkldnn._linear_pointwise``, the kernel Inductor's packed
     linear layers call), or 0 where this torch build has no oneDNN."""
-    if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+    onednn = onednn_linear_op()
+    if not torch.backends.mkldnn.is_available() or onednn is None:
         return 0.0
 
     def make(n: int) -> Callable[[], Any]:
         left, right = a[:n, :n].contiguous(), b[:n, :n].contiguous()
-        return lambda: torch.ops.mkldnn._linear_pointwise(left, right, None, "none", [], "")
+        return lambda: onednn(left, right, None, "none", [], "")
 
     try:
         return _fitting_rate(make, size, budget)

@@ -793,7 +793,6 @@ def quiet_quantization_notices() -> Iterator[None]:
     # by TorchScript's loader or interpreter, no Python filter sees it and it prints a raw "[W... Quantizer.cpp]"
     # line (QA: on every command loading an int8 model.torchscript.pt). Made here first, under the filters below,
     # its once is spent.
-    global _QUANTIZED_NOTICE_SPENT
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"torch\.ao\.quantization is deprecated", category=DeprecationWarning)
         warnings.filterwarnings("ignore", message=r"Please use quant_min and quant_max", category=UserWarning)
@@ -804,13 +803,19 @@ def quiet_quantization_notices() -> Iterator[None]:
         warnings.filterwarnings("once", message=r"All inputs of this cat operator must share")
         # convert_fx copies LSTM weights with torch.tensor(tensor) inside torch itself
         warnings.filterwarnings("ignore", message=r"To copy construct", module=r"torch\.ao\.nn\.quantized\.reference")
-        if not _QUANTIZED_NOTICE_SPENT:
-            torch.quantize_per_tensor(torch.zeros(1), 1.0, 0, torch.quint8)
-            _QUANTIZED_NOTICE_SPENT = True
+        _spend_quantized_tensor_notice()
         yield
 
 
-_QUANTIZED_NOTICE_SPENT = False
+@functools.cache
+def _spend_quantized_tensor_notice() -> None:
+    torch.quantize_per_tensor(torch.zeros(1), 1.0, 0, torch.quint8)
+
+
+def onednn_linear_op() -> Any | None:
+    """oneDNN's fp32 linear kernel, ``torch.ops.mkldnn._linear_pointwise`` (the op packet), or None where this torch
+    has none. What the onednn_linear pass calls, machine times for the fp32 peak, inspect counts and export refuses."""
+    return getattr(torch.ops.mkldnn, "_linear_pointwise", None)
 
 
 @contextlib.contextmanager

@@ -27,13 +27,14 @@ from torch import fx, nn
 from fxforge.effects import tensor_facts
 from fxforge.graphs import node_kind, runs_hooks
 from fxforge.passes import PassResult, mark, register_pass
+from fxforge.runtime import onednn_linear_op
 
 NAME = "onednn_linear"
 
 
 def available() -> bool:
     """Whether this torch has oneDNN's linear kernel (every x86 and aarch64 wheel does)."""
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    return torch.backends.mkldnn.is_available() and onednn_linear_op() is not None
 
 
 def _float32_cpu(facts: dict[str, Any] | None, min_rank: int) -> bool:
@@ -115,7 +116,7 @@ def onednn_linear(gm: fx.GraphModule, options: None) -> PassResult:
         with gm.graph.inserting_before(node):
             # scalars [None], not []: torch.export's serialiser cannot write an empty list of scalars
             onednn = gm.graph.call_function(
-                torch.ops.mkldnn._linear_pointwise.default, (source, weight, bias, "none", [None], "")
+                onednn_linear_op().default, (source, weight, bias, "none", [None], "")
             )
         onednn.meta = dict(node.meta)
         mark(onednn, NAME, origin_of=node)
