@@ -261,3 +261,30 @@ def test_debug_refuses_a_torchscript_model_it_cannot_watch(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: debug cannot watch a RecursiveScriptModule: none of its modules takes forward hooks")
     assert main(["debug", str(tmp_path / "q"), "--nan", "--trust-pickle"]) == 0
+
+
+def test_a_timm_int8_model_traces_and_a_transformers_one_is_refused_by_name():
+    """Beyond torchvision: timm's resnet18 (random weights) traces to the same bits at another batch size; a BERT
+    captured with torch.export gets dynamic int8 on the model's own module, which is not traced, and the note says
+    why instead of naming the model as code of the user's."""
+    from fxforge.models import load_model as load_spec
+
+    pytest.importorskip("timm")
+    torch.manual_seed(0)
+    example = (torch.randn(1, 3, 64, 64),)
+    int8 = int8_backend(capture(load_spec("timm:resnet18").module.eval(), example), 1)
+    scripted, how = frozen_torchscript(int8, example)
+    assert scripted is not None, how
+    other = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        assert torch.equal(scripted(other), int8(other))
+
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=37, vocab_size=99
+    )
+    ids = (torch.randint(0, 99, (1, 8)),)
+    bert = int8_backend(capture(transformers.BertModel(config).eval(), ids, method="export"))
+    scripted, how = frozen_torchscript(bert, ids)
+    assert scripted is None
+    assert how == "it is not an fx graph but the BertModel module's own code, which a trace would fix"
