@@ -94,6 +94,7 @@ from fxforge.passes import exact_passes, onednn_linear
 from fxforge.pipeline import Pipeline
 from fxforge.quantize import Target, compare_batches, load_calibration, run_batches
 from fxforge.runtime import (
+    batch_of,
     describe_inputs,
     keeps_rng_state,
     quiet_torch_logs,
@@ -105,8 +106,10 @@ from fxforge.verify import TOLERANCES, compare_outputs, verify
 FP32_TOLERANCE = TOLERANCES[torch.float32][0]  # fp32 round-off: what the exact candidates are held to
 # compile+recipe: the same compiled model shipped as model.pt2 + recipe (compiled when loaded), which can run
 # faster than compile's AOTInductor package (docs/commands/optimize.md)
+# onnxruntime+streams: the batch split over one-thread streams (batch 2 or more, 2 threads or more), which beat one
+# call on both threads on the depthwise nets at batch 8 (docs/benchmarks.md)
 EXACT_BACKENDS = (
-    *("eager", "fx", "fx+onednn_linear", "torchscript", "torchscript+onednn", "onnxruntime"),
+    *("eager", "fx", "fx+onednn_linear", "torchscript", "torchscript+onednn", "onnxruntime", "onnxruntime+streams"),
     *("compile", "compile+recipe"),
 )
 # Layout variants tried for models with 2-D convolutions, where oneDNN's own layout can pay.
@@ -115,10 +118,10 @@ REDUCED_BACKENDS = ("bf16", "autocast", "int8", "ort_int8")
 # --quick: the candidates that usually win, per kind of model (what was measured: docs/benchmarks.md)
 # fx+onednn_linear where the model has float32 Linear layers: on an AMD EPYC with AVX-512 MKL's fp32 matmul runs at
 # half oneDNN's rate, and neither eager nor Inductor leaves MKL (BERT-base: 1.9x over eager, alone of the torch paths)
-QUICK_EXACT = ("fx", "fx+onednn_linear", "onnxruntime", "compile", "compile+recipe")
+QUICK_EXACT = ("fx", "fx+onednn_linear", "onnxruntime", "onnxruntime+streams", "compile", "compile+recipe")
 # compile and compile+channels_last both: which layout Inductor runs faster depends on the CPU (mobilenet_v2, batch
 # 1: channels-last 1.3x faster on the AMX Xeon, 1.1x slower on an AMD EPYC with AVX-512)
-QUICK_CONV = ("fx", "onnxruntime", "compile", "compile+channels_last")
+QUICK_CONV = ("fx", "onnxruntime", "onnxruntime+streams", "compile", "compile+channels_last")
 QUICK_REPEATS = 10
 
 # Artifacts from simplest to most demanding to ship and load: the choice among candidates that tie within
@@ -314,7 +317,7 @@ def auto_optimize(
             f"{option('--data')} out",
         )
     repeats = repeats or (QUICK_REPEATS if quick else 30)
-    chosen_backends = candidate_backends(captured, backends, budget, quick)
+    chosen_backends = candidate_backends(captured, backends, budget, quick, threads)
     if not any(b.base in REDUCED_BACKENDS for b in chosen_backends):
         # a budget of top-1 accuracy and the data it is judged on apply to bf16/int8 only: unused, they were ignored
         given = (("--max-drop", budget.max_drop), ("--min-agreement", budget.min_agreement), ("--data", data))
@@ -421,9 +424,14 @@ def mostly_convolutional(model: nn.Module) -> bool:
 
 
 def candidate_backends(
-    captured: Captured, backends: Sequence[str | Backend] | None, budget: Budget, quick: bool = False
+    captured: Captured,
+    backends: Sequence[str | Backend] | None,
+    budget: Budget,
+    quick: bool = False,
+    threads: int | None = None,
 ) -> list[Backend]:
-    """The candidates ``--auto`` tries: the user's, else those this model and machine make worth trying."""
+    """The candidates ``--auto`` tries: the user's, else those this model and machine make worth trying
+    (``threads``: the run's thread count, torch's by default)."""
     if backends is None:
         convolutional = mostly_convolutional(captured.original)
         if quick:
@@ -437,6 +445,9 @@ def candidate_backends(
         names = [name for name in names if _runs_fast(get_backend(str(name)), model_device(captured))]
         if not _has_float32_cpu_linear(captured):  # the candidate would be fx again
             names = [name for name in names if name != "fx+onednn_linear"]
+        batch = batch_of(captured.example_inputs)
+        if (threads or torch.get_num_threads()) < 2 or batch is None or batch < 2:  # nothing to split
+            names = [name for name in names if name != "onnxruntime+streams"]
     else:
         names = list(backends)
         if "eager" not in [b if isinstance(b, str) else b.name for b in names]:

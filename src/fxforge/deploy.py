@@ -9,7 +9,8 @@ candidate          files                                          loads with pla
 eager              ``model.pt`` (the model, pickled)              ``torch.load('model.pt', weights_only=False)``
 fx                 ``model.pt2`` (+ ``model.pt``, provenance)     ``torch.export.load('model.pt2').module()``
 torchscript        ``model.torchscript.pt``                       ``torch.jit.load(...)`` (+ optimize_for_inference)
-onnxruntime        ``model.onnx``                                 ``onnxruntime.InferenceSession('model.onnx')``
+onnxruntime        ``model.onnx``; ``+streams``: dynamic batch,   ``onnxruntime.InferenceSession('model.onnx')``
+                   + ``recipe.json`` (streams, micro-batch)       (one call; fxforge's loader: streams)
 compile            ``model.aoti.pt2`` (AOTInductor: compiled      ``torch._inductor.aoti_load_package(...)``
                    code and weights); without a working
                    compiler ``model.pt2`` + ``recipe.json``
@@ -70,7 +71,15 @@ from fxforge.artifacts import (
     write_inputs,
     write_user_sources,
 )
-from fxforge.bench import Backend, BuildSettings, bfloat16_graph, inductor_config, int8_options, write_ort_int8
+from fxforge.bench import (
+    Backend,
+    BuildSettings,
+    bfloat16_graph,
+    inductor_config,
+    int8_options,
+    ort_streams,
+    write_ort_int8,
+)
 from fxforge.capture import Captured
 from fxforge.errors import FxforgeError, first_line, one_line_reason
 from fxforge.export import export_model
@@ -93,6 +102,9 @@ PLAIN_TORCH_LOAD = {
     "torchscript": "torch.jit.load('model.torchscript.pt')",
     "torchscript+optimize": "torch.jit.optimize_for_inference(torch.jit.load('model.torchscript.pt'))",
     "onnxruntime": "onnxruntime.InferenceSession('model.onnx')  # the example's input shapes only",
+    # one call on all threads: the streams (recipe.json) are fxforge's loader's, as torch.compile is compile's
+    "onnxruntime+streams": "onnxruntime.InferenceSession('model.onnx')  # any batch size, as one call: "
+    "fxforge.load_model runs it in streams (recipe.json), as timed",
     # QA: called at another shape, the package returned a wrong-shaped result, or aborted the process
     "aoti": "torch._inductor.aoti_load_package('model.aoti.pt2')  # the example's input shapes only (inputs.txt): "
     "others are not checked, and give wrong results or abort",
@@ -304,9 +316,17 @@ def _write_torchscript(
 
 
 def _write_onnx(captured: Captured, directory: Path, settings: BuildSettings, variants: set[str], a: Artifact) -> None:
-    result = export_model(captured, "onnx", directory / ONNX_FILE, verify_export=False)
-    a.notes.append(f"{result.exporter} exporter, opset {result.opset}")
+    """model.onnx; with the ``streams`` variant exported with a dynamic batch, and ``recipe.json`` saying how many
+    streams and which micro-batch size (timed here) fxforge's loader runs it with."""
+    streams = "streams" in variants
+    result = export_model(captured, "onnx", directory / ONNX_FILE, verify_export=False, dynamic_batch=streams)
+    a.notes.append(f"{result.exporter} exporter, opset {result.opset}{', dynamic batch' if streams else ''}")
     a.load = PLAIN_TORCH_LOAD["onnxruntime"]
+    if streams:
+        _, recipe, notes = ort_streams(directory / ONNX_FILE, captured, settings.threads, settings.output_like)
+        (directory / RECIPE_FILE).write_text(json.dumps(recipe, indent=1))
+        a.notes.extend([*notes, "model.onnx + recipe.json: fxforge's loader runs it in streams as timed"])
+        a.load = PLAIN_TORCH_LOAD["onnxruntime+streams"]
 
 
 def _write_compiled(

@@ -1,0 +1,170 @@
+"""ONNX Runtime in streams (the ``onnxruntime+streams`` candidate): the batch split over one-thread streams, in
+micro-batches whose size is timed, recorded in recipe.json and applied by fxforge's loader."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+import fxforge
+from fxforge import Budget, auto_optimize, capture
+from fxforge.errors import FxforgeError
+
+pytest.importorskip("onnxruntime")
+
+# fp32 round-off of the same kernels on fewer samples per call (ONNX Runtime's conv kernels gave equal bits)
+RTOL, ATOL = 1e-5, 1e-6
+
+
+class SmallConvNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU6(), nn.Conv2d(8, 8, 3, padding=1, groups=8)
+        )
+        self.head = nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x).mean((2, 3)))
+
+
+class MixesSamples(nn.Module):
+    """Per-sample in shape, not in value: each sample minus the batch's mean."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x) - torch.relu(x).mean(0, keepdim=True)
+
+
+class SumsTheBatch(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x).sum(0)
+
+
+def _exported(model: nn.Module, example: torch.Tensor, path) -> str:
+    file = path / "model.onnx"
+    fxforge.export_model(model.eval(), "onnx", file, example_inputs=(example,), dynamic_batch=True)
+    return str(file)
+
+
+def test_streams_compute_what_one_call_computes_at_every_batch_size(tmp_path):
+    """Even and uneven splits, a micro-batch larger than a stream's share, and one sample (which does not split and
+    runs on every thread, as without streams)."""
+    from fxforge.artifacts import OnnxRuntimeModule
+
+    torch.manual_seed(0)
+    model = SmallConvNet().eval()
+    path = _exported(model, torch.randn(2, 3, 16, 16), tmp_path)
+    whole = OnnxRuntimeModule(path, threads=2)
+    for micro_batch in (1, 2, 3, 8):
+        streamed = whole.in_streams(2, micro_batch)
+        assert (streamed.streams, streamed.micro_batch) == (2, micro_batch)
+        for batch in (1, 2, 5, 8):
+            x = torch.randn(batch, 3, 16, 16)
+            out = streamed(x)
+            assert out.shape == (batch, 5)
+            torch.testing.assert_close(out, whole(x), rtol=RTOL, atol=ATOL)
+            torch.testing.assert_close(out, model(x).detach(), rtol=1e-4, atol=1e-5)
+    assert streamed._whole_session is not None  # the one-sample call ran on a session of all the threads
+
+
+def test_an_output_that_is_not_per_sample_runs_as_one_call(tmp_path):
+    """A batch reduced to one value cannot be joined from pieces: the streamed module computes it in one call, and
+    ort_streams (what --auto builds the candidate with) refuses, saying why."""
+    from fxforge.artifacts import OnnxRuntimeModule
+    from fxforge.bench import ort_streams
+
+    model = SumsTheBatch()
+    example = torch.randn(4, 6)
+    path = _exported(model, example, tmp_path)
+    streamed = OnnxRuntimeModule(path, threads=2).in_streams(2, 1)
+    torch.testing.assert_close(streamed(example), model(example))
+    with pytest.raises(FxforgeError, match="not per-sample"):
+        ort_streams(tmp_path / "model.onnx", capture(model, (example,)), 2)
+
+
+def test_ort_streams_needs_two_threads_and_two_samples(tmp_path):
+    from fxforge.bench import ort_streams
+
+    model = SmallConvNet().eval()
+    path = _exported(model, torch.randn(2, 3, 8, 8), tmp_path)
+    with pytest.raises(FxforgeError, match="two threads"):
+        ort_streams(tmp_path / "model.onnx", capture(model, (torch.randn(4, 3, 8, 8),)), 1)
+    with pytest.raises(FxforgeError, match="one sample"):
+        ort_streams(tmp_path / "model.onnx", capture(model, (torch.randn(1, 3, 8, 8),)), 2)
+    module, recipe, notes = ort_streams(tmp_path / "model.onnx", capture(model, (torch.randn(8, 3, 8, 8),)), 2)
+    assert recipe["run"] == "onnxruntime" and recipe["streams"] == 2
+    assert recipe["micro_batch"] in (1, 2, 4) and module.micro_batch == recipe["micro_batch"]
+    assert "micro-batches of 1:" in notes[0] and "4:" in notes[0]  # every size timed is reported
+    assert str(path) == module.path
+
+
+def test_the_candidate_needs_a_batch_and_two_threads():
+    from fxforge.auto import candidate_backends
+
+    def names(batch: int, threads: int, quick: bool = True) -> list[str]:
+        captured = capture(SmallConvNet().eval(), (torch.randn(batch, 3, 8, 8),))
+        return [b.name for b in candidate_backends(captured, None, Budget(), quick=quick, threads=threads)]
+
+    assert "onnxruntime+streams" in names(8, 2) and "onnxruntime+streams" in names(2, 2, quick=False)
+    assert "onnxruntime+streams" not in names(1, 2)
+    assert "onnxruntime+streams" not in names(8, 1)
+
+
+def test_auto_writes_a_recipe_the_loader_runs_in_streams(tmp_path):
+    """The written directory: a dynamic-batch model.onnx and recipe.json; fxforge.load_model runs it in streams at
+    any batch size and computes what the model computes. The recipe is not a pickle: no opt-in."""
+    from fxforge.artifacts import OnnxRuntimeModule
+
+    torch.manual_seed(0)
+    model = SmallConvNet().eval()
+    captured = capture(model, (torch.randn(4, 3, 16, 16),))
+    out = tmp_path / "out"
+    result = auto_optimize(captured, out, backends=["onnxruntime+streams"], repeats=3, threads=2)
+    row = next(c for c in result.candidates if c.name == "onnxruntime+streams")
+    assert row.status in ("chosen", "accepted"), row.reason
+    assert any("streams of one thread" in note for note in row.notes)
+    recipe = json.loads((out / "recipe.json").read_text())
+    assert recipe["run"] == "onnxruntime" and recipe["streams"] == 2
+    loaded = fxforge.load_model(str(out))
+    assert loaded.file == "model.onnx + recipe.json"
+    assert isinstance(loaded.module, OnnxRuntimeModule) and loaded.module.streams == 2
+    for batch in (1, 3, 8):
+        x = torch.randn(batch, 3, 16, 16)
+        torch.testing.assert_close(loaded.module(x), model(x).detach(), rtol=1e-4, atol=1e-5)
+
+
+def test_a_model_that_mixes_samples_is_rejected_by_verification(tmp_path):
+    """Splitting the batch changes what a model that mixes samples computes, while every output keeps its shape:
+    --auto's verification against the model must catch it (the candidate is not exact)."""
+    captured = capture(MixesSamples(), (torch.randn(8, 16),))
+    result = auto_optimize(captured, backends=["onnxruntime+streams"], repeats=3, threads=2)
+    row = next(c for c in result.candidates if c.name == "onnxruntime+streams")
+    assert row.status == "rejected" and row.reason.startswith("verification failed: batch 8"), row.reason
+
+
+@pytest.mark.parametrize("recipe", [{"streams": 0, "micro_batch": 2}, {"streams": 2, "micro_batch": "2"}, {}])
+def test_a_damaged_streams_recipe_is_one_clear_error(tmp_path, recipe):
+    from fxforge.artifacts import OnnxRuntimeModule, apply_recipe
+
+    path = _exported(SmallConvNet(), torch.randn(2, 3, 8, 8), tmp_path)
+    with pytest.raises(FxforgeError, match="whole numbers"):
+        apply_recipe(OnnxRuntimeModule(path), {"run": "onnxruntime", **recipe})
+    with pytest.raises(FxforgeError, match="not one"):
+        apply_recipe(nn.Identity(), {"run": "onnxruntime", "streams": 2, "micro_batch": 1})
+
+
+def test_a_torchvision_net_in_streams_through_bench(tmp_path):
+    """A real depthwise net (torchvision mobilenet_v3_small, random weights): bench's streams row computes what eager
+    computes, and says which micro-batch it chose."""
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    model = torchvision.models.mobilenet_v3_small(num_classes=10).eval()
+    captured = capture(model, (torch.randn(4, 3, 64, 64),))
+    report = fxforge.bench(captured, ["eager", "onnxruntime+streams"], warmup=1, repeats=3, threads=2)
+    row = next(r for r in report.rows if r.backend == "onnxruntime+streams")
+    assert row.error is None, row.error
+    assert row.max_abs_err is not None and row.max_abs_err < 1e-4
+    assert any("micro-batches of" in note for note in row.notes)
