@@ -12,6 +12,7 @@ from torch import nn
 import fxforge
 from fxforge import Budget, auto_optimize, capture
 from fxforge.errors import FxforgeError
+from fxforge.runtime import torch_threads
 
 pytest.importorskip("onnxruntime")
 
@@ -128,7 +129,8 @@ def test_auto_writes_a_recipe_the_loader_runs_in_streams(tmp_path):
     assert any("streams of one thread" in note for note in row.notes)
     recipe = json.loads((out / "recipe.json").read_text())
     assert recipe["run"] == "onnxruntime" and recipe["streams"] == 2
-    loaded = fxforge.load_model(str(out))
+    with torch_threads(2):  # the suite gives torch one thread, and the loader runs no more streams than that
+        loaded = fxforge.load_model(str(out))
     assert loaded.file == "model.onnx + recipe.json"
     assert isinstance(loaded.module, OnnxRuntimeModule) and loaded.module.streams == 2
     for batch in (1, 3, 8):
@@ -168,3 +170,15 @@ def test_a_torchvision_net_in_streams_through_bench(tmp_path):
     assert row.error is None, row.error
     assert row.max_abs_err is not None and row.max_abs_err < 1e-4
     assert any("micro-batches of" in note for note in row.notes)
+
+
+def test_the_loader_runs_no_more_streams_than_torch_has_threads(tmp_path):
+    """A process that gives torch one thread (a server running one model per core) gets one call on one thread
+    from a streams directory, not a second core taken behind its back."""
+    from fxforge.artifacts import OnnxRuntimeModule, apply_recipe
+
+    path = _exported(SmallConvNet(), torch.randn(2, 3, 8, 8), tmp_path)
+    recipe = {"run": "onnxruntime", "streams": 2, "micro_batch": 2}
+    assert apply_recipe(OnnxRuntimeModule(path, threads=2), recipe).streams == 2
+    assert apply_recipe(OnnxRuntimeModule(path, threads=4), recipe).streams == 2
+    assert apply_recipe(OnnxRuntimeModule(path, threads=1), recipe).streams == 1

@@ -1983,7 +1983,10 @@ def apply_recipe(module: nn.Module, recipe: dict[str, Any]) -> nn.Module:
             raise FxforgeError(f"{RECIPE_FILE}: streams and micro_batch must be whole numbers of at least 1")
         if not isinstance(module, OnnxRuntimeModule):
             raise FxforgeError(f"{RECIPE_FILE} runs an ONNX model, and the directory's model is not one")
-        return module.in_streams(*counts)
+        # no more streams than the threads this process gives torch (torch.set_num_threads(1) in a server that
+        # runs one model per core): each stream takes a core
+        streams = min(counts[0], module.threads)
+        return module.in_streams(streams, counts[1]) if streams > 1 else module
     if how == "autocast":
         return AutocastModule(module, None, dtype=getattr(torch, str(recipe.get("dtype", "bfloat16"))))
     if how == "compile":

@@ -364,7 +364,10 @@ def ort_streams(
     if batch is None or batch < 2:
         raise FxforgeError(
             "streams split the batch, and the example inputs have one sample",
-            hint=said("pass --input with a batch of 2 or more", "capture it with example inputs of 2 samples or more"),
+            hint=said(
+                "run it at a batch of 2 or more (bench's --batch 8, or --input 8x...)",
+                "bench or capture it at a batch of 2 or more",
+            ),
         )
     whole = load_exported(path, "onnx", output_like=output_like, threads=threads)
     inputs = captured.example_inputs
