@@ -112,6 +112,37 @@ def test_the_candidate_needs_a_batch_and_two_threads():
     assert "onnxruntime+streams" in names(8, 2) and "onnxruntime+streams" in names(2, 2, quick=False)
     assert "onnxruntime+streams" not in names(1, 2)
     assert "onnxruntime+streams" not in names(8, 1)
+    budget = Budget(min_agreement=0.9)
+    captured = capture(SmallConvNet().eval(), (torch.randn(8, 3, 8, 8),))
+    for quick in (True, False):
+        with_budget = [b.name for b in candidate_backends(captured, None, budget, quick=quick, threads=2)]
+        assert "ort_int8" in with_budget and "ort_int8+streams" in with_budget
+        assert "ort_int8+streams" not in [b.name for b in candidate_backends(captured, None, budget, quick, threads=1)]
+
+
+def test_onnx_runtime_int8_in_streams_is_written_with_its_recipe(tmp_path):
+    """ort_int8+streams: ONNX Runtime's int8 file (dynamic batch already) and a streams recipe; loaded back it
+    computes what the one-call int8 file computes, at every batch size."""
+    from fxforge.bench import BuildSettings, get_backend
+    from fxforge.deploy import write_artifact
+
+    torch.manual_seed(0)
+    model = SmallConvNet().eval()
+    captured = capture(model, (torch.randn(4, 3, 16, 16),))
+    expected = model(*captured.example_inputs)
+    artifacts = {}
+    for name in ("ort_int8", "ort_int8+streams"):
+        settings = BuildSettings(2, tmp_path / name, expected)
+        settings.variants = get_backend(name).selected
+        artifacts[name] = write_artifact(get_backend(name), captured, tmp_path / name, settings)
+    assert json.loads((tmp_path / "ort_int8+streams" / "recipe.json").read_text())["streams"] == 2
+    assert not (tmp_path / "ort_int8" / "recipe.json").exists()
+    streamed, whole = artifacts["ort_int8+streams"].runner, artifacts["ort_int8"].runner
+    assert streamed.streams == 2 and whole.streams == 1
+    for batch in (1, 4, 7):
+        x = torch.randn(batch, 3, 16, 16)
+        # the same int8 kernels per sample; the calibration differs only if the two quantizations did (they are seeded)
+        torch.testing.assert_close(streamed(x), whole(x), rtol=RTOL, atol=ATOL)
 
 
 def test_auto_writes_a_recipe_the_loader_runs_in_streams(tmp_path):

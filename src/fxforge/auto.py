@@ -114,7 +114,8 @@ EXACT_BACKENDS = (
 )
 # Layout variants tried for models with 2-D convolutions, where oneDNN's own layout can pay.
 CONV_VARIANTS = ("compile+channels_last", "torchscript+channels_last")
-REDUCED_BACKENDS = ("bf16", "autocast", "int8", "ort_int8")
+# ort_int8+streams: ONNX Runtime's int8 in streams (mobilenet_v2 at batch 8 on an AMD EPYC: 1.25x one call)
+REDUCED_BACKENDS = ("bf16", "autocast", "int8", "ort_int8", "ort_int8+streams")
 # --quick: the candidates that usually win, per kind of model (what was measured: docs/benchmarks.md)
 # fx+onednn_linear where the model has float32 Linear layers: on an AMD EPYC with AVX-512 MKL's fp32 matmul runs at
 # half oneDNN's rate, and neither eager nor Inductor leaves MKL (BERT-base: 1.9x over eager, alone of the torch paths)
@@ -440,14 +441,14 @@ def candidate_backends(
             names = [*EXACT_BACKENDS, *(CONV_VARIANTS if convolutional else ())]
         if budget.reduced_precision:
             # bf16 only where the CPU runs it natively (see below); int8 everywhere (fbgemm/oneDNN on AVX2 too)
-            names += ["int8", "ort_int8"] if quick and not native_bf16() else list(REDUCED_BACKENDS)
+            names += ["int8", "ort_int8", "ort_int8+streams"] if quick and not native_bf16() else list(REDUCED_BACKENDS)
         # never offer a path this machine cannot run fast (bf16 without AVX512-BF16/AMX: emulated, slower than fp32)
         names = [name for name in names if _runs_fast(get_backend(str(name)), model_device(captured))]
         if not _has_float32_cpu_linear(captured):  # the candidate would be fx again
             names = [name for name in names if name != "fx+onednn_linear"]
         batch = batch_of(captured.example_inputs)
         if (threads or torch.get_num_threads()) < 2 or batch is None or batch < 2:  # nothing to split
-            names = [name for name in names if name != "onnxruntime+streams"]
+            names = [name for name in names if "streams" not in str(name).split("+")]
     else:
         names = list(backends)
         if "eager" not in [b if isinstance(b, str) else b.name for b in names]:

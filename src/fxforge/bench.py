@@ -321,14 +321,17 @@ def _torchscript(captured: Captured, settings: BuildSettings) -> Runner:
     return load_exported(path, "torchscript", device=model_device(captured))
 
 
+STREAMS = {
+    "streams": "the batch split over concurrent streams of one thread each, in micro-batches whose size is timed "
+    "(dynamic-batch export; batch 2 or more)",
+}
+
+
 @register_backend(
     "onnxruntime",
     "fxforge export --to onnx, run by ONNX Runtime (CPU)",
     cpu_only=True,
-    variants={
-        "streams": "the batch split over concurrent streams of one thread each, in micro-batches whose size is "
-        "timed (dynamic-batch export; batch 2 or more)",
-    },
+    variants=STREAMS,
 )
 def _onnxruntime(captured: Captured, settings: BuildSettings) -> Runner:
     path = settings.workdir / ONNX_FILE
@@ -475,10 +478,15 @@ def _int8(captured: Captured, settings: BuildSettings) -> Runner:
     "calibrated), run by ONNX Runtime (CPU)",
     precision="int8",
     cpu_only=True,
+    variants=STREAMS,
 )
 def _ort_int8(captured: Captured, settings: BuildSettings) -> Runner:
     path = settings.workdir / ONNX_FILE
     settings.notes.extend(write_ort_int8(captured, path, settings.calibration))
+    if "streams" in settings.variants:
+        module, _, notes = ort_streams(path, captured, settings.threads, settings.output_like)
+        settings.notes.extend(notes)
+        return module
     return load_exported(path, "onnx", output_like=settings.output_like, threads=settings.threads)
 
 

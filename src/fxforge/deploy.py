@@ -9,8 +9,9 @@ candidate          files                                          loads with pla
 eager              ``model.pt`` (the model, pickled)              ``torch.load('model.pt', weights_only=False)``
 fx                 ``model.pt2`` (+ ``model.pt``, provenance)     ``torch.export.load('model.pt2').module()``
 torchscript        ``model.torchscript.pt``                       ``torch.jit.load(...)`` (+ optimize_for_inference)
-onnxruntime        ``model.onnx``; ``+streams``: dynamic batch,   ``onnxruntime.InferenceSession('model.onnx')``
-                   + ``recipe.json`` (streams, micro-batch)       (one call; fxforge's loader: streams)
+onnxruntime        ``model.onnx``; ``+streams`` (also of          ``onnxruntime.InferenceSession('model.onnx')``
+                   ``ort_int8``): dynamic batch + ``recipe.json`` (one call; fxforge's loader: streams)
+                   (streams, micro-batch)
 compile            ``model.aoti.pt2`` (AOTInductor: compiled      ``torch._inductor.aoti_load_package(...)``
                    code and weights); without a working
                    compiler ``model.pt2`` + ``recipe.json``
@@ -323,10 +324,16 @@ def _write_onnx(captured: Captured, directory: Path, settings: BuildSettings, va
     a.notes.append(f"{result.exporter} exporter, opset {result.opset}{', dynamic batch' if streams else ''}")
     a.load = PLAIN_TORCH_LOAD["onnxruntime"]
     if streams:
-        _, recipe, notes = ort_streams(directory / ONNX_FILE, captured, settings.threads, settings.output_like)
-        (directory / RECIPE_FILE).write_text(json.dumps(recipe, indent=1))
-        a.notes.extend([*notes, "model.onnx + recipe.json: fxforge's loader runs it in streams as timed"])
-        a.load = PLAIN_TORCH_LOAD["onnxruntime+streams"]
+        _write_streams_recipe(captured, directory, settings, a)
+
+
+def _write_streams_recipe(captured: Captured, directory: Path, settings: BuildSettings, a: Artifact) -> None:
+    """recipe.json for the model.onnx in ``directory`` (dynamic batch): the streams and the micro-batch size timed
+    fastest here, which fxforge's loader applies."""
+    _, recipe, notes = ort_streams(directory / ONNX_FILE, captured, settings.threads, settings.output_like)
+    (directory / RECIPE_FILE).write_text(json.dumps(recipe, indent=1))
+    a.notes.extend([*notes, "model.onnx + recipe.json: fxforge's loader runs it in streams as timed"])
+    a.load = PLAIN_TORCH_LOAD["onnxruntime+streams"]
 
 
 def _write_compiled(
@@ -414,6 +421,8 @@ def _write_ort_int8(
 ) -> None:
     a.notes.extend(write_ort_int8(captured, directory / ONNX_FILE, settings.calibration))
     a.load = PLAIN_TORCH_LOAD["ort_int8"]
+    if "streams" in variants:
+        _write_streams_recipe(captured, directory, settings, a)
 
 
 def _write_bf16(captured: Captured, directory: Path, settings: BuildSettings, variants: set[str], a: Artifact) -> None:
