@@ -1665,7 +1665,10 @@ class OnnxRuntimeModule(nn.Module):
         after every layer; a micro-batch's activations stay in the cache). Where the inputs do not split (one
         sample, inputs of different batch sizes) or an output is not per-sample, the batch runs in one call on all
         the threads, as without streams."""
-        return OnnxRuntimeModule(self.path, self.output_like, self.threads, streams, micro_batch)
+        streamed = OnnxRuntimeModule(self.path, self.output_like, self.threads, streams, micro_batch)
+        if self.streams < 2:  # this session runs every thread: the one for batches that do not split
+            streamed._whole_session = self.session
+        return streamed
 
     def _run(self, feeds: dict[str, Any]) -> list[Any]:
         sizes = {array.shape[0] if array.ndim else None for array in feeds.values()}
