@@ -1615,7 +1615,9 @@ class OnnxRuntimeModule(nn.Module):
         self.session = self._new_session(1 if streams > 1 else self.threads)
         self._whole_session: Any = None  # streams: for a batch that does not split, made on its first use
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pool_pid = 0
         self.input_names = [i.name for i in self.session.get_inputs()]
+        self.batched: list[str] = []  # streams: the inputs split along their first dimension (in_streams)
         # per input, each dimension's fixed size (None: symbolic), to name a wrong shape in one line
         self.input_dims = [[d if isinstance(d, int) else None for d in i.shape] for i in self.session.get_inputs()]
         self.output_like = output_like
@@ -1657,51 +1659,66 @@ class OnnxRuntimeModule(nn.Module):
         options.add_session_config_entry("session.force_spinning_stop", "1")
         return ort.InferenceSession(self.path, options, providers=["CPUExecutionProvider"])
 
-    def in_streams(self, streams: int, micro_batch: int) -> OnnxRuntimeModule:
-        """This model run as ``streams`` concurrent streams of one thread each, every stream through its share of
-        the batch in calls of ``micro_batch`` samples, the outputs joined along the batch dimension (an ``--auto``
-        recipe: :func:`apply_recipe`). Why it can pay: on 2 cores of an AMD EPYC, a depthwise net at batch 8 ran
-        1.1-1.2x faster this way than as one call on two threads (the two threads of one call wait for each other
-        after every layer; a micro-batch's activations stay in the cache). Where the inputs do not split (one
-        sample, inputs of different batch sizes) or an output is not per-sample, the batch runs in one call on all
+    def in_streams(self, streams: int, micro_batch: int, batched: Sequence[str]) -> OnnxRuntimeModule:
+        """This model run as ``streams`` concurrent streams of one thread each, the batch shared out evenly between
+        them, each stream through its share in calls of at most ``micro_batch`` samples, and the outputs joined along
+        the batch dimension (an ``--auto`` recipe: :func:`apply_recipe`). ``batched``: the inputs that carry the
+        batch (their first dimension), which are split; the others (a mask or a bias every sample shares) go whole
+        to every call, whatever their size. Why it can pay: on 2 cores of an AMD EPYC, a depthwise net at batch 8
+        ran 1.1-1.2x faster this way than as one call on two threads (the two threads of one call wait for each
+        other after every layer; a micro-batch's activations stay in the cache). Where the batch does not split
+        (one sample, batched inputs of different sizes) or an output is not per-sample, it runs in one call on all
         the threads, as without streams."""
+        unknown = [name for name in batched if name not in self.input_names]
+        if unknown or not batched:
+            named = f"no input named {unknown[0]!r}" if unknown else "no batched input named"
+            raise FxforgeError(f"streams of {self.path}: {named}", hint=f"its inputs: {', '.join(self.input_names)}")
         streamed = OnnxRuntimeModule(self.path, self.output_like, self.threads, streams, micro_batch)
-        if self.streams < 2:  # this session runs every thread: the one for batches that do not split
-            streamed._whole_session = self.session
+        streamed.batched = list(batched)
         return streamed
 
     def _run(self, feeds: dict[str, Any]) -> list[Any]:
-        sizes = {array.shape[0] if array.ndim else None for array in feeds.values()}
+        sizes = {feeds[name].shape[0] if feeds[name].ndim else None for name in self.batched}
         batch = sizes.pop() if len(sizes) == 1 else None
         if self.streams < 2 or batch is None or batch < 2:
             return self._run_whole(feeds)
-        chunks = [(start, min(start + self.micro_batch, batch)) for start in range(0, batch, self.micro_batch)]
-        # each stream takes a contiguous share of the chunks, so that joining the streams' outputs keeps the order
-        share = -(-len(chunks) // self.streams)
-        shares = [chunks[i : i + share] for i in range(0, len(chunks), share)]
+        # an even share per stream (no stream idles while another runs two micro-batches more), in order, so that
+        # joining the streams' outputs keeps the samples' order; each share in calls of at most micro_batch
+        bounds = [batch * i // min(self.streams, batch) for i in range(min(self.streams, batch) + 1)]
+        shares = [
+            [(start, min(start + self.micro_batch, stop)) for start in range(begin, stop, self.micro_batch)]
+            for begin, stop in itertools.pairwise(bounds)
+        ]
 
         def run_share(share: list[tuple[int, int]]) -> list[list[Any]] | None:
             outputs = []
             for start, stop in share:
-                result = self.session.run(None, {name: array[start:stop] for name, array in feeds.items()})
+                piece = {name: array[start:stop] if name in self.batched else array for name, array in feeds.items()}
+                result = self.session.run(None, piece)
                 if any(not out.ndim or out.shape[0] != stop - start for out in result):
                     return None  # an output that is not per-sample: the batch cannot be run in pieces
                 outputs.append(result)
             return outputs
 
-        if self._pool is None:
-            self._pool = concurrent.futures.ThreadPoolExecutor(self.streams - 1, thread_name_prefix="fxforge-ort")
-        others = [self._pool.submit(run_share, share) for share in shares[1:]]
+        pool = self._stream_pool()
+        others = [pool.submit(run_share, share) for share in shares[1:]]
         results = [run_share(shares[0]), *(future.result() for future in others)]
         if any(result is None for result in results):
             return self._run_whole(feeds)
         pieces = [piece for result in results for piece in result]  # type: ignore[union-attr]
         return [torch.cat([torch.from_numpy(piece[i]) for piece in pieces]).numpy() for i in range(len(pieces[0]))]
 
+    def _stream_pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        # a pool made before a fork has no threads in the child, which waited forever on its work (QA): a new one
+        if self._pool is None or self._pool_pid != os.getpid():
+            self._pool = concurrent.futures.ThreadPoolExecutor(self.streams - 1, thread_name_prefix="fxforge-ort")
+            self._pool_pid = os.getpid()
+        return self._pool
+
     def _run_whole(self, feeds: dict[str, Any]) -> list[Any]:
         if self.streams < 2:
             return self.session.run(None, feeds)
-        if self._whole_session is None:
+        if self._whole_session is None:  # made on first use: a second copy of the weights in memory
             self._whole_session = self._new_session(self.threads)
         return self._whole_session.run(None, feeds)
 
@@ -1979,17 +1996,23 @@ def apply_recipe(module: nn.Module, recipe: dict[str, Any]) -> nn.Module:
     ``{"run": "compile", "inductor": {...}, "mode": ...}``; model.onnx's as ``{"run": "onnxruntime", "streams": 2,
     "micro_batch": 2}`` (:meth:`OnnxRuntimeModule.in_streams`). Plain torch does the same in one line (docs/commands/
     optimize.md); an unknown recipe is an error rather than a silently slower model."""
+    if not isinstance(recipe, dict):  # a list or a string raised an AttributeError, an internal error (QA)
+        raise FxforgeError(f"{RECIPE_FILE} is not a JSON object", hint="is the file corrupt?")
     how = recipe.get("run")
     if how == "onnxruntime":
         counts = [recipe.get("streams"), recipe.get("micro_batch")]
         if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in counts):
             raise FxforgeError(f"{RECIPE_FILE}: streams and micro_batch must be whole numbers of at least 1")
+        batched = recipe.get("batched")
+        if not isinstance(batched, list) or not all(isinstance(name, str) for name in batched):
+            raise FxforgeError(f"{RECIPE_FILE}: batched must be a list of input names")
         if not isinstance(module, OnnxRuntimeModule):
             raise FxforgeError(f"{RECIPE_FILE} runs an ONNX model, and the directory's model is not one")
         # no more streams than the threads this process gives torch (torch.set_num_threads(1) in a server that
-        # runs one model per core): each stream takes a core
+        # runs one model per core): each stream takes a core. Not more than recorded either: the micro-batch size
+        # was timed with that many
         streams = min(counts[0], module.threads)
-        return module.in_streams(streams, counts[1]) if streams > 1 else module
+        return module.in_streams(streams, counts[1], batched) if streams > 1 else module
     if how == "autocast":
         return AutocastModule(module, None, dtype=getattr(torch, str(recipe.get("dtype", "bfloat16"))))
     if how == "compile":

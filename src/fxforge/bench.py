@@ -381,10 +381,24 @@ def ort_streams(
         raise FxforgeError(
             "an output is not per-sample (its first dimension is not the batch): the batch cannot run in pieces"
         )
+    # the inputs split are those whose first dimension is the example's batch, recorded by name: one that every
+    # sample shares (a mask, a bias) went into pieces whenever a batch happened to match its size (QA). One that
+    # matches it at the example is split here too, and then the outputs differ: refused below
+    leaves = [v for v in pytree.tree_leaves(inputs) if isinstance(v, torch.Tensor)]
+    batched = [name for name, t in zip(whole.input_names, leaves) if t.dim() and t.shape[0] == batch]
     streams = min(threads, batch)
     share = -(-batch // streams)
     sizes = sorted({m for m in MICRO_BATCHES if m < share} | {share})
-    module = whole.in_streams(streams, sizes[0])
+    module = whole.in_streams(streams, sizes[0], batched)
+    with torch.no_grad():
+        # each output dtype's round-off (compare.TOLERANCES: fewer samples per call may change a kernel's summation
+        # order); an int8 file's pieces run the same quantized kernels on the same values, held to the same
+        comparison = compare_outputs(output, module(*inputs))
+    if not comparison.ok:
+        raise FxforgeError(
+            f"run in pieces, the batch gives other outputs ({comparison.problems[0]}): the model mixes samples, or "
+            f"an input every sample shares ({', '.join(batched)}) has the batch's size at the example"
+        )
     times: dict[int, list[float]] = {m: [] for m in sizes}
     with torch.no_grad():
         for round_ in range(STREAMS_TUNING_ROUNDS + 1):  # round 0 warms each size up
@@ -401,7 +415,7 @@ def ort_streams(
         f"{streams} streams of one thread, micro-batches of {module.micro_batch} (batch {batch} timed here in "
         f"micro-batches of {timed})"
     ]
-    recipe = {"run": "onnxruntime", "streams": streams, "micro_batch": module.micro_batch}
+    recipe = {"run": "onnxruntime", "streams": streams, "micro_batch": module.micro_batch, "batched": batched}
     return module, recipe, notes
 
 
