@@ -140,6 +140,7 @@ def test_onnx_runtime_int8_in_streams_is_written_with_its_recipe(tmp_path):
         settings.variants = get_backend(name).selected
         artifacts[name] = write_artifact(get_backend(name), captured, tmp_path / name, settings)
     assert json.loads((tmp_path / "ort_int8+streams" / "recipe.json").read_text())["streams"] == 2
+    assert "int8 QDQ" in artifacts["ort_int8+streams"].load and "streams" in artifacts["ort_int8+streams"].load
     assert not (tmp_path / "ort_int8" / "recipe.json").exists()
     streamed, whole = artifacts["ort_int8+streams"].runner, artifacts["ort_int8"].runner
     assert streamed.streams == 2 and whole.streams == 1
@@ -193,15 +194,16 @@ def test_a_model_that_mixes_samples_is_refused_when_built(tmp_path):
         ({"streams": 2, "micro_batch": 2}, "list of input names"),
         ({"streams": 2, "micro_batch": 2, "batched": "x"}, "list of input names"),
         ({"streams": 2, "micro_batch": 2, "batched": ["y"]}, "no input named 'y'"),
-        ({"streams": 2, "micro_batch": 2, "batched": []}, "no batched input"),
+        ({"streams": 2, "micro_batch": 2, "batched": []}, "list of batched inputs is empty"),
     ],
 )
 def test_a_damaged_streams_recipe_is_one_clear_error(tmp_path, recipe, message):
     from fxforge.artifacts import OnnxRuntimeModule, apply_recipe
 
     path = _exported(SmallConvNet(), torch.randn(2, 3, 8, 8), tmp_path)
-    with pytest.raises(FxforgeError, match=message):
-        apply_recipe(OnnxRuntimeModule(path, threads=2), {"run": "onnxruntime", **recipe})
+    for threads in (2, 1):  # one thread runs no streams, and the same directory is still refused (QA)
+        with pytest.raises(FxforgeError, match=message):
+            apply_recipe(OnnxRuntimeModule(path, threads=threads), {"run": "onnxruntime", **recipe})
     with pytest.raises(FxforgeError, match="not one"):
         apply_recipe(nn.Identity(), {"run": "onnxruntime", "streams": 2, "micro_batch": 1, "batched": ["x"]})
     for not_an_object in ([1, 2], None, "onnxruntime"):  # an AttributeError, an internal error (QA)
@@ -257,7 +259,7 @@ def test_an_input_every_sample_shares_is_never_split(tmp_path):
     for batch in (2, 7, 8, 9):
         x = torch.randn(batch, 8)
         torch.testing.assert_close(module(x, bias), model(x, bias))
-    with pytest.raises(FxforgeError, match="shares"):
+    with pytest.raises(FxforgeError, match="shared by every sample"):
         ort_streams(file, capture(model, (torch.randn(8, 8), bias)), 2)
 
 
@@ -313,3 +315,62 @@ def test_a_forked_child_runs_the_streams(tmp_path):
     if alive:
         child.kill()
     assert not alive and child.exitcode == 0 and queue.get(timeout=5)
+
+
+class SharedWeight(nn.Module):
+    def forward(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return x @ w
+
+
+class SharedMaskMean(nn.Module):
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return x * mask.mean()
+
+
+@pytest.mark.parametrize(
+    ("model", "example"),
+    [
+        (SharedWeight(), (torch.randn(8, 8), torch.randn(8, 4))),  # cut, w no longer fits x: ONNX Runtime failed
+        (SharedMaskMean(), (torch.randn(8, 4), torch.ones(8))),  # all ones at the example: the cut did not show
+    ],
+    ids=["weight", "uniform-mask"],
+)
+def test_a_shared_input_of_the_batch_size_is_refused_in_one_line(tmp_path, model, example, capfd):
+    """An input every sample shares that has the batch's size at the example cannot be told from a batched one
+    by its shape: the pieces are checked on the example and on random values, at every micro-batch size timed, and
+    a refusal is one line, with no ONNX Runtime log on stderr (QA)."""
+    from fxforge.bench import ort_streams
+
+    file = tmp_path / "model.onnx"
+    fxforge.export_model(model, "onnx", file, example_inputs=example, dynamic_batch=True)
+    capfd.readouterr()
+    with pytest.raises(FxforgeError, match="shared by every sample") as refused:
+        ort_streams(file, capture(model, example), 2)
+    assert "\n" not in str(refused.value)
+    assert "onnxruntime" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("recipe", "message"),
+    [
+        ({"run": "autocast", "dtype": "nope"}, "dtype must name"),
+        ({"run": "autocast", "dtype": 5}, "dtype must name"),
+        ({"run": "autocast", "dtype": "int8"}, "dtype must name"),
+        ({"run": "compile", "inductor": 5}, "inductor must be"),
+        ({"run": "compile", "mode": ["max"]}, "inductor must be"),
+    ],
+)
+def test_a_damaged_torch_recipe_is_one_clear_error(recipe, message):
+    from fxforge.artifacts import apply_recipe
+
+    with pytest.raises(FxforgeError, match=message):  # internal errors (AttributeError, TypeError) before (QA)
+        apply_recipe(nn.Identity(), recipe)
+
+
+def test_a_torch_recipe_beside_an_onnx_file_is_refused(tmp_path):
+    from fxforge.artifacts import OnnxRuntimeModule, apply_recipe
+
+    path = _exported(SmallConvNet(), torch.randn(2, 3, 8, 8), tmp_path)
+    for recipe in ({"run": "autocast"}, {"run": "compile"}):
+        with pytest.raises(FxforgeError, match="is an ONNX file"):
+            apply_recipe(OnnxRuntimeModule(path), recipe)

@@ -1651,7 +1651,9 @@ class OnnxRuntimeModule(nn.Module):
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
-        options.log_severity_level = 3  # errors only
+        # fatal only: an error comes back as an exception, which fxforge reports in one line; logged, it printed
+        # its own multi-line copy too, once per stream (QA)
+        options.log_severity_level = 4
         # By default ONNX Runtime's pool threads keep spinning after each run, taking the cores from whatever
         # runs next (on 2 cores eager resnet18 ran 2.2x slower right after an ONNX run). Not spinning at all
         # is no cure: waking sleeping threads between ops made mobilenet_v2 at batch 1 1.9x slower
@@ -1669,13 +1671,17 @@ class OnnxRuntimeModule(nn.Module):
         other after every layer; a micro-batch's activations stay in the cache). Where the batch does not split
         (one sample, batched inputs of different sizes) or an output is not per-sample, it runs in one call on all
         the threads, as without streams."""
-        unknown = [name for name in batched if name not in self.input_names]
-        if unknown or not batched:
-            named = f"no input named {unknown[0]!r}" if unknown else "no batched input named"
-            raise FxforgeError(f"streams of {self.path}: {named}", hint=f"its inputs: {', '.join(self.input_names)}")
+        self.check_batched(batched)
         streamed = OnnxRuntimeModule(self.path, self.output_like, self.threads, streams, micro_batch)
         streamed.batched = list(batched)
         return streamed
+
+    def check_batched(self, batched: Sequence[str]) -> None:
+        """Refuse a list of batched inputs that names no input, or one the model does not have."""
+        unknown = [name for name in batched if name not in self.input_names]
+        if unknown or not batched:
+            named = f"it has no input named {unknown[0]!r}" if unknown else "the list of batched inputs is empty"
+            raise FxforgeError(f"streams of {self.path}: {named}", hint=f"its inputs: {', '.join(self.input_names)}")
 
     def _run(self, feeds: dict[str, Any]) -> list[Any]:
         sizes = {feeds[name].shape[0] if feeds[name].ndim else None for name in self.batched}
@@ -2008,13 +2014,22 @@ def apply_recipe(module: nn.Module, recipe: dict[str, Any]) -> nn.Module:
             raise FxforgeError(f"{RECIPE_FILE}: batched must be a list of input names")
         if not isinstance(module, OnnxRuntimeModule):
             raise FxforgeError(f"{RECIPE_FILE} runs an ONNX model, and the directory's model is not one")
+        module.check_batched(batched)  # with one thread too: the same directory fails or loads on every machine (QA)
         # no more streams than the threads this process gives torch (torch.set_num_threads(1) in a server that
         # runs one model per core): each stream takes a core. Not more than recorded either: the micro-batch size
         # was timed with that many
         streams = min(counts[0], module.threads)
         return module.in_streams(streams, counts[1], batched) if streams > 1 else module
+    if how in ("autocast", "compile") and isinstance(module, OnnxRuntimeModule):
+        raise FxforgeError(f"{RECIPE_FILE} runs a torch program ({how}), and the directory's model is an ONNX file")
     if how == "autocast":
-        return AutocastModule(module, None, dtype=getattr(torch, str(recipe.get("dtype", "bfloat16"))))
+        dtype = getattr(torch, str(recipe.get("dtype", "bfloat16")), None)
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:  # an internal error (QA)
+            raise FxforgeError(f"{RECIPE_FILE}: dtype must name a torch floating-point type, e.g. bfloat16")
+        return AutocastModule(module, None, dtype=dtype)
     if how == "compile":
-        return CompiledModule(module, recipe.get("inductor"), recipe.get("mode"))
+        inductor, mode = recipe.get("inductor"), recipe.get("mode")
+        if not isinstance(inductor, dict | None) or not isinstance(mode, str | None):  # an internal error (QA)
+            raise FxforgeError(f"{RECIPE_FILE}: inductor must be an object of settings and mode a name")
+        return CompiledModule(module, inductor, mode)
     raise FxforgeError(f"unknown recipe {how!r} in {RECIPE_FILE}", hint="written by a newer fxforge?")

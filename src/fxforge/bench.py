@@ -379,26 +379,21 @@ def ort_streams(
     tensors = [v for v in pytree.tree_leaves(output) if isinstance(v, torch.Tensor)]
     if any(t.dim() == 0 or t.shape[0] != batch for t in tensors):
         raise FxforgeError(
-            "an output is not per-sample (its first dimension is not the batch): the batch cannot run in pieces"
+            f"an output is not per-sample (its first dimension is not the batch, {batch}: the first dimension of the "
+            "first input): the batch cannot run in pieces"
         )
     # the inputs split are those whose first dimension is the example's batch, recorded by name: one that every
     # sample shares (a mask, a bias) went into pieces whenever a batch happened to match its size (QA). One that
-    # matches it at the example is split here too, and then the outputs differ: refused below
+    # matches it at the example is split here too, and then the pieces compute something else: refused below
     leaves = [v for v in pytree.tree_leaves(inputs) if isinstance(v, torch.Tensor)]
     batched = [name for name, t in zip(whole.input_names, leaves) if t.dim() and t.shape[0] == batch]
     streams = min(threads, batch)
     share = -(-batch // streams)
     sizes = sorted({m for m in MICRO_BATCHES if m < share} | {share})
     module = whole.in_streams(streams, sizes[0], batched)
-    with torch.no_grad():
-        # each output dtype's round-off (compare.TOLERANCES: fewer samples per call may change a kernel's summation
-        # order); an int8 file's pieces run the same quantized kernels on the same values, held to the same
-        comparison = compare_outputs(output, module(*inputs))
-    if not comparison.ok:
-        raise FxforgeError(
-            f"run in pieces, the batch gives other outputs ({comparison.problems[0]}): the model mixes samples, or "
-            f"an input every sample shares ({', '.join(batched)}) has the batch's size at the example"
-        )
+    for size in sizes:  # every size that is timed, and may be chosen (QA: only the first was checked)
+        module.micro_batch = size
+        _check_pieces(whole, module, inputs, batched, size)
     times: dict[int, list[float]] = {m: [] for m in sizes}
     with torch.no_grad():
         for round_ in range(STREAMS_TUNING_ROUNDS + 1):  # round 0 warms each size up
@@ -417,6 +412,34 @@ def ort_streams(
     ]
     recipe = {"run": "onnxruntime", "streams": streams, "micro_batch": module.micro_batch, "batched": batched}
     return module, recipe, notes
+
+
+def _check_pieces(whole: Any, module: Any, inputs: tuple[Any, ...], batched: list[str], size: int) -> None:
+    """Refuse streams where the batch in pieces of ``size`` computes something else than one call: on the example,
+    and again with its floating-point inputs drawn at random (seeded), since an input every sample shares can be
+    uniform at the example (an all-ones mask), which hides that it was cut (QA: ``x * mask.mean()``)."""
+    generator = torch.Generator().manual_seed(0)
+
+    def drawn(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            # in [0.5, 1.5): positive, so that a model taking a log or a square root stays finite
+            return torch.rand(value.shape, generator=generator, dtype=value.dtype) + 0.5
+        return value
+
+    for case in (inputs, tuple(pytree.tree_map(drawn, list(inputs)))):
+        with torch.no_grad():
+            try:
+                # each output dtype's round-off (compare.TOLERANCES: fewer samples per call may change a kernel's
+                # summation order); an int8 file's pieces run the same quantized kernels on the same values
+                problems = compare_outputs(whole(*case), module(*case)).problems
+            except Exception as exc:  # a shared input cut in pieces no longer fits the others' shapes
+                problems = [f"ONNX Runtime failed: {one_line_reason(exc)}"]
+        if problems:
+            raise FxforgeError(
+                f"run in pieces of {size}, the batch gives other outputs ({problems[0]}): the model mixes samples, "
+                f"or one of the inputs split as batched ({', '.join(batched)}) is shared by every sample and has the "
+                "batch's size at the example"
+            )
 
 
 COMPILE_VARIANTS = {

@@ -106,6 +106,8 @@ PLAIN_TORCH_LOAD = {
     # one call on all threads: the streams (recipe.json) are fxforge's loader's, as torch.compile is compile's
     "onnxruntime+streams": "onnxruntime.InferenceSession('model.onnx')  # any batch size, as one call: "
     "fxforge.load_model runs it in streams (recipe.json), as timed",
+    "ort_int8+streams": "onnxruntime.InferenceSession('model.onnx')  # int8 QDQ, any batch size, as one call: "
+    "fxforge.load_model runs it in streams (recipe.json), as timed",
     # QA: called at another shape, the package returned a wrong-shaped result, or aborted the process
     "aoti": "torch._inductor.aoti_load_package('model.aoti.pt2')  # the example's input shapes only (inputs.txt): "
     "others are not checked, and give wrong results or abort",
@@ -327,13 +329,15 @@ def _write_onnx(captured: Captured, directory: Path, settings: BuildSettings, va
         _write_streams_recipe(captured, directory, settings, a)
 
 
-def _write_streams_recipe(captured: Captured, directory: Path, settings: BuildSettings, a: Artifact) -> None:
+def _write_streams_recipe(
+    captured: Captured, directory: Path, settings: BuildSettings, a: Artifact, kind: str = "onnxruntime"
+) -> None:
     """recipe.json for the model.onnx in ``directory`` (dynamic batch): the streams and the micro-batch size timed
     fastest here, which fxforge's loader applies."""
     _, recipe, notes = ort_streams(directory / ONNX_FILE, captured, settings.threads, settings.output_like)
     (directory / RECIPE_FILE).write_text(json.dumps(recipe, indent=1))
     a.notes.extend([*notes, "model.onnx + recipe.json: fxforge's loader runs it in streams as timed"])
-    a.load = PLAIN_TORCH_LOAD["onnxruntime+streams"]
+    a.load = PLAIN_TORCH_LOAD[f"{kind}+streams"]
 
 
 def _write_compiled(
@@ -422,7 +426,7 @@ def _write_ort_int8(
     a.notes.extend(write_ort_int8(captured, directory / ONNX_FILE, settings.calibration))
     a.load = PLAIN_TORCH_LOAD["ort_int8"]
     if "streams" in variants:
-        _write_streams_recipe(captured, directory, settings, a)
+        _write_streams_recipe(captured, directory, settings, a, "ort_int8")
 
 
 def _write_bf16(captured: Captured, directory: Path, settings: BuildSettings, variants: set[str], a: Artifact) -> None:

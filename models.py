@@ -1,0 +1,4 @@
+
+class MaskFirst(nn.Module):
+    def forward(self, mask, x):
+        return x * mask
