@@ -338,7 +338,12 @@ def _onnxruntime(captured: Captured, settings: BuildSettings) -> Runner:
     streams = "streams" in settings.variants
     result = export_model(captured, "onnx", path, verify_export=False, force=True, dynamic_batch=streams)
     settings.notes.append(f"{result.exporter} exporter, opset {result.opset}{', dynamic batch' if streams else ''}")
-    if streams:
+    return _onnx_runner(path, captured, settings)
+
+
+def _onnx_runner(path: Path, captured: Captured, settings: BuildSettings) -> Runner:
+    """The ONNX file at ``path`` run by ONNX Runtime: in streams where the variant asks (:func:`ort_streams`)."""
+    if "streams" in settings.variants:
         module, _, notes = ort_streams(path, captured, settings.threads, settings.output_like)
         settings.notes.extend(notes)
         return module
@@ -520,11 +525,7 @@ def _int8(captured: Captured, settings: BuildSettings) -> Runner:
 def _ort_int8(captured: Captured, settings: BuildSettings) -> Runner:
     path = settings.workdir / ONNX_FILE
     settings.notes.extend(write_ort_int8(captured, path, settings.calibration))
-    if "streams" in settings.variants:
-        module, _, notes = ort_streams(path, captured, settings.threads, settings.output_like)
-        settings.notes.extend(notes)
-        return module
-    return load_exported(path, "onnx", output_like=settings.output_like, threads=settings.threads)
+    return _onnx_runner(path, captured, settings)
 
 
 def write_ort_int8(captured: Captured, path: Path, calibration: Any = None) -> list[str]:
