@@ -1690,7 +1690,8 @@ class OnnxRuntimeModule(nn.Module):
             return self._run_whole(feeds)
         # an even share per stream (no stream idles while another runs two micro-batches more), in order, so that
         # joining the streams' outputs keeps the samples' order; each share in calls of at most micro_batch
-        bounds = [batch * i // min(self.streams, batch) for i in range(min(self.streams, batch) + 1)]
+        streams = min(self.streams, batch)
+        bounds = [batch * i // streams for i in range(streams + 1)]
         shares = [
             [(start, min(start + self.micro_batch, stop)) for start in range(begin, stop, self.micro_batch)]
             for begin, stop in itertools.pairwise(bounds)
@@ -2000,8 +2001,8 @@ def _without_dynamo_trailer(exc: Exception) -> Exception:
 def apply_recipe(module: nn.Module, recipe: dict[str, Any]) -> nn.Module:
     """``module`` (model.pt2's) run the way ``recipe.json`` says: ``{"run": "autocast", "dtype": "bfloat16"}`` or
     ``{"run": "compile", "inductor": {...}, "mode": ...}``; model.onnx's as ``{"run": "onnxruntime", "streams": 2,
-    "micro_batch": 2}`` (:meth:`OnnxRuntimeModule.in_streams`). Plain torch does the same in one line (docs/commands/
-    optimize.md); an unknown recipe is an error rather than a silently slower model."""
+    "micro_batch": 2, "batched": ["x"]}`` (:meth:`OnnxRuntimeModule.in_streams`). Plain torch does the same in one
+    line (docs/commands/optimize.md); an unknown recipe is an error rather than a silently slower model."""
     if not isinstance(recipe, dict):  # a list or a string raised an AttributeError, an internal error (QA)
         raise FxforgeError(f"{RECIPE_FILE} is not a JSON object", hint="is the file corrupt?")
     how = recipe.get("run")

@@ -396,9 +396,7 @@ def ort_streams(
     share = -(-batch // streams)
     sizes = sorted({m for m in MICRO_BATCHES if m < share} | {share})
     module = whole.in_streams(streams, sizes[0], batched)
-    for size in sizes:  # every size that is timed, and may be chosen (QA: only the first was checked)
-        module.micro_batch = size
-        _check_pieces(whole, module, inputs, batched, size)
+    _check_pieces(whole, module, inputs, batched, sizes)
     times: dict[int, list[float]] = {m: [] for m in sizes}
     with torch.no_grad():
         for round_ in range(STREAMS_TUNING_ROUNDS + 1):  # round 0 warms each size up
@@ -419,10 +417,12 @@ def ort_streams(
     return module, recipe, notes
 
 
-def _check_pieces(whole: Any, module: Any, inputs: tuple[Any, ...], batched: list[str], size: int) -> None:
-    """Refuse streams where the batch in pieces of ``size`` computes something else than one call: on the example,
-    and again with its floating-point inputs drawn at random (seeded), since an input every sample shares can be
-    uniform at the example (an all-ones mask), which hides that it was cut (QA: ``x * mask.mean()``)."""
+def _check_pieces(whole: Any, module: Any, inputs: tuple[Any, ...], batched: list[str], sizes: list[int]) -> None:
+    """Refuse streams where the batch in pieces of any of ``sizes`` (every size timed, and so may be chosen: QA had
+    only the first checked) computes something else than one call: on the example, and again with its
+    floating-point inputs drawn at random (seeded), since an input every sample shares can be uniform at the
+    example (an all-ones mask), which hides that it was cut (QA: ``x * mask.mean()``). One call's outputs are
+    computed once per case."""
     generator = torch.Generator().manual_seed(0)
 
     def drawn(value: Any) -> Any:
@@ -431,20 +431,26 @@ def _check_pieces(whole: Any, module: Any, inputs: tuple[Any, ...], batched: lis
             return torch.rand(value.shape, generator=generator, dtype=value.dtype) + 0.5
         return value
 
-    for case in (inputs, tuple(pytree.tree_map(drawn, list(inputs)))):
-        with torch.no_grad():
-            try:
-                # each output dtype's round-off (compare.TOLERANCES: fewer samples per call may change a kernel's
-                # summation order); an int8 file's pieces run the same quantized kernels on the same values
-                problems = compare_outputs(whole(*case), module(*case)).problems
-            except Exception as exc:  # a shared input cut in pieces no longer fits the others' shapes
-                problems = [f"ONNX Runtime failed: {one_line_reason(exc)}"]
-        if problems:
-            raise FxforgeError(
-                f"run in pieces of {size}, the batch gives other outputs ({problems[0]}): the model mixes samples, "
-                f"or one of the inputs split as batched ({', '.join(batched)}) is shared by every sample and has the "
-                "batch's size at the example"
-            )
+    cases = [inputs, tuple(pytree.tree_map(drawn, list(inputs)))]
+    expected: list[Any] = []
+    for size in sizes:
+        module.micro_batch = size
+        for index, case in enumerate(cases):
+            with torch.no_grad():
+                try:
+                    if len(expected) == index:
+                        expected.append(whole(*case))
+                    # each output dtype's round-off (compare.TOLERANCES: fewer samples per call may change a
+                    # kernel's summation order); an int8 file's pieces run the same quantized kernels on the same values
+                    problems = compare_outputs(expected[index], module(*case)).problems
+                except Exception as exc:  # a shared input cut in pieces no longer fits the others' shapes
+                    problems = [f"ONNX Runtime failed: {one_line_reason(exc)}"]
+            if problems:
+                raise FxforgeError(
+                    f"run in pieces of {size}, the batch gives other outputs ({problems[0]}): the model mixes "
+                    f"samples, or one of the inputs split as batched ({', '.join(batched)}) is shared by every sample "
+                    "and has the batch's size at the example"
+                )
 
 
 COMPILE_VARIANTS = {
