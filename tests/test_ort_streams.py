@@ -374,3 +374,30 @@ def test_a_torch_recipe_beside_an_onnx_file_is_refused(tmp_path):
     for recipe in ({"run": "autocast"}, {"run": "compile"}):
         with pytest.raises(FxforgeError, match="is an ONNX file"):
             apply_recipe(OnnxRuntimeModule(path), recipe)
+
+
+def test_a_transformers_bert_runs_in_streams_with_both_its_inputs_split(tmp_path):
+    """A real transformer from a small config (transformers BertModel, random weights): token ids and attention
+    mask both carry the batch, are both recorded as batched, and the pieces compute what one call computes at
+    batch sizes other than the example's."""
+    transformers = pytest.importorskip("transformers")
+    from fxforge.bench import ort_streams
+
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64
+    )
+    model = transformers.BertModel(config).eval()
+    ids, mask = torch.randint(0, 99, (4, 12)), torch.ones(4, 12, dtype=torch.int64)
+    captured = fxforge.prepare(model, (ids, mask))
+    file = tmp_path / "model.onnx"
+    fxforge.export_model(captured, "onnx", file, example_inputs=(ids, mask), dynamic_batch=True)
+    module, recipe, _ = ort_streams(file, captured, 2)
+    assert recipe["batched"] == module.input_names and len(recipe["batched"]) == 2
+    for batch in (3, 8):
+        ids, mask = torch.randint(0, 99, (batch, 12)), torch.ones(batch, 12, dtype=torch.int64)
+        mask[0, 6:] = 0  # one padded sample: the mask must travel with its own sample
+        expected = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        got = module(ids, mask)
+        got = got["last_hidden_state"] if isinstance(got, dict) else getattr(got, "last_hidden_state", got[0])
+        torch.testing.assert_close(got, expected.detach(), rtol=1e-4, atol=1e-4)
