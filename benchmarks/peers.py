@@ -141,10 +141,13 @@ def _calibrate_batchnorm(model: nn.Module, example: str) -> None:
     from fxforge.inputs import make_inputs, parse_input_spec
 
     specs = [parse_input_spec(example)]
+    # Only the norms train: the rest of the model runs as in eval, so that dropout and stochastic depth (random in
+    # training mode: efficientnet_b0's statistics differed from run to run) neither drop blocks nor draw the RNG.
+    model.eval()
     for module in norms:
         module.reset_running_stats()
         module.momentum = None  # a cumulative average over the batches below
-    model.train()
+        module.train()
     with torch.no_grad():
         for seed in range(8):
             model(*make_inputs(specs, seed=1000 + seed))
