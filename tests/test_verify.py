@@ -229,14 +229,13 @@ def test_the_rounding_spread_counts_the_model_on_perturbed_inputs(monkeypatch):
 
 
 class _ShiftedSine(torch.nn.Module):
-    """sin(w * 1e5) + x, whose sensitivity to rounding lies inside (the phase comes from a parameter, which no
+    """sin(w * 1e5) + x, whose sensitivity to rounding lies inside (the phase comes from a buffer, which no
     perturbation of the input reaches); ``ulps`` rounds the phase that many epsilons differently, as a backend
     that fuses or reassociates the product may; ``wrong`` takes the cosine."""
 
     def __init__(self, ulps: int = 0, wrong: bool = False) -> None:
         super().__init__()
-        weight = torch.randn(64, generator=torch.Generator().manual_seed(0)) * 2
-        self.w = torch.nn.Parameter(weight, requires_grad=False)
+        self.register_buffer("w", torch.randn(64, generator=torch.Generator().manual_seed(0)) * 2)
         self.ulps, self.wrong = ulps, wrong
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -259,9 +258,12 @@ def test_the_rounding_spread_counts_every_operation_perturbed(monkeypatch):
         )
         assert not verify(_ShiftedSine(), _ShiftedSine(ulps=3), input_specs=specs).ok
 
-    result = verify(_ShiftedSine(), _ShiftedSine(ulps=3), input_specs=specs)
+    model = _ShiftedSine()
+    phases = model.w.clone()
+    result = verify(model, _ShiftedSine(ulps=3), input_specs=specs)
     assert result.ok, result.problems
     assert any("every operation's result, perturbed" in w for w in result.warnings)
+    assert torch.equal(model.w, phases)  # QA: a perturbed snapshot of the buffers was restored into the caller's
     assert not verify(_ShiftedSine(), _ShiftedSine(ulps=3, wrong=True), input_specs=specs).ok
 
 

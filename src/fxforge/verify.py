@@ -891,8 +891,11 @@ class Verifier:
         generator = torch.Generator().manual_seed((case.seed * PERTURBED_RUNS + draw) * 2 + every_op)
         try:
             if every_op:
-                with quiet_torch_logs(), _RoundingShake(generator):
-                    return as_structure(run_isolated(self.module, case.args, case.kwargs))
+                # the model's call alone runs perturbed: run_isolated's copies of the inputs and snapshot of the
+                # buffers must not (a perturbed snapshot, restored, changed the caller's buffers: QA)
+                with quiet_torch_logs():
+                    shaken = _every_op_shaken(self.module, generator)
+                    return as_structure(run_isolated(shaken, case.args, case.kwargs, self.module))
             args, kwargs = pytree.tree_map(lambda value: _shaken(value, generator), (case.args, case.kwargs))
             with quiet_torch_logs():
                 return as_structure(run_isolated(self.module, args, kwargs))
@@ -969,6 +972,16 @@ def _shaken(value: Any, generator: torch.Generator) -> Any:
         return value
     noise = (torch.rand(value.shape, generator=generator) * 2 - 1) * torch.finfo(value.dtype).eps
     return value * (1 + noise.to(value.dtype).to(value.device))
+
+
+def _every_op_shaken(module: Any, generator: torch.Generator) -> Any:
+    """``module`` as a function whose calls run under :class:`_RoundingShake`."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with _RoundingShake(generator):
+            return module(*args, **kwargs)
+
+    return call
 
 
 class _RoundingShake(TorchDispatchMode):
