@@ -274,13 +274,26 @@ def test_perturbing_every_operation_keeps_in_place_writes_and_views():
     def scale_first_columns(x: torch.Tensor) -> torch.Tensor:
         y = x.clone()
         y[:, :2].mul_(2)
-        return y.relu()
+        return y.relu() * 3
 
     x = torch.randn(4, 8)
     with verify_module_shake(seed=0):
         shaken = scale_first_columns(x)
     assert torch.allclose(shaken, scale_first_columns(x), rtol=1e-6, atol=0)
     assert not torch.equal(shaken, scale_first_columns(x))  # the fresh results were perturbed
+
+
+def test_perturbing_every_operation_leaves_exact_results_exact():
+    """Only results that round are perturbed: a floor, a relu, a maximum, a concatenation, a lookup or a lossless
+    conversion is what every backend computes bit for bit (a floor perturbed to 2.9999998 would index 2)."""
+    x = torch.randn(64) * 10
+    with verify_module_shake(seed=0):
+        exact = [x.floor(), x.relu(), x.amax(), torch.cat([x, x]), x[torch.tensor([3, 1])], x.to(torch.float64)]
+        rounded = (x * 3, x.to(torch.bfloat16))
+    expected = [x.floor(), x.relu(), x.amax(), torch.cat([x, x]), x[torch.tensor([3, 1])], x.to(torch.float64)]
+    assert all(torch.equal(a, b) for a, b in zip(exact, expected))
+    assert not torch.equal(rounded[0], x * 3)
+    assert torch.allclose(rounded[0], x * 3, rtol=1e-6, atol=0)
 
 
 def verify_module_shake(seed: int):

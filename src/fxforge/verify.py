@@ -984,11 +984,25 @@ def _every_op_shaken(module: Any, generator: torch.Generator) -> Any:
     return call
 
 
+# Operations whose floating-point result is exact (no rounding: a selection, a copy, a comparison-based choice, an
+# integer-valued result), which every backend computes bit for bit. Their results are not perturbed: a floor
+# perturbed to 2.9999998 truncates to 2 as an index, which no backend does.
+_EXACT_OPS = frozenset(
+    "floor ceil round trunc sign abs neg relu hardtanh threshold clamp clamp_min clamp_max max min amax amin maximum "
+    "minimum where gather index_select index cat stack constant_pad_nd clone copy masked_fill sort topk flip roll "
+    "repeat embedding max_pool1d max_pool2d max_pool3d max_pool2d_with_indices max_pool3d_with_indices zeros_like "
+    "ones_like full_like fill scalar_tensor lift_fresh_copy expand_copy permute_copy slice_copy select_copy view_copy "
+    "unsqueeze_copy squeeze_copy transpose_copy t_copy _unsafe_view unfold_copy narrow_copy scatter index_put "
+    "masked_scatter select_scatter slice_scatter diagonal_scatter".split()
+)
+
+
 class _RoundingShake(TorchDispatchMode):
     """Perturbs every operation's floating-point result at the rounding level, as a backend that rounds each
-    layer its own way would. Only computations on floating-point tensors are touched: an in-place or ``out=``
-    operation, and one whose result is a view of an input, keep their result as it is (a new tensor there would
-    cut the aliasing the code relies on), and so do factories (``empty``'s memory is not a value)."""
+    layer its own way would. Only computations that round are touched: an in-place or ``out=`` operation, and one
+    whose result is a view of an input, keep their result as it is (a new tensor there would cut the aliasing the
+    code relies on), and so do factories (``empty``'s memory is not a value), the exact operations of
+    :data:`_EXACT_OPS` and a dtype conversion that loses no precision."""
 
     def __init__(self, generator: torch.Generator) -> None:
         super().__init__()
@@ -999,9 +1013,21 @@ class _RoundingShake(TorchDispatchMode):
         schema = func._schema
         if schema.is_mutable or any(r.alias_info is not None for r in schema.returns):
             return result
-        if not any(_low_precision(v) for v in pytree.tree_leaves((args, kwargs)) if isinstance(v, torch.Tensor)):
+        tensors = [v for v in pytree.tree_leaves((args, kwargs)) if isinstance(v, torch.Tensor)]
+        if not any(_low_precision(v) for v in tensors) or func.overloadpacket.__name__ in _EXACT_OPS:
+            return result
+        if func.overloadpacket.__name__ == "_to_copy" and not _rounds_to(tensors[0], result):
             return result
         return pytree.tree_map(lambda value: _shaken(value, self.generator), result)
+
+
+def _rounds_to(source: torch.Tensor, result: Any) -> bool:
+    """Whether converting ``source`` to ``result``'s dtype rounds (float32 to bfloat16 does; a move does not)."""
+    if not (isinstance(result, torch.Tensor) and result.is_floating_point()):
+        return False
+    if not source.is_floating_point():
+        return True  # large integers round in float32
+    return torch.finfo(result.dtype).eps > torch.finfo(source.dtype).eps
 
 
 def _second_call(module: Any, case: Case) -> Any:
