@@ -826,8 +826,8 @@ class Verifier:
             notes.append(
                 f"{path}: the model's own output is {spreads[path]:.3g} from its float64 value (the largest of its "
                 f"output's and its outputs' on its input, or every operation's result, perturbed at the rounding "
-                f"level); the candidate's, "
-                f"{lenient.max_abs_err:.3g}, is {verdict} the tolerance + {ILL_CONDITIONED_FACTOR:g}x that"
+                f"level); the candidate's, {lenient.max_abs_err:.3g}, is {verdict} the tolerance + "
+                f"{ILL_CONDITIONED_FACTOR:g}x that"
             )
             judged.merge(lenient)
         if beyond_use:
@@ -850,10 +850,9 @@ class Verifier:
         """How far float32 evaluations of the reference land from its float64 output on case ``index``, per
         output (by :func:`~fxforge.compare.paired_leaves` path): the largest distance of its own output and of
         its outputs on :data:`PERTURBED_RUNS` rounding-level perturbations of the input and as many of every
-        operation's result. Only the outputs that
-        are sensitive to rounding are named (the model's own output further than :data:`SENSITIVE_SHARE` of rtol
-        from float64); elsewhere the tolerance decides. Once per case: it depends on the reference alone, not on
-        the candidate that missed."""
+        operation's result. Only the outputs that are sensitive to rounding are named (the model's own output
+        further than :data:`SENSITIVE_SHARE` of rtol from float64); elsewhere the tolerance decides. Once per case:
+        it depends on the reference alone, not on the candidate that missed."""
         if index in self._spread:
             return self._spread[index]
         spreads: dict[str, float] = {}
