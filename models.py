@@ -1,4 +1,0 @@
-
-class MaskFirst(nn.Module):
-    def forward(self, mask, x):
-        return x * mask
