@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import operator
 import platform
 import re
 import warnings
@@ -277,7 +278,7 @@ def _quantize_once(
             return _presize_per_channel_fake_quant(prepared)
         if plan.mode == "static" and not (statistics is not None and _take_statistics(prepared, statistics)):
             _calibrate(plan, prepared, calibration, source)
-        return _shape_reads_without_dequantize(convert_fx(prepared))
+        return _views_as_reshapes(_shape_reads_without_dequantize(convert_fx(prepared)))
 
 
 def _calibrate(plan: _Plan, prepared: nn.Module, calibration: Sequence[tuple[Any, ...]], source: str = "") -> None:
@@ -408,6 +409,55 @@ def _shape_reads_without_dequantize(model: nn.Module) -> nn.Module:
     if changed:
         model.recompile()
     return model
+
+
+def _views_as_reshapes(model: nn.Module) -> nn.Module:
+    """``.view`` as ``.reshape`` in the int8 graph, where no in-place op could tell them apart.
+
+    An int8 conv's output is laid out channels-last, so ``x.view(x.size(0), -1)`` after it -- the flatten of many
+    user models -- failed in the int8 model ("view size is not compatible with input tensor's size and stride")
+    although it ran in float. ``reshape`` gives the same values (copying where a view cannot be made); the two
+    differ only in whether an in-place write through one reaches the other, so a view whose tensor, or whose base,
+    is written in place stays a view.
+    """
+    if not isinstance(model, fx.GraphModule):
+        return model
+    changed = False
+    for node in list(model.graph.nodes):
+        if node.op != "call_method" or node.target != "view" or not node.args:
+            continue
+        base = node.args[0]
+        if any(isinstance(arg, torch.dtype) for arg in (*node.args, *node.kwargs.values())):
+            continue  # a view as another dtype, which reshape does not do
+        if not isinstance(base, fx.Node) or any(_writes_in_place(model, user) for user in (*node.users, *base.users)):
+            continue
+        node.target = "reshape"
+        changed = True
+    if changed:
+        model.recompile()
+    return model
+
+
+_IN_PLACE_OPERATORS = {
+    operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv, operator.imod,
+    operator.ipow, operator.iand, operator.ior, operator.ixor, operator.ilshift, operator.irshift, operator.imatmul,
+}  # fmt: skip
+
+
+def _writes_in_place(model: fx.GraphModule, node: fx.Node) -> bool:
+    """Whether ``node`` may write its first input in place (conservative: a name ending in ``_``, ``inplace=True``,
+    ``x += y``, a module with ``inplace`` set)."""
+    if node.kwargs.get("inplace") or node.target in _IN_PLACE_OPERATORS:
+        return True
+    name = str(node.target) if node.op == "call_method" else getattr(node.target, "__name__", "")
+    if node.op in ("call_method", "call_function") and name.endswith("_") and not name.startswith("__"):
+        return True
+    if node.op == "call_module":
+        try:
+            return bool(getattr(model.get_submodule(str(node.target)), "inplace", False))
+        except AttributeError:
+            return True
+    return False
 
 
 def _metadata_name(user: fx.Node) -> str:
@@ -783,6 +833,10 @@ def quantize(
     # int8 error): a layer that runs hooks stays the float module it is
     hooked = [name for name, _ in quantizable_layers(plan.source, mode) if _runs_hooks(plan.source, name)]
     float_units += [u for u in _checked_float_units(plan, hooked) if u.name not in {f.name for f in float_units}]
+    # an op that combines a tensor with a Python number computed in forward (`x.size(-1) ** -0.5`, `.item()`)
+    # fails FX quantization ("'float' object has no attribute 'numel'", QA); it stays float, with a note
+    numbered = _ops_on_numbers_from_forward(plan) if mode == "static" else []
+    float_units += [u for u in numbered if u.name not in {f.name for f in float_units}]
     nothing_to_quantize = mode == "static" and not quantizable_layers(plan.source, mode)
     if nothing_to_quantize:
         # Without a conv or linear layer, static int8 would only quantize ops (tanh, mul, add...): quantize and
@@ -812,6 +866,13 @@ def quantize(
         notes.append(
             f"before quantizing, by exact passes: {' and '.join(done)}, so that none is left as a float op or "
             "an int8 quantization point of its own"
+        )
+    if numbered:
+        notes.append(
+            f"kept in float: {', '.join(u.name for u in numbered)} "
+            f"{'combines' if len(numbered) == 1 else 'combine'} a tensor with a Python number computed in forward "
+            "(from a shape or .item()), which FX quantization cannot observe; a constant set in __init__ would let "
+            "it be quantized"
         )
     if hooked:
         notes.append(
@@ -978,6 +1039,52 @@ def _hooks_lost(source: nn.Module, quantized: nn.Module) -> list[str]:
         if runs_hooks(module)
         and not {id(h) for h in [*module._forward_hooks.values(), *module._forward_pre_hooks.values()]} <= kept
     ]
+
+
+def _ops_on_numbers_from_forward(plan: _Plan) -> list[Unit]:
+    """The fallback units whose ops take, beside a tensor, a Python number the graph computes (a node whose value
+    on the example inputs is an int or float, such as ``x.size(-1) ** -0.5``): FX quantization cannot observe it
+    and fails on them. Empty where the graph computes no number or the example does not run."""
+    if not isinstance(plan.source, fx.GraphModule):
+        return []
+    graph = plan.source.graph
+    if not any(n.op == "call_method" and n.target in ("size", "item", "dim", "numel") for n in graph.nodes) and not any(
+        n.op == "call_function" and n.target is getattr for n in graph.nodes
+    ):
+        return []  # no shape or value read: no number computed in forward (and no example run needed)
+    numbers: set[str] = set()
+
+    class _Recorder(fx.Interpreter):
+        def run_node(self, n: fx.Node) -> Any:
+            value = super().run_node(n)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                numbers.add(n.name)
+            return value
+
+    try:
+        with torch.no_grad():
+            _Recorder(copy.deepcopy(plan.source)).run(*plan.example_inputs)
+    except Exception:
+        return []  # the quantization's own run says what fails
+    combining = {
+        node.name
+        for node in graph.nodes
+        if _is_arithmetic(node)
+        and any(isinstance(a, fx.Node) and a.name in numbers for a in node.all_input_nodes)
+        and any(isinstance(a, fx.Node) and a.name not in numbers for a in node.all_input_nodes)
+    }
+    return [unit for unit in _units(plan) if combining & set(unit.nodes)] if combining else []
+
+
+_ARITHMETIC = {"add", "sub", "mul", "div", "true_divide", "floor_divide", "pow", "truediv", "floordiv", "rsub"}
+
+
+def _is_arithmetic(node: fx.Node) -> bool:
+    """``x * n``, ``torch.add(x, n)``, ``x.mul(n)``...: an op that takes a number as an operand (not as a shape, as
+    ``x.view(n, -1)`` does)."""
+    if node.op == "call_method":
+        return str(node.target) in _ARITHMETIC
+    return node.op == "call_function" and getattr(node.target, "__name__", "") in _ARITHMETIC
 
 
 def _checked_float_units(plan: _Plan, names: Sequence[str]) -> list[Unit]:
