@@ -746,7 +746,7 @@ def test_a_split_directory_of_a_model_returning_a_dict_verifies_against_the_mode
     model = TwoHeads().eval()
     split(capture(model, (torch.randn(2, 4),)), stages=2, output_dir=tmp_path / "s")
     result = verify_specs(model, str(tmp_path / "s"), ["2x4"])
-    assert result.ok and result.files == {"candidate": "model.pt2"}
+    assert result.ok and result.files == {"candidate": "stage_0.pt2 .. stage_1.pt2, 2 stages chained"}
     assert verify_specs(str(tmp_path / "s"), model, ["2x4"]).ok  # the directory as the reference too
     loaded = fxforge.load_model(tmp_path / "s")(torch.randn(2, 4))
     assert type(loaded) is container and list(loaded) == ["out", "aux"]
@@ -789,3 +789,24 @@ def test_a_model_returning_a_namedtuple_splits_and_returns_it():
 
     got = split(capture(NestedHeads().eval(), (torch.randn(2, 4),)), stages=2).chained()(x)
     assert type(got) is _Nested and type(got.rest) is list and type(got.rest[1]) is dict
+
+
+def test_verify_of_a_split_directory_checks_its_stages_not_the_unsplit_copy(tmp_path):
+    """`fxforge verify MODEL SPLIT_DIR` compared model.pt2, the unsplit copy kept for run-pipeline's check, so a
+    damaged stage read OK. The stages themselves run chained now: a stage whose weights changed is a mismatch
+    while model.pt2 still matches."""
+    from fxforge.api import verify_specs
+
+    model = ThreeLayers().eval()
+    split(capture(model, (torch.randn(2, 16),)), stages=2, output_dir=tmp_path / "s")
+    assert verify_specs(model, str(tmp_path / "s"), ["2x16"]).ok
+    stage = torch.export.load(tmp_path / "s" / "stage_1.pt2")
+    weight = next(name for name in stage.state_dict if name.endswith("weight"))
+    with torch.no_grad():
+        stage.state_dict[weight].add_(0.5)
+    torch.export.save(stage, tmp_path / "s" / "stage_1.pt2")
+    damaged = verify_specs(model, str(tmp_path / "s"), ["2x16"])
+    assert not damaged.ok and "stage_1.pt2" in damaged.files["candidate"]
+    x = torch.randn(2, 16)
+    unsplit = fxforge.load_model(tmp_path / "s")  # model.pt2, the unsplit copy: intact, and one tensor out (QA)
+    assert unsplit.file == "model.pt2" and torch.allclose(unsplit(x), model(x))

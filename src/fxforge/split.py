@@ -57,6 +57,7 @@ from fxforge.artifacts import (
     check_output_directory,
     describe_structure,
     plain_containers,
+    rebuild_structure,
     write_inputs,
 )
 from fxforge.capture import Captured, placeholder_values, require_captured
@@ -1160,6 +1161,41 @@ def load_stage(
         raise FxforgeError(f"stage {index} does not exist: the plan has {display.counted(len(plan.stages), 'stage')}")
     where = torch.device(device) if device else None
     return _load_stage(Path(directory), plan.stages[index], plan, trust_pickle, where)
+
+
+class StagesInOrder(nn.Module):
+    """A split directory's stage files run one after the other in one process: the model's tensor inputs in, by
+    position, and its outputs out in the structure plan.json records -- what the pipeline computes, without the
+    processes (``fxforge verify MODEL SPLIT_DIR`` checks this, not the unsplit ``model.pt2``)."""
+
+    def __init__(self, stages: Sequence[nn.Module], structure: Any) -> None:
+        super().__init__()
+        self.stages = nn.ModuleList(stages)
+        self.structure = structure
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs:
+            raise FxforgeError(
+                f"a split model's stages take its tensors by position, not {', '.join(kwargs)} by keyword"
+            )
+        values: tuple[Any, ...] = tuple(args)
+        for stage in self.stages:
+            out = stage(*values)
+            values = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+        if isinstance(self.structure, dict) or self.structure == "tensor":
+            return rebuild_structure(self.structure, iter(values))
+        return values  # a structure plan.json could not record: the tensors flat, as model.pt2 returns them
+
+
+def load_stages_in_order(directory: str | Path, *, trust_pickle: bool | None = None) -> tuple[nn.Module, str]:
+    """Every stage of a split directory chained in one process (:class:`StagesInOrder`) and a label naming the
+    files; a stage file that is missing, or does not take and return what the plan says, is refused."""
+    directory = Path(directory)
+    plan = load_plan(directory)
+    stages = [_load_stage(directory, stage, plan, trust_pickle) for stage in plan.stages]
+    files = [str(stage.file) for stage in plan.stages]
+    label = files[0] if len(files) == 1 else f"{files[0]} .. {files[-1]}, {len(files)} stages chained"
+    return StagesInOrder(stages, plan.output_structure), label
 
 
 def load_reference(directory: str | Path, *, trust_pickle: bool | None = None) -> tuple[nn.Module, str] | None:
