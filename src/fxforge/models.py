@@ -517,8 +517,8 @@ def _split_output_structure(path: Path) -> Any | None:
         structure = json.loads((path / PLAN_FILE).read_text()).get("output_structure")
     except (OSError, UnicodeDecodeError, ValueError, AttributeError):
         return None
-    # "tensor": a model returning one tensor, whose model.pt2 returns it in a 1-tuple (QA: verify of a split of
-    # resnet18 read MISMATCH, "expected a tensor, got tuple", and load_model gave the tuple)
+    # "tensor": a model returning one tensor, whose model.pt2 returns it in a 1-tuple (verify of a split of resnet18
+    # read MISMATCH, "expected a tensor, got tuple", and load_model gave the tuple)
     return structure if isinstance(structure, dict) or structure == "tensor" else None
 
 

@@ -43,7 +43,7 @@ from fxforge.quantize.result import IN_SAMPLE, LayerSensitivity, QuantizeResult
 from fxforge.quantize.saving import write_output
 from fxforge.quantize.units import MODULE, Unit, find_units, keep_in_float
 from fxforge.references import as_names
-from fxforge.runtime import describe_inputs, device_of, quiet_quantization_notices, rng_preserved
+from fxforge.runtime import describe_inputs, device_of, preserved_state, quiet_quantization_notices, rng_preserved
 from fxforge.vocabulary import quant_kind
 
 MODES = ("static", "dynamic", "qat-prepare")
@@ -1062,8 +1062,8 @@ def _ops_on_numbers_from_forward(plan: _Plan) -> list[Unit]:
             return value
 
     try:
-        with torch.no_grad():
-            _Recorder(copy.deepcopy(plan.source)).run(*plan.example_inputs)
+        with torch.no_grad(), preserved_state(plan.source):
+            _Recorder(plan.source).run(*plan.example_inputs)
     except Exception:
         return []  # the quantization's own run says what fails
     combining = {
