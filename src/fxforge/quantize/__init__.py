@@ -9,7 +9,8 @@ The package, one module per concern: :mod:`.data` (calibration and evaluation da
 quantization quantizes, and how each is kept in float), :mod:`.ort` (ONNX Runtime's own static int8 of an
 exported ONNX file, used by the ``ort_int8`` backend of ``fxforge.bench``), :mod:`.saving` (the output directory and the
 work-arounds that let torch 2.14.1 pickle and reload FX-quantized and QAT models), :mod:`.scripted` (the int8
-model as frozen TorchScript, which ``optimize --auto`` writes and ``bench`` times) and :mod:`.engine`
+model as frozen TorchScript, which ``optimize --auto`` writes and ``bench`` times), :mod:`.fx_safety` (the
+rewrites without which FX quantization would change what a model computes) and :mod:`.engine`
 (the int8 kernel engine). What a node of a quantized graph is (``quant_kind``, ``int8_weights``,
 ``int8_flops``), which inspect and lint read without quantizing anything, is :mod:`fxforge.vocabulary`.
 

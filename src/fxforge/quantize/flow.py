@@ -39,6 +39,7 @@ from fxforge.quantize.data import (
     load_calibration,
 )
 from fxforge.quantize.engine import quantized_engine
+from fxforge.quantize.fx_safety import calls_unshared, in_place_results_used
 from fxforge.quantize.result import IN_SAMPLE, LayerSensitivity, QuantizeResult
 from fxforge.quantize.saving import write_output
 from fxforge.quantize.units import MODULE, Unit, find_units, keep_in_float
@@ -726,13 +727,21 @@ def _ready_for_int8(graph_module: fx.GraphModule, mode: str) -> tuple[fx.GraphMo
       output observer: each became an int8 quantization point (quantize, requantize) and a fallback unit named
       after a module that computes nothing, which ``--sensitivity`` ranked and quantized like a layer (QA: timm's
       regnetx_002, whose blocks hold 99 of them).
+    * first, :mod:`.fx_safety`'s rewrites (in-place results given readers, for QAT too; one copy of a layer per
+      call), without which FX quantization changes what the model computes;
     * ``fold_bn``: ``prepare_fx`` fuses a conv with an ``nn.BatchNorm2d`` *module* only. timm's ``BatchNormAct2d``
       is traced into ``F.batch_norm``, which has no int8 kernel: every batch norm of regnetx_002 (44) stayed
       float between a dequantize and a quantize. Folded into the conv first, it is part of the int8 conv.
     """
-    if mode == "qat-prepare":
-        return graph_module, {}
     done: dict[str, int] = {}
+    graph_module, given = in_place_results_used(graph_module)
+    if given:
+        done["in_place_results_used"] = given
+    if mode == "qat-prepare":
+        return graph_module, done
+    graph_module, unshared = calls_unshared(graph_module)
+    if unshared:
+        done["calls_unshared"] = len(unshared)
     for name in ("remove_dropout", "remove_identity", "fold_bn"):
         result = apply_pass(graph_module, name)
         if result.changed:
@@ -863,10 +872,22 @@ def quantize(
         done = [f"{counted(removed, 'call')} that return their input in eval mode (inactive dropout, Identity) "
                 "taken out"] if removed else []  # fmt: skip
         done += [f"{counted(folded, 'batch norm')} folded into the layers before them"] if folded else []
-        notes.append(
-            f"before quantizing, by exact passes: {' and '.join(done)}, so that none is left as a float op or "
-            "an int8 quantization point of its own"
-        )
+        if done:
+            notes.append(
+                f"before quantizing, by exact passes: {' and '.join(done)}, so that none is left as a float op or "
+                "an int8 quantization point of its own"
+            )
+        if plan.prepared.get("in_place_results_used"):
+            notes.append(
+                f"{counted(plan.prepared['in_place_results_used'], 'in-place op')} with an unused result given the "
+                "readers of the tensor it writes, which FX quantization would otherwise delete"
+            )
+        if plan.prepared.get("calls_unshared"):
+            notes.append(
+                f"{counted(plan.prepared['calls_unshared'], 'call')} of a layer called from more than one place given "
+                "a copy of the layer each (same weights), as FX quantization fuses a layer with what follows one "
+                "call of it and the fused layer would run at the others"
+            )
     if numbered:
         notes.append(
             f"kept in float: {', '.join(u.name for u in numbered)} "

@@ -1,0 +1,119 @@
+"""Rewrites that keep FX graph-mode quantization from changing what a model computes, before it runs.
+
+Two things ``prepare_fx`` / ``convert_fx`` (torch 2.14.1) do behind the user's back, both found by QA on user
+models that ran through ``quantize`` with exit 0 and a model that computed something else:
+
+* **in-place writes with an unused result are deleted.** Their dead-code elimination goes by users alone, so
+  ``y.add_(1.0)`` followed by ``y * 2`` lost the ``add_`` (80% relative error, "quantized (0): none" in dynamic
+  mode). :func:`in_place_results_used` makes every later reader of the written tensor read the in-place op's
+  result instead -- the same tensor object, as an in-place method returns its input -- so the op has users and
+  stays. An in-place write nothing reads afterwards (a buffer counter) cannot be kept so, and is refused by name.
+* **fusion swaps a module object.** A conv followed by a batch norm is fused by putting a conv-with-bn module at
+  the conv's path; a conv called from a second place then runs the batch norm there too (77% error).
+  :func:`calls_unshared` gives every call of a layer after the first its own copy (the same weights), so each
+  call is fused, quantized or kept in float on its own. Not for QAT, where the copies would train apart.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import operator
+
+from torch import fx, nn
+
+from fxforge.effects import written_args
+from fxforge.errors import FxforgeError, format_location, recorded_user_frame
+from fxforge.graphs import WEIGHTED_LAYER_TYPES, submodule
+
+_IN_PLACE_OPERATORS = {
+    operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv, operator.imod,
+    operator.ipow, operator.iand, operator.ior, operator.ixor, operator.ilshift, operator.irshift, operator.imatmul,
+}  # fmt: skip
+
+
+def _returns_what_it_writes(gm: fx.GraphModule, node: fx.Node) -> bool:
+    """An in-place call whose result is the tensor it writes: ``x.add_(1)``, ``x += y``, ``torch.relu_(x)``,
+    ``F.relu(x, inplace=True)`` (a call fxforge cannot see into, which may write its inputs, is not one)."""
+    first = node.args[0] if node.args else None
+    if not isinstance(first, fx.Node) or node.op not in ("call_method", "call_function") or "out" in node.kwargs:
+        return False
+    name = str(node.target) if node.op == "call_method" else getattr(node.target, "__name__", "")
+    says_so = (name.endswith("_") and not name.endswith("__")) or node.target in _IN_PLACE_OPERATORS
+    if node.op == "call_function" and not says_so:
+        says_so = _inplace_flag(node)
+    return says_so and first in written_args(gm, node)
+
+
+def _inplace_flag(node: fx.Node) -> bool:
+    """``inplace=True`` given by keyword or by position (``F.relu(x, True)``)."""
+    if node.kwargs.get("inplace") is True:
+        return True
+    try:
+        bound = inspect.signature(node.target).bind_partial(*node.args, **node.kwargs)
+    except (TypeError, ValueError):
+        return False
+    return bound.arguments.get("inplace") is True
+
+
+def in_place_results_used(gm: fx.GraphModule) -> tuple[fx.GraphModule, int]:
+    """``gm`` (a copy, where anything changes) with every reader of a tensor written in place, after the write,
+    pointed at the in-place op's result (the same object), and how many in-place ops were given readers. Raises
+    where an in-place op whose result nothing uses writes a tensor nothing reads afterwards: FX quantization would
+    delete it."""
+    unused = [node.name for node in gm.graph.nodes if not node.users and _returns_what_it_writes(gm, node)]
+    if not unused:
+        return gm, 0
+    gm = copy.deepcopy(gm)
+    nodes = {node.name: node for node in gm.graph.nodes}
+    order = {node: index for index, node in enumerate(gm.graph.nodes)}
+    for name in unused:
+        node = nodes[name]
+        written = node.args[0]
+        later = [user for user in written.users if user is not node and order[user] > order[node]]
+        if not later:
+            where = recorded_user_frame(node.meta.get("stack_trace") or "")
+            at = f" ({format_location(*where)})" if where else ""
+            raise FxforgeError(
+                f"quantize cannot keep the in-place write {node.name}{at}: nothing reads {written.name} after it, "
+                "and FX quantization deletes an in-place op whose result is unused",
+                hint="write it out of place and use its result (y = y + 1), or quantize in eager mode",
+            )
+        for user in later:
+            user.replace_input_with(written, node)
+    gm.recompile()
+    return gm, len(unused)
+
+
+def calls_unshared(gm: fx.GraphModule) -> tuple[fx.GraphModule, list[str]]:
+    """``gm`` (a copy, where anything changes) with every call of a weighted layer (conv, linear, batch norm...)
+    after its first given its own copy of the layer, at ``<path>_call<k>``, and those paths."""
+    calls: dict[str, list[str]] = {}
+    for node in gm.graph.nodes:
+        module = submodule(gm, node)
+        if isinstance(module, (*WEIGHTED_LAYER_TYPES, nn.modules.batchnorm._BatchNorm)):
+            calls.setdefault(str(node.target), []).append(node.name)
+    shared = {path: names for path, names in calls.items() if len(names) > 1}
+    if not shared:
+        return gm, []
+    gm = copy.deepcopy(gm)
+    nodes = {node.name: node for node in gm.graph.nodes}
+    made: list[str] = []
+    for path, names in shared.items():
+        for k, name in enumerate(names[1:], start=2):
+            copy_path = f"{path}_call{k}"
+            while _exists(gm, copy_path):
+                copy_path += "_"
+            gm.add_submodule(copy_path, copy.deepcopy(gm.get_submodule(path)))
+            nodes[name].target = copy_path
+            made.append(copy_path)
+    gm.recompile()
+    return gm, made
+
+
+def _exists(gm: fx.GraphModule, path: str) -> bool:
+    try:
+        gm.get_submodule(path)
+    except AttributeError:
+        return False
+    return True
