@@ -601,6 +601,7 @@ def test_a_traced_batch_norm_is_folded_before_int8_and_shape_checks_need_no_dequ
     """QA follow-up on regnetx_002: static int8 left every timm batch norm (F.batch_norm, no int8 kernel) in float
     between a dequantize and a quantize (44 of each per call), and timm's `x.ndim == 4` check dequantized every
     conv output to read its rank."""
+    torch.manual_seed(0)  # the int8 error of random weights varies (6% on one draw against the 5% asserted)
     captured = fxforge.capture(_TimmStyleConvNet().eval(), [torch.randn(2, 3, 8, 8)])
     assert sum("batch_norm" in str(n.target) for n in captured.graph_module.graph.nodes) == 2
     calibration = [(torch.randn(4, 3, 8, 8),) for _ in range(4)]
@@ -715,10 +716,9 @@ def test_a_layer_that_runs_hooks_stays_float_and_a_lost_hook_is_said(recwarn):
     assert any(w.startswith("the hooks of bn are not in the int8 model") for w in result.warnings), result.warnings
 
 
-def test_an_observer_on_a_bool_mask_input_is_named_as_the_cause():
+def test_an_op_on_a_bool_mask_input_stays_float():
     """QA: a model taking a bool mask failed static quantization with "linspace_cpu not implemented for 'Bool'" and
-    the hint to keep a submodule in float."""
-    from fxforge.errors import FxforgeError
+    the hint to keep a submodule in float; then with a hint naming the cause. The op on the mask stays float now."""
 
     class Masked(nn.Module):
         def __init__(self):
@@ -729,9 +729,13 @@ def test_an_observer_on_a_bool_mask_input_is_named_as_the_cause():
             return self.lin(self.emb(ids) * mask.unsqueeze(-1).to(torch.float32)).sum(1)
 
     inputs = (torch.randint(0, 50, (1, 8)), torch.ones(1, 8, dtype=torch.bool))
-    with pytest.raises(FxforgeError) as raised:
-        fxforge.quantize(fxforge.capture(Masked().eval(), inputs), "static")
-    assert "an observer was put on a bool or integer tensor" in raised.value.hint
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RandomCalibrationWarning)
+        result = fxforge.quantize(fxforge.capture(Masked().eval(), inputs), "static")
+    assert result.quantized_layers == ["lin"] and result.float_layers == ["unsqueeze"]
+    assert any("unsqueeze computes on integer or bool tensors" in note for note in result.notes)
+    assert result.accuracy.rel_err < 0.1
 
 
 def test_a_lambda_hook_kept_with_its_float_layer_is_refused_when_saving(tmp_path):
@@ -896,3 +900,24 @@ def test_an_in_place_write_fx_quantization_would_delete_is_refused_by_name():
     captured = fxforge.capture(_CountsCalls().eval(), (torch.randn(2, 4),))
     with pytest.raises(fxforge.errors.FxforgeError, match="cannot keep the in-place write add_"):
         quantize(captured, "dynamic")
+
+
+class _MeanOverMask(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 2)
+
+    def forward(self, x, mask):
+        return self.fc(x.sum(1) / mask.sum(1, keepdim=True).clamp(min=1))  # an int64 mask's count, clamped
+
+
+def test_an_op_on_integer_tensors_stays_float_by_itself():
+    """QA: static int8 failed with '"histogram_cpu" not implemented for 'Long'' naming no op; --sensitivity failed
+    the same way, and only a guessed --float-layer clamp worked. That op stays float now, with a note."""
+    example = (torch.randn(2, 5, 8), torch.randint(0, 2, (2, 5)))
+    captured = fxforge.capture(_MeanOverMask().eval(), example)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RandomCalibrationWarning)
+        result = quantize(captured, "static", calibration="random:2")
+    assert result.quantized_layers == ["fc"] and result.float_layers == ["clamp"]
+    assert any("clamp computes on integer or bool tensors" in note for note in result.notes)

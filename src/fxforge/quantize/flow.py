@@ -842,10 +842,10 @@ def quantize(
     # int8 error): a layer that runs hooks stays the float module it is
     hooked = [name for name, _ in quantizable_layers(plan.source, mode) if _runs_hooks(plan.source, name)]
     float_units += [u for u in _checked_float_units(plan, hooked) if u.name not in {f.name for f in float_units}]
-    # an op that combines a tensor with a Python number computed in forward (`x.size(-1) ** -0.5`, `.item()`)
-    # fails FX quantization ("'float' object has no attribute 'numel'", QA); it stays float, with a note
-    numbered = _ops_on_numbers_from_forward(plan) if mode == "static" else []
-    float_units += [u for u in numbered if u.name not in {f.name for f in float_units}]
+    # an op that combines a tensor with a Python number computed in forward (`x.size(-1) ** -0.5`, `.item()`) or
+    # computes on integer tensors fails FX quantization (QA); it stays float, with a note
+    numbered, on_integers = _ops_fx_cannot_observe(plan) if mode == "static" else ([], [])
+    float_units += [u for u in numbered + on_integers if u.name not in {f.name for f in float_units}]
     nothing_to_quantize = mode == "static" and not quantizable_layers(plan.source, mode)
     if nothing_to_quantize:
         # Without a conv or linear layer, static int8 would only quantize ops (tanh, mul, add...): quantize and
@@ -888,6 +888,12 @@ def quantize(
                 "a copy of the layer each (same weights), as FX quantization fuses a layer with what follows one "
                 "call of it and the fused layer would run at the others"
             )
+    if on_integers:
+        notes.append(
+            f"kept in float: {', '.join(u.name for u in on_integers)} "
+            f"{'computes' if len(on_integers) == 1 else 'compute'} on integer or bool tensors, whose values an "
+            "int8 observer cannot measure"
+        )
     if numbered:
         notes.append(
             f"kept in float: {', '.join(u.name for u in numbered)} "
@@ -1062,31 +1068,38 @@ def _hooks_lost(source: nn.Module, quantized: nn.Module) -> list[str]:
     ]
 
 
-def _ops_on_numbers_from_forward(plan: _Plan) -> list[Unit]:
-    """The fallback units whose ops take, beside a tensor, a Python number the graph computes (a node whose value
-    on the example inputs is an int or float, such as ``x.size(-1) ** -0.5``): FX quantization cannot observe it
-    and fails on them. Empty where the graph computes no number or the example does not run."""
+def _ops_fx_cannot_observe(plan: _Plan) -> tuple[list[Unit], list[Unit]]:
+    """The fallback units FX quantization fails on, found by running the graph once on the example inputs:
+    those whose ops take, beside a tensor, a Python number the graph computes (``x.size(-1) ** -0.5``, ``.item()``)
+    and those with an op that computes on integer tensors (``mask.sum(1).clamp(min=1)`` on an int64 mask: "histogram
+    not implemented for 'Long'", QA). Neither has values an int8 observer can measure. Empty where the graph reads
+    no shape or value and takes no integer input, or the example does not run."""
     if not isinstance(plan.source, fx.GraphModule):
-        return []
+        return [], []
     graph = plan.source.graph
-    if not any(n.op == "call_method" and n.target in ("size", "item", "dim", "numel") for n in graph.nodes) and not any(
+    reads = any(n.op == "call_method" and n.target in ("size", "item", "dim", "numel") for n in graph.nodes) or any(
         n.op == "call_function" and n.target is getattr for n in graph.nodes
-    ):
-        return []  # no shape or value read: no number computed in forward (and no example run needed)
+    )
+    integer_inputs = any(isinstance(v, torch.Tensor) and not v.is_floating_point() for v in plan.example_inputs)
+    if not (reads or integer_inputs):
+        return [], []  # nothing to find (and no example run needed)
     numbers: set[str] = set()
+    integers: set[str] = set()
 
     class _Recorder(fx.Interpreter):
         def run_node(self, n: fx.Node) -> Any:
             value = super().run_node(n)
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 numbers.add(n.name)
+            elif isinstance(value, torch.Tensor) and not value.is_floating_point() and n.op != "placeholder":
+                integers.add(n.name)
             return value
 
     try:
         with torch.no_grad(), preserved_state(plan.source):
             _Recorder(plan.source).run(*plan.example_inputs)
     except Exception:
-        return []  # the quantization's own run says what fails
+        return [], []  # the quantization's own run says what fails
     combining = {
         node.name
         for node in graph.nodes
@@ -1094,7 +1107,12 @@ def _ops_on_numbers_from_forward(plan: _Plan) -> list[Unit]:
         and any(isinstance(a, fx.Node) and a.name in numbers for a in node.all_input_nodes)
         and any(isinstance(a, fx.Node) and a.name not in numbers for a in node.all_input_nodes)
     }
-    return [unit for unit in _units(plan) if combining & set(unit.nodes)] if combining else []
+    if not (combining or integers):
+        return [], []
+    units = _units(plan)
+    with_numbers = [unit for unit in units if combining & set(unit.nodes)]
+    on_integers = [unit for unit in units if integers & set(unit.nodes) and unit not in with_numbers]
+    return with_numbers, on_integers
 
 
 _ARITHMETIC = {"add", "sub", "mul", "div", "true_divide", "floor_divide", "pow", "truediv", "floordiv", "rsub"}
