@@ -376,6 +376,27 @@ def test_a_reference_that_ignores_its_input_cannot_verify_anything(capsys, tmp_p
     assert capsys.readouterr().out.startswith("CANNOT VERIFY")
 
 
+class _ArgmaxOnly(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 4)
+        with torch.no_grad():
+            self.fc.bias.copy_(torch.tensor([100.0, 0.0, 0.0, 0.0]))  # one class wins on every drawn input
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.fc(x)
+        return logits.argmax(-1), logits.max(-1).values > 0
+
+
+def test_a_reference_with_constant_integer_outputs_is_told_to_return_its_logits():
+    """QA: an argmax classifier whose random weights pick one class on every drawn input was told of a layer
+    initialised to zeros, which it did not have."""
+    result = verify(_ArgmaxOnly(), copy.deepcopy(_ArgmaxOnly()), input_specs=["2x8"])
+    assert not result.ok and result.unverifiable
+    assert "outputs are integers or booleans only" in result.problems[0]
+    assert "initialised to zeros" not in result.problems[0]
+
+
 def test_torchvision_vit_built_without_weights_depends_on_its_input():
     model = fxforge.load_model("torchvision:vit_b_16", model_kwargs={"image_size": 32}).module
     x = torch.randn(2, 3, 32, 32)

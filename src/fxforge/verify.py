@@ -547,10 +547,18 @@ class Verifier:
             len(other) == len(first) and all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(other, first))
             for other in leaves[1:]
         ):
+            if all(not t.is_floating_point() and not t.is_complex() for t in first):
+                # QA: an argmax / comparison output of random weights (one class wins on every drawn input) was
+                # blamed on a zero-initialised layer the model did not have
+                why = (
+                    ": its outputs are integers or booleans only (an argmax, a comparison), which these inputs do not "
+                    "move; return the float values they are taken from (the logits), or pass your own inputs"
+                )
+            else:
+                why = " (a layer initialised to zeros, such as a classifier head? give it random weights)"
             self.problems.append(
                 f"the reference's outputs are the same on all {len(leaves)} cases at batch "
-                f"{first_batch}, whatever the input: nothing that depends on the input can be checked (a layer "
-                "initialised to zeros, such as a classifier head? give it random weights)"
+                f"{first_batch}, whatever the input: nothing that depends on the input can be checked{why}"
             )
 
     def _tolerances(self) -> dict[str, tuple[float, float]]:
