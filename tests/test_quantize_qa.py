@@ -921,3 +921,24 @@ def test_an_op_on_integer_tensors_stays_float_by_itself():
         result = quantize(captured, "static", calibration="random:2")
     assert result.quantized_layers == ["fc"] and result.float_layers == ["clamp"]
     assert any("clamp computes on integer or bool tensors" in note for note in result.notes)
+
+
+class _BranchesOnShape(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3)
+
+    def forward(self, x):
+        if x.shape[1] > 3:  # symbolic_trace stops here, in the model's own forward
+            x = x[:, :3]
+        return self.conv(x)
+
+
+def test_static_int8_of_an_exported_capture_names_the_line_that_stopped_symbolic_trace():
+    """QA: the hint said to make "the untraceable submodule" a leaf where the line is in forward itself."""
+    captured = fxforge.capture(_BranchesOnShape().eval(), (torch.randn(2, 3, 8, 8),))
+    assert captured.dialect == "aten"
+    with pytest.raises(fxforge.errors.DialectError) as raised:
+        quantize(captured, "static", calibration="random:2")
+    assert "symbolic_trace stopped at" in raised.value.message and "if x.shape[1] > 3:" in raised.value.message
+    assert raised.value.hint.startswith("rewrite ") and "test_quantize_qa.py:" in raised.value.hint

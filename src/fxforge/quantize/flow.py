@@ -698,11 +698,24 @@ def _plan(captured: Captured, mode: str, backend: str) -> _Plan:
         source, prepared = _ready_for_int8(captured.graph_module, mode)
         return _Plan(source, mode, backend, inputs, eager=False, prepared=prepared, reference=captured.graph_module)
     if mode != "dynamic":
+        # where symbolic_trace stopped with no submodule to keep whole: the model's own forward (or a function it
+        # calls), which no --leaf reaches (QA: the hint named --leaf for `if x.shape[1] > 3:` in forward itself)
+        stopped = next(
+            (a for a in captured.record.attempts if a.strategy == "symbolic_trace" and a.location and not a.action),
+            None,
+        )
+        leaf = said("--leaf NAME", "capture with leaf_modules=[NAME]")
+        fix = (
+            f"rewrite {stopped.location.split(' ', 1)[0]} so that symbolic tracing passes it, or move it into a "
+            f"submodule kept whole ({leaf}; it stays float)"
+            if stopped
+            else f"make the untraceable submodule a leaf ({leaf}) so symbolic tracing succeeds"
+        )
+        where = f"; symbolic_trace stopped at {stopped.location}: {stopped.error}" if stopped else ""
         raise DialectError(
             f"{mode} quantization needs a torch-dialect graph (symbolic_trace); this model was captured "
-            "with torch.export (ATen dialect), whose ops FX graph-mode quantization does not match",
-            hint=f"make the untraceable submodule a leaf ({said('--leaf NAME', 'capture with leaf_modules=[NAME]')}) "
-            "so symbolic tracing succeeds, or quantize in dynamic mode (Linear/LSTM layers only, works on any model: "
+            f"with torch.export (ATen dialect), whose ops FX graph-mode quantization does not match{where}",
+            hint=f"{fix}, or quantize in dynamic mode (Linear/LSTM layers only, works on any model: "
             + said("quantize --mode dynamic, report --quantize dynamic)", "mode='dynamic')"),
         )
     if captured.record.method == LOADED and not any(
