@@ -942,3 +942,30 @@ def test_static_int8_of_an_exported_capture_names_the_line_that_stopped_symbolic
         quantize(captured, "static", calibration="random:2")
     assert "symbolic_trace stopped at" in raised.value.message and "if x.shape[1] > 3:" in raised.value.message
     assert raised.value.hint.startswith("rewrite ") and "test_quantize_qa.py:" in raised.value.hint
+
+
+class _SigmoidOfAPiece(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+    def forward(self, x):
+        a, b = self.conv(x).split(4, dim=1)
+        return a.relu(), b.sigmoid()
+
+
+def test_a_sigmoid_of_a_split_piece_stays_float_instead_of_having_its_input_clipped():
+    """QA: prepare_fx gave the piece the sigmoid's fixed output parameters (scale 1/256 from 0), clipping its input
+    to [0, 1]: the sigmoid was off by up to 0.4. It stays float now, and the output is as close as int8 gets."""
+    torch.manual_seed(0)
+    model = _SigmoidOfAPiece().eval()
+    with torch.no_grad():
+        model.conv.bias.fill_(-2.0)  # inputs of the sigmoid well outside [0, 1]
+    captured = fxforge.capture(model, (torch.randn(2, 3, 8, 8),))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RandomCalibrationWarning)
+        result = quantize(captured, "static", calibration="random:4")
+    assert result.float_layers == ["sigmoid"] and result.quantized_layers == ["conv"]
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        assert (result.model(x)[1] - model(x)[1]).abs().max() < 0.05

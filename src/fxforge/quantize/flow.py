@@ -24,7 +24,7 @@ from fxforge.artifacts import check_output_directory
 from fxforge.capture import LOADED, Captured, capture, require_real_weights, wrapped_calls_kept
 from fxforge.display import counted
 from fxforge.errors import DialectError, FxforgeError, InputSpecError, one_line_reason, option, outside_stacklevel, said
-from fxforge.graphs import ATEN, WEIGHTED_LAYER_TYPES, get_attr_value, reads_metadata_only, runs_hooks
+from fxforge.graphs import ATEN, WEIGHTED_LAYER_TYPES, get_attr_value, reads_metadata_only, runs_hooks, submodule
 from fxforge.inputs import make_inputs, specs_of
 from fxforge.passes import apply_pass
 from fxforge.quantize.accuracy import AccuracyReport, Target, compare_batches, parse_target, run_batches
@@ -858,7 +858,8 @@ def quantize(
     # an op that combines a tensor with a Python number computed in forward (`x.size(-1) ** -0.5`, `.item()`) or
     # computes on integer tensors fails FX quantization (QA); it stays float, with a note
     numbered, on_integers = _ops_fx_cannot_observe(plan) if mode == "static" else ([], [])
-    float_units += [u for u in numbered + on_integers if u.name not in {f.name for f in float_units}]
+    after_split = _fixed_range_ops_after_a_split(plan) if mode == "static" else []
+    float_units += [u for u in numbered + on_integers + after_split if u.name not in {f.name for f in float_units}]
     nothing_to_quantize = mode == "static" and not quantizable_layers(plan.source, mode)
     if nothing_to_quantize:
         # Without a conv or linear layer, static int8 would only quantize ops (tanh, mul, add...): quantize and
@@ -882,7 +883,8 @@ def quantize(
     if plan.prepared:
         removed = plan.prepared.get("remove_dropout", 0) + plan.prepared.get("remove_identity", 0)
         folded = plan.prepared.get("fold_bn", 0)
-        done = [f"{counted(removed, 'call')} that return their input in eval mode (inactive dropout, Identity) "
+        returns = "returns its" if removed == 1 else "return their"
+        done = [f"{counted(removed, 'call')} that {returns} input in eval mode (inactive dropout, Identity) "
                 "taken out"] if removed else []  # fmt: skip
         done += [f"{counted(folded, 'batch norm')} folded into the layers before them"] if folded else []
         if done:
@@ -901,6 +903,11 @@ def quantize(
                 "a copy of the layer each (same weights), as FX quantization fuses a layer with what follows one "
                 "call of it and the fused layer would run at the others"
             )
+    if after_split:
+        notes.append(
+            f"kept in float: {', '.join(u.name for u in after_split)}, a sigmoid, tanh or softmax of one piece of a "
+            "split, whose input FX quantization would clip to the op's output range"
+        )
     if on_integers:
         notes.append(
             f"kept in float: {', '.join(u.name for u in on_integers)} "
@@ -1126,6 +1133,37 @@ def _ops_fx_cannot_observe(plan: _Plan) -> tuple[list[Unit], list[Unit]]:
     with_numbers = [unit for unit in units if combining & set(unit.nodes)]
     on_integers = [unit for unit in units if integers & set(unit.nodes) and unit not in with_numbers]
     return with_numbers, on_integers
+
+
+# Ops whose int8 output has fixed quantization parameters (torch.ao's fixed-qparams ops).
+_FIXED_RANGE_OPS = {"sigmoid", "tanh", "hardsigmoid", "softmax", "sigmoid_", "tanh_"}
+_TUPLE_SPLITS = {"split", "chunk", "unbind", "split_with_sizes", "tensor_split"}
+
+
+def _fixed_range_ops_after_a_split(plan: _Plan) -> list[Unit]:
+    """The units of a sigmoid, tanh, hardsigmoid or softmax whose input is one piece of a ``split``/``chunk``:
+    ``prepare_fx`` (torch 2.14.1) gives that piece the op's fixed *output* parameters (scale 1/256 from 0 for a
+    sigmoid), so the input is clipped to [0, 1] (QA: ``b.sigmoid()`` after ``y.split(4, dim=1)`` off by 0.4 on a
+    [0, 1] output). Kept in float, the piece is not quantized at all."""
+    if not isinstance(plan.source, fx.GraphModule):
+        return []
+
+    def name(node: fx.Node) -> str:
+        if node.op == "call_method":
+            return str(node.target)
+        if node.op == "call_module":
+            return type(submodule(plan.source, node)).__name__.lower()
+        return getattr(node.target, "__name__", "")
+
+    affected = set()
+    for node in plan.source.graph.nodes:
+        if name(node) not in _FIXED_RANGE_OPS or not node.args or not isinstance(node.args[0], fx.Node):
+            continue
+        piece = node.args[0]
+        of = piece.args[0] if piece.op == "call_function" and piece.target is operator.getitem else None
+        if isinstance(of, fx.Node) and name(of) in _TUPLE_SPLITS:
+            affected.add(node.name)
+    return [unit for unit in _units(plan) if affected & set(unit.nodes)] if affected else []
 
 
 _ARITHMETIC = {"add", "sub", "mul", "div", "true_divide", "floor_divide", "pow", "truediv", "floordiv", "rsub"}
