@@ -77,7 +77,8 @@ def in_place_results_used(gm: fx.GraphModule) -> tuple[fx.GraphModule, int]:
             raise FxforgeError(
                 f"quantize cannot keep the in-place write {node.name}{at}: nothing reads {written.name} after it, "
                 "and FX quantization deletes an in-place op whose result is unused",
-                hint="write it out of place and use its result (y = y + 1), or quantize in eager mode",
+                hint="write it out of place and use its result (y = y + 1 rather than y.add_(1); for a piece of a "
+                "tensor, compute the piece and torch.cat it back)",
             )
         for user in later:
             user.replace_input_with(written, node)
