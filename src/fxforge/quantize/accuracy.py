@@ -52,9 +52,16 @@ def _leaves(output: Any) -> list[torch.Tensor]:
 
 
 def run_batches(model: nn.Module, batches: Sequence[tuple[Any, ...]]) -> list[list[torch.Tensor]]:
-    """The model's output tensors (flattened, dequantized) for each batch, without gradients."""
+    """The model's output tensors (flattened, dequantized) for each batch, without gradients; the model is given
+    copies of the batch's tensors (QA: a model writing its input in place, ``x.mul_(2)``, doubled the caller's data
+    on every run, and the accuracy measured the float and int8 models on different inputs)."""
     with torch.no_grad(), quiet_quantization_notices():
-        return [_leaves(model(*batch)) for batch in batches]
+        return [_leaves(model(*copied(batch))) for batch in batches]
+
+
+def copied(batch: Sequence[Any]) -> tuple[Any, ...]:
+    """``batch`` with every tensor cloned: what a model that writes its inputs in place may be given."""
+    return tuple(value.clone() if isinstance(value, torch.Tensor) else value for value in batch)
 
 
 def _is_classifier(outputs: list[list[torch.Tensor]]) -> bool:

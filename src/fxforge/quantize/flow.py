@@ -27,7 +27,7 @@ from fxforge.errors import DialectError, FxforgeError, InputSpecError, one_line_
 from fxforge.graphs import ATEN, WEIGHTED_LAYER_TYPES, get_attr_value, reads_metadata_only, runs_hooks, submodule
 from fxforge.inputs import make_inputs, specs_of
 from fxforge.passes import apply_pass
-from fxforge.quantize.accuracy import AccuracyReport, Target, compare_batches, parse_target, run_batches
+from fxforge.quantize.accuracy import AccuracyReport, Target, compare_batches, copied, parse_target, run_batches
 from fxforge.quantize.data import (
     DEFAULT_RANDOM_BATCHES,
     RANDOM_EVAL_WARNING,
@@ -286,7 +286,7 @@ def _calibrate(plan: _Plan, prepared: nn.Module, calibration: Sequence[tuple[Any
     with torch.no_grad():
         for index, batch in enumerate(calibration):
             try:
-                prepared(*batch)
+                prepared(*copied(batch))  # the caller's data as it is: a model may write its inputs in place
             except Exception as exc:
                 data = f"calibration data from {source}" if source else "calibration data"
                 _check_batch_fits(plan, batch, index, data, exc)
@@ -747,7 +747,7 @@ def _ready_for_int8(graph_module: fx.GraphModule, mode: str) -> tuple[fx.GraphMo
       float between a dequantize and a quantize. Folded into the conv first, it is part of the int8 conv.
     """
     done: dict[str, int] = {}
-    graph_module, given = in_place_results_used(graph_module)
+    graph_module, given = in_place_results_used(graph_module, quantizes_activations=mode == "static")
     if given:
         done["in_place_results_used"] = given
     if mode == "qat-prepare":
@@ -894,8 +894,9 @@ def quantize(
             )
         if plan.prepared.get("in_place_results_used"):
             notes.append(
-                f"{counted(plan.prepared['in_place_results_used'], 'in-place op')} with an unused result given the "
-                "readers of the tensor it writes, which FX quantization would otherwise delete"
+                f"{counted(plan.prepared['in_place_results_used'], 'in-place op')} given the later readers of the "
+                "tensor it writes, as FX quantization deletes an in-place op whose result is unused and, in int8, "
+                "writes a float copy"
             )
         if plan.prepared.get("calls_unshared"):
             notes.append(
@@ -905,8 +906,8 @@ def quantize(
             )
     if after_split:
         notes.append(
-            f"kept in float: {', '.join(u.name for u in after_split)}, a sigmoid, tanh or softmax of one piece of a "
-            "split, whose input FX quantization would clip to the op's output range"
+            f"kept in float: {', '.join(u.name for u in after_split)} (a sigmoid, tanh or softmax of one piece of a "
+            "tensor, whose input FX quantization would clip to the op's output range)"
         )
     if on_integers:
         notes.append(
@@ -1113,6 +1114,11 @@ def _ops_fx_cannot_observe(plan: _Plan) -> tuple[list[Unit], list[Unit]]:
                 numbers.add(n.name)
             elif isinstance(value, torch.Tensor) and not value.is_floating_point() and n.op != "placeholder":
                 integers.add(n.name)
+            elif n.op in ("call_function", "call_method") and any(
+                isinstance(self.env.get(a), torch.Tensor) and not self.env[a].is_floating_point()
+                for a in n.all_input_nodes
+            ):
+                integers.add(n.name)  # float out of an integer operand: `h * mask.unsqueeze(-1)` on an int mask
             return value
 
     try:
@@ -1137,14 +1143,14 @@ def _ops_fx_cannot_observe(plan: _Plan) -> tuple[list[Unit], list[Unit]]:
 
 # Ops whose int8 output has fixed quantization parameters (torch.ao's fixed-qparams ops).
 _FIXED_RANGE_OPS = {"sigmoid", "tanh", "hardsigmoid", "softmax", "sigmoid_", "tanh_"}
-_TUPLE_SPLITS = {"split", "chunk", "unbind", "split_with_sizes", "tensor_split"}
 
 
 def _fixed_range_ops_after_a_split(plan: _Plan) -> list[Unit]:
-    """The units of a sigmoid, tanh, hardsigmoid or softmax whose input is one piece of a ``split``/``chunk``:
-    ``prepare_fx`` (torch 2.14.1) gives that piece the op's fixed *output* parameters (scale 1/256 from 0 for a
-    sigmoid), so the input is clipped to [0, 1] (QA: ``b.sigmoid()`` after ``y.split(4, dim=1)`` off by 0.4 on a
-    [0, 1] output). Kept in float, the piece is not quantized at all."""
+    """The units of a sigmoid, tanh, hardsigmoid or softmax whose input is one piece of a tensor (of a
+    ``split``/``chunk``, or a slice ``y[:, 4:]``): ``prepare_fx`` (torch 2.14.1) gives that piece the op's fixed
+    *output* parameters (scale 1/256 from 0 for a sigmoid), so the input is clipped to [0, 1] (QA: ``b.sigmoid()``
+    after ``y.split(4, dim=1)`` off by 0.4 on a [0, 1] output; 29% error for a slice). Kept in float, the piece is
+    not quantized at all."""
     if not isinstance(plan.source, fx.GraphModule):
         return []
 
@@ -1160,8 +1166,7 @@ def _fixed_range_ops_after_a_split(plan: _Plan) -> list[Unit]:
         if name(node) not in _FIXED_RANGE_OPS or not node.args or not isinstance(node.args[0], fx.Node):
             continue
         piece = node.args[0]
-        of = piece.args[0] if piece.op == "call_function" and piece.target is operator.getitem else None
-        if isinstance(of, fx.Node) and name(of) in _TUPLE_SPLITS:
+        if piece.op == "call_function" and piece.target is operator.getitem:  # a split's piece or a slice
             affected.add(node.name)
     return [unit for unit in _units(plan) if affected & set(unit.nodes)] if affected else []
 

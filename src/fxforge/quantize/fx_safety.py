@@ -34,9 +34,15 @@ _IN_PLACE_OPERATORS = {
 
 def _returns_what_it_writes(gm: fx.GraphModule, node: fx.Node) -> bool:
     """An in-place call whose result is the tensor it writes: ``x.add_(1)``, ``x += y``, ``torch.relu_(x)``,
-    ``F.relu(x, inplace=True)`` (a call fxforge cannot see into, which may write its inputs, is not one)."""
+    ``F.relu(x, inplace=True)``, ``nn.ReLU(inplace=True)`` (a call fxforge cannot see into, which may write its
+    inputs, is not one)."""
     first = node.args[0] if node.args else None
-    if not isinstance(first, fx.Node) or node.op not in ("call_method", "call_function") or "out" in node.kwargs:
+    if not isinstance(first, fx.Node) or "out" in node.kwargs:
+        return False
+    if node.op == "call_module":
+        module = submodule(gm, node)
+        return type(module).__module__.startswith("torch.nn.modules") and getattr(module, "inplace", False) is True
+    if node.op not in ("call_method", "call_function"):
         return False
     name = str(node.target) if node.op == "call_method" else getattr(node.target, "__name__", "")
     says_so = (name.endswith("_") and not name.endswith("__")) or node.target in _IN_PLACE_OPERATORS
@@ -56,34 +62,69 @@ def _inplace_flag(node: fx.Node) -> bool:
     return bound.arguments.get("inplace") is True
 
 
-def in_place_results_used(gm: fx.GraphModule) -> tuple[fx.GraphModule, int]:
+_VIEW_METHODS = {
+    "view", "view_as", "reshape", "narrow", "select", "transpose", "permute", "flatten", "squeeze", "unsqueeze",
+    "expand", "expand_as", "t", "detach", "contiguous", "split", "chunk", "unbind", "unflatten", "movedim",
+}  # fmt: skip
+
+
+def _viewed(node: fx.Node) -> fx.Node | None:
+    """The tensor ``node`` is a view of (``y`` for ``y[:, :2]``, ``y.view(-1)``, a piece of ``y.split(4)``), else
+    None."""
+    getitem = node.op == "call_function" and node.target is operator.getitem
+    source = node.args[0] if getitem or (node.op == "call_method" and node.target in _VIEW_METHODS) else None
+    if not isinstance(source, fx.Node):
+        return None
+    pieces = source.op == "call_method" and source.target in ("split", "chunk", "unbind")
+    if pieces and isinstance(source.args[0], fx.Node):
+        return source.args[0]  # the tuple of pieces: the tensor they are views of
+    return source
+
+
+def in_place_results_used(gm: fx.GraphModule, quantizes_activations: bool = True) -> tuple[fx.GraphModule, int]:
     """``gm`` (a copy, where anything changes) with every reader of a tensor written in place, after the write,
-    pointed at the in-place op's result (the same object), and how many in-place ops were given readers. Raises
-    where an in-place op whose result nothing uses writes a tensor nothing reads afterwards: FX quantization would
-    delete it."""
-    unused = [node.name for node in gm.graph.nodes if not node.users and _returns_what_it_writes(gm, node)]
-    if not unused:
+    pointed at the in-place op's result (the same object), and how many in-place ops were rewired. Raises where
+    the write cannot be kept: nothing reads the result or the written tensor afterwards (FX quantization deletes
+    such an op), or, where activations are quantized, the write goes through a view whose base is read afterwards
+    (int8 would write a float copy)."""
+    found = [node.name for node in gm.graph.nodes if _returns_what_it_writes(gm, node)]
+    if not found:
         return gm, 0
     gm = copy.deepcopy(gm)
     nodes = {node.name: node for node in gm.graph.nodes}
     order = {node: index for index, node in enumerate(gm.graph.nodes)}
-    for name in unused:
+    rewired = 0
+    for name in found:
         node = nodes[name]
         written = node.args[0]
         later = [user for user in written.users if user is not node and order[user] > order[node]]
-        if not later:
-            where = recorded_user_frame(node.meta.get("stack_trace") or "")
-            at = f" ({format_location(*where)})" if where else ""
-            raise FxforgeError(
-                f"quantize cannot keep the in-place write {node.name}{at}: nothing reads {written.name} after it, "
-                "and FX quantization deletes an in-place op whose result is unused",
-                hint="write it out of place and use its result (y = y + 1 rather than y.add_(1); for a piece of a "
-                "tensor, compute the piece and torch.cat it back)",
-            )
-        for user in later:
-            user.replace_input_with(written, node)
+        base = _viewed(written)
+        base_read_later = base is not None and any(
+            order[user] > order[node] and user is not written for user in base.users
+        )
+        if not node.users and not later:
+            read = f", only {base.name}, which it is a view of" if base_read_later else ""
+            _refuse(node, f"nothing reads its result or {written.name} after it{read}, and FX quantization deletes "
+                    "an in-place op whose result is unused")  # fmt: skip
+        if base_read_later and quantizes_activations:
+            _refuse(node, f"it writes through {written.name}, a view of {base.name}, which is read after it: in "
+                    "int8 the write would land on a float copy of the int8 tensor")  # fmt: skip
+        if later:
+            for user in later:
+                user.replace_input_with(written, node)
+            rewired += 1
     gm.recompile()
-    return gm, len(unused)
+    return gm, rewired
+
+
+def _refuse(node: fx.Node, why: str) -> None:
+    where = recorded_user_frame(node.meta.get("stack_trace") or "")
+    at = f" ({format_location(*where)})" if where else ""
+    raise FxforgeError(
+        f"quantize cannot keep the in-place write {node.name}{at}: {why}",
+        hint="write it out of place and use its result (y = y + 1 rather than y.add_(1); for a piece of a tensor, "
+        "compute the piece and torch.cat it back)",
+    )
 
 
 def calls_unshared(gm: fx.GraphModule) -> tuple[fx.GraphModule, list[str]]:
