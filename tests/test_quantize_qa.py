@@ -1062,3 +1062,20 @@ def test_a_float_op_with_an_integer_operand_stays_float():
         warnings.simplefilter("ignore", RandomCalibrationWarning)
         result = quantize(captured, "static", calibration="random:2")
     assert "mul" in result.float_layers and result.quantized_layers == ["fc"]
+
+
+def test_qat_of_a_shared_layer_that_fusion_would_change_is_refused():
+    """QA: QAT prepare fused the batch norm after one call of a shared conv into the conv, which then ran it at
+    both calls (116% off in eval, exit 0). Post-training int8 gives each call its own copy instead."""
+    captured = fxforge.capture(_SharedConvOnceWithNorm().eval(), (torch.randn(2, 3, 8, 8),))
+    with pytest.raises(fxforge.errors.FxforgeError, match="QAT cannot prepare conv: called from more than one place"):
+        quantize(captured, "qat-prepare")
+
+
+def test_a_shared_layer_named_to_stay_float_stays_float_at_every_call():
+    """QA: --float-layer conv kept only the first call in float; the copy of the second call was int8."""
+    captured = fxforge.capture(_SharedConvOnceWithNorm().eval(), (torch.randn(2, 3, 8, 8),))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RandomCalibrationWarning)
+        result = quantize(captured, "static", calibration="random:2", float_layers=["conv"])
+    assert set(result.float_layers) >= {"conv", "conv_call2"} and result.quantized_layers == []

@@ -39,7 +39,7 @@ from fxforge.quantize.data import (
     load_calibration,
 )
 from fxforge.quantize.engine import quantized_engine
-from fxforge.quantize.fx_safety import calls_unshared, in_place_results_used
+from fxforge.quantize.fx_safety import calls_unshared, in_place_results_used, shared_layers_fusion_would_change
 from fxforge.quantize.result import IN_SAMPLE, LayerSensitivity, QuantizeResult
 from fxforge.quantize.saving import write_output
 from fxforge.quantize.units import MODULE, Unit, find_units, keep_in_float
@@ -751,6 +751,14 @@ def _ready_for_int8(graph_module: fx.GraphModule, mode: str) -> tuple[fx.GraphMo
     if given:
         done["in_place_results_used"] = given
     if mode == "qat-prepare":
+        fused = shared_layers_fusion_would_change(graph_module)
+        if fused:  # QA: the prepared model ran a conv's batch norm at its other call too (116% off in eval)
+            raise FxforgeError(
+                f"QAT cannot prepare {', '.join(fused)}: called from more than one place, and FX fusion would join "
+                "the batch norm or ReLU after one call to the layer itself, which then runs it at every call",
+                hint="give each call its own layer (copies train apart, so that is a change to the model), or "
+                "quantize post-training: static int8 gives each call its own copy of the layer",
+            )
         return graph_module, done
     graph_module, unshared = calls_unshared(graph_module)
     if unshared:
@@ -850,6 +858,14 @@ def quantize(
         )
     plan = _plan(captured, mode, backend)
     float_layers = as_names(float_layers)
+    if plan.prepared.get("calls_unshared"):
+        # a layer named to stay float stays float at every call, its copies too (QA: only the first call did)
+        layers = [name for name, _ in quantizable_layers(plan.source, mode)]
+        float_layers = [
+            expanded
+            for name in float_layers
+            for expanded in [name, *(layer for layer in layers if re.fullmatch(re.escape(name) + r"_call\d+_*", layer))]
+        ]
     float_units = _checked_float_units(plan, float_layers)
     # an int8 layer is a new module without the user's hooks (QA: a forward hook on fc, dropped, read as 91%
     # int8 error): a layer that runs hooks stays the float module it is

@@ -153,6 +153,30 @@ def calls_unshared(gm: fx.GraphModule) -> tuple[fx.GraphModule, list[str]]:
     return gm, made
 
 
+def shared_layers_fusion_would_change(gm: fx.GraphModule) -> list[str]:
+    """The weighted layers called from more than one place where one call is followed by what FX fusion joins to
+    it (a batch norm or a ReLU): fused, the layer would run that at every call. What QAT, which must keep shared
+    weights shared, cannot prepare."""
+    calls: dict[str, list[fx.Node]] = {}
+    for node in gm.graph.nodes:
+        if isinstance(submodule(gm, node), (*WEIGHTED_LAYER_TYPES, nn.modules.batchnorm._BatchNorm)):
+            calls.setdefault(str(node.target), []).append(node)
+    fused = [path for path, nodes in calls.items() if len(nodes) > 1 and any(_fused_after(gm, n) for n in nodes)]
+    return fused
+
+
+def _fused_after(gm: fx.GraphModule, node: fx.Node) -> bool:
+    return len(node.users) == 1 and _fusion_partner(gm, next(iter(node.users)))
+
+
+def _fusion_partner(gm: fx.GraphModule, node: fx.Node) -> bool:
+    if node.op == "call_module":
+        return isinstance(submodule(gm, node), (nn.modules.batchnorm._BatchNorm, nn.ReLU))
+    if node.op == "call_method":
+        return node.target == "relu"
+    return node.op == "call_function" and getattr(node.target, "__name__", "") == "relu"
+
+
 def _exists(gm: fx.GraphModule, path: str) -> bool:
     try:
         gm.get_submodule(path)
