@@ -533,6 +533,9 @@ def test_cli_meta_plan_writes_only_the_plan(capsys, tmp_path):
     assert code == EXIT_OK and os.listdir(out_dir) == [PLAN_FILE]
     assert "planned only" in out
     assert load_plan(out_dir).on_meta
+    # verify says what the directory is, not "holds no model: is it an fxforge output?" (QA)
+    code, _, err = _run(capsys, "verify", "torchvision:resnet18", str(out_dir))
+    assert code != EXIT_OK and "the plan was made on the meta device" in err
 
 
 def test_load_plan_errors(tmp_path):

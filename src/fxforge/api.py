@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fxforge.artifacts import PLAN_FILE, REPORT_FILE, OnnxRuntimeModule, StructuredOutputs
+from fxforge.artifacts import PLAN_FILE, REPORT_FILE, OnnxRuntimeModule, StructuredOutputs, read_inputs
 from fxforge.capture import Captured, capture, model_args_text
 from fxforge.errors import CaptureError, FxforgeError, InputSpecError, option, said
 from fxforge.graphs import ATEN
@@ -181,11 +181,13 @@ def verify_specs(
         raise InputSpecError("verify needs at least one case", hint=f"e.g. {option('--cases', 16)}")
     ref_loaded = load_model(reference, seed=seed, model_kwargs=model_kwargs, trust_pickle=trust_pickle)
     # both sides built from code get the arguments (a saved candidate is as it was written, and ignores them)
-    cand_loaded = load_model(candidate, seed=seed, model_kwargs=model_kwargs, trust_pickle=trust_pickle)
     if isinstance(candidate, (str, Path)) and (Path(candidate) / PLAN_FILE).is_file():
         # a split directory: what runs is its stages, not the unsplit model.pt2 kept beside them (which a verdict
-        # on the directory used to be about)
-        cand_loaded.module, cand_loaded.file = load_stages_in_order(candidate, trust_pickle=trust_pickle)
+        # on the directory used to be about, and without which it was "holds no model: is it an fxforge output?")
+        stages, label = load_stages_in_order(candidate, trust_pickle=trust_pickle)
+        cand_loaded = LoadedModel(stages, str(candidate), read_inputs(Path(candidate)) or [], file=label)
+    else:
+        cand_loaded = load_model(candidate, seed=seed, model_kwargs=model_kwargs, trust_pickle=trust_pickle)
     if concrete_args:
         fixed = dict(concrete_args)
         _refuse_unknown_arguments(ref_loaded.module, fixed, ref_loaded.spec)
