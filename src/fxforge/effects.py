@@ -60,7 +60,7 @@ def is_effectful(gm: nn.Module, node: fx.Node) -> bool:
 # --------------------------------------------------------------------------------------------------
 # in-place writes
 
-_INPLACE_OPERATORS = {
+INPLACE_OPERATORS = {  # x += y and the like: they write x in place
     operator.iadd,
     operator.isub,
     operator.imul,
@@ -181,7 +181,7 @@ def written_args(gm: nn.Module, node: fx.Node) -> list[fx.Node]:
                 if arg.alias_info is not None and arg.alias_info.is_write:
                     value = node.kwargs.get(arg.name, node.args[i] if i < len(node.args) else None)
                     written += _nodes_in(value)
-        elif target in _INPLACE_OPERATORS:
+        elif target in INPLACE_OPERATORS:
             if first is not None:
                 written.append(first)
         else:

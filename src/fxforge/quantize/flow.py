@@ -23,6 +23,7 @@ from torch.nn import functional as F
 from fxforge.artifacts import check_output_directory
 from fxforge.capture import LOADED, Captured, capture, require_real_weights, wrapped_calls_kept
 from fxforge.display import counted
+from fxforge.effects import INPLACE_OPERATORS
 from fxforge.errors import DialectError, FxforgeError, InputSpecError, one_line_reason, option, outside_stacklevel, said
 from fxforge.graphs import ATEN, WEIGHTED_LAYER_TYPES, get_attr_value, reads_metadata_only, runs_hooks, submodule
 from fxforge.inputs import make_inputs, specs_of
@@ -439,16 +440,10 @@ def _views_as_reshapes(model: nn.Module) -> nn.Module:
     return model
 
 
-_IN_PLACE_OPERATORS = {
-    operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv, operator.imod,
-    operator.ipow, operator.iand, operator.ior, operator.ixor, operator.ilshift, operator.irshift, operator.imatmul,
-}  # fmt: skip
-
-
 def _writes_in_place(model: fx.GraphModule, node: fx.Node) -> bool:
     """Whether ``node`` may write its first input in place (conservative: a name ending in ``_``, ``inplace=True``,
     ``x += y``, a module with ``inplace`` set)."""
-    if node.kwargs.get("inplace") or node.target in _IN_PLACE_OPERATORS:
+    if node.kwargs.get("inplace") or node.target in INPLACE_OPERATORS:
         return True
     name = str(node.target) if node.op == "call_method" else getattr(node.target, "__name__", "")
     if node.op in ("call_method", "call_function") and name.endswith("_") and not name.startswith("__"):

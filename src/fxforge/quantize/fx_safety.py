@@ -22,14 +22,9 @@ import operator
 
 from torch import fx, nn
 
-from fxforge.effects import written_args
+from fxforge.effects import INPLACE_OPERATORS, written_args
 from fxforge.errors import FxforgeError, format_location, recorded_user_frame
 from fxforge.graphs import WEIGHTED_LAYER_TYPES, submodule
-
-_IN_PLACE_OPERATORS = {
-    operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv, operator.imod,
-    operator.ipow, operator.iand, operator.ior, operator.ixor, operator.ilshift, operator.irshift, operator.imatmul,
-}  # fmt: skip
 
 
 def _returns_what_it_writes(gm: fx.GraphModule, node: fx.Node) -> bool:
@@ -45,7 +40,10 @@ def _returns_what_it_writes(gm: fx.GraphModule, node: fx.Node) -> bool:
     if node.op not in ("call_method", "call_function"):
         return False
     name = str(node.target) if node.op == "call_method" else getattr(node.target, "__name__", "")
-    says_so = (name.endswith("_") and not name.endswith("__")) or node.target in _IN_PLACE_OPERATORS
+    # x[i] = v (operator.setitem) writes x too, but returns None: it has no result to read x through
+    says_so = (name.endswith("_") and not name.endswith("__")) or (
+        node.target in INPLACE_OPERATORS and node.target is not operator.setitem
+    )
     if node.op == "call_function" and not says_so:
         says_so = _inplace_flag(node)
     return says_so and first in written_args(gm, node)
