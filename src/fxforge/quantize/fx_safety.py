@@ -76,6 +76,8 @@ def _viewed(node: fx.Node) -> fx.Node | None:
     pieces = source.op == "call_method" and source.target in ("split", "chunk", "unbind")
     if pieces and isinstance(source.args[0], fx.Node):
         return source.args[0]  # the tuple of pieces: the tensor they are views of
+    if getitem and isinstance(node.args[1], int):
+        return None  # out, h = self.lstm(x): an item of a tuple, not a view (a tensor's row would be one: not told)
     return source
 
 
