@@ -151,6 +151,15 @@ def _example_tensors(inputs: Any) -> tuple[torch.Tensor, ...] | None:
     return None
 
 
+def _is_split_directory(spec: Any) -> bool:
+    if not isinstance(spec, (str, Path)):
+        return False
+    try:
+        return (Path(spec) / PLAN_FILE).is_file()
+    except OSError:  # a name longer than the file system takes (its own one-line error comes from load_model)
+        return False
+
+
 def verify_specs(
     reference: str | nn.Module,
     candidate: str | nn.Module,
@@ -181,7 +190,7 @@ def verify_specs(
         raise InputSpecError("verify needs at least one case", hint=f"e.g. {option('--cases', 16)}")
     ref_loaded = load_model(reference, seed=seed, model_kwargs=model_kwargs, trust_pickle=trust_pickle)
     # both sides built from code get the arguments (a saved candidate is as it was written, and ignores them)
-    if isinstance(candidate, (str, Path)) and (Path(candidate) / PLAN_FILE).is_file():
+    if _is_split_directory(candidate):
         # a split directory: what runs is its stages, not the unsplit model.pt2 kept beside them (which a verdict
         # on the directory used to be about, and without which it was "holds no model: is it an fxforge output?")
         stages, label = load_stages_in_order(candidate, trust_pickle=trust_pickle)
