@@ -93,7 +93,7 @@ def _signature(target: Any) -> inspect.Signature | None:
     return signature
 
 
-def _bound_inplace(node: fx.Node) -> bool:
+def bound_inplace(node: fx.Node) -> bool:
     """``inplace=True`` given by keyword or by position (``F.relu(x, True)``)."""
     if node.kwargs.get("inplace") is True:
         return True
@@ -186,7 +186,7 @@ def written_args(gm: nn.Module, node: fx.Node) -> list[fx.Node]:
                 written.append(first)
         else:
             name = getattr(target, "__name__", "")
-            if first is not None and ((name.endswith("_") and not name.endswith("__")) or _bound_inplace(node)):
+            if first is not None and ((name.endswith("_") and not name.endswith("__")) or bound_inplace(node)):
                 written.append(first)
     elif node.op == "call_module":
         module = submodule(gm, node)
@@ -370,7 +370,7 @@ def returns_fresh(gm: nn.Module, node: fx.Node) -> bool:
             known = target in _FRESH_FUNCTIONS or target in _FRESH_F
         except TypeError:
             return False
-        return known and not _bound_inplace(node)
+        return known and not bound_inplace(node)
     if node.op == "call_method":
         return str(node.target) in _FRESH_METHODS
     if node.op == "call_module":

@@ -764,6 +764,14 @@ def _stage_graph_module(graph: _Graph, plan: SplitPlan, index: int) -> fx.GraphM
     return module
 
 
+def run_in_order(stages: Sequence[nn.Module], values: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Each stage called on what the one before it returned (a tuple or list of tensors, or one tensor)."""
+    for stage in stages:
+        out = stage(*values)
+        values = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+    return values
+
+
 class ChainedStages(nn.Module):
     """The stages run one after the other in one process: the split model, callable like the original (same
     inputs, same output structure). What ``split`` verifies against the model, and a one-process baseline."""
@@ -776,10 +784,7 @@ class ChainedStages(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         flat = placeholder_values(self._template, args, kwargs)
-        values: tuple[Any, ...] = tuple(v for v in flat if isinstance(v, torch.Tensor))
-        for stage in self.stages:
-            values = stage(*values)
-            values = values if isinstance(values, tuple) else (values,)
+        values = run_in_order(self.stages, tuple(v for v in flat if isinstance(v, torch.Tensor)))
         leaves: list[fx.Node] = []
         fx.node.map_arg(self._output, leaves.append)
         by_node = dict(zip(leaves, values))
@@ -1178,10 +1183,7 @@ class StagesInOrder(nn.Module):
             raise FxforgeError(
                 f"a split model's stages take its tensors by position, not {', '.join(kwargs)} by keyword"
             )
-        values: tuple[Any, ...] = tuple(args)
-        for stage in self.stages:
-            out = stage(*values)
-            values = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+        values = run_in_order(self.stages, tuple(args))
         if isinstance(self.structure, dict) or self.structure == "tensor":
             return rebuild_structure(self.structure, iter(values))
         return values  # a structure plan.json could not record: the tensors flat, as model.pt2 returns them

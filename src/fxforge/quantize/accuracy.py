@@ -12,7 +12,7 @@ from torch import nn
 
 from fxforge.compare import as_structure
 from fxforge.errors import FxforgeError
-from fxforge.runtime import quiet_quantization_notices
+from fxforge.runtime import cloned, quiet_quantization_notices
 
 
 @dataclass
@@ -56,12 +56,7 @@ def run_batches(model: nn.Module, batches: Sequence[tuple[Any, ...]]) -> list[li
     copies of the batch's tensors (QA: a model writing its input in place, ``x.mul_(2)``, doubled the caller's data
     on every run, and the accuracy measured the float and int8 models on different inputs)."""
     with torch.no_grad(), quiet_quantization_notices():
-        return [_leaves(model(*copied(batch))) for batch in batches]
-
-
-def copied(batch: Sequence[Any]) -> tuple[Any, ...]:
-    """``batch`` with every tensor cloned: what a model that writes its inputs in place may be given."""
-    return tuple(value.clone() if isinstance(value, torch.Tensor) else value for value in batch)
+        return [_leaves(model(*cloned(tuple(batch)))) for batch in batches]
 
 
 def _is_classifier(outputs: list[list[torch.Tensor]]) -> bool:

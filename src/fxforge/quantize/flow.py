@@ -23,12 +23,12 @@ from torch.nn import functional as F
 from fxforge.artifacts import check_output_directory
 from fxforge.capture import LOADED, Captured, capture, require_real_weights, wrapped_calls_kept
 from fxforge.display import counted
-from fxforge.effects import INPLACE_OPERATORS
+from fxforge.effects import written_args
 from fxforge.errors import DialectError, FxforgeError, InputSpecError, one_line_reason, option, outside_stacklevel, said
 from fxforge.graphs import ATEN, WEIGHTED_LAYER_TYPES, get_attr_value, reads_metadata_only, runs_hooks, submodule
 from fxforge.inputs import make_inputs, specs_of
 from fxforge.passes import apply_pass
-from fxforge.quantize.accuracy import AccuracyReport, Target, compare_batches, copied, parse_target, run_batches
+from fxforge.quantize.accuracy import AccuracyReport, Target, compare_batches, parse_target, run_batches
 from fxforge.quantize.data import (
     DEFAULT_RANDOM_BATCHES,
     RANDOM_EVAL_WARNING,
@@ -45,7 +45,14 @@ from fxforge.quantize.result import IN_SAMPLE, LayerSensitivity, QuantizeResult
 from fxforge.quantize.saving import write_output
 from fxforge.quantize.units import MODULE, Unit, find_units, keep_in_float
 from fxforge.references import as_names
-from fxforge.runtime import describe_inputs, device_of, preserved_state, quiet_quantization_notices, rng_preserved
+from fxforge.runtime import (
+    cloned,
+    describe_inputs,
+    device_of,
+    preserved_state,
+    quiet_quantization_notices,
+    rng_preserved,
+)
 from fxforge.vocabulary import quant_kind
 
 MODES = ("static", "dynamic", "qat-prepare")
@@ -287,7 +294,7 @@ def _calibrate(plan: _Plan, prepared: nn.Module, calibration: Sequence[tuple[Any
     with torch.no_grad():
         for index, batch in enumerate(calibration):
             try:
-                prepared(*copied(batch))  # the caller's data as it is: a model may write its inputs in place
+                prepared(*cloned(tuple(batch)))  # the caller's data as it is: a model may write its inputs in place
             except Exception as exc:
                 data = f"calibration data from {source}" if source else "calibration data"
                 _check_batch_fits(plan, batch, index, data, exc)
@@ -441,19 +448,15 @@ def _views_as_reshapes(model: nn.Module) -> nn.Module:
 
 
 def _writes_in_place(model: fx.GraphModule, node: fx.Node) -> bool:
-    """Whether ``node`` may write its first input in place (conservative: a name ending in ``_``, ``inplace=True``,
-    ``x += y``, a module with ``inplace`` set)."""
-    if node.kwargs.get("inplace") or node.target in INPLACE_OPERATORS:
+    """Whether ``node`` may write an input in place: :func:`fxforge.effects.written_args` for calls, and for a
+    module its ``inplace`` flag (effects counts every module outside ``torch.nn.modules`` as a possible writer, and
+    the int8 graph's layers are ``torch.ao`` modules that write nothing)."""
+    if node.op != "call_module":
+        return bool(written_args(model, node))
+    try:
+        return bool(getattr(model.get_submodule(str(node.target)), "inplace", False))
+    except AttributeError:
         return True
-    name = str(node.target) if node.op == "call_method" else getattr(node.target, "__name__", "")
-    if node.op in ("call_method", "call_function") and name.endswith("_") and not name.startswith("__"):
-        return True
-    if node.op == "call_module":
-        try:
-            return bool(getattr(model.get_submodule(str(node.target)), "inplace", False))
-        except AttributeError:
-            return True
-    return False
 
 
 def _metadata_name(user: fx.Node) -> str:

@@ -17,12 +17,11 @@ models that ran through ``quantize`` with exit 0 and a model that computed somet
 from __future__ import annotations
 
 import copy
-import inspect
 import operator
 
 from torch import fx, nn
 
-from fxforge.effects import INPLACE_OPERATORS, written_args
+from fxforge.effects import INPLACE_OPERATORS, bound_inplace, written_args
 from fxforge.errors import FxforgeError, format_location, recorded_user_frame
 from fxforge.graphs import WEIGHTED_LAYER_TYPES, submodule
 
@@ -45,19 +44,8 @@ def _returns_what_it_writes(gm: fx.GraphModule, node: fx.Node) -> bool:
         node.target in INPLACE_OPERATORS and node.target is not operator.setitem
     )
     if node.op == "call_function" and not says_so:
-        says_so = _inplace_flag(node)
+        says_so = bound_inplace(node)
     return says_so and first in written_args(gm, node)
-
-
-def _inplace_flag(node: fx.Node) -> bool:
-    """``inplace=True`` given by keyword or by position (``F.relu(x, True)``)."""
-    if node.kwargs.get("inplace") is True:
-        return True
-    try:
-        bound = inspect.signature(node.target).bind_partial(*node.args, **node.kwargs)
-    except (TypeError, ValueError):
-        return False
-    return bound.arguments.get("inplace") is True
 
 
 _VIEW_METHODS = {

@@ -25,6 +25,7 @@ from torch.utils import _pytree as pytree
 from fxforge.errors import InputSpecError, one_line_reason
 from fxforge.graphs import builds_namedtuple, get_attr_value
 from fxforge.inputs import make_inputs, specs_of
+from fxforge.runtime import cloned
 
 
 def frozen_torchscript(
@@ -51,7 +52,7 @@ def frozen_torchscript(
     try:
         with warnings.catch_warnings(record=True) as caught, torch.no_grad():
             warnings.simplefilter("always", torch.jit.TracerWarning)
-            traced = torch.jit.trace(_scales_inlined(model), _copies(example_inputs), strict=False, check_trace=False)
+            traced = torch.jit.trace(_scales_inlined(model), cloned(example_inputs), strict=False, check_trace=False)
             frozen = torch.jit.freeze(traced.eval())
     except Exception as exc:  # TorchScript refuses many Python constructs: the GraphModule is kept as it is
         reason = one_line_reason(exc, 120)
@@ -224,11 +225,6 @@ def _quiet_jit() -> Iterator[None]:
         yield
 
 
-def _copies(inputs: tuple[Any, ...]) -> tuple[Any, ...]:
-    """Copies of the inputs: a model that writes into its input must leave the caller's alone."""
-    return tuple(value.clone() if isinstance(value, torch.Tensor) else value for value in inputs)
-
-
 def _batch_of(inputs: tuple[Any, ...]) -> int | str:
     first = inputs[0] if inputs else None
     return first.shape[0] if isinstance(first, torch.Tensor) and first.dim() else "?"
@@ -258,9 +254,9 @@ def _runs(model: nn.Module, inputs: tuple[Any, ...]) -> bool:
 def _differs(model: nn.Module, frozen: torch.jit.ScriptModule, inputs: tuple[Any, ...]) -> str | None:
     """How the frozen trace's outputs differ from the model's on ``inputs`` (None: they are equal, bit for bit)."""
     with torch.no_grad():
-        expected = model(*_copies(inputs))
+        expected = model(*cloned(inputs))
         try:
-            got = frozen(*_copies(inputs))
+            got = frozen(*cloned(inputs))
         except Exception as exc:
             return f"fails at batch {_batch_of(inputs)} ({one_line_reason(exc, 100)})"
     expected_leaves, expected_spec = pytree.tree_flatten(expected)
