@@ -545,6 +545,9 @@ def test_torchvision_end_to_end(name):
     assert 0.0 <= result.accuracy.top1_agreement <= 1.0
     assert result.accuracy.samples == 4 and len(result.quantized_layers) > 10
     assert result.model(torch.randn(2, 3, 64, 64)).shape == (2, 1000)
+    # their in-place ReLUs and `out += identity` need no rewiring, and no op is kept float behind the user's back
+    assert not any("in-place op" in note or "kept in float" in note for note in result.notes), result.notes
+    assert result.float_layers == []
 
     # inspect reads the int8 graph: same FLOPs as float, and the conv weights with the biases that
     # BatchNorm folded into them, at one byte per int8 weight

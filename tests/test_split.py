@@ -272,6 +272,12 @@ def test_resnet18_four_stages_written_verified_and_loadable_with_torch_alone(res
         expected = captured.original(x)
     torch.testing.assert_close(values[0], expected)
     assert isinstance(load_stage(tmp_path / "split", 3), nn.Module)
+    # fxforge loads the directory as one tensor out (its model.pt2 gave a 1-tuple), and verify checks the stages
+    from fxforge.api import verify_specs
+
+    assert isinstance(fxforge.load_model(tmp_path / "split")(x), torch.Tensor)
+    checked = verify_specs(captured.original, str(tmp_path / "split"), ["1x3x224x224"], cases=6)
+    assert checked.ok and checked.files["candidate"] == "stage_0.pt2 .. stage_3.pt2, 4 stages chained"
     # torch's own pipeline() splits at the same places from the plan's split_spec
     from torch.distributed.pipelining import SplitPoint, pipeline
 
