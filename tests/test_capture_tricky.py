@@ -773,11 +773,80 @@ class _CallsAMethod(torch.nn.Module):
         return self.block.compute(x) + 1
 
 
-def test_a_branch_in_a_submodules_other_method_says_leaves_go_through_forward():
-    """QA: the hint said "move it into a submodule", for code in a submodule already, called as block.compute(x)."""
+def test_a_branch_in_a_submodules_other_method_is_kept_as_one_call():
+    """A leaf is called through its forward, so block.compute(x), called from the root, stayed traced code and
+    capture failed (the hint said to move the code into a submodule's forward): the method is now one call."""
+    model = _CallsAMethod().eval()
+    captured = capture(model, (torch.randn(2, 8),))
+    assert captured.record.method == SYMBOLIC_TRACE and captured.record.ok
+    assert captured.record.wrapped == ["block.compute"]
+    assert "kept the method block.compute as one call" in captured.record.attempts[0].action
+    method_calls = [n for n in captured.graph_module.graph.nodes if n.op == "call_module" and "method" in str(n.target)]
+    assert [type(captured.graph_module.get_submodule(n.target)).__name__ for n in method_calls] == ["MethodCall"]
+    for sign in (1.0, -1.0):  # both sides of the branch: the method runs, not a traced copy of one side
+        x = sign * (torch.rand(2, 8) + 0.1)
+        torch.testing.assert_close(captured.graph_module(x), model(x), rtol=0, atol=0)
+    assert "compute" not in vars(model.block)  # the stand-in used while tracing is gone from the user's module
+
+
+class _GatesInAMethod(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.scale = torch.nn.Parameter(torch.full((8,), 2.0))
+
+    def gate(self, x):
+        if x.mean() > 0:
+            return x * self.scale
+        return -x
+
+    def forward(self, x):
+        return self.gate(self.lin(x)) + 1
+
+
+def test_a_branch_in_a_method_of_the_model_itself_is_kept_as_one_call(tmp_path):
+    """The model's own methods could be neither leaves nor --wrap functions, and capture failed. The method is one
+    MethodCall node; the graph keeps the rest (lin, the add), saves, reloads and computes both branches."""
+    model = _GatesInAMethod().eval()
+    captured = capture(model, (torch.randn(2, 8),))
+    assert captured.record.method == SYMBOLIC_TRACE and captured.record.wrapped == ["_GatesInAMethod.gate"]
+    targets = [str(n.target) for n in captured.graph_module.graph.nodes if n.op == "call_module"]
+    assert targets == ["lin", "gate_method"]
+    # the parameter only the method reads is the graph's too (moved, saved and counted with it), once
+    assert sum(p.numel() for p in captured.graph_module.parameters()) == sum(p.numel() for p in model.parameters())
+    path = tmp_path / "model.pt"
+    torch.save(captured.graph_module, path)
+    reloaded = torch.load(path, weights_only=False)
+    for sign in (1.0, -1.0):
+        x = sign * (torch.rand(2, 8) + 0.1)
+        expected = model(x)
+        torch.testing.assert_close(captured.graph_module(x), expected, rtol=0, atol=0)
+        torch.testing.assert_close(reloaded(x), expected, rtol=0, atol=0)
+    assert "gate" not in vars(model)
+
+
+class _AllInAMethod(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def _impl(self, x):
+        y = self.lin(x)
+        if y.sum() > 0:
+            return y
+        return -y
+
+    def forward(self, x):
+        return self._impl(x)
+
+
+def test_a_method_doing_all_the_work_is_not_kept_as_the_only_call():
+    """A graph of one opaque call would show and change nothing: capture fails as before, naming the line and
+    saying why keeping the method as one call does not help."""
     with pytest.raises(CaptureError) as info:
-        capture(_CallsAMethod().eval(), (torch.randn(2, 8),))
-    assert "_ComputeBlock.compute, a method other than forward" in info.value.hint
+        capture(_AllInAMethod().eval(), (torch.randn(2, 8),))
+    assert "`if y.sum() > 0:`" in str(info.value)
+    assert "_AllInAMethod._impl, which does all of the model's work" in info.value.hint
 
 
 class _AllNaN(torch.nn.Module):

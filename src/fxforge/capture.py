@@ -62,12 +62,14 @@ from fxforge.errors import (
 from fxforge.graphs import (
     ATEN,
     TORCH,
+    MethodCall,
     MutableArguments,
     dialect_of,
     draws_random_numbers,
     outside_torch,
     reads_metadata_only,
     runs_hooks,
+    submodule,
 )
 from fxforge.inputs import make_inputs, specs_of
 from fxforge.models import LoadedModel
@@ -295,6 +297,16 @@ class _Wrap:
         return self.shared_label or _function_label(self.function, self.name)
 
 
+@dataclass(frozen=True)
+class _MethodWrap:
+    """A method of one of the model's modules other than ``forward`` (``self.gate(x)``), traced as one call:
+    the module (``owner``, its path in the model, "" for the model itself) and the method's name."""
+
+    owner: str
+    method: str
+    label: str
+
+
 def _function_label(function: Any, name: str = "?") -> str:
     module = getattr(function, "__module__", "?") or "?"
     qualname = getattr(function, "__qualname__", name)
@@ -390,14 +402,16 @@ def _same_function(value: Any, function: Callable[..., Any]) -> bool:
     return same_file and code.co_firstlineno == other.co_firstlineno
 
 
-def _as_call_node(function: Callable[..., Any]) -> Callable[..., Any]:
-    # Like torch.fx.wrap, but applied from outside the user's module and to private names too.
+def _as_call_node(function: Callable[..., Any], target: Callable[..., Any] | None = None) -> Callable[..., Any]:
+    """``function``, recorded as one ``call_function`` node of ``target`` (``function`` itself by default) when
+    called on proxies. Like torch.fx.wrap, but applied from outside the user's module and to private names too."""
+
     @functools.wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         proxies: list[fx.Proxy] = []
         fx.node.map_aggregate((args, kwargs), lambda v: proxies.append(v) if isinstance(v, fx.Proxy) else None)
         if proxies:
-            return proxies[0].tracer.create_proxy("call_function", function, args, kwargs)
+            return proxies[0].tracer.create_proxy("call_function", target or function, args, kwargs)
         return function(*args, **kwargs)
 
     return wrapper
@@ -414,6 +428,67 @@ def _patched(wraps: Iterable[_Wrap]):
     finally:
         for wrap, original in reversed(saved):
             wrap.caller_globals[wrap.name] = original
+
+
+@contextlib.contextmanager
+def _methods_patched(model: nn.Module, methods: Iterable[_MethodWrap]) -> Iterator[dict[Any, _MethodWrap]]:
+    """While tracing, each method in ``methods`` is one call: shadowed on its module's instance by a function that
+    records a call of a stand-in (yielded: stand-in -> method), which :func:`_methods_as_modules` then turns into a
+    :class:`~fxforge.graphs.MethodCall`. The instances are as they were afterwards."""
+    stand_ins: dict[Any, _MethodWrap] = {}
+    saved: list[tuple[nn.Module, str, Any]] = []
+    try:
+        for wrap in methods:
+            owner = model.get_submodule(wrap.owner)
+
+            def stand_in(*args: Any, **kwargs: Any) -> Any:
+                raise AssertionError("replaced by a MethodCall module after tracing")
+
+            stand_in.__name__ = f"{wrap.method}_method"
+            stand_ins[stand_in] = wrap
+            saved.append((owner, wrap.method, vars(owner).get(wrap.method, _ABSENT)))
+            # an instance attribute shadows the class's method (a non-data descriptor) for this instance only
+            object.__setattr__(owner, wrap.method, _as_call_node(getattr(owner, wrap.method), stand_in))
+        yield stand_ins
+    finally:
+        for owner, name, original in reversed(saved):
+            if original is _ABSENT:
+                vars(owner).pop(name, None)
+            else:
+                object.__setattr__(owner, name, original)
+
+
+_ABSENT = object()
+_NOTHING_ELSE = " left nothing else in the graph"  # how an attempt says a method kept as one call did all the work
+
+
+def _methods_as_modules(gm: fx.GraphModule, model: nn.Module, stand_ins: Mapping[Any, _MethodWrap]) -> None:
+    """Replace the calls of :func:`_methods_patched`'s stand-ins in ``gm`` with ``call_module`` nodes of
+    :class:`~fxforge.graphs.MethodCall` submodules (named ``<module>_<method>_method``), so that the graph runs,
+    copies and saves as any other (a stand-in is a function of this trace, which nothing could reload)."""
+    names: dict[_MethodWrap, str] = {}
+    for node in gm.graph.nodes:
+        wrap = stand_ins.get(node.target) if node.op == "call_function" else None
+        if wrap is None:
+            continue
+        if wrap not in names:
+            base = "_".join(filter(None, (wrap.owner.replace(".", "_"), wrap.method, "method")))
+            name = next(f"{base}{k or ''}" for k in itertools.count() if not hasattr(gm, f"{base}{k or ''}"))
+            gm.add_submodule(name, MethodCall(model.get_submodule(wrap.owner), wrap.method))
+            names[wrap] = name
+        node.op, node.target = "call_module", names[wrap]
+    if names:
+        gm.recompile()
+
+
+def _only_method_calls(gm: fx.GraphModule) -> bool:
+    """Whether every computing node of ``gm`` is a :class:`~fxforge.graphs.MethodCall` (or takes an item of one's
+    result): the wrapped method did all of the model's work, and the graph would show nothing of it."""
+    computing = [n for n in gm.graph.nodes if n.op in ("call_module", "call_function", "call_method")]
+    method_calls = {n for n in computing if n.op == "call_module" and isinstance(submodule(gm, n), MethodCall)}
+    return bool(method_calls) and all(
+        n in method_calls or (n.target is operator.getitem and n.args[0] in method_calls) for n in computing
+    )
 
 
 @contextlib.contextmanager
@@ -472,6 +547,7 @@ def _symbolic_trace(
     wraps: list[_Wrap],
     concrete_args: dict[str, Any] | None,
     proxy_buffers: bool = False,
+    methods: Sequence[_MethodWrap] = (),
 ) -> fx.GraphModule:
     forget_unloadable_fx_wraps()  # a GraphModule loaded earlier in the process may have left one
     tracer = _LeafTracer(leaf_names, leaf_types)
@@ -482,7 +558,7 @@ def _symbolic_trace(
     # preserved_state: a failed trace must leave the user's module as it was (a leaked Proxy in a buffer
     # made every later model(x) return a Proxy), and tracing runs ops on real buffers eagerly.
     with preserved_state(model, runs=False):
-        with _patched(wraps), refuse_buffer_writes:
+        with _patched(wraps), refuse_buffer_writes, _methods_patched(model, methods) as stand_ins:
             graph = tracer.trace(model, concrete_args=concrete_args)
         # a buffer written in place in forward (a call counter) changed, and the write is missing from the graph;
         # or it was written to the value it had (a running mean of zeros scaled by 0.9, QA), which its version
@@ -505,13 +581,14 @@ def _symbolic_trace(
             # Built before the state is restored: tracing stores tensor constants (``_tensor_constant0``) on the
             # root, and the GraphModule takes them from there.
             gm = fx.GraphModule(tracer.root, graph, model.__class__.__name__)
+            _methods_as_modules(gm, model, stand_ins)
     if changed:
         if not proxy_buffers:  # trace again with buffers as proxies, so that the write is recorded
-            return _symbolic_trace(model, leaf_names, leaf_types, wraps, concrete_args, proxy_buffers=True)
+            return _symbolic_trace(model, leaf_names, leaf_types, wraps, concrete_args, True, methods)
         raise BufferWriteError(changed[0], None)
     if written_alike and not proxy_buffers:
         try:
-            return _symbolic_trace(model, leaf_names, leaf_types, wraps, concrete_args, proxy_buffers=True)
+            return _symbolic_trace(model, leaf_names, leaf_types, wraps, concrete_args, True, methods)
         except Exception:
             # with buffers as proxies, Python use of one (a branch on a flag buffer) fails: the first trace stands,
             # as it did before the write was seen (QA: a clamp_ within range made such a model uncapturable), and
@@ -523,7 +600,7 @@ def _symbolic_trace(
         # changes (a loaded state dict, a running statistic updated in place: the graph's second call differed
         # from the model's, QA). With buffers as proxies that arithmetic is recorded on the buffer.
         with contextlib.suppress(Exception):  # e.g. a branch on a buffer's value: the constants stay
-            return _symbolic_trace(model, leaf_names, leaf_types, wraps, concrete_args, proxy_buffers=True)
+            return _symbolic_trace(model, leaf_names, leaf_types, wraps, concrete_args, True, methods)
     if concrete_args:
         _name_concrete_placeholders(gm, model, concrete_args)
     return gm
@@ -567,9 +644,14 @@ def _name_concrete_placeholders(gm: fx.GraphModule, model: nn.Module, concrete_a
 
 
 def _find_culprit(
-    exc: BaseException, root: nn.Module, module_names: dict[int, str], leaf_names: set[str], wraps: list[_Wrap]
-) -> str | _Wrap | None:
-    """The submodule name or helper function whose code raised ``exc``, innermost first."""
+    exc: BaseException,
+    root: nn.Module,
+    module_names: dict[int, str],
+    leaf_names: set[str],
+    wraps: list[_Wrap],
+    methods: Sequence[_MethodWrap] = (),
+) -> str | _Wrap | _MethodWrap | None:
+    """The submodule name, helper function or method whose code raised ``exc``, innermost first."""
     frames = list(traceback.walk_tb(exc.__traceback__))
     wrapped_functions = {id(w.function) for w in wraps}
     for index in range(len(frames) - 1, -1, -1):
@@ -577,8 +659,14 @@ def _find_culprit(
         owner = frame.f_locals.get("self")
         if isinstance(owner, nn.Module) and id(owner) in module_names:
             name = module_names[id(owner)]
-            if name and name not in leaf_names:
+            method = _method_to_wrap(frame, frames[index - 1][0] if index else None, owner, name, methods)
+            # a leaf is called through its forward: a method called from outside its module (self.block.gate(x))
+            # runs as traced code whatever its module is
+            called_from_outside = method is not None and frames[index - 1][0].f_locals.get("self") is not owner
+            if name and name not in leaf_names and not called_from_outside:
                 return name
+            if method is not None:
+                return method
             if name == "":
                 return None  # the failure is in the root's own forward: no leaf can help
             continue
@@ -592,6 +680,22 @@ def _find_culprit(
         if caller_globals.get(code.co_name) is function:
             return _Wrap(caller_globals, code.co_name, function)
     return None
+
+
+def _method_to_wrap(
+    frame: Any, caller: Any, owner: nn.Module, name: str, methods: Sequence[_MethodWrap]
+) -> _MethodWrap | None:
+    """The method ``frame`` runs, to be traced as one call, where it is a method of ``owner`` other than forward,
+    called by name from code (the caller's frame) and not wrapped already; None otherwise."""
+    code = frame.f_code
+    if caller is None or code.co_name == "forward" or frame.f_locals.get("self") is not owner:
+        return None
+    if getattr(getattr(type(owner), code.co_name, None), "__code__", None) is not code:
+        return None  # a nested function, a static method, a method reached some other way
+    if any(m.owner == name and m.method == code.co_name for m in methods):
+        return None
+    label = f"{type(owner).__name__}.{code.co_name}" if not name else f"{name}.{code.co_name}"
+    return _MethodWrap(name, code.co_name, label)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1092,15 +1196,16 @@ def _capture_module(
             reference = run_reference(model, inputs, kwargs)
     trace_error: BaseException | None = None
     trace_mismatch: OutputCheck | None = None  # the traced graph's failed check, where it ran and differed
+    methods: list[_MethodWrap] = []
 
     if method in ("auto", SYMBOLIC_TRACE):
         for _ in range(max_retries):
             try:
                 with quiet_torch_logs():
-                    gm = _symbolic_trace(model, leaf_names, leaf_types, wraps, traced_constants)
+                    gm = _symbolic_trace(model, leaf_names, leaf_types, wraps, traced_constants, methods=methods)
             except Exception as exc:
                 trace_error = exc
-                culprit = _find_culprit(exc, model, module_names, leaf_names, wraps)
+                culprit = _find_culprit(exc, model, module_names, leaf_names, wraps, methods)
                 location = exc.location if isinstance(exc, BufferWriteError) else user_location(exc)
                 reason = one_line_reason(exc)
                 if "co_varnames is too small" in reason:  # torch.fx's words for it say nothing to a user
@@ -1115,13 +1220,26 @@ def _capture_module(
                     wraps.append(culprit)
                     attempt.action = f"wrapped {culprit.label} as one call"
                     continue
+                if isinstance(culprit, _MethodWrap):
+                    methods.append(culprit)
+                    attempt.action = f"kept the method {culprit.label} as one call"
+                    continue
+                break
+            if methods and _only_method_calls(gm):
+                # a graph of one opaque call shows and changes nothing of the model: torch.export may do better,
+                # and if it cannot either, the error names the line that stopped tracing, as without the wrap
+                for attempt in attempts:
+                    if attempt.action and attempt.action.startswith("kept the method"):
+                        attempt.action = None
+                attempts.append(Attempt(SYMBOLIC_TRACE, f"keeping {methods[-1].label} as one call{_NOTHING_ELSE}"))
                 break
             unused = _unused_wraps(wraps, gm)
             record = CaptureRecord(
                 SYMBOLIC_TRACE,
                 TORCH,
                 leaves=sorted(leaf_names - user_leaves),
-                wrapped=[label for label in dict.fromkeys(w.label for w in wraps) if label not in unused],
+                wrapped=[label for label in dict.fromkeys(w.label for w in wraps) if label not in unused]
+                + [m.label for m in methods],
                 attempts=attempts,
                 notes=[
                     f"--wrap {label}: the traced code never called it, so wrapping changed nothing" for label in unused
@@ -1362,12 +1480,18 @@ def _capture_error(
                 + "), or express the branch with torch.where or torch.cond"
             )
         elif _other_method(helper):
-            # a submodule's other method (self.block.compute(x)): leaves are kept through forward only (QA: the
-            # hint said to move code that was in a submodule already into one)
+            # a method other than forward (QA: the hint said to move code that was in a submodule already into one)
+            whole = any(attempt.error.endswith(_NOTHING_ELSE) for attempt in attempts)
             hint = (
-                f"the branch is in {helper.co_qualname}, a method other than forward, and capture keeps a "
-                f"submodule as one call only through its forward: call that code through a submodule's forward "
-                f"(then {_leaf_option()}), or express the branch with torch.where or torch.cond"
+                f"the branch is in {helper.co_qualname}, "
+                + (
+                    "which does all of the model's work (kept as one call, it would leave nothing in the graph): "
+                    "express the branch with torch.where or torch.cond, or move it into a method or submodule of "
+                    "its own"
+                    if whole
+                    else f"a method other than forward: express the branch with torch.where or torch.cond, or move "
+                    f"it into a submodule's forward (then {_leaf_option()})"
+                )
             )
         if location and re.search(r"`for \w+ in \w+:`", location):
             # `for img in images:` over an input: the model may want a list of tensors (torchvision's detection

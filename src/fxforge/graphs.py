@@ -166,6 +166,37 @@ def graph_fingerprint(graph: fx.Graph) -> list[tuple[Any, ...]]:
     return [(node, node.op, node.target, node.args, node.kwargs) for node in graph.nodes]
 
 
+class MethodCall(nn.Module):
+    """One call of a module's method other than ``forward`` (``self.gate(x)``), kept by capture as one
+    ``call_module`` node because the method's code cannot be traced (it branches on a tensor's value).
+
+    ``owner`` is the module whose method it is: a submodule of the graph or the captured model itself. It is
+    registered as a child so that moving, copying and saving the graph carry the weights the method reads; its
+    tensors are the graph's own where the graph uses them too (``parameters()`` counts each tensor once).
+    """
+
+    def __init__(self, owner: nn.Module, method: str) -> None:
+        super().__init__()
+        self.owner = owner
+        self.method = method
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.owner, self.method)(*args, **kwargs)
+
+    def extra_repr(self) -> str:
+        return f"{type(self.owner).__name__}.{self.method}"
+
+
+def called_parameters(gm: nn.Module, path: str) -> list[tuple[str, nn.Parameter]]:
+    """The parameters a call of the submodule at ``path`` is counted as reading, named: all of its own; for a
+    :class:`MethodCall`, only its owner's that no other module of ``gm`` holds (what the method reads is not known,
+    and the owner may be the whole model: each of its weights would count as read twice, in inspect and lint)."""
+    if isinstance(gm.get_submodule(path), MethodCall):
+        # named_parameters names each tensor once, by the first module holding it; MethodCalls are added last
+        return [(name, p) for name, p in gm.named_parameters() if name.startswith(f"{path}.")]
+    return list(gm.get_submodule(path).named_parameters(prefix=path))
+
+
 def runs_hooks(module: Any) -> bool:
     """Whether calling ``module`` runs hooks besides its ``forward``: a forward hook (a user's feature hook, one that
     rescales the output) or a forward pre-hook (pruning's mask, the old ``weight_norm`` and ``spectral_norm``,

@@ -32,7 +32,16 @@ from torch.utils.flop_counter import FlopCounterMode
 from fxforge import display
 from fxforge.capture import Captured, require_captured
 from fxforge.errors import FxforgeError, InputSpecError, first_line, said
-from fxforge.graphs import GraphRunner, get_attr_value, is_input_guard, module_path, submodule, target_name
+from fxforge.graphs import (
+    GraphRunner,
+    MethodCall,
+    called_parameters,
+    get_attr_value,
+    is_input_guard,
+    module_path,
+    submodule,
+    target_name,
+)
 from fxforge.runtime import (
     buffers_snapshot,
     keeps_rng_state,
@@ -437,6 +446,8 @@ def _module_param_count(gm: nn.Module, path: str) -> int:
         module = gm.get_submodule(path)
     except AttributeError:
         return -1
+    if isinstance(module, MethodCall):
+        return sum(p.numel() for _, p in called_parameters(gm, path))
     return _param_count(module)
 
 

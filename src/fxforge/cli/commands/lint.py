@@ -105,7 +105,7 @@ def command(
             warn_failed_checks(captured)
             # what capture kept as one call is not looked into: "All checks passed!" alone hid it (QA)
             record = captured.record
-            for kept, what in ((record.leaves, "submodule"), (record.wrapped, "function")):
+            for kept, what in ((record.leaves, "submodule"), (record.wrapped, "function or method")):
                 if kept:
                     stdout.print(
                         f"note: kept as one call by capture (its code cannot be traced), so not linted inside: "

@@ -6,7 +6,7 @@ from collections import Counter
 
 from torch import fx, nn
 
-from fxforge.graphs import get_attr_value, is_input_guard, reads_metadata_only
+from fxforge.graphs import called_parameters, get_attr_value, is_input_guard, reads_metadata_only
 from fxforge.lint import LintContext, rule
 
 
@@ -71,7 +71,7 @@ def check(ctx: LintContext):
     for node in ctx.graph.nodes:
         if node.op == "call_module" and not is_input_guard(node):
             prefix = str(node.target)
-            params = gm.get_submodule(prefix).named_parameters(prefix=prefix)
+            params = called_parameters(gm, prefix)
             reading = [node]
         elif node.op == "get_attr":
             try:
