@@ -227,6 +227,63 @@ def test_an_output_holding_the_users_classes_loads_in_a_new_process(tmp_path):
     subprocess.run([sys.executable, "-c", script], check=True, cwd=tmp_path)
 
 
+NO_LEAF_MODEL = """
+import collections
+import torch
+from torch import nn
+
+Out = collections.namedtuple("Out", "logits features")
+
+
+def gate(x):
+    if x.sum() > 0:  # data-dependent: wrapped as one call, named only in the graph's code
+        return x * 2
+    return x - 1
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.bn = nn.BatchNorm2d(4)
+        with torch.no_grad():
+            self.bn.running_mean.uniform_(-1, 1)
+            self.bn.running_var.uniform_(0.5, 2)
+
+    def forward(self, x):
+        y = gate(self.bn(self.conv(x)))
+        return Out(y.mean((2, 3)), y)
+"""
+
+
+def test_a_namedtuple_output_and_a_wrapped_function_alone_load_in_a_new_process(tmp_path):
+    """QA: with no leaf module of the user's file, the pickle named fxforge_user_net only inside the GraphModule's
+    code, so no source/ was written and the directory loaded nowhere else. And the package built its batch norm (not
+    folded by -p cse) in training mode: it normalised by the batch and was 0.14 off model.pt."""
+    from fxforge.cli import main
+
+    (tmp_path / "net.py").write_text(NO_LEAF_MODEL)
+    out = tmp_path / "out"
+    assert main(["optimize", f"{tmp_path / 'net.py'}:Net", "-i", "1x3x8x8", "-p", "cse", "-o", str(out)]) == 0
+    assert (out / "source" / "fxforge_user_net.py").is_file()
+    (tmp_path / "net.py").unlink()
+    script = (
+        "import sys, torch\n"
+        "x = torch.randn(2, 3, 8, 8)\n"
+        f"sys.path.insert(0, {str(out / 'source')!r})\n"
+        f"plain = torch.load({str(out / 'model.pt')!r}, weights_only=False)\n"
+        f"sys.path.insert(0, {str(out)!r})\n"
+        "from optimized_model import OptimizedModel\n"
+        "package = OptimizedModel()\n"
+        "assert not package.training and not package.bn.training\n"
+        "expected = plain(x)\n"
+        "for _ in range(2):  # a second call: nothing was updated by the first\n"
+        "    got = package(x)\n"
+        "    assert type(got).__name__ == 'Out' and torch.equal(got.features, expected.features)\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, cwd=tmp_path)
+
+
 def test_optimize_aten_dialect_writes_pt2(resnet18, tmp_path):
     captured = fxforge.capture(resnet18, X, method="export")
     result = optimize(captured, ["fold_bn"], output_dir=tmp_path / "o", verify=True)
