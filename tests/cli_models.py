@@ -59,3 +59,22 @@ def Relu() -> nn.Module:
 
 def ReluClamped() -> nn.Module:
     return nn.Sequential(nn.ReLU(), nn.Hardtanh(0.0, 0.5))
+
+
+class TakesACount(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        return self.lin(x) * n
+
+
+class SmallVocabulary(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(100, 8)
+        self.positions = nn.Embedding(512, 8)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.embed(ids) + self.positions(torch.arange(ids.shape[1]))

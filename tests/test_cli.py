@@ -72,6 +72,9 @@ def test_inspect_user_file_with_leaf(capsys):
         (["inspect", f"{TRICKY}:RootBranch", "-i", "2x8"], EXIT_CAPTURE, "cli_models.py:"),
         (["inspect", f"{TRICKY}:KeywordOnly", "-i", "2x8"], EXIT_USAGE, "forward takes x by keyword only"),
         (["inspect", f"{TRICKY}:RootNumpy", "-i", "2x8"], EXIT_CAPTURE, "RootNumpy.forward itself, which cannot"),
+        # QA: the hints asked for a shape, and for max=999 with a vocabulary of 100
+        (["inspect", f"{TRICKY}:TakesACount", "-i", "2x8"], EXIT_USAGE, "fix a constant with --concrete n=VALUE"),
+        (["inspect", f"{TRICKY}:SmallVocabulary", "-i", "1x16:int64:max=500"], EXIT_USAGE, "1x16:int64:max=99\n"),
     ],
 )
 def test_bad_input_gives_one_clear_line(capsys, args, code, needle):

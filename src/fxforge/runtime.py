@@ -18,6 +18,7 @@ import logging
 import os
 import re
 import sys
+import traceback
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -353,13 +354,25 @@ def run_reference(module: Any, args: Sequence[Any], kwargs: dict[str, Any], *oth
                 + f"fxforge.capture(model, {'(x, ...)' if _takes_positional(module) else '()'}, "
                 f"example_kwargs={{{keyword_only[0]!r}: ...}})"
             )
+        missing = re.search(r"missing \d+ required (?:positional|keyword-only) arguments?: (.+)$", str(exc))
+        if isinstance(exc, TypeError) and missing and not keyword_only:
+            # a forward argument the inputs do not give, often a number or a flag (QA: the hint asked for a shape)
+            name = re.findall(r"'(\w+)'", missing.group(1))[:1] or ["ARG"]
+            hint = f"forward also takes {name[0]}: " + said(
+                f"pass one more --input for a tensor, or fix a constant with --concrete {name[0]}=VALUE",
+                f"pass it among the inputs, or fix a constant with concrete_args={{{name[0]!r}: VALUE}}",
+            )
         out_of_range = "index out of range" in str(exc)
         if out_of_range:  # an id past an embedding's rows: the shape was not the problem
+            # below the size of the table that raised (QA: the example said max=999 for a vocabulary of 100)
+            tables = [frame.f_locals.get("self") for frame, _ in traceback.walk_tb(exc.__traceback__)]
+            rows = [table.num_embeddings for table in tables if isinstance(table, nn.Embedding)]
+            limit = rows[-1] - 1 if rows else 999
             hint = said(
                 "an integer input indexes past an embedding's rows: draw ids below its size with max=, e.g. "
-                "--input 1x16:int64:max=999",
+                f"--input 1x16:int64:max={limit}",
                 "an integer input indexes past an embedding's rows: pass ids below its size, e.g. "
-                "fxforge.prepare(model, '1x16:int64:max=999')",
+                f"fxforge.prepare(model, '1x16:int64:max={limit}')",
             )
         where = user_location(exc)
         if raised_in_user_code(exc):
