@@ -567,6 +567,26 @@ def test_passes_without_the_fx_backend_are_refused_in_python_too(mlp):
     assert bench(mlp, ["eager", "fx"], passes=["fold_bn"], repeats=1, warmup=1, peak=False).rows[1].ok
 
 
+def test_passes_that_need_options_get_them_as_optimize_takes_them(mlp):
+    """QA: a pass that needs options failed its fx row with "e.g. --option replace_modules.mapping=...", an option
+    bench did not have. It takes them now, as optimize does; options without passes, or for another pass, are
+    refused before any work."""
+    report = bench(
+        mlp,
+        ["eager", "fx"],
+        passes=["replace_modules"],
+        pass_options=["replace_modules.mapping={ReLU: ReLU6}"],
+        repeats=1,
+        warmup=1,
+        peak=False,
+    )
+    assert report.rows[1].ok and "passes that changed the graph: replace_modules" in report.rows[1].notes
+    with pytest.raises(FxforgeError, match="applies to passes"):
+        bench(mlp, ["fx"], pass_options={"replace_modules": {"mapping": {"ReLU": "ReLU6"}}}, repeats=1, warmup=1)
+    with pytest.raises(FxforgeError, match="names pass 'fold_bn', which is not in the pipeline"):
+        bench(mlp, ["fx"], passes=["dead_code"], pass_options=["fold_bn.x=1"], repeats=1, warmup=1)
+
+
 def test_lint_reports_take_never_as_the_cli_does():
     import fxforge
 

@@ -87,7 +87,7 @@ from fxforge.inspect import count_flops
 from fxforge.machine import Load, Peak, bf16_unavailable, cached_peak, current_load, describe, peak_dict
 from fxforge.models import load_model
 from fxforge.passes import copy_graph_module, exact_passes
-from fxforge.pipeline import Pipeline
+from fxforge.pipeline import Pipeline, build_pipeline
 from fxforge.plugins import BACKENDS_GROUP, load_group
 from fxforge.quantize import DEFAULT_RANDOM_BATCHES, frozen_torchscript, int8_backend, load_calibration
 from fxforge.quantize.ort import quantize_onnx
@@ -125,7 +125,7 @@ class BuildSettings:
     threads: int
     workdir: Path  # a private temporary directory for exported files
     output_like: Any  # eager's output on the bench inputs (ONNX Runtime restores its structure)
-    passes: Sequence[str] | None = None  # for "fx": passes to run (None: the exact passes)
+    passes: Sequence[Any] | None = None  # for "fx": pass names or steps to run (None: the exact passes)
     calibration: Any = None  # for "int8", "ort_int8": calibration data as fxforge.quantize takes it (None: random)
     # for "int8+fallback": the accuracy target of quantize's keep_float_until (None: INT8_FALLBACK_TARGET)
     keep_float_until: Any = None
@@ -908,12 +908,14 @@ def bench(
     passes: Sequence[str] | None = None,
     progress: ProgressHook | None = None,
     peak: bool = True,
+    pass_options: Mapping[str, Mapping[str, Any]] | Sequence[str] = (),
 ) -> BenchReport:
     """Time ``captured`` on ``backends`` (names or :class:`Backend` objects; default: all registered).
 
     ``batches``: batch sizes to run (default: the example inputs'). ``threads``: intra-op threads for
     torch and ONNX Runtime (default: torch's current setting). ``passes``: for the ``fx`` backend
-    (default: the exact passes). A backend that fails to build or run gives a row with its ``error``;
+    (default: the exact passes), with ``pass_options`` as ``optimize`` takes them (``{pass: {option: value}}`` or
+    ``PASS.KEY=VALUE`` strings). A backend that fails to build or run gives a row with its ``error``;
     the others are still measured. ``peak``: measure the machine's matmul peak (once per process, about 2 s)
     and give each row its fraction of it. See the module docstring for what is measured and how.
     """
@@ -952,8 +954,10 @@ def bench(
     if passes is not None:
         # an unknown pass is the caller's mistake (exit 2), not a row that failed to build -- nor, without the
         # fx backend, nothing at all
-        Pipeline(passes, lint_between=False)
+        passes = build_pipeline(passes, pass_options).steps if passes or pass_options else []
         refuse_passes_without_fx(chosen)
+    elif pass_options:
+        raise FxforgeError(f"{option('--option', python='pass_options')} applies to {option('--passes')}")
     example_batch = captured.example_inputs[0].shape[0] if captured.example_inputs[0].dim() else 1
     batches = list(batches or [example_batch])
     threads = threads or torch.get_num_threads()
@@ -1007,7 +1011,7 @@ class _Plan:
     threads: int
     warmup: int
     repeats: int
-    passes: Sequence[str] | None
+    passes: Sequence[Any] | None
     workdir: Path
     counter: _Progress
     peak: Peak | None = None

@@ -31,6 +31,9 @@ Backends: fxforge bench --list-backends (default: every one this machine runs fa
 @click.option("--repeats", default=20, show_default=True, type=click.IntRange(min=1), help="Timed calls per backend.")
 @click.option("--passes", "-p", "pass_names", default=None, metavar="NAMES", help="Passes for the fx backend.")
 @click.option(
+    "--option", "pass_options", multiple=True, metavar="PASS.KEY=VALUE", help="Option for one of --passes."
+)
+@click.option(
     "--artifact",
     "artifacts",
     multiple=True,
@@ -47,6 +50,7 @@ def command(
     warmup: int,
     repeats: int,
     pass_names: str | None,
+    pass_options: tuple[str, ...],
     artifacts: tuple[str, ...],
     list_backends: bool,
 ) -> None:
@@ -55,7 +59,7 @@ def command(
 
     from fxforge.bench import all_backends, artifact_backend, bench, get_backend, refuse_passes_without_fx
     from fxforge.cli.render import render_backends, render_bench, render_plugin_failures
-    from fxforge.pipeline import Pipeline
+    from fxforge.pipeline import build_pipeline
     from fxforge.plugins import BACKENDS_GROUP, failures
 
     if list_backends:
@@ -71,7 +75,12 @@ def command(
         raise FxforgeError("bench needs a MODEL", hint="e.g. fxforge bench torchvision:resnet18")
     chosen = [get_backend(name) for name in split(backends)]  # an unknown name fails before the model is loaded
     if pass_names is not None:
-        Pipeline(split(pass_names), lint_between=False)  # an unknown pass: named before anything else
+        build_pipeline(split(pass_names), pass_options)  # an unknown pass or option: named before anything else
+    elif pass_options:
+        raise FxforgeError(
+            "--option applies to --passes",
+            hint="e.g. -p replace_modules --option replace_modules.mapping='{ReLU: ReLU6}'",
+        )
     if pass_names is not None and chosen:
         refuse_passes_without_fx(chosen)  # before the model loads; bench() checks it again for Python callers
     try:
@@ -108,6 +117,7 @@ def command(
             seed=opts.seed,
             passes=None if pass_names is None else split(pass_names),
             progress=advance,
+            pass_options=pass_options,
         )
     if opts.as_json:
         emit_json({"model": opts.model, **report.to_dict()})
