@@ -753,6 +753,23 @@ def test_a_branch_in_a_helper_called_through_its_module_names_the_wrap_that_work
     assert captured.record.wrapped == ["helpers.py:gate"]
 
 
+def test_wrapping_a_decorated_function_is_reported_as_wrapped(tmp_path, monkeypatch):
+    """QA: --wrap of a function decorated with functools.wraps captured it as one call, yet the record listed no
+    wrap and the note said "the traced code never called it, so wrapping changed nothing"."""
+    from fxforge.api import prepare
+
+    (tmp_path / "net.py").write_text(
+        "import functools\nfrom torch import nn\n"
+        "def deco(f):\n    @functools.wraps(f)\n    def w(*a, **k):\n        return f(*a, **k)\n    return w\n"
+        "@deco\ndef gate(x):\n    if x.sum() > 0:\n        return x * 2\n    return x - 1\n"
+        "class Net(nn.Module):\n    def forward(self, x):\n        return gate(x) + 1\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    captured = prepare("net.py:Net", ["2x4"], wrap=["net.py:gate"], method="symbolic_trace")
+    assert captured.record.wrapped == ["net.py:gate"]
+    assert not [note for note in captured.record.notes if "changed nothing" in note]
+
+
 class _ComputeBlock(torch.nn.Module):
     def __init__(self):
         super().__init__()
