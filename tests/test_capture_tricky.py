@@ -4,7 +4,6 @@ how) or fails with a CaptureError that names the user's source line."""
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -898,23 +897,3 @@ def test_a_name_torch_fx_cannot_write_into_code_is_refused_by_name(name):
     model = torch.nn.Sequential()
     model.add_module("<it's & fine>", torch.nn.Linear(2, 2))  # quoted the other way, escaped: captured
     assert capture(model, (torch.randn(1, 2),)).record.method == SYMBOLIC_TRACE
-
-
-class _ScriptedInside(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # torch.jit.script is deprecated: the user's choice here
-            self.s = torch.jit.script(torch.nn.Linear(8, 8))
-        self.l = torch.nn.Linear(8, 8)
-
-    def forward(self, x):
-        return self.l(self.s(x))
-
-
-def test_a_submodule_compiled_with_torch_jit_script_is_refused_by_name():
-    """QA: tracing read the scripted submodule's C++ object and called its forward: inspect counted its weights as 0
-    and model.pt could not be saved; torch.export failed inside it. One line names it instead."""
-    with pytest.raises(CaptureError, match="its submodule s is compiled TorchScript") as info:
-        capture(_ScriptedInside().eval(), (torch.randn(2, 8),))
-    assert "as the nn.Module it was scripted from" in info.value.hint

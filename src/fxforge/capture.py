@@ -905,22 +905,6 @@ def _refuse_compiled_forms(model: nn.Module, pickle_passed_over: str | None = No
     raise CaptureError(f"cannot capture {kind} as an fx graph: it has no Python code to trace", hint=hint)
 
 
-def _refuse_scripted_submodules(model: nn.Module) -> None:
-    """A submodule compiled with ``torch.jit.script`` has no Python forward either: symbolic tracing recorded a read
-    of its C++ object and a call of that object's method, which no count, pass or file understood (QA: its weights
-    counted 0, model.pt could not be saved), and torch.export failed inside it naming no such thing."""
-    scripted = next(
-        (name for name, m in model.named_modules() if name and isinstance(m, torch.jit.ScriptModule)), None
-    )
-    if scripted is not None:
-        raise CaptureError(
-            f"cannot capture {type(model).__name__}: its submodule {scripted} is compiled TorchScript "
-            "(torch.jit.script), which has no Python code to trace",
-            hint=f"build the model with {scripted} as the nn.Module it was scripted from (script the whole model "
-            "afterwards, if at all: fxforge export --to torchscript --script)",
-        )
-
-
 # torch.fx writes each attribute path into Python source between double quotes, unescaped: a name holding one of
 # these made torch's generated code a SyntaxError (or an AttributeError for a backslash) that escaped capture bare (QA)
 _UNWRITABLE_IN_NAMES = ('"', "\\", "\n", "\r")
@@ -1008,7 +992,6 @@ def capture(
             hint="put a function in a module's forward, or name a model spec with fxforge.prepare",
         )
     _refuse_compiled_forms(model, passed_over)
-    _refuse_scripted_submodules(model)
     _refuse_unwritable_names(model)
     compiled_recipe = isinstance(model, CompiledModule)
     if compiled_recipe:
