@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
 import fxforge
 from fxforge.capture import capture
@@ -423,3 +425,23 @@ def test_a_tied_weight_counts_once_in_a_loaded_program(tmp_path):
     loaded = load_model(str(tmp_path / "tied.pt2"))
     for captured in (capture(model, (ids,)), capture(loaded, (ids,))):
         assert inspect_graph(captured).totals["params"] == 160
+
+
+class _WithScriptedLinear(nn.Module):
+    def __init__(self):
+        super().__init__()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch.jit.script is deprecated: the user's choice here
+            self.s = torch.jit.script(nn.Linear(8, 8))
+        self.l = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.l(self.s(x))
+
+
+def test_a_scripted_submodules_weights_are_counted():
+    """QA: tracing reads a torch.jit.script submodule as its C++ object (get_attr s._c): its 72 weights counted 0, in
+    its row and in the total."""
+    report = inspect_graph(fxforge.capture(_WithScriptedLinear().eval(), (torch.randn(2, 8),)))
+    rows = {m.path: m.params for m in report.modules}
+    assert rows["s"] == 72 and rows["l"] == 72 and report.totals["params"] == 144

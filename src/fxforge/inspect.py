@@ -125,12 +125,21 @@ def _dtype_name(tensor: torch.Tensor) -> str:
     return str(tensor.dtype).removeprefix("torch.")
 
 
+def _scripted_parameters(value: torch._C.ScriptModule) -> list[torch.Tensor]:
+    """The parameters of a submodule compiled with ``torch.jit.script``, which tracing reads as its C++ object
+    (``get_attr s._c``, then a call of that object's forward): its weights are in the object, not in the graph's
+    modules (QA: inspect counted them as 0, in the module's row and in the model's total)."""
+    return list(torch.jit._recursive.wrap_cpp_module(value).parameters())
+
+
 def _node_params(gm: nn.Module, node: fx.Node) -> int:
     if node.op == "call_module":
         module = submodule(gm, node)
         return _param_count(module) if module is not None else 0
     if node.op == "get_attr":
         value = get_attr_value(gm, str(node.target))
+        if isinstance(value, torch._C.ScriptModule):
+            return sum(p.numel() for p in _scripted_parameters(value))
         return value.numel() if isinstance(value, nn.Parameter) else 0
     return 0
 
@@ -401,6 +410,10 @@ def inspect_graph(
         summary.type = _quantized_type_name(gm, path) or summary.type
 
     unique_params = {_storage_key(p): p for p in gm.parameters()}
+    for node in gm.graph.nodes:
+        value = get_attr_value(gm, str(node.target)) if node.op == "get_attr" else None
+        if isinstance(value, torch._C.ScriptModule):
+            unique_params.update({_storage_key(p): p for p in _scripted_parameters(value)})
     unique_params.update({_storage_key(t): t for module in gm.modules() for t in int8_weights(module)})
     total_params = sum(p.numel() for p in unique_params.values())
     total_flops = sum(n.flops for n in nodes)
@@ -448,6 +461,9 @@ def _module_param_count(gm: nn.Module, path: str) -> int:
         return -1
     if isinstance(module, MethodCall):
         return sum(p.numel() for _, p in called_parameters(gm, path))
+    scripted = vars(module).get("_c")
+    if isinstance(scripted, torch._C.ScriptModule):  # the holder tracing made for a scripted submodule's object
+        return sum(p.numel() for p in _scripted_parameters(scripted))
     return _param_count(module)
 
 
