@@ -75,7 +75,8 @@ def _plain(cell: Any) -> str:
 
 def render_capture(console: Console, spec: str, capture: dict[str, Any]) -> None:
     leaves = ", ".join(capture["leaves"]) or "none"
-    line = f"[bold]{escape(spec)}[/]  captured by [green]{capture['method']}[/] ({capture['dialect']} dialect)"
+    how = "loaded as a graph" if capture["method"] == "loaded" else f"captured by [green]{capture['method']}[/]"
+    line = f"[bold]{escape(spec)}[/]  {how} ({capture['dialect']} dialect)"  # a saved graph is not captured (QA)
     console.print(line)
     if capture["leaves"] or capture["wrapped"]:
         console.print(f"  leaves: {leaves}; wrapped: {', '.join(capture['wrapped']) or 'none'}")
