@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import warnings
@@ -445,3 +446,25 @@ def test_a_scripted_submodules_weights_are_counted():
     report = inspect_graph(fxforge.capture(_WithScriptedLinear().eval(), (torch.randn(2, 8),)))
     rows = {m.path: m.params for m in report.modules}
     assert rows["s"] == 72 and rows["l"] == 72 and report.totals["params"] == 144
+
+
+class _NamedOutput(nn.Module):
+    Out = collections.namedtuple("Out", "logits features")
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.lin(x)
+        return self.Out(y.relu(), y)
+
+
+def test_a_namedtuple_output_adds_no_activation_bytes_of_its_own():
+    """QA: the node building the namedtuple counted the bytes of the two tensors it holds, already counted at the
+    nodes that made them (the total read 256 B for two 2x8 float32 tensors)."""
+    report = inspect_graph(fxforge.capture(_NamedOutput().eval(), (torch.randn(2, 8),)))
+    by_name = {n.name: n.activation_bytes for n in report.nodes}
+    built = [n for n in report.nodes if n.op == "call_function" and "Out" in n.target]
+    assert len(built) == 1 and built[0].activation_bytes == 0
+    assert report.totals["activation_bytes"] == by_name["lin"] + by_name["relu"] == 2 * 64

@@ -389,6 +389,8 @@ def inspect_graph(
             nbytes = 0  # the output node only forwards values computed elsewhere
         elif node.op == "get_attr":
             nbytes = 0  # a weight or constant the model holds, counted in param_bytes: no activation
+        elif node.op == "call_function" and isinstance(node.target, type) and issubclass(node.target, tuple):
+            nbytes = 0  # a namedtuple built of tensors other nodes made and counted (QA: counted twice)
         info = NodeInfo(node.name, node.op, target_name(node), module_path(node), shape, dtype, params, flops, nbytes)
         info.quant = quant_kind(gm, node) or ""
         info.flops_unknown = profiler.unknown.get(node, [])
