@@ -20,7 +20,7 @@ from fxforge.graphs import ATEN
 from fxforge.inputs import InputSpec, make_inputs, parse_input_spec
 from fxforge.models import LoadedModel, load_model
 from fxforge.references import import_function
-from fxforge.runtime import unprovided_defaults, with_constant_kwargs
+from fxforge.runtime import run_reference, unprovided_defaults, with_constant_kwargs
 from fxforge.split import load_stages_in_order
 from fxforge.verify import DEFAULT_CASES, VerifyResult, verify
 
@@ -111,7 +111,7 @@ def prepare(
         captured.record.model_args = model_args_text(model_kwargs)
         return captured
     except InputSpecError as exc:
-        if inputs and loaded.default_inputs and specs != loaded.default_inputs:
+        if inputs and loaded.default_inputs and specs != loaded.default_inputs and _runs_on(loaded, seed, device):
             # Better than a generic example: the shape this model is known to take.
             defaults = said(
                 " ".join(f"--input {spec}" for spec in loaded.default_inputs),
@@ -120,6 +120,17 @@ def prepare(
             leave_out = option("--input", python="inputs")
             exc.hint = f"{loaded.spec} takes {defaults} by default (leave out {leave_out} to use it)"
         raise
+
+
+def _runs_on(loaded: LoadedModel, seed: int, device: str | None) -> bool:
+    """Whether the model runs on its own default inputs: only then are they worth suggesting (QA: the hint named
+    defaults that failed the same way)."""
+    try:
+        with torch.no_grad():
+            run_reference(loaded.module, make_inputs(loaded.default_inputs, seed=seed, device=device or "cpu"), {})
+    except Exception:
+        return False
+    return True
 
 
 def _example_tensors(inputs: Any) -> tuple[torch.Tensor, ...] | None:

@@ -362,12 +362,19 @@ def run_reference(module: Any, args: Sequence[Any], kwargs: dict[str, Any], *oth
                 f"pass one more --input for a tensor, or fix a constant with --concrete {name[0]}=VALUE",
                 f"pass it among the inputs, or fix a constant with concrete_args={{{name[0]!r}: VALUE}}",
             )
+        # ids below the size of the embedding that raised (QA: the example said max=999 for a vocabulary of 100)
+        tables = [frame.f_locals.get("self") for frame, _ in traceback.walk_tb(exc.__traceback__)]
+        rows = [table.num_embeddings for table in tables if isinstance(table, nn.Embedding)]
+        limit = rows[-1] - 1 if rows else 999
+        if "'indices' to have one of the following scalar types" in str(exc):
+            # a float input where the model indexes an embedding (QA: the hint asked for 1x3x224x224)
+            hint = said(
+                f"the model takes integer ids: give the input an integer dtype, e.g. --input 1x16:int64:max={limit}",
+                f"the model takes integer ids: pass an integer tensor, e.g. fxforge.prepare(model, "
+                f"'1x16:int64:max={limit}')",
+            )
         out_of_range = "index out of range" in str(exc)
         if out_of_range:  # an id past an embedding's rows: the shape was not the problem
-            # below the size of the table that raised (QA: the example said max=999 for a vocabulary of 100)
-            tables = [frame.f_locals.get("self") for frame, _ in traceback.walk_tb(exc.__traceback__)]
-            rows = [table.num_embeddings for table in tables if isinstance(table, nn.Embedding)]
-            limit = rows[-1] - 1 if rows else 999
             hint = said(
                 "an integer input indexes past an embedding's rows: draw ids below its size with max=, e.g. "
                 f"--input 1x16:int64:max={limit}",
