@@ -212,7 +212,7 @@ def verify_specs(
         fixed = dict(concrete_args)
         _refuse_unknown_arguments(ref_loaded.module, fixed, ref_loaded.spec)
         ref_loaded.module = with_constant_kwargs(ref_loaded.module, fixed)
-        if set(fixed) <= _forward_parameters(cand_loaded.module):
+        if set(fixed) <= set(_forward_parameters(cand_loaded.module)):
             cand_loaded.module = with_constant_kwargs(cand_loaded.module, fixed)
     # The candidate's own example shapes first: a saved program or an output directory records what it was built
     # (and possibly specialised) for; then the reference's defaults.
@@ -297,25 +297,26 @@ def _wrapped_functions(wrap: Iterable[str | Callable[..., Any]]) -> list[Callabl
     return [f if callable(f) else import_function(f, what=what, error=FxforgeError) for f in wrap]
 
 
-def _forward_parameters(module: Any) -> set[str]:
-    """The names ``module``'s forward takes as keywords (none for ``forward(*args)``, an ONNX or exported file)."""
+def _forward_parameters(module: Any) -> list[str]:
+    """The names ``module``'s forward takes as keywords, in its signature's order (none for ``forward(*args)``, an
+    ONNX or exported file)."""
     try:
         parameters = pyinspect.signature(module.forward).parameters.values()
     except (TypeError, ValueError, AttributeError):
-        return set()
-    return {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        return []
+    return [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
 
 
 def _refuse_unknown_arguments(module: Any, fixed: Mapping[str, Any], spec: str) -> None:
     with contextlib.suppress(TypeError, ValueError, AttributeError):
         if any(p.kind == p.VAR_KEYWORD for p in pyinspect.signature(module.forward).parameters.values()):
             return  # forward(**kwargs) takes any name
-    unknown = sorted(set(fixed) - _forward_parameters(module))
+    unknown = sorted(set(fixed) - set(_forward_parameters(module)))
     if unknown:
         raise InputSpecError(
             f"{said('--concrete ' + unknown[0], f'concrete_args {unknown[0]!r}')}: {spec}'s forward has no "
             f"argument {unknown[0]!r}",
-            hint=f"its forward takes {', '.join(sorted(_forward_parameters(module))) or 'no named arguments'}",
+            hint=f"its forward takes {', '.join(_forward_parameters(module)) or 'no named arguments'}",
         )
 
 
