@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import torch
+import torchvision
 
 from fxforge.capture import EXPORT, LOADED, SYMBOLIC_TRACE, Captured, capture
 from fxforge.errors import CaptureError, FxforgeError, InputSpecError
@@ -897,3 +898,21 @@ def test_a_name_torch_fx_cannot_write_into_code_is_refused_by_name(name):
     model = torch.nn.Sequential()
     model.add_module("<it's & fine>", torch.nn.Linear(2, 2))  # quoted the other way, escaped: captured
     assert capture(model, (torch.randn(1, 2),)).record.method == SYMBOLIC_TRACE
+
+
+class _CallsNms(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        boxes = self.lin(x).abs().cumsum(-1)
+        keep = torchvision.ops.nms(boxes, boxes.sum(-1), 0.5)  # MARK:nms-call
+        return boxes[keep]
+
+
+def test_a_failure_inside_an_installed_package_names_the_users_call_too():
+    """QA: the attempt named torchvision's line (ops/boxes.py) only, not the user's call of nms."""
+    captured = capture(_CallsNms().eval(), (torch.randn(6, 8),))
+    location = captured.record.attempts[0].location
+    assert "torchvision" in location and "(called from " in location and "MARK:nms-call" in location

@@ -55,6 +55,7 @@ from fxforge.errors import (
     is_user_file,
     one_line_reason,
     option,
+    own_call_site,
     said,
     user_code,
     user_location,
@@ -1210,6 +1211,9 @@ def _capture_module(
                 trace_error = exc
                 culprit = _find_culprit(exc, model, module_names, leaf_names, wraps, methods)
                 location = exc.location if isinstance(exc, BufferWriteError) else user_location(exc)
+                called_from = own_call_site(exc)
+                if location and called_from:  # a line of torchvision's: the user's own call names where (QA)
+                    location += f" (called from {called_from})"
                 reason = one_line_reason(exc)
                 if "co_varnames is too small" in reason:  # torch.fx's words for it say nothing to a user
                     reason += " (its forward takes **kwargs, as in transformers)"

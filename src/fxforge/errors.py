@@ -275,6 +275,24 @@ def user_location(exc: BaseException) -> str | None:
     return None
 
 
+def own_call_site(exc: BaseException) -> str | None:
+    """Where ``exc`` was raised inside an installed package's model code (torchvision's ``nms``, a timm layer):
+    ``file:line `source``` of the innermost frame of the user's *own* code that called into it (a file outside
+    the installed packages), which :func:`user_location` passes over for the package's line; else None."""
+    frames = [(frame.f_code.co_filename, lineno) for frame, lineno in traceback.walk_tb(exc.__traceback__)]
+    innermost = next((i for i in range(len(frames) - 1, -1, -1) if is_user_file(frames[i][0])), None)
+    if innermost is None or not frames[innermost][0].startswith(_SITE_PACKAGES):
+        return None
+    # outwards through the model's own call only: torch's or fxforge's frame ends it (a script calling
+    # fxforge.capture is no caller of the model's code)
+    for filename, lineno in reversed(frames[:innermost]):
+        if not is_user_file(filename):
+            return None
+        if not filename.startswith(_SITE_PACKAGES):
+            return format_location(filename, lineno)
+    return None
+
+
 def raised_in_user_code(exc: BaseException) -> str | None:
     """``file:line `source``` where ``exc`` was raised, when that is the user's own code (a ``raise`` or
     ``sys.exit`` in their forward, a recursion), not a library it called; else None."""
