@@ -916,3 +916,37 @@ def test_a_failure_inside_an_installed_package_names_the_users_call_too():
     captured = capture(_CallsNms().eval(), (torch.randn(6, 8),))
     location = captured.record.attempts[0].location
     assert "torchvision" in location and "(called from " in location and "MARK:nms-call" in location
+
+
+class _FeaturesBranchOnShape(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.big, self.big2, self.head = torch.nn.Linear(8, 64), torch.nn.Linear(64, 8), torch.nn.Linear(8, 2)
+
+    def features(self, x):
+        if x.shape[0] > 1:  # a shape: torch.export records the branch
+            x = x * 2
+        return self.big2(self.big(x).relu())
+
+    def forward(self, x):
+        return self.head(self.features(x))
+
+
+class _FeaturesBranchOnValue(_FeaturesBranchOnShape):
+    def features(self, x):
+        if x.sum() > 0:  # a value: torch.export cannot
+            x = x * 2
+        return self.big2(self.big(x).relu())
+
+
+def test_a_method_hiding_most_weights_lets_torch_export_try_first():
+    """Kept as one call, a method holding most of the weights hides most of the model: torch.export, which records a
+    branch on a shape, captures all of it; where it cannot (a branch on a value), the trace with the method kept
+    as one call stands."""
+    on_shape = capture(_FeaturesBranchOnShape().eval(), (torch.randn(2, 8),))
+    assert on_shape.record.method == EXPORT and on_shape.record.ok
+    assert "hides most of the weights: torch.export first" in on_shape.record.attempts[1].error
+    on_value = capture(_FeaturesBranchOnValue().eval(), (torch.randn(2, 8),))
+    assert on_value.record.method == SYMBOLIC_TRACE and on_value.record.ok
+    assert on_value.record.wrapped == ["_FeaturesBranchOnValue.features"]
+    assert [a.strategy for a in on_value.record.attempts] == [SYMBOLIC_TRACE, SYMBOLIC_TRACE, EXPORT]

@@ -65,6 +65,7 @@ from fxforge.graphs import (
     TORCH,
     MethodCall,
     MutableArguments,
+    called_parameters,
     dialect_of,
     draws_random_numbers,
     outside_torch,
@@ -1201,6 +1202,7 @@ def _capture_module(
     trace_error: BaseException | None = None
     trace_mismatch: OutputCheck | None = None  # the traced graph's failed check, where it ran and differed
     methods: list[_MethodWrap] = []
+    deferred: Captured | None = None  # a trace that keeps methods as calls hiding most weights: if export fails
 
     if method in ("auto", SYMBOLIC_TRACE):
         for _ in range(max_retries):
@@ -1268,6 +1270,15 @@ def _capture_module(
                 ),
             )
             captured = Captured(gm, model, inputs, record, kwargs)
+            if methods and method == "auto" and _hides_most_weights(gm):
+                # torch.export may capture what the kept methods hide (a branch on a shape, which it records): it
+                # goes first, and this trace stands where it fails
+                deferred = captured
+                kept = ", ".join(m.label for m in methods)
+                attempts.append(
+                    Attempt(SYMBOLIC_TRACE, f"keeping {kept} as one call hides most of the weights: torch.export first")
+                )
+                break
             if not can_check:
                 return captured
             if _check(captured, reference, check_batch) or method == SYMBOLIC_TRACE:
@@ -1300,6 +1311,8 @@ def _capture_module(
                     program = export_program_any_batch(model, inputs, kwargs)
         except Exception as exc:
             attempts.append(Attempt(EXPORT, one_line_reason(exc), user_location(exc)))
+            if deferred is not None and _passes(deferred, can_check, reference, check_batch, state_writes):
+                return deferred
             raise _capture_error(model, attempts, trace_error, exc) from None
         notes = [
             f"--wrap {label}: torch.export traced through it (wrapping is for symbolic tracing)"
@@ -1315,9 +1328,35 @@ def _capture_module(
         if passed:
             _check_second_call(captured, state_writes)
         elif method == "auto" and not captured.record.checks[0].ok:
+            if deferred is not None and _passes(deferred, can_check, reference, check_batch, state_writes):
+                return deferred
             raise _both_graphs_differ(model, captured.record.checks[0], trace_mismatch, attempts)
         return captured
     raise _capture_error(model, attempts, trace_error, None)
+
+
+def _hides_most_weights(gm: fx.GraphModule) -> bool:
+    """Whether the methods kept as one call (:class:`~fxforge.graphs.MethodCall`) hold most of ``gm``'s weights."""
+    total = sum(p.numel() for p in gm.parameters())
+    hidden = sum(
+        p.numel()
+        for node in gm.graph.nodes
+        if node.op == "call_module" and isinstance(submodule(gm, node), MethodCall)
+        for _, p in called_parameters(gm, str(node.target))
+    )
+    return hidden * 2 > total > 0
+
+
+def _passes(
+    captured: Captured, can_check: bool, reference: Any, check_batch: int | None, writes: Sequence[_StateWrite]
+) -> bool:
+    """Whether a deferred trace (one torch.export could not better) computes the model's outputs, as checked."""
+    if not can_check:
+        return True
+    if not _check(captured, reference, check_batch):
+        return False
+    _check_second_call(captured, writes)
+    return True
 
 
 def _for_the_example_batch(captured: Captured, reference: Any, check_batch: int) -> tuple[Captured, bool] | None:
