@@ -910,7 +910,10 @@ class Verifier:
         they are and every operation's floating-point result perturbed so: the same computation, rounded
         differently. None where it cannot run."""
         case = self.cases[index]
-        generator = torch.Generator().manual_seed((case.seed * PERTURBED_RUNS + draw) * 2 + every_op)
+        # a stride of the larger run count: with PERTURBED_RUNS (3) as stride, the every-operation draws 3-5 of one
+        # case were draws 0-2 of the next case's seed, and the two cases' spreads were not independent
+        stride = max(PERTURBED_RUNS, EVERY_OP_RUNS)
+        generator = torch.Generator().manual_seed((case.seed * stride + draw) * 2 + every_op)
         try:
             if every_op:
                 # the model's call alone runs perturbed: run_isolated's copies of the inputs and snapshot of the
