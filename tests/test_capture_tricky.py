@@ -950,3 +950,48 @@ def test_a_method_hiding_most_weights_lets_torch_export_try_first():
     assert on_value.record.method == SYMBOLIC_TRACE and on_value.record.ok
     assert on_value.record.wrapped == ["_FeaturesBranchOnValue.features"]
     assert [a.strategy for a in on_value.record.attempts] == [SYMBOLIC_TRACE, SYMBOLIC_TRACE, EXPORT]
+
+
+class _GateBase(torch.nn.Module):
+    def gate(self, x):
+        if x.mean() > 0:
+            return x * 2
+        return -x
+
+
+class _GateOverridden(_GateBase):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv1d(2, 2, 1)
+        self.bn = torch.nn.BatchNorm1d(2)
+        self.only_the_method_reads = torch.nn.Parameter(torch.ones(4))
+
+    @torch.no_grad()
+    def gate(self, x):  # decorated, and calling the base class's: the branch is in _GateBase.gate
+        return super().gate(x) * self.only_the_method_reads
+
+    def forward(self, x):
+        return self.gate(self.bn(self.conv(x)))
+
+
+def test_a_kept_method_runs_on_a_shell_of_the_model_not_the_model_itself():
+    """QA: the MethodCall held the user's model itself, so gm.train() set the model's mode, and after fold_bn the
+    old conv and bn counted (and saved) again through it. It holds a shell: the graph's modules by plain reference,
+    only what the method alone can read registered. A decorated method whose branch is in super()'s is kept too."""
+    from fxforge.inspect import inspect_graph
+    from fxforge.passes import apply_pass
+
+    model = _GateOverridden().eval()
+    captured = capture(model, (torch.randn(3, 2, 4),))
+    assert captured.record.wrapped == ["_GateOverridden.gate"]
+    gm = captured.graph_module
+    gm.train()
+    assert not model.training  # the model's own flag; its submodules are the graph's, shared as after any capture
+    gm.eval()
+    own = sum(p.numel() for p in model.parameters())
+    assert sum(p.numel() for p in gm.parameters()) == own  # each weight once; the method's own one included
+    folded = apply_pass(gm, "fold_bn").graph_module
+    assert inspect_graph(capture(folded, (torch.randn(3, 2, 4),))).totals["params"] == own - 4  # bn's 2+2 gone
+    for sign in (1.0, -1.0):
+        x = sign * (torch.rand(3, 2, 4) + 0.1)
+        torch.testing.assert_close(folded(x), model(x))

@@ -1079,3 +1079,31 @@ def test_a_shared_layer_named_to_stay_float_stays_float_at_every_call():
         warnings.simplefilter("ignore", RandomCalibrationWarning)
         result = quantize(captured, "static", calibration="random:2", float_layers=["conv"])
     assert set(result.float_layers) >= {"conv", "conv_call2"} and result.quantized_layers == []
+
+
+class _RecursesInAMethod(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.pre, self.post = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def halve(self, x, depth):
+        if depth == 0 or x.abs().sum() < 1e-3:  # a branch on a value: the method is kept as one call
+            return x
+        return self.halve(x * 0.5, depth - 1)
+
+    def forward(self, x):
+        return self.post(self.halve(self.pre(x), 3))
+
+
+def test_a_model_whose_own_method_is_kept_as_one_call_quantizes_and_saves(tmp_path):
+    """QA: with the whole model registered under the MethodCall, torch's fuse step named post by its second path and
+    failed (KeyError: 'post'); then the float layers the call's owner keeps carried prepare's unpicklable qconfigs."""
+    model = _RecursesInAMethod().eval()
+    captured = fxforge.capture(model, (torch.randn(4, 8),))
+    assert captured.record.wrapped == ["_RecursesInAMethod.halve"]
+    result = quantize(captured, "static", calibration="random:4", output_dir=tmp_path / "q")
+    assert result.quantized_layers == ["pre", "post"]
+    saved = torch.load(tmp_path / "q" / "model.pt", weights_only=False)
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(saved(x), result.model(x), rtol=0, atol=0)
+    assert (saved(x) - model(x)).abs().max() < 0.1  # int8 of two 8x8 layers: close to float, not equal

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import copy
 import dataclasses
 import difflib
 import functools
@@ -479,11 +480,36 @@ def _methods_as_modules(gm: fx.GraphModule, model: nn.Module, stand_ins: Mapping
         if wrap not in names:
             base = "_".join(filter(None, (wrap.owner.replace(".", "_"), wrap.method, "method")))
             name = next(f"{base}{k or ''}" for k in itertools.count() if not hasattr(gm, f"{base}{k or ''}"))
-            gm.add_submodule(name, MethodCall(model.get_submodule(wrap.owner), wrap.method))
+            owner = model.get_submodule(wrap.owner)
+            held = {id(module) for module in gm.modules()}
+            if id(owner) in held:
+                call = MethodCall(owner, wrap.method, registered=False)
+            else:
+                call = MethodCall(_shell(owner, held), wrap.method)
+            gm.add_submodule(name, call)
             names[wrap] = name
         node.op, node.target = "call_module", names[wrap]
     if names:
         gm.recompile()
+
+
+def _shell(module: nn.Module, held: set[int]) -> nn.Module:
+    """A copy of the instance ``module`` for a :class:`~fxforge.graphs.MethodCall` to call its method on: its own
+    dicts are new, its tensors and other values shared; a submodule the graph holds (``held``: ids) is a plain
+    attribute, so that it has one name (the graph's), and one holding such a submodule is a shell in turn. Its
+    other submodules and its own weights, which only the method can read, stay registered."""
+    shell = type(module).__new__(type(module))
+    state = {key: copy.copy(value) if isinstance(value, (dict, set)) else value for key, value in vars(module).items()}
+    state["_modules"] = {}
+    vars(shell).update(state)
+    for name, child in module._modules.items():
+        if child is not None and id(child) in held:
+            vars(shell)[name] = child  # found by attribute lookup before nn.Module's __getattr__ is asked
+        elif child is not None and any(id(inner) in held for inner in child.modules()):
+            shell._modules[name] = _shell(child, held)
+        else:
+            shell._modules[name] = child
+    return shell
 
 
 def _only_method_calls(gm: fx.GraphModule) -> bool:
@@ -695,7 +721,9 @@ def _method_to_wrap(
     code = frame.f_code
     if caller is None or code.co_name == "forward" or frame.f_locals.get("self") is not owner:
         return None
-    if getattr(getattr(type(owner), code.co_name, None), "__code__", None) is not code:
+    defined = (vars(cls).get(code.co_name) for cls in type(owner).__mro__)
+    # the method as a class defines it (a base class's, reached by super(); undecorated: @torch.no_grad())
+    if not any(getattr(pyinspect.unwrap(f), "__code__", None) is code for f in defined if callable(f)):
         return None  # a nested function, a static method, a method reached some other way
     if any(m.owner == name and m.method == code.co_name for m in methods):
         return None

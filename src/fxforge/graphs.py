@@ -170,14 +170,20 @@ class MethodCall(nn.Module):
     """One call of a module's method other than ``forward`` (``self.gate(x)``), kept by capture as one
     ``call_module`` node because the method's code cannot be traced (it branches on a tensor's value).
 
-    ``owner`` is the module whose method it is: a submodule of the graph or the captured model itself. It is
-    registered as a child so that moving, copying and saving the graph carry the weights the method reads; its
-    tensors are the graph's own where the graph uses them too (``parameters()`` counts each tensor once).
+    ``owner`` is the module the method is called on. Where the graph holds that module itself (``block``), it is a
+    plain attribute here (``registered=False``): the graph moves, copies, saves and counts it already, and registered
+    a second time it would have two names (torch's quantization names a module by its first path, and lost
+    ``block``). Otherwise it is registered, so that the weights only the method reads move, save and count with the
+    graph: capture then passes a shell of the module (a copy of the instance whose submodules the graph holds are
+    plain attributes too), never the user's model itself, whose mode ``gm.train()`` would otherwise set.
     """
 
-    def __init__(self, owner: nn.Module, method: str) -> None:
+    def __init__(self, owner: nn.Module, method: str, registered: bool = True) -> None:
         super().__init__()
-        self.owner = owner
+        if registered:
+            self.owner = owner
+        else:
+            object.__setattr__(self, "owner", owner)
         self.method = method
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:

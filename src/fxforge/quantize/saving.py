@@ -127,6 +127,21 @@ def _breaks_pickling(module: nn.Module) -> bool:
     )
 
 
+def _reachable_modules(model: nn.Module) -> list[nn.Module]:
+    """``model.modules()`` and the modules held as plain attributes (a MethodCall's owner and the float layers its
+    shell keeps: prepare gave them qconfigs too, QA), each once: everything pickling ``model`` reaches."""
+    found: dict[int, nn.Module] = {}
+    stack = [model]
+    while stack:
+        module = stack.pop()
+        if id(module) in found:
+            continue
+        found[id(module)] = module
+        stack.extend(module.children())
+        stack.extend(value for value in vars(module).values() if isinstance(value, nn.Module))
+    return list(found.values())
+
+
 @contextlib.contextmanager
 def picklable_quantized_modules(model: nn.Module) -> Iterator[None]:
     """While in the block, ``model`` pickles (torch 2.14.1 cannot pickle FX-quantized models as they are):
@@ -143,7 +158,7 @@ def picklable_quantized_modules(model: nn.Module) -> Iterator[None]:
     """
     undo: list[Callable[[], None]] = []
     try:
-        for module in model.modules():
+        for module in _reachable_modules(model):
             if _breaks_pickling(module):
                 bare = copy.copy(module)
                 object.__setattr__(module, "__reduce_ex__", lambda protocol, bare=bare: (copy.copy, (bare,)))
