@@ -819,3 +819,42 @@ def test_verify_of_a_split_directory_checks_its_stages_not_the_unsplit_copy(tmp_
     x = torch.randn(2, 16)
     unsplit = fxforge.load_model(tmp_path / "s")  # model.pt2, the unsplit copy: intact, and one tensor out (QA)
     assert unsplit.file == "model.pt2" and torch.allclose(unsplit(x), model(x))
+
+
+WRAPPED_HELPER_MODEL = '''
+from torch import nn
+
+
+def helper(x):
+    if x.sum() > 0:  # a branch on a value: capture keeps the helper as one call
+        return x * 2
+    return x - 1
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.pre, self.mid, self.post = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.post(self.mid(helper(self.pre(x))))
+'''
+
+
+def test_a_stage_calling_a_wrapped_helper_is_pickled_so_that_it_loads(tmp_path, monkeypatch):
+    """QA: the stage that does not export (it calls the helper) was pickled plainly, and torch.load traced into the
+    helper when it rebuilt the stage: split aborted with "cannot read stage_1.pt ... is the file corrupt?". And a
+    pickled stage inspected on its own could not find the model's classes (the copy is source/net.py)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "net.py").write_text(WRAPPED_HELPER_MODEL)
+    assert main(["split", "net.py:Net", "-i", "2x8", "--stages", "2", "-o", "out"]) == EXIT_OK
+    pickled = sorted(p.name for p in (tmp_path / "out").glob("stage_*.pt"))
+    assert pickled, "the helper's stage exports after all: this test no longer covers a pickled stage"
+    (tmp_path / "net.py").unlink()  # the copy in source/ is all there is
+    code = subprocess.run(
+        [sys.executable, "-m", "fxforge", "inspect", f"out/{pickled[0]}", "--trust-pickle", "-i", "2x8", "--json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert code.returncode == EXIT_OK, code.stderr

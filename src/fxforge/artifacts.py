@@ -895,17 +895,23 @@ def user_sources(directory: Path) -> Iterator[None]:
     on_path = (directory / SOURCE_DIR).is_dir() and sources not in sys.path
     if on_path:
         sys.path.append(sources)
+    copies = {file: file.stem for file in (directory / SOURCE_DIR).glob(f"{USER_MODULE_PREFIX}*.py")}
+    if (directory / PLAN_FILE).is_file():
+        # a split directory keeps the model's file under its own name (source/net.py), which its pickled stages
+        # name as fxforge_user_net (QA: inspect of a stage file alone could not load it)
+        for file in (directory / SOURCE_DIR).glob("*.py"):
+            copies.setdefault(file, USER_MODULE_PREFIX + file.stem)
     try:
-        for file in sorted((directory / SOURCE_DIR).glob(f"{USER_MODULE_PREFIX}*.py")):
-            present = sys.modules.get(file.stem)
+        for file, module_name in sorted(copies.items()):
+            present = sys.modules.get(module_name)
             if present is not None and _same_code(present, file):
                 continue
             if present is not None:
-                replaced[file.stem] = sys.modules.pop(file.stem)
-            try:  # under the name the pickle refers to, which is the copy's own
-                import_file(file, error=ModelSpecError, what="the pickled model's classes", module_name=file.stem)
+                replaced[module_name] = sys.modules.pop(module_name)
+            try:  # under the name the pickle refers to
+                import_file(file, error=ModelSpecError, what="the pickled model's classes", module_name=module_name)
             except ModelSpecError as exc:
-                sys.modules.pop(file.stem, None)  # a half-run module would stand in for the file on the next load
+                sys.modules.pop(module_name, None)  # a half-run module would stand in for the file on the next load
                 exc.hint = exc.hint or "a file that imports modules of its own needs them importable (on PYTHONPATH)"
                 raise
         yield

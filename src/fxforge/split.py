@@ -58,6 +58,7 @@ from fxforge.artifacts import (
     describe_structure,
     plain_containers,
     rebuild_structure,
+    rebuilt_with_opaque_calls,
     write_inputs,
 )
 from fxforge.capture import Captured, placeholder_values, require_captured
@@ -1020,7 +1021,9 @@ def _write_stages(
             name = stage_file(index)
         except Exception as exc:
             name = stage_file(index, pickled=True)
-            with quiet_torch_logs():
+            # a helper capture kept as one call stays one when torch.load rebuilds the stage from its code (QA:
+            # traced into, its branch failed and the stage loaded nowhere)
+            with quiet_torch_logs(), rebuilt_with_opaque_calls(module):
                 torch.save(module, directory / name)
             plan.notes.append(
                 f"stage {index} could not be exported ({first_line(exc)}): written as a pickled GraphModule {name}, "
@@ -1066,7 +1069,7 @@ def _write_reference(directory: Path, captured: Captured, plan: SplitPlan) -> li
         except Exception as exc:
             problems.append(first_line(exc))
     try:
-        with quiet_torch_logs():
+        with quiet_torch_logs(), rebuilt_with_opaque_calls(captured.graph_module):
             torch.save(captured.graph_module, directory / MODEL_FILE)
     except Exception as exc:  # a TorchScript submodule, say: there is nothing to verify the pipeline against
         (directory / MODEL_FILE).unlink(missing_ok=True)
