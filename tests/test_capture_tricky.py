@@ -995,3 +995,29 @@ def test_a_kept_method_runs_on_a_shell_of_the_model_not_the_model_itself():
     for sign in (1.0, -1.0):
         x = sign * (torch.rand(3, 2, 4) + 0.1)
         torch.testing.assert_close(folded(x), model(x))
+
+
+class _ComputeThroughAnInnerMethod(_ComputeBlock):
+    def inner(self, x):
+        if x.sum() > 0:
+            return x * 2
+        return x
+
+    def compute(self, x):
+        return self.lin(self.inner(x))
+
+
+class _CallsTheChain(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block = _ComputeThroughAnInnerMethod()
+
+    def forward(self, x):
+        return self.block.compute(x) + 1
+
+
+def test_a_leaf_made_on_the_way_that_the_graph_never_calls_is_not_listed():
+    """QA: the inner method's failure first made block a leaf (called from block's own code), then compute was kept
+    as one call; the record still said "leaves: block", a module the graph does not call."""
+    captured = capture(_CallsTheChain().eval(), (torch.randn(2, 8),))
+    assert captured.record.wrapped == ["block.compute"] and captured.record.leaves == []

@@ -1271,10 +1271,13 @@ def _capture_module(
                 attempts.append(Attempt(SYMBOLIC_TRACE, f"keeping {methods[-1].label} as one call{_NOTHING_ELSE}"))
                 break
             unused = _unused_wraps(wraps, gm)
+            called = {str(node.target) for node in gm.graph.nodes if node.op == "call_module"}
             record = CaptureRecord(
                 SYMBOLIC_TRACE,
                 TORCH,
-                leaves=sorted(leaf_names - user_leaves),
+                # a leaf made on an earlier attempt that the graph does not call (a method kept as one call later
+                # covered it, QA) is no leaf of this graph
+                leaves=sorted(name for name in leaf_names - user_leaves if name in called),
                 wrapped=[label for label in dict.fromkeys(w.label for w in wraps) if label not in unused]
                 + [m.label for m in methods],
                 attempts=attempts,
