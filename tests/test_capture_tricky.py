@@ -1017,7 +1017,9 @@ class _CallsTheChain(torch.nn.Module):
 
 
 def test_a_leaf_made_on_the_way_that_the_graph_never_calls_is_not_listed():
-    """QA: the inner method's failure first made block a leaf (called from block's own code), then compute was kept
-    as one call; the record still said "leaves: block", a module the graph does not call."""
+    """QA: the inner method's failure first made block a leaf (called from block's own code, which a leaf does not
+    cover: block's forward is never called), then a method was kept as one call; the record still said "leaves:
+    block", a module the graph does not call."""
     captured = capture(_CallsTheChain().eval(), (torch.randn(2, 8),))
-    assert captured.record.wrapped == ["block.compute"] and captured.record.leaves == []
+    assert captured.record.attempts[0].action == "made block a leaf module"
+    assert captured.record.wrapped == ["block.inner"] and captured.record.leaves == []
