@@ -1273,3 +1273,30 @@ def test_scripting_a_model_whose_hook_is_a_lambda_says_what_the_line_is(tmp_path
         export_model(model, "torchscript", tmp_path / "m.pt", example_inputs=(torch.randn(2, 4),), script=True)
     assert "TorchScript cannot compile a lambda the model calls (a forward hook" in str(raised.value)
     assert "test_export.py:" in str(raised.value)
+
+
+class _GateMethod(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def gate(self, x):
+        if x.mean() > 0:
+            return x * 2
+        return -x
+
+    def forward(self, x):
+        return self.gate(self.lin(x)) + 1
+
+
+def test_a_method_kept_as_one_call_gets_hints_that_do_not_send_the_user_in_circles(tmp_path):
+    """QA: --script failed inside fxforge's MethodCall (its *args) with "export with trace instead", and the trace's
+    refusal said "export with --script"."""
+    captured = fxforge.capture(_GateMethod().eval(), (torch.randn(2, 8),))
+    with pytest.raises(ExportError, match=r"it calls _GateMethod\.gate, a method capture kept as one call") as info:
+        export_model(captured, "torchscript", tmp_path / "s.pt", script=True)
+    assert "torch.where or torch.cond" in info.value.hint
+    with pytest.raises(ExportError, match="the trace fixed a value") as info:
+        export_model(captured, "torchscript", tmp_path / "t.pt")
+    assert info.value.hint.startswith("the value is computed in _GateMethod.gate, a method capture kept as one call")
+    assert not list(tmp_path.iterdir())

@@ -88,7 +88,7 @@ from fxforge.errors import (
     strip_ansi,
     user_location,
 )
-from fxforge.graphs import ATEN, without_input_guards
+from fxforge.graphs import ATEN, MethodCall, without_input_guards
 from fxforge.inputs import specs_of
 from fxforge.runtime import (
     BatchGuardRecorder,
@@ -638,7 +638,19 @@ def _export_torchscript(
     recorded = {"output_structure": output_structure} if output_structure is not None else {}
     if isinstance(module, fx.GraphModule):  # a saved program's graph: its shape check is no part of the model
         module = without_input_guards(module)
-    with _exporting(f"{name} to TorchScript ({method})", notes, allow):
+    kept = [
+        type(m.owner).__name__ + "." + m.method for m in module.modules() if isinstance(m, MethodCall)
+    ]
+    if script and kept:
+        # its forward takes *args: torch.jit.script cannot compile it, and the refusal named fxforge's file, with a
+        # hint to trace, whose refusal in turn said to script (QA)
+        raise ExportError(
+            f"cannot export {name} to TorchScript (script): it calls {kept[0]}, a method capture kept as one call "
+            "because it cannot be traced, and torch.jit.script cannot compile that call",
+            hint="express the method's branch with torch.where or torch.cond; a trace (the default) holds it where "
+            "the branch goes the same way for every input",
+        )
+    with _exporting(f"{name} to TorchScript ({method})", notes, allow, kept):
         if script:
             scripted = torch.jit.script(_scriptable(module))
         else:
@@ -1095,13 +1107,15 @@ def _interrupted(exc: BaseException) -> bool:
 
 
 @contextlib.contextmanager
-def _exporting(what: str, notes: list[str], allow_trace_warnings: bool = False) -> Iterator[None]:
+def _exporting(
+    what: str, notes: list[str], allow_trace_warnings: bool = False, kept_methods: Sequence[str] = ()
+) -> Iterator[None]:
     """Run an exporter quietly (they print progress and warnings) and turn its failure into an ExportError.
 
     Tracer warnings say where a trace fixed a value computed from the input (a Python bool, int or float of a
     tensor, a loop over one): the file would then compute what that one example computed, for every input.
     They are an :class:`ExportError` naming the user's line unless ``allow_trace_warnings``, which keeps them
-    as notes.
+    as notes. ``kept_methods``: the methods capture kept as one call, which no other exporter takes either.
     """
     sink = io.StringIO()
     where_from: dict[int, tuple[str, int]] = {}  # id of a recorded warning -> the user's line that raised it
@@ -1143,8 +1157,14 @@ def _exporting(what: str, notes: list[str], allow_trace_warnings: bool = False) 
         raise ExportError(
             f"cannot export {what}: the trace fixed a value computed from the input at {where} ({first_sentence}); "
             "the file would compute what the example computed, for every input",
-            hint=f"export with {option('--script', True)}, or to onnx (dynamo) or pt2; if that value cannot change "
-            f"with the input, pass {option('--allow-trace-warnings', True)}",
+            hint=(
+                f"the value is computed in {kept_methods[0]}, a method capture kept as one call, which "
+                f"{option('--script', python='script=True')}, onnx and pt2 cannot take either: express its branch "
+                "with torch.where or torch.cond"
+                if kept_methods
+                else f"export with {option('--script', True)}, or to onnx (dynamo) or pt2"
+            )
+            + f"; if that value cannot change with the input, pass {option('--allow-trace-warnings', True)}",
             construct="data-dependent value in a trace",
             location=where,
         )
