@@ -52,3 +52,13 @@ def test_other_literals(capture_as, findings, dialect):
 def test_resnet18_flattens_without_literal_batch(findings, resnet18_captured):
     assert resnet18_captured.example_inputs[0].shape[0] == 2
     assert findings(resnet18_captured, "FX010") == []
+
+
+class ComputedBatchThenLiterals(nn.Module):
+    def forward(self, x):
+        return x.reshape(x.shape[0], 2, 2, 2)  # at batch 2, the literal 2s are not the batch
+
+
+def test_literals_after_a_computed_batch_are_not_the_batch(capture_as, findings):
+    """QA: at batch 2, x.reshape(x.shape[0], 2, 2, 2) was flagged for its literal 2s."""
+    assert findings(capture_as(ComputedBatchThenLiterals(), torch.randn(2, 8), "torch"), "FX010") == []

@@ -96,7 +96,8 @@ def check(ctx: LintContext):
     trace keeps ``x.size(0)`` as a node, so the torch dialect is flagged only for sizes the model's own
     code wrote as numbers; torch.export specialises ``x.view(x.size(0), -1)`` to ``view(x, [4, -1])``
     for a static batch, which the aten dialect shows. Skipped without example inputs. A size that only
-    happens to equal the batch size is flagged too: the message says which value matched.
+    happens to equal the batch size is flagged too (the message says which value matched), except where the first
+    size is computed (``x.reshape(x.shape[0], 2, 2, 2)`` at batch 2: the batch is that one).
     """
     batch = _batch_size(ctx.example_inputs)
     if batch is None or batch <= 1:
@@ -106,6 +107,8 @@ def check(ctx: LintContext):
         if spec is None:
             continue
         sizes = _size_args(node, spec)
+        if sizes and isinstance(sizes[0], fx.Node):
+            continue  # the batch dimension comes from the input (x.reshape(x.shape[0], 2, 2, 2)): the rest is not it
         if not any(isinstance(v, int) and not isinstance(v, bool) and v == batch for v in sizes):
             continue
         shown = ", ".join(str(v) if isinstance(v, (int, float)) else getattr(v, "name", "?") for v in sizes)
