@@ -195,8 +195,8 @@ class MethodCall(nn.Module):
 
 def called_parameters(gm: nn.Module, path: str) -> list[tuple[str, nn.Parameter]]:
     """The parameters a call of the submodule at ``path`` is counted as reading, named: all of its own; for a
-    :class:`MethodCall`, only its owner's that no other module of ``gm`` holds (what the method reads is not known,
-    and the owner may be the whole model: each of its weights would count as read twice, in inspect and lint)."""
+    :class:`MethodCall`, only those no other module of ``gm`` holds (what the method reads is not known, and a
+    weight the graph reads elsewhere would count twice, in inspect and lint)."""
     if isinstance(gm.get_submodule(path), MethodCall):
         # named_parameters names each tensor once, by the first module holding it; MethodCalls are added last
         return [(name, p) for name, p in gm.named_parameters() if name.startswith(f"{path}.")]
