@@ -867,3 +867,22 @@ def test_a_reference_rejecting_the_candidates_recorded_inputs_names_them(tmp_pat
     with pytest.raises(InputSpecError) as raised:
         fxforge.verify_specs(f"{tmp_path / 'pair.py'}:in_float64", str(tmp_path / "f32.pt2"))
     assert f"the inputs were drawn as {tmp_path / 'f32.pt2'} records them (2x4)" in raised.value.message
+
+
+def test_a_file_given_as_the_reference_lends_its_recorded_shapes(tmp_path):
+    """QA: verify FILE MODEL drew the model spec's default shape (torchvision's 224x224) for a file exported at
+    32x32, and the file rejected it; the other order was OK. A written file's recorded shapes come first, whichever
+    side it is on."""
+    from fxforge.export import export_model
+
+    (tmp_path / "net.py").write_text(
+        "import torch\n\nexample_inputs = ['1x3x64x64']\n\n\ndef net():\n    torch.manual_seed(0)\n"
+        "    return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten()).eval()\n"
+    )
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten()).eval()
+    export_model(model, "pt2", tmp_path / "small.pt2", example_inputs=(torch.randn(1, 3, 32, 32),))
+    spec = f"{tmp_path / 'net.py'}:net"
+    for reference, candidate in ((str(tmp_path / "small.pt2"), spec), (spec, str(tmp_path / "small.pt2"))):
+        result = fxforge.verify_specs(reference, candidate)
+        assert result.ok, (reference, result.problems)

@@ -214,9 +214,15 @@ def verify_specs(
         ref_loaded.module = with_constant_kwargs(ref_loaded.module, fixed)
         if set(fixed) <= set(_forward_parameters(cand_loaded.module)):
             cand_loaded.module = with_constant_kwargs(cand_loaded.module, fixed)
-    # The candidate's own example shapes first: a saved program or an output directory records what it was built
-    # (and possibly specialised) for; then the reference's defaults.
-    specs_source = cand_loaded if (inputs or cand_loaded.default_inputs) else ref_loaded
+    # The shapes a written file records first, the candidate's, else the reference's: a saved program or an output
+    # directory records what it was built (and possibly specialised) for; then the defaults of a spec. (QA: verify
+    # FILE MODEL drew the torchvision spec's 224x224 default for a file exported at 64x64.)
+    if inputs or _records_its_inputs(cand_loaded):
+        specs_source = cand_loaded
+    elif _records_its_inputs(ref_loaded):
+        specs_source = ref_loaded
+    else:
+        specs_source = cand_loaded if cand_loaded.default_inputs else ref_loaded
     specs = resolve_inputs(specs_source, inputs)
     example = make_inputs(specs, seed=seed)
     # an ONNX candidate gets the model's output structure from verify's own reference outputs; an ONNX reference
@@ -249,13 +255,14 @@ def verify_specs(
             candidate_may_fix_batch=True,
         )
     except InputSpecError as exc:
-        if inputs or specs_source is not cand_loaded or not exc.message.startswith("the model rejected"):
+        recorded = specs_source is cand_loaded or _records_its_inputs(specs_source)
+        if inputs or not recorded or not exc.message.startswith("the model rejected"):
             raise
-        # the inputs came from the candidate's recorded example: "the model rejected" alone blamed them on no one
+        # the inputs came from one side's recorded example: "the model rejected" alone blamed them on no one
         # (QA: a float64 reference given a float16 file's example read "Half and double should be the same")
         shown = ", ".join(str(spec) for spec in specs)
         raise InputSpecError(
-            f"{exc.message}; the inputs were drawn as {candidate} records them ({shown})",
+            f"{exc.message}; the inputs were drawn as {specs_source.spec} records them ({shown})",
             hint=f"pass {option('--input', python='inputs')} with what both take, if they take the same",
         ) from None
     # an output directory holds several forms: the verdict is about one (verify OK while model.pt was damaged
@@ -264,6 +271,15 @@ def verify_specs(
     if not result.ok and not result.unverifiable and isinstance(candidate, (str, Path)) and Path(candidate).exists():
         result.hint = _defaults_hint(ref_loaded.module, example, concrete_args or {})
     return result
+
+
+def _records_its_inputs(loaded: LoadedModel) -> bool:
+    """Whether ``loaded`` came from a written file or directory that records its example inputs (not a spec's
+    defaults)."""
+    try:
+        return bool(loaded.default_inputs) and Path(loaded.spec).exists()
+    except (OSError, ValueError):  # a spec too long for a file name, or with a NUL
+        return False
 
 
 def _defaults_hint(reference: Any, example: Sequence[Any], fixed: Mapping[str, Any]) -> str | None:
