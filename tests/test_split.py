@@ -554,6 +554,20 @@ def test_load_plan_errors(tmp_path):
         load_plan(tmp_path)
 
 
+@pytest.mark.parametrize("structure", [{"bogus": 1}, {"tuple": ["tensor", "tensor"]}])
+def test_an_edited_output_structure_is_a_corrupt_plan(tmp_path, structure):
+    """QA: {"bogus": 1} as output_structure read as a MISMATCH (the stages' run failed: "'NoneType' object is not
+    iterable"), and fxforge.load_model returned a tuple where the split returns a tensor."""
+    out = tmp_path / "split"
+    split(prepare("demo"), stages=2, output_dir=out, verify_stages=False)
+    data = json.loads((out / PLAN_FILE).read_text())
+    assert data["output_structure"] == "tensor"
+    data["output_structure"] = structure
+    (out / PLAN_FILE).write_text(json.dumps(data))
+    with pytest.raises(FxforgeError, match=r"plan\.json is corrupt: .*(not an output structure|holds 2 tensors)"):
+        load_plan(out)
+
+
 def test_device_auto_takes_gpus_only_when_every_local_stage_gets_one(monkeypatch):
     # the documented rule: one GPU per stage with NCCL when the machine has one for each, else the CPU with gloo
     # (auto used to pick CUDA on any GPU and then refuse 4 stages on a 1-GPU machine the user never asked to use)

@@ -1500,6 +1500,26 @@ def _output_class(path: str) -> type | None:
         return None
 
 
+def structure_tensor_count(description: Any) -> int:
+    """How many tensors the structure :func:`describe_structure` described holds; ValueError where ``description``
+    is none it writes (a hand-edited file: QA, a plan.json's ``{"bogus": 1}`` read as a mismatch, not a damaged
+    file)."""
+    if description == "tensor":
+        return 1
+    if not isinstance(description, dict):
+        raise ValueError(f"not an output structure: {description!r}")
+    if "value" in description:
+        return 0
+    for kind in ("list", "tuple", "items" if "namedtuple" in description else ""):
+        if kind and isinstance(description.get(kind), list):
+            return sum(structure_tensor_count(item) for item in description[kind])
+    for kind in ("dict", "ordered_dict", "items" if "class" in description else ""):
+        pairs = description.get(kind) if kind else None
+        if isinstance(pairs, list) and all(isinstance(pair, list) and len(pair) == 2 for pair in pairs):
+            return sum(structure_tensor_count(item) for _, item in pairs)
+    raise ValueError(f"not an output structure: {json.dumps(description)[:80]}")
+
+
 def rebuild_structure(description: Any, tensors: Iterator[torch.Tensor]) -> Any:
     """The output :func:`describe_structure` described, with ``tensors`` in its tensors' places (pytree order)."""
     if description == "tensor":

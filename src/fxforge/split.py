@@ -59,6 +59,7 @@ from fxforge.artifacts import (
     plain_containers,
     rebuild_structure,
     rebuilt_with_opaque_calls,
+    structure_tensor_count,
     write_inputs,
 )
 from fxforge.capture import Captured, placeholder_values, require_captured
@@ -227,6 +228,12 @@ class SplitPlan:
         for stage in self.stages:
             if stage.file is not None and (Path(stage.file).is_absolute() or ".." in Path(stage.file).parts):
                 raise ValueError(f"stage {stage.index}'s file {stage.file!r} is outside the split directory")
+        if self.output_structure is not None:
+            count = structure_tensor_count(self.output_structure)
+            if count != len(self.stages[-1].outputs):
+                raise ValueError(
+                    f"'output_structure' holds {count} tensors, the last stage returns {len(self.stages[-1].outputs)}"
+                )
 
     @property
     def input_specs(self) -> list[InputSpec]:
