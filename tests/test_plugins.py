@@ -756,3 +756,11 @@ def test_a_plugin_raising_a_base_exception_is_one_internal_error_line(capsys, us
     code, _, err = run(capsys, "optimize", "model.py:Doubler", "--input", "2x4", "--passes", "badopts.py:badopts")
     assert code == EXIT_INTERNAL
     assert "pass 'badopts' (from file badopts.py) crashed building its options: RuntimeError: no level" in err
+
+
+def test_report_takes_a_pass_from_a_file_as_optimize_does(user_files):
+    """QA: optimize -p my_passes.py:double_to_add worked; report -p refused it as an unknown pass."""
+    page = user_files / "page.html"
+    spec, plugin = f"{user_files}/model.py:Doubler", f"{user_files}/my_passes.py:double_to_add"
+    assert main(["report", spec, "-i", "2x4", "-p", plugin, "-o", str(page)]) == EXIT_OK
+    assert "double_to_add" in page.read_text()
