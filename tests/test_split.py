@@ -26,6 +26,8 @@ from fxforge.errors import EXIT_OK, EXIT_USAGE, FxforgeError
 from fxforge.partition import partition
 from fxforge.split import (
     PLAN_FILE,
+    PLAN_FORMAT,
+    PLAN_VERSION,
     SplitPlan,
     cut_options,
     load_plan,
@@ -551,6 +553,9 @@ def test_load_plan_errors(tmp_path):
         load_plan(tmp_path)
     (tmp_path / PLAN_FILE).write_text("{not json")
     with pytest.raises(FxforgeError, match="is corrupt"):
+        load_plan(tmp_path)
+    (tmp_path / PLAN_FILE).write_text(json.dumps({"format": PLAN_FORMAT, "version": PLAN_VERSION}))
+    with pytest.raises(FxforgeError, match="is corrupt: it has no 'stages'"):
         load_plan(tmp_path)
 
 

@@ -1139,7 +1139,9 @@ def load_plan(directory: str | Path) -> SplitPlan:
         raise ModelSpecError(f"{directory} has no {PLAN_FILE}", hint="give a directory written by fxforge split -o")
     try:
         return SplitPlan.from_dict(json.loads(path.read_text()))
-    except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError) as exc:
+    except KeyError as exc:  # first_line read a bare "'stages'" (QA)
+        raise ModelSpecError(f"{path} is corrupt: it has no {exc.args[0]!r}", hint="split the model again") from None
+    except (OSError, UnicodeDecodeError, ValueError, TypeError) as exc:
         raise ModelSpecError(f"{path} is corrupt: {first_line(exc)}", hint="split the model again") from None
 
 
