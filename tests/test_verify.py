@@ -886,3 +886,18 @@ def test_a_file_given_as_the_reference_lends_its_recorded_shapes(tmp_path):
     for reference, candidate in ((str(tmp_path / "small.pt2"), spec), (spec, str(tmp_path / "small.pt2"))):
         result = fxforge.verify_specs(reference, candidate)
         assert result.ok, (reference, result.problems)
+
+
+def test_outputs_of_other_shapes_against_a_file_hint_at_the_build_arguments(tmp_path):
+    """QA: a file exported from a model built with other --model-arg values (a small hidden size) mismatched in
+    shape, and the only hint was to fix a forward argument (--concrete attention_mask=VALUE)."""
+    from fxforge.export import export_model
+
+    (tmp_path / "wide.py").write_text(
+        "import torch\n\nexample_inputs = ['2x8']\n\n\ndef net(width: int = 16):\n    torch.manual_seed(0)\n"
+        "    return torch.nn.Linear(8, width).eval()\n"
+    )
+    spec = f"{tmp_path / 'wide.py'}:net"
+    export_model(fxforge.prepare(spec, model_kwargs={"width": 4}), "pt2", tmp_path / "w4.pt2")
+    result = fxforge.verify_specs(spec, str(tmp_path / "w4.pt2"))
+    assert not result.ok and "built with other arguments" in result.hint and "model_kwargs" in result.hint

@@ -270,6 +270,13 @@ def verify_specs(
     result.files = {side: m.file for side, m in (("reference", ref_loaded), ("candidate", cand_loaded)) if m.file}
     if not result.ok and not result.unverifiable and isinstance(candidate, (str, Path)) and Path(candidate).exists():
         result.hint = _defaults_hint(ref_loaded.module, example, concrete_args or {})
+        if any(": shape (" in problem for problem in result.problems) and isinstance(reference, str):
+            # outputs of other shapes: another build of the model, not a forward default (QA: a BertModel file
+            # exported with a small hidden size was hinted --concrete attention_mask)
+            result.hint = (
+                "the outputs' shapes differ: was the file written from the model built with other arguments? pass "
+                + said("the same --model-arg values", "the same model_kwargs")
+            )
     return result
 
 
