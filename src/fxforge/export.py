@@ -116,6 +116,7 @@ from fxforge.verify import DEFAULT_CASES, VerifyResult, reference_output, verify
 
 ONNX_EXPORTERS = ("auto", "dynamo", "legacy")
 BATCH_CONDITION = "batch-dependent code (a condition on the batch size)"
+BATCH_FIXED = "batch-dependent code"  # the code fixes the batch (torch.export narrowed it): no file for any batch
 
 
 class ExportError(FxforgeError):
@@ -759,7 +760,17 @@ def _export_onnx(
         if dynamo_error is not None:
             for partial in path.parent.iterdir():  # the staging directory: whatever dynamo left there
                 partial.unlink()
-            notes.append(f"dynamo exporter failed ({dynamo_error.message}); used the legacy exporter")
+            if dynamo_error.construct == BATCH_FIXED:
+                # the dynamo refusal's words ("a file for any batch would compute the wrong thing") read as a
+                # contradiction of the file written next (QA): the legacy trace records the ops themselves, which
+                # compute what the model does wherever it runs, and fail where it fails
+                notes.append(
+                    "torch.export found the model's code holds for some batch sizes only; the legacy exporter wrote "
+                    "the file with a free batch dimension: it runs where the model runs (verified at the batches "
+                    "listed) and fails where the model fails"
+                )
+            else:
+                notes.append(f"dynamo exporter failed ({dynamo_error.message}); used the legacy exporter")
             try:
                 with _exporting(f"{name} to ONNX (legacy exporter)", notes, allow_trace_warnings):
                     _onnx_legacy(module, reference, inputs, path, opset, dynamic_batch, conditions)
@@ -896,7 +907,7 @@ def _onnx_dynamo(
             "record: a file for any batch would compute the wrong thing at others",
             hint=f"leave {option('--dynamic-batch')} out (a file for the example's batch), or export to pt2, whose "
             "program checks the batch at each call",
-            construct="batch-dependent code",
+            construct=BATCH_FIXED,
         )
     program.save(str(path))  # external data only for models over 2 GB
 
@@ -1073,7 +1084,7 @@ def _refuse_fixed_batch(program: torch.export.ExportedProgram, name: str, dynami
         f"({because}: a loop over the batch, len(), a Python number taken from a size, or a branch on it)",
         hint=f"leave {option('--dynamic-batch')} out (a file for the example's batch), or keep the batch size a "
         "tensor size in that code (x.shape[0] passed to torch ops, not turned into a Python number)",
-        construct="batch-dependent code",
+        construct=BATCH_FIXED,
         location=where,
     )
 
