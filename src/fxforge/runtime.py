@@ -354,7 +354,7 @@ def run_reference(module: Any, args: Sequence[Any], kwargs: dict[str, Any], *oth
                 + f"fxforge.capture(model, {'(x, ...)' if _takes_positional(module) else '()'}, "
                 f"example_kwargs={{{keyword_only[0]!r}: ...}})"
             )
-        missing = re.search(r"missing \d+ required (?:positional|keyword-only) arguments?: (.+)$", str(exc))
+        missing = re.search(r"forward\(\) missing \d+ required (?:positional|keyword-only) arguments?: (.+)$", str(exc))
         if isinstance(exc, TypeError) and missing and not keyword_only:
             # a forward argument the inputs do not give, often a number or a flag (QA: the hint asked for a shape)
             name = re.findall(r"'(\w+)'", missing.group(1))[:1] or ["ARG"]
