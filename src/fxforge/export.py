@@ -116,7 +116,7 @@ from fxforge.verify import DEFAULT_CASES, VerifyResult, reference_output, verify
 
 ONNX_EXPORTERS = ("auto", "dynamo", "legacy")
 BATCH_CONDITION = "batch-dependent code (a condition on the batch size)"
-BATCH_FIXED = "batch-dependent code"  # the code fixes the batch (torch.export narrowed it): no file for any batch
+BATCH_FIXED = "batch-dependent code"  # the code holds for some batch sizes only (torch.export narrowed the batch)
 
 
 class ExportError(FxforgeError):
