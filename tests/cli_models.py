@@ -78,3 +78,12 @@ class SmallVocabulary(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return self.embed(ids) + self.positions(torch.arange(ids.shape[1]))
+
+
+class TakesAMode(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, *, mode: str) -> torch.Tensor:
+        return self.lin(x) if mode == "a" else x

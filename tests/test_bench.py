@@ -904,3 +904,9 @@ def test_each_timed_call_follows_at_least_twenty_ms_of_the_same_backend(monkeypa
     assert len(calls) >= 2 and time.perf_counter() - start >= 0.02 and calls[-1] - start < 0.02
     with open(bench_module.__file__, encoding="utf-8") as source:
         assert "\nSETTLE_SECONDS = 0.02  #" in source.read()
+
+
+def test_options_with_no_pass_named_are_refused(mlp):
+    """QA: bench -p "" ran no passes, and with an --option added ran the exact group."""
+    with pytest.raises(FxforgeError, match="passes names no pass"):
+        bench(mlp, ["fx"], passes=[], pass_options=["fold_constants.max_bytes=10"], repeats=1, warmup=1)

@@ -897,3 +897,28 @@ def test_an_output_that_appears_while_the_work_runs_is_not_replaced(tmp_path):
         exported.write_text("user data")
         staged.commit()
     assert exported.read_text() == "user data"
+
+
+def test_the_package_imports_names_from_the_users_sibling_modules(tmp_path, monkeypatch):
+    """QA: a factory file importing its namedtuple and wrapped helper from a sibling module (nets.py): the
+    optimized_model/ package raised NameError for them (only the factory file's own names were imported)."""
+    from fxforge.cli import main
+
+    (tmp_path / "nets.py").write_text(
+        "import collections\nfrom torch import nn\n\nPair = collections.namedtuple('Pair', 'a b')\n\n\n"
+        "def helper(x):\n    if x.sum() > 0:\n        return x * 2\n    return x\n\n\n"
+        "class Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.lin = nn.Linear(8, 8)\n\n"
+        "    def forward(self, x):\n        y = helper(self.lin(x))\n        return Pair(y, x)\n"
+    )
+    (tmp_path / "fac.py").write_text("from nets import Net\n\n\ndef make():\n    return Net().eval()\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["optimize", "fac.py:make", "-i", "2x8", "--wrap", "nets.py:helper", "-p", "cse", "-o", "out"]) == 0
+    script = (
+        "import sys, torch\nsys.path.insert(0, 'out')\nfrom optimized_model import OptimizedModel\n"
+        "out = OptimizedModel()(torch.randn(2, 8))\nassert type(out).__name__ == 'Pair'\n"
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "out").rename(elsewhere / "out")
+    subprocess.run([sys.executable, "-c", script], check=True, cwd=elsewhere)

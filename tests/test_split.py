@@ -559,7 +559,15 @@ def test_load_plan_errors(tmp_path):
         load_plan(tmp_path)
 
 
-@pytest.mark.parametrize("structure", [{"bogus": 1}, {"tuple": ["tensor", "tensor"]}])
+@pytest.mark.parametrize(
+    "structure",
+    [
+        {"bogus": 1},
+        {"tuple": ["tensor", "tensor"]},
+        {"namedtuple": "Out", "items": ["tensor"]},  # QA: KeyError 'fields' read as a MISMATCH
+        {"dict": [["a", "tensor"], ["a", {"value": 1}]]},
+    ],
+)
 def test_an_edited_output_structure_is_a_corrupt_plan(tmp_path, structure):
     """QA: {"bogus": 1} as output_structure read as a MISMATCH (the stages' run failed: "'NoneType' object is not
     iterable"), and fxforge.load_model returned a tuple where the split returns a tensor."""
@@ -569,7 +577,8 @@ def test_an_edited_output_structure_is_a_corrupt_plan(tmp_path, structure):
     assert data["output_structure"] == "tensor"
     data["output_structure"] = structure
     (out / PLAN_FILE).write_text(json.dumps(data))
-    with pytest.raises(FxforgeError, match=r"plan\.json is corrupt: .*(not an output structure|holds 2 tensors)"):
+    problem = "(not an output structure|holds 2 tensors|fields|key twice)"
+    with pytest.raises(FxforgeError, match=rf"plan\.json is corrupt: .*{problem}"):
         load_plan(out)
 
 

@@ -901,3 +901,21 @@ def test_outputs_of_other_shapes_against_a_file_hint_at_the_build_arguments(tmp_
     export_model(fxforge.prepare(spec, model_kwargs={"width": 4}), "pt2", tmp_path / "w4.pt2")
     result = fxforge.verify_specs(spec, str(tmp_path / "w4.pt2"))
     assert not result.ok and "built with other arguments" in result.hint and "model_kwargs" in result.hint
+
+
+def test_a_spec_that_cannot_take_the_reference_files_shapes_is_an_input_error(tmp_path):
+    """QA: verify FILE SPEC, where the spec cannot run the file's recorded shape, read MISMATCH ("candidate failed
+    to run"); the other order said the inputs were drawn as the file records them. Both say so now."""
+    from fxforge.errors import InputSpecError
+    from fxforge.export import export_model
+
+    (tmp_path / "flat.py").write_text(
+        "import torch\n\nexample_inputs = ['1x3x8x8']\n\n\ndef flat():\n    torch.manual_seed(0)\n"
+        "    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(192, 4)).eval()\n"
+    )
+    big = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(768, 4)).eval()
+    export_model(big, "pt2", tmp_path / "f16.pt2", example_inputs=(torch.randn(1, 3, 16, 16),))
+    spec, file = f"{tmp_path / 'flat.py'}:flat", str(tmp_path / "f16.pt2")
+    for reference, candidate in ((file, spec), (spec, file)):
+        with pytest.raises(InputSpecError, match=r"the inputs were drawn as .*f16\.pt2 records them \(1x3x16x16\)"):
+            fxforge.verify_specs(reference, candidate)

@@ -959,7 +959,12 @@ def _user_globals(gm: fx.GraphModule) -> list[str]:
     for name, value in gm.graph.python_code("self").globals.items():
         module = getattr(value, "__module__", "") or ""
         qualname = getattr(value, "__qualname__", "")
-        if module.startswith(USER_MODULE_PREFIX) and qualname and "." not in qualname and "<" not in qualname:
+        # the user's file (fxforge_user_*), a sibling module it imports them from, a package's helper: any module
+        # but torch's and the builtins, which to_folder's code has (QA: NameError for nets.py's helper)
+        ours = module.startswith(USER_MODULE_PREFIX) or (
+            module and module != "builtins" and module.split(".")[0] not in ("torch", "math", "operator", "_operator")
+        )
+        if ours and qualname and "." not in qualname and "<" not in qualname and module.replace(".", "").isidentifier():
             imports.append(f"from {module} import {qualname} as {name}")
     # the modules a graph's own code generator names (capture's OrderedDict output: ``collections``), which
     # to_folder does not import either (QA: the package raised NameError: name 'collections' is not defined)
@@ -1510,6 +1515,22 @@ def structure_tensor_count(description: Any) -> int:
         raise ValueError(f"not an output structure: {description!r}")
     if "value" in description:
         return 0
+    if "namedtuple" in description:
+        fields = description.get("fields")
+        if (
+            not isinstance(fields, list)
+            or not all(isinstance(f, str) and f.isidentifier() for f in fields)
+            or len(set(fields)) != len(fields)
+            or not isinstance(description.get("items"), list)
+            or len(description["items"]) != len(fields)
+        ):
+            raise ValueError("a namedtuple's fields do not match its items")
+    for kind in ("dict", "ordered_dict"):
+        pairs = description.get(kind)
+        if isinstance(pairs, list):
+            keys = {json.dumps(pair[0]) for pair in pairs if isinstance(pair, list) and pair}
+            if len(keys) != len(pairs):
+                raise ValueError(f"a {kind} with a key twice")
     for kind in ("list", "tuple", "items" if "namedtuple" in description else ""):
         if kind and isinstance(description.get(kind), list):
             return sum(structure_tensor_count(item) for item in description[kind])

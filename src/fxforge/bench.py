@@ -954,7 +954,9 @@ def bench(
     if passes is not None:
         # an unknown pass is the caller's mistake (exit 2), not a row that failed to build -- nor, without the
         # fx backend, nothing at all
-        passes = build_pipeline(passes, pass_options).steps if passes or pass_options else []
+        if pass_options and not passes:  # no passes, but options for one: not the exact group in disguise (QA)
+            raise FxforgeError(f"{option('--passes')} names no pass", hint="name the pass the option is for")
+        passes = build_pipeline(passes, pass_options).steps if passes else []
         refuse_passes_without_fx(chosen)
     elif pass_options:
         raise FxforgeError(f"{option('--option', python='pass_options')} applies to {option('--passes')}")

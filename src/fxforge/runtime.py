@@ -355,11 +355,13 @@ def run_reference(module: Any, args: Sequence[Any], kwargs: dict[str, Any], *oth
                 f"example_kwargs={{{keyword_only[0]!r}: ...}})"
             )
         missing = re.search(r"forward\(\) missing \d+ required (?:positional|keyword-only) arguments?: (.+)$", str(exc))
-        if isinstance(exc, TypeError) and missing and not keyword_only:
+        if isinstance(exc, TypeError) and missing:
             # a forward argument the inputs do not give, often a number or a flag (QA: the hint asked for a shape)
             name = re.findall(r"'(\w+)'", missing.group(1))[:1] or ["ARG"]
+            by_keyword = "keyword-only" in missing.group(0)
             hint = f"forward also takes {name[0]}: " + said(
-                f"pass one more --input for a tensor, or fix a constant with --concrete {name[0]}=VALUE",
+                ("" if by_keyword else "pass one more --input for a tensor, or ")
+                + f"fix a constant with --concrete {name[0]}=VALUE",
                 f"pass it among the inputs, or fix a constant with concrete_args={{{name[0]!r}: VALUE}}",
             )
         # ids below the size of the embedding that raised (QA: the example said max=999 for a vocabulary of 100)

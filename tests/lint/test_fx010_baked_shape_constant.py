@@ -62,3 +62,12 @@ class ComputedBatchThenLiterals(nn.Module):
 def test_literals_after_a_computed_batch_are_not_the_batch(capture_as, findings):
     """QA: at batch 2, x.reshape(x.shape[0], 2, 2, 2) was flagged for its literal 2s."""
     assert findings(capture_as(ComputedBatchThenLiterals(), torch.randn(2, 8), "torch"), "FX010") == []
+
+
+class InferredBatchThenLiterals(nn.Module):
+    def forward(self, x):
+        return x.view(-1, 2, 4)  # at batch 2: -1 is the batch, the literal 2 is not
+
+
+def test_literals_after_an_inferred_batch_are_not_the_batch(capture_as, findings):
+    assert findings(capture_as(InferredBatchThenLiterals(), torch.randn(2, 8), "torch"), "FX010") == []

@@ -74,6 +74,8 @@ def command(
     if not opts.model:
         raise FxforgeError("bench needs a MODEL", hint="e.g. fxforge bench torchvision:resnet18")
     chosen = [get_backend(name) for name in split(backends)]  # an unknown name fails before the model is loaded
+    if pass_names is not None and pass_options and not split(pass_names):
+        raise FxforgeError("--passes names no pass", hint="name the pass the option is for")
     if pass_names is not None:
         build_pipeline(split(pass_names), pass_options)  # an unknown pass or option: named before anything else
     elif pass_options:

@@ -97,7 +97,8 @@ def check(ctx: LintContext):
     code wrote as numbers; torch.export specialises ``x.view(x.size(0), -1)`` to ``view(x, [4, -1])``
     for a static batch, which the aten dialect shows. Skipped without example inputs. A size that only
     happens to equal the batch size is flagged too (the message says which value matched), except where the first
-    size is computed (``x.reshape(x.shape[0], 2, 2, 2)`` at batch 2: the batch is that one).
+    size is computed or inferred (``x.reshape(x.shape[0], 2, 2, 2)``, ``x.view(-1, 2, 4)`` at batch 2: the batch is
+    that one).
     """
     batch = _batch_size(ctx.example_inputs)
     if batch is None or batch <= 1:
@@ -107,7 +108,7 @@ def check(ctx: LintContext):
         if spec is None:
             continue
         sizes = _size_args(node, spec)
-        if sizes and isinstance(sizes[0], fx.Node):
+        if sizes and (isinstance(sizes[0], fx.Node) or sizes[0] == -1):
             continue  # the batch dimension comes from the input (x.reshape(x.shape[0], 2, 2, 2)): the rest is not it
         if not any(isinstance(v, int) and not isinstance(v, bool) and v == batch for v in sizes):
             continue
