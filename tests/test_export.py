@@ -1303,3 +1303,26 @@ def test_a_method_kept_as_one_call_gets_hints_that_do_not_send_the_user_in_circl
         export_model(captured, "torchscript", tmp_path / "t.pt")
     assert info.value.hint.startswith("the value is computed in _GateMethod.gate, a method capture kept as one call")
     assert not list(tmp_path.iterdir())
+
+
+class _Embeds(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.e, self.l = nn.Embedding(100, 8), nn.Linear(8, 4)
+
+    def forward(self, ids):
+        return self.l(self.e(ids))
+
+
+def test_an_onnx_file_refuses_ids_its_embedding_would(tmp_path):
+    """QA: ONNX's Gather reads id -1 as the last row, so --auto's ONNX file returned numbers where the model raises
+    IndexError (and ids past the end failed with ONNX Runtime's own message). The file records the bounds, and
+    fxforge's loader raises the model's error."""
+    pytest.importorskip("onnxruntime")
+    captured = capture(_Embeds().eval(), (torch.randint(0, 100, (2, 16)),))
+    export_model(captured, "onnx", tmp_path / "e.onnx")
+    loaded = load_exported(tmp_path / "e.onnx", "onnx")
+    torch.testing.assert_close(loaded(torch.full((2, 16), 99)), captured.original(torch.full((2, 16), 99)))
+    for bad in (-1, 100):
+        with pytest.raises(IndexError, match=rf"input ids holds index {bad}, out of range .* \(100 rows: 0 to 99\)"):
+            loaded(torch.full((2, 16), bad))

@@ -1573,8 +1573,8 @@ BOUNDS_KEY = "fxforge.index_bounds"
 
 def check_index_bounds(bounds: dict[int, int], args: Any, names: Sequence[str] | None = None) -> None:
     """Raise ``IndexError`` (one line, as eager's embedding does) where a flat input of ``args`` at a position of
-    ``bounds`` holds an index outside ``[0, rows)``: the compiled code it is meant for checks the bound inside a
-    parallel loop, where the failure aborts the process instead of raising (C++ ``terminate``)."""
+    ``bounds`` holds an index outside ``[0, rows)``: compiled code checks the bound inside a parallel loop, where the
+    failure aborts the process instead of raising (C++ ``terminate``), and ONNX's Gather reads -1 as the last row."""
     if not bounds:
         return
     flat = pytree.tree_leaves(args)
@@ -1587,7 +1587,7 @@ def check_index_bounds(bounds: dict[int, int], args: Any, names: Sequence[str] |
             name = names[position] if names and position < len(names) else f"#{position}"
             raise IndexError(
                 f"input {name} holds index {low if low < 0 else high}, out of range for the embedding it is looked "
-                f"up in ({rows} rows: 0 to {rows - 1}); the compiled code would abort the process on it"
+                f"up in ({rows} rows: 0 to {rows - 1}), as the model's embedding would say"
             )
 
 
@@ -1697,7 +1697,12 @@ class OnnxRuntimeModule(nn.Module):
         self.input_dims = [[d if isinstance(d, int) else None for d in i.shape] for i in self.session.get_inputs()]
         self.output_like = output_like
         self.output_structure: Any = None
-        recorded = self.session.get_modelmeta().custom_metadata_map.get(OUTPUT_STRUCTURE_KEY)
+        metadata = self.session.get_modelmeta().custom_metadata_map
+        try:  # the embeddings' row counts, by input position, as fxforge's export recorded them
+            self.index_bounds = {int(k): int(v) for k, v in json.loads(metadata.get(BOUNDS_KEY, "{}")).items()}
+        except (ValueError, TypeError, AttributeError):
+            raise ModelSpecError(f"{path}: its {BOUNDS_KEY} metadata is damaged", hint="is the file corrupt?") from None
+        recorded = metadata.get(OUTPUT_STRUCTURE_KEY)
         if recorded:
             outputs = len(self.session.get_outputs())
             # damaged metadata gave the flat list with no word, and verify said OK of a file returning a bare
@@ -1841,6 +1846,7 @@ class OnnxRuntimeModule(nn.Module):
                 got = "x".join(map(str, tensor.shape)) or "a scalar"
                 any_size = " (? any size)" if "?" in expected else ""  # a legend only where a dimension is free
                 raise ValueError(f"the ONNX model's input {name} has shape {expected}{any_size}, got {got}")
+        check_index_bounds(self.index_bounds, flat, self.input_names)  # Gather reads -1 as the last row
         feeds = {name: t.detach().cpu().contiguous().numpy() for name, t in zip(self.input_names, flat)}
         # ONNX Runtime runs on the CPU here; the outputs go back where the inputs came from, like a module's
         device = flat[0].device if flat else torch.device("cpu")

@@ -56,6 +56,7 @@ from torch.utils import _pytree as pytree
 
 from fxforge import display
 from fxforge.artifacts import (
+    BOUNDS_KEY,
     FORMATS,
     METADATA_FILE,
     OUTPUT_STRUCTURE_KEY,
@@ -88,7 +89,7 @@ from fxforge.errors import (
     strip_ansi,
     user_location,
 )
-from fxforge.graphs import ATEN, MethodCall, without_input_guards
+from fxforge.graphs import ATEN, MethodCall, index_bounds, without_input_guards
 from fxforge.inputs import specs_of
 from fxforge.runtime import (
     BatchGuardRecorder,
@@ -347,6 +348,11 @@ def export_model(
                 staged.path,
                 lambda: _reproduces_example(staged.path, to, reference, inputs),
             )
+            bounds = index_bounds(target.graph_module) if isinstance(target, Captured) else {}
+            if bounds:
+                # ONNX's Gather takes -1 as the last row where the model's embedding raises: fxforge's loader checks
+                # the bounds the file records (QA: an --auto ONNX file returned numbers for id -1)
+                _record_metadata(staged.path, {BOUNDS_KEY: json.dumps(bounds)})
             if not _record_output_structure(staged.path, output):
                 result.notes.append(
                     f"the model returns a {type(output).__name__}, whose structure an ONNX file cannot record: the "
@@ -796,23 +802,29 @@ def _export_onnx(
     return ExportResult("onnx", None, True, used, opset=written_opset, dynamic_batch=dynamic_batch, notes=notes)
 
 
+def _record_metadata(path: Path, entries: dict[str, str]) -> None:
+    """Set ``entries`` in the ONNX file's metadata (replacing those keys), weights left where they are."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    kept = [entry for entry in model.metadata_props if entry.key not in entries]
+    del model.metadata_props[:]
+    model.metadata_props.extend(kept)
+    for key, value in entries.items():
+        model.metadata_props.add(key=key, value=value)
+    onnx.save(model, str(path))
+
+
 def _record_output_structure(path: Path, output: Any) -> bool:
     """Write the model's output structure into the file's metadata (:data:`~fxforge.artifacts.OUTPUT_STRUCTURE_KEY`),
     so that :func:`~fxforge.artifacts.load_exported` gives back the dict or model output the model returns, not the
     graph's flat list of tensors. False for a structure JSON cannot carry (another library's container)."""
-    import onnx
-
     structure = describe_structure(output)
     if structure is None:
         return False
     if structure == "tensor":  # one tensor is what the graph returns anyway
         return True
-    model = onnx.load(str(path), load_external_data=False)  # weights in a file beside it stay where they are
-    kept = [entry for entry in model.metadata_props if entry.key != OUTPUT_STRUCTURE_KEY]
-    del model.metadata_props[:]
-    model.metadata_props.extend(kept)
-    model.metadata_props.add(key=OUTPUT_STRUCTURE_KEY, value=json.dumps(structure))
-    onnx.save(model, str(path))
+    _record_metadata(path, {OUTPUT_STRUCTURE_KEY: json.dumps(structure)})
     return True
 
 
