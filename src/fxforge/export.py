@@ -870,7 +870,13 @@ def _batch_conditions(module: nn.Module, inputs: tuple[Any, ...]) -> list[str]:
     shapes = tuple({0: dynamic} if isinstance(t, torch.Tensor) and t.dim() > 0 else None for t in inputs)
     try:
         # attention on non-4-D tensors, as the ONNX export itself runs it
-        with quiet_torch_logs(), preserved_state(module, runs=False), _AttentionAs4D():
+        # torch prints the graph of a failed trace to stderr past its loggers' levels (QA: 22 stray lines in --auto)
+        with (
+            quiet_torch_logs(),
+            contextlib.redirect_stderr(io.StringIO()),
+            preserved_state(module, runs=False),
+            _AttentionAs4D(),
+        ):
             probe = torch.export.export(module, inputs, dynamic_shapes=shapes, strict=False)
     except Exception:  # the ONNX exporter managed what this cannot: its own checks stand
         return []
