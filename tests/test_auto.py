@@ -1157,3 +1157,31 @@ def test_the_default_tolerance_is_each_dtypes_round_off():
     captured = capture(ConvBnHead(classes=5).half().eval(), (torch.randn(1, 3, 16, 16, dtype=torch.float16),))
     result = auto_optimize(captured, backends=["eager"], repeats=3)
     assert result.passes == ["fold_bn"] and not result.rejected_passes, result.rejected_passes
+
+
+class _GateLeafBranch(nn.Module):
+    def forward(self, x):
+        if x.sum() > 0:  # data-dependent: kept as a leaf by capture, and no program can hold it
+            return x * 2
+        return x
+
+
+class _WithGateLeafBranch(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.g = nn.Linear(16, 16), _GateLeafBranch()
+
+    def forward(self, x):
+        return self.g(self.a(x))
+
+
+def test_a_compile_artifact_that_cannot_be_written_names_the_users_line(tmp_path):
+    """QA: the compile candidate's rejection was torch's own "GuardOnDataDependentSymNode: Could not guard on
+    data-dependent expression Eq(u0, 1)" where the other candidates named the user's branch."""
+    from fxforge.bench import BuildSettings, get_backend
+    from fxforge.deploy import write_artifact
+
+    captured = fxforge.capture(_WithGateLeafBranch().eval(), (torch.randn(4, 16),))
+    expected = captured.graph_module(*captured.example_inputs)
+    with pytest.raises(FxforgeError, match=r"artifact failed: data-dependent control flow at .*`if x\.sum\(\) > 0:"):
+        write_artifact(get_backend("compile"), captured, tmp_path / "c", BuildSettings(1, tmp_path, expected))

@@ -82,7 +82,7 @@ from fxforge.bench import (
     write_ort_int8,
 )
 from fxforge.capture import Captured
-from fxforge.errors import FxforgeError, first_line, one_line_reason
+from fxforge.errors import FxforgeError, first_line, one_line_reason, user_location
 from fxforge.export import export_model
 from fxforge.graphs import ATEN, TORCH, index_bounds
 from fxforge.inputs import specs_of
@@ -159,7 +159,13 @@ def write_artifact(backend: Backend, captured: Captured, directory: Path, settin
     except FxforgeError:
         raise
     except Exception as exc:
-        raise FxforgeError(f"writing the {backend.name} artifact failed: {one_line_reason(exc)}") from exc
+        reason = one_line_reason(exc)
+        if "GuardOnDataDependent" in reason or "data-dependent" in reason.lower():
+            # as the other candidates say it, with the user's line (QA: torch's own words, "Could not guard on
+            # data-dependent expression Eq(u0, 1)", for compile alone)
+            where = user_location(exc)
+            reason = "data-dependent control flow" + (f" at {where}" if where else "")
+        raise FxforgeError(f"writing the {backend.name} artifact failed: {reason}") from exc
     artifact.write_s = time.perf_counter() - start
     start = time.perf_counter()
     try:
