@@ -75,7 +75,7 @@ def test_inspect_user_file_with_leaf(capsys):
         # QA: the hints asked for a shape, and for max=999 with a vocabulary of 100
         (["inspect", f"{TRICKY}:TakesACount", "-i", "2x8"], EXIT_USAGE, "fix a constant with --concrete n=VALUE"),
         (["inspect", f"{TRICKY}:SmallVocabulary", "-i", "1x16:int64:max=500"], EXIT_USAGE, "1x16:int64:max=99\n"),
-        (["inspect", f"{TRICKY}:SmallVocabulary", "-i", "1x16"], EXIT_USAGE, "takes integer ids: give the input an"),
+        (["inspect", f"{TRICKY}:SmallVocabulary", "-i", "4x32"], EXIT_USAGE, "dtype, e.g. --input 4x32:int64:max=99"),
         (["inspect", f"{TRICKY}:TakesACount", "-i", "2x8", "--concrete", "k=1"], EXIT_USAGE, "forward takes x, n\n"),
         (["inspect", f"{TRICKY}:TakesAMode", "-i", "2x8"], EXIT_USAGE, "takes mode: fix a constant with --concrete"),
     ],

@@ -368,20 +368,23 @@ def run_reference(module: Any, args: Sequence[Any], kwargs: dict[str, Any], *oth
         tables = [frame.f_locals.get("self") for frame, _ in traceback.walk_tb(exc.__traceback__)]
         rows = [table.num_embeddings for table in tables if isinstance(table, nn.Embedding)]
         limit = rows[-1] - 1 if rows else 999
+        # the shape the user gave, with an integer dtype (QA: the example always said 1x16)
+        first = next((t for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor) and t.dim()), None)
+        ids = "x".join(map(str, first.shape)) if first is not None else "1x16"
         if "'indices' to have one of the following scalar types" in str(exc):
             # a float input where the model indexes an embedding (QA: the hint asked for 1x3x224x224)
             hint = said(
-                f"the model takes integer ids: give the input an integer dtype, e.g. --input 1x16:int64:max={limit}",
+                f"the model takes integer ids: give the input an integer dtype, e.g. --input {ids}:int64:max={limit}",
                 f"the model takes integer ids: pass an integer tensor, e.g. fxforge.prepare(model, "
-                f"'1x16:int64:max={limit}')",
+                f"'{ids}:int64:max={limit}')",
             )
         out_of_range = "index out of range" in str(exc)
         if out_of_range:  # an id past an embedding's rows: the shape was not the problem
             hint = said(
                 "an integer input indexes past an embedding's rows: draw ids below its size with max=, e.g. "
-                f"--input 1x16:int64:max={limit}",
+                f"--input {ids}:int64:max={limit}",
                 "an integer input indexes past an embedding's rows: pass ids below its size, e.g. "
-                f"fxforge.prepare(model, '1x16:int64:max={limit}')",
+                f"fxforge.prepare(model, '{ids}:int64:max={limit}')",
             )
         where = user_location(exc)
         if raised_in_user_code(exc):
