@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 import torchvision
+from torchvision.utils import make_grid
 
 from fxforge.capture import EXPORT, LOADED, SYMBOLIC_TRACE, Captured, capture
 from fxforge.errors import CaptureError, FxforgeError, InputSpecError
@@ -1023,3 +1024,31 @@ def test_a_leaf_made_on_the_way_that_the_graph_never_calls_is_not_listed():
     captured = capture(_CallsTheChain().eval(), (torch.randn(2, 8),))
     assert captured.record.attempts[0].action == "made block a leaf module"
     assert captured.record.wrapped == ["block.inner"] and captured.record.leaves == []
+
+
+class _MakesAGrid(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c = torch.nn.Conv2d(3, 3, 1)
+
+    def forward(self, x):
+        return make_grid(self.c(x), nrow=2, normalize=True)  # by name, as `from torchvision.utils import make_grid`
+
+
+class _MakesAGridThroughItsModule(_MakesAGrid):
+    def forward(self, x):
+        return torchvision.utils.make_grid(self.c(x), nrow=2, normalize=True)
+
+
+def test_a_decorated_package_function_is_wrapped_and_named_from_the_users_call():
+    """QA: torchvision's make_grid (under torch.no_grad()) was neither wrapped (its name holds the decorator's
+    wrapper) nor named from the user's call (the decorator's frame, torch's, ended the search); capture failed.
+    Called through its module, it is not found by name: the hint names it by module, not by a path into
+    site-packages."""
+    captured = capture(_MakesAGrid().eval(), (torch.randn(4, 3, 8, 8),))
+    assert captured.record.method == SYMBOLIC_TRACE and captured.record.ok
+    assert captured.record.wrapped == ["torchvision.utils.make_grid"]
+    assert "(called from " in captured.record.attempts[0].location
+    with pytest.raises(CaptureError) as info:
+        capture(_MakesAGridThroughItsModule().eval(), (torch.randn(4, 3, 8, 8),))
+    assert "wrap='torchvision.utils:make_grid'" in info.value.hint

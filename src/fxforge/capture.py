@@ -49,6 +49,7 @@ from fxforge import display
 from fxforge.artifacts import AotiModule, CompiledModule, OnednnFusion, OnnxRuntimeModule, StructuredOutputs
 from fxforge.compare import compare_outputs
 from fxforge.errors import (
+    DECORATOR_FILES,
     CaptureError,
     FxforgeError,
     InputSpecError,
@@ -705,9 +706,14 @@ def _find_culprit(
         if not is_user_file(code.co_filename) or index == 0:
             continue
         function = frame.f_globals.get(code.co_name)
-        if getattr(function, "__code__", None) is not code or id(function) in wrapped_functions:
+        # a decorated function (torchvision's make_grid under torch.no_grad()) is the wrapper by its name
+        unwrapped = pyinspect.unwrap(function) if callable(function) else function
+        if getattr(unwrapped, "__code__", None) is not code or id(function) in wrapped_functions:
             continue
-        caller_globals = frames[index - 1][0].f_globals
+        caller = index - 1
+        while caller > 0 and frames[caller][0].f_code.co_filename.endswith(DECORATOR_FILES):
+            caller -= 1  # the decorator's own frames: the call is in the frame before them
+        caller_globals = frames[caller][0].f_globals
         if caller_globals.get(code.co_name) is function:
             return _Wrap(caller_globals, code.co_name, function)
     return None
@@ -1550,7 +1556,13 @@ def _capture_error(
         if helper is not None and _plain_function(helper):
             # the branch is in a function of theirs, called under another name (helpers.gate(x), `import gate as
             # g`), which capture's own wrapping did not find: naming it works (QA: the hint never said so)
-            named = f"{os.path.relpath(helper.co_filename)}:{helper.co_name}"
+            # an installed package's function by its module (torchvision.utils:make_grid), not a path into
+            # site-packages (QA)
+            module = next(
+                (n for n, m in list(sys.modules.items()) if getattr(m, "__file__", None) == helper.co_filename), None
+            )
+            installed = module is not None and "site-packages" in helper.co_filename
+            named = f"{module if installed else os.path.relpath(helper.co_filename)}:{helper.co_name}"
             hint = (
                 f"keep the function {helper.co_name} as one call ("
                 + said(f"--wrap {named}", f"autowrap_functions=[{helper.co_name}] (fxforge.prepare: wrap='{named}')")

@@ -275,6 +275,10 @@ def user_location(exc: BaseException) -> str | None:
     return None
 
 
+# torch's decorator wrappers (torch.no_grad() on a function): frames between a call and the function, not callers
+DECORATOR_FILES = (os.path.join("torch", "utils", "_contextlib.py"),)
+
+
 def own_call_site(exc: BaseException) -> str | None:
     """Where ``exc`` was raised inside an installed package's model code (torchvision's ``nms``, a timm layer):
     ``file:line `source``` of the innermost frame of the user's *own* code that called into it (a file outside
@@ -286,6 +290,8 @@ def own_call_site(exc: BaseException) -> str | None:
     # outwards through the model's own call only: torch's or fxforge's frame ends it (a script calling
     # fxforge.capture is no caller of the model's code)
     for filename, lineno in reversed(frames[:innermost]):
+        if filename.endswith(DECORATOR_FILES):  # torch.no_grad() around the package's function (QA)
+            continue
         if not is_user_file(filename):
             return None
         if not filename.startswith(_SITE_PACKAGES):
