@@ -84,3 +84,21 @@ class Doubles(torch.nn.Module):
     def forward(self, x, double=False):
         y = self.fc(x)
         return y * 2 if double else y
+
+
+class GateLeaf(nn.Module):
+    def forward(self, x):
+        if x.sum() > 0:  # data-dependent: capture keeps the module as a leaf, and no exported program can hold it
+            return x * 2
+        return x
+
+
+class WithAGateLeaf(nn.Module):
+    """A Linear and a :class:`GateLeaf`: captured by symbolic tracing, exported by nothing."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.g = nn.Linear(16, 16), GateLeaf()
+
+    def forward(self, x):
+        return self.g(self.a(x))

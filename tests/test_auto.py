@@ -23,7 +23,7 @@ from fxforge.cli import main
 from fxforge.errors import EXIT_CAPTURE, EXIT_OK, EXIT_USAGE, FxforgeError
 from fxforge.passes import PASSES, PassResult, register_pass
 from fxforge.verify import compare_outputs
-from model_helpers import ConvBnHead, Doubles, randomize_batchnorm
+from model_helpers import ConvBnHead, Doubles, WithAGateLeaf, randomize_batchnorm
 
 
 @pytest.fixture(scope="module")
@@ -1159,29 +1159,13 @@ def test_the_default_tolerance_is_each_dtypes_round_off():
     assert result.passes == ["fold_bn"] and not result.rejected_passes, result.rejected_passes
 
 
-class _GateLeafBranch(nn.Module):
-    def forward(self, x):
-        if x.sum() > 0:  # data-dependent: kept as a leaf by capture, and no program can hold it
-            return x * 2
-        return x
-
-
-class _WithGateLeafBranch(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a, self.g = nn.Linear(16, 16), _GateLeafBranch()
-
-    def forward(self, x):
-        return self.g(self.a(x))
-
-
 def test_a_compile_artifact_that_cannot_be_written_names_the_users_line(tmp_path):
     """QA: the compile candidate's rejection was torch's own "GuardOnDataDependentSymNode: Could not guard on
     data-dependent expression Eq(u0, 1)" where the other candidates named the user's branch."""
     from fxforge.bench import BuildSettings, get_backend
     from fxforge.deploy import write_artifact
 
-    captured = fxforge.capture(_WithGateLeafBranch().eval(), (torch.randn(4, 16),))
+    captured = fxforge.capture(WithAGateLeaf().eval(), (torch.randn(4, 16),))
     expected = captured.graph_module(*captured.example_inputs)
     with pytest.raises(FxforgeError, match=r"artifact failed: data-dependent control flow at .*`if x\.sum\(\) > 0:"):
         write_artifact(get_backend("compile"), captured, tmp_path / "c", BuildSettings(1, tmp_path, expected))

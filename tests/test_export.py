@@ -30,7 +30,7 @@ from fxforge.errors import (
 )
 from fxforge.export import ExportError, export_model, load_exported
 from fxforge.verify import compare_outputs
-from model_helpers import randomize_batchnorm
+from model_helpers import WithAGateLeaf, randomize_batchnorm
 
 TRICKY = str(Path(__file__).parent / "tricky_models.py")
 
@@ -1328,29 +1328,13 @@ def test_an_onnx_file_refuses_ids_its_embedding_would(tmp_path):
             loaded(torch.full((2, 16), bad))
 
 
-class _GateLeaf(nn.Module):
-    def forward(self, x):
-        if x.sum() > 0:  # data-dependent: kept as a leaf by capture
-            return x * 2
-        return x
-
-
-class _WithAGateLeaf(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a, self.g = nn.Linear(16, 16), _GateLeaf()
-
-    def forward(self, x):
-        return self.g(self.a(x))
-
-
 def test_a_failed_dynamic_batch_probe_prints_nothing(tmp_path, capfd):
     """QA: --auto printed 22 lines of a graph dump on stderr: torch prints the graph of the failed trace that reads
     the batch conditions of a dynamic-batch ONNX export, past its loggers' levels."""
     pytest.importorskip("onnxruntime")
     import torch._dynamo  # what --auto's compile candidates import first; with it, the dump printed
 
-    captured = capture(_WithAGateLeaf().eval(), (torch.randn(4, 16),))
+    captured = capture(WithAGateLeaf().eval(), (torch.randn(4, 16),))
     with pytest.raises(ExportError):
         export_model(captured, "onnx", tmp_path / "g.onnx", dynamic_batch=True)
     assert "def forward(" not in capfd.readouterr().err
