@@ -231,11 +231,7 @@ def verify_specs(
         try:
             run_reference(cand_loaded.module, example, {})
         except InputSpecError as exc:
-            shown = ", ".join(str(spec) for spec in specs)
-            raise InputSpecError(
-                f"{exc.message}; the inputs were drawn as {ref_loaded.spec} records them ({shown})",
-                hint=f"pass {option('--input', python='inputs')} with what both take, if they take the same",
-            ) from None
+            raise _drawn_as_recorded(exc, ref_loaded, specs) from None
     # an ONNX candidate gets the model's output structure from verify's own reference outputs; an ONNX reference
     # needs one call of the candidate for it
     _give_onnx_the_structure_of(ref_loaded.module, cand_loaded.module, example)
@@ -271,11 +267,7 @@ def verify_specs(
             raise
         # the inputs came from one side's recorded example: "the model rejected" alone blamed them on no one
         # (QA: a float64 reference given a float16 file's example read "Half and double should be the same")
-        shown = ", ".join(str(spec) for spec in specs)
-        raise InputSpecError(
-            f"{exc.message}; the inputs were drawn as {specs_source.spec} records them ({shown})",
-            hint=f"pass {option('--input', python='inputs')} with what both take, if they take the same",
-        ) from None
+        raise _drawn_as_recorded(exc, specs_source, specs) from None
     # an output directory holds several forms: the verdict is about one (verify OK while model.pt was damaged
     # read as if the whole directory were checked)
     result.files = {side: m.file for side, m in (("reference", ref_loaded), ("candidate", cand_loaded)) if m.file}
@@ -289,6 +281,15 @@ def verify_specs(
                 + said("the same --model-arg values", "the same model_kwargs")
             )
     return result
+
+
+def _drawn_as_recorded(exc: InputSpecError, source: LoadedModel, specs: Sequence[InputSpec]) -> InputSpecError:
+    """``exc`` (a side rejected the verification inputs), saying they were drawn as ``source`` records them."""
+    shown = ", ".join(str(spec) for spec in specs)
+    return InputSpecError(
+        f"{exc.message}; the inputs were drawn as {source.spec} records them ({shown})",
+        hint=f"pass {option('--input', python='inputs')} with what both take, if they take the same",
+    )
 
 
 def _records_its_inputs(loaded: LoadedModel) -> bool:
