@@ -77,7 +77,7 @@ def test_inspect_user_file_with_leaf(capsys):
         (["inspect", f"{TRICKY}:SmallVocabulary", "-i", "1x16:int64:max=500"], EXIT_USAGE, "1x16:int64:max=99\n"),
         (["inspect", f"{TRICKY}:SmallVocabulary", "-i", "4x32"], EXIT_USAGE, "dtype, e.g. --input 4x32:int64:max=99"),
         (["inspect", f"{TRICKY}:TakesACount", "-i", "2x8", "--concrete", "k=1"], EXIT_USAGE, "forward takes x, n\n"),
-        (["inspect", f"{TRICKY}:TakesAMode", "-i", "2x8"], EXIT_USAGE, "takes mode: fix a constant with --concrete"),
+        (["inspect", f"{TRICKY}:TakesAMode", "-i", "2x8"], EXIT_USAGE, "fix a constant with --concrete mode=VALUE"),
     ],
 )
 def test_bad_input_gives_one_clear_line(capsys, args, code, needle):

@@ -355,7 +355,8 @@ def run_reference(module: Any, args: Sequence[Any], kwargs: dict[str, Any], *oth
                 f"example_kwargs={{{keyword_only[0]!r}: ...}})"
             )
         missing = re.search(r"forward\(\) missing \d+ required (?:positional|keyword-only) arguments?: (.+)$", str(exc))
-        if isinstance(exc, TypeError) and missing:
+        # (the keyword-only hint above, where it applies, says more: it names the Python API's form too)
+        if isinstance(exc, TypeError) and missing and not (keyword_only and args and not kwargs):
             # a forward argument the inputs do not give, often a number or a flag (QA: the hint asked for a shape)
             name = re.findall(r"'(\w+)'", missing.group(1))[:1] or ["ARG"]
             by_keyword = "keyword-only" in missing.group(0)
