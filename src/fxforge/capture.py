@@ -350,9 +350,9 @@ def _wraps_for(function: Callable[..., Any], model: nn.Module) -> list[_Wrap]:
     return [dataclasses.replace(wrap, shared_label=found[0].label) for wrap in found]
 
 
-def _modules_of_file(function: Callable[..., Any]) -> list[Any]:
-    """The loaded modules whose file is the one ``function`` is defined in."""
-    filename = getattr(getattr(function, "__code__", None), "co_filename", None)
+def _modules_of_file(function: Any) -> list[Any]:
+    """The loaded modules whose file is the one ``function`` (or a code object) is defined in."""
+    filename = getattr(getattr(function, "__code__", function), "co_filename", None)
     if not filename:
         return []
     try:
@@ -474,6 +474,7 @@ def _methods_as_modules(gm: fx.GraphModule, model: nn.Module, stand_ins: Mapping
     :class:`~fxforge.graphs.MethodCall` submodules (named ``<module>_<method>_method``), so that the graph runs,
     copies and saves as any other (a stand-in is a function of this trace, which nothing could reload)."""
     names: dict[_MethodWrap, str] = {}
+    held = {id(module) for module in gm.modules()}  # what the graph holds, MethodCalls added below included
     for node in gm.graph.nodes:
         wrap = stand_ins.get(node.target) if node.op == "call_function" else None
         if wrap is None:
@@ -482,12 +483,12 @@ def _methods_as_modules(gm: fx.GraphModule, model: nn.Module, stand_ins: Mapping
             base = "_".join(filter(None, (wrap.owner.replace(".", "_"), wrap.method, "method")))
             name = next(f"{base}{k or ''}" for k in itertools.count() if not hasattr(gm, f"{base}{k or ''}"))
             owner = model.get_submodule(wrap.owner)
-            held = {id(module) for module in gm.modules()}
             if id(owner) in held:
                 call = MethodCall(owner, wrap.method, registered=False)
             else:
                 call = MethodCall(_shell(owner, held), wrap.method)
             gm.add_submodule(name, call)
+            held |= {id(module) for module in call.modules()}
             names[wrap] = name
         node.op, node.target = "call_module", names[wrap]
     if names:
@@ -1558,11 +1559,8 @@ def _capture_error(
             # g`), which capture's own wrapping did not find: naming it works (QA: the hint never said so)
             # an installed package's function by its module (torchvision.utils:make_grid), not a path into
             # site-packages (QA)
-            module = next(
-                (n for n, m in list(sys.modules.items()) if getattr(m, "__file__", None) == helper.co_filename), None
-            )
-            installed = module is not None and "site-packages" in helper.co_filename
-            named = f"{module if installed else os.path.relpath(helper.co_filename)}:{helper.co_name}"
+            modules = _modules_of_file(helper) if "site-packages" in helper.co_filename else []
+            named = f"{modules[0].__name__ if modules else os.path.relpath(helper.co_filename)}:{helper.co_name}"
             hint = (
                 f"keep the function {helper.co_name} as one call ("
                 + said(f"--wrap {named}", f"autowrap_functions=[{helper.co_name}] (fxforge.prepare: wrap='{named}')")
