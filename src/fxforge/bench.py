@@ -951,15 +951,11 @@ def bench(
         raise FxforgeError(
             f"{twice} is named twice", hint="name each backend and batch size once (variants in any order are one)"
         )
+    # an unknown pass is the caller's mistake (exit 2), not a row that failed to build -- nor, without the fx
+    # backend, nothing at all
+    passes = pass_steps(passes, pass_options)
     if passes is not None:
-        # an unknown pass is the caller's mistake (exit 2), not a row that failed to build -- nor, without the
-        # fx backend, nothing at all
-        if pass_options and not passes:  # no passes, but options for one: not the exact group in disguise (QA)
-            raise FxforgeError(f"{option('--passes')} names no pass", hint="name the pass the option is for")
-        passes = build_pipeline(passes, pass_options).steps if passes else []
         refuse_passes_without_fx(chosen)
-    elif pass_options:
-        raise FxforgeError(f"{option('--option', python='pass_options')} applies to {option('--passes')}")
     example_batch = captured.example_inputs[0].shape[0] if captured.example_inputs[0].dim() else 1
     batches = list(batches or [example_batch])
     threads = threads or torch.get_num_threads()
@@ -985,6 +981,26 @@ def bench(
     memory = MEMORY_METHOD if ResidentPeak.available() else "not measured (needs Linux /proc)"
     inputs = [str(s) for s in specs_of(captured.example_inputs)]
     return BenchReport(rows, threads, warmup, repeats, inputs, memory, machine, measured, current_load())
+
+
+def pass_steps(
+    passes: Sequence[str] | None, pass_options: Mapping[str, Mapping[str, Any]] | Sequence[str] = ()
+) -> list[Any] | None:
+    """The fx backend's pipeline steps for ``passes`` with ``pass_options`` (None: the exact passes; ``[]``: none),
+    checked before any work: an unknown pass or option, options without a pass to take them."""
+    if passes is None:
+        if pass_options:
+            raise FxforgeError(
+                f"{option('--option', python='pass_options')} applies to {option('--passes')}",
+                hint=said(
+                    "e.g. -p replace_modules --option replace_modules.mapping='{ReLU: ReLU6}'",
+                    "e.g. passes=['replace_modules'], pass_options={'replace_modules': {'mapping': {'ReLU': 'ReLU6'}}}",
+                ),
+            )
+        return None
+    if pass_options and not passes:  # no passes, but options for one: not the exact group in disguise (QA)
+        raise FxforgeError(f"{option('--passes')} names no pass", hint="name the pass the option is for")
+    return build_pipeline(passes, pass_options).steps if passes else []
 
 
 def refuse_passes_without_fx(backends: Sequence[Backend]) -> None:

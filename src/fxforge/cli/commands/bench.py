@@ -57,9 +57,15 @@ def command(
     """Median/p90 latency, throughput, peak memory and max error vs eager, per backend, side by side."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from fxforge.bench import all_backends, artifact_backend, bench, get_backend, refuse_passes_without_fx
+    from fxforge.bench import (
+        all_backends,
+        artifact_backend,
+        bench,
+        get_backend,
+        pass_steps,
+        refuse_passes_without_fx,
+    )
     from fxforge.cli.render import render_backends, render_bench, render_plugin_failures
-    from fxforge.pipeline import build_pipeline
     from fxforge.plugins import BACKENDS_GROUP, failures
 
     if list_backends:
@@ -74,15 +80,8 @@ def command(
     if not opts.model:
         raise FxforgeError("bench needs a MODEL", hint="e.g. fxforge bench torchvision:resnet18")
     chosen = [get_backend(name) for name in split(backends)]  # an unknown name fails before the model is loaded
-    if pass_names is not None and pass_options and not split(pass_names):
-        raise FxforgeError("--passes names no pass", hint="name the pass the option is for")
-    if pass_names is not None:
-        build_pipeline(split(pass_names), pass_options)  # an unknown pass or option: named before anything else
-    elif pass_options:
-        raise FxforgeError(
-            "--option applies to --passes",
-            hint="e.g. -p replace_modules --option replace_modules.mapping='{ReLU: ReLU6}'",
-        )
+    # an unknown pass or option: named before anything else
+    pass_steps(None if pass_names is None else split(pass_names), pass_options)
     if pass_names is not None and chosen:
         refuse_passes_without_fx(chosen)  # before the model loads; bench() checks it again for Python callers
     try:
