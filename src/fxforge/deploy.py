@@ -82,7 +82,7 @@ from fxforge.bench import (
     write_ort_int8,
 )
 from fxforge.capture import Captured
-from fxforge.errors import FxforgeError, first_line, one_line_reason, user_location
+from fxforge.errors import FxforgeError, first_line, one_line_reason, says_data_dependent, user_location
 from fxforge.export import export_model
 from fxforge.graphs import ATEN, TORCH, index_bounds
 from fxforge.inputs import specs_of
@@ -160,7 +160,7 @@ def write_artifact(backend: Backend, captured: Captured, directory: Path, settin
         raise
     except Exception as exc:
         reason = one_line_reason(exc)
-        if "GuardOnDataDependent" in reason or "data-dependent" in reason.lower():
+        if says_data_dependent(reason):
             # as the other candidates say it, with the user's line (QA: torch's own words, "Could not guard on
             # data-dependent expression Eq(u0, 1)", for compile alone)
             where = user_location(exc)

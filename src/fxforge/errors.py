@@ -279,6 +279,13 @@ def user_location(exc: BaseException) -> str | None:
 DECORATOR_FILES = (os.path.join("torch", "utils", "_contextlib.py"),)
 
 
+def says_data_dependent(text: str) -> bool:
+    """Whether an exporter's or compiler's error ``text`` is about data-dependent control flow (torch.export's
+    ``GuardOnDataDependentSymNode``, "data-dependent expression"), which fxforge reports with the user's line."""
+    lowered = text.lower()
+    return "data-dependent" in lowered or "data dependent" in lowered or "guardondatadependent" in lowered
+
+
 def own_call_site(exc: BaseException) -> str | None:
     """Where ``exc`` was raised inside an installed package's model code (torchvision's ``nms``, a timm layer):
     ``file:line `source``` of the innermost frame of the user's *own* code that called into it (a file outside

@@ -86,6 +86,7 @@ from fxforge.errors import (
     pass_inputs_hint,
     require,
     said,
+    says_data_dependent,
     strip_ansi,
     user_location,
 )
@@ -1253,8 +1254,7 @@ def _export_error(what: str, exc: BaseException) -> ExportError:
             construct=construct,
             location=location,
         )
-    lowered = text.lower()
-    if "data-dependent" in lowered or "data dependent" in lowered or "guardondatadependent" in lowered:
+    if says_data_dependent(text):
         return ExportError(
             f"cannot export {what}: data-dependent control flow{where}",
             hint="express the branch with torch.where or torch.cond, or export to torchscript with --script",
