@@ -53,3 +53,17 @@ def test_silent_on_a_call_that_updates_state(findings, capture_as, dialect):
     captured = capture_as(TrainingBatchNormUnused(), torch.randn(4, 3), dialect)
     assert findings(captured, "FX001") == []
     assert findings(captured, "FX002") == []
+
+
+class DiscardsAnUnpackedItem(nn.Module):
+    def forward(self, x):
+        first, _ = x.chunk(2, dim=1)
+        unused = torch.sigmoid(first)  # noqa: F841 -- a real dead node next to the discarded item
+        return first * 2
+
+
+@pytest.mark.parametrize("dialect", ["torch", "aten"])
+def test_silent_on_an_unpacked_item_the_code_discards(findings, capture_as, dialect):
+    # `a, _ = x.chunk(2)` leaves an unused getitem of a live tuple: free, and what `_` means; no edit could clear it.
+    found = findings(capture_as(DiscardsAnUnpackedItem(), torch.randn(2, 4), dialect), "FX001")
+    assert [f.node for f in found] == ["sigmoid"]

@@ -7,6 +7,10 @@ statistics, an in-place write) is reported.
 
 from __future__ import annotations
 
+import operator
+
+from torch.fx import Node
+
 from fxforge.graphs import target_name
 from fxforge.lint import LintContext, rule
 from fxforge.passes.dead_code import live_nodes
@@ -18,4 +22,20 @@ def check(ctx: LintContext):
     for node in ctx.graph.nodes:
         if node.users or node in live or node.op in ("placeholder", "output", "get_attr"):
             continue
+        if _discarded_unpacked_item(node, live):
+            continue
         yield node, f"{node.name} ({target_name(node)}) is computed but never used"
+
+
+def _discarded_unpacked_item(node: Node, live: set) -> bool:
+    """An item of a live tuple that the code unpacked and dropped (``a, _ = x.chunk(2)``, ``out, _ = self.gate(x)``).
+
+    Indexing costs nothing and the tuple is computed anyway; the ``_`` is how Python spells "not needed", so
+    reporting it would be noise that no edit of the user's code could clear.
+    """
+    return (
+        node.op == "call_function"
+        and node.target is operator.getitem
+        and isinstance(node.args[0], Node)
+        and node.args[0] in live
+    )
