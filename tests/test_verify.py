@@ -919,3 +919,20 @@ def test_a_spec_that_cannot_take_the_reference_files_shapes_is_an_input_error(tm
     for reference, candidate in ((file, spec), (spec, file)):
         with pytest.raises(InputSpecError, match=r"the inputs were drawn as .*f16\.pt2 records them \(1x3x16x16\)"):
             fxforge.verify_specs(reference, candidate)
+
+
+def test_a_file_named_like_a_factory_spec_is_no_written_file(tmp_path, monkeypatch):
+    """QA: a file in the working directory named exactly like a model spec (`flat.py:flat`) made verify take the
+    factory's default shapes for a written file's recorded ones, and the candidate's own shapes were passed over."""
+    (tmp_path / "flat.py").write_text(
+        "import torch\n\nexample_inputs = ['1x3x8x8']\n\n\ndef flat():\n    torch.manual_seed(0)\n"
+        "    return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.Flatten()).eval()\n"
+    )
+    (tmp_path / "big.py").write_text(
+        "import torch\n\nexample_inputs = ['1x3x16x16']\n\n\ndef big():\n    torch.manual_seed(0)\n"
+        "    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(768, 4)).eval()\n"
+    )
+    (tmp_path / "flat.py:flat").write_text("")
+    monkeypatch.chdir(tmp_path)
+    result = fxforge.verify_specs("flat.py:flat", "big.py:big")  # drawn as big.py's own 1x3x16x16
+    assert not result.ok and any(": shape (" in problem for problem in result.problems)

@@ -295,10 +295,7 @@ def _drawn_as_recorded(exc: InputSpecError, source: LoadedModel, specs: Sequence
 def _records_its_inputs(loaded: LoadedModel) -> bool:
     """Whether ``loaded`` came from a written file or directory that records its example inputs (not a spec's
     defaults)."""
-    try:
-        return bool(loaded.default_inputs) and Path(loaded.spec).exists()
-    except (OSError, ValueError):  # a spec too long for a file name, or with a NUL
-        return False
+    return loaded.written and bool(loaded.default_inputs)
 
 
 def _defaults_hint(reference: Any, example: Sequence[Any], fixed: Mapping[str, Any]) -> str | None:

@@ -100,6 +100,9 @@ class LoadedModel:
     # For a directory spec whose pickled model.pt (the fx graph) was passed over for want of the opt-in: a quantize
     # output loads its int8 model.torchscript.pt then, which cannot be captured (capture's refusal names the way in)
     pickle_passed_over: str | None = None
+    # Read from a written file or output directory (its default inputs are what it was built for), not built from
+    # a spec; a factory file that happens to exist under the spec's whole name is no written file (QA)
+    written: bool = False
     # Extra keyword inputs (e.g. attention masks) are not supported in specs; models take positional inputs.
 
     def __repr__(self) -> str:  # the dataclass's would print the whole module
@@ -241,6 +244,25 @@ def _dispatch(spec: str, kwargs: dict[str, Any], trust_pickle: bool | None) -> L
     if prefix == "transformers" and name:
         return _load_transformers(name, spec, kwargs)
     path = Path(spec)
+    written = _load_written(path, spec, trust_pickle)
+    if written is not None:
+        written.written = True
+        return written
+    file_part, sep, attr = spec.rpartition(":")
+    if sep and file_part.endswith(".py"):
+        return _load_from_file(Path(file_part), attr, spec, kwargs)
+    if sep and file_part and attr:
+        return _load_from_import(file_part, attr, spec, kwargs)
+    if path.suffix == ".py":
+        raise ModelSpecError(f"{spec!r} names a Python file but no factory", hint=f"write {spec}:NAME")
+    if spec.endswith(("/", os.sep)) or spec.startswith(("./", "../", "/", "~")):  # a path, not a name
+        raise ModelSpecError(f"no such file or directory: {spec}", hint="check the path")
+    raise ModelSpecError(f"unknown model spec {spec!r}", hint=_SPEC_HINT)
+
+
+
+def _load_written(path: Path, spec: str, trust_pickle: bool | None) -> LoadedModel | None:
+    """A model file or output directory that fxforge or torch wrote, or None where ``spec`` names none."""
     if path.is_dir():
         return _load_output_dir(path, spec, pickle_trusted(trust_pickle))
     if path.exists() and not path.is_file():  # a FIFO or device: reading it would wait forever
@@ -255,17 +277,7 @@ def _dispatch(spec: str, kwargs: dict[str, Any], trust_pickle: bool | None) -> L
         return _load_pickled_module(path, spec, pickle_trusted(trust_pickle))
     if path.suffix == ".onnx":
         return _load_onnx_file(path, spec)
-    file_part, sep, attr = spec.rpartition(":")
-    if sep and file_part.endswith(".py"):
-        return _load_from_file(Path(file_part), attr, spec, kwargs)
-    if sep and file_part and attr:
-        return _load_from_import(file_part, attr, spec, kwargs)
-    if path.suffix == ".py":
-        raise ModelSpecError(f"{spec!r} names a Python file but no factory", hint=f"write {spec}:NAME")
-    if spec.endswith(("/", os.sep)) or spec.startswith(("./", "../", "/", "~")):  # a path, not a name
-        raise ModelSpecError(f"no such file or directory: {spec}", hint="check the path")
-    raise ModelSpecError(f"unknown model spec {spec!r}", hint=_SPEC_HINT)
-
+    return None
 
 _SPEC_HINT = (
     "use demo, torchvision:NAME, timm:NAME, transformers:CLASS, path/to/file.py:factory, "
