@@ -231,6 +231,14 @@ def test_debug_finds_a_planted_nan_in_a_model_capture_cannot_trace():
     assert "gate (Gate) produced" in report.nan.describe()
 
 
+
+def test_the_docs_nan_example_runs_as_written(capsys, monkeypatch):
+    """docs/commands/debug.md's `fxforge debug examples/nan_model.py:build --nan` (QA: the file was nowhere)."""
+    monkeypatch.chdir(Path(__file__).resolve().parent.parent)
+    code, out, _ = run(capsys, "debug", "examples/nan_model.py:build", "--nan")
+    assert code == EXIT_FINDINGS
+    assert out.startswith("NaN/Inf: gate (Gate) produced 32 NaN and 0 Inf in its output from finite inputs")
+
 def test_debug_blames_the_input_when_the_model_is_given_nan():
     x = torch.randn(4, 8)
     x[0, 0] = float("nan")
