@@ -810,7 +810,7 @@ def test_transformers_kv_cache_is_off_by_default_so_llama_captures_on_meta():
     assert asked.module.config.use_cache is True  # the user's explicit choice wins
 
 
-@pytest.mark.parametrize("spec", ["demo", "torchvision:resnet18", "timm:resnet18"])
+@pytest.mark.parametrize("spec", ["demo", "torchvision:resnet18", "timm:resnet18", "transformers:MobileNetV2Model"])
 def test_built_batchnorms_are_not_the_identity(spec):
     """Built without weights a BatchNorm passes its input through, and a rewrite that dropped it or folded its mean
     or shift wrongly could not fail a check: the loader draws every BatchNorm term (seeded)."""

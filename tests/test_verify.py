@@ -27,6 +27,35 @@ def test_fp32_tolerance_catches_real_change_but_not_roundoff():
     assert not compare_outputs(ref, ref + 1e-2).ok
 
 
+
+def test_an_output_smaller_than_atol_is_still_compared():
+    """QA: a transformers MobileNetV2 built without weights returns values of 1e-24, and verify called two different
+    sets of weights OK: the whole atol (1e-5) covered any output that small. The absolute term is at most 1% of the
+    output's largest value; an exact-zero output keeps the whole atol, and round-off still passes."""
+    torch.manual_seed(0)
+    tiny = torch.randn(1000) * 1e-24
+    assert compare_outputs(tiny, tiny * (1 + 1e-6)).ok
+    for wrong in (torch.zeros_like(tiny), torch.randn(1000) * 1e-24, tiny * 1.05):
+        comparison = compare_outputs(tiny, wrong)
+        assert not comparison.ok and "1% of max|reference| (< atol=1e-05)" in comparison.problems[0]
+    assert compare_outputs(torch.zeros(10), torch.full((10,), 1e-6)).ok
+    assert not compare_outputs(torch.zeros(10), torch.full((10,), 1e-3)).ok
+    ordinary = torch.randn(1000)  # at least 100x atol: the bound is as before
+    assert compare_outputs(ordinary, ordinary + 9e-6).ok
+
+
+def test_verify_tells_apart_two_models_whose_outputs_are_tiny():
+    def tiny_linear(seed):
+        torch.manual_seed(seed)
+        linear = torch.nn.Linear(8, 8).eval()
+        with torch.no_grad():
+            linear.weight.mul_(1e-20)
+            linear.bias.mul_(1e-20)
+        return linear
+
+    assert verify(tiny_linear(0), copy.deepcopy(tiny_linear(0)), (torch.randn(2, 8),)).ok
+    assert not verify(tiny_linear(0), tiny_linear(3), (torch.randn(2, 8),)).ok
+
 def test_dtype_tolerances_are_looser_for_half_precision():
     assert TOLERANCES[torch.float16][0] > TOLERANCES[torch.float32][0] > TOLERANCES[torch.float64][0]
     ref = torch.randn(100, dtype=torch.float16)

@@ -446,6 +446,10 @@ def _load_transformers(class_name: str, spec: str, kwargs: dict[str, Any]) -> Lo
         error = _factory_error(spec, exc)
         error.hint = f"check the {option('--model-arg', python='model_kwargs')} values" if kwargs else None
         raise error from None
+    # as torchvision's and timm's: transformers' vision models (MobileNetV2, ResNet, RegNet...) build every
+    # BatchNorm as the identity, and a fold that dropped its mean still verified (QA)
+    _redraw_zero_layers(model)
+    _randomise_batchnorms(model)
     inputs: list[InputSpec] = []
     main_input = getattr(cls, "main_input_name", "input_ids")
     if main_input == "input_ids":
