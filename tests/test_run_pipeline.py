@@ -22,7 +22,7 @@ from fxforge import distributed
 from fxforge.api import prepare
 from fxforge.cli import main
 from fxforge.distributed import FAULT_ENV, PipelineError, run_pipeline
-from fxforge.errors import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, FxforgeError, ModelSpecError
+from fxforge.errors import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, FxforgeError, InputSpecError, ModelSpecError
 from fxforge.split import PLAN_FILE, split
 
 pytestmark = pytest.mark.slow  # every test starts processes that import torch
@@ -189,6 +189,14 @@ def test_a_corrupt_stage_file_is_named(small_split):
     assert _no_workers_left(small_split)
 
 
+def _retyped(stage: dict, dtype: str) -> dict:
+    return {**stage, "inputs": [{**stage["inputs"][0], "dtype": dtype}, *stage["inputs"][1:]]}
+
+
+def _reshaped(tensor: dict) -> dict:
+    return {**tensor, "shape": [-1, *tensor["shape"][1:]]}
+
+
 def _edit_plan(directory: Path, edit) -> None:
     plan = json.loads((directory / PLAN_FILE).read_text())
     (directory / PLAN_FILE).write_text(json.dumps(edit(plan)))
@@ -205,6 +213,15 @@ def _edit_plan(directory: Path, edit) -> None:
             lambda plan: {**plan, "stages": [plan["stages"][0], {**plan["stages"][1], "file": "../../etc/passwd"}]},
             "stage 1's file '../../etc/passwd' is outside the split directory",
         ),
+        # QA: these launched every stage, then failed as exit 1 ("stage 0 failed: ... does not match")
+        (
+            lambda plan: {**plan, "stages": [_retyped(plan["stages"][0], "complex999"), *plan["stages"][1:]]},
+            "stage 0's inputs: 'input_ids' has dtype 'complex999', which torch does not have",
+        ),
+        (
+            lambda plan: {**plan, "cuts": [{**plan["cuts"][0], "tensors": [_reshaped(plan["cuts"][0]["tensors"][0])]}]},
+            "the cut after stage 0: ",
+        ),
     ],
 )
 def test_a_damaged_plan_is_one_line_before_any_stage_starts(small_split, edit, reason):
@@ -213,6 +230,14 @@ def test_a_damaged_plan_is_one_line_before_any_stage_starts(small_split, edit, r
     _edit_plan(small_split, edit)
     with pytest.raises(ModelSpecError, match="plan.json is corrupt: " + re.escape(reason)):
         run_pipeline(small_split, microbatches=2, repeats=1, warmup=0, timeout=120)
+
+
+def test_inputs_larger_than_the_machine_are_refused_before_any_stage_starts(small_split):
+    """QA: a plan.json whose "inputs" were 99999x99999x99999 launched the stages, and the run failed as exit 1."""
+    _edit_plan(small_split, lambda plan: {**plan, "inputs": ["99999x99999x99999"]})
+    with pytest.raises(InputSpecError, match=r"need [\d,.]+ GiB, more than this machine's"):
+        run_pipeline(small_split, microbatches=2, repeats=1, warmup=0, timeout=120)
+    assert _no_workers_left(small_split)
 
 
 def test_a_missing_stage_file_is_named_before_any_stage_starts(small_split):

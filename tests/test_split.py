@@ -886,3 +886,32 @@ def test_a_stage_calling_a_wrapped_helper_is_pickled_so_that_it_loads(tmp_path, 
         text=True,
     )
     assert code.returncode == EXIT_OK, code.stderr
+
+
+class TakesKeywords(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x, **kwargs):  # transformers' forwards end in **kwargs (GPT-Neo)
+        return self.b(torch.relu(self.a(x)))
+
+
+def test_a_forward_taking_kwargs_splits_and_its_files_load(tmp_path):
+    """QA: the **kwargs placeholder was counted as a stage input (`_kwargs scalar`): the written stage files were
+    refused as "renamed, swapped or mixed from two splits", and without -o the chained stages read MISMATCH."""
+    captured = capture(TakesKeywords().eval(), (torch.randn(1, 8),))
+    result = split(captured, 2, "flops", output_dir=tmp_path / "split")
+    assert result.verification is not None and result.verification.ok
+    assert [t.name for t in result.plan.stages[0].inputs] == ["x"]
+    assert isinstance(load_stage(tmp_path / "split", 0), nn.Module)
+
+
+def test_a_split_directory_is_captured_as_its_unsplit_program(tmp_path):
+    """QA: `fxforge inspect SPLIT_DIR` (and graph, export, split) was refused as "a TorchScript module": the wrapper
+    that gives model.pt2's flat outputs their structure back was taken for TorchScript."""
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4)).eval()
+    split(capture(model, (torch.randn(1, 8),)), 2, "flops", output_dir=tmp_path / "split")
+    captured = capture(fxforge.load_model(tmp_path / "split"))
+    assert captured.dialect == "aten"
+    assert sum(n.op == "call_function" and "linear" in str(n.target) for n in captured.graph_module.graph.nodes) == 2

@@ -59,7 +59,7 @@ from fxforge.errors import (
     one_line_reason,
     option,
 )
-from fxforge.inputs import InputSpec, make_inputs, parse_input_spec
+from fxforge.inputs import InputSpec, check_fits_in_memory, make_inputs, parse_input_spec
 from fxforge.models import pickle_trusted
 from fxforge.runtime import quiet_torch_logs, use_ieee_float32
 from fxforge.split import (
@@ -800,6 +800,7 @@ def run_pipeline(
     notes: list[str] = []
     microbatches, chosen = _run_options(world, microbatches, schedules, repeats, warmup, threads, timeout, notes)
     specs = run_inputs(plan, microbatches, inputs)
+    check_fits_in_memory(specs)  # before the processes: each would find it, and the run end as a failed stage
     if verify:
         _require_reference(directory, plan)
     backend, resolved = _backend_and_device(device, 0, world)  # every stage runs on this machine

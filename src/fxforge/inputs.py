@@ -168,14 +168,14 @@ def make_inputs(
     except (RuntimeError, TypeError) as exc:
         raise InputSpecError(f"unknown device {device!r}: {first_line(exc)}") from None
     if device.type != "meta":
-        _check_fits_in_memory(specs)
+        check_fits_in_memory(specs)
     try:
         return tuple(spec.make(generator, device) for spec in specs)
     except (RuntimeError, AssertionError) as exc:  # no such device here (torch's CUDA error is a paragraph)
         raise InputSpecError(f"cannot make inputs on {device}: {first_line(exc)}") from None
 
 
-def _check_fits_in_memory(specs: Sequence[InputSpec]) -> None:
+def check_fits_in_memory(specs: Sequence[InputSpec]) -> None:
     """Refuse inputs larger than this machine's memory with one line, not an allocator error."""
     import math
     import os

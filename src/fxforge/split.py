@@ -228,6 +228,12 @@ class SplitPlan:
         for stage in self.stages:
             if stage.file is not None and (Path(stage.file).is_absolute() or ".." in Path(stage.file).parts):
                 raise ValueError(f"stage {stage.index}'s file {stage.file!r} is outside the split directory")
+            for where, tensors in (("inputs", stage.inputs), ("outputs", stage.outputs)):
+                for tensor in tensors:
+                    _check_tensor_info(tensor, f"stage {stage.index}'s {where}")
+        for cut in self.cuts:
+            for tensor in cut.tensors:
+                _check_tensor_info(tensor, f"the cut after stage {cut.after_stage}")
         if self.output_structure is not None:
             count = structure_tensor_count(self.output_structure)
             if count != len(self.stages[-1].outputs):
@@ -238,6 +244,19 @@ class SplitPlan:
     @property
     def input_specs(self) -> list[InputSpec]:
         return [parse_input_spec(text) for text in self.inputs]
+
+
+def _check_tensor_info(tensor: TensorInfo, where: str) -> None:
+    """A tensor of a hand-edited plan that no stage could take or return: refused with the plan, before any stage
+    starts (QA: a dtype "complex999" or a shape [-1, 3] launched every stage, then failed as exit 1)."""
+    shape_ok = isinstance(tensor.shape, list) and all(
+        isinstance(size, int) and not isinstance(size, bool) and size >= 0 for size in tensor.shape
+    )
+    if not shape_ok:
+        raise ValueError(f"{where}: {tensor.name!r} has shape {tensor.shape!r}, not a list of sizes >= 0")
+    # "" is a tensor the split could not describe (its plan says so): the stage files' own check reads the rest
+    if tensor.dtype != "" and not isinstance(getattr(torch, str(tensor.dtype), None), torch.dtype):
+        raise ValueError(f"{where}: {tensor.name!r} has dtype {tensor.dtype!r}, which torch does not have")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -331,7 +350,9 @@ def _analyse(captured: Captured, infos: dict[str, NodeInfo]) -> _Graph:
     compute = [n for n in nodes if n.op in _COMPUTE and not is_input_guard(n) and n not in structure]
     position = {n: i for i, n in enumerate(compute)}
     n = len(compute)
-    placeholders = [p for p in nodes if p.op == "placeholder"]
+    # a forward's ``**kwargs`` is a placeholder that no call fills (placeholder_values passes it over): counted, it
+    # shifted every input after it and became a stage input of its own (QA: GPT-Neo, split refused its own files)
+    placeholders = [p for p in nodes if p.op == "placeholder" and not str(p.target).startswith("**")]
     flat = captured.flat_inputs()
     constants = {p: v for p, v in zip(placeholders, flat) if not isinstance(v, torch.Tensor)}
     tensor_inputs = [p for p in placeholders if p not in constants]
