@@ -12,6 +12,7 @@ import torch
 import torchvision
 from torchvision.utils import make_grid
 
+from fxforge.api import prepare
 from fxforge.capture import EXPORT, LOADED, SYMBOLIC_TRACE, Captured, capture
 from fxforge.errors import CaptureError, FxforgeError, InputSpecError
 from fxforge.graphs import ATEN, TORCH
@@ -532,6 +533,14 @@ def test_torchscript_module_is_refused_with_a_plain_reason():
     with pytest.raises(CaptureError, match="cannot capture a TorchScript module") as caught:
         capture(scripted, (torch.randn(1, 4),))
     assert "verify" in caught.value.hint
+
+
+def test_a_torchscript_file_without_input_shapes_is_refused_for_what_it_is(tmp_path):
+    """QA: `fxforge inspect model.ts.pt` asked for --input; given one, it was refused as TorchScript: the refusal
+    comes first."""
+    torch.jit.trace(torch.nn.Linear(4, 2).eval(), torch.randn(1, 4)).save(str(tmp_path / "linear.pt"))
+    with pytest.raises(CaptureError, match="cannot capture a TorchScript module"):
+        prepare(str(tmp_path / "linear.pt"))
 
 
 def test_user_files_are_told_apart_from_torch_by_folder_not_prefix():

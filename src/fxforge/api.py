@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from fxforge.artifacts import PLAN_FILE, REPORT_FILE, OnnxRuntimeModule, StructuredOutputs, read_inputs
-from fxforge.capture import Captured, capture, model_args_text
+from fxforge.capture import Captured, capture, model_args_text, refuse_compiled_forms
 from fxforge.errors import CaptureError, FxforgeError, InputSpecError, option, said
 from fxforge.graphs import ATEN
 from fxforge.inputs import InputSpec, make_inputs, parse_input_spec
@@ -87,6 +87,8 @@ def prepare(
         hint = f"e.g. {option('--check-batch', 2)}"
         raise InputSpecError(f"{option('--check-batch')} must be at least 1, got {check_batch}", hint=hint)
     loaded = load_model(model, seed=seed, device=device, model_kwargs=model_kwargs, trust_pickle=trust_pickle)
+    # before asking for input shapes: a TorchScript file without them was told to pass --input, then refused (QA)
+    refuse_compiled_forms(loaded.module, loaded.pickle_passed_over)
     if concrete_args:  # a misspelt name would otherwise read as "the model rejected the example inputs"
         _refuse_unknown_arguments(loaded.module, concrete_args, loaded.spec)
     tensors = _example_tensors(inputs)

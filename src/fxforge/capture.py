@@ -913,7 +913,12 @@ def compiled_form(model: nn.Module) -> str | None:
     """What ``model`` is when it runs compiled code, not Python (``"a TorchScript module"``, an ONNX Runtime session,
     an AOTInductor package), or None: such a model has no Python forward to trace, nor submodule calls that run
     Python hooks."""
-    if isinstance(model, (torch.jit.ScriptModule, OnednnFusion, StructuredOutputs)):
+    if isinstance(model, StructuredOutputs):
+        # what it restores the structure of: a TorchScript file, or a split directory's model.pt2, whose program
+        # is captured as any .pt2 is (QA: `inspect SPLIT_DIR` was refused as "a TorchScript module")
+        inner = model.scripted
+        return compiled_form(inner) if isinstance(inner, nn.Module) else "a TorchScript module"
+    if isinstance(model, (torch.jit.ScriptModule, OnednnFusion)):
         return "a TorchScript module"
     if isinstance(model, OnnxRuntimeModule):
         return "an ONNX model (run by ONNX Runtime)"
@@ -922,7 +927,7 @@ def compiled_form(model: nn.Module) -> str | None:
     return None
 
 
-def _refuse_compiled_forms(model: nn.Module, pickle_passed_over: str | None = None) -> None:
+def refuse_compiled_forms(model: nn.Module, pickle_passed_over: str | None = None) -> None:
     """A compiled form (:func:`compiled_form`) has no Python forward to trace: say so plainly, instead of reporting
     whatever tracing trips over first inside it (tracing into a package printed a C++ error, then blamed
     data-dependent control flow). ``pickle_passed_over``: the pickled graph beside it in the directory, which the
@@ -1028,7 +1033,7 @@ def capture(
             f"capture takes an nn.Module, not a {type(model).__name__}",
             hint="put a function in a module's forward, or name a model spec with fxforge.prepare",
         )
-    _refuse_compiled_forms(model, passed_over)
+    refuse_compiled_forms(model, passed_over)
     _refuse_unwritable_names(model)
     compiled_recipe = isinstance(model, CompiledModule)
     if compiled_recipe:
