@@ -590,10 +590,12 @@ def test_debug_shows_the_traceback_and_keeps_the_exit_code_and_json(capsys, monk
 
 
 def test_json_stdout_holds_only_the_document_when_the_model_writes_to_descriptor_1(tmp_path):
-    """QA: Python's redirection alone let os.write(1, ...) and print(file=sys.__stdout__) into the document."""
+    """QA: Python's redirection alone let os.write(1, ...) and print(file=sys.__stdout__) into the document; a print
+    of an atexit handler came after it."""
     source = tmp_path / "noisy.py"
     source.write_text(
-        "import os, sys, torch\n"
+        "import atexit, os, sys, torch\n"
+        "atexit.register(lambda: print('AT EXIT'))\n"
         "def build():\n"
         "    os.write(1, b'RAW FD1 WRITE\\n')\n"
         "    print('dunder', file=sys.__stdout__)\n"
@@ -607,7 +609,7 @@ def test_json_stdout_holds_only_the_document_when_the_model_writes_to_descriptor
     )
     assert done.returncode == 0, done.stderr[-500:]
     assert json.loads(done.stdout)["dialect"] == "torch"
-    assert "RAW FD1 WRITE" in done.stderr and "dunder" in done.stderr
+    assert "RAW FD1 WRITE" in done.stderr and "dunder" in done.stderr and "AT EXIT" in done.stderr
 
 
 def test_a_keyword_only_constant_is_pointed_at_concrete_and_keeps_the_positional_inputs(capsys, tmp_path):

@@ -12,6 +12,7 @@ Exit codes (docs/commands/index.md): 0 success · 1 findings (lint) or mismatch 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -129,7 +130,22 @@ def run() -> None:
         # (it was 1, which reads as "mismatch" after a verify that said OK). Python's own advice: point stdout at
         # devnull, so that the interpreter's last flush does not fail again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    _later_prints_to_stderr()
     sys.exit(code)
+
+
+def _later_prints_to_stderr() -> None:
+    """After a ``--json`` document, stdout holds that document and nothing else: what the user's code prints at
+    exit (``atexit`` handlers, finalizers) goes to stderr, as its prints during the command did (QA: an atexit
+    print after the closing brace broke ``| python -m json.tool``)."""
+    from fxforge.cli.options import json_documents_emitted
+
+    if not json_documents_emitted():
+        return
+    with contextlib.suppress(AttributeError, OSError, ValueError):  # a stream without a descriptor: left as it is
+        sys.stdout.flush()
+        os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+        sys.stdout = sys.stderr
 
 
 def __getattr__(name: str) -> Any:

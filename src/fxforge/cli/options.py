@@ -337,6 +337,11 @@ def emit_json(payload: Any) -> None:
     click.echo(json_text(payload, indent=2), file=_json_stdout[-1] if _json_stdout else None)
 
 
+def json_documents_emitted() -> int:
+    """How many JSON documents this command printed on stdout."""
+    return _documents_emitted[0]
+
+
 def forget_documents() -> None:
     """A new command starts (``main`` may run several in one process: tests, notebooks)."""
     _documents_emitted[0] = 0
