@@ -231,6 +231,15 @@ def plan_fold(
     if norm is None:
         return None
     if not is_source(norm.input):
+        joined = _concatenated_layers(norm.input, is_source)
+        if joined:
+            # timm's MixedConv2d (mixnet): one batch norm after torch.cat of several convs; each would take its
+            # slice of the channels, a fold this pass does not make yet. Said, not passed over (QA: 34 left unsaid)
+            names = ", ".join(display_name(layer) for layer in joined[:4]) + (" ..." if len(joined) > 4 else "")
+            return _refusal(
+                f"its input is a concatenation of {len(joined)} layers ({names}): fold_bn folds into one layer",
+                _label(node, norm.input),
+            )
         inner = _flattened_features(norm.input) if not norm.frozen else None
         if inner is None or not is_source(inner) or _layer_kind(gm, folded.get(inner, inner)) != "linear":
             return None
@@ -895,6 +904,17 @@ class _Scan:
     composites: set[fx.Node]
 
 
+def _concatenated_layers(node: fx.Node, is_source) -> list[fx.Node]:
+    """The layers ``node`` concatenates along the channels when it is ``cat`` of layer outputs alone, else []."""
+    if node.op != "call_function" or node.target not in (torch.cat, torch.concat, torch.ops.aten.cat.default):
+        return []
+    parts = node.args[0] if node.args else node.kwargs.get("tensors")
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+    if dim != 1 or not isinstance(parts, (list, tuple)) or len(parts) < 2:
+        return []
+    return list(parts) if all(is_source(part) for part in parts) else []
+
+
 def _plans(gm: nn.Module, graph: fx.Graph, uses: Counter[str]) -> list[tuple[fx.Node, FoldPlan | Refusal]]:
     folded: dict[fx.Node, fx.Node] = {}
     plans = []
@@ -979,6 +999,8 @@ def _nothing_left_to_fold(gm: fx.GraphModule) -> str | None:
         "without running statistics, or with statistics or scale/shift computed from graph inputs, from stored "
         "tensors read elsewhere or by calls fxforge cannot run; a conv/linear whose output has other users; a "
         "conv module called from more than one place or whose weight or bias the graph also reads directly; a "
+        "batch norm after a concatenation of several layers (timm's MixedConv2d: each would take its slice of the "
+        "channels, a fold not made yet); a "
         "functional/ATen layer whose weights are not stored tensors or are read elsewhere; a Linear whose output "
         "is not known to be 2-D; a conv whose output is not known to be batched (N, C, ...: from its recorded "
         "shape, an assert on its rank, or a BatchNorm2d/3d that takes nothing else), where a batch norm on an "
