@@ -260,7 +260,6 @@ def _dispatch(spec: str, kwargs: dict[str, Any], trust_pickle: bool | None) -> L
     raise ModelSpecError(f"unknown model spec {spec!r}", hint=_SPEC_HINT)
 
 
-
 def _load_written(path: Path, spec: str, trust_pickle: bool | None) -> LoadedModel | None:
     """A model file or output directory that fxforge or torch wrote, or None where ``spec`` names none."""
     if path.is_dir():
@@ -278,6 +277,7 @@ def _load_written(path: Path, spec: str, trust_pickle: bool | None) -> LoadedMod
     if path.suffix == ".onnx":
         return _load_onnx_file(path, spec)
     return None
+
 
 _SPEC_HINT = (
     "use demo, torchvision:NAME, timm:NAME, transformers:CLASS, path/to/file.py:factory, "
