@@ -176,3 +176,36 @@ def test_a_segmentation_models_ordered_dict_output_stays_one(tmp_path):
     assert done.stdout.strip() == "OrderedDict", done.stderr[-800:]
     report = fxforge.verify(captured.original, tmp_path / "out", [x])
     assert report.ok and not report.warnings, report
+
+
+def test_a_transformers_model_output_stays_one(tmp_path):
+    """QA: GPT-Neo and HF MobileNetV2, captured by symbolic tracing, returned a plain dict from the graph, model.pt2
+    and the package (``out.last_hidden_state`` failed), and verify warned that the type differs. A ModelOutput is
+    an OrderedDict subclass built from its fields: it is rebuilt as the OrderedDict is."""
+    import subprocess
+    import sys
+
+    import fxforge
+
+    pytest.importorskip("transformers")
+    (tmp_path / "hf_output.py").write_text(
+        "import torch\nfrom transformers.modeling_outputs import BaseModelOutputWithPooling\n\n"
+        "example_inputs = ['2x8']\n\n\nclass Net(torch.nn.Module):\n    def __init__(self):\n"
+        "        super().__init__()\n        self.linear = torch.nn.Linear(8, 8)\n\n    def forward(self, x):\n"
+        "        hidden = self.linear(x)\n"
+        "        return BaseModelOutputWithPooling(last_hidden_state=hidden, pooler_output=hidden.mean(0))\n"
+    )
+    captured = fxforge.prepare(f"{tmp_path / 'hf_output.py'}:Net")
+    x = torch.randn(2, 8)
+    output = captured.graph_module(x)
+    assert type(output).__name__ == "BaseModelOutputWithPooling" and output.pooler_output.shape == (8,)
+    result = fxforge.optimize(captured, ["dead_code"], output_dir=tmp_path / "out")
+    assert type(result.captured.graph_module(x)).__name__ == "BaseModelOutputWithPooling"
+    code = (
+        f"import sys, torch; sys.path.insert(0, {str(tmp_path / 'out')!r}); "
+        "from optimized_model import OptimizedModel; print(type(OptimizedModel()(torch.randn(2, 8))).__name__)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.stdout.strip() == "BaseModelOutputWithPooling", done.stderr[-800:]
+    report = fxforge.verify(captured.original, captured.graph_module, [x])
+    assert report.ok and not report.warnings, report

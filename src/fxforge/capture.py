@@ -223,22 +223,43 @@ UNRECORDED_WRITES = "fxforge_unrecorded_buffer_writes"
 
 
 class _OrderedDictOutput(fx.graph.CodeGen):
-    """Generated code that returns the graph's output dict as the ``collections.OrderedDict`` the model returned:
-    torch.fx turns every dict it traces into a plain one, and torchvision's segmentation models return an
-    OrderedDict (verify then warned, on fxforge's own capture, that the type differs). The graph keeps its plain
-    dict, so passes see the usual output node. torch.export keeps the type (model.pt2); a GraphModule pickled and
-    loaded again is traced anew by torch from its code and returns a plain dict (docs/capture.md)."""
+    """Generated code that returns the graph's output dict as the ``collections.OrderedDict`` (or subclass of it)
+    the model returned: torch.fx turns every dict it traces into a plain one. torchvision's segmentation models
+    return an OrderedDict, transformers models a ``ModelOutput`` (an OrderedDict subclass whose fields are its keys:
+    ``out.last_hidden_state`` failed on the plain dict, QA); verify then warned that the type differs. The graph
+    keeps its plain dict, so passes see the usual output node. torch.export keeps the type (model.pt2); a
+    GraphModule pickled and loaded again is traced anew by torch from its code and returns a plain dict
+    (docs/capture.md)."""
+
+    def __init__(self, output_type: type = collections.OrderedDict) -> None:
+        super().__init__()
+        self.output_type = output_type
 
     def additional_globals(self) -> list[tuple[str, Any]]:
-        return [("collections", collections)]
+        if self.output_type is collections.OrderedDict:
+            return [("collections", collections)]
+        return [(self.output_type.__name__, self.output_type)]  # torch imports it from its module when reloading
 
     def generate_output(self, output_args: Any, **kwargs: Any) -> str:
-        statement = super().generate_output(output_args, **kwargs)
-        return f"return collections.OrderedDict({statement.removeprefix('return ')})"
+        statement = super().generate_output(output_args, **kwargs).removeprefix("return ")
+        if self.output_type is collections.OrderedDict:
+            return f"return collections.OrderedDict({statement})"
+        return f"return {self.output_type.__name__}(**{statement})"
 
     def process_outputs(self, outputs: Any) -> Any:
         # what an Interpreter over the graph returns (torch.export runs a GraphModule that way, not its code)
-        return collections.OrderedDict(outputs)
+        return self.output_type(**outputs)
+
+
+def _restorable_dict_type(kind: type | None) -> type | None:
+    """``kind`` when it is an OrderedDict (or a subclass, such as transformers' ModelOutput) that generated code can
+    name through its module and build from keywords, else None (a plain dict stays one)."""
+    if kind is None or not issubclass(kind, collections.OrderedDict):
+        return None
+    module = sys.modules.get(kind.__module__)
+    if module is None or "." in kind.__qualname__ or getattr(module, kind.__qualname__, None) is not kind:
+        return None  # a class defined in a function, or shadowed in its module
+    return kind
 
 
 class _LeafTracer(fx.Tracer):
@@ -246,7 +267,7 @@ class _LeafTracer(fx.Tracer):
         super().__init__()
         self.leaf_names = leaf_names
         self.leaf_types = leaf_types
-        self.returns_ordered_dict = False
+        self.output_dict_type: type | None = None
         self._arg_depth = 0
         self._last_outer_arg_type: type | None = None
 
@@ -268,7 +289,7 @@ class _LeafTracer(fx.Tracer):
     def create_node(self, *args: Any, **kwargs: Any) -> fx.Node:
         node = super().create_node(*args, **kwargs)
         if node.op == "output":
-            self.returns_ordered_dict = self._last_outer_arg_type is collections.OrderedDict
+            self.output_dict_type = _restorable_dict_type(self._last_outer_arg_type)
         # The model's line that made the node, as torch.export records it (node.meta["stack_trace"]): a warning or
         # error raised while the captured graph runs then names that line, not the generated code's
         # (errors.graph_frame_source). Only the innermost frame of the user's code: torch.fx's own
@@ -609,8 +630,8 @@ def _symbolic_trace(
                 if isinstance(node.type, str):
                     node.type = None
             _drop_unused_attribute_reads(graph)
-            if tracer.returns_ordered_dict:
-                graph.set_codegen(_OrderedDictOutput())
+            if tracer.output_dict_type is not None:
+                graph.set_codegen(_OrderedDictOutput(tracer.output_dict_type))
             # Built before the state is restored: tracing stores tensor constants (``_tensor_constant0``) on the
             # root, and the GraphModule takes them from there.
             gm = fx.GraphModule(tracer.root, graph, model.__class__.__name__)
