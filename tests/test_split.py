@@ -908,10 +908,13 @@ def test_a_forward_taking_kwargs_splits_and_its_files_load(tmp_path):
 
 
 def test_a_split_directory_is_captured_as_its_unsplit_program(tmp_path):
-    """QA: `fxforge inspect SPLIT_DIR` (and graph, export, split) was refused as "a TorchScript module": the wrapper
+    """QA: `fxforge inspect SPLIT_DIR` (and graph, export) was refused as "a TorchScript module": the wrapper
     that gives model.pt2's flat outputs their structure back was taken for TorchScript."""
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4)).eval()
     split(capture(model, (torch.randn(1, 8),)), 2, "flops", output_dir=tmp_path / "split")
     captured = capture(fxforge.load_model(tmp_path / "split"))
     assert captured.dialect == "aten"
     assert sum(n.op == "call_function" and "linear" in str(n.target) for n in captured.graph_module.graph.nodes) == 2
+    # splitting it again read the new stages' outputs as a tuple of the model's tensor (MISMATCH): refused, named
+    with pytest.raises(FxforgeError, match="a split directory cannot be split again"):
+        split(captured, 2, "flops")

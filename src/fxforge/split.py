@@ -52,6 +52,7 @@ from fxforge.artifacts import (
     PLAN_FILE,
     PROGRAM_FILE,
     SOURCE_DIR,
+    StructuredOutputs,
     atomic_directory,
     check_free_space,
     check_output_directory,
@@ -511,6 +512,13 @@ def _plan(
     model_name: str,
 ) -> tuple[SplitPlan, _Graph]:
     require_captured(captured, "split")
+    if isinstance(captured.original, StructuredOutputs) and captured.exported_program is not None:
+        # its model.pt2 returns the outputs flat, which the directory gives back their structure: split that again
+        # and the new stages' outputs were read as a tuple of the model's tensor (QA: MISMATCH, nothing written)
+        raise ModelSpecError(
+            "a split directory cannot be split again",
+            hint="split the model it was made from (its spec is in plan.json) with the new stage count",
+        )
     started = time.perf_counter()
     _check_request(stages, balance, profile, slack)
     # a dict or list argument was baked into the stages as constants (they ignored their inputs: QA); a fixed

@@ -67,3 +67,18 @@ def test_silent_on_an_unpacked_item_the_code_discards(findings, capture_as, dial
     # `a, _ = x.chunk(2)` leaves an unused getitem of a live tuple: free, and what `_` means; no edit could clear it.
     found = findings(capture_as(DiscardsAnUnpackedItem(), torch.randn(2, 4), dialect), "FX001")
     assert [f.node for f in found] == ["sigmoid"]
+
+
+class IndexesATensorAndDropsIt(nn.Module):
+    def forward(self, x):
+        y = x * 2
+        unused = y[:, :2]  # noqa: F841 -- a dead slice of a tensor, not an unpacked item
+        first = y[0]  # noqa: F841
+        return y
+
+
+@pytest.mark.parametrize("dialect", ["torch", "aten"])
+def test_fires_on_an_unused_index_of_a_tensor(findings, capture_as, dialect):
+    # QA: the unpacked-item exemption hid every dead index of a live tensor
+    found = findings(capture_as(IndexesATensorAndDropsIt(), torch.randn(2, 4), dialect), "FX001")
+    assert len(found) == 2

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import operator
 
+import torch
 from torch.fx import Node
+from torch.fx.passes.shape_prop import TensorMetadata
 
 from fxforge.graphs import target_name
 from fxforge.lint import LintContext, rule
@@ -33,9 +35,16 @@ def _discarded_unpacked_item(node: Node, live: set) -> bool:
     Indexing costs nothing and the tuple is computed anyway; the ``_`` is how Python spells "not needed", so
     reporting it would be noise that no edit of the user's code could clear.
     """
-    return (
-        node.op == "call_function"
-        and node.target is operator.getitem
-        and isinstance(node.args[0], Node)
-        and node.args[0] in live
+    if node.op != "call_function" or node.target is not operator.getitem or not isinstance(node.args[0], Node):
+        return False
+    source = node.args[0]
+    if source not in live:
+        return False
+    # a tuple, not a tensor indexed (a dead `y[0]` or `y[:, :4]` is reported, QA): every reader of it takes one item
+    # by position, and what it holds is not recorded as one tensor
+    if isinstance(source.meta.get("val", source.meta.get("tensor_meta")), (torch.Tensor, TensorMetadata)):
+        return False
+    return all(
+        user.op == "call_function" and user.target is operator.getitem and isinstance(user.args[1], int)
+        for user in source.users
     )
