@@ -42,6 +42,7 @@ def test_an_output_smaller_than_atol_is_still_compared():
     assert not compare_outputs(torch.zeros(10), torch.full((10,), 1e-3)).ok
     ordinary = torch.randn(1000)  # at least 100x atol: the bound is as before
     assert compare_outputs(ordinary, ordinary + 9e-6).ok
+    assert compare_outputs(tiny, torch.zeros_like(tiny), atol=1e-5).ok  # an atol the caller gives is used whole
 
 
 def test_verify_tells_apart_two_models_whose_outputs_are_tiny():
