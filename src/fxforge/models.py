@@ -396,10 +396,15 @@ def _randomise_batchnorms(model: nn.Module) -> None:
             if module.running_mean is not None and module.running_var is not None:
                 module.running_mean.normal_(0.0, 0.1)
                 module.running_var.uniform_(0.5, 1.5)
-            if module.weight is not None:
-                module.weight.uniform_(0.5, 1.5)
-            if module.bias is not None:
-                module.bias.normal_(0.0, 0.1)
+            _draw_affine(module)
+
+
+def _draw_affine(norm: nn.modules.batchnorm._BatchNorm) -> None:
+    """A BatchNorm's scale from U(0.5, 1.5) and shift from N(0, 0.1), from torch's RNG (under no_grad)."""
+    if norm.weight is not None:
+        norm.weight.uniform_(0.5, 1.5)
+    if norm.bias is not None:
+        norm.bias.normal_(0.0, 0.1)
 
 
 def _measure_batchnorms(model: nn.Module, example: InputSpec) -> bool:
@@ -436,10 +441,7 @@ def _measure_batchnorms(model: nn.Module, example: InputSpec) -> bool:
         return False
     with torch.no_grad():
         for bn in norms:
-            if bn.weight is not None:
-                bn.weight.uniform_(0.5, 1.5)
-            if bn.bias is not None:
-                bn.bias.normal_(0.0, 0.1)
+            _draw_affine(bn)
     return True
 
 
