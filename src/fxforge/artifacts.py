@@ -58,7 +58,7 @@ from fxforge.errors import (
     require,
     user_location,
 )
-from fxforge.graphs import ATEN, aten_packet, index_bounds
+from fxforge.graphs import ATEN, aten_packet, index_bounds, is_var_keyword
 from fxforge.inputs import InputSpec, parse_input_spec, specs_of
 from fxforge.machine import cpu_info
 from fxforge.references import USER_MODULE_PREFIX, import_file
@@ -665,7 +665,7 @@ def save_graph_module(
         # keyword args fixed at capture are constants of the program: model(x) then runs it, as for model.pt
         exported = gm if holds_tensor(kwargs) else with_constant_kwargs(gm, kwargs)
         kwargs = kwargs if exported is gm else {}
-        if exported is gm and any(str(n.target).startswith("**") for n in gm.graph.find_nodes(op="placeholder")):
+        if exported is gm and any(is_var_keyword(n.target) for n in gm.graph.find_nodes(op="placeholder")):
             # torch.export runs a GraphModule node by node, giving its **kwargs placeholder a list (see
             # GraphRunner); called as a module, the generated forward gives it the dict
             exported = ConstantKeywords(gm, {})

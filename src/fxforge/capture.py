@@ -70,6 +70,7 @@ from fxforge.graphs import (
     called_parameters,
     dialect_of,
     draws_random_numbers,
+    is_var_keyword,
     outside_torch,
     reads_metadata_only,
     runs_hooks,
@@ -196,7 +197,7 @@ def placeholder_values(gm: fx.GraphModule, args: Sequence[Any], kwargs: Mapping[
         return list(flat)
     values = []
     for i, node in enumerate(placeholders):
-        if str(node.target).startswith("**"):
+        if is_var_keyword(node.target):
             # ``**kwargs``: its keywords are placeholders of their own; the Interpreter gives it what is left of
             # the positional values, which is nothing (a transformers ``forward(pixel_values, ..., **kwargs)``)
             continue

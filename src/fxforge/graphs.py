@@ -422,6 +422,11 @@ def _mutable(value: Any) -> Any:
     return value
 
 
+def is_var_keyword(target: Any) -> bool:
+    """Whether a placeholder's target is a forward's ``**kwargs``, which no positional value fills."""
+    return str(target).startswith("**")
+
+
 class GraphRunner(MutableArguments, fx.Interpreter):
     """``fx.Interpreter`` that gives a ``**kwargs`` placeholder an empty dict (and plain arguments to functions
     from outside torch: :class:`MutableArguments`).
@@ -432,7 +437,7 @@ class GraphRunner(MutableArguments, fx.Interpreter):
     """
 
     def placeholder(self, target: Any, args: Any, kwargs: Any) -> Any:
-        if str(target).startswith("**"):
+        if is_var_keyword(target):
             return {}
         return super().placeholder(target, args, kwargs)
 

@@ -66,7 +66,15 @@ from fxforge.artifacts import (
 from fxforge.capture import Captured, placeholder_values, require_captured
 from fxforge.compare import compare_outputs
 from fxforge.errors import FxforgeError, ModelSpecError, first_line, format_location, option, recorded_user_frame
-from fxforge.graphs import GraphRunner, builds_namedtuple, get_attr_value, is_input_guard, module_path, submodule
+from fxforge.graphs import (
+    GraphRunner,
+    builds_namedtuple,
+    get_attr_value,
+    is_input_guard,
+    is_var_keyword,
+    module_path,
+    submodule,
+)
 from fxforge.inputs import InputSpec, draw_like, parse_input_spec, refuse_containers
 from fxforge.inspect import NodeInfo, inspect_graph
 from fxforge.models import LoadedModel, load_model, pickle_trusted
@@ -353,7 +361,7 @@ def _analyse(captured: Captured, infos: dict[str, NodeInfo]) -> _Graph:
     n = len(compute)
     # a forward's ``**kwargs`` is a placeholder that no call fills (placeholder_values passes it over): counted, it
     # shifted every input after it and became a stage input of its own (QA: GPT-Neo, split refused its own files)
-    placeholders = [p for p in nodes if p.op == "placeholder" and not str(p.target).startswith("**")]
+    placeholders = [p for p in nodes if p.op == "placeholder" and not is_var_keyword(p.target)]
     flat = captured.flat_inputs()
     constants = {p: v for p, v in zip(placeholders, flat) if not isinstance(v, torch.Tensor)}
     tensor_inputs = [p for p in placeholders if p not in constants]
