@@ -468,3 +468,26 @@ def test_a_namedtuple_output_adds_no_activation_bytes_of_its_own():
     built = [n for n in report.nodes if n.op == "call_function" and "Out" in n.target]
     assert len(built) == 1 and built[0].activation_bytes == 0
     assert report.totals["activation_bytes"] == by_name["lin"] + by_name["relu"] == 2 * 64
+
+
+class _Branching(nn.Module):
+    """A value-dependent branch written as torch.cond, as capture's own hint suggests: the true branch calls a
+    Linear (whose weight and bias the exported graph passes to the branch as operands), the false one only scales."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.cond(x.sum() > 0, lambda y: self.lin(y), lambda y: y * 2, (x,))
+
+
+@pytest.mark.parametrize("sign, flops", [(1.0, 2 * 2 * 8 * 8), (-1.0, 0)])
+def test_a_torch_cond_counts_the_branch_the_input_takes(sign, flops):
+    """QA: inspect, graph, split and optimize's report.html ended in "internal error: NotImplementedError: There was
+    no rule registered for HigherOrderOperator cond" on every exported graph holding a torch.cond."""
+    x = torch.full((2, 8), sign)
+    report = inspect_graph(fxforge.capture(_Branching().eval(), (x,), method="export"), inputs=(x,))
+    cond = next(n for n in report.nodes if n.name == "cond")
+    assert cond.flops == flops and report.totals["flops"] == flops and cond.flops_unknown == []
+    assert cond.params == 0 and report.totals["params"] == 72  # the Linear's weights, counted once

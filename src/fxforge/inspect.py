@@ -24,9 +24,10 @@ from typing import Any
 
 import torch
 from torch import fx, nn
+from torch._ops import HigherOrderOperator
 from torch.utils import _pytree as pytree
 from torch.utils import flop_counter
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils.flop_counter import FlopCounterMode
 
 from fxforge import display
@@ -174,6 +175,8 @@ ZERO_BY_CONVENTION = frozenset(
 
 def _has_no_formula(func: Any, registry: Any) -> bool:
     """Whether an executed op is real work torch's FLOP counter cannot count (see :data:`ZERO_BY_CONVENTION`)."""
+    if isinstance(func, HigherOrderOperator):
+        return True
     packet = func._overloadpacket
     if packet in registry:
         return False
@@ -196,6 +199,8 @@ class _OpRecorder(TorchDispatchMode):
 
 
 def _op_label(func: Any) -> str:
+    if isinstance(func, HigherOrderOperator):
+        return f"higher_order.{func.name()}"
     packet = func._overloadpacket
     namespace = getattr(func, "namespace", "aten")
     return f"{namespace}.{packet.__name__}"
@@ -220,7 +225,7 @@ class _Profiler(GraphRunner):
         before = self.counter.get_total_flops()
         first_op = len(self.recorder.ops)
         try:
-            result = super().run_node(n)
+            result = self._run_higher_order(n) if isinstance(n.target, HigherOrderOperator) else super().run_node(n)
         except Exception as exc:
             if isinstance(exc, InputSpecError) or not self.blame_inputs:
                 raise
@@ -250,6 +255,24 @@ class _Profiler(GraphRunner):
         self.infos[n] = (shape, dtype, nbytes, flops + int8)
         if keys:
             self.output_keys[n] = keys
+        return result
+
+    def _run_higher_order(self, n: fx.Node) -> Any:
+        """A higher-order op (``torch.cond``, ``while_loop``, ``map``... in an exported graph) runs with the counting
+        modes off: torch's FLOP counter and the op recorder have no rule for it (an internal error: QA). ``cond``'s
+        FLOPs are those of the branch this input takes, counted by running that branch's graph again; any other
+        higher-order op is listed among the ops inspect cannot count."""
+        args, kwargs = self.fetch_args_kwargs_from_env(n)
+        # detached: the counter's module hooks, still on, fail on a parameter that requires grad in a no-grad run
+        args, kwargs = pytree.tree_map_only(torch.Tensor, torch.Tensor.detach, (args, kwargs))
+        with _disable_current_modes():
+            result = n.target(*args, **kwargs)
+        if n.target.name() == "cond" and len(args) == 4 and isinstance(args[1], fx.GraphModule):
+            predicate, when_true, when_false, operands = args
+            branch = when_true if bool(predicate) else when_false
+            branch.forward(*operands)
+        else:
+            self.recorder.ops.append(n.target)
         return result
 
 

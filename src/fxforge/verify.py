@@ -42,6 +42,7 @@ from typing import Any
 
 import torch
 from torch import fx, nn
+from torch._ops import HigherOrderOperator
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -1029,12 +1030,17 @@ class _RoundingShake(TorchDispatchMode):
     code relies on), and so do factories (``empty``'s memory is not a value), the exact operations of
     :data:`_EXACT_OPS` and a dtype conversion that loses no precision."""
 
+    # a higher-order op (torch.cond in an exported graph) runs as it is: its branches' operations are not perturbed
+    supports_higher_order_operators = True
+
     def __init__(self, generator: torch.Generator) -> None:
         super().__init__()
         self.generator = generator
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         result = func(*args, **(kwargs or {}))
+        if isinstance(func, HigherOrderOperator):
+            return result
         schema = func._schema
         if schema.is_mutable or any(r.alias_info is not None for r in schema.returns):
             return result

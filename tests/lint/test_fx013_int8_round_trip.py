@@ -2,10 +2,12 @@ from __future__ import annotations
 
 import warnings
 
+import pytest
 import torch
 from torch import fx, nn
 
 from fxforge.capture import capture
+from fxforge.errors import FxforgeError
 from fxforge.lint import lint
 from fxforge.quantize import RandomCalibrationWarning, quantize
 
@@ -126,7 +128,7 @@ def test_float_resnet18_has_none(findings, resnet18_captured):
     if resnet18_captured.dialect == "torch":
         assert findings(resnet18_captured, "FX013") == []
     else:  # torch dialect only
-        assert lint(resnet18_captured, select=["FX013"]).rules_run == []
+        assert "FX013" not in lint(resnet18_captured).rules_run
 
 
 def test_int8_resnet18_has_none(findings, resnet18_model):
@@ -135,5 +137,10 @@ def test_int8_resnet18_has_none(findings, resnet18_model):
 
 def test_not_run_on_aten_graphs():
     captured = capture(MethodFlatten().eval(), (X,), method="export")
-    report = lint(captured, select=["FX013"])
-    assert captured.dialect == "aten" and report.rules_run == [] and report.findings == []
+    report = lint(captured)
+    assert captured.dialect == "aten" and "FX013" not in report.rules_run
+    skipped = "FX013 int8-round-trip needs the torch dialect, not aten (capture with --method symbolic_trace)"
+    assert skipped in report.rules_skipped
+    # selected alone, it said "All checks passed!" with no rule run (QA)
+    with pytest.raises(FxforgeError, match="no selected rule runs on this graph: FX013 int8-round-trip needs"):
+        lint(captured, select=["FX013"])

@@ -103,6 +103,11 @@ class RuleError(FxforgeError):
     """A lint rule could not be registered or found."""
 
 
+class NotApplicable(Exception):
+    """Raised by a rule's check when this graph cannot be judged by it (the message says why and what would
+    let it run): lint lists the rule as skipped, which "All checks passed!" alone hid (QA)."""
+
+
 class RuleCrashed(RuleError):
     """A rule broke its contract (it changed the graph it reads): a bug in the rule, not the user's input."""
 
@@ -143,6 +148,8 @@ class LintReport:
     dialect: str = "torch"
     # a rule that raised, or yielded something other than findings: its findings are missing, the others stand
     rule_failures: list[str] = field(default_factory=list)
+    # a rule that does not run on this graph (another dialect, or :class:`NotApplicable`): why, and what would run it
+    rules_skipped: list[str] = field(default_factory=list)
 
     def at_least(self, severity: str) -> list[Finding]:
         """The findings of ``severity`` or worse; ``"never"`` (``--fail-on never``): none."""
@@ -166,6 +173,7 @@ class LintReport:
             "counts": counts,
             "rules_run": self.rules_run,
             "rule_failures": self.rule_failures,
+            "rules_skipped": self.rules_skipped,
         }
 
 
@@ -201,14 +209,22 @@ def lint(
             hint="capture it first: fxforge.capture(model, example_inputs), or fxforge.prepare('torchvision:resnet18')",
         )
     report = LintReport(dialect=context.dialect)
-    for current in _select_rules(as_names(select), as_names(ignore)):
+    chosen = _select_rules(as_names(select), as_names(ignore))
+    for current in chosen:
         if context.dialect not in current.dialects:
+            other = " or ".join(current.dialects)
+            how = " (capture with --method symbolic_trace)" if "torch" in current.dialects else ""
+            report.rules_skipped.append(
+                f"{current.code} {current.name} needs the {other} dialect, not {context.dialect}{how}"
+            )
             continue
-        report.rules_run.append(current.code)
         trusted = current.origin == BUILTIN
         before = None if trusted else graph_fingerprint(context.graph)
         try:
             report.findings += _findings_of(current, context)
+            report.rules_run.append(current.code)
+        except NotApplicable as reason:
+            report.rules_skipped.append(f"{current.code} {current.name} {reason}")
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as exc:  # one broken rule (a plug-in's) stopped lint and optimize for every model
@@ -223,6 +239,8 @@ def lint(
                 f"rule {current.code} {current.name} (from {current.origin}) changed the graph it was given to read",
                 hint=f"a rule yields findings; a change belongs in a pass (its fix), to the maker of {current.origin}",
             )
+    if select and not report.rules_run and report.rules_skipped:  # "All checks passed!" with nothing checked (QA)
+        raise FxforgeError(f"no selected rule runs on this graph: {'; '.join(report.rules_skipped)}")
     known = registered_passes()
     for code, name in sorted({(f.code, f.fix) for f in report.findings if f.fix and f.fix not in known}):
         # lint --fix passed over such a finding in silence (QA: a plug-in rule's misspelt fix)

@@ -112,6 +112,8 @@ def command(
                         f"{what} {', '.join(kept)}",
                         highlight=False,
                     )
+            for skipped in report.rules_skipped:
+                stdout.print(f"note: not run: {escape(skipped)}", highlight=False)
             render_findings(stdout, opts.model, report.findings)
     if not opts.as_json:
         # a rule that crashed, or a plug-in of rules that did not load: its findings are missing, which "All checks
