@@ -6,6 +6,7 @@ docs say where the sensitivity chart is."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -1107,3 +1108,42 @@ def test_a_model_whose_own_method_is_kept_as_one_call_quantizes_and_saves(tmp_pa
     x = torch.randn(4, 8)
     torch.testing.assert_close(saved(x), result.model(x), rtol=0, atol=0)
     assert (saved(x) - model(x)).abs().max() < 0.1  # int8 of two 8x8 layers: close to float, not equal
+
+
+_WITH_A_LEAF = '''
+import torch
+from torch import nn
+
+
+class Gate(nn.Module):
+    def forward(self, x):
+        if x.mean() > 0:  # a branch on a value: capture keeps Gate as one call
+            return x * 2
+        return x
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.gate, self.fc2 = nn.Linear(16, 32), Gate(), nn.Linear(32, 10)
+
+    def forward(self, x):
+        return self.fc2(self.gate(torch.relu(self.fc1(x))))
+'''
+
+
+def test_the_load_line_of_a_model_with_its_own_classes_in_source_loads_with_torch_alone(tmp_path, capsys):
+    """QA: model.pt of a model whose classes were copied to source/ failed the documented torch.load with
+    ModuleNotFoundError, and neither the output nor report.json said what to run instead."""
+    (tmp_path / "leafy.py").write_text(_WITH_A_LEAF)
+    out = tmp_path / "q"
+    code, stdout, _ = _cli(capsys, "quantize", f"{tmp_path / 'leafy.py'}:Net", "-i", "2x16", "-o", str(out))
+    assert code == EXIT_OK and "source/" in stdout
+    load = json.loads((out / "report.json").read_text())["load"]
+    assert load == "import sys; sys.path.insert(0, 'source'); torch.load('model.pt', weights_only=False)"
+    assert load in stdout.replace("\n", "")
+    script = f"import torch; torch.backends.quantized.engine = 'x86'; {load.replace('torch.load(', 'm = torch.load(')}"
+    script += "; print(type(m(torch.randn(2, 16))).__name__)"
+    # a fresh interpreter, as a user's: nothing imported before the load line
+    ran = subprocess.run([sys.executable, "-c", script], cwd=out, capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0 and ran.stdout.strip() == "Tensor", ran.stderr[-2000:]

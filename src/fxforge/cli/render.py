@@ -395,6 +395,8 @@ def render_quantize(console: Console, spec: str, result: Any) -> None:
         console.print(f"  [dim]{note}[/]")
     if result.output_dir is not None:
         console.print(f"wrote {result.output_dir}/: {', '.join(result.files)}")
+        if result.load and "sys.path" in result.load:  # the plain torch.load the docs show is not enough
+            console.print(f"  load (in {result.output_dir}/): {result.load}", highlight=False, soft_wrap=True)
 
 
 def _render_sensitivity(console: Console, result: Any) -> None:

@@ -60,6 +60,9 @@ class QuantizeResult:
     units: list[Unit] | None = None
     output_dir: Path | None = None
     files: list[str] = field(default_factory=list)
+    # model.pt's one-line load with torch alone, run in the output directory (with ``source/`` put on sys.path first
+    # where the model's own classes were copied there); None until written
+    load: str | None = None
 
     def __repr__(self) -> str:
         return notebook.quantize_repr(self)
@@ -100,4 +103,5 @@ class QuantizeResult:
             "notes": self.notes,
             "output_dir": str(self.output_dir) if self.output_dir else None,
             "files": self.files,
+            "load": self.load,
         }

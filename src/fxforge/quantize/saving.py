@@ -24,6 +24,7 @@ from fxforge.artifacts import (
     atomic_directory,
     disk_full_said,
     rebuilt_with_opaque_calls,
+    with_sources_on_path,
     write_inputs,
     write_report,
     write_user_sources,
@@ -78,6 +79,9 @@ def write_output(
             ) from None
         if write_user_sources(staging / MODEL_FILE, staging):
             files.append(f"{SOURCE_DIR}/")
+        # the documented torch.load alone failed where model.pt refers to the model's classes copied to source/
+        # (QA: ModuleNotFoundError, and nothing said so)
+        result.load = with_sources_on_path(f"torch.load({MODEL_FILE!r}, weights_only=False)", staging)
         _check_reload(result, staging / MODEL_FILE, inputs)
         if _write_torchscript(result, captured, staging):
             files.insert(1, TORCHSCRIPT_FILE)
