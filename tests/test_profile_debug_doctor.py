@@ -3,6 +3,7 @@ mixed-precision backends that run only where the hardware has native bf16."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import os
@@ -231,13 +232,36 @@ def test_debug_finds_a_planted_nan_in_a_model_capture_cannot_trace():
     assert "gate (Gate) produced" in report.nan.describe()
 
 
-
 def test_the_docs_nan_example_runs_as_written(capsys, monkeypatch):
     """docs/commands/debug.md's `fxforge debug examples/nan_model.py:build --nan` (QA: the file was nowhere)."""
     monkeypatch.chdir(Path(__file__).resolve().parent.parent)
     code, out, _ = run(capsys, "debug", "examples/nan_model.py:build", "--nan")
     assert code == EXIT_FINDINGS
     assert out.startswith("NaN/Inf: gate (Gate) produced 32 NaN and 0 Inf in its output from finite inputs")
+
+
+@dataclasses.dataclass
+class _LogOutput:
+    y: torch.Tensor
+
+
+class _DataclassLog(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return _LogOutput(torch.log(self.l(x)))  # NaN wherever the Linear gives a negative value
+
+
+def test_debug_finds_nan_in_a_dataclass_output():
+    """QA: the output's tensors were read with pytree, which does not open a dataclass: "no NaN or Inf in any
+    module's output", exit 0, and the root's --stats row empty; a tuple or dict output was found."""
+    report = debug_model(_DataclassLog().eval(), (torch.randn(4, 8),), stats=True)
+    assert report.nan is not None and report.nan.module == "" and report.nan.output.nan > 0
+    root = report.to_dict()["stats"][""]
+    assert root["calls"] == 1 and root["nan_count"] == report.nan.output.nan
+
 
 def test_debug_blames_the_input_when_the_model_is_given_nan():
     x = torch.randn(4, 8)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.utils import _pytree as pytree
 
 # Tolerances per dtype: (rtol, atol). fp32 rewrites such as BatchNorm folding reorder floating
 # point sums, so they are exact only up to a few ulps amplified by depth; 1e-4 relative covers a
@@ -106,6 +107,18 @@ def as_structure(value: Any) -> Any:
         # not dataclasses.asdict: that deep-copies every tensor
         return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
     return value
+
+
+def tensors_in(value: Any) -> list[torch.Tensor]:
+    """Every tensor in a model's output, in order, dataclass fields included (pytree does not open a dataclass:
+    debug --nan read a dataclass output as holding no tensor, and passed its NaN: QA)."""
+    found: list[torch.Tensor] = []
+    for leaf in pytree.tree_leaves(as_structure(value)):
+        if isinstance(leaf, torch.Tensor):
+            found.append(leaf)
+        elif is_dataclass_instance(leaf) or (hasattr(leaf, "to_tuple") and callable(leaf.to_tuple)):
+            found += tensors_in(leaf)
+    return found
 
 
 def _without_none_keys(value: Any) -> Any:

@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils import _pytree as pytree
 
 from fxforge import display
+from fxforge.compare import tensors_in
 from fxforge.errors import FxforgeError, InputSpecError, one_line_reason, option
 from fxforge.inputs import DISTRIBUTIONS, draw_like
 from fxforge.passes.insert_after import SiteStats, StatsRecorder, read_stats
@@ -209,8 +209,7 @@ class _Watcher:
 
 
 def _float_tensors(value: Any) -> list[torch.Tensor]:
-    leaves = pytree.tree_leaves(value)
-    return [t for t in leaves if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())]
+    return [t for t in tensors_in(value) if t.is_floating_point() or t.is_complex()]
 
 
 def _non_finite(tensor: torch.Tensor) -> bool:
