@@ -853,6 +853,60 @@ def test_a_branch_in_a_method_of_the_model_itself_is_kept_as_one_call(tmp_path):
     assert "gate" not in vars(model)
 
 
+class _StaticGate(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    @staticmethod
+    def gate(x):
+        if x.mean() > 0:
+            return x * 2
+        return -x
+
+    def forward(self, x):
+        return self.gate(self.lin(x)) + 1
+
+
+class _ClassGate(_StaticGate):
+    scale = 3.0
+
+    @classmethod
+    def gate(cls, x):
+        if x.mean() > 0:
+            return x * cls.scale
+        return -x
+
+
+class _HoldsAStaticGate(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block, self.head = _StaticGate(), torch.nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.head(self.block(x))
+
+
+@pytest.mark.parametrize(
+    "model_type, kept", [(_StaticGate, "wrapped"), (_ClassGate, "wrapped"), (_HoldsAStaticGate, "leaves")]
+)
+def test_a_branch_in_a_static_or_class_method_is_kept_as_a_method_is(tmp_path, model_type, kept):
+    """QA: the same branch in a @staticmethod failed the capture ("stopped at ...: data-dependent control flow"),
+    where as a method it was kept as one call; in a submodule, the submodule becomes a leaf, as for a method."""
+    model = model_type().eval()
+    captured = capture(model, (torch.randn(2, 8),))
+    assert captured.record.method == SYMBOLIC_TRACE
+    expected_kept = {"wrapped": [f"{model_type.__name__}.gate"], "leaves": ["block"]}[kept]
+    assert getattr(captured.record, kept) == expected_kept
+    torch.save(captured.graph_module, tmp_path / "model.pt")
+    reloaded = torch.load(tmp_path / "model.pt", weights_only=False)
+    for sign in (1.0, -1.0):
+        x = sign * (torch.rand(2, 8) + 0.1)
+        torch.testing.assert_close(captured.graph_module(x), model(x), rtol=0, atol=0)
+        torch.testing.assert_close(reloaded(x), model(x), rtol=0, atol=0)
+    assert "gate" not in vars(model)
+
+
 class _AllInAMethod(torch.nn.Module):
     def __init__(self):
         super().__init__()

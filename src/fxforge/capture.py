@@ -728,6 +728,9 @@ def _find_culprit(
         code = frame.f_code
         if not is_user_file(code.co_filename) or index == 0:
             continue
+        static = _static_method_to_wrap(frame, frames[index - 1][0], module_names, leaf_names, methods)
+        if static is not None:
+            return static
         function = frame.f_globals.get(code.co_name)
         # a decorated function (torchvision's make_grid under torch.no_grad()) is the wrapper by its name
         unwrapped = pyinspect.unwrap(function) if callable(function) else function
@@ -754,6 +757,31 @@ def _method_to_wrap(
     # the method as a class defines it (a base class's, reached by super(); undecorated: @torch.no_grad())
     if not any(getattr(pyinspect.unwrap(f), "__code__", None) is code for f in defined if callable(f)):
         return None  # a nested function, a static method, a method reached some other way
+    if any(m.owner == name and m.method == code.co_name for m in methods):
+        return None
+    label = f"{type(owner).__name__}.{code.co_name}" if not name else f"{name}.{code.co_name}"
+    return _MethodWrap(name, code.co_name, label)
+
+
+def _static_method_to_wrap(
+    frame: Any, caller: Any, module_names: dict[int, str], leaf_names: set[str], methods: Sequence[_MethodWrap]
+) -> str | _MethodWrap | None:
+    """The static or class method ``frame`` runs, called from its own module's code (``self.act(x)``), as
+    :func:`_method_to_wrap` takes a method (QA: a @staticmethod with a branch on a value failed the capture, where the
+    same code as a method was kept as one call); the module's name where it is a submodule to make a leaf first."""
+    owner = caller.f_locals.get("self")
+    if not isinstance(owner, nn.Module) or id(owner) not in module_names:
+        return None
+    code = frame.f_code
+    defined = (vars(cls).get(code.co_name) for cls in type(owner).__mro__)
+    if not any(
+        isinstance(f, (staticmethod, classmethod)) and getattr(pyinspect.unwrap(f.__func__), "__code__", None) is code
+        for f in defined
+    ):
+        return None
+    name = module_names[id(owner)]
+    if name and name not in leaf_names:
+        return name
     if any(m.owner == name and m.method == code.co_name for m in methods):
         return None
     label = f"{type(owner).__name__}.{code.co_name}" if not name else f"{name}.{code.co_name}"
