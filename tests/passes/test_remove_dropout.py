@@ -84,6 +84,28 @@ def test_refuses_module_in_training_mode(dialect, capture_as):
     assert "module drop" in reason and "model.eval()" in reason and "self.training" not in reason
 
 
+class ZeroProbabilityInTraining(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.drop = nn.Dropout(0.0)
+
+    def forward(self, x):
+        return self.drop(F.dropout(self.fc(x), 0.0, training=True)).relu()
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_removes_a_zero_probability_dropout_whatever_its_training_flag(dialect, capture_as, run_verified):
+    """QA: FX004 called F.dropout(x, 0.0, training=True) a no-op to remove, and remove_dropout refused it as
+    "training=True frozen into the graph": lint --fix could never clear the finding. p=0 drops nothing."""
+    model = ZeroProbabilityInTraining().eval()
+    model.drop.train()  # a module in training mode with p=0 drops nothing either
+    captured = capture_as(model, torch.randn(2, 8), dialect)
+    assert len(dropouts(captured.graph_module)) == 2
+    result = run_verified(captured, "remove_dropout")
+    assert result.removed == 2 and result.skipped == [] and dropouts(result.graph_module) == []
+
+
 class InPlaceDropouts(nn.Module):
     # nn.Dropout(inplace=True), as in torchvision's EfficientNets and MobileNetV3: aten.dropout_ in the ATen dialect
     def __init__(self):

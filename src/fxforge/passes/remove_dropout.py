@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import fx
 
 from fxforge.effects import AliasClasses, copy_layout_problem
-from fxforge.graphs import aten_packet, node_kind, submodule
+from fxforge.graphs import aten_packet, node_arg, node_kind, submodule
 from fxforge.passes import PassResult, mark, register_pass
 
 NAME = "remove_dropout"
@@ -52,6 +52,16 @@ def _training_flag(gm: fx.GraphModule, node: fx.Node) -> tuple[Any, str]:
     return _flag(node, position, keyword, default), "functional"
 
 
+def _drops_nothing(gm: fx.GraphModule, node: fx.Node) -> bool:
+    """Whether the dropout's probability is a literal 0: it returns its input (a copy scaled by 1 where a fused
+    kernel runs it), whatever its training flag."""
+    if node.op == "call_module":
+        p = getattr(submodule(gm, node), "p", None)
+    else:
+        p = node_arg(node, 1, "p", 0.5 if aten_packet(node) is None else None)
+    return isinstance(p, (int, float)) and not isinstance(p, bool) and p == 0
+
+
 @register_pass(
     NAME,
     summary="Remove inactive dropout (eval-mode modules, training=False calls, ATen dropout with train=False).",
@@ -60,7 +70,8 @@ def _training_flag(gm: fx.GraphModule, node: fx.Node) -> tuple[Any, str]:
         "native_dropout returns a copy: removed only where no in-place op or caller could tell the copy from its "
         "input and the copy has the input's strides). Never removes "
         "an active dropout: a module in training mode, or a call whose training flag is True (a flag frozen at "
-        "capture: reported with the reason) or computed in the graph. Torch and ATen dialects."
+        "capture: reported with the reason) or computed in the graph, unless its probability is a literal 0. "
+        "Torch and ATen dialects."
     ),
 )
 def remove_dropout(gm: fx.GraphModule, options: None) -> PassResult:
@@ -75,6 +86,9 @@ def remove_dropout(gm: fx.GraphModule, options: None) -> PassResult:
             result.skip(f"{node.name}: its input is not a node of the graph")
             continue
         training, form = _training_flag(gm, node)
+        if _drops_nothing(gm, node):
+            # p=0 drops nothing in training mode too; FX004 called it a no-op, and lint --fix could never clear it (QA)
+            training = False
         if training is True:
             owner = _dropout_module_path(node) if form == "aten" else None
             if form == "module":
