@@ -878,6 +878,20 @@ def _batch_one_check(captured: Captured, check_batch: int) -> OutputCheck | None
     return None if check.message.startswith("captured graph failed to run") else check
 
 
+def _batch_refused(exc: InputSpecError, captured: Captured, check_batch: int) -> InputSpecError:
+    """The model itself failing at the ``--check-batch`` size, said as such: it read "the model rejected the example
+    inputs (3x3x8x8)" with a hint to change --input, which was not what failed (QA)."""
+    reason = re.sub(r"^the model rejected the example inputs \([^)]*\): ", "", exc.message)
+    leaves = torch.utils._pytree.tree_leaves(captured.example_inputs)
+    example = next((t for t in leaves if isinstance(t, torch.Tensor)), None)
+    batch = f"; the example inputs are batch {example.shape[0]}" if example is not None and example.dim() else ""
+    return InputSpecError(
+        f"the model rejects batch {check_batch} ({option('--check-batch', check_batch)}{batch}): {reason}",
+        hint="the model's code holds its batch size (a literal size in a view or reshape?): derive it from the "
+        f"input (x.size(0)), or capture without {option('--check-batch')}",
+    )
+
+
 def _check(captured: Captured, reference: Any, check_batch: int | None) -> bool:
     """Fill ``captured.record.checks`` (model and graph under the same seed) and say whether the graph passed.
 
@@ -890,7 +904,10 @@ def _check(captured: Captured, reference: Any, check_batch: int | None) -> bool:
         reference = _seeded_reference(captured, CHECK_SEED)
     record.checks = [check_capture(captured, expected=reference)]
     if check_batch is not None:
-        record.checks.append(check_capture(captured, check_batch))
+        try:
+            record.checks.append(check_capture(captured, check_batch))
+        except InputSpecError as exc:
+            raise _batch_refused(exc, captured, check_batch) from None
         batch_one = _batch_one_check(captured, check_batch)
         if batch_one is not None:
             record.checks.append(batch_one)

@@ -388,7 +388,9 @@ def run_reference(module: Any, args: Sequence[Any], kwargs: dict[str, Any], *oth
                 f"fxforge.prepare(model, '{ids}:int64:max={limit}')",
             )
         where = user_location(exc)
-        if raised_in_user_code(exc):
+        # a name the model's code misspells (torch.hardtanh, an undefined variable): no input would run it (QA)
+        misspelt = isinstance(exc, NameError) or (isinstance(exc, AttributeError) and str(exc).startswith("module '"))
+        if raised_in_user_code(exc) or (misspelt and where):
             # raised by the model's own code (a raise, a recursion), not by a torch op its inputs did not fit: QA
             # got "pass --input with the shape..." and no line for `raise RuntimeError(...)` in forward
             hint = "the model's own code raised it: fix the model there, or pass the inputs it expects"

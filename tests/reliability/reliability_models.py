@@ -179,4 +179,22 @@ def conv_bn() -> nn.Module:
     return ConvBN()
 
 
+class MisspeltOp(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.hardtanh(x)  # MARK:misspelt-op (F.hardtanh exists, torch.hardtanh does not)
+
+
+def misspelt_op() -> nn.Module:
+    return MisspeltOp()
+
+
+class BatchOfTwoOnly(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.view(2, 4).relu()  # MARK:batch-of-two
+
+
+def batch_of_two_only() -> nn.Module:
+    return BatchOfTwoOnly()
+
+
 example_inputs = ["2x4"]

@@ -65,6 +65,24 @@ def test_a_factory_that_raises_is_named_with_its_line(capsys):
     assert "ValueError: bad config value 7" in err and "reliability_models.py" in err
 
 
+def test_a_misspelt_name_in_the_models_code_is_the_models_to_fix(capsys):
+    """QA: `torch.hardtanh` (no such function) read "the model rejected the example inputs" with a hint to pass other
+    --input shapes, which no input fixes."""
+    code, _, err = run(capsys, "inspect", f"{MODELS}:misspelt_op")
+    assert_one_error_line(code, err)
+    assert "module 'torch' has no attribute 'hardtanh' at " in err and "reliability_models.py:" in err
+    assert "hint: the model's own code raised it: fix the model there" in err and "--input" not in err
+
+
+def test_a_model_refusing_the_check_batch_is_told_apart_from_its_example_inputs(capsys):
+    """QA: a model that holds its batch size failed --check-batch 3 as "the model rejected the example inputs
+    (3x4)", with a hint to change --input; the example (2x4) was fine."""
+    code, _, err = run(capsys, "inspect", f"{MODELS}:batch_of_two_only", "--check-batch", "3")
+    assert_one_error_line(code, err)
+    assert "error: the model rejects batch 3 (--check-batch 3; the example inputs are batch 2): RuntimeError:" in err
+    assert "`return x.view(2, 4).relu()" in err and "capture without --check-batch" in err
+
+
 def test_a_corrupt_provenance_file(capsys, tmp_path):
     out = tmp_path / "out"
     assert main(["optimize", "demo", "-p", "fold_bn", "-o", str(out)]) == EXIT_OK
