@@ -243,6 +243,13 @@ def test_file_factory_errors(factories: Path, attr: str, needle: str):
     assert_one_line(info.value)
 
 
+def test_a_factory_that_needs_an_argument_says_how_to_give_it(factories: Path):
+    """QA: the error named the missing argument, and no hint said --model-arg (or model_kwargs) gives it."""
+    with pytest.raises(ModelSpecError) as info:
+        load_model(f"{factories}:needs_width")
+    assert info.value.hint == "pass model_kwargs={'width': VALUE}"
+
+
 @pytest.mark.parametrize(
     "example,needle",
     [

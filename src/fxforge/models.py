@@ -304,7 +304,10 @@ def _construct(factory: Callable[..., Any], kwargs: dict[str, Any], spec: str) -
             if kwargs:
                 given = option("--model-arg", python="model_kwargs")
                 raise ModelSpecError(f"{spec}: constructor rejected {given}: {exc}") from None
-            raise ModelSpecError(f"{spec}: cannot be called without arguments: {exc}") from None
+            missing = re.findall(r"'(\w+)'", str(exc).partition("missing")[2])
+            name = missing[0] if missing else "NAME"
+            hint = said(f"pass --model-arg {name}=VALUE", f"pass model_kwargs={{{name!r}: VALUE}}")
+            raise ModelSpecError(f"{spec}: cannot be called without arguments: {exc}", hint=hint) from None
         raise _factory_error(spec, exc) from None
     except Exception as exc:  # the user's factory (or the library's constructor) failed: name it and its line
         raise _factory_error(spec, exc) from None
