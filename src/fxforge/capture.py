@@ -1588,8 +1588,10 @@ def _check_second_call(captured: Captured, writes: Sequence[_StateWrite]) -> Non
         f"cannot capture {type(captured.original).__name__}: forward assigns {named}{more}, and its outputs "
         f"depend on it: the graph holds the value of the call it was captured from, and a second call of "
         f"the model and of the graph differ ({problem})",
-        hint="keep that state in a buffer updated in place (e.g. self.register_buffer('step', torch.zeros(())), "
-        "then self.step += 1), which the graph records, or pass it to forward as an input",
+        # named after the attribute found (QA: the hint named a made-up 'step' for self.cache)
+        hint=f"keep that state in a buffer updated in place (self.register_buffer({writes[0].attribute!r}, ...) in "
+        f"__init__, then self.{writes[0].attribute}.copy_(...) or += in forward), which the graph records, or pass "
+        "it to forward as an input",
         location=writes[0].location,
         attempts=captured.record.attempts,
     )
