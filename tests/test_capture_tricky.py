@@ -1115,3 +1115,33 @@ def test_a_decorated_package_function_is_wrapped_and_named_from_the_users_call()
     with pytest.raises(CaptureError) as info:
         capture(_MakesAGridThroughItsModule().eval(), (torch.randn(4, 3, 8, 8),))
     assert "wrap='torchvision.utils:make_grid'" in info.value.hint
+
+
+_MULTI_LINE_BRANCH = '''
+import torch
+
+
+class MultiLine(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.lin(x)
+        if (
+            y.mean()
+            > 0
+        ):
+            y = y + 1
+        return y
+'''
+
+
+def test_a_branch_written_over_several_lines_is_named_as_a_branch(tmp_path):
+    """QA: the condition's inner line was named alone (`y.mean()`), and read as "a tensor's value read as a Python
+    number" with the .item() hint; the statement is named from its first line, header joined into one."""
+    (tmp_path / "multi.py").write_text(_MULTI_LINE_BRANCH)
+    with pytest.raises(CaptureError) as info:
+        prepare(f"{tmp_path / 'multi.py'}:MultiLine", ["2x8"])
+    assert "multi.py:12 `if ( y.mean() > 0 ):`: data-dependent control flow" in info.value.message
+    assert "torch.where or torch.cond" in info.value.hint

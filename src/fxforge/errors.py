@@ -7,9 +7,11 @@ Library code raises these instead of letting torch's long tracebacks reach the u
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import contextvars
 import errno
+import functools
 import importlib
 import importlib.util
 import linecache
@@ -211,13 +213,54 @@ def is_user_file(filename: str) -> bool:
 
 
 def format_location(filename: str, lineno: int) -> str:
-    """``path:line `source``` with the path relative to the working directory when it is below it."""
+    """``path:line `source``` with the path relative to the working directory when it is below it. A line inside a
+    statement written over several lines names the statement: its first line, and its source (an ``if``'s header)
+    joined into one line (QA: ``if (`` / ``y.mean()`` / ``> 0`` named ```y.mean()```, read as no branch at all)."""
     with contextlib.suppress(ValueError):
         relative = os.path.relpath(filename)
         if not relative.startswith(".."):
             filename = relative
-    source = linecache.getline(filename, lineno).strip() or linecache.getline(os.path.abspath(filename), lineno).strip()
-    return f"{filename}:{lineno} `{source}`" if source else f"{filename}:{lineno}"
+    lines = linecache.getlines(filename) or linecache.getlines(os.path.abspath(filename))
+    first, last = _statement_span(tuple(lines), lineno)
+    source = " ".join(line.strip() for line in lines[first - 1 : last]).strip()
+    if len(source) > _LONGEST_SOURCE:
+        source = source[: _LONGEST_SOURCE - 3].rstrip() + "..."
+    return f"{filename}:{first} `{source}`" if source else f"{filename}:{lineno}"
+
+
+_LONGEST_SOURCE = 160
+
+
+@functools.lru_cache(maxsize=64)
+def _statement_spans(lines: tuple[str, ...]) -> list[tuple[int, int]]:
+    """(first, last) line of every statement of a file written over more than one line; for a compound statement
+    (``if``, ``while``, ``for``, ``with``), its header only."""
+    try:
+        tree = ast.parse("".join(lines))
+    except (SyntaxError, ValueError):
+        return []
+    spans = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.stmt) or node.end_lineno is None:
+            continue
+        header = getattr(node, "test", None) or getattr(node, "iter", None)
+        if header is None and isinstance(node, (ast.With, ast.AsyncWith)):
+            header = node.items[-1].context_expr
+        last = header.end_lineno if header is not None else node.end_lineno
+        body = getattr(node, "body", None)
+        if header is None and isinstance(body, list) and body:
+            continue  # a def, class or try: the line is in its body, a statement of its own
+        if header is not None and isinstance(body, list) and body and last is not None:
+            last = max(last, body[0].lineno - 1)  # to the colon: `if (` ... `):` on a line of its own
+        if last is not None and last > node.lineno:
+            spans.append((node.lineno, last))
+    return spans
+
+
+def _statement_span(lines: tuple[str, ...], lineno: int) -> tuple[int, int]:
+    """The span of the innermost multi-line statement (or header) holding ``lineno``; ``(lineno, lineno)`` else."""
+    holding = [(first, last) for first, last in _statement_spans(lines) if first <= lineno <= last]
+    return min(holding, key=lambda span: span[1] - span[0]) if holding else (lineno, lineno)
 
 
 # The file name torch.fx gives a GraphModule's generated code ("<eval_with_key>.3 from model.py:12 in forward")
