@@ -263,6 +263,21 @@ def test_debug_finds_nan_in_a_dataclass_output():
     assert root["calls"] == 1 and root["nan_count"] == report.nan.output.nan
 
 
+class _RaisesInForward(nn.Module):
+    def forward(self, x):
+        raise RuntimeError("boom in forward")
+
+
+def test_debug_names_the_models_own_line_when_forward_raises():
+    """QA: inspect named the line and said to fix the model there; debug said only "the model rejected the example
+    inputs: RuntimeError: boom in forward"."""
+    with pytest.raises(fxforge.InputSpecError) as info:
+        debug_model(_RaisesInForward(), (torch.randn(2, 8),))
+    message = info.value.message
+    assert "RuntimeError: boom in forward at " in message and "test_profile_debug_doctor.py:" in message
+    assert info.value.hint.startswith("the model's own code raised it")
+
+
 def test_debug_blames_the_input_when_the_model_is_given_nan():
     x = torch.randn(4, 8)
     x[0, 0] = float("nan")

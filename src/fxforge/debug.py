@@ -23,10 +23,10 @@ from torch import nn
 
 from fxforge import display
 from fxforge.compare import tensors_in
-from fxforge.errors import FxforgeError, InputSpecError, one_line_reason, option
+from fxforge.errors import FxforgeError, one_line_reason, option
 from fxforge.inputs import DISTRIBUTIONS, draw_like
 from fxforge.passes.insert_after import SiteStats, StatsRecorder, read_stats
-from fxforge.runtime import cloned, keeps_rng_state, preserved_state, quiet_torch_logs
+from fxforge.runtime import cloned, inputs_rejected, keeps_rng_state, preserved_state, quiet_torch_logs
 
 
 @dataclass
@@ -138,7 +138,8 @@ def debug_model(
                 model(*cloned(args), **cloned(case_kwargs))
         except Exception as exc:
             if not report.cases[:-1]:  # the example itself fails: that is the user's input, not a finding
-                raise InputSpecError(f"the model rejected the example inputs: {one_line_reason(exc)}") from None
+                # the user's line and a hint, as every other command gives them (QA: debug gave neither)
+                raise inputs_rejected(model, args, case_kwargs, exc) from None
             report.errors.append(f"{label}: {one_line_reason(exc)}")
         if nan and watcher.first is not None and report.nan is None:
             report.nan = watcher.first

@@ -337,75 +337,82 @@ def run_reference(module: Any, args: Sequence[Any], kwargs: dict[str, Any], *oth
     except FxforgeError:  # fxforge's own refusal (a lazy module), not the inputs'
         raise
     except Exception as exc:
-        keyword_only = _keyword_only_inputs(module)
-        hint = said(
-            "pass --input with the shape and dtype the model expects, e.g. --input 1x3x224x224",
-            "pass inputs with the shape and dtype the model expects, e.g. fxforge.prepare(model, '1x3x224x224')",
+        raise inputs_rejected(module, args, kwargs, exc) from None
+
+
+def inputs_rejected(module: Any, args: Sequence[Any], kwargs: dict[str, Any], exc: Exception) -> InputSpecError:
+    """The one-line error for ``module`` failing on ``args``/``kwargs`` with ``exc``: the inputs, the reason, the
+    user's line, and a hint for what fits (a shape, a dtype, a keyword, ids in range), or, where the model's own code
+    raised it, to fix the model there."""
+    keyword_only = _keyword_only_inputs(module)
+    hint = said(
+        "pass --input with the shape and dtype the model expects, e.g. --input 1x3x224x224",
+        "pass inputs with the shape and dtype the model expects, e.g. fxforge.prepare(model, '1x3x224x224')",
+    )
+    if keyword_only and args and not kwargs:
+        # the positional inputs stay positional (QA: the example dropped them, capture(model, (), ...)); a
+        # constant keyword (a scale, a flag) is fixed with --concrete
+        hint = (
+            f"forward takes {', '.join(keyword_only)} by keyword only, and the CLI passes inputs by position: "
+            + said(
+                f"fix a constant with --concrete {keyword_only[0]}=VALUE, or for a tensor use the Python API, ",
+                "",
+            )
+            + f"fxforge.capture(model, {'(x, ...)' if _takes_positional(module) else '()'}, "
+            f"example_kwargs={{{keyword_only[0]!r}: ...}})"
         )
-        if keyword_only and args and not kwargs:
-            # the positional inputs stay positional (QA: the example dropped them, capture(model, (), ...)); a
-            # constant keyword (a scale, a flag) is fixed with --concrete
-            hint = (
-                f"forward takes {', '.join(keyword_only)} by keyword only, and the CLI passes inputs by position: "
-                + said(
-                    f"fix a constant with --concrete {keyword_only[0]}=VALUE, or for a tensor use the Python API, ",
-                    "",
-                )
-                + f"fxforge.capture(model, {'(x, ...)' if _takes_positional(module) else '()'}, "
-                f"example_kwargs={{{keyword_only[0]!r}: ...}})"
-            )
-        missing = re.search(r"forward\(\) missing \d+ required (?:positional|keyword-only) arguments?: (.+)$", str(exc))
-        # (the keyword-only hint above, where it applies, says more: it names the Python API's form too)
-        if isinstance(exc, TypeError) and missing and not (keyword_only and args and not kwargs):
-            # a forward argument the inputs do not give, often a number or a flag (QA: the hint asked for a shape)
-            name = re.findall(r"'(\w+)'", missing.group(1))[:1] or ["ARG"]
-            by_keyword = "keyword-only" in missing.group(0)
-            hint = f"forward also takes {name[0]}: " + said(
-                ("" if by_keyword else "pass one more --input for a tensor, or ")
-                + f"fix a constant with --concrete {name[0]}=VALUE",
-                f"pass it among the inputs, or fix a constant with concrete_args={{{name[0]!r}: VALUE}}",
-            )
-        # ids below the size of the embedding that raised (QA: the example said max=999 for a vocabulary of 100)
-        tables = [frame.f_locals.get("self") for frame, _ in traceback.walk_tb(exc.__traceback__)]
-        rows = [table.num_embeddings for table in tables if isinstance(table, nn.Embedding)]
-        limit = rows[-1] - 1 if rows else 999
-        # the shape the user gave, with an integer dtype (QA: the example always said 1x16)
-        first = next((t for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor) and t.dim()), None)
-        ids = "x".join(map(str, first.shape)) if first is not None else "1x16"
-        if "'indices' to have one of the following scalar types" in str(exc):
-            # a float input where the model indexes an embedding (QA: the hint asked for 1x3x224x224)
-            hint = said(
-                f"the model takes integer ids: give the input an integer dtype, e.g. --input {ids}:int64:max={limit}",
-                f"the model takes integer ids: pass an integer tensor, e.g. fxforge.prepare(model, "
-                f"'{ids}:int64:max={limit}')",
-            )
-        out_of_range = "index out of range" in str(exc)
-        if out_of_range:  # an id past an embedding's rows: the shape was not the problem
-            hint = said(
-                "an integer input indexes past an embedding's rows: draw ids below its size with max=, e.g. "
-                f"--input {ids}:int64:max={limit}",
-                "an integer input indexes past an embedding's rows: pass ids below its size, e.g. "
-                f"fxforge.prepare(model, '{ids}:int64:max={limit}')",
-            )
-        where = user_location(exc)
-        # a name the model's code misspells (torch.hardtanh, an undefined variable): no input would run it (QA)
-        misspelt = isinstance(exc, NameError) or (isinstance(exc, AttributeError) and str(exc).startswith("module '"))
-        if raised_in_user_code(exc) or (misspelt and where):
-            # raised by the model's own code (a raise, a recursion), not by a torch op its inputs did not fit: QA
-            # got "pass --input with the shape..." and no line for `raise RuntimeError(...)` in forward
-            hint = "the model's own code raised it: fix the model there, or pass the inputs it expects"
-        fixed = _fixed_batch(str(exc))
-        if fixed is not None:  # a program exported for one batch size: another --input shape will not do
-            hint = (
-                f"the model takes batch {fixed} only (a program exported for that batch size): run it at batch "
-                f"{fixed}{said(f' (--batch {fixed})', '')}, or export it again with a dynamic batch"
-            )
-        at = f" at {where}" if where else ""
-        raise InputSpecError(
-            f"the model rejected the example inputs ({describe_inputs(args, values=out_of_range) or 'none'}): "
-            f"{one_line_reason(exc)}{at}",
-            hint=hint,
-        ) from None
+    missing = re.search(r"forward\(\) missing \d+ required (?:positional|keyword-only) arguments?: (.+)$", str(exc))
+    # (the keyword-only hint above, where it applies, says more: it names the Python API's form too)
+    if isinstance(exc, TypeError) and missing and not (keyword_only and args and not kwargs):
+        # a forward argument the inputs do not give, often a number or a flag (QA: the hint asked for a shape)
+        name = re.findall(r"'(\w+)'", missing.group(1))[:1] or ["ARG"]
+        by_keyword = "keyword-only" in missing.group(0)
+        hint = f"forward also takes {name[0]}: " + said(
+            ("" if by_keyword else "pass one more --input for a tensor, or ")
+            + f"fix a constant with --concrete {name[0]}=VALUE",
+            f"pass it among the inputs, or fix a constant with concrete_args={{{name[0]!r}: VALUE}}",
+        )
+    # ids below the size of the embedding that raised (QA: the example said max=999 for a vocabulary of 100)
+    tables = [frame.f_locals.get("self") for frame, _ in traceback.walk_tb(exc.__traceback__)]
+    rows = [table.num_embeddings for table in tables if isinstance(table, nn.Embedding)]
+    limit = rows[-1] - 1 if rows else 999
+    # the shape the user gave, with an integer dtype (QA: the example always said 1x16)
+    first = next((t for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor) and t.dim()), None)
+    ids = "x".join(map(str, first.shape)) if first is not None else "1x16"
+    if "'indices' to have one of the following scalar types" in str(exc):
+        # a float input where the model indexes an embedding (QA: the hint asked for 1x3x224x224)
+        hint = said(
+            f"the model takes integer ids: give the input an integer dtype, e.g. --input {ids}:int64:max={limit}",
+            f"the model takes integer ids: pass an integer tensor, e.g. fxforge.prepare(model, "
+            f"'{ids}:int64:max={limit}')",
+        )
+    out_of_range = "index out of range" in str(exc)
+    if out_of_range:  # an id past an embedding's rows: the shape was not the problem
+        hint = said(
+            "an integer input indexes past an embedding's rows: draw ids below its size with max=, e.g. "
+            f"--input {ids}:int64:max={limit}",
+            "an integer input indexes past an embedding's rows: pass ids below its size, e.g. "
+            f"fxforge.prepare(model, '{ids}:int64:max={limit}')",
+        )
+    where = user_location(exc)
+    # a name the model's code misspells (torch.hardtanh, an undefined variable): no input would run it (QA)
+    misspelt = isinstance(exc, NameError) or (isinstance(exc, AttributeError) and str(exc).startswith("module '"))
+    if raised_in_user_code(exc) or (misspelt and where):
+        # raised by the model's own code (a raise, a recursion), not by a torch op its inputs did not fit: QA
+        # got "pass --input with the shape..." and no line for `raise RuntimeError(...)` in forward
+        hint = "the model's own code raised it: fix the model there, or pass the inputs it expects"
+    fixed = _fixed_batch(str(exc))
+    if fixed is not None:  # a program exported for one batch size: another --input shape will not do
+        hint = (
+            f"the model takes batch {fixed} only (a program exported for that batch size): run it at batch "
+            f"{fixed}{said(f' (--batch {fixed})', '')}, or export it again with a dynamic batch"
+        )
+    at = f" at {where}" if where else ""
+    return InputSpecError(
+        f"the model rejected the example inputs ({describe_inputs(args, values=out_of_range) or 'none'}): "
+        f"{one_line_reason(exc)}{at}",
+        hint=hint,
+    )
 
 
 def _fixed_batch(message: str) -> int | None:
