@@ -222,6 +222,24 @@ def test_int8_judged_on_the_data_it_was_calibrated_on_warns(classifier, tmp_path
         )
 
 
+class _NoLayers(nn.Module):
+    def forward(self, x):
+        return torch.softmax(x * 3, dim=1)
+
+
+def test_no_in_sample_warning_when_no_int8_candidate_was_judged(tmp_path):
+    """QA: "int8 candidates were calibrated on the data that judged them" was said when the only int8 candidate had
+    failed to build, and so judged nothing."""
+    data = tmp_path / "val.pt"
+    torch.save(torch.randn(64, 16), data)
+    captured = capture(_NoLayers().eval(), (torch.randn(8, 16),))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", AutoWarning)
+        result = auto_optimize(captured, backends=["int8"], budget=Budget(min_agreement=0.5), data=str(data), repeats=2)
+    assert next(c for c in result.candidates if c.name == "int8").status == "failed"
+    assert not any("in-sample" in warning for warning in result.warnings)
+
+
 def test_reduced_precision_on_the_users_data(classifier, tmp_path):
     data = tmp_path / "val.pt"
     torch.save(torch.randn(64, 16), data)

@@ -345,6 +345,7 @@ def auto_optimize(
         for name, (runner, _) in list(built.items()):
             if not _verify_candidate(captured, candidates[name], runner, budget, seeds, eval_data):
                 del built[name]
+        _say_if_in_sample(calibration, eval_data, candidates, result_warnings)
         seconds["verify"] = time.perf_counter() - mark
         fallback = _int8_fallback(candidates, budget, backends, quick)
         if fallback is not None:
@@ -364,6 +365,7 @@ def auto_optimize(
             for name, (runner, artifact) in more.items():
                 if _verify_candidate(captured, candidates[name], runner, budget, seeds, eval_data):
                     built[name] = (runner, artifact)
+            _say_if_in_sample(calibration, eval_data, candidates, result_warnings)
             seconds["int8 fallback"] = time.perf_counter() - mark
         if not built:
             raise FxforgeError("no candidate passed verification", hint="see the candidates' reasons with --json")
@@ -528,9 +530,18 @@ def _calibration_data(
         return load_calibration(calibration_data, captured.example_inputs, kind="calibration (--calibration-data)")
     if eval_data is None or eval_data.random:
         return None
-    warnings.warn(in_sample_warning(), AutoWarning, stacklevel=outside_stacklevel())
-    notes.append(in_sample_warning())
-    return eval_data
+    return eval_data  # in-sample: said once an int8 candidate was judged on it (:func:`_say_if_in_sample`)
+
+
+def _say_if_in_sample(calibration: Any, eval_data: Any, candidates: Mapping[str, Candidate], notes: list[str]) -> None:
+    """Warn that int8's accuracy is in-sample where an int8 candidate was calibrated on the judging data and judged
+    (built: QA got the warning when the only int8 candidate had failed to build)."""
+    if calibration is None or calibration is not eval_data:
+        return
+    judged = [c for c in candidates.values() if c.name.split("+")[0] in INT8_BACKENDS and c.status != "failed"]
+    if judged and in_sample_warning() not in notes:
+        warnings.warn(in_sample_warning(), AutoWarning, stacklevel=outside_stacklevel())
+        notes.append(in_sample_warning())
 
 
 def _evaluation_data(
