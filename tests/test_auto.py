@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import subprocess
 import sys
 import time
@@ -190,6 +191,8 @@ def test_a_budget_int8_cannot_meet_is_said_once_and_plainly(classifier, tmp_path
     result = auto_optimize(classifier, backends=["int8"], budget=Budget(tolerance=2e-4), data=str(data), repeats=2)
     by_name = {c.name: c for c in result.candidates}
     assert by_name["int8"].status == "rejected" and by_name["int8+fallback"].status == "failed"
+    # which batch failed: the error the reason quotes is that batch's, max_abs_err all batches' (QA: two numbers)
+    assert re.search(r"^beyond tolerance 0.0002 on batch \d+ of \d+: output", by_name["int8"].reason)
     assert "kept all" in by_name["int8+fallback"].reason and "no int8 layer is left" in by_name["int8+fallback"].reason
     said = "no reduced-precision candidate (int8, int8+fallback) met the budget"
     assert any(warning.startswith(said) for warning in result.warnings)

@@ -727,10 +727,12 @@ def _verify_reduced(captured: Captured, candidate: Candidate, module: nn.Module,
         )
     if budget.tolerance > FP32_TOLERANCE:
         rtol, atol = budget.rtol_atol
-        for ref_batch, cand_batch in zip(reference, actual):
+        for index, (ref_batch, cand_batch) in enumerate(zip(reference, actual)):
             comparison = compare_outputs(ref_batch, cand_batch, rtol, atol)
             if not comparison.ok:
-                return False, f"beyond --tolerance {budget.tolerance:g}: {comparison.problems[0]}"
+                # which batch: the candidate's max_abs_err is over all of them, and read as another number (QA)
+                where = f" on batch {index + 1} of {len(reference)}" if len(reference) > 1 else ""
+                return False, f"beyond {option('--tolerance')} {budget.tolerance:g}{where}: {comparison.problems[0]}"
     return True, None
 
 
