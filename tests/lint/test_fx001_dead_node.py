@@ -6,6 +6,8 @@ import pytest
 import torch
 from torch import nn
 
+from fxforge.lint import lint
+
 
 class DeadCode(nn.Module):
     def forward(self, x):
@@ -82,3 +84,17 @@ def test_fires_on_an_unused_index_of_a_tensor(findings, capture_as, dialect):
     # QA: the unpacked-item exemption hid every dead index of a live tensor
     found = findings(capture_as(IndexesATensorAndDropsIt(), torch.randn(2, 4), dialect), "FX001")
     assert len(found) == 2
+
+
+def test_a_proven_export_assert_is_no_finding(capture_as):
+    """QA: torch.export writes an ``_assert_tensor_metadata`` beside a ``.to(dtype)``, and again when an optimized
+    model is exported to model.pt2: linting the optimized T5 warned of a node "computed but never used". It is a
+    check, not a computation; dead_code still removes it where the recorded value proves it."""
+    captured = capture_as(_CastsToItsOwnDtype(), torch.randn(2, 4), "aten")
+    asserts = [n for n in captured.graph_module.graph.nodes if "_assert_tensor_metadata" in str(n.target)]
+    assert asserts and not [f for f in lint(captured, select=["FX001"]).findings if f.node == asserts[0].name]
+
+
+class _CastsToItsOwnDtype(torch.nn.Module):
+    def forward(self, x):
+        return x.softmax(-1).to(torch.float32) * 2
