@@ -491,3 +491,13 @@ def test_a_torch_cond_counts_the_branch_the_input_takes(sign, flops):
     cond = next(n for n in report.nodes if n.name == "cond")
     assert cond.flops == flops and report.totals["flops"] == flops and cond.flops_unknown == []
     assert cond.params == 0 and report.totals["params"] == 72  # the Linear's weights, counted once
+
+
+def test_lint_says_it_did_not_look_inside_a_torch_conds_branches():
+    """QA: a redundant relu and a duplicate sigmoid inside the branches went unreported, and nothing said the
+    branches were not examined."""
+    report = fxforge.lint(fxforge.capture(_Branching().eval(), (torch.ones(2, 8),), method="export"))
+    assert report.graphs_not_linted == ["true_graph_0", "false_graph_0"]
+    assert report.to_dict()["graphs_not_linted"] == ["true_graph_0", "false_graph_0"]
+    plain = fxforge.capture(nn.Linear(8, 8).eval(), (torch.ones(2, 8),), method="export")
+    assert fxforge.lint(plain).graphs_not_linted == []

@@ -75,6 +75,19 @@ def get_attr_value(gm: nn.Module, target: str) -> Any:
     return value
 
 
+def branch_graphs(gm: nn.Module) -> list[str]:
+    """The graphs an exported graph hands to higher-order ops (``torch.cond``'s ``true_graph_0``...), which lint and
+    the passes do not look into: their names, for the note that says so."""
+    graph = getattr(gm, "graph", None)
+    if graph is None:
+        return []
+    return [
+        str(node.target)
+        for node in graph.nodes
+        if node.op == "get_attr" and isinstance(get_attr_value(gm, str(node.target)), fx.GraphModule)
+    ]
+
+
 def module_path(node: fx.Node) -> str:
     """Dotted path of the innermost user module that produced ``node`` ("" for the root)."""
     if is_input_guard(node):

@@ -18,7 +18,7 @@ from torch import fx, nn
 from fxforge import display
 from fxforge.capture import Captured
 from fxforge.errors import EXIT_INTERNAL, FxforgeError, one_line_reason
-from fxforge.graphs import dialect_of, graph_fingerprint, module_path
+from fxforge.graphs import branch_graphs, dialect_of, graph_fingerprint, module_path
 from fxforge.passes import FIX_ORDER, registered_passes
 from fxforge.plugins import RULES_GROUP, load_group
 from fxforge.references import as_names, import_reference
@@ -150,6 +150,8 @@ class LintReport:
     rule_failures: list[str] = field(default_factory=list)
     # a rule that does not run on this graph (another dialect, or :class:`NotApplicable`): why, and what would run it
     rules_skipped: list[str] = field(default_factory=list)
+    # the graphs an exported graph hands to torch.cond and other higher-order ops: rules read around them, not in them
+    graphs_not_linted: list[str] = field(default_factory=list)
 
     def at_least(self, severity: str) -> list[Finding]:
         """The findings of ``severity`` or worse; ``"never"`` (``--fail-on never``): none."""
@@ -174,6 +176,7 @@ class LintReport:
             "rules_run": self.rules_run,
             "rule_failures": self.rule_failures,
             "rules_skipped": self.rules_skipped,
+            "graphs_not_linted": self.graphs_not_linted,
         }
 
 
@@ -208,7 +211,7 @@ def lint(
             f"lint takes a captured graph, not a {type(target).__name__}",
             hint="capture it first: fxforge.capture(model, example_inputs), or fxforge.prepare('torchvision:resnet18')",
         )
-    report = LintReport(dialect=context.dialect)
+    report = LintReport(dialect=context.dialect, graphs_not_linted=branch_graphs(context.gm))
     chosen = _select_rules(as_names(select), as_names(ignore))
     for current in chosen:
         if context.dialect not in current.dialects:

@@ -112,6 +112,12 @@ def command(
                         f"{what} {', '.join(kept)}",
                         highlight=False,
                     )
+            if report.graphs_not_linted:  # lint read the graph around them only (QA: their findings went unsaid)
+                stdout.print(
+                    "note: not linted inside: the graphs that torch.cond (or another higher-order op) runs: "
+                    f"{', '.join(report.graphs_not_linted)}",
+                    highlight=False,
+                )
             for skipped in report.rules_skipped:
                 stdout.print(f"note: not run: {escape(skipped)}", highlight=False)
             render_findings(stdout, opts.model, report.findings)
