@@ -449,3 +449,25 @@ def test_a_merged_linear_is_drawn_in_the_module_of_the_linears_it_replaces():
     # a module's totals are those of the rewritten graph: the removed linears' FLOPs are not counted again
     attn = next(m for m in modules if m["path"] == "attn")
     assert attn["f"] == sum(n.get("f", 0) for n in model["nodes"] if n.get("st") != "removed")
+
+
+class _CountsCalls(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.register_buffer("count", torch.zeros(()))
+
+    def forward(self, x):
+        self.count += 1
+        return self.lin(x) * self.count + torch.tensor([1.0, 2.0, 3.0, 4.0])
+
+
+def test_held_values_are_drawn_as_what_they_are():
+    """QA: a buffer the forward updates was drawn as a "weight", as was any constant the graph holds."""
+    captured = fxforge.capture(_CountsCalls().eval(), (torch.randn(2, 4),), method="export", check=False)
+    labels = {n["n"]: n["l"] for n in graph_model(captured, run_lint=False)["nodes"]}
+    held = [node for node in captured.graph_module.graph.nodes if node.op == "get_attr"]
+    by_target = {str(node.target): labels[node.name] for node in held}
+    assert by_target["count"] == "buffer" and by_target["lin.weight"] == by_target["lin.bias"] == "weight"
+    others = [label for target, label in by_target.items() if target not in ("count", "lin.weight", "lin.bias")]
+    assert others == ["constant"]

@@ -93,7 +93,7 @@ def short_label(gm: nn.Module, node: fx.Node) -> str:
     if node.op == "output":
         return "output"
     if node.op == "get_attr":
-        return "weight"
+        return _held_value_label(gm, str(node.target))
     if node.op == "call_module":
         try:
             return type(gm.get_submodule(str(node.target))).__name__
@@ -106,6 +106,22 @@ def short_label(gm: nn.Module, node: fx.Node) -> str:
     if packet is not None:
         return packet.__name__
     return getattr(target, "__name__", str(target))
+
+
+def _held_value_label(gm: nn.Module, target: str) -> str:
+    """``weight`` for a parameter, ``buffer`` for a buffer (QA: a counter the forward updates was drawn as a
+    weight), ``graph`` for a higher-order op's branch, ``constant`` for any other tensor the graph holds."""
+    owner_path, _, name = target.rpartition(".")
+    try:
+        owner = gm.get_submodule(owner_path) if owner_path else gm
+        value = getattr(owner, name)
+    except AttributeError:
+        return "weight"
+    if isinstance(value, nn.Parameter):
+        return "weight"
+    if isinstance(value, nn.Module):
+        return "graph" if isinstance(value, fx.GraphModule) else type(value).__name__
+    return "buffer" if name in getattr(owner, "_buffers", {}) else "constant"
 
 
 TIMES = "\u00d7"  # the multiplication sign between dimensions
