@@ -471,3 +471,20 @@ def test_held_values_are_drawn_as_what_they_are():
     assert by_target["count"] == "buffer" and by_target["lin.weight"] == by_target["lin.bias"] == "weight"
     others = [label for target, label in by_target.items() if target not in ("count", "lin.weight", "lin.bias")]
     assert others == ["constant"]
+
+
+class _WithASequential(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+
+    def forward(self, x):
+        return self.blocks(x) + 1
+
+
+def test_a_layer_in_a_sequential_points_at_the_users_forward_not_torchs_container():
+    """QA: the layers of an nn.Sequential pointed at torch/nn/modules/container.py's Sequential.forward."""
+    model = graph_model(fxforge.capture(_WithASequential().eval(), (torch.randn(2, 4),)), run_lint=False)
+    sources = {n["n"]: n.get("src") for n in model["nodes"]}
+    assert sources["blocks_0"]["fn"] == sources["add"]["fn"] == "_WithASequential.forward"
+    assert sources["blocks_0"]["file"].endswith("test_graph_model.py")

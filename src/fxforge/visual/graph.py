@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import heapq
 import inspect as pyinspect
 import json
@@ -223,11 +224,22 @@ def _short_path(filename: str) -> str:
 
 
 def _owner_class(chain: list[tuple[str, Any]], root_type: type | None) -> type | None:
-    """The class whose forward made a node: its innermost module, else the model itself."""
-    if chain:
-        cls = chain[-1][1]
-        return cls if isinstance(cls, type) else None
+    """The class whose forward made a node: its innermost module whose forward is the user's code (or a model
+    library's), else the model itself. torch's containers are passed over: a layer in an ``nn.Sequential`` pointed
+    at torch's container.py (QA), where the user's line is the forward around it."""
+    for _, cls in reversed(chain):
+        if isinstance(cls, type) and _forward_is_users(cls):
+            return cls
     return root_type
+
+
+@functools.lru_cache(maxsize=1024)  # a class per call of graph_model's 10k-node loop: read its file once
+def _forward_is_users(cls: type) -> bool:
+    try:
+        filename = pyinspect.getsourcefile(cls.forward)
+    except (TypeError, OSError, AttributeError):
+        return False
+    return filename is not None and is_user_file(os.path.abspath(filename))
 
 
 # --------------------------------------------------------------------------------------------------
