@@ -166,6 +166,11 @@ def test_a_node_of_a_dtype_without_a_measured_peak_gets_no_verdict():
     relu = NodeTime("relu", "call_function", "relu", "", "float64", 1.0, 0.5, 0, 8 << 20, 0, 0.0, None, "", None)
     _judge(relu, PEAK)
     assert relu.bound == "memory" and relu.verdict.startswith("memory (")
+    # a node that moves no tensor bytes and computes nothing (one building a dataclass) is not judged (QA: "memory
+    # (0%)" for a Python object built)
+    built = NodeTime("dout", "call_function", "DOut", "", "", 1.0, 0.5, 0, 0, 0, 0.0, None, "", None)
+    _judge(built, PEAK)
+    assert built.bound == "" and built.peak_fraction is None
 
 
 def _totals(whole: list[float], node_timed: list[float]) -> _RunTotals:

@@ -432,6 +432,8 @@ def _judge(node: NodeTime, peak: Peak) -> None:
     """Compute- or memory-bound, and the fraction of that limit the node reached (set on hot nodes only)."""
     if node.share < _HOT_SHARE or node.time_ms <= 0:
         return
+    if not node.flops and not node.bytes_moved:  # no tensor work (building a dataclass): no limit to be near (QA)
+        return
     if node.dtype in _UNMEASURED and node.flops:  # against the fp32 peak, a float16 conv read compute-bound at 1% (QA)
         return  # (a node without FLOPs is judged against the bandwidth, which no dtype changes)
     compute = peak.gflops.get(_peak_key(node.dtype), peak.gflops.get("fp32", 0.0))
