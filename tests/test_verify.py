@@ -966,3 +966,16 @@ def test_a_file_named_like_a_factory_spec_is_no_written_file(tmp_path, monkeypat
     monkeypatch.chdir(tmp_path)
     result = fxforge.verify_specs("flat.py:flat", "big.py:big")  # drawn as big.py's own 1x3x16x16
     assert not result.ok and any(": shape (" in problem for problem in result.problems)
+
+
+def test_the_reusable_verifier_refuses_the_reference_itself_too():
+    """QA: fxforge.verify(m, m) was CANNOT VERIFY, and Verifier(captured).check(m), its documented reusable form,
+    passed the same object as OK."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).eval()
+    captured = fxforge.prepare(model, "2x4")
+    verifier = fxforge.Verifier(captured)
+    for candidate in (model, captured.original):
+        result = verifier.check(candidate)
+        assert not result.ok and result.unverifiable
+        assert "the candidate is the reference model itself: the comparison could not fail" in result.problems
+    assert verifier.check(captured).ok and verifier.check(copy.deepcopy(model)).ok
