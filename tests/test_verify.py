@@ -546,6 +546,10 @@ def test_bisection_blames_no_node_that_only_reads_a_value_no_reference_node_chec
     result = verify(captured, str(tmp_path / "out"))  # model.pt2: no pickle trusted
     assert not result.ok and result.divergence is None
     assert "which no reference node corresponds to" in result.divergence_unknown
+    # not "the first node that differs": only matched nodes were compared (QA: a late node was named so, where the
+    # first conv already differed)
+    assert "the first node matched to a reference node that differs is " in result.divergence_unknown
+    assert "the first node that differs" not in result.divergence_unknown
     assert "bisected from its model.pt (--trust-pickle)" in result.divergence_unknown
     trusted = fxforge.load_model(str(tmp_path / "out"), trust_pickle=True).module  # the torch-dialect graph
     result = verify(captured, trusted)

@@ -1302,8 +1302,10 @@ def _first_divergence(
             return Divergence(node.name, origin, target_name(node), node.meta.get(PASS), error), compared, None
         unchecked[node] = reads_unchecked
         suspect = suspect or (
-            f"the first node that differs, {node.name} ({target_name(node)}), comes after {reads_unchecked.name} "
-            f"({target_name(reads_unchecked)}), which no reference node corresponds to: the difference may begin "
-            "there or before it"
+            # "the first node that differs" named a late node where the stem conv already differed, unmatched (QA):
+            # only the nodes with a counterpart were compared, and the gap before it was not
+            f"the first node matched to a reference node that differs is {node.name} ({target_name(node)}); it "
+            f"reads {reads_unchecked.name} ({target_name(reads_unchecked)}), which no reference node corresponds to, "
+            "so the difference may begin there or at any unmatched node before it"
         )
     return None, compared, suspect
