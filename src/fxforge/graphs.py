@@ -11,6 +11,7 @@ so that lint rules and passes work on both dialects.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import operator
 from collections.abc import Iterable
@@ -81,11 +82,13 @@ def branch_graphs(gm: nn.Module) -> list[str]:
     graph = getattr(gm, "graph", None)
     if graph is None:
         return []
-    return [
-        str(node.target)
-        for node in graph.nodes
-        if node.op == "get_attr" and isinstance(get_attr_value(gm, str(node.target)), fx.GraphModule)
-    ]
+    found = []
+    for node in graph.nodes:
+        if node.op == "get_attr":
+            with contextlib.suppress(AttributeError):  # a target nothing holds: FX000's to report
+                if isinstance(get_attr_value(gm, str(node.target)), fx.GraphModule):
+                    found.append(str(node.target))
+    return found
 
 
 def module_path(node: fx.Node) -> str:
