@@ -139,7 +139,7 @@ def test_not_run_on_aten_graphs():
     captured = capture(MethodFlatten().eval(), (X,), method="export")
     report = lint(captured)
     assert captured.dialect == "aten" and "FX013" not in report.rules_run
-    skipped = "FX013 int8-round-trip needs the torch dialect, not aten (capture with --method symbolic_trace)"
+    skipped = "FX013 int8-round-trip needs the torch dialect, not aten (capture with method='symbolic_trace')"
     assert skipped in report.rules_skipped
     # selected alone, it said "All checks passed!" with no rule run (QA)
     with pytest.raises(FxforgeError, match="no selected rule runs on this graph: FX013 int8-round-trip needs"):

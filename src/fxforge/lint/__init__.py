@@ -17,7 +17,7 @@ from torch import fx, nn
 
 from fxforge import display
 from fxforge.capture import Captured
-from fxforge.errors import EXIT_INTERNAL, FxforgeError, one_line_reason
+from fxforge.errors import EXIT_INTERNAL, FxforgeError, one_line_reason, option
 from fxforge.graphs import branch_graphs, dialect_of, graph_fingerprint, module_path
 from fxforge.passes import FIX_ORDER, registered_passes
 from fxforge.plugins import RULES_GROUP, load_group
@@ -212,21 +212,21 @@ def lint(
             hint="capture it first: fxforge.capture(model, example_inputs), or fxforge.prepare('torchvision:resnet18')",
         )
     report = LintReport(dialect=context.dialect, graphs_not_linted=branch_graphs(context.gm))
-    chosen = _select_rules(as_names(select), as_names(ignore))
-    for current in chosen:
+    for current in _select_rules(as_names(select), as_names(ignore)):
         if context.dialect not in current.dialects:
             other = " or ".join(current.dialects)
-            how = " (capture with --method symbolic_trace)" if "torch" in current.dialects else ""
+            how = f" (capture with {option('--method', 'symbolic_trace')})" if "torch" in current.dialects else ""
             report.rules_skipped.append(
                 f"{current.code} {current.name} needs the {other} dialect, not {context.dialect}{how}"
             )
             continue
         trusted = current.origin == BUILTIN
         before = None if trusted else graph_fingerprint(context.graph)
+        report.rules_run.append(current.code)  # a rule that crashes ran too (rule_failures says so)
         try:
             report.findings += _findings_of(current, context)
-            report.rules_run.append(current.code)
         except NotApplicable as reason:
+            report.rules_run.remove(current.code)
             report.rules_skipped.append(f"{current.code} {current.name} {reason}")
         except (KeyboardInterrupt, SystemExit):
             raise

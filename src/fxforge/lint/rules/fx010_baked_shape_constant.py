@@ -7,6 +7,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from fxforge.errors import said
 from fxforge.graphs import ATEN, aten_packet, target_name
 from fxforge.lint import LintContext, NotApplicable, rule
 
@@ -118,7 +119,7 @@ def check(ctx: LintContext):
         # warnings on a correct BertModel, with advice to do what the code already did (QA)
         raise NotApplicable(
             f"cannot tell a batch size the code wrote from the one torch.export fixed (batch {batch}): capture with "
-            f"--check-batch N for a graph whose batch stays symbolic"
+            f"{said('--check-batch N', 'check_batch=N')} for a graph whose batch stays symbolic"
         )
     for node in ctx.graph.nodes:
         spec = _positions(node)
