@@ -501,3 +501,33 @@ def test_lint_says_it_did_not_look_inside_a_torch_conds_branches():
     assert report.to_dict()["graphs_not_linted"] == ["true_graph_0", "false_graph_0"]
     plain = fxforge.capture(nn.Linear(8, 8).eval(), (torch.ones(2, 8),), method="export")
     assert fxforge.lint(plain).graphs_not_linted == []
+
+
+class _NestedBranching(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = _Branching()
+
+    def forward(self, x):
+        return torch.cond(x.abs().sum() >= 0, lambda y: self.inner(y), lambda y: y * 2, (x,))
+
+
+class _LeafWithACond(nn.Module):
+    """symbolic_trace keeps the branching submodule as a leaf, which then runs eagerly under inspect's counters."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate, self.head = _Branching(), nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.head(self.gate(x))
+
+
+@pytest.mark.parametrize("model_type, method", [(_NestedBranching, "export"), (_LeafWithACond, "symbolic_trace")])
+def test_a_torch_cond_inspect_cannot_count_is_listed_not_an_internal_error(model_type, method):
+    """QA (regression hunt): a cond nested in a branch, or run by a leaf, reached the op recorder, which had no rule
+    for it: the same internal error. It runs uncounted, and is named among the ops without a FLOP formula."""
+    x = torch.ones(2, 8)
+    captured = fxforge.capture(model_type().eval(), (x,), method=method)
+    report = inspect_graph(captured, inputs=(x,))
+    assert report.totals["flops_unknown_ops"] == ["higher_order.cond"]

@@ -189,13 +189,26 @@ def _has_no_formula(func: Any, registry: Any) -> bool:
 class _OpRecorder(TorchDispatchMode):
     """Records every op a node runs, so that inspect can list those it cannot count."""
 
+    # a torch.cond nested in a branch, or run by a leaf module eagerly, reaches the modes here (QA: internal errors)
+    supports_higher_order_operators = True
+
     def __init__(self) -> None:
         super().__init__()
         self.ops: list[Any] = []
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         self.ops.append(func)
+        if isinstance(func, HigherOrderOperator):
+            return _run_uncounted(func, args, kwargs or {})
         return func(*args, **(kwargs or {}))
+
+
+def _run_uncounted(func: Any, args: Any, kwargs: Any) -> Any:
+    """A higher-order op run with the counting modes off (torch's FLOP counter has no working rule for it) and its
+    tensors detached (the counter's module hooks, still on, fail on a parameter that requires grad)."""
+    args, kwargs = pytree.tree_map_only(torch.Tensor, torch.Tensor.detach, (args, kwargs))
+    with _disable_current_modes():
+        return func(*args, **kwargs)
 
 
 def _op_label(func: Any) -> str:
@@ -263,10 +276,7 @@ class _Profiler(GraphRunner):
         FLOPs are those of the branch this input takes, counted by running that branch's graph again; any other
         higher-order op is listed among the ops inspect cannot count."""
         args, kwargs = self.fetch_args_kwargs_from_env(n)
-        # detached: the counter's module hooks, still on, fail on a parameter that requires grad in a no-grad run
-        args, kwargs = pytree.tree_map_only(torch.Tensor, torch.Tensor.detach, (args, kwargs))
-        with _disable_current_modes():
-            result = n.target(*args, **kwargs)
+        result = _run_uncounted(n.target, args, kwargs)
         if n.target.name() == "cond" and len(args) == 4 and isinstance(args[1], fx.GraphModule):
             predicate, when_true, when_false, operands = args
             branch = when_true if bool(predicate) else when_false
