@@ -396,7 +396,9 @@ def inputs_rejected(module: Any, args: Sequence[Any], kwargs: dict[str, Any], ex
         )
     where = user_location(exc)
     # a name the model's code misspells (torch.hardtanh, an undefined variable): no input would run it (QA)
-    misspelt = isinstance(exc, NameError) or (isinstance(exc, AttributeError) and str(exc).startswith("module '"))
+    misspelt = isinstance(exc, NameError) or (
+        isinstance(exc, AttributeError) and (str(exc).startswith("module '") or _module_attribute_missing(exc))
+    )
     if raised_in_user_code(exc) or (misspelt and where):
         # raised by the model's own code (a raise, a recursion), not by a torch op its inputs did not fit: QA
         # got "pass --input with the shape..." and no line for `raise RuntimeError(...)` in forward
@@ -413,6 +415,16 @@ def inputs_rejected(module: Any, args: Sequence[Any], kwargs: dict[str, Any], ex
         f"{one_line_reason(exc)}{at}",
         hint=hint,
     )
+
+
+def _module_attribute_missing(exc: AttributeError) -> bool:
+    """Whether ``exc`` is nn.Module's own "object has no attribute" (``self.lienar``): the model's code names a
+    submodule or weight it does not have, which no input changes (QA: the hint asked for other --input shapes)."""
+    frames = list(traceback.walk_tb(exc.__traceback__))
+    if not frames:
+        return False
+    code = frames[-1][0].f_code
+    return code.co_name == "__getattr__" and code.co_filename.endswith(os.path.join("nn", "modules", "module.py"))
 
 
 def _fixed_batch(message: str) -> int | None:

@@ -188,6 +188,19 @@ def misspelt_op() -> nn.Module:
     return MisspeltOp()
 
 
+class MisspeltLayer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lienar(x)  # MARK:misspelt-layer
+
+
+def misspelt_layer() -> nn.Module:
+    return MisspeltLayer()
+
+
 class BatchOfTwoOnly(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x.view(2, 4).relu()  # MARK:batch-of-two

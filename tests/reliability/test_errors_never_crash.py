@@ -65,12 +65,19 @@ def test_a_factory_that_raises_is_named_with_its_line(capsys):
     assert "ValueError: bad config value 7" in err and "reliability_models.py" in err
 
 
-def test_a_misspelt_name_in_the_models_code_is_the_models_to_fix(capsys):
-    """QA: `torch.hardtanh` (no such function) read "the model rejected the example inputs" with a hint to pass other
-    --input shapes, which no input fixes."""
-    code, _, err = run(capsys, "inspect", f"{MODELS}:misspelt_op")
+@pytest.mark.parametrize(
+    "factory, said",
+    [
+        ("misspelt_op", "module 'torch' has no attribute 'hardtanh' at "),
+        ("misspelt_layer", "no attribute 'lienar' at "),
+    ],
+)
+def test_a_misspelt_name_in_the_models_code_is_the_models_to_fix(capsys, factory, said):
+    """QA: `torch.hardtanh` (no such function) and `self.lienar` (no such layer) read "the model rejected the example
+    inputs" with a hint to pass other --input shapes, which no input fixes."""
+    code, _, err = run(capsys, "inspect", f"{MODELS}:{factory}")
     assert_one_error_line(code, err)
-    assert "module 'torch' has no attribute 'hardtanh' at " in err and "reliability_models.py:" in err
+    assert said in err and "reliability_models.py:" in err
     assert "hint: the model's own code raised it: fix the model there" in err and "--input" not in err
 
 
