@@ -14,7 +14,7 @@ from torchvision.utils import make_grid
 
 from fxforge.api import prepare
 from fxforge.capture import EXPORT, LOADED, SYMBOLIC_TRACE, Captured, capture
-from fxforge.errors import CaptureError, FxforgeError, InputSpecError
+from fxforge.errors import CaptureError, FxforgeError, InputSpecError, format_location
 from fxforge.graphs import ATEN, TORCH
 from fxforge.inputs import InputSpec, make_inputs
 from fxforge.models import load_model
@@ -1145,3 +1145,33 @@ def test_a_branch_written_over_several_lines_is_named_as_a_branch(tmp_path):
         prepare(f"{tmp_path / 'multi.py'}:MultiLine", ["2x8"])
     assert "multi.py:12 `if ( y.mean() > 0 ):`: data-dependent control flow" in info.value.message
     assert "torch.where or torch.cond" in info.value.hint
+
+
+_LAYOUTS = '''def f(x, mode, flag):
+    match mode:
+        case "a":
+            y = x + 1
+            if y.sum() > 0:
+                y = y.relu()
+        case _:
+            y = x
+    assert y.sum() > 0, (
+        "message"
+    )
+    if flag:
+        @staticmethod
+        def g(v):
+            return v
+    return y
+'''
+
+
+def test_a_location_names_the_statement_not_its_block(tmp_path):
+    """Regression QA: a `match` block was taken for one statement (a line inside it named the whole block), an
+    assert's message line was named alone, and a decorator was pulled into the `if` header above it."""
+    path = tmp_path / "layouts.py"
+    path.write_text(_LAYOUTS)
+    assert format_location(str(path), 5).endswith(":5 `if y.sum() > 0:`")
+    assert format_location(str(path), 10).endswith(':9 `assert y.sum() > 0, ( "message" )`')
+    assert format_location(str(path), 12).endswith(":12 `if flag:`")
+    assert format_location(str(path), 13).endswith(":13 `@staticmethod`")

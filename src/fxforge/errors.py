@@ -233,8 +233,9 @@ _LONGEST_SOURCE = 160
 
 @functools.lru_cache(maxsize=64)
 def _statement_spans(lines: tuple[str, ...]) -> list[tuple[int, int]]:
-    """(first, last) line of every statement of a file written over more than one line; for a compound statement
-    (``if``, ``while``, ``for``, ``with``), its header only."""
+    """(first, last) line of every statement of a file written over more than one line: a simple statement whole;
+    of ``if``, ``while``, ``for`` and ``with``, the header only (to the line before the body); a ``def``, ``class``,
+    ``try`` or ``match`` is no statement of its own here (a line in it belongs to a statement of its body)."""
     try:
         tree = ast.parse("".join(lines))
     except (SyntaxError, ValueError):
@@ -243,18 +244,22 @@ def _statement_spans(lines: tuple[str, ...]) -> list[tuple[int, int]]:
     for node in ast.walk(tree):
         if not isinstance(node, ast.stmt) or node.end_lineno is None:
             continue
-        header = getattr(node, "test", None) or getattr(node, "iter", None)
-        if header is None and isinstance(node, (ast.With, ast.AsyncWith)):
-            header = node.items[-1].context_expr
-        last = header.end_lineno if header is not None else node.end_lineno
-        body = getattr(node, "body", None)
-        if header is None and isinstance(body, list) and body:
-            continue  # a def, class or try: the line is in its body, a statement of its own
-        if header is not None and isinstance(body, list) and body and last is not None:
-            last = max(last, body[0].lineno - 1)  # to the colon: `if (` ... `):` on a line of its own
-        if last is not None and last > node.lineno:
+        if isinstance(node, _HEADED):
+            header = node.items[-1].context_expr if isinstance(node, (ast.With, ast.AsyncWith)) else None
+            header = header or getattr(node, "test", None) or getattr(node, "iter", None)
+            first_in_body = min([node.body[0].lineno, *(d.lineno for d in getattr(node.body[0], "decorator_list", []))])
+            last = max(header.end_lineno or node.lineno, first_in_body - 1) if header is not None else node.lineno
+        elif any(isinstance(getattr(node, name, None), list) for name in _NESTED):
+            continue
+        else:
+            last = node.end_lineno
+        if last > node.lineno:
             spans.append((node.lineno, last))
     return spans
+
+
+_HEADED = (ast.If, ast.While, ast.For, ast.AsyncFor, ast.With, ast.AsyncWith)
+_NESTED = ("body", "cases", "handlers")  # statements holding statements: def, class, try, match
 
 
 def _statement_span(lines: tuple[str, ...], lineno: int) -> tuple[int, int]:
