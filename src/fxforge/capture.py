@@ -882,13 +882,20 @@ def _batch_refused(exc: InputSpecError, captured: Captured, check_batch: int) ->
     """The model itself failing at the ``--check-batch`` size, said as such: it read "the model rejected the example
     inputs (3x3x8x8)" with a hint to change --input, which was not what failed (QA)."""
     reason = re.sub(r"^the model rejected the example inputs \([^)]*\): ", "", exc.message)
+    fixed = re.search(r"the model takes batch (\d+) only", exc.hint or "")
+    holds = (
+        f"the model takes batch {fixed.group(1)} only (a program exported for that batch size): export it again with "
+        "a dynamic batch"
+        if fixed
+        else "the model's code holds its batch size (a literal size in a view or reshape?): derive it from the input "
+        "(x.size(0))"
+    )
     leaves = torch.utils._pytree.tree_leaves(captured.example_inputs)
     example = next((t for t in leaves if isinstance(t, torch.Tensor)), None)
     batch = f"; the example inputs are batch {example.shape[0]}" if example is not None and example.dim() else ""
     return InputSpecError(
         f"the model rejects batch {check_batch} ({option('--check-batch', check_batch)}{batch}): {reason}",
-        hint="the model's code holds its batch size (a literal size in a view or reshape?): derive it from the "
-        f"input (x.size(0)), or capture without {option('--check-batch')}",
+        hint=f"{holds}, or capture without {option('--check-batch')}",
     )
 
 
@@ -1153,7 +1160,10 @@ def capture(
                 captured.record.notes.append(f"{RANDOM_NOTE}: two calls on the same input differ ({why})")
             if check_batch is not None:
                 batched = with_batch(captured.example_inputs, check_batch)
-                run_reference(captured.graph_module, batched, dict(captured.example_kwargs))
+                try:
+                    run_reference(captured.graph_module, batched, dict(captured.example_kwargs))
+                except InputSpecError as exc:  # a program exported for one batch: said as the batch (QA)
+                    raise _batch_refused(exc, captured, check_batch) from None
             ran = "the inputs" if check_batch is None else f"the inputs and at batch {check_batch}"
             captured.record.notes.append(f"no output check: the model is already a graph (it ran on {ran})")
     return captured

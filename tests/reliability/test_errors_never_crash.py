@@ -90,6 +90,18 @@ def test_a_model_refusing_the_check_batch_is_told_apart_from_its_example_inputs(
     assert "`return x.view(2, 4).relu()" in err and "capture without --check-batch" in err
 
 
+def test_a_program_exported_for_one_batch_refusing_the_check_batch_says_so(capsys, tmp_path):
+    """Regression QA: a .pt2 of batch 2 at --check-batch 3 read "the model rejected the example inputs (3x4)" with
+    a hint naming --batch, which inspect does not have."""
+    program = tmp_path / "m.pt2"
+    assert main(["export", f"{MODELS}:conv_bn", "-i", "2x3x8x8", "--to", "pt2", "-o", str(program)]) == EXIT_OK
+    capsys.readouterr()
+    code, _, err = run(capsys, "inspect", str(program), "-i", "2x3x8x8", "--check-batch", "3")
+    assert_one_error_line(code, err)
+    assert "error: the model rejects batch 3 (--check-batch 3; the example inputs are batch 2)" in err
+    assert "hint: the model takes batch 2 only (a program exported for that batch size)" in err and "--batch" not in err
+
+
 def test_a_corrupt_provenance_file(capsys, tmp_path):
     out = tmp_path / "out"
     assert main(["optimize", "demo", "-p", "fold_bn", "-o", str(out)]) == EXIT_OK
