@@ -878,6 +878,15 @@ class _ClassGate(_StaticGate):
         return -x
 
 
+class _DecoratedStaticGate(_StaticGate):
+    @staticmethod
+    @torch.no_grad()
+    def gate(x):
+        if x.mean() > 0:
+            return x * 2
+        return -x
+
+
 class _HoldsAStaticGate(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -888,7 +897,13 @@ class _HoldsAStaticGate(torch.nn.Module):
 
 
 @pytest.mark.parametrize(
-    "model_type, kept", [(_StaticGate, "wrapped"), (_ClassGate, "wrapped"), (_HoldsAStaticGate, "leaves")]
+    "model_type, kept",
+    [
+        (_StaticGate, "wrapped"),
+        (_ClassGate, "wrapped"),
+        (_DecoratedStaticGate, "wrapped"),
+        (_HoldsAStaticGate, "leaves"),
+    ],
 )
 def test_a_branch_in_a_static_or_class_method_is_kept_as_a_method_is(tmp_path, model_type, kept):
     """QA: the same branch in a @staticmethod failed the capture ("stopped at ...: data-dependent control flow"),

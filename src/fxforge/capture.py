@@ -728,7 +728,10 @@ def _find_culprit(
         code = frame.f_code
         if not is_user_file(code.co_filename) or index == 0:
             continue
-        static = _static_method_to_wrap(frame, frames[index - 1][0], module_names, leaf_names, methods)
+        caller = index - 1
+        while caller > 0 and frames[caller][0].f_code.co_filename.endswith(DECORATOR_FILES):
+            caller -= 1  # a decorator's frames (@torch.no_grad()): the call is in the frame before them
+        static = _static_method_to_wrap(frame, frames[caller][0], module_names, leaf_names, methods)
         if static is not None:
             return static
         function = frame.f_globals.get(code.co_name)
