@@ -887,6 +887,16 @@ class _DecoratedStaticGate(_StaticGate):
         return -x
 
 
+class _StaticGateByClassName(_StaticGate):
+    def forward(self, x):
+        return _StaticGate.gate(self.lin(x)) + 1
+
+
+class _ClassGateByClassName(_ClassGate):
+    def forward(self, x):
+        return _ClassGateByClassName.gate(self.lin(x)) + 1
+
+
 class _HoldsAStaticGate(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -902,6 +912,8 @@ class _HoldsAStaticGate(torch.nn.Module):
         (_StaticGate, "wrapped"),
         (_ClassGate, "wrapped"),
         (_DecoratedStaticGate, "wrapped"),
+        (_StaticGateByClassName, "wrapped"),
+        (_ClassGateByClassName, "wrapped"),
         (_HoldsAStaticGate, "leaves"),
     ],
 )
@@ -920,6 +932,9 @@ def test_a_branch_in_a_static_or_class_method_is_kept_as_a_method_is(tmp_path, m
         torch.testing.assert_close(captured.graph_module(x), model(x), rtol=0, atol=0)
         torch.testing.assert_close(reloaded(x), model(x), rtol=0, atol=0)
     assert "gate" not in vars(model)
+    # the classes are as they were: the class-name call (``Model.gate(x)``) was recorded through a patch of the class
+    assert isinstance(vars(_StaticGate)["gate"], staticmethod) and isinstance(vars(_ClassGate)["gate"], classmethod)
+    assert vars(_StaticGate)["gate"].__func__.__code__.co_name == "gate"
 
 
 class _AllInAMethod(torch.nn.Module):

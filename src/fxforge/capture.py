@@ -478,13 +478,31 @@ def _methods_patched(model: nn.Module, methods: Iterable[_MethodWrap]) -> Iterat
             saved.append((owner, wrap.method, vars(owner).get(wrap.method, _ABSENT)))
             # an instance attribute shadows the class's method (a non-data descriptor) for this instance only
             object.__setattr__(owner, wrap.method, _as_call_node(getattr(owner, wrap.method), stand_in))
+            defining = _class_defining_static(type(owner), wrap.method)
+            if defining is not None:
+                # a static or class method is also called through its class (``Model.act(x)``), which the instance
+                # attribute does not shadow (QA: that call still failed the capture). It computes the same for
+                # every instance, so any instance's stand-in records it
+                saved.append((defining, wrap.method, vars(defining)[wrap.method]))
+                setattr(defining, wrap.method, staticmethod(_as_call_node(getattr(defining, wrap.method), stand_in)))
         yield stand_ins
     finally:
         for owner, name, original in reversed(saved):
-            if original is _ABSENT:
+            if isinstance(owner, type):
+                setattr(owner, name, original)
+            elif original is _ABSENT:
                 vars(owner).pop(name, None)
             else:
                 object.__setattr__(owner, name, original)
+
+
+def _class_defining_static(cls: type, name: str) -> type | None:
+    """The class of ``cls``'s MRO whose own ``name`` is the static or class method ``cls.name`` finds; None when
+    ``cls.name`` is none (a plain method, which needs its instance)."""
+    for klass in cls.__mro__:
+        if name in vars(klass):
+            return klass if isinstance(vars(klass)[name], (staticmethod, classmethod)) else None
+    return None
 
 
 _ABSENT = object()
@@ -769,9 +787,10 @@ def _method_to_wrap(
 def _static_method_to_wrap(
     frame: Any, caller: Any, module_names: dict[int, str], leaf_names: set[str], methods: Sequence[_MethodWrap]
 ) -> str | _MethodWrap | None:
-    """The static or class method ``frame`` runs, called from its own module's code (``self.act(x)``), as
-    :func:`_method_to_wrap` takes a method (QA: a @staticmethod with a branch on a value failed the capture, where the
-    same code as a method was kept as one call); the module's name where it is a submodule to make a leaf first."""
+    """The static or class method ``frame`` runs, called from its own module's code (``self.act(x)``,
+    ``Model.act(x)``), as :func:`_method_to_wrap` takes a method (QA: a @staticmethod with a branch on a value failed
+    the capture, where the same code as a method was kept as one call); the module's name where it is a submodule to
+    make a leaf first."""
     owner = caller.f_locals.get("self")
     if not isinstance(owner, nn.Module) or id(owner) not in module_names:
         return None
