@@ -37,6 +37,14 @@ def test_functions_of_a_captured_model_refuse_a_plain_module(small, call):
         call(small[0])
 
 
+def test_capture_of_an_exported_program_says_how_to_use_one():
+    """capture said "takes an nn.Module, not a ExportedProgram", with a hint about functions."""
+    program = torch.export.export(torch.nn.Linear(4, 2), (torch.randn(2, 4),))
+    with pytest.raises(FxforgeError, match="not an ExportedProgram") as info:
+        fxforge.capture(program, (torch.randn(2, 4),))
+    assert "torch.export.save" in info.value.hint and "fxforge.prepare('model.pt2')" in info.value.hint
+
+
 def test_bad_arguments_are_named(small):
     _model, captured = small
     with pytest.raises(FxforgeError, match=r"budget must be a fxforge\.Budget, not a float"):

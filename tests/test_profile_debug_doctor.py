@@ -173,6 +173,38 @@ def test_a_node_of_a_dtype_without_a_measured_peak_gets_no_verdict():
     assert built.bound == "" and built.peak_fraction is None
 
 
+@dataclasses.dataclass
+class _Pair:
+    first: torch.Tensor
+    second: torch.Tensor
+
+
+class _ViewsAndWork(nn.Module):
+    """Nodes that give views of their inputs or build a dataclass of them, and nodes doing real work in place."""
+
+    def __init__(self):
+        super().__init__()
+        self.act = nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        parts = torch.split(x, 512, dim=1)
+        first = parts[0].view(-1, 32, 16).transpose(1, 2)
+        second = self.act(parts[1] * 2)
+        return _Pair(first, torch.relu_(second + 1).add_(1))
+
+
+def test_a_node_giving_views_of_its_inputs_moves_no_bytes_and_gets_no_verdict():
+    """Regression QA: a ``getitem``, a view, or a node building a dataclass read ``memory (0%)``: its inputs were
+    counted as bytes moved. An op writing its input in place returns it too, and still moves it."""
+    captured = fxforge.capture(_ViewsAndWork().eval(), (torch.randn(64, 1024),))
+    report = profile_model(captured, repeats=2, warmup=1, peak=PEAK)
+    by_target = {n.target.rsplit(".", 1)[-1]: n for n in report.nodes}
+    for target in ("getitem", "view", "transpose", "_Pair", "split"):
+        assert by_target[target].bytes_moved == 0 and by_target[target].bound == "", by_target[target]
+    for target in ("ReLU", "relu_", "add_", "mul"):
+        assert by_target[target].bytes_moved > 0, target
+
+
 def _totals(whole: list[float], node_timed: list[float]) -> _RunTotals:
     return _RunTotals(whole=whole, node_timed=node_timed)
 

@@ -1125,9 +1125,14 @@ def capture(
             f"or drop {option('--leaf', python='leaf_modules')}",
         )
     if not isinstance(model, nn.Module):
+        kind = type(model).__name__
+        exported = isinstance(model, torch.export.ExportedProgram)
         raise CaptureError(
-            f"capture takes an nn.Module, not a {type(model).__name__}",
-            hint="put a function in a module's forward, or name a model spec with fxforge.prepare",
+            f"capture takes an nn.Module, not {'an' if kind[:1] in 'AEIOU' else 'a'} {kind}",
+            hint="an exported program is captured already: save it with torch.export.save and name the file "
+            "(fxforge.prepare('model.pt2')), or capture the module it was exported from"
+            if exported
+            else "put a function in a module's forward, or name a model spec with fxforge.prepare",
         )
     refuse_compiled_forms(model, passed_over)
     _refuse_unwritable_names(model)
@@ -1239,7 +1244,7 @@ def require_captured(value: Any, what: str) -> None:
         return
     given = "GraphModule" if isinstance(value, fx.GraphModule) else type(value).__name__
     raise FxforgeError(
-        f"{what} takes a captured model, not a {given}",
+        f"{what} takes a captured model, not {'an' if given[:1] in 'AEIOU' else 'a'} {given}",
         hint="capture it first: fxforge.capture(model, example_inputs), or fxforge.prepare('torchvision:resnet18')",
     )
 

@@ -45,6 +45,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from fxforge import display
 from fxforge.artifacts import StagedOutput, check_writable, output_target
 from fxforge.capture import Captured, at_batch, compiled_form, require_captured, require_real_weights
+from fxforge.compare import tensors_in
 from fxforge.errors import FxforgeError, option, pass_inputs_hint
 from fxforge.graphs import INPUT_GUARDS, GraphRunner, is_input_guard
 from fxforge.inputs import specs_of
@@ -248,6 +249,8 @@ class _TimedInterpreter(GraphRunner):
     def __init__(self, gm: fx.GraphModule, times: dict[str, list[float]], ranges: bool = False) -> None:
         super().__init__(gm)
         self.times, self.ranges = times, ranges
+        self.moves_nothing: set[str] = set()  # the nodes seen to give a view of their inputs (_moves_nothing)
+        self._seen: set[str] = set()
 
     def run_node(self, n: fx.Node) -> Any:
         # torch.export's input guard checks shapes and a get_attr fetches a tensor: no work of the model's, and
@@ -260,7 +263,35 @@ class _TimedInterpreter(GraphRunner):
         start = time.perf_counter()
         result = super().run_node(n)
         self.times.setdefault(n.name, []).append((time.perf_counter() - start) * 1e3)
+        if n.name not in self._seen:  # once per node, outside its clock
+            self._seen.add(n.name)
+            if _moves_nothing(n, self.fetch_args_kwargs_from_env(n), result):
+                self.moves_nothing.add(n.name)
         return result
+
+
+def _moves_nothing(node: fx.Node, inputs: Any, output: Any) -> bool:
+    """Whether ``node`` gave only views of its inputs, or no tensor at all: a ``getitem``, a ``view``, a dataclass
+    built of its inputs, a ``size()``. It read and wrote no data, so it has no bandwidth to be measured against (QA:
+    such nodes read ``memory (0%)``, their inputs counted as moved). An in-place op also returns its input, and does
+    move it: a module call (``ReLU(inplace=True)``), a ``relu_`` or an op given ``inplace=True`` is never taken."""
+    if node.op == "call_module" or _writes_in_place(node):
+        return False
+    written = tensors_in(output)
+    try:
+        read = {t.untyped_storage().data_ptr() for t in tensors_in(inputs)}
+        return all(t.untyped_storage().data_ptr() in read for t in written)
+    except (RuntimeError, NotImplementedError):  # a tensor without storage (quantized, sparse): not judged here
+        return False
+
+
+def _writes_in_place(node: fx.Node) -> bool:
+    schema = getattr(node.target, "_schema", None)  # an ATen op says what it writes
+    if schema is not None:
+        return any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+    in_place_name = name.endswith("_") and not name.endswith("__")
+    return in_place_name or bool(node.kwargs.get("inplace")) or any(a is True for a in node.args)
 
 
 def _profiled_run(run: Any, trace: str | Path | None, force: bool) -> list[Any]:
@@ -364,8 +395,12 @@ def _profile_graph(
         args, kwargs = cloned(list(captured.example_inputs)), cloned(captured.example_kwargs)
         return lambda: gm(*args, **kwargs)
 
+    moves_nothing: set[str] = set()
+
     def timed_run(run_times: dict[str, list[float]]) -> None:
-        _TimedInterpreter(gm, run_times).run(*cloned(values))
+        interpreter = _TimedInterpreter(gm, run_times)
+        interpreter.run(*cloned(values))
+        moves_nothing.update(interpreter.moves_nothing)
 
     with torch.no_grad(), quiet_torch_logs(), preserved_state(gm, captured.original):
         for _ in range(warmup):
@@ -386,6 +421,8 @@ def _profile_graph(
         sizes = [allocated.get(node.name, 0)]
         read = sum(_bytes_out(facts[name]) for name in producers[node.name] if name in facts)
         moved = read + info.activation_bytes + info.params * _element_size(info.dtype)
+        if node.name in moves_nothing:
+            moved = 0
         # a module call is better named by its class (Conv2d) than by its path, which is the node's name already
         target = type(gm.get_submodule(str(node.target))).__name__ if node.op == "call_module" else info.target
         nodes.append(
