@@ -150,6 +150,14 @@ class CaptureRecord:
         return all(check.ok for check in self.checks)
 
     @property
+    def trace_failure(self) -> Attempt | None:
+        """The first symbolic_trace attempt that failed, where the graph came from another capture (None: symbolic
+        tracing was never tried, or it made the graph): advice to capture with it would send the user to a failure."""
+        if self.method == SYMBOLIC_TRACE:
+            return None
+        return next((a for a in self.attempts if a.strategy == SYMBOLIC_TRACE), None)
+
+    @property
     def random(self) -> bool:
         """Whether capture found that two calls of the model on one input differ (its notes say so): an error
         measured against it then holds its own randomness."""

@@ -324,7 +324,7 @@ class Pipeline:
             spec = get_pass(step.name)
             if captured.dialect in spec.dialects:
                 continue
-            failed = next((a for a in captured.record.attempts if a.strategy == "symbolic_trace"), None)
+            failed = captured.record.trace_failure
             if failed is not None and "torch" in spec.dialects:
                 at = f" at {failed.location}" if failed.location else ""
                 rewrites = captured.dialect in get_pass("replace_pattern").dialects

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
 from torch import fx, nn
 
+from fxforge.api import prepare
 from fxforge.capture import capture
 from fxforge.errors import FxforgeError
 from fxforge.lint import lint
@@ -144,3 +146,13 @@ def test_not_run_on_aten_graphs():
     # selected alone, it said "All checks passed!" with no rule run (QA)
     with pytest.raises(FxforgeError, match="no selected rule runs on this graph: FX013 int8-round-trip needs"):
         lint(captured, select=["FX013"])
+
+
+def test_not_run_where_symbolic_trace_failed_says_where_it_stopped_not_to_use_it():
+    """Regression QA: the advice "capture with method='symbolic_trace'" was given where that capture had failed."""
+    tricky = Path(__file__).parent.parent / "tricky_models.py"
+    captured = prepare(f"{tricky}:LenOfTensor", ["2x8"])
+    assert captured.dialect == "aten"
+    skipped = next(s for s in lint(captured).rules_skipped if s.startswith("FX013"))
+    assert "symbolic_trace cannot capture this model: it stopped at" in skipped and "len(x)" in skipped
+    assert "capture with" not in skipped

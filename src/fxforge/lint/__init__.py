@@ -195,6 +195,16 @@ def _select_rules(select: Iterable[str] | None, ignore: Iterable[str] | None) ->
     return sorted((r for r in chosen if r.code not in ignored), key=lambda r: r.code)
 
 
+def _how_to_get_the_torch_dialect(context: LintContext) -> str:
+    """Advice on a rule skipped for needing the torch dialect: capture with symbolic_trace, unless it already failed
+    on this model (regression QA: the advice sent the user to a capture that fails)."""
+    failed = context.captured.record.trace_failure if context.captured is not None else None
+    if failed is None:
+        return f" (capture with {option('--method', 'symbolic_trace')})"
+    at = f" at {failed.location}" if failed.location else ""
+    return f" (symbolic_trace cannot capture this model: it stopped{at})"
+
+
 def lint(
     target: Captured | fx.GraphModule,
     *,
@@ -215,7 +225,7 @@ def lint(
     for current in _select_rules(as_names(select), as_names(ignore)):
         if context.dialect not in current.dialects:
             other = " or ".join(current.dialects)
-            how = f" (capture with {option('--method', 'symbolic_trace')})" if "torch" in current.dialects else ""
+            how = _how_to_get_the_torch_dialect(context) if "torch" in current.dialects else ""
             report.rules_skipped.append(
                 f"{current.code} {current.name} needs the {other} dialect, not {context.dialect}{how}"
             )
