@@ -983,3 +983,39 @@ def test_the_reusable_verifier_refuses_the_reference_itself_too():
         assert not result.ok and result.unverifiable
         assert "the candidate is the reference model itself: the comparison could not fail" in result.problems
     assert verifier.check(captured).ok and verifier.check(copy.deepcopy(model)).ok
+
+
+def test_a_reference_rewritten_in_place_since_is_refused_with_what_to_do():
+    """The reference object changed in place since its outputs were taken is no candidate either: the check still
+    runs the reference (its float64 run sets the tolerance), and a bias off by 1 passed as OK."""
+    captured = fxforge.prepare(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).eval(), "2x4")
+    gm = captured.graph_module
+    verifier = fxforge.Verifier(gm, example=(captured.example_inputs, {}))
+    assert "the comparison could not fail" in verifier.check(gm).problems[0]
+    with torch.no_grad():
+        getattr(gm, "0").bias.add_(1.0)
+    result = verifier.check(gm)
+    assert not result.ok and result.unverifiable
+    assert result.problems == [
+        "the candidate is the reference model itself, changed in place since: keep an unchanged copy as the reference"
+    ]
+    # a graph rewritten in place: the same
+    gm = fxforge.prepare(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).eval(), "2x4").graph_module
+    verifier = fxforge.Verifier(gm, example=((-torch.ones(2, 4) * 10,), {}))
+    relu = next(n for n in gm.graph.nodes if n.op == "call_module" and n.target == "1")
+    relu.replace_all_uses_with(relu.args[0])
+    gm.graph.erase_node(relu)
+    gm.recompile()
+    assert "changed in place since" in verifier.check(gm).problems[0]
+
+
+@pytest.mark.parametrize("passes", [[], ["dead_code"], ["fold_bn"]])
+def test_a_pipeline_run_in_place_on_a_bare_graph_verifies_as_on_a_copy(passes):
+    """Regression QA: ``Pipeline([]).run(gm, inplace=True)`` was CANNOT VERIFY (the graph compared with itself),
+    where the same run on a copy was OK."""
+    from fxforge.pipeline import Pipeline
+
+    captured = fxforge.prepare("demo")
+    gm = fxforge.prepare("demo").graph_module
+    result = Pipeline(passes, verify_each=True).run(gm, inplace=True, inputs=captured.example_inputs)
+    assert result.ok and result.verification.ok

@@ -267,8 +267,11 @@ class Pipeline:
         steps: list[StepRecord] = []
         if self.verify_each and verifier is None and (example or example_kwargs):
             start = time.perf_counter()
+            # a bare graph rewritten in place is the reference too: its outputs are taken from a copy (sharing the
+            # weights, which passes never write), so that the final graph is a candidate apart from it, as without
+            # inplace (regression QA: Pipeline([]) in place was CANNOT VERIFY, "the reference model itself")
             verifier = Verifier(
-                captured if captured is not None else reference,
+                captured if captured is not None else (copy_graph_module(reference) if inplace else reference),
                 example=(example, example_kwargs),
                 rtol=self.rtol,
                 atol=self.atol,
