@@ -652,3 +652,17 @@ def test_verify_of_a_file_written_with_concrete_values_says_so_and_another_signa
     said = " ".join(out.split())
     assert code == 1 and said.startswith("REJECTED") and "takes 1 input (x), got 2" in said, said
     assert "the two do not take the same inputs" in said and "hint:" not in said
+
+
+def test_help_survives_python_OO():
+    """Under ``python -OO`` (PYTHONOPTIMIZE=2) docstrings are dropped, and ``fxforge --help`` listed bare command
+    names, ``fxforge inspect --help`` no description: the help is read from the source then."""
+    expected = {
+        "--help": ["Capture, inspect, lint", "inspect       Show a model's graph"],
+        "inspect --help": ["Show a model's graph: shapes"],
+    }
+    for args, lines in expected.items():
+        done = subprocess.run(
+            [sys.executable, "-OO", "-m", "fxforge", *args.split()], capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0 and all(line in done.stdout for line in lines), done.stdout + done.stderr

@@ -7,12 +7,14 @@ Errors print one ``error:`` line (plus a ``hint:`` line) on stderr; an unexpecte
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import importlib
 import os
 import pkgutil
 import sys
 import traceback
+from pathlib import Path
 from typing import Any
 
 import click
@@ -78,7 +80,26 @@ def _register_commands() -> None:
     names = sorted(module.name for module in pkgutil.iter_modules(package.__path__))
     ordered = [n for n in COMMAND_ORDER if n in names] + [n for n in names if n not in COMMAND_ORDER]
     for name in ordered:
-        cli.add_command(importlib.import_module(f"{package.__name__}.{name}").command)
+        module = importlib.import_module(f"{package.__name__}.{name}")
+        if module.command.help is None:
+            module.command.help = _docstring_in_source(module, "command")
+        cli.add_command(module.command)
+    if cli.help is None:
+        cli.help = _docstring_in_source(sys.modules[__name__], "cli")
+
+
+def _docstring_in_source(module: Any, function: str) -> str | None:
+    """``function``'s docstring read from ``module``'s source: under ``python -OO`` (PYTHONOPTIMIZE=2, which some
+    production images set) docstrings are dropped, and with them every command's help (QA: ``fxforge --help``
+    listed bare command names)."""
+    try:
+        tree = ast.parse(Path(module.__file__).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, TypeError, ValueError):
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name == function:
+            return ast.get_docstring(node)
+    return None
 
 
 _register_commands()
