@@ -316,9 +316,57 @@ class MixedConvBn(nn.Module):
         return self.bn(torch.cat([self.small(a), self.large(b)], dim=1))
 
 
+class MixedConvBnBn(MixedConvBn):
+    """Each conv with its own batch norm first, then the concatenation's: both levels fold."""
+
+    def __init__(self):
+        super().__init__()
+        self.bn_small, self.bn_large = nn.BatchNorm2d(3), nn.BatchNorm2d(5)
+
+    def forward(self, x):
+        a, b = x.split(2, dim=1)
+        return self.bn(torch.cat([self.bn_small(self.small(a)), self.bn_large(self.large(b))], dim=1))
+
+
+class MixedConvBnConvReadElsewhere(MixedConvBn):
+    def forward(self, x):
+        a, b = x.split(2, dim=1)
+        small = self.small(a)
+        return self.bn(torch.cat([small, self.large(b)], dim=1)), small.sum()
+
+
+class MixedConvBnSameConvTwice(MixedConvBn):
+    def __init__(self):
+        super().__init__()
+        self.bn = nn.BatchNorm2d(6)
+
+    def forward(self, x):
+        small = self.small(x[:, :2])
+        return self.bn(torch.cat([small, small], dim=1))
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+@pytest.mark.parametrize("model_type, folds", [(MixedConvBn, 1), (MixedConvBnBn, 3)])
+def test_folds_a_batch_norm_after_a_concatenation_of_convs(model_type, folds, dialect, capture_as, run_verified):
+    """QA: timm's MixedConv2d (mixnet) left 34 batch norms after torch.cat of convs; each conv takes its slice of
+    the channels now, and FX008 reports them as foldable (the rule's detection is the pass's)."""
+    from fxforge.lint import lint
+
+    torch.manual_seed(0)
+    captured = with_shapes(capture_as(random_stats(model_type()), torch.randn(2, 4, 8, 8), dialect))
+    foldable = [f for f in lint(captured.graph_module).findings if f.code == "FX008"]
+    assert any("concatenation of 2 convs" in f.message for f in foldable), [f.message for f in foldable]
+    result = run_verified(captured, "fold_bn")
+    assert result.removed == folds and not result.skipped, result.skipped
+    assert batch_norms(result.graph_module) == [] and bn_leftovers(result.graph_module) == []
+    assert any("each its slice of the channels" in line for line in result.log)
+    assert not [f for f in lint(result.graph_module).findings if f.code == "FX008"]
+
+
 REFUSALS = {
-    # QA: mixnet's 34 such batch norms stayed, and the result listed no reason
-    "batch-norm-after-a-cat-of-convs": (MixedConvBn, (1, 4, 8, 8), ("concatenation of 2 layers", "concatenation")),
+    # a conv of the concatenation read elsewhere too, or concatenated twice: no slice of its own to take
+    "cat-of-convs-one-read-elsewhere": (MixedConvBnConvReadElsewhere, (1, 4, 8, 8), ("2 users", "2 users")),
+    "cat-of-the-same-conv-twice": (MixedConvBnSameConvTwice, (1, 4, 8, 8), ("twice", "twice")),
     # name: (model, input shape, reason fragment per dialect (torch, aten))
     "conv-output-has-other-users": (ConvOutputReused, (1, 3, 8, 8), ("2 users", "2 users")),
     "conv-module-called-twice": (SharedConv, (1, 4, 8, 8), ("more than one place", "used elsewhere")),

@@ -190,7 +190,10 @@ class FoldPlan:
     scale: torch.Tensor  # float64, one per output channel
     shift: torch.Tensor
     norm: Norm
-    layer: Layer
+    layer: Layer | None  # None for a batch norm after a concatenation: ``parts`` then
+    # a batch norm after ``cat`` of several layers along the channels (timm's MixedConv2d): one plan per layer, with
+    # its slice of the scale and shift; ``producer`` is the ``cat``, which then computes the batch norm's value
+    parts: list[FoldPlan] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -233,13 +236,7 @@ def plan_fold(
     if not is_source(norm.input):
         joined = _concatenated_layers(norm.input, is_source)
         if joined:
-            # timm's MixedConv2d (mixnet): one batch norm after torch.cat of several convs; each would take its
-            # slice of the channels, a fold this pass does not make yet. Said, not passed over (QA: 34 left unsaid)
-            names = ", ".join(display_name(layer) for layer in joined[:4]) + (" ..." if len(joined) > 4 else "")
-            return _refusal(
-                f"its input is a concatenation of {len(joined)} layers ({names}): fold_bn folds into one layer",
-                _label(node, norm.input),
-            )
+            return _plan_concatenated(gm, node, norm, [folded.get(part, part) for part in joined], uses, written)
         inner = _flattened_features(norm.input) if not norm.frozen else None
         if inner is None or not is_source(inner) or _layer_kind(gm, folded.get(inner, inner)) != "linear":
             return None
@@ -271,6 +268,55 @@ def plan_fold(
     if isinstance(vectors, str):
         return _refusal(vectors, label)
     return FoldPlan(node, producer, layer.kind, *vectors, norm, layer)
+
+
+def _plan_concatenated(
+    gm: nn.Module,
+    node: fx.Node,
+    norm: Norm,
+    producers: list[fx.Node],
+    uses: Counter[str],
+    written: set[tuple[str, int]] | None,
+) -> FoldPlan | Refusal | None:
+    """A batch norm after ``cat`` of conv outputs along the channels (timm's MixedConv2d: each conv of a split
+    input makes some of the channels, one batch norm follows). It is per channel, so each conv takes its slice of
+    the scale and shift, and the ``cat`` then computes the batch norm's value (QA: 34 in timm's mixnet_s were left)."""
+    label = _label(node, norm.input)
+    if norm.frozen:
+        return _refusal("a frozen batch norm after a concatenation is not folded", label)
+    if len(value_users(norm.input)) > 1:
+        return _refusal(f"{norm.input.name} is read by more than the {norm.what}", label)
+    if len(set(producers)) < len(producers):
+        return _refusal(f"{norm.input.name} concatenates one layer's output twice", label)
+    state = _norm_state(gm, norm)
+    if state is None:
+        return None
+    if isinstance(state, str):
+        return _refusal(state, label, training=TRAINING_HINT in state)
+    layers = []
+    for producer in producers:
+        readers = value_users(producer)
+        if len(readers) > 1:
+            return _refusal(f"{producer.name}'s output has {len(readers)} users, not only the concatenation", label)
+        layer = _read_layer(gm, producer, uses)
+        if isinstance(layer, str):
+            return _refusal(layer, label)
+        if layer.kind == "linear" or not _batched_conv_output(gm, norm, layer):
+            return _refusal(f"cannot prove {producer.name}'s output is batched conv channels (N, C, ...)", label)
+        layers.append(layer)
+    mean, var, eps, gamma, beta = state[1]
+    if mean.numel() != sum(layer.channels for layer in layers):
+        return _refusal(f"BN has {mean.numel()} channels, the concatenated layers produce another number", label)
+    read_now = [t for t in (*state[1], *(w for layer in layers for w in (layer.weight, layer.bias))) if t is not None]
+    if written and any(storage_of(t) in written for t in read_now if isinstance(t, torch.Tensor)):
+        return _refusal("its statistics or the layers' weights may be written in place in the graph", label)
+    scale, shift = bn_affine(mean, var, eps, gamma, beta)
+    parts, start = [], 0
+    for layer in layers:
+        end = start + layer.channels
+        parts.append(FoldPlan(node, layer.node, layer.kind, scale[start:end], shift[start:end], norm, layer))
+        start = end
+    return FoldPlan(node, norm.input, f"concatenation of {len(layers)} convs", scale, shift, norm, None, parts)
 
 
 def _layer_kind(gm: nn.Module, node: fx.Node) -> str | None:
@@ -991,7 +1037,9 @@ def _nothing_left_to_fold(gm: fx.GraphModule) -> str | None:
         "into conv/conv-transpose/linear modules, F.conv*/F.linear and ATen convolutions/linear with stored "
         "weights, and ATen addmm/mm (+ add) linears; also a BatchNorm1d over a linear's output reshaped to 2-D with "
         "its features kept last (timm LeViT's LinearNorm: bn(linear(x).flatten(0, 1)), the reshape read by the "
-        "batch norm alone). Reads of the layer output's or its weight's shape, rank or "
+        "batch norm alone); and a batch norm after torch.cat of conv outputs along the channels, each conv read by "
+        "the cat alone (timm's MixedConv2d): each conv takes its slice of the channels. Reads of the layer "
+        "output's or its weight's shape, rank or "
         "dtype (timm's same-padding convs read weight.shape) do not block a fold. A conv module that is also "
         "passed whole to a call fxforge cannot see into (HF MobileNetV2's apply_tf_padding(x, conv)) is folded "
         "into a copy for its own call; the opaque call keeps the original, so its weights are stored twice. "
@@ -999,8 +1047,7 @@ def _nothing_left_to_fold(gm: fx.GraphModule) -> str | None:
         "without running statistics, or with statistics or scale/shift computed from graph inputs, from stored "
         "tensors read elsewhere or by calls fxforge cannot run; a conv/linear whose output has other users; a "
         "conv module called from more than one place or whose weight or bias the graph also reads directly; a "
-        "batch norm after a concatenation of several layers (timm's MixedConv2d: each would take its slice of the "
-        "channels, a fold not made yet); a "
+        "frozen batch norm after a concatenation of layers; a "
         "functional/ATen layer whose weights are not stored tensors or are read elsewhere; a Linear whose output "
         "is not known to be 2-D; a conv whose output is not known to be batched (N, C, ...: from its recorded "
         "shape, an assert on its rank, or a BatchNorm2d/3d that takes nothing else), where a batch norm on an "
@@ -1040,17 +1087,16 @@ def fold_bn(gm: fx.GraphModule, options: None) -> PassResult:
 
 def _fold(gm: fx.GraphModule, plan: FoldPlan, result: PassResult) -> set[fx.Node]:
     """Fold ``plan`` and log it; returns the nodes it erased."""
-    layer = plan.layer
-    if layer.form == "module":
-        weight, bias = _fold_module(gm, plan)
-    elif layer.form == "function":
-        weight, bias = _fold_function(gm, plan)
-    else:
-        weight, bias = _fold_matmul(gm, plan)
+    parts = plan.parts or [plan]  # a batch norm after a concatenation: each layer its slice
+    count = 0
+    for part in parts:
+        weight, bias = _FOLD_BY_FORM[part.layer.form](gm, part)
+        count += weight.numel() + bias.numel()
     erased = _replace_norm(gm, plan)
-    into = str(plan.producer.target) if layer.form == "module" else plan.producer.name
+    into = ", ".join(str(p.producer.target) if p.layer.form == "module" else p.producer.name for p in parts)
     what = f" ({plan.bn.name}: x * scale + shift, a frozen batch norm)" if plan.norm.frozen else ""
-    result.note(f"folded {display_name(plan.bn)} into {into}{what}", removed=1, folded=weight.numel() + bias.numel())
+    where = f" ({plan.producer.name}: each its slice of the channels)" if plan.parts else ""
+    result.note(f"folded {display_name(plan.bn)} into {into}{what}{where}", removed=1, folded=count)
     return erased
 
 
@@ -1165,6 +1211,9 @@ def _fold_matmul(gm: fx.GraphModule, plan: FoldPlan) -> tuple[torch.Tensor, torc
         matmul.args = (bias_node, *matmul.args)
     _erase_if_unused(gm, layer.weight_node, layer.bias_node)
     return weight, bias
+
+
+_FOLD_BY_FORM = {"module": _fold_module, "function": _fold_function, "matmul": _fold_matmul}
 
 
 def _set_missing_bias(producer: fx.Node, bias: fx.Node) -> None:
