@@ -135,6 +135,9 @@ def test_unknown_torchvision_model():
     with pytest.raises(ModelSpecError, match="torchvision has no model named 'resnet1800'") as info:
         load_model("torchvision:resnet1800")
     assert_one_line(info.value)
+    with pytest.raises(ModelSpecError, match="'resnet81'") as info:  # a misspelling gets the name it resembles
+        load_model("torchvision:resnet81")
+    assert info.value.hint.startswith("did you mean resnet18? list them with:")
 
 
 def test_torchvision_never_downloads_weights(monkeypatch):
@@ -156,8 +159,12 @@ def test_timm_model():
     loaded = load_model("timm:resnet18")
     assert type(loaded.module).__name__ == "ResNet" and not loaded.module.training
     assert loaded.default_inputs == [InputSpec((1, 3, 224, 224))]
-    with pytest.raises(ModelSpecError, match="timm has no model named 'no_such_net'"):
+    with pytest.raises(ModelSpecError, match="timm has no model named 'no_such_net'") as info:
         load_model("timm:no_such_net")
+    assert "did you mean" not in info.value.hint  # nothing like it
+    with pytest.raises(ModelSpecError, match="'convnext_atoo'") as info:
+        load_model("timm:convnext_atoo")
+    assert info.value.hint.startswith("did you mean convnext_atto?")
 
 
 @pytest.mark.slow  # importing transformers takes ~9 s

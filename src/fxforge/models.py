@@ -29,7 +29,7 @@ import pickle
 import re
 import warnings
 import zipfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -337,12 +337,19 @@ def torchvision_classification_models() -> list[str]:
     return sorted(torchvision.models.list_models(module=torchvision.models))
 
 
+def _did_you_mean(name: str, known: Sequence[str]) -> str:
+    """``"did you mean resnet18? "`` for a misspelt name (``resnet81``), else ``""``."""
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.75)
+    return f"did you mean {close[0]}? " if close else ""
+
+
 def _load_torchvision(name: str, spec: str, kwargs: dict[str, Any]) -> LoadedModel:
     torchvision = require("torchvision", "vision", "torchvision models")
     if name not in torchvision.models.list_models():
         raise ModelSpecError(
             f"torchvision has no model named {name!r}",
-            hint="list them with: python -c 'import torchvision; print(torchvision.models.list_models())'",
+            hint=_did_you_mean(name, torchvision.models.list_models())
+            + "list them with: python -c 'import torchvision; print(torchvision.models.list_models())'",
         )
     kwargs.setdefault("weights", None)  # never download weights
     if "weights_backbone" in pyinspect.signature(torchvision.models.get_model_builder(name)).parameters:
@@ -451,7 +458,10 @@ def _measure_batchnorms(model: nn.Module, example: InputSpec) -> bool:
 def _load_timm(name: str, spec: str, kwargs: dict[str, Any]) -> LoadedModel:
     timm = require("timm", "timm", "timm models")
     if not timm.is_model(name):
-        raise ModelSpecError(f"timm has no model named {name!r}", hint="list them with: timm.list_models()")
+        raise ModelSpecError(
+            f"timm has no model named {name!r}",
+            hint=_did_you_mean(name, timm.list_models()) + "list them with: timm.list_models()",
+        )
     model = _construct(lambda **kw: timm.create_model(name, pretrained=False, **kw), kwargs, spec)
     _redraw_zero_layers(model)
     _randomise_batchnorms(model)
@@ -465,7 +475,9 @@ def _load_transformers(class_name: str, spec: str, kwargs: dict[str, Any]) -> Lo
     cls = getattr(transformers, class_name, None)
     if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
         raise ModelSpecError(
-            f"transformers has no model class named {class_name!r}", hint="e.g. transformers:BertModel"
+            f"transformers has no model class named {class_name!r}",
+            hint=_did_you_mean(class_name, [n for n in dir(transformers) if n[:1].isupper()]).strip()
+            or "e.g. transformers:BertModel",
         )
     config_class = getattr(cls, "config_class", None)
     if config_class is None:
