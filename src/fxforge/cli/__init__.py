@@ -16,6 +16,8 @@ import contextlib
 import os
 import signal
 import sys
+import sysconfig
+import threading
 from typing import Any
 
 from fxforge.errors import ENDING_SIGNALS
@@ -29,7 +31,32 @@ _interruption_reported = False
 def _note_sigint(signum: int, frame: Any) -> None:
     global _sigint_seen
     _sigint_seen = True
+    if _in_a_library_import(frame):
+        # A KeyboardInterrupt raised in a library's module code while it imports can cross C++ (torch's pybind11
+        # init calls back into Python) and abort the process: "terminate called after throwing an instance of
+        # 'pybind11::error_already_set'", exit -6 and a stack dump (QA: 1 in 6 Ctrl-C at 0.5 s into optimize).
+        # The signal is sent again shortly, until the import is over, and then raises here.
+        again = threading.Timer(_REDELIVERY_S, os.kill, (os.getpid(), signum))
+        again.daemon = True
+        again.start()
+        return
     raise KeyboardInterrupt
+
+
+_REDELIVERY_S = 0.05
+_LIBRARY_DIRS: tuple[str, ...] = ()  # site-packages and the standard library: set by run()
+
+
+def _in_a_library_import(frame: Any) -> bool:
+    """Whether ``frame`` is library code (site-packages, the standard library) run by an import: the module code
+    of torch or of what it imports. A user's model file being imported is not: Ctrl-C raises there at once."""
+    if frame is None or not _LIBRARY_DIRS or not frame.f_code.co_filename.startswith(_LIBRARY_DIRS):
+        return False
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _note_sigterm(signum: int, frame: Any) -> None:
@@ -111,6 +138,9 @@ def interruption_word() -> str:
 
 def run() -> None:
     """Console-script entry point (``fxforge``)."""
+    global _LIBRARY_DIRS
+    paths = sysconfig.get_paths()
+    _LIBRARY_DIRS = tuple({paths[key] for key in ("purelib", "platlib", "stdlib", "platstdlib") if paths.get(key)})
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where SIGINT is ignored (nohup, &)
         signal.signal(signal.SIGINT, _note_sigint)
     for ending in ENDING_SIGNALS:
