@@ -1019,3 +1019,17 @@ def test_a_pipeline_run_in_place_on_a_bare_graph_verifies_as_on_a_copy(passes):
     gm = fxforge.prepare("demo").graph_module
     result = Pipeline(passes, verify_each=True).run(gm, inplace=True, inputs=captured.example_inputs)
     assert result.ok and result.verification.ok
+
+
+def test_verify_takes_another_capture_as_the_candidate():
+    """fxforge.verify refused a Captured candidate ("must be a model, a spec or a file, not a Captured"), which
+    Verifier.check takes: its graph is compared."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).eval()
+    reference = fxforge.prepare(model, "2x4")
+    other = fxforge.prepare(model, "2x4", method="export")
+    result = fxforge.verify(reference, other)
+    assert result.ok and result.trials > 1
+    broken = copy.deepcopy(other)
+    with torch.no_grad():
+        next(broken.graph_module.parameters()).add_(1.0)
+    assert not fxforge.verify(reference, broken).ok

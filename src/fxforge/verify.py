@@ -1164,6 +1164,10 @@ def verify(
         input_specs = [input_specs]
     if inputs is not None and batch_sizes is not None:  # exactly those inputs are compared: the sizes went unused
         raise FxforgeError("batch_sizes applies to drawn cases, and inputs are compared exactly as given")
+    if isinstance(candidate, Captured):  # another capture's graph (Verifier.check takes one too)
+        # an exported graph may take the example's batch size alone, as a .pt2 file given by name may
+        candidate_may_fix_batch = candidate_may_fix_batch or candidate.dialect == ATEN
+        candidate = candidate.graph_module
     if not (callable(candidate) or isinstance(candidate, (str, Path))):
         raise FxforgeError(
             f"the candidate must be a model, a spec or a file, not a {type(candidate).__name__}",
