@@ -328,6 +328,12 @@ class MixedConvBnBn(MixedConvBn):
         return self.bn(torch.cat([self.bn_small(self.small(a)), self.bn_large(self.large(b))], dim=1))
 
 
+class MixedConvBnNegativeDim(MixedConvBn):
+    def forward(self, x):
+        a, b = x.split(2, dim=1)
+        return self.bn(torch.cat([self.small(a), self.large(b)], dim=-3))
+
+
 class MixedConvBnConvReadElsewhere(MixedConvBn):
     def forward(self, x):
         a, b = x.split(2, dim=1)
@@ -346,7 +352,7 @@ class MixedConvBnSameConvTwice(MixedConvBn):
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
-@pytest.mark.parametrize("model_type, folds", [(MixedConvBn, 1), (MixedConvBnBn, 3)])
+@pytest.mark.parametrize("model_type, folds", [(MixedConvBn, 1), (MixedConvBnBn, 3), (MixedConvBnNegativeDim, 1)])
 def test_folds_a_batch_norm_after_a_concatenation_of_convs(model_type, folds, dialect, capture_as, run_verified):
     """QA: timm's MixedConv2d (mixnet) left 34 batch norms after torch.cat of convs; each conv takes its slice of
     the channels now, and FX008 reports them as foldable (the rule's detection is the pass's)."""

@@ -956,6 +956,9 @@ def _concatenated_layers(node: fx.Node, is_source) -> list[fx.Node]:
         return []
     parts = node.args[0] if node.args else node.kwargs.get("tensors")
     dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+    shape = getattr(node_value(node), "shape", None)
+    if isinstance(dim, int) and dim < 0 and shape is not None:  # cat(..., dim=-3) of (N, C, H, W): the channels
+        dim += len(shape)
     if dim != 1 or not isinstance(parts, (list, tuple)) or len(parts) < 2:
         return []
     return list(parts) if all(is_source(part) for part in parts) else []
