@@ -492,3 +492,17 @@ def test_a_path_through_a_missing_folder_and_back_is_written(capsys, tmp_path, m
     code, _, err = run(capsys, "export", "demo", "-o", "missing/../out.pt2")
     assert code == EXIT_OK, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.pt2"]
+
+
+def test_a_working_directory_that_no_longer_exists_is_one_error(tmp_path):
+    """torch cannot load there ("Intel oneMKL FATAL ERROR: Cannot load libtorch_cpu.so"), and the command said
+    nothing else: it is refused before torch loads, in one line with exit code 2."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    done = subprocess.run(
+        ["sh", "-c", f"cd {gone} && rmdir {gone} && exec {FXFORGE} inspect demo"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    expected = ["error: the working directory no longer exists", "hint: cd to a directory that exists"]
+    assert done.stderr.splitlines() == expected

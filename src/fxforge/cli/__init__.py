@@ -20,7 +20,7 @@ import sysconfig
 import threading
 from typing import Any
 
-from fxforge.errors import ENDING_SIGNALS
+from fxforge.errors import ENDING_SIGNALS, EXIT_USAGE
 
 EXIT_INTERRUPTED = 130  # a signal that ends the command exits 128 + its number: 143 SIGTERM, 129 SIGHUP
 _sigint_seen = False
@@ -139,6 +139,11 @@ def interruption_word() -> str:
 def run() -> None:
     """Console-script entry point (``fxforge``)."""
     global _LIBRARY_DIRS
+    try:
+        os.getcwd()
+    except FileNotFoundError:  # torch then fails to load with "Intel oneMKL FATAL ERROR: Cannot load libtorch_cpu.so"
+        sys.stderr.write("error: the working directory no longer exists\nhint: cd to a directory that exists\n")
+        sys.exit(EXIT_USAGE)
     paths = sysconfig.get_paths()
     _LIBRARY_DIRS = tuple({paths[key] for key in ("purelib", "platlib", "stdlib", "platstdlib") if paths.get(key)})
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where SIGINT is ignored (nohup, &)
