@@ -220,6 +220,16 @@ def check_writable(target: Path) -> None:
         raise FxforgeError(f"cannot write to {folder}: {reason}") from None
 
 
+def refuse_special_file(path: Path) -> None:
+    """Refuse, even with ``--force``, to replace what is not a regular file: a device (``/dev/null``), a pipe or a
+    socket was replaced by a regular file (QA: ``--trace /dev/full --force`` as root replaced the system's device).
+    A symbolic link is followed (outputs are resolved first), as a shell's ``>`` follows one."""
+    if path.exists() and not path.is_file() and not path.is_dir():
+        raise FxforgeError(
+            f"{path} is not a regular file (a device, a pipe or a socket)", hint="give the path of a file to write"
+        )
+
+
 def check_output_file(target: str | Path, *, force: bool = False) -> Path:
     """What :class:`StagedOutput` would refuse, checked before the work: a directory, an existing file without
     ``force``, a folder that cannot be written."""
@@ -230,6 +240,7 @@ def check_output_file(target: str | Path, *, force: bool = False) -> Path:
 
 
 def _refuse_existing_file(path: Path, force: bool) -> None:
+    refuse_special_file(path)
     if path.is_dir():
         example = f"out/{path.stem}{path.suffix}" if path.suffix else "out/model.onnx"  # the kind asked for
         raise FxforgeError(f"{path} is a directory", hint=f"give a file name, e.g. -o {example}")

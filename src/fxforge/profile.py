@@ -43,7 +43,7 @@ from torch.utils import _pytree as pytree
 from torch.utils.flop_counter import FlopCounterMode
 
 from fxforge import display
-from fxforge.artifacts import StagedOutput, check_writable, output_target
+from fxforge.artifacts import StagedOutput, check_writable, output_target, refuse_special_file
 from fxforge.capture import Captured, at_batch, compiled_form, require_captured, require_real_weights
 from fxforge.compare import tensors_in
 from fxforge.errors import FxforgeError, option, pass_inputs_hint
@@ -309,6 +309,7 @@ def check_trace_path(trace: str | Path, *, force: bool = False) -> Path:
     them, and with a hint about --trace (StagedOutput's, checked again when writing, is about export's -o). Missing
     folders are no reason: they are made when the trace is written, as every output's are."""
     target = output_target(trace)
+    refuse_special_file(target)
     if target.is_dir():
         raise FxforgeError(
             f"{option('--trace', trace)} is a directory",

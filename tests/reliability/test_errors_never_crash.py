@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -506,3 +507,23 @@ def test_a_working_directory_that_no_longer_exists_is_one_error(tmp_path):
     assert done.returncode == 2, done.stderr
     expected = ["error: the working directory no longer exists", "hint: cd to a directory that exists"]
     assert done.stderr.splitlines() == expected
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_force_never_replaces_a_device_or_a_pipe(tmp_path, kind):
+    """QA: ``--trace /dev/full --force`` as root replaced the system's device with a regular file, as ``-o`` did for
+    a device or a pipe named like an output: refused now, with --force too, and left as it was."""
+    from fxforge.cli import main
+
+    special = tmp_path / "out.onnx"
+    if kind == "fifo":
+        os.mkfifo(special)
+    else:
+        if os.geteuid() != 0:
+            pytest.skip("making a device node needs root")
+        os.mknod(special, 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # what /dev/null is
+    before = os.stat(special)
+    assert main(["export", "demo", "-o", str(special), "--force"]) == 2
+    assert main(["profile", "demo", "--trace", str(special), "--force"]) == 2
+    after = os.stat(special)
+    assert (after.st_mode, after.st_ino, after.st_rdev) == (before.st_mode, before.st_ino, before.st_rdev)
