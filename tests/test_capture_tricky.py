@@ -1205,3 +1205,19 @@ def test_a_location_names_the_statement_not_its_block(tmp_path):
     assert format_location(str(path), 10).endswith(':9 `assert y.sum() > 0, ( "message" )`')
     assert format_location(str(path), 12).endswith(":12 `if flag:`")
     assert format_location(str(path), 13).endswith(":13 `@staticmethod`")
+
+
+class _ScaledGate(_ClassGate):
+    scale = 5.0
+
+    def forward(self, x):
+        return _ClassGate.gate(self.lin(x)) + 1  # binds cls to _ClassGate (scale 3), not to the instance's class
+
+
+def test_a_class_method_called_through_a_base_class_is_never_kept_with_the_wrong_class():
+    """Regression QA: kept as one call, ``Base.gate(x)`` ran as the instance's method, with ``cls`` the subclass (its
+    ``scale`` 5, not 3): a silently wrong graph, which the example input (taking the other branch) did not show.
+    Such a call is not kept: the capture fails as before, loudly."""
+    model = _ScaledGate().eval()
+    with pytest.raises(CaptureError):
+        capture(model, (-(torch.rand(2, 8) + 1),))

@@ -492,7 +492,7 @@ def _methods_patched(model: nn.Module, methods: Iterable[_MethodWrap]) -> Iterat
                 # attribute does not shadow (QA: that call still failed the capture). It computes the same for
                 # every instance, so any instance's stand-in records it
                 saved.append((defining, wrap.method, vars(defining)[wrap.method]))
-                setattr(defining, wrap.method, staticmethod(_as_call_node(getattr(defining, wrap.method), stand_in)))
+                setattr(defining, wrap.method, _class_call_recorder(owner, vars(defining)[wrap.method], stand_in))
         yield stand_ins
     finally:
         for owner, name, original in reversed(saved):
@@ -511,6 +511,23 @@ def _class_defining_static(cls: type, name: str) -> type | None:
         if name in vars(klass):
             return klass if isinstance(vars(klass)[name], (staticmethod, classmethod)) else None
     return None
+
+
+def _class_call_recorder(owner: nn.Module, method: Any, stand_in: Any) -> Any:
+    """What the class of a static or class method holds while tracing: a call recorded on ``stand_in``. A class
+    method called through another class than the instance's (``Base.gate(x)`` on a subclass) binds ``cls`` to that
+    class, which the kept call would not (QA: a subclass's ``scale`` was read, a silently wrong graph): such a call
+    runs the method as it is, traced (and fails loudly where it branches on a value)."""
+    recorded = _as_call_node(method.__get__(None, type(owner)), stand_in)
+    if isinstance(method, staticmethod):
+        return staticmethod(recorded)
+
+    def dispatch(klass: type, *args: Any, **kwargs: Any) -> Any:
+        if klass is type(owner):
+            return recorded(*args, **kwargs)
+        return method.__get__(None, klass)(*args, **kwargs)
+
+    return classmethod(dispatch)
 
 
 _ABSENT = object()
