@@ -246,11 +246,17 @@ class _TimedInterpreter(GraphRunner):
     """Runs the graph, adding each node's wall-clock time to ``times`` -- or, with ``ranges``, opening a
     ``record_function`` range named after each node for the profiler instead."""
 
-    def __init__(self, gm: fx.GraphModule, times: dict[str, list[float]], ranges: bool = False) -> None:
+    def __init__(
+        self,
+        gm: fx.GraphModule,
+        times: dict[str, list[float]],
+        ranges: bool = False,
+        moves_nothing: dict[str, bool] | None = None,
+    ) -> None:
         super().__init__(gm)
         self.times, self.ranges = times, ranges
-        self.moves_nothing: set[str] = set()  # the nodes seen to give a view of their inputs (_moves_nothing)
-        self._seen: set[str] = set()
+        # per node, whether it gave only views of its inputs (_moves_nothing): judged once, in the first run given it
+        self.moves_nothing = moves_nothing if moves_nothing is not None else {}
 
     def run_node(self, n: fx.Node) -> Any:
         # torch.export's input guard checks shapes and a get_attr fetches a tensor: no work of the model's, and
@@ -263,10 +269,8 @@ class _TimedInterpreter(GraphRunner):
         start = time.perf_counter()
         result = super().run_node(n)
         self.times.setdefault(n.name, []).append((time.perf_counter() - start) * 1e3)
-        if n.name not in self._seen:  # once per node, outside its clock
-            self._seen.add(n.name)
-            if _moves_nothing(n, self.fetch_args_kwargs_from_env(n), result):
-                self.moves_nothing.add(n.name)
+        if n.name not in self.moves_nothing:  # outside its clock
+            self.moves_nothing[n.name] = _moves_nothing(n, self.fetch_args_kwargs_from_env(n), result)
         return result
 
 
@@ -396,12 +400,10 @@ def _profile_graph(
         args, kwargs = cloned(list(captured.example_inputs)), cloned(captured.example_kwargs)
         return lambda: gm(*args, **kwargs)
 
-    moves_nothing: set[str] = set()
+    moves_nothing: dict[str, bool] = {}  # shared by the runs, so that each node is judged once
 
     def timed_run(run_times: dict[str, list[float]]) -> None:
-        interpreter = _TimedInterpreter(gm, run_times)
-        interpreter.run(*cloned(values))
-        moves_nothing.update(interpreter.moves_nothing)
+        _TimedInterpreter(gm, run_times, moves_nothing=moves_nothing).run(*cloned(values))
 
     with torch.no_grad(), quiet_torch_logs(), preserved_state(gm, captured.original):
         for _ in range(warmup):
@@ -422,7 +424,7 @@ def _profile_graph(
         sizes = [allocated.get(node.name, 0)]
         read = sum(_bytes_out(facts[name]) for name in producers[node.name] if name in facts)
         moved = read + info.activation_bytes + info.params * _element_size(info.dtype)
-        if node.name in moves_nothing:
+        if moves_nothing.get(node.name):
             moved = 0
         # a module call is better named by its class (Conv2d) than by its path, which is the node's name already
         target = type(gm.get_submodule(str(node.target))).__name__ if node.op == "call_module" else info.target
