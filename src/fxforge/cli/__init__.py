@@ -44,13 +44,22 @@ def _note_sigint(signum: int, frame: Any) -> None:
 
 
 _REDELIVERY_S = 0.05
-_LIBRARY_DIRS: tuple[str, ...] = ()  # site-packages and the standard library: set by run()
+_LIBRARY_DIRS: tuple[str, ...] | None = None  # site-packages and the standard library: found at the first signal
+
+
+def _library_dirs() -> tuple[str, ...]:
+    global _LIBRARY_DIRS
+    if _LIBRARY_DIRS is None:  # only when a signal comes: nothing added to every command's start
+        paths = sysconfig.get_paths()
+        _LIBRARY_DIRS = tuple({paths[k] for k in ("purelib", "platlib", "stdlib", "platstdlib") if paths.get(k)})
+    return _LIBRARY_DIRS
 
 
 def _in_a_library_import(frame: Any) -> bool:
     """Whether ``frame`` is library code (site-packages, the standard library) run by an import: the module code
     of torch or of what it imports. A user's model file being imported is not: Ctrl-C raises there at once."""
-    if frame is None or not _LIBRARY_DIRS or not frame.f_code.co_filename.startswith(_LIBRARY_DIRS):
+    libraries = _library_dirs() if frame is not None else ()
+    if not libraries or not frame.f_code.co_filename.startswith(libraries):
         return False
     while frame is not None:
         if frame.f_code.co_filename.startswith("<frozen importlib"):
@@ -138,14 +147,11 @@ def interruption_word() -> str:
 
 def run() -> None:
     """Console-script entry point (``fxforge``)."""
-    global _LIBRARY_DIRS
     try:
         os.getcwd()
     except FileNotFoundError:  # torch then fails to load with "Intel oneMKL FATAL ERROR: Cannot load libtorch_cpu.so"
         sys.stderr.write("error: the working directory no longer exists\nhint: cd to a directory that exists\n")
         sys.exit(EXIT_USAGE)
-    paths = sysconfig.get_paths()
-    _LIBRARY_DIRS = tuple({paths[key] for key in ("purelib", "platlib", "stdlib", "platstdlib") if paths.get(key)})
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where SIGINT is ignored (nohup, &)
         signal.signal(signal.SIGINT, _note_sigint)
     for ending in ENDING_SIGNALS:
