@@ -1153,7 +1153,7 @@ def capture(
         kind = type(model).__name__
         exported = isinstance(model, torch.export.ExportedProgram)
         raise CaptureError(
-            f"capture takes an nn.Module, not {'an' if kind[:1] in 'AEIOU' else 'a'} {kind}",
+            f"capture takes an nn.Module, not {_with_article(kind)}",
             hint="an exported program is captured already: save it with torch.export.save and name the file "
             "(fxforge.prepare('model.pt2')), or capture the module it was exported from"
             if exported
@@ -1261,6 +1261,11 @@ def at_batch(captured: Captured, batch: int, seed: int = 0) -> Captured:
     return dataclasses.replace(captured, example_inputs=inputs)
 
 
+def _with_article(noun: str) -> str:
+    """``"an ExportedProgram"``, ``"a GraphModule"``."""
+    return f"{'an' if noun[:1] in 'AEIOU' else 'a'} {noun}"
+
+
 def require_captured(value: Any, what: str) -> None:
     """Refuse, in one line, a ``value`` that is not a :class:`Captured` (a module, a GraphModule, a spec string):
     ``what`` (the function's name) needs the graph and the example inputs that capture records. Without this, the
@@ -1269,7 +1274,7 @@ def require_captured(value: Any, what: str) -> None:
         return
     given = "GraphModule" if isinstance(value, fx.GraphModule) else type(value).__name__
     raise FxforgeError(
-        f"{what} takes a captured model, not {'an' if given[:1] in 'AEIOU' else 'a'} {given}",
+        f"{what} takes a captured model, not {_with_article(given)}",
         hint="capture it first: fxforge.capture(model, example_inputs), or fxforge.prepare('torchvision:resnet18')",
     )
 

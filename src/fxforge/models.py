@@ -337,9 +337,9 @@ def torchvision_classification_models() -> list[str]:
     return sorted(torchvision.models.list_models(module=torchvision.models))
 
 
-def _did_you_mean(name: str, known: Sequence[str]) -> str:
+def _did_you_mean(name: str, known: Sequence[str], cutoff: float = 0.75) -> str:
     """``"did you mean resnet18? "`` for a misspelt name (``resnet81``), else ``""``."""
-    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.75)
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=cutoff)
     return f"did you mean {close[0]}? " if close else ""
 
 
@@ -535,8 +535,8 @@ def _refuse_unknown_config_keys(config_class: type, spec: str, kwargs: dict[str,
         known |= set(pyinspect.signature(config_class.__init__).parameters) - {"self", "kwargs"}
     for key in kwargs:
         if key not in known:
-            close = difflib.get_close_matches(key, sorted(known), n=1)
-            hint = f"did you mean {close[0]}?" if close else f"see the fields of transformers.{config_class.__name__}"
+            guess = _did_you_mean(key, sorted(known), cutoff=0.6).strip()  # difflib's own cutoff, as it always had
+            hint = guess or f"see the fields of transformers.{config_class.__name__}"
             raise ModelSpecError(f"{spec}: {config_class.__name__} has no field {key!r}", hint=hint)
 
 
