@@ -993,3 +993,17 @@ def test_a_transformers_mobilenet_v2_has_outputs_that_depend_on_the_input():
     with torch.no_grad():
         first, second = (loaded.module(torch.randn(2, 3, 32, 32)).pooler_output for _ in range(2))
     assert first.abs().max() > 1e-2 and (first - second).abs().max() > 1e-2 * first.abs().max()
+
+
+def test_a_name_that_is_no_transformers_model_class_gets_a_model_class_or_why():
+    """Regression QA: "did you mean AutoModel?" for AutoModel, "did you mean BertConfig?" for BertConfig (any capital
+    name was a candidate, the refused one too), and "bertmodel" matched HubertModel (case-sensitive)."""
+    from fxforge.models import _transformers_class_hint
+
+    names = ["AutoModel", "AutoModelForCausalLM", "BertConfig", "BertModel", "HubertModel", "GPT2LMHeadModel",
+             "BertForMaskedLM", "TFBertModel", "pipeline", "Pipeline"]  # fmt: skip
+    assert _transformers_class_hint("AutoModel", names).startswith("AutoModel is a factory that needs a checkpoint")
+    assert _transformers_class_hint("bertmodel", names) == "did you mean BertModel?"
+    assert _transformers_class_hint("GPT2LMHeadModle", names) == "did you mean GPT2LMHeadModel?"
+    for refused in ("BertConfig", "pipeline"):  # no model class near: the example, never the name refused
+        assert _transformers_class_hint(refused, names) == "e.g. transformers:BertModel"

@@ -343,6 +343,21 @@ def _did_you_mean(name: str, known: Sequence[str], cutoff: float = 0.75) -> str:
     return f"did you mean {close[0]}? " if close else ""
 
 
+def _transformers_class_hint(class_name: str, names: Sequence[str]) -> str:
+    """A hint for a name that is no transformers model class: a close model class by name (``...Model``,
+    ``...For...``; matched without case), never the name refused (QA: "did you mean AutoModel?" for AutoModel) nor an
+    Auto* factory, which chooses a class from a checkpoint fxforge does not download."""
+    if class_name.startswith("Auto"):
+        return f"{class_name} is a factory that needs a checkpoint: name a model class, e.g. transformers:BertModel"
+    models = {
+        n.lower(): n for n in names if (n.endswith("Model") or "For" in n) and not n.startswith(("Auto", "TF", "Flax"))
+    }
+    if models.get(class_name.lower()) == class_name:  # the very name refused (a model class transformers lacks)
+        del models[class_name.lower()]
+    close = difflib.get_close_matches(class_name.lower(), list(models), n=1, cutoff=0.75)
+    return f"did you mean {models[close[0]]}?" if close else "e.g. transformers:BertModel"
+
+
 def _load_torchvision(name: str, spec: str, kwargs: dict[str, Any]) -> LoadedModel:
     torchvision = require("torchvision", "vision", "torchvision models")
     if name not in torchvision.models.list_models():
@@ -476,8 +491,7 @@ def _load_transformers(class_name: str, spec: str, kwargs: dict[str, Any]) -> Lo
     if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
         raise ModelSpecError(
             f"transformers has no model class named {class_name!r}",
-            hint=_did_you_mean(class_name, [n for n in dir(transformers) if n[:1].isupper()]).strip()
-            or "e.g. transformers:BertModel",
+            hint=_transformers_class_hint(class_name, dir(transformers)),
         )
     config_class = getattr(cls, "config_class", None)
     if config_class is None:
