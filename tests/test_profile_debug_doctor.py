@@ -205,6 +205,25 @@ def test_a_node_giving_views_of_its_inputs_moves_no_bytes_and_gets_no_verdict():
         assert by_target[target].bytes_moved > 0, target
 
 
+class _WritesAndReductions(nn.Module):
+    def forward(self, x):
+        z = torch.empty_like(x)
+        torch.add(x, 1, out=z)
+        x.__setitem__((slice(None), slice(0, 256)), z[:, :256])  # what x[:, :256] = ... traces to
+        return x * torch.allclose(x, z) + x.size(0)
+
+
+def test_writes_through_out_or_setitem_and_python_valued_reductions_still_move_their_bytes():
+    """Regression QA: ``torch.add(..., out=z)``, ``x[...] = y`` and ``torch.allclose`` (40% of a run) read 0 bytes and
+    no verdict: the output shares the input's storage, or is no tensor. Only a shape read moves nothing."""
+    captured = fxforge.capture(_WritesAndReductions().eval(), (torch.randn(256, 512),), method="symbolic_trace")
+    report = profile_model(captured, repeats=2, warmup=1, peak=PEAK)
+    by_target = {n.target.rsplit(".", 1)[-1]: n for n in report.nodes}
+    for target in ("add", "__setitem__", "allclose"):
+        assert by_target[target].bytes_moved > 0, (target, by_target[target])
+    assert by_target["size"].bytes_moved == 0 and by_target["size"].bound == ""
+
+
 def _totals(whole: list[float], node_timed: list[float]) -> _RunTotals:
     return _RunTotals(whole=whole, node_timed=node_timed)
 

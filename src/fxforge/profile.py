@@ -47,7 +47,7 @@ from fxforge.artifacts import StagedOutput, check_writable, output_target, refus
 from fxforge.capture import Captured, at_batch, compiled_form, require_captured, require_real_weights
 from fxforge.compare import tensors_in
 from fxforge.errors import FxforgeError, option, pass_inputs_hint
-from fxforge.graphs import INPUT_GUARDS, GraphRunner, is_input_guard
+from fxforge.graphs import INPUT_GUARDS, GraphRunner, aten_packet, is_input_guard
 from fxforge.inputs import specs_of
 from fxforge.inspect import NodeInfo, inspect_graph
 from fxforge.machine import Peak, cached_peak, current_load
@@ -275,13 +275,17 @@ class _TimedInterpreter(GraphRunner):
 
 
 def _moves_nothing(node: fx.Node, inputs: Any, output: Any) -> bool:
-    """Whether ``node`` gave only views of its inputs, or no tensor at all: a ``getitem``, a ``view``, a dataclass
-    built of its inputs, a ``size()``. It read and wrote no data, so it has no bandwidth to be measured against (QA:
-    such nodes read ``memory (0%)``, their inputs counted as moved). An in-place op also returns its input, and does
-    move it: a module call (``ReLU(inplace=True)``), a ``relu_`` or an op given ``inplace=True`` is never taken."""
+    """Whether ``node`` gave only views of its inputs, or read only their shapes: a ``getitem``, a ``view``, a
+    dataclass built of its inputs, a ``size()``. It read and wrote no data, so it has no bandwidth to be measured
+    against (QA: such nodes read ``memory (0%)``, their inputs counted as moved). An op that writes into its input
+    returns it too, and does move it: a module call (``ReLU(inplace=True)``), ``relu_``, ``inplace=True``, ``out=``,
+    ``x[i] = y`` are never taken; nor a node returning only Python values, which may read all of its inputs
+    (``torch.allclose``: regression QA, 40% of a run without a verdict)."""
     if node.op == "call_module" or _writes_in_place(node):
         return False
     written = tensors_in(output)
+    if not written:
+        return _reads_metadata_only(node)
     try:
         read = {t.untyped_storage().data_ptr() for t in tensors_in(inputs)}
         return all(t.untyped_storage().data_ptr() in read for t in written)
@@ -295,7 +299,22 @@ def _writes_in_place(node: fx.Node) -> bool:
         return any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
     name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
     in_place_name = name.endswith("_") and not name.endswith("__")
-    return in_place_name or bool(node.kwargs.get("inplace")) or any(a is True for a in node.args)
+    writes = in_place_name or name in ("setitem", "__setitem__") or node.kwargs.get("out") is not None
+    return writes or bool(node.kwargs.get("inplace")) or any(a is True for a in node.args)
+
+
+_METADATA_METHODS = frozenset({"size", "dim", "numel", "stride"})
+_METADATA_ATTRIBUTES = frozenset({"shape", "ndim", "dtype", "device"})
+_METADATA_ATEN = frozenset({"sym_size", "sym_numel", "sym_stride", "sym_storage_offset"})
+
+
+def _reads_metadata_only(node: fx.Node) -> bool:
+    """A node whose value is a tensor's shape, rank or dtype (``x.size(0)``, ``x.shape``, ATen's ``sym_size``)."""
+    if node.op == "call_method":
+        return node.target in _METADATA_METHODS
+    if node.target is getattr:
+        return len(node.args) > 1 and node.args[1] in _METADATA_ATTRIBUTES
+    return aten_packet(node) in _METADATA_ATEN
 
 
 def _profiled_run(run: Any, trace: str | Path | None, force: bool) -> list[Any]:
