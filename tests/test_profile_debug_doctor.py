@@ -58,6 +58,9 @@ def test_every_node_of_resnet18_gets_a_time_and_convs_dominate(resnet18):
     assert all(n.gflops > 0 for n in report.nodes if n.target == "Conv2d")
     layers = {m.path: m for m in report.modules if "." not in m.path}
     assert {"layer1", "layer4", "fc"} <= set(layers) and layers["layer1"].nodes > 5
+    flatten = next(n for n in report.nodes if n.target == "torch.flatten")  # a view of the pooled output: no data moved
+    assert flatten.bytes_moved == 0 and flatten.bound == ""
+    assert all(n.bytes_moved > 0 for n in report.nodes if n.target in ("Conv2d", "ReLU", "add"))
 
 
 def test_a_transformers_model_is_dominated_by_its_matmuls():

@@ -675,3 +675,16 @@ def test_a_residual_after_a_scaled_layer_is_no_norm_and_is_not_reported():
     gm = torch.fx.symbolic_trace(_LayerScaleResidual())
     result = apply_pass(gm, "fold_bn")
     assert not result.changed and result.skipped == []
+
+
+def test_timm_mixnet_keeps_no_batch_norm_after_its_mixed_convs(run_verified):
+    """The real MixedConv2d: timm's mixnet_s normalises 34 concatenations of mixed-kernel convs (49 batch norms in
+    all); every one folds, in both dialects, verified against the model."""
+    pytest.importorskip("timm")
+    import fxforge
+
+    for method in ("symbolic_trace", "export"):
+        captured = fxforge.prepare("timm:mixnet_s", ["1x3x32x32"], method=method)
+        result = run_verified(captured, "fold_bn")
+        assert sum("each its slice of the channels" in line for line in result.log) == 34, method
+        assert result.removed == 49 and not result.skipped and batch_norms(result.graph_module) == []
