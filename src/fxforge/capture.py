@@ -21,6 +21,7 @@ original model; nothing here changes them, nor the caller's random state.
 
 from __future__ import annotations
 
+import builtins
 import collections
 import contextlib
 import copy
@@ -43,6 +44,7 @@ from typing import Any
 
 import torch
 from torch import fx, nn
+from torch.fx import _symbolic_trace as fx_tracer
 from torch.fx.passes.shape_prop import ShapeProp
 
 from fxforge import display
@@ -601,8 +603,25 @@ def wrapped_calls_kept(gm: fx.GraphModule) -> Iterator[None]:
     }
     space = getattr(gm.forward, "__globals__", {})
     wraps = [_Wrap(space, name, value) for name, value in list(space.items()) if id(value) in functions]
+    _forget_unpatchable_wraps()
     with _patched(wraps):
         yield
+
+
+def _forget_unpatchable_wraps() -> None:
+    """Drop the entries of torch.fx's registry of functions to patch while tracing that name no function.
+
+    A GraphModule's code calls ``torch.fx.wrap`` with the dotted name of a wrapped function it reaches through
+    ``torch`` (``torch.fx._symbolic_trace._assert_is_none``, in every graph with an input specialized to None,
+    timm's ViT among them), a name its globals do not hold; the next trace raises ``KeyError`` on it (torch 2.14.1).
+    ``quantize --sensitivity`` or ``--float-layer`` (a probe trace, then the quantization's) failed so."""
+    registry = getattr(fx_tracer, "_wrapped_fns_to_patch", None)
+    if not isinstance(registry, dict):
+        return
+    for key, frame in list(registry.items()):
+        name = key[1] if isinstance(key, tuple) and len(key) == 2 else None
+        if isinstance(name, str) and isinstance(frame, dict) and name not in frame and not hasattr(builtins, name):
+            del registry[key]
 
 
 class BufferWriteError(RuntimeError):

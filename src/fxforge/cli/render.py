@@ -401,7 +401,9 @@ def render_quantize(console: Console, spec: str, result: Any) -> None:
 
 def _render_sensitivity(console: Console, result: Any) -> None:
     table = Table(
-        title="Sensitivity: each unit (layer or op) quantized alone, most harmful first", title_justify="left"
+        title="Sensitivity: each unit (layer or op) quantized alone (a sigmoid, tanh or softmax with its input's), "
+        "most harmful first",
+        title_justify="left",
     )
     labelled = any(entry.top1_drop is not None for entry in result.sensitivity)
     classifier = any(entry.top1_agreement is not None for entry in result.sensitivity)

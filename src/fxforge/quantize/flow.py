@@ -43,7 +43,7 @@ from fxforge.quantize.engine import quantized_engine
 from fxforge.quantize.fx_safety import calls_unshared, in_place_results_used, shared_layers_fusion_would_change
 from fxforge.quantize.result import IN_SAMPLE, LayerSensitivity, QuantizeResult
 from fxforge.quantize.saving import write_output
-from fxforge.quantize.units import MODULE, Unit, find_units, keep_in_float
+from fxforge.quantize.units import MODULE, Unit, find_units, keep_in_float, stay_float
 from fxforge.references import as_names
 from fxforge.runtime import (
     cloned,
@@ -282,7 +282,7 @@ def _quantize_once(
     from torch.ao.quantization.quantize_fx import convert_fx
 
     with _fx_errors(plan.mode), quiet_quantization_notices(), quantized_engine(plan.backend):
-        prepared = _prepare(plan, _qconfig_mapping(plan, float_units))
+        prepared = stay_float(_prepare(plan, _qconfig_mapping(plan, float_units)), float_units)
         if plan.mode == "qat-prepare":
             return _presize_per_channel_fake_quant(prepared)
         if plan.mode == "static" and not (statistics is not None and _take_statistics(prepared, statistics)):
@@ -874,6 +874,7 @@ def quantize(
     numbered, on_integers = _ops_fx_cannot_observe(plan) if mode == "static" else ([], [])
     after_split = _fixed_range_ops_after_a_split(plan) if mode == "static" else []
     float_units += [u for u in numbered + on_integers + after_split if u.name not in {f.name for f in float_units}]
+    gated = _fixed_range_closure(plan, float_units)
     nothing_to_quantize = mode == "static" and not quantizable_layers(plan.source, mode)
     if nothing_to_quantize:
         # Without a conv or linear layer, static int8 would only quantize ops (tanh, mul, add...): quantize and
@@ -922,6 +923,11 @@ def quantize(
         notes.append(
             f"kept in float: {', '.join(u.name for u in after_split)} (a sigmoid, tanh or softmax of one piece of a "
             "tensor, whose input FX quantization would clip to the op's output range)"
+        )
+    if gated:
+        notes.append(
+            f"kept in float: {', '.join(u.name for u in gated)} (a sigmoid, tanh or softmax whose input is computed "
+            "in float, which FX quantization would clip to the op's output range)"
         )
     if on_integers:
         notes.append(
@@ -1159,6 +1165,15 @@ def _ops_fx_cannot_observe(plan: _Plan) -> tuple[list[Unit], list[Unit]]:
 _FIXED_RANGE_OPS = {"sigmoid", "tanh", "hardsigmoid", "softmax", "sigmoid_", "tanh_"}
 
 
+def _op_name(plan: _Plan, node: fx.Node) -> str:
+    """``sigmoid`` for ``x.sigmoid()``, ``torch.sigmoid(x)`` and an ``nn.Sigmoid`` layer alike."""
+    if node.op == "call_method":
+        return str(node.target)
+    if node.op == "call_module":
+        return type(submodule(plan.source, node)).__name__.lower()
+    return getattr(node.target, "__name__", "")
+
+
 def _fixed_range_ops_after_a_split(plan: _Plan) -> list[Unit]:
     """The units of a sigmoid, tanh, hardsigmoid or softmax whose input is one piece of a tensor (of a
     ``split``/``chunk``, or a slice ``y[:, 4:]``): ``prepare_fx`` (torch 2.14.1) gives that piece the op's fixed
@@ -1167,22 +1182,57 @@ def _fixed_range_ops_after_a_split(plan: _Plan) -> list[Unit]:
     not quantized at all."""
     if not isinstance(plan.source, fx.GraphModule):
         return []
-
-    def name(node: fx.Node) -> str:
-        if node.op == "call_method":
-            return str(node.target)
-        if node.op == "call_module":
-            return type(submodule(plan.source, node)).__name__.lower()
-        return getattr(node.target, "__name__", "")
-
     affected = set()
     for node in plan.source.graph.nodes:
-        if name(node) not in _FIXED_RANGE_OPS or not node.args or not isinstance(node.args[0], fx.Node):
+        if _op_name(plan, node) not in _FIXED_RANGE_OPS or not node.args or not isinstance(node.args[0], fx.Node):
             continue
         piece = node.args[0]
         if piece.op == "call_function" and piece.target is operator.getitem:  # a split's piece or a slice
             affected.add(node.name)
     return [unit for unit in _units(plan) if affected & set(unit.nodes)] if affected else []
+
+
+def _fixed_range_producers(plan: _Plan) -> dict[str, list[Unit]]:
+    """For each unit of a sigmoid, tanh, hardsigmoid or softmax: the units that make its input.
+
+    The same clipping as after a split happens whenever such an op is int8 and the op making its input is not:
+    ``prepare_fx`` then quantizes the input with the op's fixed output range (a squeeze-excite gate's logits
+    clipped to [0, 1], QA: timm's ``se.gate`` ranked most sensitive, quantized alone). So such a unit is measured
+    with its producers (:func:`_sensitivity`), and kept in float when a producer is (:func:`_fixed_range_closure`).
+    The producer is found by walking back the first input through ops that are no unit (views, reshapes)."""
+    if not isinstance(plan.source, fx.GraphModule) or plan.eager or plan.mode != "static":
+        return {}
+    units = _units(plan)
+    unit_of = {name: unit for unit in units for name in unit.nodes}
+    producers: dict[str, list[Unit]] = {}
+    for node in plan.source.graph.nodes:
+        unit = unit_of.get(node.name)
+        if unit is None or _op_name(plan, node) not in _FIXED_RANGE_OPS or not node.args:
+            continue
+        source = node.args[0]
+        while isinstance(source, fx.Node) and source.name not in unit_of and source.op != "placeholder":
+            source = source.args[0] if source.args else None
+        if isinstance(source, fx.Node) and source.name in unit_of and unit_of[source.name] is not unit:
+            producers.setdefault(unit.name, [])
+            if unit_of[source.name] not in producers[unit.name]:
+                producers[unit.name].append(unit_of[source.name])
+    return producers
+
+
+def _fixed_range_closure(plan: _Plan, float_units: list[Unit]) -> list[Unit]:
+    """The units of fixed-range ops (sigmoid...) added to ``float_units`` (in place) because a unit making their
+    input is in float: int8 with a float input, their input would be clipped to their output range."""
+    added: list[Unit] = []
+    if not float_units:  # nothing in float, nothing to add: the units are not even looked for
+        return added
+    floats = {unit.name for unit in float_units}
+    by_name = {unit.name: unit for unit in _units(plan)}
+    for name, producers in _fixed_range_producers(plan).items():
+        if name not in floats and any(p.name in floats for p in producers):
+            float_units.append(by_name[name])
+            floats.add(name)
+            added.append(by_name[name])
+    return added
 
 
 _ARITHMETIC = {"add", "sub", "mul", "div", "true_divide", "floor_divide", "pow", "truediv", "floordiv", "rsub"}
@@ -1273,6 +1323,7 @@ def _keep_float_until(
         if any(unit.name == entry.layer for unit in float_units):
             continue
         float_units.append(by_name[entry.layer])
+        _fixed_range_closure(plan, float_units)
         if statistics is None and plan.mode == "static" and not plan.eager:
             statistics = _calibrated_statistics(plan, batches)  # once, for every step (see there)
         model = _quantize_once(plan, batches, float_units=float_units, statistics=statistics)
@@ -1325,7 +1376,9 @@ def _sensitivity(
 
     One-at-a-time (rather than leave-one-out) isolates each unit's own error; ranked by mean abs
     error, which is continuous where top-1 agreement on a small set ties. Each unit is calibrated and evaluated
-    on the first :data:`SENSITIVITY_SAMPLES` samples only: the ranking quantizes the model once per unit.
+    on the first :data:`SENSITIVITY_SAMPLES` samples only: the ranking quantizes the model once per unit. A
+    sigmoid, tanh or softmax is quantized with the units making its input (:func:`_fixed_range_producers`): alone,
+    its input would be clipped to its output range, an error the int8 model does not have.
     """
     entries = []
     units = _units(plan)
@@ -1334,9 +1387,11 @@ def _sensitivity(
     reference, batches = reference[:used], evaluation.batches[:used]
     labels = evaluation.labels[:used] if evaluation.labels else evaluation.labels
     statistics = _calibrated_statistics(plan, calibration) if plan.mode == "static" and not plan.eager else None
+    producers = _fixed_range_producers(plan)
     with quantized_engine(plan.backend):
         for unit in units:
-            others = [other for other in units if other is not unit]
+            int8 = [unit, *producers.get(unit.name, ())]  # a sigmoid's input is int8 only when its producer is
+            others = [other for other in units if other not in int8]
             model = _quantize_once(plan, calibration, float_units=others, statistics=statistics)
             report = compare_batches(reference, run_batches(model, batches), label, labels)
             entries.append(

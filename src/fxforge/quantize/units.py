@@ -30,6 +30,12 @@ nodes, the way ``torch/ao/quantization/fx/qconfig_mapping_utils.py`` looks qconf
 * a method call: torch looks method qconfigs up by name only (no index), so ``set_object_type("flatten",
   None)`` keeps *every* ``.flatten()`` in float: all calls of one method form one unit.
 
+A unit kept in float between int8 neighbours must also stay float through ``convert_fx``: its lowering step
+rewrites every ``dequantize -> op -> quantize`` of an op it has an int8 kernel for (sigmoid, tanh, softmax,
+hardswish, layer norm, pooling, ``cat``...) into the int8 op, whatever the op's qconfig -- timm's SE gate
+``nn.Sigmoid`` "kept in float" ran on int8 all the same. :func:`stay_float` puts a ``.float()`` (a no-op on the
+fp32 tensors int8 models work in) between the ``dequantize`` and such an op, which that pattern does not match.
+
 Unit names: a layer's module path, a function call's graph node (``add_3``), a method's name; made unique
 with ``#2`` where two would clash. BatchNorm folded into a conv by ``prepare_fx`` stays folded when the conv
 is kept in float, so "every unit in float" matches the float model up to fp32 rounding (not bit for bit).
@@ -75,6 +81,37 @@ def keep_in_float(mapping: Any, units: Iterable[Unit]) -> Any:
             else:
                 mapping.set_module_name_object_type_order(key[1], key[2], key[3], None)
     return mapping
+
+
+def stay_float(prepared: fx.GraphModule, units: Iterable[Unit]) -> fx.GraphModule:
+    """``prepared`` (from ``prepare_fx`` with ``units`` in float) with each of their ops' first input read through
+    a ``.float()``, so that ``convert_fx`` cannot lower the op to int8 (see the module's docstring); returns it."""
+    kept = {name for unit in units for name in unit.nodes}
+    modules = dict(prepared.named_modules(remove_duplicate=False))
+    qconfigs = prepared.meta["_observed_graph_module_attrs"].node_name_to_qconfig
+    changed = False
+    for node in list(prepared.graph.nodes):
+        if node.name not in kept or node.op not in ("call_module", "call_function", "call_method") or not node.args:
+            continue
+        first = node.args[0]
+        sources = [first] if isinstance(first, fx.Node) else list(first) if isinstance(first, (list, tuple)) else []
+        # only an observed input becomes int8 (and so a ``dequantize`` the lowering matches); others are no tensors
+        # or float already
+        for source in dict.fromkeys(s for s in sources if isinstance(s, fx.Node) and _is_observer(s, modules)):
+            with prepared.graph.inserting_before(node):
+                barrier = prepared.graph.call_method("float", (source,))
+            qconfigs[barrier.name] = None  # convert_fx looks every node's qconfig up by name
+            node.args = (_replaced(first, source, barrier), *node.args[1:])
+            changed = True
+    if changed:
+        prepared.recompile()
+    return prepared
+
+
+def _replaced(arg: Any, old: fx.Node, new: fx.Node) -> Any:
+    if arg is old:
+        return new
+    return type(arg)(new if item is old else item for item in arg)
 
 
 def find_units(prepared: fx.GraphModule, source: nn.Module) -> list[Unit]:
