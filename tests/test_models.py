@@ -183,6 +183,27 @@ def test_transformers_model():
         load_model("transformers:BertConfig")  # a class, but not a model
 
 
+def test_transformers_weights_larger_than_memory_are_refused_before_the_build(monkeypatch):
+    """QA: a default Llama/Mistral config (7B parameters, 27 GiB in fp32) was killed for memory (exit 137) with no
+    word. The weights are counted on the meta device first; the machine's memory is made 8 MiB here."""
+    pytest.importorskip("transformers")
+    import fxforge.models as models
+
+    config = dict(num_hidden_layers=1, hidden_size=256, num_attention_heads=2, intermediate_size=512, vocab_size=5000)
+    real_sysconf = models.os.sysconf
+    monkeypatch.setattr(
+        models.os, "sysconf", lambda name: 2048 if name == "SC_PHYS_PAGES" else real_sysconf(name)
+    )  # 2048 pages of 4 KiB
+    built = []
+    monkeypatch.setattr(models, "_redraw_zero_layers", built.append)  # the real build would come after the check
+    with pytest.raises(ModelSpecError, match=r"transformers:BertModel has [\d,]+ parameters, 0.01 GiB of weights: "
+                       r"more than this machine's 0.01 GiB") as info:
+        load_model("transformers:BertModel", model_kwargs=config)
+    assert "device='meta'" in info.value.hint and not built
+    meta = load_model("transformers:BertModel", model_kwargs=config, device="meta")  # no weights: no check
+    assert next(meta.module.parameters()).device.type == "meta"
+
+
 def test_transformers_model_args_that_no_config_field_takes_are_refused():
     """A transformers config keeps any keyword as an attribute nothing reads: a misspelt num_hidden_layer=2
     built the full 12-layer model, silently; a value of the wrong type was an internal error (exit 4) whose

@@ -23,6 +23,7 @@ import difflib
 import errno
 import inspect as pyinspect
 import io
+import itertools
 import json
 import os
 import pickle
@@ -510,6 +511,7 @@ def _load_transformers(class_name: str, spec: str, kwargs: dict[str, Any]) -> Lo
     # eager attention: the SDPA path has data-dependent branches that no capture method can keep.
     with contextlib.suppress(AttributeError, ValueError):
         config._attn_implementation = "eager"
+    _refuse_weights_larger_than_memory(cls, config, spec)
     try:
         model = cls(config)
     except NotImplementedError:  # load_model retries a meta build its own way
@@ -538,6 +540,33 @@ def _load_transformers(class_name: str, spec: str, kwargs: dict[str, Any]) -> Lo
     if not (inputs and _measure_batchnorms(model, inputs[0])):
         _randomise_batchnorms(model)
     return LoadedModel(model, spec, inputs)
+
+
+def _refuse_weights_larger_than_memory(cls: type, config: Any, spec: str) -> None:
+    """Refuse a model whose weights alone would not fit in this machine's memory, measured by building it on the
+    ``meta`` device first (no weights allocated): a default Llama or Mistral config (7B parameters, 27 GiB in
+    fp32) was killed by the kernel's out-of-memory killer, exit 137 and no word (QA)."""
+    if torch.get_default_device().type == "meta":
+        return
+    try:
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        with torch.device("meta"):
+            probe = cls(config)
+    except Exception:  # not POSIX, or a model that cannot be built on meta: the real build decides
+        return
+    needed = sum(t.numel() * t.element_size() for t in itertools.chain(probe.parameters(), probe.buffers()))
+    if needed > 0.9 * physical:  # the build also needs room for the process and its initialisation
+        count = sum(p.numel() for p in probe.parameters())
+        raise ModelSpecError(
+            f"{spec} has {count:,} parameters, {needed / 2**30:,.2f} GiB of weights: more than this machine's "
+            f"{physical / 2**30:,.2f} GiB of memory",
+            hint=said(
+                "inspect it without weights with --device meta, or make it smaller with --model-arg "
+                "(num_hidden_layers=2, hidden_size=...)",
+                "pass device='meta' to inspect it without weights, or model_kwargs to make it smaller "
+                "(num_hidden_layers=2, hidden_size=...)",
+            ),
+        )
 
 
 def _refuse_unknown_config_keys(config_class: type, spec: str, kwargs: dict[str, Any]) -> None:
