@@ -1009,6 +1009,28 @@ def test_a_reference_rewritten_in_place_since_is_refused_with_what_to_do():
     assert "changed in place since" in verifier.check(gm).problems[0]
 
 
+def test_a_write_through_data_is_seen_as_a_change():
+    """Regression QA: ``weight.data += 1`` leaves the version counter as it was, so a reference changed that way was
+    taken as unchanged: "could not fail" beside an error of 1 on the same object, and a second fxforge.verify of
+    the changed model against its old copy reused the outputs kept from before the write (a false OK)."""
+    captured = fxforge.prepare(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).eval(), "2x4")
+    gm = captured.graph_module
+    verifier = fxforge.Verifier(gm, example=(captured.example_inputs, {}))
+    getattr(gm, "0").bias.data += 1
+    assert verifier.check(gm).problems == [
+        "the candidate is the reference model itself, changed in place since: keep an unchanged copy as the reference"
+    ]
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4)).eval()
+    twin = copy.deepcopy(model)
+    x = torch.randn(2, 4)
+    assert fxforge.verify(model, twin, inputs=(x,)).ok
+    model[0].weight.data += 1
+    assert not fxforge.verify(model, twin, inputs=(x,)).ok
+    nan_buffer = torch.nn.Linear(2, 2).eval()
+    nan_buffer.register_buffer("unused", torch.tensor([float("nan")]))
+    assert fxforge.verify(nan_buffer, copy.deepcopy(nan_buffer), inputs=(torch.randn(1, 2),)).ok  # NaN equals NaN
+
+
 @pytest.mark.parametrize("passes", [[], ["dead_code"], ["fold_bn"]])
 def test_a_pipeline_run_in_place_on_a_bare_graph_verifies_as_on_a_copy(passes):
     """Regression QA: ``Pipeline([]).run(gm, inplace=True)`` was CANNOT VERIFY (the graph compared with itself),

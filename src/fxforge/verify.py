@@ -257,15 +257,27 @@ KEEP_LIMIT = 2**28  # bytes of inputs and outputs kept per model; past it, outpu
 def _state(module: nn.Module) -> tuple:
     """What the outputs of ``module`` depend on that fxforge can see: every submodule (its identity, training flag
     and plain attributes: numbers, strings, booleans), every parameter and buffer (identity, storage, version
-    counter, which in-place writes such as ``load_state_dict`` or an optimizer step increment)."""
+    counter, which in-place writes such as ``load_state_dict`` or an optimizer step increment, and a digest of its
+    values: a write through ``.data`` leaves the version counter as it was)."""
     state: list[Any] = []
     for name, sub in module.named_modules(remove_duplicate=False):
         plain = tuple((k, v) for k, v in vars(sub).items() if isinstance(v, (bool, int, float, str, type(None))))
         state.append((name, id(sub), sub.training, plain))
         for key, tensor in [*sub._parameters.items(), *sub._buffers.items()]:
             if isinstance(tensor, torch.Tensor):
-                state.append((key, id(tensor), tensor.data_ptr(), tensor._version, tuple(tensor.shape), tensor.dtype))
+                identity = (key, id(tensor), tensor.data_ptr(), tensor._version, tuple(tensor.shape), tensor.dtype)
+                state.append((*identity, _digest(tensor)))
     return tuple(state)
+
+
+def _digest(tensor: torch.Tensor) -> tuple[str, ...]:
+    """The sum and the sum of squares of ``tensor``'s values, in float64, as hex strings (a NaN equals itself
+    there); empty for tensors without plain values (meta, quantized, complex)."""
+    if tensor.device.type == "meta" or tensor.is_quantized or tensor.is_complex() or tensor.is_sparse:
+        return ()
+    with torch.no_grad():
+        values = tensor.detach().to(torch.float64)
+        return (float(values.sum()).hex(), float((values * values).sum()).hex())
 
 
 def _same_inputs(a: Any, b: Any) -> bool:
