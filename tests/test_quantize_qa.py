@@ -958,6 +958,22 @@ def test_static_int8_of_an_exported_capture_names_the_line_that_stopped_symbolic
     assert raised.value.hint.startswith("rewrite ") and "test_quantize_qa.py:" in raised.value.hint
 
 
+def test_static_int8_stopped_in_an_installed_library_does_not_say_to_rewrite_it(monkeypatch):
+    """QA (transformers' ConvNext): the hint said "rewrite .../site-packages/transformers/utils/generic.py:943" (a
+    decorator around the model's forward) and --leaf. This test's own file stands for an installed package."""
+    from fxforge import errors
+
+    here = str(Path(__file__).resolve().parent) + "/"
+    monkeypatch.setattr(errors, "_SITE_PACKAGES", (here,))
+    assert errors.installed_package(__file__) == "test_quantize_qa"
+    captured = fxforge.capture(_BranchesOnShape().eval(), (torch.randn(2, 3, 8, 8),))
+    with pytest.raises(fxforge.errors.DialectError) as raised:
+        quantize(captured, "static", calibration="random:2")
+    hint = raised.value.hint
+    assert hint.startswith("symbolic tracing stops in test_quantize_qa's own code") and "rewrite" not in hint
+    assert "mode='dynamic'" in hint
+
+
 class _SigmoidOfAPiece(nn.Module):
     def __init__(self):
         super().__init__()

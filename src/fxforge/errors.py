@@ -212,6 +212,16 @@ def is_user_file(filename: str) -> bool:
     return not (filename.startswith(_STDLIB) and not filename.startswith(_SITE_PACKAGES))
 
 
+def installed_package(filename: str) -> str | None:
+    """The name of the installed package ``filename`` belongs to (``transformers`` for ``.../site-packages/
+    transformers/utils/generic.py``), or None for a file of the user's own: code a user cannot be told to rewrite."""
+    path = os.path.abspath(filename)
+    for root in _SITE_PACKAGES:
+        if path.startswith(root):
+            return path[len(root) :].split(os.sep, 1)[0].removesuffix(".py") or None
+    return None
+
+
 def format_location(filename: str, lineno: int) -> str:
     """``path:line `source``` with the path relative to the working directory when it is below it. A line inside a
     statement written over several lines names the statement: its first line, and its source (an ``if``'s header)

@@ -24,7 +24,16 @@ from fxforge.artifacts import check_output_directory
 from fxforge.capture import LOADED, Captured, capture, require_real_weights, wrapped_calls_kept
 from fxforge.display import counted
 from fxforge.effects import written_args
-from fxforge.errors import DialectError, FxforgeError, InputSpecError, one_line_reason, option, outside_stacklevel, said
+from fxforge.errors import (
+    DialectError,
+    FxforgeError,
+    InputSpecError,
+    installed_package,
+    one_line_reason,
+    option,
+    outside_stacklevel,
+    said,
+)
 from fxforge.graphs import ATEN, WEIGHTED_LAYER_TYPES, get_attr_value, reads_metadata_only, runs_hooks, submodule
 from fxforge.inputs import make_inputs, specs_of
 from fxforge.passes import apply_pass
@@ -703,12 +712,17 @@ def _plan(captured: Captured, mode: str, backend: str) -> _Plan:
             None,
         )
         leaf = said("--leaf NAME", "capture with leaf_modules=[NAME]")
-        fix = (
-            f"rewrite {stopped.location.split(' ', 1)[0]} so that symbolic tracing passes it, or move it into a "
-            f"submodule kept whole ({leaf}; it stays float)"
-            if stopped
-            else f"make the untraceable submodule a leaf ({leaf}) so symbolic tracing succeeds"
-        )
+        stopped_file = stopped.location.split(" ", 1)[0].rsplit(":", 1)[0] if stopped else ""
+        package = installed_package(stopped_file) if stopped else None
+        if package:  # QA (transformers' ConvNext): "rewrite .../site-packages/transformers/...py" is no advice
+            fix = f"symbolic tracing stops in {package}'s own code around the model's forward, which no --leaf reaches"
+        elif stopped:
+            fix = (
+                f"rewrite {stopped.location.split(' ', 1)[0]} so that symbolic tracing passes it, or move it into a "
+                f"submodule kept whole ({leaf}; it stays float)"
+            )
+        else:
+            fix = f"make the untraceable submodule a leaf ({leaf}) so symbolic tracing succeeds"
         where = f"; symbolic_trace stopped at {stopped.location}: {stopped.error}" if stopped else ""
         raise DialectError(
             f"{mode} quantization needs a torch-dialect graph (symbolic_trace); this model was captured "
