@@ -1071,7 +1071,8 @@ def test_a_sigmoid_of_a_slice_stays_float_too():
         warnings.simplefilter("ignore", RandomCalibrationWarning)
         result = quantize(captured, "static", calibration="random:4")
     assert result.float_layers == ["sigmoid"]
-    assert any("kept in float: sigmoid (a sigmoid, tanh or softmax of one piece" in n for n in result.notes)
+    note = "kept in float: sigmoid (a sigmoid, tanh or softmax whose input is not int8 -- a piece"
+    assert any(note in n for n in result.notes)
 
 
 class _IntegerMaskOperand(nn.Module):
@@ -1233,6 +1234,45 @@ def test_a_unit_kept_in_float_computes_in_float(kind: str) -> None:
     seen = _inputs_seen(kept.model, x)
     assert seen["head"] == [True]  # its neighbours are int8 still
     assert torch.jit.script(kept.model)(x).shape == (2, 4, 12, 12)  # the written TorchScript form
+
+
+class _SigmoidOfTheInput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x * torch.sigmoid(x))  # SiLU written out, on the model's input
+
+
+class _SigmoidAfterAFloatOp(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.fc2 = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.sigmoid(torch.relu(self.fc(x)).flatten(1) - 0.5))  # "- 0.5" has no int8 unit
+
+
+@pytest.mark.parametrize(
+    ("model_class", "shape"), [(_SigmoidOfTheInput, (4, 3, 8, 8)), (_SigmoidAfterAFloatOp, (4, 8))]
+)
+def test_a_sigmoid_whose_input_is_never_int8_stays_float(model_class, shape):
+    """Like a split's piece, a model input or a float op's output reaches the sigmoid unquantized, and prepare_fx
+    quantized it with the sigmoid's output range [0, 1]: 11x (input) and 18x (after "- 0.5") the error of the same
+    model with the sigmoid in float."""
+    torch.manual_seed(0)
+    model = model_class().eval()
+    x = torch.randn(*shape)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RandomCalibrationWarning)
+        result = quantize(model, example_inputs=(x,))
+    assert result.float_layers == ["sigmoid"]
+    assert any("kept in float: sigmoid (a sigmoid, tanh or softmax whose input is not int8" in n for n in result.notes)
+    assert result.quantized_layers  # the layers around it are int8 still
+    with torch.no_grad():
+        assert (result.model(x) - model(x)).abs().max() < 0.05 * model(x).abs().max()
 
 
 class _SqueezeExcite(nn.Module):

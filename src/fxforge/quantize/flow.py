@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-import operator
 import platform
 import re
 import warnings
@@ -886,8 +885,10 @@ def quantize(
     # an op that combines a tensor with a Python number computed in forward (`x.size(-1) ** -0.5`, `.item()`) or
     # computes on integer tensors fails FX quantization (QA); it stays float, with a note
     numbered, on_integers = _ops_fx_cannot_observe(plan) if mode == "static" else ([], [])
-    after_split = _fixed_range_ops_after_a_split(plan) if mode == "static" else []
-    float_units += [u for u in numbered + on_integers + after_split if u.name not in {f.name for f in float_units}]
+    on_float_inputs = _fixed_range_inputs(plan)[0] if mode == "static" else []
+    float_units += [
+        u for u in numbered + on_integers + on_float_inputs if u.name not in {f.name for f in float_units}
+    ]
     gated = _fixed_range_closure(plan, float_units)
     nothing_to_quantize = mode == "static" and not quantizable_layers(plan.source, mode)
     if nothing_to_quantize:
@@ -933,10 +934,11 @@ def quantize(
                 "a copy of the layer each (same weights), as FX quantization fuses a layer with what follows one "
                 "call of it and the fused layer would run at the others"
             )
-    if after_split:
+    if on_float_inputs:
         notes.append(
-            f"kept in float: {', '.join(u.name for u in after_split)} (a sigmoid, tanh or softmax of one piece of a "
-            "tensor, whose input FX quantization would clip to the op's output range)"
+            f"kept in float: {', '.join(u.name for u in on_float_inputs)} (a sigmoid, tanh or softmax whose input is "
+            "not int8 -- a piece of a split, a model input, an op with no int8 kernel -- which FX quantization would "
+            "clip to the op's output range)"
         )
     if gated:
         notes.append(
@@ -1188,49 +1190,53 @@ def _op_name(plan: _Plan, node: fx.Node) -> str:
     return getattr(node.target, "__name__", "")
 
 
-def _fixed_range_ops_after_a_split(plan: _Plan) -> list[Unit]:
-    """The units of a sigmoid, tanh, hardsigmoid or softmax whose input is one piece of a tensor (of a
-    ``split``/``chunk``, or a slice ``y[:, 4:]``): ``prepare_fx`` (torch 2.14.1) gives that piece the op's fixed
-    *output* parameters (scale 1/256 from 0 for a sigmoid), so the input is clipped to [0, 1] (QA: ``b.sigmoid()``
-    after ``y.split(4, dim=1)`` off by 0.4 on a [0, 1] output; 29% error for a slice). Kept in float, the piece is
-    not quantized at all."""
-    if not isinstance(plan.source, fx.GraphModule):
-        return []
-    affected = set()
-    for node in plan.source.graph.nodes:
-        if _op_name(plan, node) not in _FIXED_RANGE_OPS or not node.args or not isinstance(node.args[0], fx.Node):
-            continue
-        piece = node.args[0]
-        if piece.op == "call_function" and piece.target is operator.getitem:  # a split's piece or a slice
-            affected.add(node.name)
-    return [unit for unit in _units(plan) if affected & set(unit.nodes)] if affected else []
+# ops that give a view or a copy of their input's int8 values, sharing its scale: looked through to find the op that
+# makes a sigmoid's input (torch's "general tensor shape" ops; an op not listed is taken as float, the safe side)
+_INT8_PASS_THROUGH = {
+    "view", "reshape", "permute", "transpose", "squeeze", "unsqueeze", "contiguous", "detach", "repeat",
+    "repeat_interleave", "squeeze_", "unsqueeze_",
+}
 
 
-def _fixed_range_producers(plan: _Plan) -> dict[str, list[Unit]]:
-    """For each unit of a sigmoid, tanh, hardsigmoid or softmax: the units that make its input.
+def _fixed_range_inputs(plan: _Plan) -> tuple[list[Unit], dict[str, list[Unit]]]:
+    """The units of a sigmoid, tanh, hardsigmoid or softmax, by where their input comes from: those whose input is
+    never int8, and for the others the unit that makes their input.
 
-    The same clipping as after a split happens whenever such an op is int8 and the op making its input is not:
-    ``prepare_fx`` then quantizes the input with the op's fixed output range (a squeeze-excite gate's logits
-    clipped to [0, 1], QA: timm's ``se.gate`` ranked most sensitive, quantized alone). So such a unit is measured
-    with its producers (:func:`_sensitivity`), and kept in float when a producer is (:func:`_fixed_range_closure`).
-    The producer is found by walking back the first input through ops that are no unit (views, reshapes)."""
+    ``prepare_fx`` (torch 2.14.1) quantizes such an op's input with the op's fixed *output* range (scale 1/256 from
+    0 for a sigmoid) wherever the op making that input is not int8: the input is clipped to [0, 1]. Never int8: a
+    piece of a ``split``/``chunk`` or a slice (QA: ``b.sigmoid()`` after ``y.split(4, dim=1)`` off by 0.4), a model
+    input (``x * torch.sigmoid(x)``: 11x the error), the output of an op with no int8 kernel (``F.gelu``, a
+    subtraction of a number); those units stay float. The others are int8 only with their producer: measured with it
+    by :func:`_sensitivity` (alone, timm's SE gates ranked most harmful), kept float with it
+    (:func:`_fixed_range_closure`). The input is followed back through ops that pass int8 values on (views)."""
     if not isinstance(plan.source, fx.GraphModule) or plan.eager or plan.mode != "static":
-        return {}
+        return [], {}
+    if not any(_op_name(plan, node) in _FIXED_RANGE_OPS for node in plan.source.graph.nodes):
+        return [], {}  # the units (a probe prepare_fx) are not looked for
     units = _units(plan)
     unit_of = {name: unit for unit in units for name in unit.nodes}
+    never_int8: list[Unit] = []
     producers: dict[str, list[Unit]] = {}
     for node in plan.source.graph.nodes:
         unit = unit_of.get(node.name)
         if unit is None or _op_name(plan, node) not in _FIXED_RANGE_OPS or not node.args:
             continue
         source = node.args[0]
-        while isinstance(source, fx.Node) and source.name not in unit_of and source.op != "placeholder":
+        while isinstance(source, fx.Node) and source.name not in unit_of and _passes_int8_on(source):
             source = source.args[0] if source.args else None
-        if isinstance(source, fx.Node) and source.name in unit_of and unit_of[source.name] is not unit:
-            producers.setdefault(unit.name, [])
-            if unit_of[source.name] not in producers[unit.name]:
-                producers[unit.name].append(unit_of[source.name])
-    return producers
+        made_by = unit_of.get(source.name) if isinstance(source, fx.Node) else None
+        if made_by is None:
+            if unit not in never_int8:
+                never_int8.append(unit)
+        elif made_by is not unit and made_by not in producers.setdefault(unit.name, []):
+            producers[unit.name].append(made_by)
+    return never_int8, producers
+
+
+def _passes_int8_on(node: fx.Node) -> bool:
+    if node.op == "call_method":
+        return str(node.target) in _INT8_PASS_THROUGH
+    return node.op == "call_function" and getattr(node.target, "__name__", "") in _INT8_PASS_THROUGH
 
 
 def _fixed_range_closure(plan: _Plan, float_units: list[Unit]) -> list[Unit]:
@@ -1241,7 +1247,7 @@ def _fixed_range_closure(plan: _Plan, float_units: list[Unit]) -> list[Unit]:
         return added
     floats = {unit.name for unit in float_units}
     by_name = {unit.name: unit for unit in _units(plan)}
-    for name, producers in _fixed_range_producers(plan).items():
+    for name, producers in _fixed_range_inputs(plan)[1].items():
         if name not in floats and any(p.name in floats for p in producers):
             float_units.append(by_name[name])
             floats.add(name)
@@ -1391,7 +1397,7 @@ def _sensitivity(
     One-at-a-time (rather than leave-one-out) isolates each unit's own error; ranked by mean abs
     error, which is continuous where top-1 agreement on a small set ties. Each unit is calibrated and evaluated
     on the first :data:`SENSITIVITY_SAMPLES` samples only: the ranking quantizes the model once per unit. A
-    sigmoid, tanh or softmax is quantized with the units making its input (:func:`_fixed_range_producers`): alone,
+    sigmoid, tanh or softmax is quantized with the unit making its input (:func:`_fixed_range_inputs`): alone,
     its input would be clipped to its output range, an error the int8 model does not have.
     """
     entries = []
@@ -1401,7 +1407,7 @@ def _sensitivity(
     reference, batches = reference[:used], evaluation.batches[:used]
     labels = evaluation.labels[:used] if evaluation.labels else evaluation.labels
     statistics = _calibrated_statistics(plan, calibration) if plan.mode == "static" and not plan.eager else None
-    producers = _fixed_range_producers(plan)
+    producers = _fixed_range_inputs(plan)[1]
     with quantized_engine(plan.backend):
         for unit in units:
             int8 = [unit, *producers.get(unit.name, ())]  # a sigmoid's input is int8 only when its producer is
