@@ -666,3 +666,28 @@ def test_help_survives_python_OO():
             [sys.executable, "-OO", "-m", "fxforge", *args.split()], capture_output=True, text=True, timeout=120
         )
         assert done.returncode == 0 and all(line in done.stdout for line in lines), done.stdout + done.stderr
+
+
+def test_python_warnings_are_one_line_each_once(capsys):
+    """QA: torch's "All inputs of this cat operator must share the same quantization parameters" came three times
+    during a ViT's quantize, each with a line of generated code; a warning is one ``warning:`` line, once."""
+    import warnings
+
+    from fxforge.cli.options import warnings_as_lines
+
+    with warnings_as_lines():
+        warnings.simplefilter("always")
+        for _ in range(3):
+            warnings.warn(
+                "All inputs of this cat operator must share [the same]\nparameters. (Triggered internally at "
+                "/__w/pytorch/pytorch/aten/src/ATen/native/quantized/cpu/TensorShape.cpp:167.)"
+            )
+        warnings.warn("old API", DeprecationWarning)
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        "warning: All inputs of this cat operator must share [the same] parameters.",
+        "warning: DeprecationWarning: old API",
+    ]
+    shown_by = warnings.showwarning
+    with warnings_as_lines(enabled=False):  # --debug: Python's own form, with where it came from
+        assert warnings.showwarning is shown_by

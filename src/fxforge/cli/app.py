@@ -22,7 +22,7 @@ from rich.text import Text
 
 from fxforge import __version__
 from fxforge.cli import interrupted, interruption_word, sigint_seen, stop_if_interrupted
-from fxforge.cli.options import emit_json_error, forget_documents, stderr, user_prints_to_stderr
+from fxforge.cli.options import emit_json_error, forget_documents, stderr, user_prints_to_stderr, warnings_as_lines
 from fxforge.errors import (
     EXIT_INTERNAL,
     EXIT_OK,
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if any("\x00" in arg for arg in args):  # no file name, spec or value can hold one; os calls would raise
             raise FxforgeError("an argument contains a NUL character")
-        with user_prints_to_stderr(as_json), command_line_wording():
+        with user_prints_to_stderr(as_json), command_line_wording(), warnings_as_lines(not debug):
             cli.main(args=args, prog_name="fxforge", standalone_mode=False)
         stop_if_interrupted()  # a command without a capture step: Ctrl-C still ends it with 130
     except (KeyboardInterrupt, _Stopped):

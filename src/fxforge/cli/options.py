@@ -12,13 +12,16 @@ import contextlib
 import functools
 import io
 import os
+import re
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.measure import Measurement
 from rich.table import Table
 
@@ -359,6 +362,29 @@ def warn_failed_checks(captured: Any) -> None:
         if not check.ok:
             batch = "the example inputs" if check.batch is None else f"batch {check.batch}"
             stderr.print(f"[yellow]warning:[/] captured graph differs from the model on {batch}: {check.message}")
+
+
+@contextlib.contextmanager
+def warnings_as_lines(enabled: bool = True) -> Iterator[None]:
+    """While a command runs, a Python warning (torch's, a library's, the model's) is one ``warning:`` line, printed
+    once per message: shown as Python shows them, torch's "All inputs of this cat operator must share the same
+    quantization parameters" came three times with a line of generated code each (QA, a ViT's quantize)."""
+    if not enabled:  # --debug: as Python shows them, with where they come from
+        yield
+        return
+    seen: set[str] = set()
+
+    def show(message: Any, category: type[Warning], filename: str, lineno: int, file: Any = None, line: Any = None):
+        # torch's C++ warnings end in "(Triggered internally at /__w/pytorch/.../X.cpp:167.)": no news to a user
+        text = re.sub(r"\s*\(Triggered internally at [^()]*\)\.?$", "", " ".join(str(message).split()))
+        if text and text not in seen:
+            seen.add(text)
+            kind = "" if category is UserWarning else f"{category.__name__}: "
+            stderr.print(f"[yellow]warning:[/] {escape(kind + text)}", highlight=False, soft_wrap=True)
+
+    with warnings.catch_warnings():
+        warnings.showwarning = show
+        yield
 
 
 def warn(message: str) -> None:
