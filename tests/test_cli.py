@@ -680,9 +680,10 @@ def test_python_warnings_are_one_line_each_once(capsys):
         for _ in range(3):
             warnings.warn(
                 "All inputs of this cat operator must share [the same]\nparameters. (Triggered internally at "
-                "/__w/pytorch/pytorch/aten/src/ATen/native/quantized/cpu/TensorShape.cpp:167.)"
+                "/__w/pytorch/pytorch/aten/src/ATen/native/quantized/cpu/TensorShape.cpp:167.)",
+                stacklevel=1,
             )
-        warnings.warn("old API", DeprecationWarning)
+        warnings.warn("old API", DeprecationWarning, stacklevel=1)
     err = capsys.readouterr().err
     assert err.splitlines() == [
         "warning: All inputs of this cat operator must share [the same] parameters.",
@@ -691,3 +692,24 @@ def test_python_warnings_are_one_line_each_once(capsys):
     shown_by = warnings.showwarning
     with warnings_as_lines(enabled=False):  # --debug: Python's own form, with where it came from
         assert warnings.showwarning is shown_by
+
+
+def test_a_crash_in_native_code_says_where(tmp_path):
+    """QA: a model that crashes the process (a segfault in native code) left no word at all."""
+    (tmp_path / "crashes.py").write_text(
+        "import ctypes\n"
+        "import torch\n"
+        "class Net(torch.nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        ctypes.string_at(0)  # a crash in native code\n"
+        "        return x\n"
+        "def net():\n"
+        "    return Net()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "fxforge", "inspect", "crashes.py:net", "--input", "2x4"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=300,
+    )
+    assert done.returncode == -11, done.stderr[-2000:]
+    assert "Fatal Python error: Segmentation fault" in done.stderr
+    assert 'crashes.py", line 5 in forward' in done.stderr

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import faulthandler
 import importlib
+import io
 import os
 import pkgutil
 import sys
@@ -117,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         args = ["--debug", *(arg for arg in args if arg != "--debug")]
     as_json = "--json" in args
     forget_documents()
+    _report_crashes()
     try:
         if any("\x00" in arg for arg in args):  # no file name, spec or value can hold one; os calls would raise
             raise FxforgeError("an argument contains a NUL character")
@@ -164,6 +167,15 @@ def main(argv: list[str] | None = None) -> int:
         hint = "rerun with --debug for the traceback, and please report it"
         return _failed("internal error:", one_line_reason(exc), hint, EXIT_INTERNAL, as_json)
     return EXIT_OK
+
+
+def _report_crashes() -> None:
+    """A crash in native code (a segfault in a model's C++ extension) ends the process where no handler of Python's
+    runs: without this, it left no word at all (QA). faulthandler prints "Fatal Python error: Segmentation fault"
+    and the Python stack, the model's line in it; the exit status is the signal's."""
+    with contextlib.suppress(AttributeError, ValueError, OSError, io.UnsupportedOperation):
+        if not faulthandler.is_enabled():
+            faulthandler.enable(file=sys.stderr)
 
 
 def _refused_by_the_system(exc: BaseException) -> OSError | None:
