@@ -620,6 +620,25 @@ def test_a_broken_rule_is_named_and_the_other_rules_still_run(capsys, user_files
             RULES.pop(code_, None)
 
 
+def test_a_crashed_rule_fails_lint_unless_fail_on_never(capsys, user_files, monkeypatch):
+    """QA: a plug-in rule that crashed, with no other finding, let lint exit 0 under "All checks passed!" on stdout:
+    CI passed a check that did not run. It exits 4 (a plug-in's bug), as a crashed pass does, after the report."""
+    from fxforge.errors import EXIT_INTERNAL
+    from fxforge.lint import RULES
+
+    monkeypatch.chdir(user_files)
+    (user_files / "broken_rules.py").write_text(BROKEN_RULES_FILE)
+    try:
+        args = ["lint", "model.py:Doubler", "--input", "2x4", "--rule", "broken_rules.py:raises", "--json"]
+        code, out, _ = run(capsys, *args)
+        assert code == EXIT_INTERNAL
+        assert json.loads(out)["rules_crashed"] == ["USR051"]
+        code, _, err = run(capsys, *args[:-1], "--fail-on", "never")
+        assert code == EXIT_OK and "USR051 raises (from file broken_rules.py) crashed" in " ".join(err.split())
+    finally:
+        RULES.pop("USR051", None)
+
+
 def test_a_plugin_pass_writing_through_data_is_caught_and_named():
     """QA: a pass doubling a weight through .data (no write counter moves) changed the user's model undetected, and
     verify put the difference down to rounding."""

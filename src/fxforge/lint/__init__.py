@@ -148,6 +148,8 @@ class LintReport:
     dialect: str = "torch"
     # a rule that raised, or yielded something other than findings: its findings are missing, the others stand
     rule_failures: list[str] = field(default_factory=list)
+    # the codes of the rules that crashed (among rule_failures): a check that did not run must not pass in CI
+    rules_crashed: list[str] = field(default_factory=list)
     # a rule that does not run on this graph (another dialect, or :class:`NotApplicable`): why, and what would run it
     rules_skipped: list[str] = field(default_factory=list)
     # the graphs an exported graph hands to torch.cond and other higher-order ops: rules read around them, not in them
@@ -175,6 +177,7 @@ class LintReport:
             "counts": counts,
             "rules_run": self.rules_run,
             "rule_failures": self.rule_failures,
+            "rules_crashed": self.rules_crashed,
             "rules_skipped": self.rules_skipped,
             "graphs_not_linted": self.graphs_not_linted,
         }
@@ -245,6 +248,7 @@ def lint(
             report.rule_failures.append(
                 f"rule {current.code} {current.name}{where} crashed: {one_line_reason(exc)}; its findings are missing"
             )
+            report.rules_crashed.append(current.code)
         if before is not None and graph_fingerprint(context.graph) != before:
             # rules only read: a plug-in rule that edited the graph corrupted optimize's output, and the next pass
             # was blamed (QA)

@@ -6,7 +6,7 @@ import click
 from rich.markup import escape
 
 from fxforge.cli.options import CaptureOptions, capture_options, emit_json, split, stderr, stdout, warn_failed_checks
-from fxforge.errors import EXIT_FINDINGS, FxforgeError
+from fxforge.errors import EXIT_FINDINGS, EXIT_INTERNAL, FxforgeError
 
 
 @click.command(
@@ -19,7 +19,8 @@ Examples:
   fxforge lint torchvision:resnet18 --fix -o out/resnet18-fixed
   fxforge lint --rules
   fxforge lint my_model.py:Net --rule my_rules.py:no_big_linears
-Exit code: 1 when a finding at or above --fail-on (default: warning) exists, else 0.
+Exit code: 1 when a finding at or above --fail-on (default: warning) exists; 4 when a rule crashed (its findings are
+missing), unless --fail-on never; else 0.
 """,
 )
 @capture_options(model_required=False)
@@ -129,3 +130,6 @@ def command(
         render_plugin_failures(stderr, failures(RULES_GROUP))
     if fail_on != "never" and report.at_least(fail_on):
         raise SystemExit(EXIT_FINDINGS)
+    if fail_on != "never" and report.rules_crashed:
+        # its findings are missing: "0, all checks passed" would let CI pass a check that did not run (QA)
+        raise SystemExit(EXIT_INTERNAL)
