@@ -379,7 +379,7 @@ def warnings_as_lines(enabled: bool = True) -> Iterator[None]:
         text = re.sub(r"\s*\(Triggered internally at [^()]*\)\.?$", "", " ".join(str(message).split()))
         if text and text not in seen:
             seen.add(text)
-            kind = "" if category is UserWarning else f"{category.__name__}: "
+            kind = "" if issubclass(category, UserWarning) else f"{category.__name__}: "
             stderr.print(f"[yellow]warning:[/] {escape(kind + text)}", highlight=False, soft_wrap=True)
 
     with warnings.catch_warnings():
