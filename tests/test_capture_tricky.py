@@ -853,6 +853,51 @@ def test_a_branch_in_a_method_of_the_model_itself_is_kept_as_one_call(tmp_path):
     assert "gate" not in vars(model)
 
 
+class _SelfNamedOtherwise(torch.nn.Module):
+    """``self`` is a convention: this model calls it ``this``."""
+
+    def __init__(this):
+        super().__init__()
+        this.lin = torch.nn.Linear(8, 8)
+
+    def gate(this, x):
+        if x.mean() > 0:
+            return torch.relu(x)
+        return -x
+
+    def forward(this, x):
+        return this.gate(this.lin(x))
+
+
+def _helper_taking_a_module(block, x):
+    if x.mean() > 0:  # a helper's branch: the helper is wrapped, its module argument is not taken for its self
+        return block(x)
+    return -x
+
+
+class _HelperCaller(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return _helper_taking_a_module(self.lin, x)
+
+
+def test_a_method_is_kept_as_one_call_whatever_its_first_argument_is_named():
+    """QA: with ``def gate(this, x)`` the method was never kept as one call and capture failed on its branch."""
+    model = _SelfNamedOtherwise().eval()
+    captured = capture(model, (torch.randn(2, 8),))
+    assert captured.record.method == SYMBOLIC_TRACE and captured.record.wrapped == ["_SelfNamedOtherwise.gate"]
+    for sign in (1.0, -1.0):
+        x = sign * (torch.rand(2, 8) + 0.1)
+        torch.testing.assert_close(captured.graph_module(x), model(x), rtol=0, atol=0)
+    helper = capture(_HelperCaller().eval(), (torch.randn(2, 8),))
+    assert helper.record.method == SYMBOLIC_TRACE and helper.record.wrapped == [
+        f"{__name__}._helper_taking_a_module"
+    ], helper.record
+
+
 class _StaticGate(torch.nn.Module):
     def __init__(self):
         super().__init__()

@@ -773,13 +773,13 @@ def _find_culprit(
     wrapped_functions = {id(w.function) for w in wraps}
     for index in range(len(frames) - 1, -1, -1):
         frame, _ = frames[index]
-        owner = frame.f_locals.get("self")
+        owner = _bound_self(frame)
         if isinstance(owner, nn.Module) and id(owner) in module_names:
             name = module_names[id(owner)]
             method = _method_to_wrap(frame, frames[index - 1][0] if index else None, owner, name, methods)
             # a leaf is called through its forward: a method called from outside its module (self.block.gate(x))
             # runs as traced code whatever its module is
-            called_from_outside = method is not None and frames[index - 1][0].f_locals.get("self") is not owner
+            called_from_outside = method is not None and _bound_self(frames[index - 1][0]) is not owner
             if name and name not in leaf_names and not called_from_outside:
                 return name
             if method is not None:
@@ -810,13 +810,33 @@ def _find_culprit(
     return None
 
 
+def _bound_self(frame: Any) -> Any:
+    """The object a method's frame runs on: its ``self``, whatever the method names it (``def forward(s, x)``, QA:
+    such a model's methods were never kept as one call). A first argument not named ``self`` counts only where the
+    frame's code is a method of that argument's class, so a helper taking a module first (``def f(block, x)``) is
+    not taken for the module's own code."""
+    code = frame.f_code
+    if not code.co_argcount:
+        return None
+    first = frame.f_locals.get(code.co_varnames[0])
+    if code.co_varnames[0] == "self":
+        return first
+    if not isinstance(first, nn.Module):
+        return None
+    for cls in type(first).__mro__:
+        for value in vars(cls).values():
+            if callable(value) and getattr(pyinspect.unwrap(value), "__code__", None) is code:
+                return first
+    return None
+
+
 def _method_to_wrap(
     frame: Any, caller: Any, owner: nn.Module, name: str, methods: Sequence[_MethodWrap]
 ) -> _MethodWrap | None:
     """The method ``frame`` runs, to be traced as one call, where it is a method of ``owner`` other than forward,
     called by name from code (the caller's frame) and not wrapped already; None otherwise."""
     code = frame.f_code
-    if caller is None or code.co_name == "forward" or frame.f_locals.get("self") is not owner:
+    if caller is None or code.co_name == "forward" or _bound_self(frame) is not owner:
         return None
     defined = (vars(cls).get(code.co_name) for cls in type(owner).__mro__)
     # the method as a class defines it (a base class's, reached by super(); undecorated: @torch.no_grad())
@@ -835,7 +855,7 @@ def _static_method_to_wrap(
     ``Model.act(x)``), as :func:`_method_to_wrap` takes a method (QA: a @staticmethod with a branch on a value failed
     the capture, where the same code as a method was kept as one call); the module's name where it is a submodule to
     make a leaf first."""
-    owner = caller.f_locals.get("self")
+    owner = _bound_self(caller)
     if not isinstance(owner, nn.Module) or id(owner) not in module_names:
         return None
     code = frame.f_code
