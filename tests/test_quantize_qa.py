@@ -5,6 +5,7 @@ docs say where the sensitivity chart is."""
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -524,6 +525,79 @@ def test_a_linear_traced_into_a_functional_call_is_quantized_and_listed(mode):
     result = quantize(captured, mode)
     assert sorted(result.quantized_layers) == ["0", "2"]
     assert not any(n.target is torch.nn.functional.linear for n in result.model.graph.nodes)
+
+
+class _FunctionalHead(nn.Module):
+    """ghostnet's shape: a conv, then a classifier that is a parameter used by ``F.linear`` (timm's Linear), and a
+    conv on a weight computed in forward (timm's StdConv2d standardizes its weight first)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3)
+        self.scaled = nn.Parameter(torch.randn(4, 8, 1, 1))
+        self.weight = nn.Parameter(torch.randn(5, 4))
+        self.bias = nn.Parameter(torch.randn(5))
+
+    def forward(self, x):
+        x = F.conv2d(self.conv(x), self.scaled * 0.5).mean((2, 3))
+        return F.linear(x, self.weight, self.bias)
+
+
+def _train_steps(model: nn.Module, batches: list[torch.Tensor]) -> list[torch.Tensor]:
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    outputs = []
+    for batch in batches:
+        optimizer.zero_grad()
+        out = model(batch)
+        out.square().mean().backward()
+        optimizer.step()
+        outputs.append(out.detach())
+    return outputs
+
+
+def test_a_qat_model_with_a_functional_linear_saves_reloads_and_trains(tmp_path):
+    """QA (timm's ghostnet_050, --mode qat-prepare): "Trying to resize storage that is not resizable", exit 4. The
+    per-channel fake-quant of a functional layer's weight is a graph module (``activation_post_process_N``), not a
+    layer's ``weight_fake_quant``, and was left with empty statistics, which torch.load's tensors cannot grow into.
+    Now the saved model loads, trains and converts, computing bitwise what torch's own preparation computes."""
+    from torch.ao.quantization.qconfig_mapping import get_default_qat_qconfig_mapping
+    from torch.ao.quantization.quantize_fx import prepare_qat_fx
+
+    torch.manual_seed(0)
+    model = _FunctionalHead()
+    example = torch.randn(2, 3, 8, 8)
+    captured = fxforge.prepare(model, [example])
+    result = quantize(captured, "qat-prepare", output_dir=tmp_path / "qat")
+    per_channel = {
+        name: m.activation_post_process.min_val.shape
+        for name, m in result.model.named_modules()
+        if isinstance(m, torch.ao.quantization.FakeQuantizeBase) and m.ch_axis >= 0
+    }
+    assert sorted(per_channel.values()) == [(4,), (5,), (8,)], per_channel  # the conv's, the computed one, F.linear's
+    assert "weight" in result.quantized_layers  # F.linear's weight is fake-quantized, so it is listed
+
+    loaded = torch.load(tmp_path / "qat" / "model.pt", weights_only=False)
+    torch.manual_seed(1)
+    batches = [torch.randn(2, 3, 8, 8) for _ in range(3)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's deprecation notices for torch.ao
+        theirs = prepare_qat_fx(copy.deepcopy(model).train(), get_default_qat_qconfig_mapping("x86"), (example,))
+    want = _train_steps(theirs, batches)
+    assert all(torch.equal(a, b) for a, b in zip(_train_steps(loaded.train(), batches), want))
+    assert loaded.weight.grad is not None and float(loaded.weight.grad.abs().sum()) > 0
+    int8 = quantize_flow.convert(loaded)
+    assert int8(example).shape == (2, 5)
+
+
+@pytest.mark.slow
+def test_timm_ghostnet_is_qat_prepared_saved_and_reloaded(tmp_path):
+    """The model QA found it on (F.linear classifier, squeeze-excite), through the CLI: exit 0, and the written model
+    takes a training step."""
+    pytest.importorskip("timm")
+    args = ["quantize", "timm:ghostnet_050", "--mode", "qat-prepare", "-i", "1x3x64x64", "-o", str(tmp_path / "q")]
+    assert main(args) == EXIT_OK
+    loaded = torch.load(tmp_path / "q" / "model.pt", weights_only=False).train()
+    assert _train_steps(loaded, [torch.randn(2, 3, 64, 64)])[0].shape == (2, 1000)
 
 
 def test_onnx_runtime_quantizer_warnings_become_one_note(capsys):

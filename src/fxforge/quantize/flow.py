@@ -292,7 +292,7 @@ def _quantize_once(
     with _fx_errors(plan.mode), quiet_quantization_notices(), quantized_engine(plan.backend):
         prepared = stay_float(_prepare(plan, _qconfig_mapping(plan, float_units)), float_units)
         if plan.mode == "qat-prepare":
-            return _presize_per_channel_fake_quant(prepared)
+            return _presize_per_channel_fake_quant(prepared, plan.example_inputs)
         if plan.mode == "static" and not (statistics is not None and _take_statistics(prepared, statistics)):
             _calibrate(plan, prepared, calibration, source)
         return _views_as_reshapes(_shape_reads_without_dequantize(convert_fx(prepared)))
@@ -647,8 +647,8 @@ def fallback_units(captured: Captured, mode: str = "static", backend: str = "x86
     return list(_units(_plan(captured, mode, backend)))
 
 
-def _presize_per_channel_fake_quant(model: nn.Module) -> nn.Module:
-    """Give each per-channel weight fake-quant of a fresh QAT model its statistics at full size.
+def _presize_per_channel_fake_quant(model: nn.Module, example_inputs: Sequence[Any]) -> nn.Module:
+    """Give each per-channel fake-quant of a fresh QAT model its statistics at full size.
 
     ``FusedMovingAvgObsFakeQuantize`` starts per-channel with empty min/max and a 1-element scale and
     resizes them on its first forward. Tensors loaded by ``torch.load`` cannot be resized, so a saved
@@ -656,23 +656,79 @@ def _presize_per_channel_fake_quant(model: nn.Module) -> nn.Module:
     change shape. Sized ``C`` and holding +inf/-inf (min/max) and 1/0 (scale/zero point), they give
     bitwise the same statistics and outputs from the first step on: the fused kernel takes an infinite
     running min/max as "nothing observed yet".
+
+    Not only a QAT layer's ``weight_fake_quant``: the weight of a functional ``F.linear``/``F.conv2d`` (timm's
+    ``Linear``, ghostnet's classifier) is fake-quantized by a graph-level ``activation_post_process_N``, and a
+    saved ghostnet failed to run after loading (QA: "Trying to resize storage that is not resizable").
     """
     from torch.ao.quantization.fake_quantize import FusedMovingAvgObsFakeQuantize
 
-    for module in model.modules():
-        fake_quant = module.__dict__.get("_modules", {}).get("weight_fake_quant")
-        weight = getattr(module, "weight", None)
-        if not isinstance(fake_quant, FusedMovingAvgObsFakeQuantize) or not isinstance(weight, torch.Tensor):
-            continue
+    # Only the fused kind: a plain FakeQuantize's moving-average observer would compute inf - inf from these
+    # starting values, and a resize-free start for it would change what it computes.
+    unsized = {
+        name: module
+        for name, module in model.named_modules()
+        if isinstance(module, FusedMovingAvgObsFakeQuantize)
+        and module.ch_axis >= 0
+        and module.activation_post_process.min_val.numel() == 0
+    }
+    if not unsized:
+        return model
+    channels = _observed_channels_known(model, unsized)
+    if len(channels) < len(unsized):
+        channels.update(_observed_channels_measured(model, [n for n in unsized if n not in channels], example_inputs))
+    for name, count in channels.items():
+        fake_quant = unsized[name]
         observer = fake_quant.activation_post_process
-        if fake_quant.ch_axis < 0 or observer.min_val.numel() != 0:
-            continue
-        channels = weight.shape[fake_quant.ch_axis]
-        observer.min_val = torch.full((channels,), math.inf)
-        observer.max_val = torch.full((channels,), -math.inf)
-        fake_quant.scale = torch.ones(channels, dtype=fake_quant.scale.dtype)
-        fake_quant.zero_point = torch.zeros(channels, dtype=fake_quant.zero_point.dtype)
+        device = observer.min_val.device
+        observer.min_val = torch.full((count,), math.inf, device=device)
+        observer.max_val = torch.full((count,), -math.inf, device=device)
+        fake_quant.scale = torch.ones(count, dtype=fake_quant.scale.dtype, device=device)
+        fake_quant.zero_point = torch.zeros(count, dtype=fake_quant.zero_point.dtype, device=device)
     return model
+
+
+def _observed_channels_known(model: nn.Module, unsized: dict[str, nn.Module]) -> dict[str, int]:
+    """The channel counts read off the weights themselves: a QAT layer's ``weight_fake_quant`` observes its
+    ``weight``, a graph's fake-quant called on a ``get_attr`` observes that attribute."""
+    channels = {}
+    for name, fake_quant in unsized.items():
+        owner_name, _, attr = name.rpartition(".")
+        weight = getattr(model.get_submodule(owner_name), "weight", None) if attr == "weight_fake_quant" else None
+        if isinstance(weight, torch.Tensor):
+            channels[name] = weight.shape[fake_quant.ch_axis]
+    if isinstance(model, fx.GraphModule):
+        for node in model.graph.nodes:
+            if node.op != "call_module" or node.target not in unsized or node.target in channels or not node.args:
+                continue
+            source = node.args[0]
+            if isinstance(source, fx.Node) and source.op == "get_attr":
+                value = get_attr_value(model, str(source.target))
+                if isinstance(value, torch.Tensor):
+                    channels[node.target] = value.shape[unsized[node.target].ch_axis]
+    return channels
+
+
+def _observed_channels_measured(
+    model: nn.Module, names: Sequence[str], example_inputs: Sequence[Any]
+) -> dict[str, int]:
+    """The channel counts of fake-quants whose input is computed (a standardized conv weight): seen on one run of a
+    copy on the example inputs, in eval mode and on a fork of the random state, so nothing of the caller's moves."""
+    copied = copy.deepcopy(model).eval()
+    seen: dict[str, int] = {}
+    for name in names:
+        fake_quant = copied.get_submodule(name)
+
+        def record(module: nn.Module, args: tuple[Any, ...], name: str = name) -> None:
+            if args and isinstance(args[0], torch.Tensor):
+                seen[name] = args[0].shape[module.ch_axis]
+
+        fake_quant.register_forward_pre_hook(record)
+    with torch.no_grad(), rng_preserved():
+        copied(*cloned(tuple(example_inputs)))
+    # a fake-quant this run never reached (a branch not taken) stays unsized: torch resizes it on its first call,
+    # which works in this process and not after torch.load
+    return seen
 
 
 def convert(prepared: nn.Module, backend: str = "x86") -> nn.Module:
@@ -1364,7 +1420,7 @@ def _quantized_layers(model: nn.Module, source: nn.Module, mode: str) -> list[st
         if name in functional:
             # packed into an int8 op, the float weight is gone from the converted graph (QA: ghostnet's classifier
             # was quantized and left out of the list)
-            if not _holds(model, functional[name]):
+            if not _holds(model, functional[name]) or _weight_fake_quantized(model, functional[name]):
                 names.append(name)
             continue
         try:
@@ -1374,6 +1430,21 @@ def _quantized_layers(model: nn.Module, source: nn.Module, mode: str) -> list[st
         if _is_quantized_module(sub) or hasattr(sub, "weight_fake_quant"):
             names.append(name)
     return names
+
+
+def _weight_fake_quantized(model: nn.Module, target: str) -> bool:
+    """Whether ``target`` (a functional layer's weight) feeds a fake-quant in a QAT-prepared graph: there the float
+    weight stays, and ghostnet's fake-quantized classifier was left out of the list (QA)."""
+    from torch.ao.quantization import FakeQuantizeBase
+
+    if not isinstance(model, fx.GraphModule):
+        return False
+    return any(
+        user.op == "call_module" and isinstance(model.get_submodule(str(user.target)), FakeQuantizeBase)
+        for node in model.graph.nodes
+        if node.op == "get_attr" and node.target == target
+        for user in node.users
+    )
 
 
 def _holds(model: nn.Module, target: str) -> bool:
