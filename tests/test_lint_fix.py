@@ -121,3 +121,28 @@ def test_fix_that_writes_nothing_lists_the_models_findings_not_a_fixed_graphs(tm
     assert not out.exists()
     assert "Findings of the model (nothing was written):" in printed and "Remaining findings after" not in printed
     assert "FX004" in printed and "FX008" in printed  # the model's findings, the foldable BatchNorm among them
+
+
+def _folded(captured):
+    from fxforge.pipeline import Pipeline
+
+    result = Pipeline(["fold_bn"]).run(captured)  # unverified: the tests verify it
+    assert result.steps[0].result.changed
+    return result.graph_module
+
+
+def test_a_fold_with_a_bias_off_by_one_percent_still_fails_verification():
+    """The other direction of mixnet_s's false alarm (tests/test_verify.py, a lucky model output): judging a case's
+    sensitivity to rounding on the model's whole spread must not excuse a wrong fold. One folded conv's bias off by
+    1e-2 relative fails, judged strictly (no rounding warning), and the conv is named."""
+    from model_helpers import ConvBnHead
+
+    torch.manual_seed(0)
+    captured = fxforge.prepare(ConvBnHead().eval(), ["2x3x16x16"])
+    folded = _folded(captured)
+    assert verify(captured, folded).ok
+    with torch.no_grad():
+        folded.conv.bias.mul_(1.01)
+    result = verify(captured, folded)
+    assert not result.ok and not result.warnings, (result.problems, result.warnings)
+    assert result.divergence is not None and result.divergence.node == "conv"

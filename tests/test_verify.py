@@ -360,6 +360,37 @@ def verify_module_shake(seed: int):
     return sys.modules["fxforge.verify"]._RoundingShake(torch.Generator().manual_seed(seed))
 
 
+class _ExactlyRepresentable(torch.nn.Module):
+    """(4x + 1e6) - 1e6: on inputs on a grid of 1/64 every float32 step of the model is exact (its own output equals
+    float64: a lucky draw of its rounding); ``reassociated`` takes 1/32 away first and adds it back last, the same
+    mathematics, which float32 rounds (ulp(1e6) is 1/16) as the model would on other inputs; ``offset`` is a real
+    change of 1% of the output's scale."""
+
+    def __init__(self, reassociated: bool = False, offset: float = 0.0) -> None:
+        super().__init__()
+        self.reassociated, self.offset = reassociated, offset
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.reassociated:
+            return ((x * 4 - 1 / 32) + 1e6) - 1e6 + 1 / 32 + self.offset
+        return (x * 4 + 1e6) - 1e6 + self.offset
+
+
+def test_a_lucky_model_output_does_not_make_a_case_well_conditioned():
+    """QA (timm's mixnet_s with random BatchNorm terms, lint --fix): the model's own output was 6e-6 from float64
+    (relative), under the share of rtol that marks a case sensitive, so its rounding spread was never measured and an
+    exact BatchNorm fold, 2.5e-4 away, was rolled back. Sensitivity is now read off the whole spread (the runs with
+    perturbed inputs and operations), of which the model's own output is one draw. A real change still fails."""
+    x = torch.arange(-640.0, 640.0, 10).reshape(2, 64) / 64  # multiples of 5/32, few of them whole
+    model = _ExactlyRepresentable()
+    assert torch.equal(model(x), model.double()(x.double()).float())  # the lucky draw: exact
+    result = verify(_ExactlyRepresentable(), _ExactlyRepresentable(reassociated=True), [x])
+    assert result.ok, result.problems
+    assert any("sensitive to rounding" in w for w in result.warnings)
+    wrong = verify(_ExactlyRepresentable(), _ExactlyRepresentable(reassociated=True, offset=0.4), [x])
+    assert not wrong.ok and any("outside the limit" in p for p in wrong.problems), wrong.problems
+
+
 def test_a_well_conditioned_miss_is_not_excused_by_float64():
     model = torch.nn.Linear(8, 8)
     broken = torch.nn.Linear(8, 8)
