@@ -458,6 +458,32 @@ def test_doctor_json_has_every_field(capsys):
     assert code == EXIT_OK and data["peak_gflops"] is data["memory_bandwidth_gbs"] is data["peak"] is None
 
 
+@pytest.mark.parametrize("average", [0.0, 5.3])
+def test_doctor_warns_of_a_busy_machine_and_concludes_nothing_from_its_peak(average, monkeypatch, capsys):
+    """QA: on a 2-core machine other work kept at load 5, doctor printed fp32 at 4 GFLOP/s and concluded that
+    fp32 Linear layers run through MKL at the lower rate; bench said of the same load that it was a busy machine."""
+    doctor_module = importlib.import_module("fxforge.doctor")
+    note = "fp32: torch.mm reached 4 GFLOP/s, oneDNN's matmul 9: on this CPU, fp32 Linear layers ... through MKL"
+
+    def measured(seconds):
+        return machine.Peak({"fp32": 9.0, "bf16": 3.0}, 1.0, threads=2, seconds=0.1, notes=[note], mm_fp32=4.0)
+
+    monkeypatch.setattr(doctor_module, "measure_peak", measured)
+    monkeypatch.setattr(doctor_module, "current_load", lambda: machine.Load(average, 2))
+    code, out, _ = run(capsys, "doctor", "--json")
+    data = json.loads(out)
+    assert code == EXIT_OK and data["load"] == {"average": average, "cpus": 2}
+    code, text, _ = run(capsys, "doctor")
+    text = " ".join(text.split())
+    if average:
+        assert data["peak"]["notes"] == [] and "draws no conclusion" in data["noise_warning"]
+        assert "a busy machine: other work held the cores (load average 5.3 on 2 CPUs" in text
+        assert "through MKL" not in text
+    else:
+        assert data["peak"]["notes"] == [note] and data["noise_warning"] is None
+        assert "busy" not in text and "through MKL" in text
+
+
 def test_doctor_says_why_a_feature_is_missing(monkeypatch):
     doctor_module = importlib.import_module("fxforge.doctor")
     monkeypatch.setattr(doctor_module, "bf16_unavailable", lambda cpu=None: "no AVX512-BF16 or AMX: emulated")

@@ -800,8 +800,7 @@ class BenchReport:
             # QA: eager at 87 ms (0.27 ms with one thread) in every round alike, so neither noisy nor a wide
             # interval, and "onnxruntime 534x (387-672)": torch's threads waited for cores other work held
             parts.append(
-                f"other work held the cores (load average {self.load.average:.1f} on {self.load.cpus} CPUs, "
-                f"{self.threads} of it this run's at most): a backend's threads can wait for busy cores and run many "
+                f"{self.load.describe(self.threads)}: a backend's threads can wait for busy cores and run many "
                 "times slower in every round alike, which no interval shows, so its speedups are the load's"
             )
         if busy and self.threads > 1:

@@ -421,6 +421,7 @@ def doctor_html(report: Any) -> str:
             else f"matmul GFLOP/s {', '.join(f'{k} {v:,.0f}' for k, v in peak.gflops.items())}; "
             f"memory copy {peak.bandwidth_gbs:.1f} GB/s ({counted(peak.threads, 'thread')})",
         ),
+        ("warning", report.noise_warning),
     ]
     rows = [
         (

@@ -8,6 +8,7 @@ statuses are ``available``, ``missing-extra`` (a package or tool to install; the
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import platform
 import shutil
@@ -20,9 +21,11 @@ from fxforge import display
 from fxforge.errors import FxforgeError, option
 from fxforge.machine import (
     CpuInfo,
+    Load,
     Peak,
     bf16_unavailable,
     cpu_info,
+    current_load,
     gpus,
     measure_peak,
     native_int8_dot,
@@ -58,6 +61,23 @@ class DoctorReport:
     features: dict[str, str]
     reasons: dict[str, str] = field(default_factory=dict)  # why a feature is not available
     peak: Peak | None = None
+    load: Load | None = None  # the load average when the peak measurement ended (None: not measured)
+
+    @property
+    def busy(self) -> bool:
+        """Other work competed for the cores while the peak was measured (bench's test of a busy machine)."""
+        return self.peak is not None and self.load is not None and self.load.busy(self.peak.threads)
+
+    @property
+    def noise_warning(self) -> str | None:
+        """One line saying the peak was measured on a busy machine, or None when it was not."""
+        if not self.busy:
+            return None
+        assert self.load is not None and self.peak is not None
+        return (
+            f"a busy machine: {self.load.describe(self.peak.threads)}: the peak figures are a sample of the load "
+            "more than of the machine, and doctor draws no conclusion from them; rerun with nothing else running"
+        )
 
     def __repr__(self) -> str:  # the dataclass's would print every version, CPU flag and feature reason
         return display.doctor_repr(self)
@@ -80,6 +100,8 @@ class DoctorReport:
             "peak_gflops": dict(self.peak.gflops) if self.peak else None,  # None: not measured (--no-peak)
             "memory_bandwidth_gbs": self.peak.bandwidth_gbs if self.peak else None,
             "peak": peak_dict(self.peak) if self.peak else None,
+            "load": dataclasses.asdict(self.load) if self.load else None,
+            "noise_warning": self.noise_warning,
             "features": self.features,
             "reasons": self.reasons,
         }
@@ -149,4 +171,9 @@ def doctor(*, peak: bool = True, seconds: float = 2.0) -> DoctorReport:
     report = DoctorReport(found, cpu, torch.get_num_threads(), torch_backends(), gpu_list, status, reasons)
     if peak:
         report.peak = measure_peak(seconds)
+        report.load = current_load()
+        if report.busy:
+            # QA: fp32 at 4 GFLOP/s on a loaded 2-core machine came with "fp32 Linear layers run through MKL at
+            # the lower rate": a gap between two kernels timed under load says nothing about the kernels
+            report.peak.notes.clear()
     return report

@@ -320,6 +320,13 @@ class Load:
         # one other runnable thread on average takes a core from a run that uses them all
         return self.others(own_threads) >= 1.0
 
+    def describe(self, own_threads: int) -> str:
+        """What :meth:`busy` found, for a warning line (bench's and doctor's say it alike)."""
+        return (
+            f"other work held the cores (load average {self.average:.1f} on {self.cpus} CPUs, "
+            f"{own_threads} of it this run's at most)"
+        )
+
 
 def current_load() -> Load | None:
     """The load now (None where the OS has no load average)."""

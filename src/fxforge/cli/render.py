@@ -744,6 +744,7 @@ def render_doctor(console: Console, report: Any) -> None:
         )
         for note in report.peak.notes:
             console.print(f"  [dim]{escape(note)}[/]")
+        _print_noise_warning(console, report)  # the line bench prints
     table = Table(title="features", title_justify="left")
     table.add_column("feature")
     table.add_column("status")
