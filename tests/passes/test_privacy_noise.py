@@ -450,6 +450,24 @@ def test_cli_optimize_records_the_privacy_parameters(tmp_path, capsys):
     assert torch.equal(model(x), again(x))  # seeded: the saved model draws the same noise
 
 
+@pytest.mark.parametrize("mechanism", ["gaussian", "laplace"])
+def test_cli_optimize_writes_a_program_of_a_noisy_graph(mechanism, tmp_path, capsys):
+    """QA: optimize of a noisy graph left model.pt2 out with ATen's "SymIntArrayRef expected to contain only
+    concrete integers" (torch.randn's generator overload at a dynamic batch)."""
+    out = tmp_path / "noisy"
+    laplace = ["--option", "insert_after.mechanism=laplace", "--option", "insert_after.delta=null"]
+    code = main(_cli(["-o", str(out), "--json"] + (laplace if mechanism == "laplace" else [])))
+    stdout, err = capsys.readouterr()
+    assert code == EXIT_OK, err
+    assert not [note for note in json.loads(stdout)["notes"] if note.startswith("not written")]
+    program = torch.export.load(str(out / "model.pt2")).module()
+    x = torch.randn(1, 3, 32, 32)  # the noise was calibrated for one sample's elements: the program keeps that
+    first, again = program(x), torch.export.load(str(out / "model.pt2")).module()(x)
+    assert first.shape == (1, 10) and torch.isfinite(first).all()
+    assert torch.equal(first, again)  # the generator's seeded state is in the file
+    assert not torch.equal(first, program(x))  # and draws afresh on each call
+
+
 def test_cli_with_verify_fails_by_design(tmp_path, capsys):
     code = main(_cli(["--verify", "-o", str(tmp_path / "noisy")]))
     stdout = capsys.readouterr().out

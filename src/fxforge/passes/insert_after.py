@@ -43,6 +43,8 @@ arbitrary Python function have no torch-only form. ATen-dialect results are save
 (``model.pt2``): torch.export traces through every inserted module (the guard becomes an ``aten._assert_async``,
 the recorder's updates buffer mutations, the noise generator a lifted object), so the program runs with torch
 alone; :func:`collect_stats` also reads the recorders of ``torch.export.load(...).module()``, by their buffers.
+Noise is in the ``model.pt2`` of either dialect (drawn with ``normal_``, which torch.export takes at a dynamic batch),
+its generators pickled in the program: torch loads them, fxforge only with ``trust_pickle``.
 """
 
 from __future__ import annotations
@@ -370,13 +372,16 @@ class GaussianNoise(_Noise):
         self.sigma = sigma
 
     def _draw(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        normal = torch.randn(x.shape, generator=generator, dtype=torch.float64, device=x.device)
+        # the values torch.randn(x.shape, generator=...) draws, but exportable at a dynamic batch: torch.export
+        # refused randn's generator overload on a symbolic shape ("SymIntArrayRef expected to contain only concrete
+        # integers"), and optimize wrote no model.pt2 for a noisy graph
+        normal = x.new_empty(x.shape, dtype=torch.float64).normal_(generator=generator)
         return (self.sigma * normal).to(x.dtype)
 
 
 class LaplaceNoise(_Noise):
     """``x + Laplace(0, scale)`` (after clipping, when ``clip`` is given): ``scale * (E1 - E2)`` for two standard
-    exponential draws (inverse CDF of float64 uniforms), from a generator seeded per site."""
+    exponential draws (``-log Phi(N)`` of float64 standard normals), from a generator seeded per site."""
 
     mechanism = "laplace"
 
@@ -385,9 +390,12 @@ class LaplaceNoise(_Noise):
         self.scale = scale
 
     def _draw(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        # -log1p(-u) for u uniform in [0, 1) is a standard exponential (finite: u < 1)
-        uniform = torch.rand((2, *x.shape), generator=generator, dtype=torch.float64, device=x.device)
-        exponential = -torch.log1p(-uniform)
+        # Phi(N) of a standard normal N is uniform, so -log Phi(N) is a standard exponential (log_ndtr keeps its tail
+        # exact). Drawn from normals because torch.export takes normal_ with a generator at a dynamic batch, where
+        # torch.rand's generator overload failed and a program with uniform_ (whose argument is named `from`) could
+        # not be loaded: optimize wrote no model.pt2 for a noisy graph
+        normal = x.new_empty((2, *x.shape), dtype=torch.float64).normal_(generator=generator)
+        exponential = -torch.special.log_ndtr(normal)
         return (self.scale * (exponential[0] - exponential[1])).to(x.dtype)
 
 
@@ -989,7 +997,8 @@ def _noise_site(options: InsertAfterOptions, node: fx.Node, path: str, seed: int
         "that matches nothing leaves the graph alone and says so. Never inserts after a non-tensor value, noise "
         "after integer values, or a transform where an in-place op lets another name read the node's storage after "
         "it (each refusal is listed). Saved models: stats, nan_guard and clamp load with torch alone; noise and "
-        "callable need fxforge importable. Torch and ATen dialects."
+        "callable in model.pt need fxforge importable; noise in model.pt2 loads with torch alone, its seeded "
+        "generators pickled in it (fxforge loads it with --trust-pickle). Torch and ATen dialects."
     ),
     options=InsertAfterOptions,
 )
