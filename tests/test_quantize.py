@@ -685,6 +685,31 @@ print("ok")
 """
 
 
+@pytest.mark.parametrize(
+    "flag,given,said",
+    [
+        ("--calib", "missing.pt", "calibration file not found: "),
+        ("--eval", "missing.pt", "eval file not found: "),
+        ("--calib", "missing.py:batches", "calibration file not found: "),
+        ("--eval", ".", "is a directory, not a file"),
+    ],
+)
+def test_cli_quantize_refuses_missing_data_before_building_the_model(flag, given, said, tmp_path, capsys):
+    """QA: a missing --calib file was found only after the model was built (the digits example trains first)."""
+    built = tmp_path / "built"
+    spec = tmp_path / "net.py"
+    spec.write_text(
+        "import pathlib, torch\n"
+        f"def build():\n    pathlib.Path({str(built)!r}).touch()\n    return torch.nn.Linear(3, 2)\n"
+        "example_inputs = ['1x3']\n"
+    )
+    data = tmp_path if given == "." else tmp_path / given
+    code = main(["quantize", f"{spec}:build", flag, str(data)])
+    err = capsys.readouterr().err
+    assert code == EXIT_USAGE and said in err and len(err.splitlines()) <= 2, err  # error (and hint)
+    assert not built.exists()
+
+
 def test_outputs_load_train_and_convert_with_torch_alone(tmp_path):
     """model.pt of a static int8 model and of a QAT model: torch.load in a fresh interpreter without
     fxforge, the int8 model runs, the QAT model takes a training step and converts to int8."""

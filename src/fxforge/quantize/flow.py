@@ -44,6 +44,7 @@ from fxforge.quantize.data import (
     CalibrationData,
     RandomCalibrationWarning,
     batch_samples,
+    check_data_file,
     leading_batches,
     load_calibration,
 )
@@ -159,6 +160,8 @@ def check_arguments(
             f"calibrates nothing, and {calib} data only stands in for {evaluated} in the accuracy comparison",
             hint=f"drop {calib} (or drop {evaluated} to compare the models on the {calib} data)",
         )
+    check_data_file(calibration, "calibration")
+    check_data_file(eval_data, "eval")
     goal = parse_target(keep_float_until) if keep_float_until is not None else None
     if random_batches < 1:
         raise InputSpecError(f"{option('--random-batches')} must be at least 1, got {random_batches}")
