@@ -10,6 +10,7 @@ from torch import fx, nn
 
 from fxforge.auto import Budget, auto_optimize
 from fxforge.capture import capture
+from fxforge.errors import EXIT_USAGE
 from fxforge.models import load_model
 from fxforge.quantize import frozen_torchscript, int8_backend
 
@@ -244,9 +245,14 @@ def test_a_quantize_output_without_the_opt_in_names_its_pickled_graph(tmp_path, 
 
     assert main(["quantize", "demo", "--calib", "random:2", "-o", str(tmp_path / "q")]) == 0
     capsys.readouterr()
-    assert main(["inspect", str(tmp_path / "q")]) != 0
+    assert main(["inspect", str(tmp_path / "q")]) == EXIT_USAGE  # as for a QAT output, whose only model is model.pt
     err = " ".join(capsys.readouterr().err.split())
-    assert "hint: the directory's model.pt is the fx graph, a pickle: if you trust it, pass --trust-pickle" in err
+    assert "hint: if you trust it, pass --trust-pickle" in err
+    assert "error: the directory's fx graph is model.pt, a pickled module, loaded only with --trust-pickle" in err
+    assert main(["quantize", "demo", "--mode", "qat-prepare", "-o", str(tmp_path / "qat")]) == 0
+    capsys.readouterr()
+    assert main(["inspect", str(tmp_path / "qat")]) == EXIT_USAGE
+    assert "--trust-pickle" in capsys.readouterr().err
     assert main(["inspect", str(tmp_path / "q"), "--trust-pickle"]) == 0
 
 

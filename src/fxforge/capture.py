@@ -55,6 +55,7 @@ from fxforge.errors import (
     CaptureError,
     FxforgeError,
     InputSpecError,
+    ModelSpecError,
     caller_location,
     is_user_file,
     one_line_reason,
@@ -79,7 +80,7 @@ from fxforge.graphs import (
     submodule,
 )
 from fxforge.inputs import make_inputs, specs_of
-from fxforge.models import LoadedModel
+from fxforge.models import TRUST_PICKLE_ENV, LoadedModel
 from fxforge.references import as_names
 from fxforge.runtime import (
     batch_narrowed_at,
@@ -1100,9 +1101,13 @@ def refuse_compiled_forms(model: nn.Module, pickle_passed_over: str | None = Non
         "(fxforge verify MODEL FILE), bench times it next to it (fxforge bench MODEL --artifact FILE)"
     )
     if pickle_passed_over:
-        hint = (
-            f"the directory's {pickle_passed_over} is the fx graph, a pickle: if you trust it, pass "
-            f"{option('--trust-pickle', True)}; or " + hint
+        # the opt-in is what is missing, as for a directory whose only model is the pickle (a QAT output): bad
+        # input, exit 2, not a model that cannot be captured (was exit 3)
+        raise ModelSpecError(
+            f"the directory's fx graph is {pickle_passed_over}, a pickled module, loaded only with "
+            f"{option('--trust-pickle', True)} (unpickling can run arbitrary code); without it there is {kind}, "
+            "which has no Python code to trace",
+            hint=f"if you trust it, pass {option('--trust-pickle', True)} (or set {TRUST_PICKLE_ENV}=1); or " + hint,
         )
     raise CaptureError(f"cannot capture {kind} as an fx graph: it has no Python code to trace", hint=hint)
 
