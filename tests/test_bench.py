@@ -661,6 +661,17 @@ def test_cli_bench_artifact(capsys, tmp_path):
     assert code != EXIT_OK and "--artifact" in err and len(err.strip().splitlines()) == 2
 
 
+def test_an_artifact_of_other_input_shapes_names_them(capsys, tmp_path):
+    """QA: another model's artifact failed with "Guard failed: x.size()[2] == 224" and no word of the shapes."""
+    out = tmp_path / "d64"
+    assert run(capsys, "optimize", "demo", "-i", "1x3x64x64", "-o", str(out))[0] == EXIT_OK
+    code, text, _ = run(capsys, "bench", "demo", "--artifact", str(out), "--repeats", "2", "--warmup", "1", "--json")
+    (row,) = [row for row in json.loads(text)["rows"] if row["backend"].startswith("file:")]
+    assert code == EXIT_OK and not row["ok"], row
+    assert f"{out} was written for inputs 1x3x64x64, and bench runs it on 1x3x32x32: " in row["error"]
+    assert "--input 1x3x64x64" in row["error"]
+
+
 def test_bench_artifact_on_real_models(capsys, tmp_path):
     """--artifact on torchvision resnet18 (a dynamic-batch ONNX file and a TorchScript file, at two batch sizes) and
     on a transformers BERT (TorchScript, whose output class fxforge's loader rebuilds): each file is timed and

@@ -579,8 +579,12 @@ def artifact_backend(
     def build(captured: Captured, settings: BuildSettings) -> Runner:
         loaded = load_model(path, trust_pickle=trust_pickle)
         module = loaded.module
-        with torch.no_grad(), quiet_torch_logs():
-            output = module(*captured.example_inputs)  # a compile recipe compiles here, inside the build time
+        try:
+            with torch.no_grad(), quiet_torch_logs():
+                output = module(*captured.example_inputs)  # a compile recipe compiles here, inside the build time
+        except Exception as exc:
+            _refuse_other_inputs(path, loaded.default_inputs, captured.example_inputs, exc)
+            raise
         if loaded.file:
             settings.notes.append(f"ran {loaded.file}")
         if pytree.tree_structure(output) != pytree.tree_structure(settings.output_like):
@@ -589,6 +593,25 @@ def artifact_backend(
 
     summary = f"the artifact {path}, loaded by fxforge.load_model"
     return Backend(label, summary, build, precision=_artifact_precision(Path(path)))
+
+
+def _refuse_other_inputs(path: str, written: Sequence[Any], inputs: Sequence[Any], exc: Exception) -> None:
+    """Where the artifact failed on inputs of other shapes than those it records (its inputs.txt, a program's
+    example), say both: another model's artifact failed with torch's "Guard failed: x.size()[2] == 224" (QA)."""
+    if not written or not all(isinstance(value, torch.Tensor) for value in inputs):
+        return
+    asked = specs_of(inputs)
+    if list(written) != asked:
+        raise FxforgeError(
+            f"{path} was written for inputs {', '.join(map(str, written))}, and bench runs it on "
+            f"{', '.join(map(str, asked))}: {one_line_reason(exc)}",
+            hint="bench it with the inputs it was written for ("
+            + said(
+                " ".join(f"--input {spec.text(with_range=True)}" for spec in written),
+                f"fxforge.prepare(model, {[spec.text(with_range=True) for spec in written]!r})",
+            )
+            + "), or bench the model it was made from",
+        ) from None
 
 
 def _artifact_precision(path: Path) -> str:
