@@ -122,6 +122,10 @@ def test_a_model_without_layers_comes_back_in_float(tmp_path):
         assert [quant_kind(model, node) for node in model.graph.nodes if quant_kind(model, node)] == []
     x = torch.randn(16, 8)
     assert torch.allclose(saved(x), Tanh()(x)) and result.accuracy.max_abs_err == 0
+    # QA: its model.torchscript.pt was called "the int8 model"
+    assert "model.torchscript.pt" in result.files and not [note for note in result.notes if "int8 model" in note]
+    said = "model.torchscript.pt: the float model (nothing was quantized)"
+    assert any(note.startswith(said) for note in result.notes)
 
 
 def test_every_layer_in_float_names_the_ops_still_int8():

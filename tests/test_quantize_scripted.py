@@ -112,7 +112,7 @@ def test_auto_writes_its_int8_candidate_as_torchscript_that_loads_without_unpick
     int8 = next(c for c in result.candidates if c.name == "int8")
     assert int8.status in ("accepted", "chosen"), int8.reason
     assert "model.torchscript.pt" in int8.artifact and int8.load == "torch.jit.load('model.torchscript.pt')"
-    assert any("equal bit for bit to the int8 GraphModule" in note for note in int8.notes), int8.notes
+    assert any("equal bit for bit to the fx GraphModule" in note for note in int8.notes), int8.notes
     if result.chosen == "int8":
         assert sorted(p.name for p in (tmp_path / "o").iterdir() if p.name.startswith("model")) == [
             "model.torchscript.pt"

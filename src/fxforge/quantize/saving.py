@@ -37,6 +37,7 @@ from fxforge.quantize.result import QuantizeResult
 from fxforge.quantize.scripted import write_frozen
 from fxforge.runtime import fx_wraps_kept_loadable, quiet_quantization_notices
 from fxforge.visual.report_page import REPORT_HTML, page_or_note, quantize_report_html
+from fxforge.vocabulary import quant_kind
 
 
 def write_output(
@@ -108,14 +109,24 @@ def _write_torchscript(result: QuantizeResult, captured: Captured, staging: Path
         written, how = write_frozen(
             result.model, staging / TORCHSCRIPT_FILE, captured.example_inputs, captured.example_kwargs
         )
+    # QA: a model with nothing to quantize comes back in float, and its TorchScript was called "the int8 model"
+    int8 = computes_int8(result.model)
+    model = "the int8 model" if int8 else "the float model (nothing was quantized)"
     if not written:
-        result.notes.append(f"no {TORCHSCRIPT_FILE}: {how} (model.pt is the int8 model)")
+        result.notes.append(f"no {TORCHSCRIPT_FILE}: {how} (model.pt is {model})")
         return False
     result.notes.append(
-        f"{TORCHSCRIPT_FILE}: the int8 model as {how}; torch.jit.load('{TORCHSCRIPT_FILE}') runs it without Python "
-        "between the int8 kernels, and without unpickling"
+        f"{TORCHSCRIPT_FILE}: {model} as {how}; torch.jit.load('{TORCHSCRIPT_FILE}') runs it without Python "
+        f"between {'the int8' if int8 else 'its'} kernels, and without unpickling"
     )
     return True
+
+
+def computes_int8(model: nn.Module) -> bool:
+    """Whether ``model`` computes anything in int8: not where nothing was quantized (the float model came back)."""
+    if not isinstance(model, fx.GraphModule):  # eager dynamic int8: the model's own layers swapped for int8 ones
+        return True
+    return any(quant_kind(model, node) in ("quantize", "int8") for node in model.graph.nodes)
 
 
 def _breaks_pickling(module: nn.Module) -> bool:

@@ -74,7 +74,7 @@ def frozen_torchscript(
         if problem:
             return None, f"its trace {problem}"
     sizes = " and ".join(str(_batch_of(inputs)) for inputs in checked)
-    return frozen, f"traced and frozen TorchScript, equal bit for bit to the int8 GraphModule at batch {sizes}"
+    return frozen, f"traced and frozen TorchScript, equal bit for bit to the fx GraphModule at batch {sizes}"
 
 
 # where a size of the input read in Python (``x.size(1)``) may go in a trace: into another size (a shape argument),
