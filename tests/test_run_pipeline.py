@@ -182,11 +182,18 @@ def test_a_hung_stage_times_out_named(small_split, monkeypatch):
     assert _no_workers_left(small_split)
 
 
-def test_a_corrupt_stage_file_is_named(small_split):
-    (small_split / "stage_1.pt2").write_bytes(b"not a program")
-    with pytest.raises(PipelineError, match=r"stage 1 failed: cannot read exported program .*stage_1\.pt2"):
+@pytest.mark.parametrize("content", [b"not a program", b"\x80\x04\x95\x0b\x00\x00\x00\x00\x00\x00\x00}\x94."])
+def test_a_corrupt_stage_file_is_named(small_split, content, capsys):
+    """A stage file only its rank can read (corrupt, or a bare pickle under the name) is bad input, exit 2: it was
+    exit 1, a failed run."""
+    (small_split / "stage_1.pt2").write_bytes(content)
+    with pytest.raises(PipelineError, match=r"stage 1 failed: cannot read exported program .*stage_1\.pt2") as info:
         run_pipeline(small_split, microbatches=2, repeats=1, warmup=0, timeout=120)
+    assert info.value.exit_code == EXIT_USAGE
     assert _no_workers_left(small_split)
+    code = main(["run-pipeline", str(small_split), "-m", "2", "--repeats", "1", "--warmup", "0", "--no-baseline"])
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert code == EXIT_USAGE and len(errors) == 1 and "stage_1.pt2" in errors[0]
 
 
 def _retyped(stage: dict, dtype: str) -> dict:
@@ -253,8 +260,9 @@ def test_swapped_stage_files_are_named_before_they_run(small_split):
     (small_split / "stage_1.pt2").rename(small_split / "stage_0.pt2")
     (small_split / "swap").rename(small_split / "stage_1.pt2")
     pattern = r"stage (\d) failed: stage_\1\.pt2 does not match stage \1 of plan\.json \(it takes .*; the plan says "
-    with pytest.raises(PipelineError, match=pattern):
+    with pytest.raises(PipelineError, match=pattern) as info:
         run_pipeline(small_split, microbatches=2, repeats=1, warmup=0, timeout=120)
+    assert info.value.exit_code == EXIT_USAGE
     assert _no_workers_left(small_split)
 
 

@@ -52,6 +52,7 @@ from fxforge.artifacts import MODEL_FILE, PROGRAM_FILE
 from fxforge.compare import compare_outputs
 from fxforge.errors import (
     EXIT_FINDINGS,
+    EXIT_USAGE,
     FxforgeError,
     InputSpecError,
     ModelSpecError,
@@ -83,13 +84,16 @@ DEFAULT_TIMEOUT = 300.0
 
 
 class PipelineError(FxforgeError):
-    """A stage failed, died or hung; every process was stopped. Exit code 1 (the run failed, not the input)."""
+    """A stage failed, died or hung; every process was stopped. Exit code 1 (the run failed), or 2 where a stage
+    refused its input while loading (a corrupt or foreign stage file, one that does not match plan.json)."""
 
     exit_code = EXIT_FINDINGS
 
-    def __init__(self, message: str, stage: int | None, hint: str | None = None) -> None:
+    def __init__(self, message: str, stage: int | None, hint: str | None = None, *, bad_input: bool = False) -> None:
         super().__init__(message, hint)
         self.stage = stage
+        if bad_input:
+            self.exit_code = EXIT_USAGE
 
 
 # --------------------------------------------------------------------------------------------------
@@ -520,10 +524,13 @@ def _failed(exc: BaseException, monitored: _Monitored | None, status: _Status, r
     if monitored is not None and monitored.error is not None:
         exc = monitored.error  # not the schedule's "[Stage K] failed to run forward" around it
     message = one_line_reason(exc) if not isinstance(exc, KeyboardInterrupt) else "interrupted"
+    # refused while loading (a damaged stage file is one only a rank finds): the input's fault, exit 2, not a failed run
+    bad_input = monitored is None and isinstance(exc, FxforgeError) and exc.exit_code == EXIT_USAGE
     status("failed")
     if result_dir is not None:
         with contextlib.suppress(OSError):
-            (result_dir / f"error_{status.rank}.json").write_text(json.dumps({"kind": kind, "message": message}))
+            record = {"kind": kind, "message": message, "bad_input": bad_input}
+            (result_dir / f"error_{status.rank}.json").write_text(json.dumps(record))
     if status.rank == 0 or not isinstance(exc, InputSpecError):
         # a bad option or input fails every rank alike: under torchrun, one line (rank 0's) says it
         print(f"fxforge stage {status.rank}: {message}", file=sys.stderr)
@@ -630,19 +637,20 @@ def _kill(ranks: Sequence[_Process]) -> None:
             entry.process.wait(timeout=10)
 
 
-def _failure(entry: _Process, work: Path) -> tuple[int, str]:
-    """(priority, first line) of a failed rank: 0 for its own error or death, 1 for losing a peer."""
+def _failure(entry: _Process, work: Path) -> tuple[int, str, bool]:
+    """(priority, first line, whether it refused its input) of a failed rank: priority 0 for its own error or
+    death, 1 for losing a peer."""
     error = work / f"error_{entry.rank}.json"
     if error.exists():
         with contextlib.suppress(OSError, ValueError):
             data = json.loads(error.read_text())
-            return (0 if data.get("kind") == "stage" else 1), str(data.get("message"))
+            return (0 if data.get("kind") == "stage" else 1), str(data.get("message")), data.get("bad_input") is True
     code = entry.process.returncode
     reason = f"killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
     lines = [line for line in _read(entry.stderr).splitlines() if line.strip()]
     if lines:
         reason += f" ({first_line(lines[-1])})"
-    return 0, reason
+    return 0, reason, False
 
 
 def _read(path: Path) -> str:
@@ -703,7 +711,7 @@ def _wait(ranks: list[_Process], work: Path, started: float, timeout: float) -> 
             grace_until = grace_until or now + 1.0
             if now >= grace_until or all(e.process.poll() is not None for e in ranks):
                 failures = sorted((*_failure(e, work), e.failed_at, e.rank) for e in failed)
-                priority, message, _, rank = failures[0]
+                priority, message, bad_input, _, rank = failures[0]
                 hung = _computing(ranks, work)
                 if priority > 0 and hung is not None:  # it lost its peer because that peer hangs in its forward
                     rank, doing = hung
@@ -712,7 +720,9 @@ def _wait(ranks: list[_Process], work: Path, started: float, timeout: float) -> 
                         rank,
                         _stopped(ranks, rank),
                     )
-                raise PipelineError(f"stage {rank} failed: {message}", rank, _stopped(ranks, rank))
+                raise PipelineError(
+                    f"stage {rank} failed: {message}", rank, _stopped(ranks, rank), bad_input=bad_input
+                )
         elif now - started > timeout:
             rank, doing = _hung(ranks, work)
             raise PipelineError(f"stage {rank} timed out after {timeout:g} s ({doing})", rank, _stopped(ranks, rank))

@@ -16,7 +16,8 @@ Examples:
   fxforge run-pipeline out/resnet18-4 --microbatches 8 --schedule 1f1b --repeats 10 --json
 Across machines: torchrun ... -m fxforge.distributed DIR (docs/commands/run-pipeline.md).
 Exit code: 1 when a stage fails, dies or times out (every process is stopped; the message names the stage and
-its first error line), or the pipeline's output differs from the unsplit model; 2 for bad input.
+its first error line), or the pipeline's output differs from the unsplit model; 2 for bad input (a stage file
+that is corrupt or does not match plan.json included).
 """,
 )
 @click.argument("directory", type=click.Path(path_type=str))
