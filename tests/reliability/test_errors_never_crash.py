@@ -527,3 +527,31 @@ def test_force_never_replaces_a_device_or_a_pipe(tmp_path, kind):
     assert main(["profile", "demo", "--trace", str(special), "--force"]) == 2
     after = os.stat(special)
     assert (after.st_mode, after.st_ino, after.st_rdev) == (before.st_mode, before.st_ino, before.st_rdev)
+
+
+def _permissions_enforced() -> list[str]:
+    """A command prefix under which file permissions apply: root reads and writes anything (CAP_DAC_OVERRIDE), so
+    as root the command runs without those two capabilities."""
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        pytest.skip("as root, enforcing permissions needs setpriv (util-linux)")
+    return ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
+
+
+@pytest.mark.parametrize("name", ["model.pt2", "model.pt"])
+def test_a_model_file_without_read_permission_says_so(tmp_path, name):
+    """QA: ``chmod 000 model.pt2`` was "cannot read exported program ...: [Errno 13] Permission denied" with the
+    hint "is the file corrupt?"."""
+    model = tmp_path / name
+    model.write_bytes(b"whatever it holds, it cannot be read")
+    model.chmod(0)
+    done = subprocess.run(
+        [*_permissions_enforced(), sys.executable, "-m", "fxforge", "inspect", str(model), "--trust-pickle"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == EXIT_USAGE, done.stderr
+    assert done.stderr.splitlines() == [
+        f"error: cannot read {model}: permission denied",
+        f"hint: check the file's permissions: ls -l {model}",
+    ]
