@@ -713,3 +713,19 @@ def test_a_crash_in_native_code_says_where(tmp_path):
     assert done.returncode == -11, done.stderr[-2000:]
     assert "Fatal Python error: Segmentation fault" in done.stderr
     assert 'crashes.py", line 5 in forward' in done.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["bench", "demo", "--batch", "99999999999"],
+        ["profile", "demo", "--batch", "99999999999"],
+        ["profile", "demo", "--batch", "99999999999", "--backend", "eager"],  # was an allocator error, exit 4
+    ],
+)
+def test_a_batch_too_large_for_the_machine_names_batch(capsys, args):
+    """QA: the hint said "use a smaller --input" for inputs the --batch made too large."""
+    code, _, err = run(capsys, *args)
+    assert code == EXIT_USAGE, err
+    assert "more than this machine's" in err and "hint: use a smaller --batch than 99999999999" in err
+    assert "--input" not in err

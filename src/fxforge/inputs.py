@@ -168,15 +168,16 @@ def make_inputs(
     except (RuntimeError, TypeError) as exc:
         raise InputSpecError(f"unknown device {device!r}: {first_line(exc)}") from None
     if device.type != "meta":
-        check_fits_in_memory(specs)
+        check_fits_in_memory(specs, batch=batch)
     try:
         return tuple(spec.make(generator, device) for spec in specs)
     except (RuntimeError, AssertionError) as exc:  # no such device here (torch's CUDA error is a paragraph)
         raise InputSpecError(f"cannot make inputs on {device}: {first_line(exc)}") from None
 
 
-def check_fits_in_memory(specs: Sequence[InputSpec]) -> None:
-    """Refuse inputs larger than this machine's memory with one line, not an allocator error."""
+def check_fits_in_memory(specs: Sequence[InputSpec], *, batch: int | None = None) -> None:
+    """Refuse inputs larger than this machine's memory with one line, not an allocator error. ``batch``: the batch
+    size the caller asked the inputs at (``bench --batch``), which the hint then names rather than ``--input``."""
     import math
     import os
 
@@ -193,7 +194,9 @@ def check_fits_in_memory(specs: Sequence[InputSpec]) -> None:
             hint=said(
                 "use a smaller --input (or --device meta to inspect shapes without data)",
                 "use smaller inputs (or device='meta' to inspect shapes without data)",
-            ),
+            )
+            if batch is None
+            else said(f"use a smaller --batch than {batch}", f"use a smaller batch size than {batch}"),
         )
 
 

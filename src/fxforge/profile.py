@@ -48,7 +48,7 @@ from fxforge.capture import Captured, at_batch, compiled_form, require_captured,
 from fxforge.compare import tensors_in
 from fxforge.errors import FxforgeError, option, pass_inputs_hint
 from fxforge.graphs import INPUT_GUARDS, GraphRunner, aten_packet, is_input_guard
-from fxforge.inputs import specs_of
+from fxforge.inputs import InputSpec, check_fits_in_memory, specs_of
 from fxforge.inspect import NodeInfo, inspect_graph
 from fxforge.machine import Peak, cached_peak, current_load
 from fxforge.runtime import (
@@ -223,6 +223,9 @@ def profile_model(
     if batch is not None and backend == "fx":
         captured = at_batch(captured, batch, seed)  # type: ignore[arg-type]
     elif batch is not None:
+        # sized first, as the fx path's inputs are: the allocator's refusal was an internal error (exit 4)
+        tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.dim()]
+        check_fits_in_memory([InputSpec.of(t).with_batch(batch) for t in tensors], batch=batch)
         args = with_batch(args, batch)
         kwargs = with_batch_kwargs(kwargs, batch)
     with torch_threads(threads):
