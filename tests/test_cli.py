@@ -729,3 +729,12 @@ def test_a_batch_too_large_for_the_machine_names_batch(capsys, args):
     assert code == EXIT_USAGE, err
     assert "more than this machine's" in err and "hint: use a smaller --batch than 99999999999" in err
     assert "--input" not in err
+
+
+@pytest.mark.parametrize("names", ["", " , "])
+def test_bench_backends_naming_none_is_refused_with_the_known_names(capsys, names):
+    """QA: --backends "" (an unset shell variable) ran the default set, as if the option were left out."""
+    code, out, err = run(capsys, "bench", "demo", "--backends", names)
+    assert code == EXIT_USAGE and out == ""
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "--backends names no backend" in errors[0] and "eager, fx" in errors[0]

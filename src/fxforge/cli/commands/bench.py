@@ -79,6 +79,13 @@ def command(
         return
     if not opts.model:
         raise FxforgeError("bench needs a MODEL", hint="e.g. fxforge bench torchvision:resnet18")
+    source = click.get_current_context().get_parameter_source("backends")
+    if not split(backends) and source is ParameterSource.COMMANDLINE:
+        # --backends "" (an unset shell variable) ran the default set, as if the option were left out
+        known = ", ".join(backend.name for backend in all_backends())
+        raise FxforgeError(
+            f"--backends names no backend; the known ones: {known}", hint="leave --backends out for the default set"
+        )
     chosen = [get_backend(name) for name in split(backends)]  # an unknown name fails before the model is loaded
     # an unknown pass or option: named before anything else
     pass_steps(None if pass_names is None else split(pass_names), pass_options)
