@@ -738,3 +738,12 @@ def test_bench_backends_naming_none_is_refused_with_the_known_names(capsys, name
     assert code == EXIT_USAGE and out == ""
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "--backends names no backend" in errors[0] and "eager, fx" in errors[0]
+
+
+@pytest.mark.parametrize("args", [["--rules", "demo"], ["demo", "--rules", "--select", "FX001"]])
+def test_lint_rules_refuses_a_model_it_would_not_lint(capsys, args):
+    """QA: ``lint --rules MODEL`` listed the rules and said nothing of the model, which it did not lint."""
+    code, out, err = run(capsys, "lint", *args)
+    assert code == EXIT_USAGE and out == ""
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "--rules lists the rules and lints no model" in errors[0] and "MODEL" in errors[0]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import click
+from click.core import ParameterSource
 from rich.markup import escape
 
 from fxforge.cli.options import CaptureOptions, capture_options, emit_json, split, stderr, stdout, warn_failed_checks
@@ -63,6 +64,8 @@ def command(
     from fxforge.optimize import fix as run_fix
     from fxforge.plugins import RULES_GROUP, failures
 
+    if list_rules:
+        _refuse_with_rules()
     for reference in rule_references:
         load_rule_reference(reference)
     if list_rules:
@@ -133,3 +136,20 @@ def command(
     if fail_on != "never" and report.rules_crashed:
         # its findings are missing: "0, all checks passed" would let CI pass a check that did not run (QA)
         raise SystemExit(EXIT_INTERNAL)
+
+
+def _refuse_with_rules() -> None:
+    """--rules lists and exits: a MODEL given with it was silently not linted (QA), as other options were ignored.
+    --rule is kept (its rule is listed too), and --json."""
+    context = click.get_current_context()
+    given = [
+        param.opts[0] if isinstance(param, click.Option) else param.human_readable_name
+        for param in context.command.params
+        if param.name not in ("list_rules", "rule_references", "as_json")
+        and context.get_parameter_source(param.name) is ParameterSource.COMMANDLINE
+    ]
+    if given:
+        raise FxforgeError(
+            f"--rules lists the rules and lints no model: it takes no MODEL or other options (got {', '.join(given)})",
+            hint="fxforge lint --rules [--rule FILE.py:FUNCTION] [--json], or fxforge lint MODEL to lint it",
+        )
