@@ -747,3 +747,16 @@ def test_lint_rules_refuses_a_model_it_would_not_lint(capsys, args):
     assert code == EXIT_USAGE and out == ""
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "--rules lists the rules and lints no model" in errors[0] and "MODEL" in errors[0]
+
+
+@pytest.mark.parametrize(
+    "output,flags",
+    [("m.onnx", ["--no-freeze", "--no-optimize"]), ("m.pt2", ["--no-optimize"]), ("m.onnx", ["--no-optimize"])],
+)
+def test_export_refuses_torchscript_options_for_another_format(capsys, tmp_path, output, flags):
+    """QA: --no-freeze and --no-optimize were ignored, silently, for onnx and pt2 (as --script is refused)."""
+    code, out, err = run(capsys, "export", "demo", "-o", str(tmp_path / output), *flags)
+    assert code == EXIT_USAGE and out == ""
+    fmt = output.rsplit(".", 1)[1]
+    assert err.splitlines()[0] == f"error: {flags[0]} applies to torchscript, not {fmt}"
+    assert not (tmp_path / output).exists()

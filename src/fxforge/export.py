@@ -193,9 +193,13 @@ def check_export_options(
     script: bool = False,
     onednn_fusion: bool = False,
     dynamic_batch: bool = False,
+    freeze: bool = True,
+    optimize: bool = True,
 ) -> str:
     """The format :func:`export_model` writes to ``path``; raises on options that do not fit it, before any model
-    is loaded (the CLI calls it first: a misplaced option was refused after a 12 s capture, QA)."""
+    is loaded (the CLI calls it first: a misplaced option was refused after a 12 s capture, QA). ``freeze`` and
+    ``optimize`` are the CLI's ``--no-freeze`` and ``--no-optimize`` (export_model passes them on for TorchScript
+    alone, as its callers' defaults)."""
     named = format_for(path)
     if to in SUFFIXES and named is not None and named != to:
         # fxforge (and every other tool) reads a file by its suffix: an ONNX file named .pt would not load again
@@ -228,6 +232,8 @@ def check_export_options(
             ("--opset", "onnx", opset is not None),
             ("--script", "torchscript", script),
             ("--onednn-fusion", "torchscript", onednn_fusion),
+            ("--no-freeze", "torchscript", not freeze),  # QA: ignored for onnx and pt2, silently
+            ("--no-optimize", "torchscript", not optimize),
         )
         if given and to != fmt
     ]

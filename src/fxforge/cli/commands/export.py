@@ -80,7 +80,14 @@ def command(
 
     # before the model loads: a typo or a misplaced option costs nothing
     written = check_export_options(
-        output, to_format, exporter=exporter, opset=opset, script=script, dynamic_batch=dynamic_batch
+        output,
+        to_format,
+        exporter=exporter,
+        opset=opset,
+        script=script,
+        dynamic_batch=dynamic_batch,
+        freeze=not no_freeze,
+        optimize=not no_optimize,
     )
     check_output_file(output, force=force)
     started = time.perf_counter()
