@@ -760,3 +760,14 @@ def test_export_refuses_torchscript_options_for_another_format(capsys, tmp_path,
     fmt = output.rsplit(".", 1)[1]
     assert err.splitlines()[0] == f"error: {flags[0]} applies to torchscript, not {fmt}"
     assert not (tmp_path / output).exists()
+
+
+@pytest.mark.parametrize("command", [["graph", "demo"], ["export", "demo"]])
+def test_a_file_output_spelt_as_a_directory_is_refused(capsys, tmp_path, command):
+    """QA: ``graph MODEL -o name.html/`` dropped the slash and wrote the file name.html."""
+    output = tmp_path / ("name.html" if command[0] == "graph" else "name.onnx")
+    code, out, err = run(capsys, *command, "-o", f"{output}/")
+    assert code == EXIT_USAGE and out == ""
+    expected = f"error: {output}/ ends with a slash, which names a directory, but this output is a file"
+    assert err.splitlines()[0] == expected
+    assert list(tmp_path.iterdir()) == []

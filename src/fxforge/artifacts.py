@@ -233,10 +233,24 @@ def refuse_special_file(path: Path) -> None:
 def check_output_file(target: str | Path, *, force: bool = False) -> Path:
     """What :class:`StagedOutput` would refuse, checked before the work: a directory, an existing file without
     ``force``, a folder that cannot be written."""
+    _refuse_directory_spelling(target)
     path = output_target(target)
     _refuse_existing_file(path, force)
     check_writable(path)
     return path
+
+
+def _refuse_directory_spelling(target: str | Path) -> None:
+    """A file output spelt with a trailing slash (``-o graph.html/``) names a directory: Path drops the slash, and a
+    file ``graph.html`` was written where the user asked for a folder (QA). Refused rather than guessed at: which
+    name the file should take inside that folder is the user's to say."""
+    text, separators = os.fspath(target), os.sep + (os.altsep or "")
+    bare = text.rstrip(separators)
+    if bare and bare != text:  # "/" alone is refused as the root directory
+        raise FxforgeError(
+            f"{text} ends with a slash, which names a directory, but this output is a file",
+            hint=f"give a file name: {bare}, or a file inside that directory: {text}{Path(bare).name}",
+        )
 
 
 def _refuse_existing_file(path: Path, force: bool) -> None:
@@ -448,6 +462,7 @@ class StagedOutput:
     """
 
     def __init__(self, target: str | Path, *, force: bool = False) -> None:
+        _refuse_directory_spelling(target)
         self.target = output_target(target)
         self.force = force
         self.directory: Path | None = None
