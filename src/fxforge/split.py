@@ -82,7 +82,7 @@ from fxforge.partition import partition, prefix_sums
 from fxforge.references import import_file
 from fxforge.runtime import export_program, keeps_rng_state, preserved_state, quiet_torch_logs
 from fxforge.verify import DEFAULT_CASES, VerifyResult, verify
-from fxforge.visual.graph import read_profile
+from fxforge.visual.graph import check_profile_matches, read_profile
 
 BALANCES = ("flops", "params", "memory", "time")
 PLAN_FORMAT = "fxforge-split"
@@ -459,26 +459,6 @@ def load_profile(path: str | Path) -> dict[str, float]:
     return times
 
 
-def _match_profile(graph: _Graph, profile: Mapping[str, float], notes: list[str]) -> None:
-    names = {n.name for n in graph.compute}
-    matched = names & set(profile)
-    if not matched:
-        raise FxforgeError(
-            "the profile names none of this graph's nodes",
-            hint="profile the same model with the same capture (dialect and inputs) you split: fxforge profile "
-            "MODEL --json > profile.json",
-        )
-    missing = len(names - matched)
-    if missing * 2 > len(names):  # another model's or another capture's profile: the cuts would follow nothing
-        raise FxforgeError(
-            f"the profile times only {len(matched)} of this graph's {len(names)} nodes",
-            hint="profile the same model with the same capture (dialect and inputs) you split: fxforge profile "
-            "MODEL --json > profile.json",
-        )
-    if missing:
-        notes.append(f"{missing} of {len(names)} nodes have no time in the profile (counted as 0 ms)")
-
-
 # --------------------------------------------------------------------------------------------------
 # planning
 
@@ -537,7 +517,7 @@ def _plan(
     graph = _analyse(captured, {info.name: info for info in report.nodes})
     notes: list[str] = []
     if times is not None:
-        _match_profile(graph, times, notes)
+        check_profile_matches({n.name for n in graph.compute}, times, notes)
     n = len(graph.compute)
     if stages > n:
         raise FxforgeError(

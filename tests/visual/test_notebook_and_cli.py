@@ -168,7 +168,7 @@ def test_report_profile_times_every_node_and_colours_the_graph(tmp_path, capsys)
     other.write_text(capsys.readouterr().out)
     for command, option in (("report", "--profile-file"), ("graph", "--profile")):
         assert main([command, "demo", option, str(other), "-o", str(tmp_path / f"o_{command}.html")]) == 2
-        assert "the profile of demo:mlp names 0 of its" in capsys.readouterr().err
+        assert "the profile names none of this graph's nodes" in capsys.readouterr().err
         assert not (tmp_path / f"o_{command}.html").exists()
     # nor does one of which a few nodes share this graph's names (QA: resnet18's conv1 and fc coloured demo's nodes
     # with resnet18's times and total)
@@ -326,3 +326,32 @@ def test_a_damaged_profile_file_is_one_error_line_for_report_graph_and_split(tmp
             err = capsys.readouterr().err
             assert err.startswith("error: profile") and "internal error" not in err, (label, err)
         assert not [p for p in tmp_path.iterdir() if p.name != "p.json"], label
+
+
+def test_a_profile_of_another_model_is_refused_alike_by_split_graph_and_report(tmp_path, capsys):
+    """QA: a profile of a smaller model whose node names demo shares (conv1, relu) timed 2 of demo's 11 nodes:
+    split refused it, graph --profile and report --profile-file drew a page coloured by it. One check, one line."""
+    tiny = tmp_path / "tiny.py"
+    tiny.write_text(
+        "import torch\nfrom torch import nn\n"
+        "class Tiny(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.conv1 = nn.Conv2d(3, 16, 3, padding=1)\n"
+        "    def forward(self, x):\n        return torch.relu(self.conv1(x))\n"
+        "def build():\n    return Tiny().eval()\n"
+        "example_inputs = ['1x3x32x32']\n"
+    )
+    assert main(["profile", f"{tiny}:build", "--json", "--repeats", "2", "--warmup", "1"]) == 0
+    profile = tmp_path / "tiny.json"
+    profile.write_text(capsys.readouterr().out)
+    assert {row["name"] for row in json.loads(profile.read_text())["nodes"]} == {"conv1", "relu"}
+    errors = []
+    for args in (
+        ["split", "demo", "--stages", "2", "--balance", "time", "--profile", str(profile), "-o", str(tmp_path / "s")],
+        ["graph", "demo", "--profile", str(profile), "-o", str(tmp_path / "g.html")],
+        ["report", "demo", "--profile-file", str(profile), "-o", str(tmp_path / "r.html")],
+    ):
+        assert main(args) == 2, args[0]
+        errors.append([line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")])
+    expected = "error: the profile times only 2 of this graph's 11 nodes: it was taken of another model or capture"
+    assert errors == [[expected]] * 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.json", "tiny.py"]

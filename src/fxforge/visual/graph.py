@@ -32,7 +32,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -350,6 +350,40 @@ def checked_profile(data: dict[str, Any], source: str) -> dict[str, Any]:
     ):
         raise FxforgeError(f'{source}: "modules" must be a list of {{"path", "time_ms"}} entries', hint=hint)
     return data
+
+
+def check_profile_matches(names: Collection[str], timed: Collection[str], notes: list[str] | None = None) -> None:
+    """Refuse a profile taken of another model or capture: one that times none, or under half, of a graph's compute
+    nodes (``names``), or whose own nodes (``timed``) are mostly not in it. Its times would place split's cuts, or
+    colour the graph page and the report, by next to nothing (QA: a profile of a smaller model whose node names
+    demo shares drew demo's page). split, graph --profile and report --profile-file refuse it alike. ``notes``: the
+    count of nodes left untimed is added there."""
+    names, timed = set(names), set(timed)
+    matched = names & timed
+    if not matched:
+        raise FxforgeError(
+            "the profile names none of this graph's nodes: it was taken of another model or capture", hint=PROFILE_HINT
+        )
+    missing = len(names - matched)
+    if missing * 2 > len(names):
+        raise FxforgeError(
+            f"the profile times only {len(matched)} of this graph's {len(names)} nodes: it was taken of another "
+            "model or capture",
+            hint=PROFILE_HINT,
+        )
+    if len(matched) * 2 < len(timed):  # a few shared names (resnet18's conv1 and fc on demo) colour nodes wrongly
+        raise FxforgeError(
+            f"the profile names {len(matched)} of its {len(timed)} nodes in this graph: it was taken of another "
+            "model or capture",
+            hint=PROFILE_HINT,
+        )
+    if missing and notes is not None:
+        notes.append(f"{missing} of {len(names)} nodes have no time in the profile (counted as 0 ms)")
+
+
+PROFILE_HINT = (
+    "profile the same model with the same capture (dialect and inputs): fxforge profile MODEL --json > profile.json"
+)
 
 
 def _a_time(value: Any) -> bool:
@@ -802,9 +836,16 @@ def _attach_profile(model: dict[str, Any], builder: _Builder, profile: dict[str,
     # the eager backend's profile names leaf modules by path (body.0), which are the targets of the graph's
     # call_module nodes (named body_0, or _0_0 for 0.0)
     by_target = {}
+    graph = [i for (graph_key, _), i in builder.index.items() if graph_key == key]
     if profile.get("backend") == "eager":
-        graph = [i for (graph_key, _), i in builder.index.items() if graph_key == key]
         by_target = {builder.nodes[i].get("t"): i for i in graph if builder.nodes[i].get("op") == "call_module"}
+        names = set(by_target)
+    else:
+        computing = ("call_function", "call_method", "call_module")
+        names = {builder.nodes[i]["n"] for i in graph if builder.nodes[i]["op"] in computing}
+        names -= {builder.nodes[i]["n"] for i in graph if builder.nodes[i].get("h")}  # input guards: never timed
+    if profile["nodes"]:
+        check_profile_matches(names, {str(row.get("name")) for row in profile["nodes"]})
     for row in profile["nodes"]:
         name = str(row.get("name"))
         index = by_target.get(name) if by_target else builder.index.get((key, name))
@@ -826,16 +867,6 @@ def _attach_profile(model: dict[str, Any], builder: _Builder, profile: dict[str,
         if row is not None:
             record["ms"] = float(row.get("time_ms") or 0.0)
             record["share"] = float(row.get("share") or 0.0)
-    if profile["nodes"] and matched < len(profile["nodes"]) / 2:
-        # a profile of another model (or capture) would colour nothing, or a few nodes that happen to share a name
-        # (resnet18's conv1 and fc on another net, with resnet18's total), and say nothing: refused, as split does
-        of = f" of {profile['model']}" if profile.get("model") else ""
-        raise FxforgeError(
-            f"the profile{of} names {matched} of its {len(profile['nodes'])} nodes in this graph: it was taken of "
-            "another model or capture",
-            hint="profile the same model with the same capture (dialect and inputs): fxforge profile MODEL --json "
-            "> profile.json",
-        )
     model["profile"] = {"total_ms": total, "matched": matched, "nodes": len(profile["nodes"])}
 
 
