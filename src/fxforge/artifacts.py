@@ -30,6 +30,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import sys
 import tempfile
 import threading
@@ -274,6 +275,13 @@ def check_output_directory(target: str | Path, *, force: bool = False) -> Path:
     if target.exists() and not target.is_dir():
         raise FxforgeError(f"{target} exists and is not a directory")
     check_writable(target)
+    if target.is_dir() and not os.access(target, os.W_OK):
+        # the parent's permission alone would let the rename replace it: a directory its owner made read-only is
+        # refused as writing into it would be, not swapped for a writable one
+        raise FxforgeError(
+            f"cannot write to {target}: Permission denied",
+            hint=f"make it writable (chmod u+w {target}), or give another directory",
+        )
     if not target.exists() or not any(target.iterdir()):
         return target
     ours = _written_by_fxforge(target)
@@ -349,6 +357,7 @@ def atomic_directory(target: str | Path, *, force: bool = False) -> Iterator[Pat
             check_output_directory(target, force=force)
         # Ctrl-C between the two renames left no output at all, the old one hidden as .NAME.old-PID (QA): the swap
         # runs with the signals held, and the interrupt arrives once the new output is in place
+        keep_attributes(target, staging)
         with signals_held():
             if target.exists():
                 backup = target.with_name(f".{target.name}.old-{os.getpid()}")
@@ -406,6 +415,23 @@ _HELD = (signal.SIGINT, *ENDING_SIGNALS)
 def _staging_prefix(target: Path) -> str:
     """``.NAME.partial-PID-``: the staging directory beside ``target`` names the process that writes it."""
     return f".{target.name}.partial-{os.getpid()}-"
+
+
+def keep_attributes(old: Path, new: Path) -> None:
+    """``new``, about to replace ``old`` (where there is one), takes its permissions and, where the user may give it,
+    its group: a 700 output directory came back 755 and a 600 export 644, readable by everyone (QA). The owner is
+    the user's, as for any file they write; set-id bits of a file are dropped, as the kernel drops them on a write."""
+    try:
+        old_stat = old.stat()
+    except OSError:  # nothing to replace
+        return
+    mode = stat.S_IMODE(old_stat.st_mode)
+    if not stat.S_ISDIR(old_stat.st_mode):
+        mode &= ~(stat.S_ISUID | stat.S_ISGID)
+    with contextlib.suppress(OSError):  # a group the user is not in: the new one keeps the user's own
+        if new.stat().st_gid != old_stat.st_gid:
+            os.chown(new, -1, old_stat.st_gid)
+    os.chmod(new, mode)
 
 
 def _remove_abandoned_staging(target: Path) -> None:
@@ -505,6 +531,8 @@ class StagedOutput:
         with _appeared_meanwhile(self.target):
             for name in staged:
                 _refuse_existing_file(self.target.parent / name, self.force)
+        for name in staged:
+            keep_attributes(self.target.parent / name, self.directory / name)
         with signals_held():
             for name in [n for n in staged if n != main] + [main]:
                 os.replace(self.directory / name, self.target.parent / name)

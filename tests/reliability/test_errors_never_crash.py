@@ -555,3 +555,50 @@ def test_a_model_file_without_read_permission_says_so(tmp_path, name):
         f"error: cannot read {model}: permission denied",
         f"hint: check the file's permissions: ls -l {model}",
     ]
+
+
+def _another_group() -> int | None:
+    """A group other than the user's own that the user may give a file: any as root, else a supplementary one."""
+    if os.geteuid() == 0:
+        return 12345
+    return next((group for group in os.getgroups() if group != os.getegid()), None)
+
+
+def test_a_replaced_output_keeps_its_mode_and_group(tmp_path, capsys):
+    """QA: a 700 output directory came back 755, and ``export -o f.pt2 --force`` over a 600 file left it 644:
+    replaced outputs were readable by everyone. They keep the mode (and group) of what they replace."""
+    group = _another_group()
+    directory, exported = tmp_path / "out", tmp_path / "m.pt2"
+    directory.mkdir()
+    exported.write_bytes(b"an earlier export")
+    for path, mode in ((directory, 0o700), (exported, 0o600)):
+        path.chmod(mode)
+        if group is not None:
+            os.chown(path, -1, group)
+    assert main(["optimize", "demo", "-o", str(directory)]) == EXIT_OK
+    assert main(["export", "demo", "-o", str(exported), "--force"]) == EXIT_OK
+    capsys.readouterr()
+    assert (directory / "report.json").exists() and exported.read_bytes() != b"an earlier export"
+    for path, mode in ((directory, 0o700), (exported, 0o600)):
+        written = path.stat()
+        assert stat.S_IMODE(written.st_mode) == mode, path.name
+        assert group is None or written.st_gid == group, path.name
+
+
+def test_an_output_directory_the_user_cannot_write_is_refused_not_replaced(tmp_path):
+    """QA: an empty directory without write permission was replaced (renamed aside, which its parent's permission
+    allows) by a writable one; it is refused now, as a file in it could not be written."""
+    read_only = tmp_path / "ro"
+    read_only.mkdir()
+    read_only.chmod(0o500)
+    done = subprocess.run(
+        [*_permissions_enforced(), sys.executable, "-m", "fxforge", "optimize", "demo", "-o", str(read_only)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == EXIT_USAGE, done.stderr
+    assert done.stderr.splitlines() == [
+        f"error: cannot write to {read_only}: Permission denied",
+        f"hint: make it writable (chmod u+w {read_only}), or give another directory",
+    ]
+    assert stat.S_IMODE(read_only.stat().st_mode) == 0o500 and list(read_only.iterdir()) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ro"]
