@@ -1353,6 +1353,33 @@ def test_a_sigmoid_whose_input_is_never_int8_stays_float(model_class, shape):
         assert (result.model(x) - model(x)).abs().max() < 0.05 * model(x).abs().max()
 
 
+class _SigmoidsAfterPermuteAndRelu(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.conv2 = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(3, 4, 3, padding=1)
+        self.act = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = torch.sigmoid(torch.permute(self.conv(x), (0, 2, 3, 1)))  # torch.permute does not pass int8 on
+        b = torch.sigmoid(self.act(self.conv2(x)))  # the ReLU is fused into conv2: int8 reaches the sigmoid
+        return a.permute(0, 3, 1, 2) + b
+
+
+def test_sigmoids_after_a_function_permute_and_a_fused_relu():
+    """Regression QA: after torch.permute (unlike x.permute) the sigmoid's input was still clipped to [0, 1], while a
+    sigmoid after a fused ReLU was kept in float for nothing; --sensitivity ranked a sigmoid that is float anyway."""
+    torch.manual_seed(0)
+    model = _SigmoidsAfterPermuteAndRelu().eval()
+    x = torch.randn(2, 3, 8, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RandomCalibrationWarning)
+        result = quantize(model, example_inputs=(x,), sensitivity=True)
+    assert result.float_layers == ["sigmoid"]
+    seen = _inputs_seen(result.model, x)
+    assert seen["sigmoid"] == [False] and seen["sigmoid_1"] == [True]
+    assert "sigmoid" not in [entry.layer for entry in result.sensitivity]
+
+
 class _SqueezeExcite(nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -1059,6 +1059,18 @@ def test_a_write_through_data_is_seen_as_a_change():
     assert fxforge.verify(model, twin, inputs=(x,)).ok
     model[0].weight.data += 1
     assert not fxforge.verify(model, twin, inputs=(x,)).ok
+    # one value the per-run sample does not read: the outputs kept from before are dropped at the next Verifier
+    wide = torch.nn.Sequential(torch.nn.Linear(100, 100)).eval()
+    wide_twin = copy.deepcopy(wide)
+    assert fxforge.verify(wide, wide_twin, input_specs=["4x100"], bisect=False).ok
+    wide[0].weight.data[0, 1] += 5.0
+    changed = fxforge.verify(wide, wide_twin, input_specs=["4x100"], bisect=False)
+    assert not changed.ok and changed.max_abs_err > 1 and not any("deterministic" in p for p in changed.problems)
+    half = torch.nn.Linear(512, 512).to(torch.bfloat16)
+    verify_module = sys.modules["fxforge.verify"]
+    before = verify_module._state(half, full=True)
+    half.weight.data[0, 0] += 0.25  # lost in a bf16 sum of 262144 values
+    assert verify_module._state(half, full=True) != before
     nan_buffer = torch.nn.Linear(2, 2).eval()
     nan_buffer.register_buffer("unused", torch.tensor([float("nan")]))
     assert fxforge.verify(nan_buffer, copy.deepcopy(nan_buffer), inputs=(torch.randn(1, 2),)).ok  # NaN equals NaN

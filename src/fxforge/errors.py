@@ -23,6 +23,7 @@ import sysconfig
 import traceback
 import types
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 # Exit codes, documented in docs/commands/index.md.
@@ -215,8 +216,13 @@ def is_user_file(filename: str) -> bool:
 def installed_package(filename: str) -> str | None:
     """The name of the installed package ``filename`` belongs to (``transformers`` for ``.../site-packages/
     transformers/utils/generic.py``), or None for a file of the user's own: code a user cannot be told to rewrite."""
+    parts = Path(os.path.abspath(filename)).parts
+    # the venv's, the user's (pip --user) and Debian's (dist-packages) folders alike
+    for index, part in enumerate(parts[:-1]):
+        if part in ("site-packages", "dist-packages"):
+            return parts[index + 1].removesuffix(".py") or None
     path = os.path.abspath(filename)
-    for root in _SITE_PACKAGES:
+    for root in _SITE_PACKAGES:  # an installation folder of another name
         if path.startswith(root):
             return path[len(root) :].split(os.sep, 1)[0].removesuffix(".py") or None
     return None

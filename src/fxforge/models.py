@@ -546,7 +546,7 @@ def _refuse_weights_larger_than_memory(cls: type, config: Any, spec: str) -> Non
     """Refuse a model whose weights alone would not fit in this machine's memory, measured by building it on the
     ``meta`` device first (no weights allocated): a default Llama or Mistral config (7B parameters, 27 GiB in
     fp32) was killed by the kernel's out-of-memory killer, exit 137 and no word (QA)."""
-    if torch.get_default_device().type == "meta":
+    if torch.get_default_device().type != "cpu":  # meta: no weights; an accelerator: not the CPU's memory
         return
     try:
         physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -558,8 +558,8 @@ def _refuse_weights_larger_than_memory(cls: type, config: Any, spec: str) -> Non
     if needed > 0.9 * physical:  # the build also needs room for the process and its initialisation
         count = sum(p.numel() for p in probe.parameters())
         raise ModelSpecError(
-            f"{spec} has {count:,} parameters, {needed / 2**30:,.2f} GiB of weights: more than this machine's "
-            f"{physical / 2**30:,.2f} GiB of memory",
+            f"{spec} has {count:,} parameters, {needed / 2**30:,.2f} GiB of weights: more than 90% of this "
+            f"machine's {physical / 2**30:,.2f} GiB of memory, which the build and a run need room beyond",
             hint=said(
                 "inspect it without weights with --device meta, or make it smaller with --model-arg "
                 "(num_hidden_layers=2, hidden_size=...)",

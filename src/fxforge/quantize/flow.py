@@ -773,7 +773,8 @@ def _plan(captured: Captured, mode: str, backend: str) -> _Plan:
         stopped_file = stopped.location.split(" ", 1)[0].rsplit(":", 1)[0] if stopped else ""
         package = installed_package(stopped_file) if stopped else None
         if package:  # QA (transformers' ConvNext): "rewrite .../site-packages/transformers/...py" is no advice
-            fix = f"symbolic tracing stops in {package}'s own code around the model's forward, which no --leaf reaches"
+            owner = f"{package}'" if package.endswith("s") else f"{package}'s"
+            fix = f"symbolic tracing stops in {owner} own code around the model's forward, which no --leaf reaches"
         elif stopped:
             fix = (
                 f"rewrite {stopped.location.split(' ', 1)[0]} so that symbolic tracing passes it, or move it into a "
@@ -1250,11 +1251,15 @@ def _op_name(plan: _Plan, node: fx.Node) -> str:
 
 
 # ops that give a view or a copy of their input's int8 values, sharing its scale: looked through to find the op that
-# makes a sigmoid's input (torch's "general tensor shape" ops; an op not listed is taken as float, the safe side)
-_INT8_PASS_THROUGH = {
+# makes a sigmoid's input. torch's x86 config shares the scale for these *methods* and *functions* (torch.permute and
+# torch.reshape are not among the functions: after them the sigmoid's input is clipped, QA); an op not listed is taken
+# as float, the safe side. A ReLU fused into the conv or linear before it is in no unit's nodes: it passes on int8 too.
+_INT8_PASS_THROUGH_METHODS = {
     "view", "reshape", "permute", "transpose", "squeeze", "unsqueeze", "contiguous", "detach", "repeat",
-    "repeat_interleave", "squeeze_", "unsqueeze_",
+    "repeat_interleave", "squeeze_", "unsqueeze_", "relu", "relu_",
 }
+_INT8_PASS_THROUGH_FUNCTIONS = {"transpose", "squeeze", "unsqueeze", "narrow", "repeat_interleave", "relu", "relu6"}
+_INT8_PASS_THROUGH_MODULES = {"relu", "relu6"}
 
 
 def _fixed_range_inputs(plan: _Plan) -> tuple[list[Unit], dict[str, list[Unit]]]:
@@ -1281,7 +1286,7 @@ def _fixed_range_inputs(plan: _Plan) -> tuple[list[Unit], dict[str, list[Unit]]]
         if unit is None or _op_name(plan, node) not in _FIXED_RANGE_OPS or not node.args:
             continue
         source = node.args[0]
-        while isinstance(source, fx.Node) and source.name not in unit_of and _passes_int8_on(source):
+        while isinstance(source, fx.Node) and source.name not in unit_of and _passes_int8_on(plan, source):
             source = source.args[0] if source.args else None
         made_by = unit_of.get(source.name) if isinstance(source, fx.Node) else None
         if made_by is None:
@@ -1292,10 +1297,12 @@ def _fixed_range_inputs(plan: _Plan) -> tuple[list[Unit], dict[str, list[Unit]]]
     return never_int8, producers
 
 
-def _passes_int8_on(node: fx.Node) -> bool:
+def _passes_int8_on(plan: _Plan, node: fx.Node) -> bool:
     if node.op == "call_method":
-        return str(node.target) in _INT8_PASS_THROUGH
-    return node.op == "call_function" and getattr(node.target, "__name__", "") in _INT8_PASS_THROUGH
+        return str(node.target) in _INT8_PASS_THROUGH_METHODS
+    if node.op == "call_module":
+        return _op_name(plan, node) in _INT8_PASS_THROUGH_MODULES
+    return node.op == "call_function" and _op_name(plan, node) in _INT8_PASS_THROUGH_FUNCTIONS
 
 
 def _fixed_range_closure(plan: _Plan, float_units: list[Unit]) -> list[Unit]:
@@ -1481,9 +1488,11 @@ def _sensitivity(
     reference, batches = reference[:used], evaluation.batches[:used]
     labels = evaluation.labels[:used] if evaluation.labels else evaluation.labels
     statistics = _calibrated_statistics(plan, calibration) if plan.mode == "static" and not plan.eager else None
-    producers = _fixed_range_inputs(plan)[1]
+    never_int8, producers = _fixed_range_inputs(plan)
     with quantized_engine(plan.backend):
         for unit in units:
+            if unit in never_int8:  # float in every configuration: alone, its clipped input would be ranked (QA)
+                continue
             int8 = [unit, *producers.get(unit.name, ())]  # a sigmoid's input is int8 only when its producer is
             others = [other for other in units if other not in int8]
             model = _quantize_once(plan, calibration, float_units=others, statistics=statistics)
