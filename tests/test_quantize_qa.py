@@ -1437,3 +1437,32 @@ def test_a_gate_whose_input_is_kept_in_float_is_kept_in_float_too() -> None:
     assert _inputs_seen(result.model, x)["gate"] == [False]
     with torch.no_grad():
         assert (result.model(x) - model(x)).abs().max() < 0.1 * model(x).abs().max()
+
+
+def test_a_model_calling_a_torch_fx_wrapped_function_is_quantized_and_saved(tmp_path, monkeypatch):
+    """Regression QA: with ``torch.fx.wrap("my_fn")`` in the model's file (and timm's ViT without fused attention),
+    torch's tracer and capture both patched the function while prepare_fx traced the graph again; the int8 graph
+    called capture's wrapper, which torch.save could not name: ObjMismatchError, exit 4, nothing written."""
+    (tmp_path / "wrapping.py").write_text(
+        "import torch\n"
+        "import torch.fx\n"
+        "def my_fn(x):\n"
+        "    if x.sum() > 0:\n"
+        "        return x * 2\n"
+        "    return x - 1\n"
+        "torch.fx.wrap('my_fn')\n"
+        "class Net(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.conv = torch.nn.Conv2d(3, 8, 3)\n"
+        "    def forward(self, x):\n"
+        "        return my_fn(self.conv(x)).mean((2, 3))\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    captured = fxforge.prepare("wrapping.py:Net", ["1x3x16x16"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RandomCalibrationWarning)
+        result = quantize(captured, "static", calibration="random:2", output_dir=tmp_path / "q")
+    assert result.quantized_layers == ["conv"] and (tmp_path / "q" / "model.pt").exists()
+    calls = [n.target for n in result.model.graph.nodes if n.op == "call_function" and "my_fn" in str(n.target)]
+    assert len(calls) == 1 and calls[0] is sys.modules[calls[0].__module__].my_fn

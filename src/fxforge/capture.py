@@ -603,8 +603,17 @@ def wrapped_calls_kept(gm: fx.GraphModule) -> Iterator[None]:
         if node.op == "call_function" and outside_torch(node.target)
     }
     space = getattr(gm.forward, "__globals__", {})
-    wraps = [_Wrap(space, name, value) for name, value in list(space.items()) if id(value) in functions]
     _forget_unpatchable_wraps()
+    # a function torch.fx.wrap registered in these globals (the graph's code calls wrap() for each) is kept whole by
+    # the tracer itself; patched here as well, torch's patch wrapped ours and the graph called our wrapper, which
+    # torch.save could not name (QA: quantize of a model with torch.fx.wrap("my_fn"), timm's ViT without fused
+    # attention: ObjMismatchError, exit 4)
+    registered = getattr(fx_tracer, "_wrapped_fns_to_patch", {})
+    wraps = [
+        _Wrap(space, name, value)
+        for name, value in list(space.items())
+        if id(value) in functions and (id(space), name) not in registered
+    ]
     with _patched(wraps):
         yield
 
