@@ -126,6 +126,13 @@ def test_a_model_without_layers_comes_back_in_float(tmp_path):
     assert "model.torchscript.pt" in result.files and not [note for note in result.notes if "int8 model" in note]
     said = "model.torchscript.pt: the float model (nothing was quantized)"
     assert any(note.startswith(said) for note in result.notes)
+    from fxforge.cli.options import stdout
+    from fxforge.cli.render import render_quantize
+
+    with stdout.capture() as shown:
+        render_quantize(stdout, "tanh", result)
+    text = " ".join(shown.get().split())  # the title wraps on a narrow console
+    assert "int8 vs float" not in text and "quantized model vs float (no layer is int8)" in text
 
 
 def test_every_layer_in_float_names_the_ops_still_int8():

@@ -367,7 +367,9 @@ def render_quantize(console: Console, spec: str, result: Any) -> None:
             console.print(f"  {name}: {data['source']}: {data['samples']} samples in {data['batches']} batches{labels}")
     accuracy = result.accuracy
     if accuracy is not None:
-        table = Table(title="int8 vs float", title_justify="left")
+        # with no layer quantized, "int8" would name what is not there (QA)
+        title = "int8 vs float" if result.quantized_layers else "quantized model vs float (no layer is int8)"
+        table = Table(title=title, title_justify="left")
         table.add_column("metric")
         table.add_column("value", justify="right")
         table.add_row("samples", f"{accuracy.samples} ({accuracy.data})")
