@@ -21,7 +21,6 @@ original model; nothing here changes them, nor the caller's random state.
 
 from __future__ import annotations
 
-import builtins
 import collections
 import contextlib
 import copy
@@ -64,6 +63,7 @@ from fxforge.errors import (
     said,
     user_code,
     user_location,
+    with_article,
 )
 from fxforge.graphs import (
     ATEN,
@@ -603,12 +603,14 @@ def wrapped_calls_kept(gm: fx.GraphModule) -> Iterator[None]:
         if node.op == "call_function" and outside_torch(node.target)
     }
     space = getattr(gm.forward, "__globals__", {})
-    _forget_unpatchable_wraps()
+    # a second trace of a graph with an input specialized to None (timm's ViT) raised KeyError on torch's dotted
+    # wrap name: quantize --sensitivity or --float-layer (a probe trace, then the quantization's) failed so
+    forget_unloadable_fx_wraps()
     # a function torch.fx.wrap registered in these globals (the graph's code calls wrap() for each) is kept whole by
     # the tracer itself; patched here as well, torch's patch wrapped ours and the graph called our wrapper, which
     # torch.save could not name (QA: quantize of a model with torch.fx.wrap("my_fn"), timm's ViT without fused
     # attention: ObjMismatchError, exit 4)
-    registered = getattr(fx_tracer, "_wrapped_fns_to_patch", {})
+    registered = fx_tracer._wrapped_fns_to_patch
     wraps = [
         _Wrap(space, name, value)
         for name, value in list(space.items())
@@ -616,22 +618,6 @@ def wrapped_calls_kept(gm: fx.GraphModule) -> Iterator[None]:
     ]
     with _patched(wraps):
         yield
-
-
-def _forget_unpatchable_wraps() -> None:
-    """Drop the entries of torch.fx's registry of functions to patch while tracing that name no function.
-
-    A GraphModule's code calls ``torch.fx.wrap`` with the dotted name of a wrapped function it reaches through
-    ``torch`` (``torch.fx._symbolic_trace._assert_is_none``, in every graph with an input specialized to None,
-    timm's ViT among them), a name its globals do not hold; the next trace raises ``KeyError`` on it (torch 2.14.1).
-    ``quantize --sensitivity`` or ``--float-layer`` (a probe trace, then the quantization's) failed so."""
-    registry = getattr(fx_tracer, "_wrapped_fns_to_patch", None)
-    if not isinstance(registry, dict):
-        return
-    for key, frame in list(registry.items()):
-        name = key[1] if isinstance(key, tuple) and len(key) == 2 else None
-        if isinstance(name, str) and isinstance(frame, dict) and name not in frame and not hasattr(builtins, name):
-            del registry[key]
 
 
 class BufferWriteError(RuntimeError):
@@ -1206,7 +1192,7 @@ def capture(
         kind = type(model).__name__
         exported = isinstance(model, torch.export.ExportedProgram)
         raise CaptureError(
-            f"capture takes an nn.Module, not {_with_article(kind)}",
+            f"capture takes an nn.Module, not {with_article(kind)}",
             hint="an exported program is captured already: save it with torch.export.save and name the file "
             "(fxforge.prepare('model.pt2')), or capture the module it was exported from"
             if exported
@@ -1314,11 +1300,6 @@ def at_batch(captured: Captured, batch: int, seed: int = 0) -> Captured:
     return dataclasses.replace(captured, example_inputs=inputs)
 
 
-def _with_article(noun: str) -> str:
-    """``"an ExportedProgram"``, ``"a GraphModule"``."""
-    return f"{'an' if noun[:1] in 'AEIOU' else 'a'} {noun}"
-
-
 def require_captured(value: Any, what: str) -> None:
     """Refuse, in one line, a ``value`` that is not a :class:`Captured` (a module, a GraphModule, a spec string):
     ``what`` (the function's name) needs the graph and the example inputs that capture records. Without this, the
@@ -1327,7 +1308,7 @@ def require_captured(value: Any, what: str) -> None:
         return
     given = "GraphModule" if isinstance(value, fx.GraphModule) else type(value).__name__
     raise FxforgeError(
-        f"{what} takes a captured model, not {_with_article(given)}",
+        f"{what} takes a captured model, not {with_article(given)}",
         hint="capture it first: fxforge.capture(model, example_inputs), or fxforge.prepare('torchvision:resnet18')",
     )
 
