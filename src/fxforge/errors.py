@@ -213,6 +213,11 @@ def is_user_file(filename: str) -> bool:
     return not (filename.startswith(_STDLIB) and not filename.startswith(_SITE_PACKAGES))
 
 
+def with_article(noun: str) -> str:
+    """``"an ExportedProgram"``, ``"an int"``, ``"a GraphModule"``: a type's name in a message."""
+    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
+
+
 def installed_package(filename: str) -> str | None:
     """The name of the installed package ``filename`` belongs to (``transformers`` for ``.../site-packages/
     transformers/utils/generic.py``), or None for a file of the user's own: code a user cannot be told to rewrite."""

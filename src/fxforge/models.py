@@ -73,8 +73,9 @@ from fxforge.errors import (
     require,
     said,
     user_location,
+    with_article,
 )
-from fxforge.inputs import InputSpec, parse_input_spec
+from fxforge.inputs import InputSpec, parse_input_spec, physical_memory
 from fxforge.references import import_file, import_module
 from fxforge.runtime import fx_wraps_kept_loadable, quiet_torch_logs
 
@@ -548,11 +549,13 @@ def _refuse_weights_larger_than_memory(cls: type, config: Any, spec: str) -> Non
     fp32) was killed by the kernel's out-of-memory killer, exit 137 and no word (QA)."""
     if torch.get_default_device().type != "cpu":  # meta: no weights; an accelerator: not the CPU's memory
         return
+    physical = physical_memory()
+    if physical is None:  # not POSIX: the real build decides
+        return
     try:
-        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         with torch.device("meta"):
             probe = cls(config)
-    except Exception:  # not POSIX, or a model that cannot be built on meta: the real build decides
+    except Exception:  # a model that cannot be built on meta: the real build decides
         return
     needed = sum(t.numel() * t.element_size() for t in itertools.chain(probe.parameters(), probe.buffers()))
     if needed > 0.9 * physical:  # the build also needs room for the process and its initialisation
@@ -886,9 +889,9 @@ def _from_attribute(module: Any, attr: str, spec: str, kwargs: dict[str, Any]) -
     elif callable(target):
         model = _construct(target, kwargs, spec)
     else:
-        raise ModelSpecError(f"{spec}: {attr} is {_a(type(target).__name__)}, not a model, class or factory")
+        raise ModelSpecError(f"{spec}: {attr} is {with_article(type(target).__name__)}, not a model, class or factory")
     if not isinstance(model, nn.Module):
-        raise ModelSpecError(f"{spec}: {attr}() returned {_a(type(model).__name__)}, not an nn.Module")
+        raise ModelSpecError(f"{spec}: {attr}() returned {with_article(type(model).__name__)}, not an nn.Module")
     return LoadedModel(model, spec, _user_example_inputs(module))
 
 
@@ -938,8 +941,8 @@ def _user_example_inputs(module: Any) -> list[InputSpec]:
 
 def _described(value: Any) -> str:
     text = repr(value)
-    return text if len(text) <= 40 and not isinstance(value, (dict, list, tuple)) else _a(type(value).__name__)
+    if len(text) <= 40 and not isinstance(value, (dict, list, tuple)):
+        return text
+    return with_article(type(value).__name__)
 
 
-def _a(noun: str) -> str:
-    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
