@@ -3,6 +3,8 @@ random tensors a model is captured, inspected and verified with."""
 
 from __future__ import annotations
 
+import math
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -175,16 +177,20 @@ def make_inputs(
         raise InputSpecError(f"cannot make inputs on {device}: {first_line(exc)}") from None
 
 
+def physical_memory() -> int | None:
+    """This machine's memory in bytes, or None where the system does not say (not POSIX)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
 def check_fits_in_memory(specs: Sequence[InputSpec], *, batch: int | None = None) -> None:
     """Refuse inputs larger than this machine's memory with one line, not an allocator error. ``batch``: the batch
     size the caller asked the inputs at (``bench --batch``), which the hint then names rather than ``--input``."""
-    import math
-    import os
-
     needed = sum(math.prod(spec.shape) * torch.empty((), dtype=spec.dtype).element_size() for spec in specs)
-    try:
-        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):  # not POSIX: let the allocator decide
+    physical = physical_memory()
+    if physical is None:  # not POSIX: let the allocator decide
         return
     if needed > physical:
         shapes = " ".join(str(spec) for spec in specs)
