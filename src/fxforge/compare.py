@@ -72,7 +72,8 @@ class Comparison:
     """How two (possibly nested) outputs differ.
 
     ``reference_values`` / ``reference_nonfinite`` count the floating-point values of the reference and
-    how many of them are NaN or Inf: an output that is entirely non-finite proves nothing.
+    how many of them are NaN or Inf: an output that is entirely non-finite proves nothing. ``reference_scale``: the
+    reference's largest finite magnitude, which a normwise error is relative to.
     """
 
     ok: bool
@@ -82,6 +83,7 @@ class Comparison:
     warnings: list[str] = field(default_factory=list)
     reference_values: int = 0
     reference_nonfinite: int = 0
+    reference_scale: float = 0.0
 
     def merge(self, other: Comparison) -> None:
         self.ok = self.ok and other.ok
@@ -91,6 +93,7 @@ class Comparison:
         self.warnings.extend(other.warnings)
         self.reference_values += other.reference_values
         self.reference_nonfinite += other.reference_nonfinite
+        self.reference_scale = max(self.reference_scale, other.reference_scale)
 
 
 def _mismatch(problem: str) -> Comparison:
@@ -352,7 +355,9 @@ def _compare_tensors(
             + _nonfinite_in_candidate(reference, candidate)
         ]
     )
-    return Comparison(ok, max_abs, max_rel, problems, reference_values=values, reference_nonfinite=nonfinite)
+    return Comparison(
+        ok, max_abs, max_rel, problems, reference_values=values, reference_nonfinite=nonfinite, reference_scale=scale
+    )
 
 
 def _nonfinite_in_candidate(reference: torch.Tensor, candidate: torch.Tensor) -> str:

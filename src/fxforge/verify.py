@@ -949,7 +949,7 @@ class Verifier:
             if not (_low_precision(model_leaf) and isinstance(exact_leaf, torch.Tensor)):
                 continue
             distance = compare_outputs(exact_leaf, model_leaf, self.rtol, self.atol, path, allow_nonfinite=True)
-            spreads[path], scales[path] = distance.max_abs_err, (_largest_finite(exact_leaf), model_leaf.dtype)
+            spreads[path], scales[path] = distance.max_abs_err, (distance.reference_scale, model_leaf.dtype)
         own_distance = dict(spreads)
         draws = [(draw, False) for draw in range(PERTURBED_RUNS)] + [(draw, True) for draw in range(EVERY_OP_RUNS)]
         for draw, every_op in draws if spreads else []:
@@ -1150,13 +1150,6 @@ def _second_call(module: Any, case: Case) -> Any:
     with preserved_state(*([module] if isinstance(module, nn.Module) else [])), torch.no_grad(), quiet_torch_logs():
         module(*cloned(case.args), **cloned(case.kwargs))
         return module(*cloned(case.args), **cloned(case.kwargs))
-
-
-def _largest_finite(tensor: torch.Tensor) -> float:
-    """The largest finite magnitude in ``tensor`` (0 where none is): the scale a normwise error is relative to."""
-    values = tensor.detach().to(torch.float64)
-    finite = values[torch.isfinite(values)]
-    return float(finite.abs().max()) if finite.numel() else 0.0
 
 
 def _fits_float64(module: nn.Module) -> bool:
