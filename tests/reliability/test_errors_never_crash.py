@@ -539,6 +539,12 @@ def _permissions_enforced() -> list[str]:
     return ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
 
 
+def _fxforge_with_permissions_enforced(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*_permissions_enforced(), sys.executable, "-m", "fxforge", *args], capture_output=True, text=True, timeout=300
+    )
+
+
 @pytest.mark.parametrize("name", ["model.pt2", "model.pt"])
 def test_a_model_file_without_read_permission_says_so(tmp_path, name):
     """QA: ``chmod 000 model.pt2`` was "cannot read exported program ...: [Errno 13] Permission denied" with the
@@ -546,10 +552,7 @@ def test_a_model_file_without_read_permission_says_so(tmp_path, name):
     model = tmp_path / name
     model.write_bytes(b"whatever it holds, it cannot be read")
     model.chmod(0)
-    done = subprocess.run(
-        [*_permissions_enforced(), sys.executable, "-m", "fxforge", "inspect", str(model), "--trust-pickle"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    done = _fxforge_with_permissions_enforced("inspect", str(model), "--trust-pickle")
     assert done.returncode == EXIT_USAGE, done.stderr
     assert done.stderr.splitlines() == [
         f"error: cannot read {model}: permission denied",
@@ -591,10 +594,7 @@ def test_an_output_directory_the_user_cannot_write_is_refused_not_replaced(tmp_p
     read_only = tmp_path / "ro"
     read_only.mkdir()
     read_only.chmod(0o500)
-    done = subprocess.run(
-        [*_permissions_enforced(), sys.executable, "-m", "fxforge", "optimize", "demo", "-o", str(read_only)],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    done = _fxforge_with_permissions_enforced("optimize", "demo", "-o", str(read_only))
     assert done.returncode == EXIT_USAGE, done.stderr
     assert done.stderr.splitlines() == [
         f"error: cannot write to {read_only}: Permission denied",
