@@ -120,6 +120,10 @@ def restore_buffers(module: nn.Module, snapshot: dict[str, torch.Tensor]) -> Non
 
 
 def _same_values(now: torch.Tensor, before: torch.Tensor) -> bool:
+    if now.layout != before.layout:
+        return False
+    if now.layout != torch.strided:  # sparse buffers: torch.equal has no sparse kernel, their dense form compares
+        now, before = now.to_dense(), before.to_dense()
     # equal_nan: buffers made with torch.empty may hold NaN, which torch.equal never calls equal
     return torch.equal(now, before) or (
         now.is_floating_point() and torch.allclose(now, before, rtol=0.0, atol=0.0, equal_nan=True)

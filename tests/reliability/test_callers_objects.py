@@ -8,6 +8,7 @@ from reliability_models import ConvBN, Counter, CounterThenBranch, WritesInput
 from torch import nn
 
 import fxforge
+from fxforge import runtime
 from fxforge.capture import capture
 from fxforge.errors import CaptureError
 from fxforge.export import ExportError
@@ -126,3 +127,27 @@ def test_bench_and_a_failed_export_do_not_update_the_callers_batchnorm_statistic
     with pytest.raises(ExportError, match="the trace fixed a value"):  # BatchNorm's training-mode size check
         fxforge.export_model(captured, "torchscript", tmp_path / "m.pt", verify_export=False)
     assert _same_state(model, before) and model.training
+
+
+def test_a_sparse_buffer_is_compared_by_value():
+    """torch.equal has no sparse kernel: the buffer checks around verify's runs raised NotImplementedError
+    (an internal error from `optimize --verify` on any model holding a sparse buffer)."""
+
+    class SparseMix(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("mix", torch.eye(4).to_sparse())
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.lin(torch.sparse.mm(self.mix, x.t()).t())
+
+    model = SparseMix().eval()
+    captured = capture(model, (torch.randn(2, 4),))
+    result = fxforge.optimize(captured, ["dead_code", "cse"], verify=True)
+    assert result.pipeline.ok and result.pipeline.failed_pass is None
+    assert verify(captured, captured.graph_module).ok
+    snapshot = runtime.buffers_snapshot(model)
+    assert runtime.changed_buffers(model, snapshot) == []
+    model.mix = (torch.eye(4) * 2).to_sparse()
+    assert runtime.changed_buffers(model, snapshot) == ["mix"]
