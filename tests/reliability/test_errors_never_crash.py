@@ -560,6 +560,17 @@ def test_a_model_file_without_read_permission_says_so(tmp_path, name):
     ]
 
 
+def test_a_calibration_file_without_read_permission_says_so(tmp_path):
+    """The data files are opened to check them, as model files are (os.access answered for the real user id)."""
+    data = tmp_path / "calib.pt"
+    data.write_bytes(b"never read")
+    data.chmod(0)
+    done = _fxforge_with_permissions_enforced("quantize", "demo", "--calib", str(data), "-o", str(tmp_path / "q"))
+    assert done.returncode == EXIT_USAGE, done.stderr
+    assert done.stderr.splitlines()[0] == f"error: cannot read calibration file {data}: permission denied"
+    assert not (tmp_path / "q").exists()
+
+
 def _another_group() -> int | None:
     """A group other than the user's own that the user may give a file: any as root, else a supplementary one."""
     if os.geteuid() == 0:

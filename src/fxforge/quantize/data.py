@@ -5,7 +5,6 @@ Files are read with ``torch.load(weights_only=True)``: tensors, lists, tuples an
 
 from __future__ import annotations
 
-import os
 import pickle
 import re
 import warnings
@@ -267,8 +266,13 @@ def check_data_file(spec: Any, kind: str = "calibration") -> None:
         raise InputSpecError(f"{kind} file not found: {path}", hint=hint)
     if path.is_dir():
         raise InputSpecError(f"{kind} file {path} is a directory, not a file", hint=hint)
-    if not os.access(path, os.R_OK):
-        raise InputSpecError(f"cannot read {kind} file {path}: permission denied")
+    try:  # opened rather than asked (os.access), so that ACLs count as the loader will see them
+        with path.open("rb"):
+            pass
+    except PermissionError:
+        raise InputSpecError(
+            f"cannot read {kind} file {path}: permission denied", hint=f"check the file's permissions: ls -l {path}"
+        ) from None
 
 
 def load_calibration(
