@@ -391,6 +391,44 @@ def test_a_lucky_model_output_does_not_make_a_case_well_conditioned():
     assert not wrong.ok and any("outside the limit" in p for p in wrong.problems), wrong.problems
 
 
+class _LargeOffset(torch.nn.Module):
+    """``(linear(x) * 3 + 1e6) - 1e6``: float32 rounds the sum to 1/16, a spread no candidate can be held closer
+    to; ``folded`` computes the same with the 3 folded into the linear's weight and bias (computed in float64, rounded
+    to float32, as fxforge's folds do) and 1/32 taken away before the large sum and added back after it (float32
+    rounds it elsewhere, as another implementation would), ``bias_off`` moves that bias by a relative amount."""
+
+    def __init__(self, folded: bool = False, bias_off: float = 0.0) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = torch.nn.Linear(16, 16)
+        self.scale = 1.0 if folded else 3.0
+        if folded:
+            with torch.no_grad():
+                self.linear.weight.copy_((self.linear.weight.double() * 3).float())
+                self.linear.bias.copy_((self.linear.bias.double() * 3 * (1 + bias_off)).float())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.scale == 1.0:
+            return ((self.linear(x) - 1 / 32) + 1e6) - 1e6 + 1 / 32
+        return (self.linear(x) * self.scale + 1e6) - 1e6
+
+
+def test_a_change_below_the_rounding_spread_is_caught_in_float64():
+    """QA (timm's mixnet_s with random BatchNorm terms): a folded conv's bias off by 1% lay below the model's float32
+    rounding spread and passed. Where the candidate runs in float64 too, it must match the model's float64 result
+    within what rounding the parameters to float32 explains: an exact fold does, a bias off by 1e-3 does not."""
+    reference = _LargeOffset()
+    exact = verify(reference, _LargeOffset(folded=True), input_specs=["4x16"])
+    assert exact.ok, exact.problems
+    assert any("sensitive to rounding" in w for w in exact.warnings)
+    wrong = verify(reference, _LargeOffset(folded=True, bias_off=1e-3), input_specs=["4x16"])
+    assert not wrong.ok
+    assert any("run in float64 as well" in p and "rounding does not explain" in p for p in wrong.problems)
+    # an approximation the user allows with their own tolerance is judged by it alone
+    allowed = verify(reference, _LargeOffset(folded=True, bias_off=1e-3), input_specs=["4x16"], rtol=1e-4, atol=0.2)
+    assert allowed.ok, allowed.problems
+
+
 def test_a_well_conditioned_miss_is_not_excused_by_float64():
     model = torch.nn.Linear(8, 8)
     broken = torch.nn.Linear(8, 8)
