@@ -71,7 +71,16 @@ from fxforge.auto import (
     auto_optimize,
     candidate_backends,
 )
-from fxforge.bench import SETTLE_CALLS, SETTLE_SECONDS, Backend, artifact_backend, bench, get_backend, ratio_interval
+from fxforge.bench import (
+    NOISY_SPREAD,
+    SETTLE_CALLS,
+    SETTLE_SECONDS,
+    Backend,
+    artifact_backend,
+    bench,
+    get_backend,
+    ratio_interval,
+)
 from fxforge.capture import Captured
 from fxforge.doctor import versions
 from fxforge.errors import one_line_reason
@@ -432,7 +441,10 @@ def _cell(result: dict[str, Any], column: str, key: str = "vs_eager") -> str:
         return "failed" if column in result["auto"] else "-"
     if entry["error"]:
         return "failed"
-    return _ratio(entry[key])
+    # a column whose rounds ran at two speeds (ONNX Runtime's pool threads starved, 2026-11-29: p10 4.4 ms, median
+    # 20 ms) is marked, so that a ratio against it is not read as a result
+    noisy = entry.get("p10_ms") and entry.get("p90_ms") and entry["p90_ms"] / entry["p10_ms"] > NOISY_SPREAD
+    return _ratio(entry[key]) + ("~" if noisy else "")
 
 
 def _auto_cell(result: dict[str, Any], column: str) -> str:
@@ -501,7 +513,8 @@ LEGEND = (
     "best peer: the fastest of eager, eager+cl, fx, jit, compile, ort; of peak: that peer's (then auto's) GFLOP/s "
     "over the measured matmul peak of its precision; auto/best: the median of the per-round ratios (best peer's "
     "time over auto's in the same round) with its 95% bootstrap interval; budget: --auto with --min-agreement "
-    "0.99 (classifiers) or --tolerance 0.05 (others), judged on random inputs, not real data"
+    "0.99 (classifiers) or --tolerance 0.05 (others), judged on random inputs, not real data; ~: that column's "
+    f"rounds spread wider than {NOISY_SPREAD}x (p90 over p10), so its median, and a ratio to it, is unreliable"
 )
 
 
