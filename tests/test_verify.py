@@ -429,6 +429,35 @@ def test_a_change_below_the_rounding_spread_is_caught_in_float64():
     assert allowed.ok, allowed.problems
 
 
+class _TwoLayersLargeOffset(torch.nn.Module):
+    """Two linears, then ``(y + 1e6) - 1e6`` (float32 rounds to 1/16); ``reassociated`` rounds that sum elsewhere (1/32
+    taken away first, added back last), ``bias_off`` moves the second linear's bias by a relative amount."""
+
+    def __init__(self, reassociated: bool = False, bias_off: float = 0.0) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.first, self.second = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)
+        self.reassociated = reassociated
+        with torch.no_grad():
+            self.second.bias.mul_(1 + bias_off)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.second(torch.relu(self.first(x)))
+        if self.reassociated:
+            return ((y - 1 / 32) + 1e6) - 1e6 + 1 / 32
+        return (y + 1e6) - 1e6
+
+
+def test_a_change_found_in_float64_is_bisected_in_float64():
+    """In float32 the nodes after the change differ by rounding anyway, and the change itself (1e-4 of the bias) is
+    within float32's tolerance: the float32 bisection could not name it. In float64 it is the first node to differ."""
+    reference = fxforge.capture(_TwoLayersLargeOffset(), (torch.randn(4, 16),))
+    candidate = fxforge.capture(_TwoLayersLargeOffset(reassociated=True, bias_off=1e-4), (torch.randn(4, 16),))
+    result = verify(reference, candidate.graph_module)
+    assert not result.ok and any("run in float64 as well" in p for p in result.problems), result.problems
+    assert result.divergence is not None and result.divergence.node == "second", result.divergence
+
+
 def test_a_well_conditioned_miss_is_not_excused_by_float64():
     model = torch.nn.Linear(8, 8)
     broken = torch.nn.Linear(8, 8)

@@ -498,6 +498,7 @@ class Verifier:
         self._parameter_spread: dict[int, dict[str, float]] = {}  # per case: see _parameter_rounding_spread
         self._candidate64: tuple[Any, nn.Module | None] | None = None  # (candidate, its float64 copy)
         self._shaken_double: nn.Module | None = None  # see _parameter_rounding_spread
+        self._failed_in_float64: set[int] = set()  # cases failed by _off_in_float64: bisected in float64 too
         self._spread: dict[int, dict[str, float]] = {}  # per case: see _rounding_spreads
         self._own_distance: dict[int, dict[str, float]] = {}  # per case: the model's own output's part of it
         self._unjudged: set[int] = set()  # the cases of the current run that proved nothing (_against_float64)
@@ -818,7 +819,10 @@ class Verifier:
             )
             return
         try:
-            result.divergence, compared, suspect = _first_divergence(
+            in_float64 = None
+            if self.cases.index(failing) in self._failed_in_float64:
+                in_float64 = self._bisect_in_float64(failing)
+            result.divergence, compared, suspect = in_float64 or _first_divergence(
                 self.captured.graph_module,
                 module,
                 placeholder_values(self.captured.graph_module, failing.args, failing.kwargs),
@@ -851,6 +855,53 @@ class Verifier:
             # the model.pt2 of a torch-dialect optimize output is an ATen re-export: few of its nodes match
             why += "; an optimize output of a torch-dialect graph is bisected from its model.pt (--trust-pickle)"
         result.divergence_unknown = why
+
+    def _bisect_in_float64(self, failing: Case) -> tuple[Divergence | None, int, str | None] | None:
+        """The first diverging node of a case that failed only in float64 (:meth:`_off_in_float64`), found in float64:
+        in float32 the nodes before the change already differ by the model's rounding, and the first of them was
+        named. Each reference node is allowed :data:`ILL_CONDITIONED_FACTOR` times how far it moves when the
+        parameters are rounded again (as in :meth:`_parameter_rounding_spread`, 3 draws). None where that cannot run
+        (the float32 bisection is used)."""
+        assert self.captured is not None
+        candidate = self._candidate64[1] if self._candidate64 is not None else None
+        if not isinstance(candidate, fx.GraphModule):
+            return None
+        try:
+            reference = copy.deepcopy(self.captured.graph_module).double()
+            args, kwargs = pytree.tree_map(_to_float64, (failing.args, failing.kwargs))
+            reference_inputs = placeholder_values(reference, args, kwargs)
+            exact = _record_values(reference, reference_inputs)
+            shaken = copy.deepcopy(reference)
+            originals = dict([*reference.named_parameters(), *reference.named_buffers()])
+            units = {
+                name: torch.finfo(value.dtype).eps / 2
+                for name, value in [
+                    *self.captured.graph_module.named_parameters(),
+                    *self.captured.graph_module.named_buffers(),
+                ]
+                if value.is_floating_point()
+            }
+            generator = torch.Generator().manual_seed(failing.seed)
+            allowance: dict[str, float] = {}
+            for _ in range(PERTURBED_RUNS):
+                with torch.no_grad():
+                    for name, value in [*shaken.named_parameters(), *shaken.named_buffers()]:
+                        if name in units and name in originals and value.layout == torch.strided:
+                            noise = torch.rand(value.shape, generator=generator, dtype=torch.float64) * 2 - 1
+                            value.copy_(originals[name] * (1 + noise * units[name]))
+                for name, value in _record_values(shaken, reference_inputs).items():
+                    before = exact.get(name)
+                    comparable = isinstance(value, torch.Tensor) and isinstance(before, torch.Tensor)
+                    if comparable and value.is_floating_point() and value.shape == before.shape:
+                        distance = (value - before).abs().max().item() if value.numel() else 0.0
+                        allowance[name] = max(allowance.get(name, 0.0), ILL_CONDITIONED_FACTOR * distance)
+            rtol64, atol64 = tolerance_for(torch.float64)
+            return _first_divergence(
+                reference, candidate, reference_inputs, placeholder_values(candidate, args, kwargs), rtol64, atol64,
+                allowance,
+            )
+        except Exception:
+            return None
 
     def _against_float64(
         self, index: int, actual: Any, failed: Comparison, result: VerifyResult, candidate: Any = None
@@ -933,6 +984,7 @@ class Verifier:
             if off:
                 judged.ok = False
                 judged.problems.extend(off)
+                self._failed_in_float64.add(index)
         if judged.ok:
             if note:
                 result.warnings.append(note)
@@ -1469,6 +1521,7 @@ def _first_divergence(
     candidate_inputs: Sequence[Any],
     rtol: float | None,
     atol: float | None,
+    allowance: Mapping[str, float] | None = None,
 ) -> tuple[Divergence | None, int, str | None]:
     """:func:`bisect_graphs`; how many candidate nodes had a reference node to be compared with; and, when no node
     can be blamed, the first node that differs after a node no reference node corresponds to.
@@ -1477,7 +1530,8 @@ def _first_divergence(
     node compared and found equal) or was made by the same pass (a replacement's inner nodes: the pass is certain
     either way). One that reads a tensor with no reference counterpart from elsewhere (ReLU6's ``hardtanh`` in an
     ATen re-export of a torch graph whose ``relu`` module it replaced) differs perhaps only because that tensor
-    does: blaming it named an exact pass for another pass's change."""
+    does: blaming it named an exact pass for another pass's change. ``allowance``: per reference node, an absolute
+    error added to ``atol`` (the float64 bisection's, see :meth:`Verifier._bisect_in_float64`)."""
     ref_values = _record_values(reference, reference_inputs)
     cand_values = _record_values(candidate, candidate_inputs)
     compared = 0
@@ -1499,17 +1553,18 @@ def _first_divergence(
                 unchecked[node] = reads_unchecked or node
             continue
         compared += 1
-        if not diverges(expected, actual, rtol, atol):
+        node_atol = atol if allowance is None else (atol or 0.0) + allowance.get(origin, 0.0)
+        if not diverges(expected, actual, rtol, node_atol):
             continue  # agreed: what reads it is checked from here on
         fused = [ref_values.get(name) for name in absorbed.get(origin, ())]
-        if any(isinstance(v, torch.Tensor) and not diverges(v, actual, rtol, atol) for v in fused):
+        if any(isinstance(v, torch.Tensor) and not diverges(v, actual, rtol, node_atol) for v in fused):
             continue  # it computes a later reference node it absorbed (a conv fused with its batch norm)
         # an unchecked value the same pass produced (a replacement's inner nodes) leaves no doubt about the pass
         pass_name = node.meta.get(PASS)
         unchecked_pass = reads_unchecked.meta.get(PASS) if reads_unchecked is not None else None
         same_pass = pass_name is not None and unchecked_pass == pass_name
         if reads_unchecked is None or same_pass:
-            error = compare_outputs(expected, actual, rtol, atol, allow_nonfinite=True).max_abs_err
+            error = compare_outputs(expected, actual, rtol, node_atol, allow_nonfinite=True).max_abs_err
             return Divergence(node.name, origin, target_name(node), node.meta.get(PASS), error), compared, None
         unchecked[node] = reads_unchecked
         suspect = suspect or (
