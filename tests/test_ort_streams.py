@@ -159,10 +159,16 @@ def test_auto_writes_a_recipe_the_loader_runs_in_streams(tmp_path):
     model = SmallConvNet().eval()
     captured = capture(model, (torch.randn(4, 3, 16, 16),))
     out = tmp_path / "out"
-    result = auto_optimize(captured, out, backends=["onnxruntime+streams"], repeats=3, threads=2)
-    row = next(c for c in result.candidates if c.name == "onnxruntime+streams")
-    assert row.status in ("chosen", "accepted"), row.reason
-    assert any("streams of one thread" in note for note in row.notes)
+    # the choice is timed: on a busy machine (a full CI run beside other work) eager won one run of three rounds
+    # and wrote no recipe; three tries, each with a verified, accepted streams candidate
+    for _ in range(3):
+        result = auto_optimize(captured, out, backends=["onnxruntime+streams"], repeats=3, threads=2, force=True)
+        row = next(c for c in result.candidates if c.name == "onnxruntime+streams")
+        assert row.status in ("chosen", "accepted"), row.reason
+        assert any("streams of one thread" in note for note in row.notes)
+        if row.status == "chosen":
+            break
+    assert row.status == "chosen", [(c.name, c.status, c.median_ms) for c in result.candidates]
     recipe = json.loads((out / "recipe.json").read_text())
     assert recipe["run"] == "onnxruntime" and recipe["streams"] == 2
     with torch_threads(2):  # the suite gives torch one thread, and the loader runs no more streams than that
