@@ -918,3 +918,26 @@ def test_a_split_directory_is_captured_as_its_unsplit_program(tmp_path):
     # splitting it again read the new stages' outputs as a tuple of the model's tensor (MISMATCH): refused, named
     with pytest.raises(FxforgeError, match="a split directory cannot be split again"):
         split(captured, 2, "flops")
+
+
+class ReturnsNothing(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+
+    def forward(self, x):
+        self.a(x)
+        return None
+
+
+def test_a_program_that_fails_to_save_leaves_no_partial_pt2(tmp_path):
+    """QA: torch.export.save of a stage (and of the unsplit model) returning no tensor raised after writing part of
+    its archive; the pickled fallbacks were written beside the partial stage_0.pt2 and model.pt2, and loading the
+    directory read the partial model.pt2: "cannot read exported program .../model.pt2 ... is the file corrupt?"."""
+    model = ReturnsNothing().eval()
+    split(capture(model, (torch.randn(2, 4),)), 1, "flops", output_dir=tmp_path / "split")
+    names = sorted(p.name for p in (tmp_path / "split").iterdir())
+    plan = json.loads((tmp_path / "split" / PLAN_FILE).read_text())
+    assert plan["stages"][0]["file"] == "stage_0.pt"
+    assert "stage_0.pt2" not in names and "model.pt2" not in names, names
+    assert "stage_0.pt" in names and "model.pt" in names

@@ -1044,6 +1044,8 @@ def _write_stages(
                 torch.export.save(program, str(directory / stage_file(index)))
             name = stage_file(index)
         except Exception as exc:
+            # torch.export.save may fail half-way through its archive: no partial stage_K.pt2 beside the pickle
+            (directory / stage_file(index)).unlink(missing_ok=True)
             name = stage_file(index, pickled=True)
             # a helper capture kept as one call stays one when torch.load rebuilds the stage from its code (QA:
             # traced into, its branch failed and the stage loaded nowhere)
@@ -1091,6 +1093,8 @@ def _write_reference(directory: Path, captured: Captured, plan: SplitPlan) -> li
                 torch.export.save(program, str(directory / PROGRAM_FILE))
             return [PROGRAM_FILE]
         except Exception as exc:
+            # a save that failed half-way left a partial model.pt2, which loading the directory would read first
+            (directory / PROGRAM_FILE).unlink(missing_ok=True)
             problems.append(first_line(exc))
     try:
         with quiet_torch_logs(), rebuilt_with_opaque_calls(captured.graph_module):
