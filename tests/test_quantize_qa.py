@@ -366,6 +366,16 @@ def test_nan_in_calibration_data_and_a_bad_eval_batch_are_named_as_such():
     assert load_calibration(with_nan, (torch.randn(4, 8),), kind="eval").samples == 16  # judging data may hold NaN
 
 
+def test_infinity_in_calibration_data_is_named_as_such():
+    """QA: an inf in --calib ended as NaN did, in "torch.histc: range of [-nan, -nan] is not finite" with a hint to
+    keep a submodule in float (--leaf) or try --mode dynamic, neither of which helps."""
+    with_inf = torch.randn(16, 8)
+    with_inf[5, 1] = float("-inf")
+    with pytest.raises(InputSpecError, match=r"calibration data from .* holds infinite values \(batch 0\)"):
+        load_calibration(with_inf, (torch.randn(4, 8),))
+    assert load_calibration(with_inf, (torch.randn(4, 8),), kind="eval").samples == 16
+
+
 def test_labels_that_give_no_real_accuracy_are_said_so():
     """QA: with labels in only some evaluation batches, every label was dropped (no top-1 accuracy) without a word;
     labels of classes the model does not have were counted as wrong answers for both models, silently."""

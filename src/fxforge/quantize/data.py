@@ -353,11 +353,19 @@ def _with_samples(data: CalibrationData, kind: str) -> CalibrationData:
         for index, batch in enumerate(data.batches):
             # int8 ranges cannot be fitted to NaN: the observers failed deep in FX quantization ("torch.histc: range
             # of [-nan, -nan] is not finite"), with a hint to keep a layer in float (QA)
-            if any(isinstance(t, torch.Tensor) and t.is_floating_point() and t.isnan().any() for t in batch):
+            # so with infinities: the observers' range became [-nan, -nan] alike (QA)
+            floats = [t for t in batch if isinstance(t, torch.Tensor) and t.is_floating_point()]
+            if any(t.isnan().any() for t in floats):
                 raise InputSpecError(
                     f"{kind} data from {data.source} holds NaN values (batch {index}): int8 value ranges cannot be "
                     "fitted to them",
                     hint="calibrate on samples without NaN",
+                )
+            if any(t.isinf().any() for t in floats):
+                raise InputSpecError(
+                    f"{kind} data from {data.source} holds infinite values (batch {index}): int8 value ranges "
+                    "cannot be fitted to them",
+                    hint="calibrate on finite samples",
                 )
     if data.samples == 0:
         count = len(data.batches)
