@@ -563,6 +563,12 @@ def test_doctor_refuses_a_measurement_time_out_of_range_nan_included(seconds, ca
         doctor(seconds=float(seconds))
 
 
+def test_doctor_refuses_seconds_with_no_peak(capsys):
+    """QA: --no-peak --seconds 3 was accepted and --seconds silently ignored (nothing is measured)."""
+    code, out, _ = run(capsys, "doctor", "--no-peak", "--seconds", "3", "--json")
+    assert code == EXIT_USAGE and json.loads(out)["error"].startswith("--seconds applies to the peak measurement")
+
+
 def test_a_trace_the_profiler_could_not_write_is_one_error_and_leaves_nothing(tmp_path):
     """QA (a full disk): the profiler's C++ writer only logs a failed write, so the staged trace was missing, the move
     into place raised FileNotFoundError (internal error, exit 4) and its temporary TARGET.tmp stayed beside the

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import click
+from click.core import ParameterSource
 
 from fxforge.cli.options import emit_json, json_option, status, stdout
 
@@ -29,7 +30,12 @@ def command(no_peak: bool, seconds: float, as_json: bool) -> None:
     """Say what this installation and this machine can do, and why a feature is not available."""
     from fxforge.cli.render import render_doctor
     from fxforge.doctor import doctor
+    from fxforge.errors import FxforgeError
 
+    if no_peak and click.get_current_context().get_parameter_source("seconds") is ParameterSource.COMMANDLINE:
+        # --seconds times the peak measurement --no-peak skips: refused rather than ignored, as profile refuses
+        # --top with --json (QA)
+        raise FxforgeError("--seconds applies to the peak measurement, which --no-peak skips", hint="pass one")
     with status("measuring the machine", as_json):
         report = doctor(peak=not no_peak, seconds=seconds)
     if as_json:
