@@ -208,6 +208,14 @@ def test_a_node_giving_views_of_its_inputs_moves_no_bytes_and_gets_no_verdict():
         assert by_target[target].bytes_moved > 0, target
 
 
+def test_a_graph_with_no_operation_says_so_rather_than_blaming_the_load():
+    """QA: an empty nn.Sequential profiled as "0.00 ms against 0.00 ms (-100%): other work held the cores"."""
+    captured = fxforge.capture(nn.Sequential().eval(), (torch.randn(2, 4),))
+    report = profile_model(captured, repeats=2, warmup=1, peak=PEAK)
+    assert report.nodes == [] and len(report.notes) == 1
+    assert report.notes[0].startswith("nothing to time: the graph has no operations"), report.notes
+
+
 class _WritesAndReductions(nn.Module):
     def forward(self, x):
         z = torch.empty_like(x)

@@ -552,7 +552,13 @@ def _report(
     overhead = total / whole_ms - 1 if whole_ms > 0 else 0.0
     report = ProfileReport(backend, inputs, repeats, total, whole_ms, overhead, peak, nodes, modules)
     report.trace = str(trace) if trace is not None else None
-    note = _overhead_note(backend, total, totals)
+    # a graph with no operation (an empty nn.Sequential) has nothing to time: the gap to the whole run is no load's
+    # nor overhead's (QA: "-100%: other work held the cores")
+    note = (
+        f"nothing to time: the graph has no operations; the {whole_ms:.3f} ms of a whole run is the graph's own call"
+        if not nodes
+        else _overhead_note(backend, total, totals)
+    )
     if note:
         report.notes.append(note)
     return report
