@@ -95,6 +95,7 @@ from fxforge.references import as_names
 from fxforge.registry import BUILTIN, Registry
 from fxforge.runtime import (
     batch_of,
+    cloned,
     device_of,
     holds_tensor,
     keeps_rng_state,
@@ -1095,6 +1096,10 @@ def _bench_batch(captured: Captured, chosen: Sequence[Backend], batch: int, plan
     inputs = resized.example_inputs
     # constant keyword arguments (--concrete): the graph has them built in, the model gets them (see _eager)
     expected = run_reference(resized.original, inputs, resized.example_kwargs)
+    # what each backend's compared call gets: the inputs as the reference saw them. A model that writes its input
+    # in place (x.mul_(2)) changes ``inputs`` on every call, so the backends warmed up after eager were compared on
+    # other values, "beyond tol" (QA)
+    pristine = cloned(inputs)
     rows = {backend.name: BenchRow(backend.name, batch, precision=backend.precision) for backend in chosen}
     runners: dict[str, Runner] = {}
     device = model_device(resized)
@@ -1117,7 +1122,7 @@ def _bench_batch(captured: Captured, chosen: Sequence[Backend], batch: int, plan
         runner = runners.get(backend.name)
         if runner is not None:
             try:
-                _warm_up(runner, inputs, plan.warmup, rows[backend.name], expected)
+                _warm_up(runner, inputs, plan.warmup, rows[backend.name], expected, pristine)
             except Exception as exc:
                 rows[backend.name].error = f"run failed: {one_line_reason(exc)}"
                 del runners[backend.name]
@@ -1220,13 +1225,17 @@ def _model_precision(captured: Captured) -> str:
     return {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(dtype, UNKNOWN_PRECISION)
 
 
-def _warm_up(runner: Runner, inputs: tuple[Any, ...], warmup: int, row: BenchRow, expected: Any) -> None:
+def _warm_up(
+    runner: Runner, inputs: tuple[Any, ...], warmup: int, row: BenchRow, expected: Any, pristine: Any = None
+) -> None:
+    """``warmup`` calls; the first, the one compared with ``expected``, on a copy of ``pristine`` (the inputs
+    before any backend ran: a model may write its input in place) where given."""
     peak = ResidentPeak()
     # A GraphModule whose generated code raises prints that code and a traceback to stderr itself (torch.fx's
     # _WrappedCall) before the exception reaches us; the row states the reason in one line. The timed calls
     # are left unsilenced (the progress bar draws on stderr): their inputs already ran here.
     with torch.no_grad(), quiet_torch_logs(), contextlib.redirect_stderr(io.StringIO()), peak:
-        output = runner(*inputs)
+        output = runner(*(cloned(pristine) if pristine is not None else inputs))
         for _ in range(warmup - 1):
             runner(*inputs)
         wait_for_device(inputs)
