@@ -420,6 +420,29 @@ def test_dynamic_int8_of_a_saved_program_is_refused_up_front(tmp_path, capsys):
     assert quantize(fxforge.prepare(model, ["2x8"]), "dynamic").quantized_layers  # the model itself: fine
 
 
+def test_static_int8_of_a_saved_program_does_not_advise_a_leaf_or_dynamic_mode(tmp_path, capsys):
+    """QA: static int8 of a .pt2 advised --leaf (no leaf reaches a saved program's ops) and dynamic mode, which
+    refuses a saved program too."""
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)).eval()
+    program = fxforge.export_model(model, "pt2", tmp_path / "m.pt2", example_inputs=(torch.randn(2, 8),))
+    code = main(["quantize", str(program.path), "-o", str(tmp_path / "q")])
+    err = capsys.readouterr().err
+    assert code == EXIT_USAGE and "saved torch.export program" in err
+    assert "--leaf" not in err and "dynamic" not in err and "quantize the model the program was exported from" in err
+    assert not (tmp_path / "q").exists()
+
+
+def test_static_int8_of_a_capture_forced_to_torch_export_advises_symbolic_trace():
+    """QA: with --method export (symbolic tracing never tried) the hint said to make "the untraceable submodule" a
+    leaf, of a model that traces."""
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)).eval()
+    captured = fxforge.capture(model, (torch.randn(2, 8),), method="export")
+    assert captured.dialect == "aten"
+    with pytest.raises(fxforge.errors.DialectError) as raised:
+        quantize(captured, "static", calibration="random:2")
+    assert raised.value.hint.startswith("capture with method='symbolic_trace'") and "leaf" not in raised.value.hint
+
+
 class _ConvThenMLP(nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -762,6 +762,14 @@ def _plan(captured: Captured, mode: str, backend: str) -> _Plan:
         inputs = _without_default_tail(captured.graph_module, captured.flat_inputs())
         source, prepared = _ready_for_int8(captured.graph_module, mode)
         return _Plan(source, mode, backend, inputs, eager=False, prepared=prepared, reference=captured.graph_module)
+    if mode != "dynamic" and captured.record.method == LOADED:
+        # no leaf reaches a saved program's ops, and dynamic mode refuses it too (QA: the hint advised both)
+        raise DialectError(
+            f"{mode} quantization needs a torch-dialect graph (symbolic_trace), and this model is a saved "
+            "torch.export program (ATen dialect), whose ops FX graph-mode quantization does not match",
+            hint="quantize the model the program was exported from (its spec: file.py:factory, "
+            "transformers:NAME...)",
+        )
     if mode != "dynamic":
         # where symbolic_trace stopped with no submodule to keep whole: the model's own forward (or a function it
         # calls), which no --leaf reaches (QA: the hint named --leaf for `if x.shape[1] > 3:` in forward itself)
@@ -780,6 +788,9 @@ def _plan(captured: Captured, mode: str, backend: str) -> _Plan:
                 f"rewrite {stopped.location.split(' ', 1)[0]} so that symbolic tracing passes it, or move it into a "
                 f"submodule kept whole ({leaf}; it stays float)"
             )
+        elif captured.record.trace_failure is None:
+            # symbolic tracing was never tried (--method export): nothing is untraceable that a leaf would fix (QA)
+            fix = f"capture with {option('--method', 'symbolic_trace')} (or auto)"
         else:
             fix = f"make the untraceable submodule a leaf ({leaf}) so symbolic tracing succeeds"
         where = f"; symbolic_trace stopped at {stopped.location}: {stopped.error}" if stopped else ""
