@@ -328,6 +328,24 @@ def test_a_module_that_runs_hooks_is_kept_as_one_call_so_that_they_run():
     assert torch.equal(features["body"], model.body(x))
 
 
+def test_a_module_that_runs_hooks_traced_through_by_torch_export_is_named_in_the_notes():
+    """QA: with --method export the graph never called a feature hook (it ran once while exporting, on fake
+    tensors), and the record said nothing, where the torch dialect says it keeps such a module as one call."""
+    features: list[torch.Tensor] = []
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)).eval()
+    model[0].register_forward_hook(lambda module, args, out: features.append(out.detach()))
+    x = torch.randn(2, 8)
+    captured = capture(model, (x,), method="export")
+    assert captured.dialect == "aten"
+    (note,) = [n for n in captured.record.notes if "never calls their hooks" in n]
+    assert note.endswith(": 0; method='symbolic_trace' keeps them as one call")
+    features.clear()
+    captured.graph_module(x)
+    assert not features  # what the note says
+    plain = capture(nn.Sequential(nn.Linear(8, 2)).eval(), (x,), method="export")
+    assert not any("hooks" in n for n in plain.record.notes)
+
+
 def test_a_write_alike_that_cannot_be_recorded_leaves_the_first_trace_and_says_so(models):
     """QA: clamp_ within range (no value changed) made capture retrace with buffers as proxies, where the branch on a
     flag buffer failed: a model that captured before was refused as data-dependent."""

@@ -1529,6 +1529,15 @@ def _capture_module(
             f"--wrap {label}: torch.export traced through it (wrapping is for symbolic tracing)"
             for label in _unused_wraps(wraps, None)
         ]
+        if hooked:
+            # torch.export traces through a hook: what it returns is in the graph, what it does besides (a dict of
+            # features it fills) happened while exporting, on fake tensors, and the graph never calls it (QA: no
+            # word, where the torch dialect says it keeps such a module as one call)
+            keep = f"; {option('--method', 'symbolic_trace')} keeps them as one call" if method != "auto" else ""
+            notes.append(
+                f"traced through by torch.export, so the graph never calls their hooks (what a hook returns is "
+                f"recorded; what it stores, such as features, is not): {', '.join(hooked[:5])}{keep}"
+            )
         record = CaptureRecord(EXPORT, ATEN, attempts=attempts, notes=notes)
         captured = Captured(program.module(), model, inputs, record, kwargs, program)
         if not can_check:
