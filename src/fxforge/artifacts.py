@@ -221,6 +221,20 @@ def check_writable(target: Path) -> None:
         raise FxforgeError(f"cannot write to {folder}: {reason}") from None
 
 
+def refuse_unreadable(path: Path, what: str = "", error: type[FxforgeError] = FxforgeError) -> None:
+    """Refuse a file this user may not read (``chmod 000``), which a loader then blamed on the file ("is the file
+    corrupt?"). Opened rather than asked (os.access answers for the real user id), so that ACLs and capabilities
+    count as the loader will meet them. ``what``: the file's kind in the message (``calibration file``)."""
+    try:
+        with path.open("rb"):
+            pass
+    except PermissionError:
+        raise error(
+            f"cannot read {what + ' ' if what else ''}{path}: permission denied",
+            hint=f"check the file's permissions: ls -l {path}",
+        ) from None
+
+
 def refuse_special_file(path: Path) -> None:
     """Refuse, even with ``--force``, to replace what is not a regular file: a device (``/dev/null``), a pipe or a
     socket was replaced by a regular file (QA: ``--trace /dev/full --force`` as root replaced the system's device).

@@ -59,6 +59,7 @@ from fxforge.artifacts import (
     pt2_torch_version,
     read_inputs,
     refuse_undecodable_path,
+    refuse_unreadable,
     user_sources,
 )
 from fxforge.demo import DEMO_MODELS
@@ -660,20 +661,8 @@ def _model_file_of(path: Path, trusted: bool) -> str | None:
     return next((name for name in (PROGRAM_FILE, TORCHSCRIPT_FILE, ONNX_FILE) if (path / name).exists()), None)
 
 
-def _refuse_unreadable(path: Path) -> None:
-    """A model file this user may not read (``chmod 000``) failed in the loader and was blamed on the file ("is the
-    file corrupt?"): opening it says which. Opened rather than asked (os.access), so that ACLs and root count."""
-    try:
-        with path.open("rb"):
-            pass
-    except PermissionError:
-        raise ModelSpecError(
-            f"cannot read {path}: permission denied", hint=f"check the file's permissions: ls -l {path}"
-        ) from None
-
-
 def _load_aoti(path: Path, spec: str, trusted: bool) -> LoadedModel:
-    _refuse_unreadable(path)
+    refuse_unreadable(path, error=ModelSpecError)
     if not trusted:
         # loading a package dlopens the shared library inside it: its code runs at once (QA: a swapped .so ran its
         # constructor on every command that was given the file)
@@ -694,7 +683,7 @@ def _load_aoti(path: Path, spec: str, trusted: bool) -> LoadedModel:
 def _load_exported_file(path: Path, form: str, spec: str) -> LoadedModel:
     if form == "onnx":
         require("onnxruntime", "onnx", f"loading {spec}")
-    _refuse_unreadable(path)
+    refuse_unreadable(path, error=ModelSpecError)
     try:
         return LoadedModel(load_exported(path, form), spec)
     except FxforgeError:
@@ -714,7 +703,7 @@ def _load_onnx_file(path: Path, spec: str) -> LoadedModel:
 def _load_pt2(path: Path, spec: str, trusted: bool) -> LoadedModel:
     if not path.exists():
         raise ModelSpecError(f"file not found: {spec}")
-    _refuse_unreadable(path)
+    refuse_unreadable(path, error=ModelSpecError)
     if is_aoti_package(path):  # compiled code under a program's name (an output directory's model.pt2)
         return _load_aoti(path, spec, trusted)
     try:
@@ -802,7 +791,7 @@ def _is_torchscript_archive(path: Path) -> bool:
 def _load_pickled_module(path: Path, spec: str, trusted: bool) -> LoadedModel:
     if not path.exists():
         raise ModelSpecError(f"file not found: {path}")
-    _refuse_unreadable(path)
+    refuse_unreadable(path, error=ModelSpecError)
     if _is_torchscript_archive(path):
         return _load_exported_file(path, "torchscript", spec)
     if not zipfile.is_zipfile(path) and not is_pickle_stream(path):

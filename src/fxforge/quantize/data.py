@@ -19,7 +19,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from fxforge import references
-from fxforge.artifacts import is_pickle_stream
+from fxforge.artifacts import is_pickle_stream, refuse_unreadable
 from fxforge.errors import FxforgeError, InputSpecError, first_line
 from fxforge.inputs import make_inputs, specs_of
 from fxforge.runtime import describe_inputs
@@ -266,13 +266,7 @@ def check_data_file(spec: Any, kind: str = "calibration") -> None:
         raise InputSpecError(f"{kind} file not found: {path}", hint=hint)
     if path.is_dir():
         raise InputSpecError(f"{kind} file {path} is a directory, not a file", hint=hint)
-    try:  # opened rather than asked (os.access), so that ACLs count as the loader will see them
-        with path.open("rb"):
-            pass
-    except PermissionError:
-        raise InputSpecError(
-            f"cannot read {kind} file {path}: permission denied", hint=f"check the file's permissions: ls -l {path}"
-        ) from None
+    refuse_unreadable(path, f"{kind} file", InputSpecError)
 
 
 def load_calibration(
