@@ -348,6 +348,31 @@ def test_ctrl_c_inside_a_librarys_import_is_raised_once_the_import_is_over(tmp_p
     assert done.stdout.splitlines() == ["slowlib imported", "userfile stopped midway"], done.stdout
 
 
+def test_a_signal_in_the_import_machinery_itself_is_sent_again(monkeypatch):
+    """QA: SIGTERM 3.5 s into quantize was handled in importlib's own frame (a module lock's weakref callback), where
+    the KeyboardInterrupt raised is printed as "Exception ignored in: <function _get_module_lock.<locals>.cb ...>"
+    with a traceback, and dropped. There, as in a library's import, the handler records it and sends it again."""
+    import fxforge.cli as cli
+
+    started = []
+
+    class Timer:
+        daemon = False
+
+        def __init__(self, delay, function, args):
+            started.append(args)
+
+        def start(self):
+            pass
+
+    monkeypatch.setattr(cli.threading, "Timer", Timer)
+    monkeypatch.setattr(cli, "_sigint_seen", False)
+    namespace: dict = {}
+    exec(compile("import sys\nframe = sys._getframe()\n", "<frozen importlib._bootstrap>", "exec"), namespace)
+    cli._note_sigint(signal.SIGINT, namespace["frame"])  # does not raise
+    assert started == [(os.getpid(), signal.SIGINT)] and cli.sigint_seen()
+
+
 def test_ctrl_c_of_a_json_command_is_its_json_document():
     """QA: stdout was empty, and a script reading the --json document got a decode error."""
     script = (
