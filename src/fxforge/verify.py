@@ -872,23 +872,11 @@ class Verifier:
             reference_inputs = placeholder_values(reference, args, kwargs)
             exact = _record_values(reference, reference_inputs)
             shaken = copy.deepcopy(reference)
-            originals = dict([*reference.named_parameters(), *reference.named_buffers()])
-            units = {
-                name: torch.finfo(value.dtype).eps / 2
-                for name, value in [
-                    *self.captured.graph_module.named_parameters(),
-                    *self.captured.graph_module.named_buffers(),
-                ]
-                if value.is_floating_point()
-            }
+            units = _unit_roundoffs(self.captured.graph_module)
             generator = torch.Generator().manual_seed(failing.seed)
             allowance: dict[str, float] = {}
             for _ in range(PERTURBED_RUNS):
-                with torch.no_grad():
-                    for name, value in [*shaken.named_parameters(), *shaken.named_buffers()]:
-                        if name in units and name in originals and value.layout == torch.strided:
-                            noise = torch.rand(value.shape, generator=generator, dtype=torch.float64) * 2 - 1
-                            value.copy_(originals[name] * (1 + noise * units[name]))
+                _rerounded(shaken, reference, units, generator)
                 for name, value in _record_values(shaken, reference_inputs).items():
                     before = exact.get(name)
                     comparable = isinstance(value, torch.Tensor) and isinstance(before, torch.Tensor)
@@ -1150,23 +1138,13 @@ class Verifier:
         spreads: dict[str, float] = {}
         exact = self._exact64.get(index)
         if exact is not None and self._double is not None:
-            units = {
-                name: torch.finfo(value.dtype).eps / 2
-                for name, value in [*self.module.named_parameters(), *self.module.named_buffers()]
-                if value.is_floating_point()
-            }
+            units = _unit_roundoffs(self.module)
             if self._shaken_double is None:  # once per Verifier: a second float64 copy, its values drawn per run
                 self._shaken_double = copy.deepcopy(self._double)
             shaken = self._shaken_double
-            tensors = [*shaken.named_parameters(), *shaken.named_buffers()]
             generator = torch.Generator().manual_seed(self.cases[index].seed)
             for _ in range(PERTURBED_RUNS if units else 1):  # with no parameters, one run: is it all float64?
-                with torch.no_grad():
-                    originals = dict([*self._double.named_parameters(), *self._double.named_buffers()])
-                    for name, value in tensors:
-                        if name in units and name in originals and value.layout == torch.strided:
-                            noise = (torch.rand(value.shape, generator=generator, dtype=torch.float64) * 2 - 1)
-                            value.copy_(originals[name] * (1 + noise * units[name]))
+                _rerounded(shaken, self._double, units, generator)
                 output = self._run_in_float64(shaken, index)
                 pairs = paired_leaves(exact, output) if output is not None else None
                 if pairs is None:
@@ -1334,6 +1312,24 @@ def _second_call(module: Any, case: Case) -> Any:
     with preserved_state(*([module] if isinstance(module, nn.Module) else [])), torch.no_grad(), quiet_torch_logs():
         module(*cloned(case.args), **cloned(case.kwargs))
         return module(*cloned(case.args), **cloned(case.kwargs))
+
+
+def _unit_roundoffs(module: nn.Module) -> dict[str, float]:
+    """Half the epsilon of each floating-point parameter's and buffer's own dtype, by name."""
+    named = [*module.named_parameters(), *module.named_buffers()]
+    return {name: torch.finfo(value.dtype).eps / 2 for name, value in named if value.is_floating_point()}
+
+
+def _rerounded(shaken: nn.Module, original: nn.Module, units: Mapping[str, float], generator: torch.Generator) -> None:
+    """Set each parameter and buffer of ``shaken`` (a copy of float64 ``original``) named in ``units`` to the
+    original's value times ``1 + u``, ``|u|`` up to its unit roundoff: the parameters as computing them again and
+    rounding them to their own dtype could leave them."""
+    originals = dict([*original.named_parameters(), *original.named_buffers()])
+    with torch.no_grad():
+        for name, value in [*shaken.named_parameters(), *shaken.named_buffers()]:
+            if name in units and name in originals and value.layout == torch.strided:
+                noise = torch.rand(value.shape, generator=generator, dtype=torch.float64) * 2 - 1
+                value.copy_(originals[name] * (1 + noise * units[name]))
 
 
 def _runs_in_torch(module: Any) -> bool:
