@@ -527,6 +527,37 @@ def test_a_reference_with_constant_integer_outputs_is_told_to_return_its_logits(
     assert "initialised to zeros" not in result.problems[0]
 
 
+class _ReturnsNone(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> None:
+        self.fc(x)
+
+
+class _ReturnsNumber(torch.nn.Module):
+    def __init__(self, value: float | None = None) -> None:
+        super().__init__()
+        self.value = value
+
+    def forward(self, x: torch.Tensor) -> float:
+        return self.value if self.value is not None else float((x * 2).sum())
+
+
+def test_a_reference_returning_none_cannot_verify_anything():
+    """QA: two models returning None were reported "OK ... on 16 cases" though not one value was compared."""
+    result = verify(_ReturnsNone(), _ReturnsNone(), input_specs=["2x8"])
+    assert not result.ok and result.unverifiable
+    assert "returns None on every case: there is no value to compare" in result.problems[0]
+
+
+def test_python_number_outputs_are_checked_for_input_dependence_and_compared():
+    constant = verify(_ReturnsNumber(3), _ReturnsNumber(3), input_specs=["2x8"])
+    assert not constant.ok and constant.unverifiable and "the same on all" in constant.problems[0]
+    assert verify(_ReturnsNumber(), _ReturnsNumber(), input_specs=["2x8"]).ok  # a sum of the input: it moves
+
+
 def test_torchvision_vit_built_without_weights_depends_on_its_input():
     model = fxforge.load_model("torchvision:vit_b_16", model_kwargs={"image_size": 32}).module
     x = torch.randn(2, 3, 32, 32)

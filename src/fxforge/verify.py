@@ -585,13 +585,29 @@ class Verifier:
         """A reference whose outputs are the same on every case, though the inputs differ (a
         zero-initialised classifier head gives zeros for every input), makes any candidate that returns those
         values pass, whatever it computes from its inputs: no check could fail, so none is claimed."""
+        if expected and all(
+            all(leaf is None for leaf in pytree.tree_leaves(as_structure(out))) for out in expected
+        ):
+            # QA: a forward returning None was reported "OK ... on 16 cases" though not one value was compared
+            shown = "None" if all(out is None for out in expected) else "only None values"
+            self.problems.append(
+                f"the reference returns {shown} on every case: there is no value to compare, so no check could fail "
+                "(return the tensors the model computes)"
+            )
+            return
         if len(self.cases) < 2 or self.cases[0].distribution == "given":
             return
         first_batch = self.cases[0].batch
         same_batch = [out for case, out in zip(self.cases, expected) if case.batch == first_batch]
-        # every tensor, integers too: a reference that returns one constant count passed any candidate returning it
+        # every tensor, integers too: a reference that returns one constant count passed any candidate returning it;
+        # Python numbers as well (a forward returning ``x.sum().item()``, or a constant 3)
         leaves = [
-            [t for t in pytree.tree_leaves(as_structure(out)) if isinstance(t, torch.Tensor)] for out in same_batch
+            [
+                leaf if isinstance(leaf, torch.Tensor) else torch.tensor(leaf)
+                for leaf in pytree.tree_leaves(as_structure(out))
+                if isinstance(leaf, (torch.Tensor, bool, int, float))
+            ]
+            for out in same_batch
         ]
         if len(leaves) < 2 or not leaves[0]:
             return
