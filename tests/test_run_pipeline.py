@@ -477,3 +477,25 @@ def test_a_model_not_per_sample_along_dim_0_is_said_why_the_pipeline_differs():
     assert not check.ok and any("--microbatches 1" in problem for problem in check.problems)
     per_sample = check_outputs((lambda x: (x * 2,), "m"), (x,), [x * 2], microbatches=2)
     assert per_sample.ok and not any("--microbatches" in problem for problem in per_sample.problems)
+
+
+def test_a_model_that_changes_its_state_is_not_said_to_mix_samples():
+    """QA: a model adding to a buffer in forward was told its output is computed across samples; it is per sample,
+    but each microbatch sees the state the one before it left."""
+    from fxforge.distributed import check_outputs
+
+    class Accumulates(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("total", torch.zeros(3))
+
+        def forward(self, x):
+            self.total.add_(1)
+            return x * self.total
+
+    model, x = Accumulates(), torch.randn(4, 3)
+    joined = [torch.cat([mb * (k + 1) for k, mb in enumerate(x.tensor_split(2))])]  # each from the state left
+    check = check_outputs((model, "m"), (x,), joined, microbatches=2)
+    assert not check.ok and any("changes its own state" in problem for problem in check.problems)
+    assert not any("computed across samples" in problem for problem in check.problems)
+    assert torch.equal(model.total, torch.ones(3))  # the check's own calls are undone: only the reference's stays

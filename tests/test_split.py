@@ -5,6 +5,7 @@ and the CLI's JSON contract and exit codes."""
 from __future__ import annotations
 
 import collections
+import copy
 import itertools
 import json
 import os
@@ -229,6 +230,68 @@ def test_what_crosses_is_sent_contiguous_and_a_split_that_breaks_aliasing_is_ref
         split(captured, 2, "time", profile=profile, output_dir=tmp_path / "out")
     assert info.value.exit_code == 1 and not (tmp_path / "out").exists()
     assert split(captured, 2, "flops").ok  # cut before the view: v alone crosses, and the stages are exact
+
+
+class _AccumulatesThenReadsLater(nn.Module):
+    """Adds to a buffer early in its forward and reads it three layers later (a running statistic)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c, self.d = nn.Linear(8, 64), nn.Linear(64, 64), nn.Linear(64, 64), nn.Linear(64, 8)
+        self.register_buffer("running", torch.zeros(64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        self.running.add_(h.mean(0))
+        return self.d(self.c(self.b(h)) + self.running)
+
+
+class _ReadsThenWritesLate(nn.Module):
+    """Reads a buffer first and writes it last: the next call's first read must see this call's write."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c, self.d = nn.Linear(8, 64), nn.Linear(64, 64), nn.Linear(64, 64), nn.Linear(64, 8)
+        self.register_buffer("running", torch.zeros(64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.c(self.b(self.a(x) + self.running))
+        self.running.mul_(0.5).add_(h.mean(0))
+        return self.d(h)
+
+
+def _three_calls_match(model: nn.Module, directory) -> None:
+    """The written stages, reloaded, against the model over three calls (its state carried from one to the next)."""
+    loaded = fxforge.load_model(str(directory)).module
+    reference = copy.deepcopy(model)  # split restored the model's state: both start from it
+    for seed in range(3):
+        x = torch.randn(2, 8, generator=torch.Generator().manual_seed(seed))
+        with torch.no_grad():
+            torch.testing.assert_close(loaded(x), reference(x), rtol=1e-5, atol=1e-6)  # float32, one op order
+
+
+def test_a_buffer_written_in_forward_is_sent_to_the_stage_that_reads_it_later(tmp_path):
+    """QA: the later stage read its own copy of the buffer, never written: refused as a mismatch, with a hint to
+    write the (wrong) stages anyway with --no-verify."""
+    torch.manual_seed(0)
+    model = _AccumulatesThenReadsLater().eval()
+    before = model.running.clone()
+    result = split(capture(model, (torch.randn(2, 8),)), 2, "flops", output_dir=tmp_path / "out")
+    assert result.ok and torch.equal(model.running, before)  # the user's buffer is left as it was
+    assert "running_1" in [t.name for t in result.plan.cuts[0].tensors]  # the read after the write, sent
+    _three_calls_match(model, tmp_path / "out")
+
+
+def test_a_buffer_read_before_it_is_written_keeps_its_reads_and_writes_in_one_stage(tmp_path):
+    torch.manual_seed(0)
+    model = _ReadsThenWritesLate().eval()
+    captured = capture(model, (torch.randn(2, 8),))
+    options = cut_options(captured)
+    first, last = options.nodes.index("add"), options.nodes.index("add_")
+    assert not any(options.allowed[first + 1 : last + 1]) and options.allowed[first]
+    result = split(captured, 2, "flops", output_dir=tmp_path / "out")
+    assert result.ok and any("running is written in place" in note for note in result.plan.notes)
+    _three_calls_match(model, tmp_path / "out")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -935,7 +998,9 @@ def test_a_program_that_fails_to_save_leaves_no_partial_pt2(tmp_path):
     its archive; the pickled fallbacks were written beside the partial stage_0.pt2 and model.pt2, and loading the
     directory read the partial model.pt2: "cannot read exported program .../model.pt2 ... is the file corrupt?"."""
     model = ReturnsNothing().eval()
-    split(capture(model, (torch.randn(2, 4),)), 1, "flops", output_dir=tmp_path / "split")
+    with pytest.raises(FxforgeError, match="returns None on every case"):  # nothing to verify: said, not "verified"
+        split(capture(model, (torch.randn(2, 4),)), 1, "flops", output_dir=tmp_path / "refused")
+    split(capture(model, (torch.randn(2, 4),)), 1, "flops", output_dir=tmp_path / "split", verify_stages=False)
     names = sorted(p.name for p in (tmp_path / "split").iterdir())
     plan = json.loads((tmp_path / "split" / PLAN_FILE).read_text())
     assert plan["stages"][0]["file"] == "stage_0.pt"

@@ -62,7 +62,7 @@ from fxforge.errors import (
 )
 from fxforge.inputs import InputSpec, check_fits_in_memory, make_inputs, parse_input_spec
 from fxforge.models import pickle_trusted
-from fxforge.runtime import quiet_torch_logs, use_ieee_float32
+from fxforge.runtime import preserved_state, quiet_torch_logs, use_ieee_float32
 from fxforge.split import (
     SplitPlan,
     joins_along_batch,
@@ -70,6 +70,7 @@ from fxforge.split import (
     load_reference,
     load_stage,
     missing_reference_reason,
+    repeatable,
     split_batch,
     tensor_leaves,
 )
@@ -233,7 +234,18 @@ def check_outputs(
     how = f"{name} run once per microbatch (fixed to one batch size)" if per_microbatch else name
     problems = comparison.problems[:5]
     joinable = per_microbatch or microbatches == 1
-    if not comparison.ok and not joinable and not joins_along_batch(module, batch_inputs, microbatches):
+    if comparison.ok or joinable:
+        return OutputCheck(comparison.ok, comparison.max_abs_err, comparison.max_rel_err, problems, how)
+    with preserved_state(*[module] if isinstance(module, nn.Module) else []):
+        stateful = not repeatable(module, batch_inputs)
+    if stateful:
+        # QA: a model adding to a buffer in forward was said to mix samples across the batch, which it did not
+        problems.append(
+            "the model changes its own state when it runs (a buffer written in forward, or random numbers): each "
+            "microbatch sees the state the one before it left, where one call on the whole batch does not, so run it "
+            "with --microbatches 1 to compare"
+        )
+    elif not joins_along_batch(module, batch_inputs, microbatches):
         # say why no pipeline can match: QA saw only "shape (64, 2) != (16, 8)" for a model returning q.t()
         problems.append(
             "the model's whole-batch output is not its microbatches' outputs joined along dim 0 (an output whose "

@@ -562,6 +562,10 @@ class AliasClasses:
         high = bisect_left(positions, self._position[end]) if end is not None else len(positions)
         return low < high
 
+    def write_positions(self, node: fx.Node) -> list[int]:
+        """Where in the graph (node positions, ascending) in-place ops may write the storage ``node`` reads."""
+        return list(self._writes.get(self._find(node), []))
+
     def reshaped(self, node: fx.Node) -> bool:
         """May an in-place view op (``t_``, ``unsqueeze_``, ``resize_``...) change the shape or strides of some
         tensor object sharing ``node``'s storage? Such an op changes only the object it is given, so making

@@ -65,6 +65,7 @@ from fxforge.artifacts import (
 )
 from fxforge.capture import Captured, placeholder_values, require_captured
 from fxforge.compare import compare_outputs
+from fxforge.effects import AliasClasses
 from fxforge.errors import FxforgeError, ModelSpecError, first_line, format_location, option, recorded_user_frame
 from fxforge.graphs import (
     GraphRunner,
@@ -297,6 +298,19 @@ class _Graph:
     tensor_inputs: list[fx.Node]
     constants: dict[fx.Node, Any]
     output_leaves: list[fx.Node]
+    state_spans: list[_StateSpan] = field(default_factory=list)
+
+
+@dataclass
+class _StateSpan:
+    """The compute nodes from the first use of a stored tensor that the graph writes in place to the last write
+    into it, which one stage must hold together: every stage holds its own copy of its stored tensors, so a read
+    on one side of a cut would miss a write on the other (on this call, or on the next one). A later stage that
+    reads the tensor after the last write receives its value across the cut instead."""
+
+    name: str  # the stored tensor's attribute path
+    start: int  # cuts ``start <= j < end`` are not allowed (prefix lengths, as for a value)
+    end: int
 
 
 def _tensor_info(node: fx.Node, info: NodeInfo | None) -> TensorInfo | None:
@@ -378,7 +392,37 @@ def _analyse(captured: Captured, infos: dict[str, NodeInfo]) -> _Graph:
         if end > start:
             values.append(_Value(node, start, end, _tensor_info(node, infos.get(node.name))))
     stored = {node: _stored_tensors(gm, node) for node in compute}
-    return _Graph(gm, compute, position, values, infos, stored, tensor_inputs, constants, leaves)
+    spans = _written_state(gm, nodes, position, values)
+    return _Graph(gm, compute, position, values, infos, stored, tensor_inputs, constants, leaves, spans)
+
+
+def _written_state(
+    gm: fx.GraphModule, nodes: list[fx.Node], position: dict[fx.Node, int], values: list[_Value]
+) -> list[_StateSpan]:
+    """The spans that stored tensors written in place pin to one stage, and (added to ``values``) each such tensor
+    as a value sent on to the later stages that read it after its last write.
+
+    QA: a model adding to a buffer in its forward (``self.running.add_(...)``) and reading it three layers later
+    was split with the read in a stage of its own, which read its own copy, never written: the stages did not
+    match the model, and the refusal suggested --no-verify, which would have written them."""
+    aliases = AliasClasses(gm)
+    spans: list[_StateSpan] = []
+    for node in nodes:
+        if node.op != "get_attr" or not aliases.written(node):
+            continue
+        writes = [position[nodes[at]] for at in aliases.write_positions(node) if nodes[at] in position]
+        uses = [position[user] for user in node.users if user in position]
+        if not writes or not uses:
+            continue
+        last_write = max(writes)
+        spans.append(_StateSpan(str(node.target), min(uses + writes) + 1, last_write + 1))
+        later = [at for at in uses if at > last_write]
+        stored = get_attr_value(gm, str(node.target))
+        if later and isinstance(stored, torch.Tensor):
+            info = TensorInfo(node.name, list(stored.shape), str(stored.dtype).removeprefix("torch."),
+                              stored.numel() * stored.element_size())
+            values.append(_Value(node, last_write + 1, max(later) + 1, info))
+    return spans
 
 
 def _crossings(graph: _Graph) -> tuple[list[int], list[bool]]:
@@ -394,6 +438,9 @@ def _crossings(graph: _Graph) -> tuple[list[int], list[bool]]:
         else:
             nbytes[value.start] += value.info.bytes
             nbytes[value.end] -= value.info.bytes
+    for span in graph.state_spans:
+        blocked[span.start] += 1
+        blocked[span.end] -= 1
     crossing, allowed = [0] * (n + 1), [False] * (n + 1)
     running_bytes = running_blocked = 0
     for j in range(n + 1):
@@ -534,6 +581,7 @@ def _plan(
             hint=f"at most {display.counted(possible + 1, 'stage')}",
         )
     _note_blocked_cuts(graph, allowed, notes)
+    _note_state_spans(graph, notes)
     costs = _node_costs(graph, balance, times)
     calls, spans = _call_spans(graph.compute)
     # Ties in crossing bytes go to cuts on a submodule call's boundary (expressible as a split_spec): bytes are
@@ -626,11 +674,24 @@ def _note_blocked_cuts(graph: _Graph, allowed: list[bool], notes: list[str]) -> 
     if n < 2 or blocked <= (n - 1) // 2:
         return
     longest = sorted((v for v in graph.values if v.info is None), key=lambda v: v.start - v.end)[:3]
+    if not longest:
+        return  # the blocks are stored tensors written in place, noted by _note_state_spans
     names = ", ".join(v.node.name for v in longest)
     notes.append(
         f"{blocked} of {n - 1} places to cut are blocked by values that are not tensors ({names}...): a stage sends "
         "tensors only. Symbolic sizes come from a dynamic batch: capture without --check-batch for static shapes"
     )
+
+
+def _note_state_spans(graph: _Graph, notes: list[str]) -> None:
+    for span in graph.state_spans:
+        if span.end - span.start < 1:
+            continue
+        first, last = graph.compute[span.start - 1].name, graph.compute[span.end - 1].name
+        notes.append(
+            f"{span.name} is written in place by the model: the nodes from its first use to its last write "
+            f"({first} .. {last}) stay in one stage, which holds it; later stages that read it receive its value"
+        )
 
 
 def _spec_text(tensor: torch.Tensor) -> str:
@@ -835,6 +896,9 @@ def _stage_examples(graph: _Graph, plan: SplitPlan, captured: Captured) -> list[
 
     with torch.no_grad(), quiet_torch_logs(), preserved_state(graph.gm, captured.original):
         Recorder(graph.gm).run(*[v.clone() if isinstance(v, torch.Tensor) else v for v in captured.flat_inputs()])
+        for node in graph.gm.graph.nodes:  # a stored tensor written in place is sent as it is after the writes
+            if node.op == "get_attr" and node.name in wanted:
+                recorded[node.name] = get_attr_value(graph.gm, str(node.target)).detach().clone()
     return [tuple(recorded[t.name] for t in stage.inputs) for stage in plan.stages]
 
 
@@ -978,7 +1042,9 @@ def tensor_leaves(output: Any) -> list[torch.Tensor]:
     return [leaf for leaf in pytree.tree_leaves(output) if isinstance(leaf, torch.Tensor)]
 
 
-def _repeatable(module: nn.Module, inputs: tuple[torch.Tensor, ...]) -> bool:
+def repeatable(module: nn.Module, inputs: tuple[torch.Tensor, ...]) -> bool:
+    """Does a second call on the same inputs give the first's outputs? Not for a model that changes its own state
+    (a buffer written in forward) or draws random numbers. Wrap it in preserved_state: the calls change the state."""
     with torch.no_grad(), quiet_torch_logs():
         first, second = (tensor_leaves(module(*inputs)) for _ in range(2))
     return compare_outputs(tuple(first), tuple(second)).ok
@@ -998,7 +1064,7 @@ def _microbatch_problem(captured: Captured) -> str | None:
     doubled = draw_like(tuple(example), "normal", 0, 2 * example[0].shape[0])
     try:
         with preserved_state(module):
-            if joins_along_batch(module, doubled, 2) or not _repeatable(module, doubled):
+            if joins_along_batch(module, doubled, 2) or not repeatable(module, doubled):
                 return None  # (a model that draws random numbers, dropout in training mode: cannot be judged)
     except Exception:  # a model fixed to its example's batch, say: run-pipeline's own check will tell
         return None
@@ -1021,9 +1087,12 @@ class SplitVerificationError(FxforgeError):
             # the model gives nothing to compare against (an output its input does not change, a random one):
             # "do not match" blamed the split for it (QA)
             message = f"cannot verify the split stages: the model itself cannot be checked: {problems}"
+            hint = "--no-verify writes the stages unverified"
         else:
             message = f"the split stages do not match the model: {problems}"
-        super().__init__(f"{message}; nothing was written", hint="--no-verify writes the stages unverified")
+            # not --no-verify: that would write stages known to be wrong (QA)
+            hint = "try other cut places (--stages, --balance); please report the model, this is a bug in split"
+        super().__init__(f"{message}; nothing was written", hint=hint)
         self.result = result
 
 
