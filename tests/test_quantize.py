@@ -124,11 +124,12 @@ def test_static_int8_cnn_on_digits_keeps_accuracy(digits, trained_cnn):
     assert float_accuracy - int8_accuracy <= 1 - accuracy.top1_agreement + 1e-9
     # one sensitivity entry per fallback unit, most harmful first: the four layers (BatchNorm and ReLU fused
     # into the convs), the max pooling with conv2 (it shares conv2's output observer: int8 in, int8 out at the
-    # same scale); flatten and the functional relu after fc1 have no int8 pattern on x86 and stay float
+    # same scale) and flatten (respelled torch.flatten, which also shares it); the torch.relu after fc1, respelled
+    # F.relu, is fused into fc1
     ranking = result.sensitivity
     assert {s.layer: (s.kind, s.type, s.nodes) for s in ranking} == {
         "conv1": ("module", "Conv2d", ["conv1"]),
-        "conv2": ("module", "Conv2d", ["conv2", "pool"]),
+        "conv2": ("module", "Conv2d", ["conv2", "pool", "flatten"]),
         "fc1": ("module", "Linear", ["fc1"]),
         "fc2": ("module", "Linear", ["fc2"]),
     }
@@ -628,17 +629,21 @@ def test_cli_quantize_demo(tmp_path, capsys):
     nodes = {n["name"]: n for n in report["nodes"]}
     quantize_nodes = [n for n in nodes.values() if n["target"] == "torch.quantize_per_tensor"]
     assert quantize_nodes and quantize_nodes[0]["dtype"] == "quint8" and quantize_nodes[0]["quant"] == "quantize"
-    assert nodes["conv1"]["quant"] == "int8" and report["totals"]["int8_nodes"] == 3  # conv1, conv2, fc: no dropout
-    assert report["totals"]["quantize_nodes"] == report["totals"]["dequantize_nodes"] == 3
+    # conv1, conv2, fc, and the demo's torch.relu, pool and flatten, run on int8 values: no dropout
+    assert nodes["conv1"]["quant"] == "int8" and report["totals"]["int8_nodes"] == 6
+    assert nodes["pool"]["quant"] == nodes["flatten"]["quant"] == "int8"
+    # one conversion each way: torch.relu and Tensor.flatten were respelled so that they stay int8
+    assert report["totals"]["quantize_nodes"] == report["totals"]["dequantize_nodes"] == 1
     code = main(["inspect", str(out), "--nodes", "--trust-pickle"])
     stdout, stderr = capsys.readouterr()
     assert code == EXIT_OK and stderr == ""  # no deprecation noise from loading int8 tensors
-    assert "quant" in stdout and "Quantization: 3 quantize, 3 dequantize, 3 int8 nodes" in stdout  # conv1, conv2, fc
+    assert "quant" in stdout and "Quantization: 1 quantize, 1 dequantize, 6 int8 nodes" in stdout
     assert "QuantizedConvReLU2d" in stdout
-    # lint names the int8 -> float -> int8 round trips (torch.relu and Tensor.flatten in the demo)
+    # the int8 -> float -> int8 round trips lint names (torch.relu and Tensor.flatten in the demo) are gone
     code = main(["lint", str(out), "--select", "FX013", "--json", "--trust-pickle"])
     findings = json.loads(capsys.readouterr().out)["findings"]
-    assert code == EXIT_OK and len(findings) == 2  # info findings do not fail lint
+    assert code == EXIT_OK and findings == []
+    assert any("torch.relu or Tensor.flatten spelled" in note for note in data["notes"])
 
 
 def test_cli_quantize_tables_and_errors(tmp_path, capsys):

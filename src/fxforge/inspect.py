@@ -426,6 +426,10 @@ def inspect_graph(
             nbytes = 0  # a namedtuple built of tensors other nodes made and counted (QA: counted twice)
         info = NodeInfo(node.name, node.op, target_name(node), module_path(node), shape, dtype, params, flops, nbytes)
         info.quant = quant_kind(gm, node) or ""
+        if not info.quant and node.op in ("call_function", "call_method", "call_module") and dtype in _QUANTIZED_DTYPES:
+            # an op run on int8 values by torch's quantized kernels (x.mean(), pooling, a reshape): QA saw a
+            # quint8 ``mean`` with no mark, as if it ran in float
+            info.quant = "int8"
         info.flops_unknown = profiler.unknown.get(node, [])
         info.output_keys = profiler.output_keys.get(node, [])
         nodes.append(info)
@@ -472,6 +476,9 @@ def inspect_graph(
         code=gm.code if include_code else "",
         input_shapes=[list(v.shape) if isinstance(v, torch.Tensor) else None for v in values],
     )
+
+
+_QUANTIZED_DTYPES = frozenset({"quint8", "qint8", "qint32", "quint4x2", "quint2x4"})
 
 
 def _quantized_type_name(gm: nn.Module, path: str) -> str | None:

@@ -814,6 +814,34 @@ def _plan(captured: Captured, mode: str, backend: str) -> _Plan:
     return _Plan(captured.original, mode, backend, tuple(captured.example_inputs), eager=True)
 
 
+def _int8_spellings(gm: fx.GraphModule) -> tuple[fx.GraphModule, int]:
+    """``gm`` (a copy, where anything changes) with two ops spelled the way torch's backend configs know them:
+    ``torch.relu(x)`` as ``F.relu(x)`` and ``x.flatten(...)`` as ``torch.flatten(x, ...)``, the same ops.
+
+    Spelled otherwise they were left in float between a dequantize and a quantize: a ``torch.relu`` after a conv
+    neither fused into an int8 ConvReLU nor ran on int8 values (lint's FX013 named both round trips in fxforge's
+    own quantized demo)."""
+
+    def respelled(node: fx.Node) -> bool:
+        return (node.op == "call_function" and node.target is torch.relu) or (
+            node.op == "call_method" and node.target == "flatten"
+        )
+
+    found = {n.name for n in gm.graph.nodes if respelled(n)}
+    if not found:
+        return gm, 0
+    gm = copy.deepcopy(gm)
+    for node in gm.graph.nodes:
+        if node.name not in found:
+            continue
+        if node.op == "call_method":
+            node.op, node.target = "call_function", torch.flatten
+        else:
+            node.target = F.relu
+    gm.recompile()
+    return gm, len(found)
+
+
 def _ready_for_int8(graph_module: fx.GraphModule, mode: str) -> tuple[fx.GraphModule, dict[str, int]]:
     """The graph made ready for int8 by exact passes, on a copy, and how many rewrites each made; for
     static and dynamic int8, never for QAT (training runs dropout and updates batch norm statistics).
@@ -824,6 +852,8 @@ def _ready_for_int8(graph_module: fx.GraphModule, mode: str) -> tuple[fx.GraphMo
       regnetx_002, whose blocks hold 99 of them).
     * first, :mod:`.fx_safety`'s rewrites (in-place results given readers, for QAT too; one copy of a layer per
       call), without which FX quantization changes what the model computes;
+    * ``torch.relu`` and ``Tensor.flatten`` spelled as the backends know them (:func:`_int8_spellings`), so that
+      they fuse or run in int8;
     * ``fold_bn``: ``prepare_fx`` fuses a conv with an ``nn.BatchNorm2d`` *module* only. timm's ``BatchNormAct2d``
       is traced into ``F.batch_norm``, which has no int8 kernel: every batch norm of regnetx_002 (44) stayed
       float between a dequantize and a quantize. Folded into the conv first, it is part of the int8 conv.
@@ -832,6 +862,9 @@ def _ready_for_int8(graph_module: fx.GraphModule, mode: str) -> tuple[fx.GraphMo
     graph_module, given = in_place_results_used(graph_module, quantizes_activations=mode == "static")
     if given:
         done["in_place_results_used"] = given
+    graph_module, respelled = _int8_spellings(graph_module)
+    if respelled:
+        done["int8_spellings"] = respelled
     if mode == "qat-prepare":
         fused = shared_layers_fusion_would_change(graph_module)
         if fused:  # QA: the prepared model ran a conv's batch norm at its other call too (116% off in eval)
@@ -998,6 +1031,12 @@ def quantize(
                 f"{counted(plan.prepared['in_place_results_used'], 'in-place op')} given the later readers of the "
                 "tensor it writes, as FX quantization deletes an in-place op whose result is unused and, in int8, "
                 "writes a float copy"
+            )
+        if plan.prepared.get("int8_spellings"):
+            notes.append(
+                f"{counted(plan.prepared['int8_spellings'], 'call')} of torch.relu or Tensor.flatten spelled F.relu or "
+                "torch.flatten (the same ops), which FX quantization fuses or runs in int8 instead of dequantizing "
+                "around them"
             )
         if plan.prepared.get("calls_unshared"):
             notes.append(
