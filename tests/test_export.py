@@ -674,6 +674,22 @@ def test_cli_export_failures_exit_codes(capsys, tmp_path):
     assert _files(tmp_path) == []
 
 
+@pytest.mark.parametrize(
+    "options,named",
+    [
+        (["--cases", "3"], "--cases has"),
+        (["--rtol", "0.1", "--atol", "0.1"], "--rtol, --atol have"),
+        (["--seeds", "4"], "--seeds has"),
+    ],
+)
+def test_cli_export_refuses_verification_options_with_no_verify(capsys, tmp_path, options, named):
+    # they were silently ignored: --cases 64 --no-verify wrote an unverified file and said nothing of the 64
+    code, _, err = run(capsys, "export", "demo", "-o", str(tmp_path / "m.pt2"), "--no-verify", *options)
+    assert code == EXIT_USAGE and err.startswith(f"error: {named} no effect with --no-verify")
+    assert "Traceback" not in err
+    assert _files(tmp_path) == []
+
+
 def test_an_onnx_file_is_a_model_spec_verify_compares_it(capsys, tmp_path):
     """``fxforge verify MODEL file.onnx`` runs the file in ONNX Runtime against the model; its example inputs come
     from the file's own input shapes (a symbolic batch as 1), and a file from other weights is a mismatch."""

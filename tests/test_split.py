@@ -590,6 +590,8 @@ def test_a_stage_file_that_is_not_the_plans_stage_is_refused_by_name(tmp_path):
         (["--stages", "2", "--balance", "speed"], "'speed' is not one of"),
         (["--stages", "2", "--balance", "time"], "needs node times: pass --profile"),
         (["--stages", "2", "--profile", "/nonexistent/profile.json", "--balance", "time"], "cannot read profile"),
+        # silently ignored before: the stages were not verified, on 64 cases or any
+        (["--stages", "2", "--no-verify", "--cases", "64"], "--cases has no effect with --no-verify"),
     ],
 )
 def test_cli_bad_input_exits_2(capsys, args, needle):

@@ -273,6 +273,29 @@ def parse_assignments(values: tuple[str, ...] | list[str], option: str, example:
     return parsed
 
 
+def refuse_without_verify(no_verify: bool, *verify_only: str) -> None:
+    """Refuse the options of ``verify_only`` (parameter names) given on the command line with ``--no-verify``: they
+    only tune the verification it turns off, and were silently ignored (``split --no-verify --cases 64``)."""
+    from click.core import ParameterSource
+
+    from fxforge.errors import FxforgeError
+
+    if not no_verify:
+        return
+    context = click.get_current_context()
+    given = [
+        param.opts[0]
+        for param in context.command.params
+        if param.name in verify_only and context.get_parameter_source(param.name) is ParameterSource.COMMANDLINE
+    ]
+    if given:
+        names = ", ".join(given)
+        verb = "has" if len(given) == 1 else "have"
+        raise FxforgeError(
+            f"{names} {verb} no effect with --no-verify: nothing is verified", hint=f"drop {names}, or --no-verify"
+        )
+
+
 def split(text: str | None) -> list[str]:
     """``"a, b,,c"`` -> ``["a", "b", "c"]``."""
     return [part.strip() for part in (text or "").split(",") if part.strip()]

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from fxforge.cli.options import CaptureOptions, capture_options, emit_json, status, stdout
+from fxforge.cli.options import CaptureOptions, capture_options, emit_json, refuse_without_verify, status, stdout
 from fxforge.errors import EXIT_FINDINGS
 
 
@@ -79,6 +79,7 @@ def command(
     from fxforge.export import check_export_options, export_model
 
     # before the model loads: a typo or a misplaced option costs nothing
+    refuse_without_verify(no_verify, "cases", "seeds", "rtol", "atol")
     written = check_export_options(
         output,
         to_format,

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import click
 
-from fxforge.cli.options import CaptureOptions, capture_options, emit_json, status, stdout, warn_failed_checks
+from fxforge.cli.options import (
+    CaptureOptions,
+    capture_options,
+    emit_json,
+    refuse_without_verify,
+    status,
+    stdout,
+    warn_failed_checks,
+)
 from fxforge.errors import EXIT_FINDINGS
 
 
@@ -18,8 +26,8 @@ Examples:
   fxforge split my_model.py:Net --input 2x3x32x32 --stages 2 --balance time --profile profile.json -o out/net
 Then run the stages: fxforge run-pipeline out/resnet18-4 --microbatches 8
 Exit code: 1 when the stages chained together do not match the model (nothing is written);
-2 for bad input (--stages below 1 or above the graph's node count, --balance time without --profile, a
-non-empty -o without --force, or with --force a directory fxforge did not write).
+2 for bad input (--stages below 1 or above the graph's node count, --balance time without --profile, --cases
+with --no-verify, a non-empty -o without --force, or with --force a directory fxforge did not write).
 """,
 )
 @capture_options
@@ -71,6 +79,7 @@ def command(
     from fxforge.errors import FxforgeError
     from fxforge.split import split
 
+    refuse_without_verify(no_verify, "cases")
     if balance == "time" and profile_path is None:  # before the model loads: the mistake costs nothing
         raise FxforgeError(
             "--balance time needs node times: pass --profile profile.json",
