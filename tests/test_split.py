@@ -390,6 +390,9 @@ def test_time_balance_follows_the_profile(resnet18_captured, tmp_path):
     assert any(note.startswith("2 of ") and "no time in the profile" in note for note in plan.notes)
     with pytest.raises(FxforgeError, match="pass profile="):
         plan_split(resnet18_captured, 2, "time")
+    # with another balance the profile was read and then ignored: the cuts balanced FLOPs
+    with pytest.raises(FxforgeError, match=r"^profile applies to balance='time': with balance='flops' the profile"):
+        plan_split(resnet18_captured, 2, "flops", profile=path)
     path.write_text(json.dumps({"nodes": [{"name": "elsewhere", "time_ms": 1.0}]}))
     with pytest.raises(FxforgeError, match="none of this graph's nodes"):
         plan_split(resnet18_captured, 2, "time", profile=path)
@@ -590,6 +593,9 @@ def test_a_stage_file_that_is_not_the_plans_stage_is_refused_by_name(tmp_path):
         (["--stages", "2", "--balance", "speed"], "'speed' is not one of"),
         (["--stages", "2", "--balance", "time"], "needs node times: pass --profile"),
         (["--stages", "2", "--profile", "/nonexistent/profile.json", "--balance", "time"], "cannot read profile"),
+        # a profile with another balance was read and then ignored: the cuts balanced FLOPs
+        (["--stages", "2", "--profile", "/nonexistent/profile.json"], "--profile applies to --balance time"),
+        (["--stages", "2", "--profile", "p.json", "--balance", "memory"], "with --balance memory the profile would"),
         # silently ignored before: the stages were not verified, on 64 cases or any
         (["--stages", "2", "--no-verify", "--cases", "64"], "--cases has no effect with --no-verify"),
     ],

@@ -524,13 +524,22 @@ def plan_split(
     return _plan(captured, stages, balance, profile, slack, model_name)[0]
 
 
-def _check_request(stages: int, balance: str, profile: Any, slack: float) -> None:
+def check_split_request(stages: int, balance: str, profile: Any, slack: float) -> None:
+    """Refuse a request that cannot be planned as asked; cheap, so the CLI calls it before the model loads."""
     if balance not in BALANCES:
         raise FxforgeError(f"unknown balance {balance!r}", hint=f"one of {', '.join(BALANCES)}")
     if balance == "time" and profile is None:
         raise FxforgeError(
             f"{option('--balance', 'time')} needs node times: pass {option('--profile', 'profile.json')}",
             hint="write one with fxforge profile MODEL --json > profile.json",
+        )
+    if balance != "time" and profile is not None:
+        # the profile's times balance nothing but time: with another balance it was read, checked and then silently
+        # ignored, and the cuts were not the profiled ones the user asked for
+        raise FxforgeError(
+            f"{option('--profile')} applies to {option('--balance', 'time')}: with {option('--balance', balance)} "
+            "the profile would be ignored",
+            hint=f"add {option('--balance', 'time')} to balance the profiled times, or drop {option('--profile')}",
         )
     if not (isinstance(stages, int) and stages >= 1):
         raise FxforgeError(f"{option('--stages')} must be at least 1, got {stages}")
@@ -555,7 +564,7 @@ def _plan(
             hint="split the model it was made from (its spec is in plan.json) with the new stage count",
         )
     started = time.perf_counter()
-    _check_request(stages, balance, profile, slack)
+    check_split_request(stages, balance, profile, slack)
     # a dict or list argument was baked into the stages as constants (they ignored their inputs: QA); a fixed
     # value (an int flag) is fine, the stages hold it as the model would
     refuse_containers(captured.example_inputs, "split")

@@ -320,7 +320,7 @@ def test_a_damaged_profile_file_is_one_error_line_for_report_graph_and_split(tmp
         for args in (
             ["report", "demo", "--profile-file", str(path), "-o", str(tmp_path / "r.html")],
             ["graph", "demo", "--profile", str(path), "-o", str(tmp_path / "g.html")],
-            ["split", "demo", "--stages", "2", "--profile", str(path), "-o", str(tmp_path / "s")],
+            ["split", "demo", "--stages", "2", "--balance", "time", "--profile", str(path), "-o", str(tmp_path / "s")],
         ):
             assert main(args) == 2, (label, args[0])
             err = capsys.readouterr().err

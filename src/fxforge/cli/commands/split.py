@@ -26,8 +26,9 @@ Examples:
   fxforge split my_model.py:Net --input 2x3x32x32 --stages 2 --balance time --profile profile.json -o out/net
 Then run the stages: fxforge run-pipeline out/resnet18-4 --microbatches 8
 Exit code: 1 when the stages chained together do not match the model (nothing is written);
-2 for bad input (--stages below 1 or above the graph's node count, --balance time without --profile, --cases
-with --no-verify, a non-empty -o without --force, or with --force a directory fxforge did not write).
+2 for bad input (--stages below 1 or above the graph's node count, --balance time without --profile, --profile
+without --balance time, --cases with --no-verify, a non-empty -o without --force, or with --force a directory
+fxforge did not write).
 """,
 )
 @capture_options
@@ -76,15 +77,10 @@ def command(
     """Split a model into pipeline stages: optimal cuts balancing a cost, one loadable module per stage."""
     from fxforge.artifacts import check_output_directory
     from fxforge.cli.render import render_split
-    from fxforge.errors import FxforgeError
-    from fxforge.split import split
+    from fxforge.split import check_split_request, split
 
     refuse_without_verify(no_verify, "cases")
-    if balance == "time" and profile_path is None:  # before the model loads: the mistake costs nothing
-        raise FxforgeError(
-            "--balance time needs node times: pass --profile profile.json",
-            hint="write one with fxforge profile MODEL --json > profile.json",
-        )
+    check_split_request(stages, balance, profile_path, slack)  # before the model loads: the mistake costs nothing
     if output is not None:
         check_output_directory(output, force=force)  # before the capture (25 s for a 70B model on meta)
     captured = opts.prepare()
