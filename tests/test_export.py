@@ -161,6 +161,57 @@ def test_a_model_that_also_returns_constants_exports_to_onnx(tmp_path):
     torch.testing.assert_close(y, model(x)[0])
 
 
+class _ReturnsNoTensor(nn.Module):
+    def __init__(self, returns: str) -> None:
+        super().__init__()
+        self.lin, self.returns = nn.Linear(8, 8), returns
+
+    def forward(self, x):
+        self.lin(x)  # computed, not returned
+        if self.returns == "nones":
+            return None, {"a": None}
+        if self.returns == "constants":
+            return None, 3
+        return None
+
+
+@pytest.mark.parametrize(
+    "returns,said",
+    [
+        ("none", "returns None"),
+        ("nones", "returns only None values"),
+        ("constants", "returns no tensor, only constants"),
+    ],
+)
+def test_a_model_returning_no_tensor_is_refused_for_onnx_in_one_line_leaving_nothing(capsys, tmp_path, returns, said):
+    """QA: the file was exported with no output and ONNX Runtime refused to load it, in a line of C++ ("OrtValue
+    indexes should have been populated") with a hint about dtypes. Refused before exporting, nothing staged."""
+    model, x = _ReturnsNoTensor(returns).eval(), torch.randn(2, 8)
+    with pytest.raises(ExportError) as info:
+        export_model(model, "onnx", tmp_path / "m.onnx", example_inputs=(x,))
+    assert info.value.message == (
+        f"cannot export _ReturnsNoTensor to onnx: the model {said}, and an ONNX file needs at least one output tensor"
+    )
+    assert info.value.exit_code == EXIT_CAPTURE and "OrtValue" not in info.value.message
+    assert _files(tmp_path) == []  # no file, no hidden staging directory
+    if returns == "none":  # the command line: one error line, exit 3, --no-verify too (it wrote a file with no output)
+        source = tmp_path / "src" / "net.py"
+        source.parent.mkdir()
+        source.write_text(
+            "from torch import nn\n\n\nclass ReturnsNothing(nn.Linear):\n"
+            "    def __init__(self):\n        super().__init__(8, 8)\n\n"
+            "    def forward(self, x):\n        super().forward(x)\n"
+        )
+        out_dir = tmp_path / "out"
+        out_dir.mkdir()
+        for extra in ([], ["--no-verify"]):
+            args = ["export", f"{source}:ReturnsNothing", "-i", "2x8", "-o", str(out_dir / "m.onnx"), *extra]
+            code, out, err = run(capsys, *args)
+            assert code == EXIT_CAPTURE and err.startswith("error: cannot export ReturnsNothing to onnx: the model")
+            assert len(err.splitlines()) == 2 and "OrtValue" not in out + err and "Traceback" not in err  # and a hint
+        assert _files(out_dir) == []
+
+
 _Pair = collections.namedtuple("_Pair", "logits features")
 
 

@@ -317,6 +317,8 @@ def export_model(
     name = type(target.original if isinstance(target, Captured) else target).__name__
     if not script:
         _refuse_unregistered_dataclass(_example_output(reference, inputs), name)
+    if to == "onnx":
+        _refuse_no_tensor_output(_example_output(reference, inputs), name)
     start = time.perf_counter()
     # tracing and exporting run the caller's modules: a model in training mode would update its BatchNorm
     # statistics (even when the export then fails); whatever the runs wrote is undone
@@ -609,6 +611,26 @@ def _tensor_outputs_only(module: nn.Module, output: Any) -> nn.Module:
     if all(isinstance(leaf, torch.Tensor) for leaf in leaves):
         return module
     return _TensorOutputs(module)
+
+
+def _refuse_no_tensor_output(output: Any, name: str) -> None:
+    """An ONNX graph needs at least one output tensor: a model returning None (or only None and numbers) was exported
+    to a file ONNX Runtime refuses to load, and said so in a line of C++ ("OrtValue indexes should have been
+    populated") with a hint about dtypes (QA). Refused before anything is exported or staged."""
+    leaves = pytree.tree_leaves(output)
+    if any(isinstance(leaf, torch.Tensor) for leaf in leaves):
+        return
+    if output is None:
+        shown = "None"
+    elif all(leaf is None for leaf in leaves):
+        shown = "only None values"
+    else:
+        shown = "no tensor, only constants"
+    raise ExportError(
+        f"cannot export {name} to onnx: the model returns {shown}, and an ONNX file needs at least one output tensor",
+        hint="return the tensors the model computes",
+        construct="output without a tensor",
+    )
 
 
 def _example_output(reference: Any, inputs: tuple[Any, ...]) -> Any:
