@@ -35,6 +35,10 @@ class Net(nn.Module):
     def forward(self, x):
         return self.lin(x)
 
+    @classmethod
+    def narrow(cls):
+        return cls(2)
+
 
 def make_net(width: int = 8):
     return Net(width)
@@ -269,6 +273,33 @@ def test_file_factory_errors(factories: Path, attr: str, needle: str):
         load_model(f"{factories}:{attr}")
     assert needle in info.value.message
     assert_one_line(info.value)
+
+
+@pytest.mark.parametrize(
+    "attr,message,hint",
+    [
+        ("Net.forward", "forward is a method of the class Net", "name the class: {factories}:Net"),
+        ("Net.__init__", "__init__ is a method of the class Net", "name the class: {factories}:Net"),
+        ("instance.forward", "forward is a method of the module instance", "name the module: {factories}:instance"),
+    ],
+)
+def test_a_spec_naming_a_method_names_the_class_instead(capsys, factories: Path, attr: str, message: str, hint: str):
+    """QA: file.py:Net.forward was called as a factory without its instance, and the hint said
+    ``--model-arg self=VALUE``."""
+    from fxforge.cli import main
+
+    with pytest.raises(ModelSpecError) as info:
+        load_model(f"{factories}:{attr}")
+    assert info.value.message.startswith(f"{factories}:{attr}: {message}: a model spec names a model, class or")
+    assert info.value.hint.startswith(hint.format(factories=factories)) and "self" not in info.value.hint
+    assert_one_line(info.value)
+    assert main(["inspect", f"{factories}:{attr}"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert f"hint: {hint.format(factories=factories)}" in err and "--model-arg" not in err and "Traceback" not in err
+
+
+def test_a_classmethod_is_a_factory(factories: Path):
+    assert load_model(f"{factories}:Net.narrow").module.lin.in_features == 2
 
 
 def test_a_factory_that_needs_an_argument_says_how_to_give_it(factories: Path):

@@ -865,13 +865,16 @@ def _load_from_import(module_path: str, attr: str, spec: str, kwargs: dict[str, 
 
 def _from_attribute(module: Any, attr: str, spec: str, kwargs: dict[str, Any]) -> LoadedModel:
     target = module
-    for part in attr.split("."):
+    parts = attr.split(".")
+    for index, part in enumerate(parts):
         if not hasattr(target, part):
             # a user file's module name (fxforge_user_<stem>) is fxforge's, not the user's: name the file
             where = getattr(module, "__name__", module)
             if str(where).startswith("fxforge_user_"):
                 where = Path(module.__file__).name
             raise ModelSpecError(f"{spec}: {where} has no attribute {attr!r}")
+        if index and _is_method(target, part):  # index 0: a module-level function, a factory
+            _refuse_method(spec, attr, parts[:index], part, instance=isinstance(target, nn.Module))
         target = getattr(target, part)
     if isinstance(target, nn.Module):
         model = target
@@ -882,6 +885,37 @@ def _from_attribute(module: Any, attr: str, spec: str, kwargs: dict[str, Any]) -
     if not isinstance(model, nn.Module):
         raise ModelSpecError(f"{spec}: {attr}() returned {with_article(type(model).__name__)}, not an nn.Module")
     return LoadedModel(model, spec, _user_example_inputs(module))
+
+
+def _is_method(owner: Any, name: str) -> bool:
+    """Whether ``owner.name`` is a method that needs (or is bound to) an instance: ``Net.forward`` or
+    ``Net.__init__`` on a class, ``model.forward`` on a module instance; not a staticmethod or classmethod
+    (``Net.from_config``: a factory) nor a nested class."""
+    if isinstance(owner, nn.Module):
+        return pyinspect.ismethod(getattr(owner, name))
+    if not pyinspect.isclass(owner):
+        return False
+    try:
+        raw = pyinspect.getattr_static(owner, name)
+    except AttributeError:  # provided by a metaclass's __getattr__: not a method defined on the class
+        return False
+    if isinstance(raw, (staticmethod, classmethod)):
+        return False
+    return pyinspect.isfunction(raw) or pyinspect.ismethoddescriptor(raw)
+
+
+def _refuse_method(spec: str, attr: str, owner: list[str], method: str, instance: bool) -> None:
+    """A spec naming a method (``file.py:Net.forward``) was called as a factory without its instance, and the error
+    hinted ``--model-arg self=VALUE`` (QA): the spec names the class (or the module instance) instead."""
+    name = ".".join(owner)
+    suggested = f"{spec[: len(spec) - len(attr)]}{name}"
+    kind = "module" if instance else "class"
+    builds = "captures its forward" if instance else "builds it and captures its forward"
+    raise ModelSpecError(
+        f"{spec}: {method} is a method of the {kind} {name}: a model spec names a model, class or factory, "
+        "not a method",
+        hint=f"name the {kind}: {suggested} (fxforge {builds})",
+    )
 
 
 def _user_example_inputs(module: Any) -> list[InputSpec]:
