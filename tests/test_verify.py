@@ -1198,3 +1198,32 @@ def test_verify_takes_another_capture_as_the_candidate():
     with torch.no_grad():
         next(broken.graph_module.parameters()).add_(1.0)
     assert not fxforge.verify(reference, broken).ok
+
+
+@pytest.mark.parametrize(
+    "concrete,inputs,said",
+    [
+        ("k=1", ["2x8"], "--concrete k: {spec}'s forward has no argument 'k'"),
+        ("n", ["2x8"], "--concrete 'n' is not KEY=VALUE"),
+        ("n=[1,", ["2x8"], "--concrete 'n=[1,': the value is not valid YAML"),
+        # QA: "the model rejected the verification inputs ... got multiple values for argument 'x'", hinting --input
+        ("x=1", ["2x8"], "--concrete x: {spec}'s forward gets x from example input 1 of 1, so it cannot also be fixed"),
+        ("n=2", ["2x8", "2x8"], "--concrete n: {spec}'s forward gets n from example input 2 of 2"),
+    ],
+)
+def test_verify_concrete_names_the_argument_and_why_in_one_line(capsys, concrete, inputs, said):
+    from pathlib import Path
+
+    from fxforge.cli import main
+
+    spec = f"{Path(__file__).parent / 'cli_models.py'}:TakesACount"  # forward(x, n)
+    given = [arg for shape in inputs for arg in ("-i", shape)]
+    assert main(["verify", spec, spec, *given, "--cases", "2", "--concrete", concrete]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {said.format(spec=spec)}") and err.count("\n") == 2 and "Traceback" not in err
+    assert main(["verify", spec, spec, "-i", "2x8", "--cases", "2", "--concrete", "n=2"]) == 0  # the right one
+
+
+def test_prepare_refuses_a_concrete_argument_an_example_input_fills():
+    with pytest.raises(fxforge.FxforgeError, match=r"^concrete_args 'x': demo's forward gets x from example input 1"):
+        fxforge.prepare("demo", concrete_args={"x": 1})

@@ -98,6 +98,8 @@ def prepare(
     else:
         specs = resolve_inputs(loaded, inputs)  # type: ignore[arg-type]
         example = make_inputs(specs, seed=seed, device=device or "cpu")
+    if concrete_args:
+        _refuse_arguments_the_inputs_fill(loaded.module, concrete_args, len(example), loaded.spec)
     functions = _wrapped_functions(wrap)
     try:
         captured = capture(
@@ -210,6 +212,7 @@ def verify_specs(
         cand_loaded = LoadedModel(stages, str(candidate), read_inputs(Path(candidate)) or [], file=label)
     else:
         cand_loaded = load_model(candidate, seed=seed, model_kwargs=model_kwargs, trust_pickle=trust_pickle)
+    unfixed_reference = ref_loaded.module
     if concrete_args:
         fixed = dict(concrete_args)
         _refuse_unknown_arguments(ref_loaded.module, fixed, ref_loaded.spec)
@@ -227,6 +230,8 @@ def verify_specs(
         specs_source = cand_loaded if cand_loaded.default_inputs else ref_loaded
     specs = resolve_inputs(specs_source, inputs)
     example = make_inputs(specs, seed=seed)
+    if concrete_args:
+        _refuse_arguments_the_inputs_fill(unfixed_reference, concrete_args, len(example), ref_loaded.spec)
     if specs_source is ref_loaded and not inputs and _records_its_inputs(ref_loaded):
         # a candidate that cannot take the shapes the reference file records is no mismatch but a question of
         # inputs, said as the other order says it (QA: verify FILE SPEC read MISMATCH, verify SPEC FILE this)
@@ -352,6 +357,29 @@ def _refuse_unknown_arguments(module: Any, fixed: Mapping[str, Any], spec: str) 
             f"argument {unknown[0]!r}",
             hint=f"its forward takes {', '.join(_forward_parameters(module)) or 'no named arguments'}",
         )
+
+
+def _refuse_arguments_the_inputs_fill(module: Any, fixed: Mapping[str, Any], count: int, spec: str) -> None:
+    """A fixed argument that an example input also fills by position (``--concrete x=1`` where x is the input) made
+    the model raise "got multiple values for argument 'x'", reported as the model rejecting its inputs with a hint
+    about --input shapes (QA): said as what it is, naming the argument."""
+    try:
+        parameters = list(pyinspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError, AttributeError):
+        return
+    positional = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    filled = positional[:count]
+    taken = [name for name in filled if name in fixed]
+    if not taken:
+        return
+    name = taken[0]
+    free = [p.name for p in parameters if p.name not in filled and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    raise InputSpecError(
+        f"{said('--concrete ' + name, f'concrete_args {name!r}')}: {spec}'s forward gets {name} from example input "
+        f"{filled.index(name) + 1} of {count}, so it cannot also be fixed",
+        hint=f"the example inputs fill {', '.join(filled)} by position; {said('--concrete', 'concrete_args')} fixes "
+        f"the others ({', '.join(free) or 'this forward has none'})",
+    )
 
 
 def _give_onnx_the_structure_of(onnx_side: Any, other: nn.Module, example: Sequence[Any]) -> None:
