@@ -282,10 +282,11 @@ def test_a_buffer_written_in_forward_is_sent_to_the_stage_that_reads_it_later(tm
     _three_calls_match(model, tmp_path / "out")
 
 
-def test_a_buffer_read_before_it_is_written_keeps_its_reads_and_writes_in_one_stage(tmp_path):
+@pytest.mark.parametrize("method", ["symbolic_trace", "export"])
+def test_a_buffer_read_before_it_is_written_keeps_its_reads_and_writes_in_one_stage(tmp_path, method):
     torch.manual_seed(0)
     model = _ReadsThenWritesLate().eval()
-    captured = capture(model, (torch.randn(2, 8),))
+    captured = capture(model, (torch.randn(2, 8),), method=method)
     options = cut_options(captured)
     first, last = options.nodes.index("add"), options.nodes.index("add_")
     assert not any(options.allowed[first + 1 : last + 1]) and options.allowed[first]
