@@ -823,6 +823,20 @@ def test_a_torch_only_pass_on_a_model_symbolic_trace_cannot_capture_says_so():
     assert info.value.hint == "capture with method='symbolic_trace'"
 
 
+def test_a_torch_only_pass_where_symbolic_trace_failed_without_a_location_names_the_error():
+    """QA: GPT-2's trace fails with no line of the user's to name, and the hint read "it stopped), so
+    replace_modules cannot run on it"; the error says why instead."""
+    from pathlib import Path
+
+    tricky = Path(__file__).parent / "tricky_models.py"
+    captured = fxforge.prepare(f"{tricky}:LenOfTensor", ["2x8"])
+    failed = captured.record.trace_failure
+    failed.location = None
+    with pytest.raises(PassError) as info:
+        optimize(captured, ["replace_modules"])
+    assert f"(it stopped with {failed.error}), so replace_modules" in info.value.hint
+
+
 def test_a_pass_that_crashes_is_an_internal_error_in_one_line(capsys):
     """QA: fold_bn crashing (on a pruned conv) exited 2, the code of bad input, although the input was fine."""
     from fxforge.cli import main

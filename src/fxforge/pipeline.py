@@ -329,7 +329,9 @@ class Pipeline:
                 continue
             failed = captured.record.trace_failure
             if failed is not None and "torch" in spec.dialects:
-                at = f" at {failed.location}" if failed.location else ""
+                # without a line of the user's (transformers' **kwargs forward), the error says why (QA: "it
+                # stopped), so" said nothing)
+                at = f" at {failed.location}" if failed.location else f" with {failed.error}"
                 rewrites = captured.dialect in get_pass("replace_pattern").dialects
                 hint = (
                     f"symbolic_trace cannot capture this model (it stopped{at}), so {step.name} cannot run on it"

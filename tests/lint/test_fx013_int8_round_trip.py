@@ -171,3 +171,14 @@ def test_not_run_where_symbolic_trace_failed_says_where_it_stopped_not_to_use_it
     skipped = next(s for s in lint(captured).rules_skipped if s.startswith("FX013"))
     assert "symbolic_trace cannot capture this model: it stopped at" in skipped and "len(x)" in skipped
     assert "capture with" not in skipped
+
+
+def test_not_run_where_symbolic_trace_failed_without_a_location_says_why():
+    """QA: a transformers model's trace fails in a wrapper with no line of the user's (GPT-2: "co_varnames is too
+    small"), and the note ended "it stopped)", saying nothing; the error is named instead."""
+    tricky = Path(__file__).parent.parent / "tricky_models.py"
+    captured = prepare(f"{tricky}:LenOfTensor", ["2x8"])
+    failed = captured.record.trace_failure
+    failed.location = None
+    skipped = next(s for s in lint(captured).rules_skipped if s.startswith("FX013"))
+    assert f"it stopped with {failed.error})" in skipped
