@@ -837,6 +837,18 @@ def test_a_torch_only_pass_where_symbolic_trace_failed_without_a_location_names_
     assert f"(it stopped with {failed.error}), so replace_modules" in info.value.hint
 
 
+def test_a_torch_only_pass_on_a_loaded_aten_graph_does_not_advise_a_capture_method():
+    """QA: on an optimize output's model.pt2 the hint said "capture with --method symbolic_trace", which a saved
+    graph ignores (it is not captured again): the same refusal came back."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).eval()
+    x = torch.randn(2, 4)
+    captured = fxforge.capture(torch.export.export(model, (x,)).module(), (x,))
+    assert captured.dialect == "aten" and captured.record.method == "loaded"
+    with pytest.raises(PassError) as info:
+        optimize(captured, ["replace_modules"])
+    assert "capture with" not in info.value.hint and "already an aten graph" in info.value.hint
+
+
 def test_a_pass_that_crashes_is_an_internal_error_in_one_line(capsys):
     """QA: fold_bn crashing (on a pruned conv) exited 2, the code of bad input, although the input was fine."""
     from fxforge.cli import main

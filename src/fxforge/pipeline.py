@@ -23,7 +23,7 @@ import tomllib
 import yaml
 from torch import fx
 
-from fxforge.capture import Captured, has_shapes, placeholder_values, record_shapes
+from fxforge.capture import LOADED, Captured, has_shapes, placeholder_values, record_shapes
 from fxforge.errors import FxforgeError, first_line, one_line_reason, option
 from fxforge.lint import lint
 from fxforge.passes import (
@@ -328,11 +328,19 @@ class Pipeline:
             if captured.dialect in spec.dialects:
                 continue
             failed = captured.record.trace_failure
-            if failed is not None and "torch" in spec.dialects:
+            rewrites = captured.dialect in get_pass("replace_pattern").dialects
+            if captured.record.method == LOADED and "torch" in spec.dialects:
+                # a saved program (an optimize output's model.pt2) is not captured again, whatever --method says:
+                # "capture with --method symbolic_trace" was followed, ignored and given again (QA)
+                hint = (
+                    f"this model is already an {captured.dialect} graph, which no capture turns back into the torch "
+                    f"dialect: run {step.name} on the model it was made from"
+                    + (f"; on its {captured.dialect} graph, replace_pattern rewrites ops" if rewrites else "")
+                )
+            elif failed is not None and "torch" in spec.dialects:
                 # without a line of the user's (transformers' **kwargs forward), the error says why (QA: "it
                 # stopped), so" said nothing)
                 at = f" at {failed.location}" if failed.location else f" with {failed.error}"
-                rewrites = captured.dialect in get_pass("replace_pattern").dialects
                 hint = (
                     f"symbolic_trace cannot capture this model (it stopped{at}), so {step.name} cannot run on it"
                     + (f"; on its {captured.dialect} graph, replace_pattern rewrites ops" if rewrites else "")

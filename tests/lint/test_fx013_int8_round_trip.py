@@ -182,3 +182,13 @@ def test_not_run_where_symbolic_trace_failed_without_a_location_says_why():
     failed.location = None
     skipped = next(s for s in lint(captured).rules_skipped if s.startswith("FX013"))
     assert f"it stopped with {failed.error})" in skipped
+
+
+def test_not_run_on_a_loaded_aten_graph_does_not_advise_a_capture_method():
+    """QA: on an optimize output's model.pt2 the note said "capture with --method symbolic_trace"; a graph is not
+    captured again, so the option was ignored and the same note given again."""
+    program = torch.export.export(MethodFlatten().eval(), (X,)).module()
+    captured = capture(program, (X,))
+    assert captured.dialect == "aten" and captured.record.method == "loaded"
+    skipped = next(s for s in lint(captured).rules_skipped if s.startswith("FX013"))
+    assert "capture with" not in skipped and "already an aten graph" in skipped

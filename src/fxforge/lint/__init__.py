@@ -16,7 +16,7 @@ from typing import Any
 from torch import fx, nn
 
 from fxforge import display
-from fxforge.capture import Captured
+from fxforge.capture import LOADED, Captured
 from fxforge.errors import EXIT_INTERNAL, FxforgeError, one_line_reason, option
 from fxforge.graphs import branch_graphs, dialect_of, graph_fingerprint, module_path
 from fxforge.passes import FIX_ORDER, registered_passes
@@ -201,7 +201,15 @@ def _select_rules(select: Iterable[str] | None, ignore: Iterable[str] | None) ->
 def _how_to_get_the_torch_dialect(context: LintContext) -> str:
     """Advice on a rule skipped for needing the torch dialect: capture with symbolic_trace, unless it already failed
     on this model (regression QA: the advice sent the user to a capture that fails)."""
-    failed = context.captured.record.trace_failure if context.captured is not None else None
+    record = context.captured.record if context.captured is not None else None
+    if record is not None and record.method == LOADED:
+        # a saved program (an optimize output's model.pt2): --method is not applied to a graph, so "capture with
+        # --method symbolic_trace" was followed, ignored and given again (QA)
+        return (
+            f" (this model is already an {record.dialect} graph, which no capture turns back into the torch dialect: "
+            "lint the model it was made from)"
+        )
+    failed = record.trace_failure if record is not None else None
     if failed is None:
         return f" (capture with {option('--method', 'symbolic_trace')})"
     # no line of the user's to name (transformers' **kwargs forward): the error says why, where "it stopped)" said
