@@ -1227,3 +1227,18 @@ def test_verify_concrete_names_the_argument_and_why_in_one_line(capsys, concrete
 def test_prepare_refuses_a_concrete_argument_an_example_input_fills():
     with pytest.raises(fxforge.FxforgeError, match=r"^concrete_args 'x': demo's forward gets x from example input 1"):
         fxforge.prepare("demo", concrete_args={"x": 1})
+
+
+class _NoisyInEval(torch.nn.Module):
+    def forward(self, x):
+        return x + torch.randn_like(x)
+
+
+def test_a_random_graph_in_eval_mode_names_its_random_call_not_model_eval():
+    """QA: exporting an optimize output with insert_after's noise was CANNOT VERIFY "... -- call model.eval() or
+    remove the randomness", for a graph in eval mode that eval() leaves random; the graph's random call is named."""
+    captured = fxforge.prepare(_NoisyInEval().eval(), "2x4", method="export")
+    result = verify(captured, copy.deepcopy(captured.graph_module))
+    assert not result.ok
+    problem = next(p for p in result.problems if "not deterministic" in p)
+    assert "it calls randn_like" in problem and "model.eval()" not in problem

@@ -49,7 +49,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from fxforge import display
 from fxforge.artifacts import AotiModule, AutocastModule, CompiledModule, OnednnFusion, OnnxRuntimeModule
-from fxforge.capture import Captured, placeholder_values
+from fxforge.capture import Captured, _random_sources, _randomness_hint, placeholder_values
 from fxforge.compare import (
     TOLERANCES,
     TYPE_DIFFERS,
@@ -656,9 +656,21 @@ class Verifier:
             self.nondeterministic = True
             self.problems.append(
                 f"the reference is not deterministic: two runs on the same inputs differ (max abs err "
-                f"{again.max_abs_err:.3g}); random ops (dropout in training mode, torch.rand) make its outputs "
-                "unprovable -- call model.eval() or remove the randomness"
+                f"{again.max_abs_err:.3g}); {self._randomness_advice()}"
             )
+
+    def _randomness_advice(self) -> str:
+        """What makes the reference random, where its graph names it (as capture's note does): "call model.eval()"
+        was the advice for a graph in eval mode whose randomness is insert_after's noise (QA). In capture's words, as
+        its note on the same finding."""
+        graph = self.captured.graph_module if self.captured is not None else self.module
+        sources = _random_sources(graph) if isinstance(graph, fx.GraphModule) else []
+        if sources:
+            return f"its outputs are unprovable: {_randomness_hint(sources, self.module)}"
+        return (
+            "random ops (dropout in training mode, torch.rand) make its outputs unprovable -- call model.eval() or "
+            "remove the randomness"
+        )
 
     # -- the candidate side
 
