@@ -948,3 +948,26 @@ def test_the_package_imports_names_from_the_users_sibling_modules(tmp_path, monk
     elsewhere.mkdir()
     (tmp_path / "out").rename(elsewhere / "out")
     subprocess.run([sys.executable, "-c", script], check=True, cwd=elsewhere)
+
+
+def test_a_loaded_graph_no_pass_changed_is_not_called_verified(tmp_path, capsys):
+    """QA: ``optimize out/model.pt2 --verify`` with passes that changed nothing printed "verified: outputs match the
+    model on 16 cases": the loaded graph against a copy of itself, a check that could not fail."""
+    from fxforge.cli import main
+
+    captured = fxforge.prepare("demo")
+    bare = captured.graph_module
+    unchanged = Pipeline(["remove_identity"], verify_each=True).run(bare, inputs=captured.example_inputs)
+    assert unchanged.ok and unchanged.compared_with_itself and unchanged.to_dict()["compared_with_itself"]
+    changed = Pipeline(["fold_bn"], verify_each=True).run(bare, inputs=captured.example_inputs)
+    assert changed.ok and not changed.compared_with_itself  # a rewritten graph: the check could have failed
+    # a model captured from its code: the graph is checked against the model itself, changed or not
+    assert not Pipeline(["remove_identity"], verify_each=True).run(captured).compared_with_itself
+
+    assert main(["optimize", "demo", "-p", "fold_bn", "-o", str(tmp_path / "a")]) == 0
+    capsys.readouterr()
+    assert main(["optimize", str(tmp_path / "a"), "-p", "remove_identity", "--verify", "-o", str(tmp_path / "b")]) == 0
+    out = capsys.readouterr().out
+    assert "nothing to verify: no pass changed the graph" in out and "verified" not in out
+    html = (tmp_path / "b" / "report.html").read_text()
+    assert "Nothing to verify: no pass changed the graph" in html

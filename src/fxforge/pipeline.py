@@ -90,6 +90,9 @@ class PipelineResult:
     failed_pass: str | None = None
     problem: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    # no pass changed the graph and the reference is that graph itself (a bare GraphModule, a loaded program):
+    # the final check compared it with a copy of itself, which could not fail, so it is not called "verified"
+    compared_with_itself: bool = False
 
     @property
     def ok(self) -> bool:
@@ -112,6 +115,7 @@ class PipelineResult:
             "failed_pass": self.failed_pass,
             "problem": self.problem,
             "rolled_back": [s.result.name for s in self.rolled_back],
+            "compared_with_itself": self.compared_with_itself,
             "timings": {k: round(v, 3) for k, v in self.timings.items()},
         }
 
@@ -306,7 +310,9 @@ class Pipeline:
             culprit = None if final.ok else self._culprit(records, final, verifier)
             timings["verify"] = timings.get("verify", 0.0) + time.perf_counter() - start
             if culprit is None:
-                return PipelineResult(work, records, final, timings=timings)
+                unchanged = not any(r.result.changed and not r.rolled_back for r in records)
+                itself = captured is None or captured.record.method == LOADED
+                return PipelineResult(work, records, final, timings=timings, compared_with_itself=unchanged and itself)
             record = records[culprit]
             if not self.keep_going:
                 return PipelineResult(

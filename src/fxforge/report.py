@@ -141,7 +141,12 @@ def report(
             title=spec,
         )
         sections += [
-            verify_section(data.get("verify"), failed_pass=data.get("failed_pass"), problem=data.get("problem")),
+            verify_section(
+            data.get("verify"),
+            failed_pass=data.get("failed_pass"),
+            problem=data.get("problem"),
+            compared_with_itself=bool(data.get("compared_with_itself")),
+        ),
             changelog_section(data),
         ]
         graph_title = "Diff: the rewritten graph over the captured one"

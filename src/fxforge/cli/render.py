@@ -249,7 +249,14 @@ def render_optimize(console: Console, spec: str, result: Any) -> None:
         console.print("  nothing was written")
     elif pipeline.verification is not None:
         check = pipeline.verification
-        if check.ok:
+        if check.ok and pipeline.compared_with_itself:
+            # QA: "verified" was printed for a loaded program no pass changed, compared with a copy of itself
+            console.print(
+                f"[yellow]nothing to verify[/]: no pass changed the graph, and the model is this graph itself "
+                f"(loaded, not captured from a model's code), so comparing them could not fail; it ran on "
+                f"{check.describe_inputs()}"
+            )
+        elif check.ok:
             console.print(
                 f"[green]verified[/]: outputs match the model on {check.describe_inputs()} "
                 f"(max abs err {check.max_abs_err:.2g}, max rel err {check.max_rel_err:.2g}{_within(check)})"

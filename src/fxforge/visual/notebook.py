@@ -29,7 +29,12 @@ def optimize_html(result: Any) -> str:
     """The change log, the verification and -- when the result knows its captured model -- the diff graph."""
     data = result.pipeline.to_dict()
     parts = [
-        verify_section(data.get("verify"), failed_pass=data.get("failed_pass"), problem=data.get("problem")),
+        verify_section(
+            data.get("verify"),
+            failed_pass=data.get("failed_pass"),
+            problem=data.get("problem"),
+            compared_with_itself=bool(data.get("compared_with_itself")),
+        ),
         changelog_section(data),
     ]
     captured = getattr(result, "captured", None)

@@ -61,7 +61,12 @@ def optimize_report_html(captured: Captured, pipeline: Any, spec: str | None = N
         title=f"{spec or 'model'}: {', '.join(names)}",
     )
     sections = [
-        verify_section(data.get("verify"), failed_pass=data.get("failed_pass"), problem=data.get("problem")),
+        verify_section(
+            data.get("verify"),
+            failed_pass=data.get("failed_pass"),
+            problem=data.get("problem"),
+            compared_with_itself=bool(data.get("compared_with_itself")),
+        ),
         changelog_section(data),
     ]
     after = [capture_section(spec, captured.record.to_dict()), environment_section(environment())]
