@@ -1059,3 +1059,18 @@ def test_a_name_that_is_no_transformers_model_class_gets_a_model_class_or_why():
     assert _transformers_class_hint("GPT2LMHeadModle", names) == "did you mean GPT2LMHeadModel?"
     for refused in ("BertConfig", "pipeline"):  # no model class near: the example, never the name refused
         assert _transformers_class_hint(refused, names) == "e.g. transformers:BertModel"
+
+
+def test_a_method_asking_for_the_other_dialect_of_a_loaded_graph_is_refused(tmp_path):
+    """QA: ``inspect out/model.pt2 --method symbolic_trace`` used the ATen graph as it is, silently: --method was
+    ignored. The same dialect is fine (nothing to capture again)."""
+    import fxforge
+    from fxforge.errors import FxforgeError
+
+    captured = fxforge.prepare("demo", method="export")
+    path = tmp_path / "demo.pt2"
+    torch.export.save(captured.exported_program, path)
+    with pytest.raises(FxforgeError, match=r"asks for a torch-dialect graph, but the model is already an ATen") as info:
+        fxforge.prepare(str(path), method="symbolic_trace")
+    assert info.value.exit_code == EXIT_USAGE
+    assert fxforge.prepare(str(path), method="export").dialect == ATEN

@@ -1209,6 +1209,15 @@ def capture(
     if exported_program is not None or isinstance(model, fx.GraphModule):
         gm = model if isinstance(model, fx.GraphModule) else exported_program.module()
         record = CaptureRecord(LOADED, dialect_of(gm))
+        asked = {"symbolic_trace": TORCH, SYMBOLIC_TRACE: TORCH, "export": ATEN, EXPORT: ATEN}.get(method)
+        if asked is not None and asked != record.dialect:
+            # a graph is used as it is, not captured again: --method was silently ignored (QA)
+            names = {TORCH: "a torch-dialect", ATEN: "an ATen"}
+            raise FxforgeError(  # bad input (exit 2), not a capture that failed
+                f"{option('--method', method)} asks for {names[asked]} graph, but the model is already "
+                f"{names[record.dialect]} graph (a saved program or GraphModule), used as it is, not captured again",
+                hint=f"drop {option('--method', method)}, or capture the model the graph was made from",
+            )
         captured = Captured(gm, model, inputs, record, kwargs, exported_program)
     else:
         captured = _capture_module(
