@@ -200,8 +200,11 @@ def test_transformers_weights_larger_than_memory_are_refused_before_the_build(mo
     )  # 2048 pages of 4 KiB
     built = []
     monkeypatch.setattr(models, "_redraw_zero_layers", built.append)  # the real build would come after the check
-    with pytest.raises(ModelSpecError, match=r"transformers:BertModel has [\d,]+ parameters, 0.01 GiB of weights: "
-                       r"more than 90% of this machine's 0.01 GiB") as info:
+    with pytest.raises(
+        ModelSpecError,
+        match=r"transformers:BertModel has [\d,]+ parameters, 0.01 GiB of weights: "
+        r"more than 90% of this machine's 0.01 GiB",
+    ) as info:
         load_model("transformers:BertModel", model_kwargs=config)
     assert "device='meta'" in info.value.hint and not built
     meta = load_model("transformers:BertModel", model_kwargs=config, device="meta")  # no weights: no check
@@ -1074,3 +1077,25 @@ def test_a_method_asking_for_the_other_dialect_of_a_loaded_graph_is_refused(tmp_
         fxforge.prepare(str(path), method="symbolic_trace")
     assert info.value.exit_code == EXIT_USAGE
     assert fxforge.prepare(str(path), method="export").dialect == ATEN
+
+
+def test_an_encoder_decoder_gets_decoder_inputs_by_default():
+    """QA: ``fxforge inspect transformers:T5Model`` failed on its default inputs, "You must specify exactly one of
+    input_ids or inputs_embeds" (its decoder's), and inputs are positional: the mask and decoder ids come next."""
+    pytest.importorskip("transformers")
+    config = {"d_model": 16, "d_ff": 32, "num_layers": 1, "num_heads": 2, "d_kv": 8, "vocab_size": 64}
+    loaded = load_model("transformers:T5Model", model_kwargs=config)
+    assert [(s.shape, s.dtype, s.high) for s in loaded.default_inputs] == [
+        ((1, 16), torch.int64, 64),
+        ((1, 16), torch.int64, 2),  # the attention mask: 0 or 1
+        ((1, 16), torch.int64, 64),
+    ]
+    import fxforge
+
+    captured = fxforge.prepare("transformers:T5Model", model_kwargs=config)
+    assert captured.graph_module is not None
+    encoder_only = load_model(
+        "transformers:BertModel",
+        model_kwargs={"hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 32},
+    )
+    assert len(encoder_only.default_inputs) == 1

@@ -531,6 +531,7 @@ def _load_transformers(class_name: str, spec: str, kwargs: dict[str, Any]) -> Lo
         vocabulary = getattr(config, "vocab_size", None)
         high = vocabulary if isinstance(vocabulary, int) and vocabulary > 0 else None
         inputs = [InputSpec((1, 16), torch.int64, high=high)]
+        inputs += _decoder_inputs(cls, config, inputs[0])
     elif main_input == "pixel_values":
         size = getattr(config, "image_size", 224)
         size = size if isinstance(size, int) else size[0]
@@ -542,6 +543,22 @@ def _load_transformers(class_name: str, spec: str, kwargs: dict[str, Any]) -> Lo
     if not (inputs and _measure_batchnorms(model, inputs[0])):
         _randomise_batchnorms(model)
     return LoadedModel(model, spec, inputs)
+
+
+def _decoder_inputs(cls: type, config: Any, ids: InputSpec) -> list[InputSpec]:
+    """An encoder-decoder's (T5, BART, Marian...) inputs after ``input_ids``, up to ``decoder_input_ids``: a 0/1
+    attention mask, then decoder ids like the encoder's. Given only ``input_ids``, every such model refused its
+    default inputs ("You must specify exactly one of input_ids or inputs_embeds", from its decoder: QA), and inputs
+    are positional, so the decoder's come after the mask."""
+    if not getattr(config, "is_encoder_decoder", False):
+        return []
+    try:
+        names = list(pyinspect.signature(cls.forward).parameters)[1:4]  # past self
+    except (TypeError, ValueError):
+        return []
+    if names != ["input_ids", "attention_mask", "decoder_input_ids"]:
+        return []
+    return [InputSpec(ids.shape, torch.int64, high=2), InputSpec(ids.shape, torch.int64, high=ids.high)]
 
 
 def _refuse_weights_larger_than_memory(cls: type, config: Any, spec: str) -> None:
