@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import click
+from click.core import ParameterSource
 from rich.console import Console
 from rich.markup import escape
 from rich.measure import Measurement
@@ -273,21 +274,30 @@ def parse_assignments(values: tuple[str, ...] | list[str], option: str, example:
     return parsed
 
 
+def typed_parameters() -> dict[str, click.Parameter]:
+    """The current command's parameters typed on the command line (not left to their defaults), by name, in the
+    command's order: what a command checks before refusing an option that another one makes useless."""
+    context = click.get_current_context()
+    return {
+        str(param.name): param
+        for param in context.command.params
+        if context.get_parameter_source(str(param.name)) is ParameterSource.COMMANDLINE
+    }
+
+
+def parameter_label(param: click.Parameter) -> str:
+    """How the command line spells a parameter: an option's first flag (``-i``), an argument's name (``MODEL``)."""
+    return param.opts[0] if isinstance(param, click.Option) else param.human_readable_name
+
+
 def refuse_without_verify(no_verify: bool, *verify_only: str) -> None:
     """Refuse the options of ``verify_only`` (parameter names) given on the command line with ``--no-verify``: they
     only tune the verification it turns off, and were silently ignored (``split --no-verify --cases 64``)."""
-    from click.core import ParameterSource
-
     from fxforge.errors import FxforgeError
 
     if not no_verify:
         return
-    context = click.get_current_context()
-    given = [
-        param.opts[0]
-        for param in context.command.params
-        if param.name in verify_only and context.get_parameter_source(param.name) is ParameterSource.COMMANDLINE
-    ]
+    given = [param.opts[0] for name, param in typed_parameters().items() if name in verify_only]
     if given:
         names = ", ".join(given)
         verb = "has" if len(given) == 1 else "have"

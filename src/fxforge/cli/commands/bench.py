@@ -5,9 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
-from click.core import ParameterSource
 
-from fxforge.cli.options import CaptureOptions, capture_options, emit_json, split, stderr, stdout
+from fxforge.cli.options import (
+    CaptureOptions,
+    capture_options,
+    emit_json,
+    parameter_label,
+    split,
+    stderr,
+    stdout,
+    typed_parameters,
+)
 from fxforge.errors import FxforgeError
 
 
@@ -79,8 +87,7 @@ def command(
         return
     if not opts.model:
         raise FxforgeError("bench needs a MODEL", hint="e.g. fxforge bench torchvision:resnet18")
-    source = click.get_current_context().get_parameter_source("backends")
-    if not split(backends) and source is ParameterSource.COMMANDLINE:
+    if not split(backends) and "backends" in typed_parameters():
         # --backends "" (an unset shell variable) ran the default set, as if the option were left out
         known = ", ".join(backend.name for backend in all_backends())
         raise FxforgeError(
@@ -135,12 +142,8 @@ def command(
 
 def _refuse_with_list_backends() -> None:
     """--list-backends lists and exits: a MODEL or another option given with it would be silently ignored."""
-    context = click.get_current_context()
     given = [
-        param.opts[0] if isinstance(param, click.Option) else param.human_readable_name
-        for param in context.command.params
-        if param.name not in ("list_backends", "as_json")
-        and context.get_parameter_source(param.name) is ParameterSource.COMMANDLINE
+        parameter_label(param) for name, param in typed_parameters().items() if name not in ("list_backends", "as_json")
     ]
     if given:
         raise FxforgeError(

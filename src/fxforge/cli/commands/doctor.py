@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import click
-from click.core import ParameterSource
 
-from fxforge.cli.options import emit_json, json_option, status, stdout
+from fxforge.cli.options import emit_json, json_option, status, stdout, typed_parameters
 
 
 @click.command(
@@ -32,7 +31,7 @@ def command(no_peak: bool, seconds: float, as_json: bool) -> None:
     from fxforge.doctor import doctor
     from fxforge.errors import FxforgeError
 
-    if no_peak and click.get_current_context().get_parameter_source("seconds") is ParameterSource.COMMANDLINE:
+    if no_peak and "seconds" in typed_parameters():
         # --seconds times the peak measurement --no-peak skips: refused rather than ignored, as profile refuses
         # --top with --json (QA)
         raise FxforgeError("--seconds applies to the peak measurement, which --no-peak skips", hint="pass one")

@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import click
-from click.core import ParameterSource
 from rich.markup import escape
 
-from fxforge.cli.options import CaptureOptions, capture_options, emit_json, split, stderr, stdout, warn_failed_checks
+from fxforge.cli.options import (
+    CaptureOptions,
+    capture_options,
+    emit_json,
+    parameter_label,
+    split,
+    stderr,
+    stdout,
+    typed_parameters,
+    warn_failed_checks,
+)
 from fxforge.errors import EXIT_FINDINGS, EXIT_INTERNAL, FxforgeError
 
 
@@ -141,12 +150,10 @@ def command(
 def _refuse_with_rules() -> None:
     """--rules lists and exits: a MODEL given with it was silently not linted (QA), as other options were ignored.
     --rule is kept (its rule is listed too), and --json."""
-    context = click.get_current_context()
     given = [
-        param.opts[0] if isinstance(param, click.Option) else param.human_readable_name
-        for param in context.command.params
-        if param.name not in ("list_rules", "rule_references", "as_json")
-        and context.get_parameter_source(param.name) is ParameterSource.COMMANDLINE
+        parameter_label(param)
+        for name, param in typed_parameters().items()
+        if name not in ("list_rules", "rule_references", "as_json")
     ]
     if given:
         raise FxforgeError(

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import click
-from click.core import ParameterSource
 
-from fxforge.cli.options import CaptureOptions, capture_options, emit_json, status, stdout
+from fxforge.cli.options import CaptureOptions, capture_options, emit_json, status, stdout, typed_parameters
 from fxforge.errors import FxforgeError
 
 
@@ -52,9 +51,8 @@ def command(
     from fxforge.cli.render import render_profile
     from fxforge.profile import check_trace_path, profile_model
 
-    context = click.get_current_context()
-    given = ParameterSource.COMMANDLINE
-    shaping = [f"--{name}" for name in ("top", "depth") if context.get_parameter_source(name) is given]
+    given = typed_parameters()
+    shaping = [f"--{name}" for name in ("top", "depth") if name in given]
     if opts.as_json and shaping:
         # the JSON is every node and module, whole: graph --profile colours each node from it, and a script picks
         # its own top rows (jq '.nodes | sort_by(-.time_ms)[:5]'); cutting it silently would mislead both

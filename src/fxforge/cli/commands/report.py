@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import click
-from click.core import ParameterSource
 
-from fxforge.cli.options import CaptureOptions, capture_options, emit_json, split, status, stdout
+from fxforge.cli.options import CaptureOptions, capture_options, emit_json, split, status, stdout, typed_parameters
 from fxforge.errors import EXIT_FINDINGS, FxforgeError
 
 
@@ -77,9 +76,8 @@ def command(
     from fxforge.visual.graph import read_profile
 
     check_report_path(output, force=force)  # before the work: a refusal after it would waste it
-    context = click.get_current_context()
-    given = ParameterSource.COMMANDLINE
-    bench_only = [f"--{name}" for name in ("backends", "repeats") if context.get_parameter_source(name) is given]
+    given = typed_parameters()
+    bench_only = [f"--{name}" for name in ("backends", "repeats") if name in given]
     if bench_only and not do_bench:  # they would be ignored, and the page would have no bench section
         verb = "applies" if len(bench_only) == 1 else "apply"
         raise FxforgeError(f"{', '.join(bench_only)} {verb} to --bench", hint="add --bench")
