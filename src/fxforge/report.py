@@ -39,8 +39,8 @@ from fxforge.visual.sections import (
     environment_section,
     inspect_section,
     lint_section,
+    pipeline_verify_section,
     quantize_section,
-    verify_section,
 )
 
 # Backends a report times unless told otherwise: quick to build (torch.compile's minute of compiling is left out).
@@ -141,12 +141,7 @@ def report(
             title=spec,
         )
         sections += [
-            verify_section(
-            data.get("verify"),
-            failed_pass=data.get("failed_pass"),
-            problem=data.get("problem"),
-            compared_with_itself=bool(data.get("compared_with_itself")),
-        ),
+            pipeline_verify_section(data),
             changelog_section(data),
         ]
         graph_title = "Diff: the rewritten graph over the captured one"

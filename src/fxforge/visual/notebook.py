@@ -7,7 +7,7 @@ from typing import Any
 
 from fxforge.display import card, counted, paragraph
 from fxforge.visual.render import diff_html
-from fxforge.visual.sections import bench_section, changelog_section, quantize_section, verify_section
+from fxforge.visual.sections import bench_section, changelog_section, pipeline_verify_section, quantize_section
 
 
 def optimize_repr(result: Any) -> str:
@@ -29,12 +29,7 @@ def optimize_html(result: Any) -> str:
     """The change log, the verification and -- when the result knows its captured model -- the diff graph."""
     data = result.pipeline.to_dict()
     parts = [
-        verify_section(
-            data.get("verify"),
-            failed_pass=data.get("failed_pass"),
-            problem=data.get("problem"),
-            compared_with_itself=bool(data.get("compared_with_itself")),
-        ),
+        pipeline_verify_section(data),
         changelog_section(data),
     ]
     captured = getattr(result, "captured", None)

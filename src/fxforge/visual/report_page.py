@@ -24,8 +24,8 @@ from fxforge.visual.sections import (
     environment_section,
     graph_section,
     join,
+    pipeline_verify_section,
     quantize_section,
-    verify_section,
 )
 
 REPORT_HTML = "report.html"
@@ -61,12 +61,7 @@ def optimize_report_html(captured: Captured, pipeline: Any, spec: str | None = N
         title=f"{spec or 'model'}: {', '.join(names)}",
     )
     sections = [
-        verify_section(
-            data.get("verify"),
-            failed_pass=data.get("failed_pass"),
-            problem=data.get("problem"),
-            compared_with_itself=bool(data.get("compared_with_itself")),
-        ),
+        pipeline_verify_section(data),
         changelog_section(data),
     ]
     after = [capture_section(spec, captured.record.to_dict()), environment_section(environment())]

@@ -165,6 +165,16 @@ def changelog_section(pipeline: Mapping[str, Any]) -> str:
     return section("Optimize: change log", body, anchor="changelog")
 
 
+def pipeline_verify_section(pipeline: Mapping[str, Any]) -> str:
+    """The Verification section of a pipeline run, from its ``to_dict()``."""
+    return verify_section(
+        pipeline.get("verify"),
+        failed_pass=pipeline.get("failed_pass"),
+        problem=pipeline.get("problem"),
+        compared_with_itself=bool(pipeline.get("compared_with_itself")),
+    )
+
+
 def verify_section(
     check: Mapping[str, Any] | None,
     *,
