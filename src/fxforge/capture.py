@@ -119,6 +119,11 @@ class Attempt:
     location: str | None = None
     action: str | None = None  # what fxforge did about it ("leaf layer1.0", "wrap helpers.norm")
 
+    def where(self) -> str:
+        """Where it stopped, for "it stopped{where}": at the user's line, or, with none to name (transformers'
+        ``**kwargs`` forward), with its error (QA: "it stopped)" said nothing)."""
+        return f" at {self.location}" if self.location else f" with {self.error}"
+
 
 @dataclass
 class OutputCheck:

@@ -344,11 +344,9 @@ class Pipeline:
                     + (f"; on its {captured.dialect} graph, replace_pattern rewrites ops" if rewrites else "")
                 )
             elif failed is not None and "torch" in spec.dialects:
-                # without a line of the user's (transformers' **kwargs forward), the error says why (QA: "it
-                # stopped), so" said nothing)
-                at = f" at {failed.location}" if failed.location else f" with {failed.error}"
                 hint = (
-                    f"symbolic_trace cannot capture this model (it stopped{at}), so {step.name} cannot run on it"
+                    f"symbolic_trace cannot capture this model (it stopped{failed.where()}), so {step.name} cannot "
+                    "run on it"
                     + (f"; on its {captured.dialect} graph, replace_pattern rewrites ops" if rewrites else "")
                     + " (fxforge passes lists each pass's dialects)"
                 )

@@ -212,10 +212,7 @@ def _how_to_get_the_torch_dialect(context: LintContext) -> str:
     failed = record.trace_failure if record is not None else None
     if failed is None:
         return f" (capture with {option('--method', 'symbolic_trace')})"
-    # no line of the user's to name (transformers' **kwargs forward): the error says why, where "it stopped)" said
-    # nothing (QA)
-    at = f" at {failed.location}" if failed.location else f" with {failed.error}"
-    return f" (symbolic_trace cannot capture this model: it stopped{at})"
+    return f" (symbolic_trace cannot capture this model: it stopped{failed.where()})"
 
 
 def lint(
