@@ -885,7 +885,7 @@ CHECK_SEED = 0
 _RANDOM_MODULES = (nn.modules.dropout._DropoutNd, nn.RReLU)
 
 
-def _random_sources(gm: fx.GraphModule) -> list[str]:
+def random_sources(gm: fx.GraphModule) -> list[str]:
     """What in ``gm`` may draw random numbers: random calls (``rand_like``) and dropout in training mode, as
     named in the notes. Static and conservative: :func:`_differs_on_rerun` says whether the model is random."""
     found = []
@@ -934,7 +934,7 @@ def _differs_on_rerun(captured: Captured, reference: Any, seed: int) -> bool:
     return not compare_outputs(reference, again, allow_nonfinite=True).ok
 
 
-def _randomness_hint(sources: Sequence[str], model: Any = None) -> str:
+def randomness_hint(sources: Sequence[str], model: Any = None) -> str:
     if any("training mode" in source for source in sources):
         return f"{' and '.join(s for s in sources if 'training mode' in s)}: call model.eval() for inference"
     if sources:
@@ -1005,10 +1005,10 @@ def _check(captured: Captured, reference: Any, check_batch: int | None) -> bool:
         batch_one = _batch_one_check(captured, check_batch)
         if batch_one is not None:
             record.checks.append(batch_one)
-    sources = _random_sources(captured.graph_module)
+    sources = random_sources(captured.graph_module)
     if record.ok:
         if sources and _differs_on_rerun(captured, reference, CHECK_SEED + 1):
-            why = _randomness_hint(sources, captured.original)
+            why = randomness_hint(sources, captured.original)
             record.notes.append(
                 f"{RANDOM_NOTE}: two calls on the same input differ ({why}); "
                 "the output check ran the model and the graph under the same random seed"
@@ -1017,7 +1017,7 @@ def _check(captured: Captured, reference: Any, check_batch: int | None) -> bool:
     if not _differs_on_rerun(captured, reference, CHECK_SEED):
         return False
     failed = next(c for c in record.checks if not c.ok)
-    why = _randomness_hint(sources, captured.original)
+    why = randomness_hint(sources, captured.original)
     record.checks = []
     record.notes.append(
         f"output check skipped: {RANDOM_NOTE}: two calls on the same input differ, even under the same "
@@ -1259,9 +1259,9 @@ def capture(
             # The model is the graph: comparing the two could not fail. Running it still proves that it takes the
             # example inputs (a rejection is an error); a check line would claim more than that.
             reference = _seeded_reference(captured, CHECK_SEED)
-            sources = _random_sources(captured.graph_module)
+            sources = random_sources(captured.graph_module)
             if sources and _differs_on_rerun(captured, reference, CHECK_SEED + 1):
-                why = _randomness_hint(sources, captured.original)
+                why = randomness_hint(sources, captured.original)
                 captured.record.notes.append(f"{RANDOM_NOTE}: two calls on the same input differ ({why})")
             if check_batch is not None:
                 batched = with_batch(captured.example_inputs, check_batch)

@@ -49,7 +49,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from fxforge import display
 from fxforge.artifacts import AotiModule, AutocastModule, CompiledModule, OnednnFusion, OnnxRuntimeModule
-from fxforge.capture import Captured, _random_sources, _randomness_hint, placeholder_values
+from fxforge.capture import Captured, placeholder_values, random_sources, randomness_hint
 from fxforge.compare import (
     TOLERANCES,
     TYPE_DIFFERS,
@@ -664,9 +664,9 @@ class Verifier:
         was the advice for a graph in eval mode whose randomness is insert_after's noise (QA). In capture's words, as
         its note on the same finding."""
         graph = self.captured.graph_module if self.captured is not None else self.module
-        sources = _random_sources(graph) if isinstance(graph, fx.GraphModule) else []
+        sources = random_sources(graph) if isinstance(graph, fx.GraphModule) else []
         if sources:
-            return f"its outputs are unprovable: {_randomness_hint(sources, self.module)}"
+            return f"its outputs are unprovable: {randomness_hint(sources, self.module)}"
         return (
             "random ops (dropout in training mode, torch.rand) make its outputs unprovable -- call model.eval() or "
             "remove the randomness"
