@@ -688,3 +688,58 @@ def test_timm_mixnet_keeps_no_batch_norm_after_its_mixed_convs(run_verified):
         result = run_verified(captured, "fold_bn")
         assert sum("each its slice of the channels" in line for line in result.log) == 34, method
         assert result.removed == 49 and not result.skipped and batch_norms(result.graph_module) == []
+
+
+class ConvBnStack(nn.Module):
+    """A bias-free conv, a conv with a bias and a Linear + BatchNorm1d: every layer a fold gives a bias."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, bias=False), nn.BatchNorm2d(8), nn.ReLU())
+        self.block = nn.Sequential(nn.Conv2d(8, 8, 3), nn.BatchNorm2d(8))
+        self.head = nn.Linear(8, 4)
+        self.head_norm = nn.BatchNorm1d(4)
+
+    def forward(self, x):
+        return self.head_norm(self.head(self.block(self.stem(x)).mean((2, 3))))
+
+
+def test_an_aten_fold_keeps_the_models_module_paths_in_its_state_dict(capture_as, run_verified):
+    """The ATen dialect stored folded pairs as conv2d_12_folded_weight, losing the model's layout (QA); now the
+    same keys as the torch dialect's folded modules (each layer's weight and a new bias at its own path)."""
+    torch.manual_seed(0)
+    model = random_stats(ConvBnStack())
+    x = torch.randn(2, 3, 9, 9)
+    keys = {}
+    for dialect in DIALECTS:
+        result = run_verified(capture_as(model, x, dialect), "fold_bn")
+        assert result.removed == 3
+        keys[dialect] = set(result.graph_module.state_dict())
+    assert keys["aten"] == keys["torch"] == {
+        "stem.0.weight", "stem.0.bias", "block.0.weight", "block.0.bias", "head.weight", "head.bias"
+    }
+    assert model.stem[0].bias is None and "stem.1.running_mean" in model.state_dict()  # the user's model as it was
+
+
+class KernelConv(nn.Module):
+    """A functional conv whose weight is not called ``weight``: there is no ``bias`` path that goes with it."""
+
+    def __init__(self):
+        super().__init__()
+        self.kernel = nn.Parameter(torch.randn(4, 4, 3, 3))
+        self.bn = nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        return self.bn(F.conv2d(x, self.kernel, padding=1))
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_a_folded_pair_keeps_its_own_names_where_the_weight_is_not_a_layers_weight(dialect, capture_as):
+    torch.manual_seed(0)
+    model = random_stats(KernelConv())
+    x = torch.randn(1, 4, 6, 6)
+    result = apply_pass(capture_as(model, x, dialect).graph_module, "fold_bn")
+    assert result.removed == 1
+    keys = set(result.graph_module.state_dict())
+    assert len(keys) == 2 and all(key.endswith(("_folded_weight", "_folded_bias")) for key in keys), keys
+    assert compare_outputs(model(x), result.graph_module(x)).ok

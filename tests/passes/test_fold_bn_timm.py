@@ -363,8 +363,11 @@ def test_same_padded_conv_that_reads_its_weight_shape(dialect):
     result = check_fold(captured)
 
     assert result.removed == 2
-    originals = {name for name, _ in model.named_parameters()}
-    assert originals.isdisjoint(dict(result.graph_module.named_parameters())), "the unfolded weights are still held"
+    originals = {parameter.data_ptr() for parameter in model.parameters()}
+    held = {parameter.data_ptr() for parameter in result.graph_module.parameters()}
+    assert originals.isdisjoint(held), "the unfolded weights are still held"
+    # the folded pairs are stored at the convs' own paths, as the model's state dict has them
+    assert set(result.graph_module.state_dict()) == {"0.weight", "0.bias", "3.weight", "3.bias"}
 
 
 def test_conv_module_also_passed_whole_to_an_opaque_call():

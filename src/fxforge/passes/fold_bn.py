@@ -1057,7 +1057,9 @@ def _nothing_left_to_fold(gm: fx.GraphModule) -> str | None:
         "unbatched (C, ...) output normalises another axis; a scale or shift that is not one value per output "
         "channel, has another dtype, is not finite, or may change the output's shape; a module call that is made "
         "more than once, passes more than tensors, cannot be traced or computes tensors at trace time. Each "
-        "refusal is listed in the result with its reason. Torch and ATen dialects."
+        "refusal is listed in the result with its reason. Folded weights and biases keep the layer's path in the "
+        "state dict (layer1.0.conv1.weight, and a new layer1.0.conv1.bias) in both dialects, where the old weight "
+        "is read by nothing else. Torch and ATen dialects."
     ),
     ensures=lambda gm, result: _nothing_left_to_fold(gm),
 )
@@ -1085,6 +1087,7 @@ def fold_bn(gm: fx.GraphModule, options: None) -> PassResult:
             erased |= _fold(gm, plan, result)
     if result.changed:
         _drop_stale_attributes(gm, fetched_before)
+        _restore_layer_paths(gm)
     return result
 
 
@@ -1175,7 +1178,58 @@ def _store_pair(gm: fx.GraphModule, plan: FoldPlan, weight: torch.Tensor, bias: 
         weight_node = gm.graph.get_attr(weight_name)
     with gm.graph.inserting_before(producer):
         bias_node = gm.graph.get_attr(bias_name)
+    if plan.layer.weight_node.op == "get_attr":  # where the pair may move once the old weights are gone
+        weight_node.meta[_LAYER_PATH] = ("weight", str(plan.layer.weight_node.target))
+        bias_node.meta[_LAYER_PATH] = ("bias", str(plan.layer.weight_node.target))
     return weight_node, bias_node
+
+
+_LAYER_PATH = "fxforge_fold_bn_layer_path"  # node meta, while the pass runs: (weight|bias, the old weight's path)
+
+
+def _restore_layer_paths(gm: fx.GraphModule) -> None:
+    """Store each folded pair where the layer's own weight was (``layer1.0.conv1.weight`` and ``...conv1.bias``),
+    once the old weight is gone: an ATen graph's state dict then keeps the model's module paths, as the torch
+    dialect's folded modules do, instead of ``conv2d_12_folded_weight`` (QA). Only where both paths are free and
+    their owners are the plain containers fx and torch.export build (never a module of the user's); a weight read
+    elsewhere, or not named ``weight``, keeps the pair's own names."""
+    fetched = {str(n.target) for n in gm.graph.nodes if n.op == "get_attr"}
+    pairs: dict[str, dict[str, fx.Node]] = {}
+    for node in gm.graph.nodes:
+        if node.op == "get_attr" and _LAYER_PATH in node.meta:
+            role, original = node.meta.pop(_LAYER_PATH)
+            pairs.setdefault(original, {})[role] = node
+    for original, nodes in pairs.items():
+        owner_path, _, attr = original.rpartition(".")
+        targets = {"weight": original, "bias": f"{owner_path}.bias" if owner_path else "bias"}
+        if attr != "weight" or set(nodes) != set(targets) or any(t in fetched for t in targets.values()):
+            continue
+        owner = _plain_container(gm, owner_path)
+        if owner is None or any(hasattr(owner, role) for role in targets):
+            continue
+        for role, node in nodes.items():
+            stored = str(node.target)
+            owner.register_parameter(role, gm.get_parameter(stored))
+            delattr(gm, stored)
+            node.target = targets[role]
+            fetched.add(targets[role])
+
+
+def _plain_container(gm: fx.GraphModule, path: str) -> nn.Module | None:
+    """The module at ``path``, made of plain ``nn.Module`` containers where it is missing; None where a module on
+    the way is anything else (it may be the user's own)."""
+    owner: nn.Module = gm
+    for part in path.split(".") if path else []:
+        child = owner._modules.get(part)
+        if child is None:
+            if hasattr(owner, part):
+                return None
+            child = nn.Module()
+            owner.add_module(part, child)
+        elif type(child) is not nn.Module:
+            return None
+        owner = child
+    return owner
 
 
 def _erase_if_unused(gm: fx.GraphModule, *nodes: fx.Node | None) -> None:
