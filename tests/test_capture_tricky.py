@@ -781,6 +781,48 @@ def test_wrapping_a_decorated_function_is_reported_as_wrapped(tmp_path, monkeypa
     assert not [note for note in captured.record.notes if "changed nothing" in note]
 
 
+_GATED_BLOCKS = (
+    "from torch import nn\n"
+    "class Block(nn.Module):\n"
+    "    def __init__(self):\n        super().__init__()\n        self.lin = nn.Linear(4, 4)\n"
+    "    def gate(self, x):\n        if x.sum() > 0:\n            return x * 2\n        return x - 1\n"
+    "    def forward(self, x):\n        return self.gate(self.lin(x))\n"
+    "class Other(nn.Module):\n    def gate(self, x):\n        return x\n"
+    "class Net(nn.Module):\n"
+    "    def __init__(self):\n        super().__init__()\n        self.a, self.b = Block(), Block()\n"
+    "    def forward(self, x):\n        return self.b(self.a(x))\n"
+)
+
+
+def test_wrapping_a_method_of_the_models_modules_keeps_it_as_one_call_on_each(tmp_path, monkeypatch):
+    """--wrap net.py:Block.gate was looked up as a global and refused ("the model's code never calls it by name"),
+    although capture keeps such a method as one call by itself when it stops the trace: now the user may ask."""
+    (tmp_path / "net.py").write_text(_GATED_BLOCKS)
+    monkeypatch.chdir(tmp_path)
+    captured = prepare("net.py:Net", ["2x4"], wrap=["net.py:Block.gate"], method="symbolic_trace")
+    assert captured.record.wrapped == ["a.gate", "b.gate"] and captured.record.attempts == []
+    called = [str(n.target) for n in captured.graph_module.graph.nodes if n.op == "call_module"]
+    assert called == ["a.lin", "a_gate_method", "b.lin", "b_gate_method"]
+    for sign in (1.0, -1.0):  # both branches of the method run as the model's
+        x = sign * torch.ones(2, 4)
+        assert torch.equal(captured.graph_module(x), captured.original(x))
+
+
+@pytest.mark.parametrize(
+    ("wrapped", "said"),
+    [
+        ("net.py:Block.forward", "it is the forward of Block: keep a module as one call with --leaf"),
+        ("net.py:Other.gate", "it is a method of Other, and no module of this model is one"),
+    ],
+)
+def test_wrapping_a_method_no_module_of_the_model_can_keep_says_why(wrapped, said, tmp_path, monkeypatch):
+    (tmp_path / "net.py").write_text(_GATED_BLOCKS)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(CaptureError) as info:
+        prepare("net.py:Net", ["2x4"], wrap=[wrapped], method="symbolic_trace")
+    assert said in info.value.message and "--leaf" in info.value.hint
+
+
 class _ComputeBlock(torch.nn.Module):
     def __init__(self):
         super().__init__()

@@ -347,6 +347,34 @@ class _MethodWrap:
     owner: str
     method: str
     label: str
+    requested: bool = False  # the user asked for it (--wrap file.py:Block.gate), rather than the retry loop
+
+
+def _requested_methods(
+    functions: Iterable[Callable[..., Any]], model: nn.Module
+) -> tuple[list[Callable[..., Any]], list[_MethodWrap]]:
+    """The functions to wrap that are methods of the model's own modules (``--wrap file.py:Block.gate``), as one
+    call per module that has them, and the other functions. Capture already keeps such a method as one call when it
+    stops tracing; named by the user, it was looked up as a global and refused ("never calls it by name")."""
+    plain: list[Callable[..., Any]] = []
+    methods: list[_MethodWrap] = []
+    for function in functions:
+        name = getattr(function, "__name__", "")
+        found = [
+            _MethodWrap(path, name, f"{type(module).__name__}.{name}" if not path else f"{path}.{name}", True)
+            for path, module in model.named_modules()
+            if "." in getattr(function, "__qualname__", "") and name != "forward"
+            and any(
+                _same_function(pyinspect.unwrap(defined), function)
+                for defined in (vars(cls).get(name) for cls in type(module).__mro__)
+                if pyinspect.isfunction(defined)
+            )
+        ]
+        if found:
+            methods += found
+        else:
+            plain.append(function)
+    return plain, methods
 
 
 def _function_label(function: Any, name: str = "?") -> str:
@@ -381,6 +409,17 @@ def _wraps_for(function: Callable[..., Any], model: nn.Module) -> list[_Wrap]:
             if _same_function(value, function)
         ]
     if not found:
+        owner, _, name = getattr(function, "__qualname__", "").rpartition(".")
+        if owner and "<" not in owner:  # a method; methods of the model's modules were taken before this
+            raise CaptureError(
+                f"cannot wrap {_function_label(function)}: "
+                + (
+                    f"it is the forward of {owner}: keep a module as one call with --leaf"
+                    if name == "forward"
+                    else f"it is a method of {owner}, and no module of this model is one"
+                ),
+                hint="--leaf names a submodule (e.g. layer1.0), --wrap a function or a method of the model's modules",
+            )
         raise CaptureError(
             f"cannot wrap {_function_label(function)}: the model's code never calls it by name",
             hint="wrap the function the model's forward calls (as it is imported there)",
@@ -1396,7 +1435,8 @@ def _capture_module(
     leaf_names = {m for m in leaf_modules if isinstance(m, str)}
     leaf_types = tuple(m for m in leaf_modules if isinstance(m, type))
     user_leaves = set(leaf_names)
-    wraps = [wrap for f in autowrap_functions for wrap in _wraps_for(f, model)]
+    functions, methods = _requested_methods(autowrap_functions, model)
+    wraps = [wrap for f in functions for wrap in _wraps_for(f, model)]
     module_names = {id(m): name for name, m in model.named_modules()}
     _check_leaf_names(user_leaves, set(module_names.values()) - {""})
     # A module that runs hooks stays one call, so that they run when the graph does: traced through, a hook ran
@@ -1423,7 +1463,6 @@ def _capture_module(
             reference = run_reference(model, inputs, kwargs)
     trace_error: BaseException | None = None
     trace_mismatch: OutputCheck | None = None  # the traced graph's failed check, where it ran and differed
-    methods: list[_MethodWrap] = []
     deferred: Captured | None = None  # a trace that keeps methods as calls hiding most weights: if export fails
 
     if method in ("auto", SYMBOLIC_TRACE):
@@ -1495,7 +1534,7 @@ def _capture_module(
                 ),
             )
             captured = Captured(gm, model, inputs, record, kwargs)
-            if methods and method == "auto" and _hides_most_weights(gm):
+            if any(not m.requested for m in methods) and method == "auto" and _hides_most_weights(gm):
                 # torch.export may capture what the kept methods hide (a branch on a shape, which it records): it
                 # goes first, and this trace stands where it fails
                 deferred = captured

@@ -224,7 +224,8 @@ def capture_options(command: Callable[..., Any] | None = None, *, model_required
                 "wraps",
                 multiple=True,
                 metavar="FUNCTION",
-                help="Keep this function as one opaque call: module.fn, pkg.mod:fn or file.py:fn.",
+                help="Keep this function (or a method of the model's modules) as one opaque call: module.fn, "
+                "pkg.mod:fn, file.py:fn or file.py:Class.method.",
             ),
             click.option(
                 "--concrete",
