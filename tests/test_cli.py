@@ -771,3 +771,21 @@ def test_a_file_output_spelt_as_a_directory_is_refused(capsys, tmp_path, command
     expected = f"error: {output}/ ends with a slash, which names a directory, but this output is a file"
     assert err.splitlines()[0] == expected
     assert list(tmp_path.iterdir()) == []
+
+
+def test_optimize_of_a_random_model_prints_no_empty_pass_table(capsys, tmp_path):
+    """A reference that cannot be verified stops optimize --verify before any pass runs: it printed the header of an
+    empty "Passes on" table above the reason, as if the passes had been listed and none had run (doc audit)."""
+    (tmp_path / "rnd.py").write_text(
+        "import torch\n"
+        "class Noisy(torch.nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        return x + torch.rand_like(x)\n"
+    )
+    code, out, _ = run(
+        capsys, "optimize", f"{tmp_path / 'rnd.py'}:Noisy", "-i", "2x3", "--verify", "-o", str(tmp_path / "o")
+    )
+    assert code == EXIT_FINDINGS
+    assert "Passes on" not in out
+    assert "cannot verify" in out and "nothing was written" in out
+    assert not (tmp_path / "o").exists()

@@ -230,7 +230,8 @@ def render_optimize(console: Console, spec: str, result: Any) -> None:
             "" if step.lint_findings is None else str(step.lint_findings),
             verdict,
         )
-    console.print(table)
+    if pipeline.steps:  # a reference that cannot be verified stops the run before any pass: a bare header said nothing
+        console.print(table)
     said: set[tuple[str, str]] = set()
     for step in pipeline.steps:
         # a pass run twice (-p exact runs remove_identity again after fold_constants) skips the same nodes again
