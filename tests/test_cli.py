@@ -789,3 +789,25 @@ def test_optimize_of_a_random_model_prints_no_empty_pass_table(capsys, tmp_path)
     assert "Passes on" not in out
     assert "cannot verify" in out and "nothing was written" in out
     assert not (tmp_path / "o").exists()
+
+
+def test_verify_mismatch_names_the_batch_a_static_candidate_left_out(capsys, tmp_path):
+    """A program exported at batch 1 is compared at batch 1 only: the OK line named batch 2 as not tried, a MISMATCH
+    did not, as if every batch had been compared (doc audit: verify.md says the result names the batch left out)."""
+    (tmp_path / "two.py").write_text(
+        "import torch\n"
+        "class Double(torch.nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        return x * 2\n"
+        "class Triple(torch.nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        return x * 3\n"
+        "example_inputs = ['1x4']\n"
+    )
+    program = str(tmp_path / "triple.pt2")
+    code, _, _ = run(capsys, "export", f"{tmp_path / 'two.py'}:Triple", "--to", "pt2", "-o", program)
+    assert code == EXIT_OK
+    code, out, _ = run(capsys, "verify", f"{tmp_path / 'two.py'}:Double", program)
+    assert code == EXIT_FINDINGS
+    text = " ".join(out.split())
+    assert "MISMATCH" in text and "not tried: batch 2: the candidate rejects it" in text

@@ -330,6 +330,10 @@ def render_verify(console: Console, reference: str, candidate: str, result: Any)
         )
     for problem in result.problems[:5]:
         console.print(f"  {problem}")
+    # a mismatch at the batch tried says nothing of a batch left out: name it, as the OK line does (a rejection
+    # names the shapes the candidate refuses already)
+    for skipped in [] if result.rejected_inputs else result.skipped[:3]:
+        console.print(f"  [dim]not tried: {skipped}[/]")
     if result.divergence is not None:
         console.print("  " + result.divergence.describe())
     elif result.divergence_unknown:
