@@ -1243,3 +1243,22 @@ def test_a_random_graph_in_eval_mode_names_its_random_call_not_model_eval():
     assert not result.ok
     problem = next(p for p in result.problems if "not deterministic" in p)
     assert "it calls randn_like" in problem and "model.eval()" not in problem
+
+
+class _Relu(torch.nn.Module):
+    def forward(self, x):
+        return torch.relu(x) * 2
+
+
+@pytest.mark.parametrize("method", ["symbolic_trace", "export"])
+def test_a_graph_with_insert_afters_noise_names_the_noise_not_model_eval(method):
+    """QA: `fxforge split` of an optimize output with insert_after's noise (a torch-dialect graph, in eval mode)
+    refused with "random ops (dropout in training mode, torch.rand) ... -- call model.eval()": the noise module
+    was not seen as a random source; in ATen graphs it was named only as its op, normal_."""
+    captured = fxforge.prepare(_Relu().eval(), "2x4", method=method)
+    options = {"select": "kind:relu", "insert": "noise", "sigma": 0.5, "seed": 0}
+    noisy = apply_pass(captured.graph_module, "insert_after", options).graph_module.eval()
+    noisy(torch.zeros(2, 4))  # a generator made outside fxforge's runs goes on drawing from run to run
+    result = verify(noisy, copy.deepcopy(noisy), input_specs=["2x4"])
+    problem = next(p for p in result.problems if "not deterministic" in p)
+    assert "noise inserted by insert_after (relu_noise)" in problem and "model.eval()" not in problem

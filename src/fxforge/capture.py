@@ -922,11 +922,33 @@ def _static_method_to_wrap(
 CHECK_SEED = 0
 
 _RANDOM_MODULES = (nn.modules.dropout._DropoutNd, nn.RReLU)
+# insert_after's noise modules, known by the marker they carry (``fxforge_insert``) or, in an ATen graph, by the
+# class in the ``nn_module_stack`` of their random op; named rather than imported, as the passes import capture.
+_INSERT_MARKER = "fxforge_insert"
+_NOISE_CLASSES = ("fxforge.passes.insert_after.GaussianNoise", "fxforge.passes.insert_after.LaplaceNoise")
+NOISE_SOURCE = "noise inserted by insert_after"
+
+
+def _inserted_noise(module: nn.Module) -> bool:
+    info = getattr(module, _INSERT_MARKER, None)
+    return isinstance(info, dict) and info.get("kind") == "noise"
+
+
+def _noise_site(node: fx.Node) -> str | None:
+    """The path of the insert_after noise module whose code made ``node`` (an ATen graph's ``normal_``), or None."""
+    stack = node.meta.get("nn_module_stack") or {}
+    for path, owner in reversed(list(stack.values())):
+        if (owner if isinstance(owner, str) else getattr(owner, "__module__", "") + "." + owner.__qualname__) in (
+            _NOISE_CLASSES
+        ):
+            return path
+    return None
 
 
 def random_sources(gm: fx.GraphModule) -> list[str]:
-    """What in ``gm`` may draw random numbers: random calls (``rand_like``) and dropout in training mode, as
-    named in the notes. Static and conservative: :func:`_differs_on_rerun` says whether the model is random."""
+    """What in ``gm`` may draw random numbers: random calls (``rand_like``), dropout in training mode and the noise
+    insert_after inserted, as named in the notes. Static and conservative: :func:`_differs_on_rerun` says whether
+    the model is random."""
     found = []
     for node in gm.graph.nodes:
         if node.op == "call_module":
@@ -934,6 +956,8 @@ def random_sources(gm: fx.GraphModule) -> list[str]:
                 module = gm.get_submodule(str(node.target))
             except AttributeError:
                 continue
+            # a graph in eval mode stays random with insert_after's noise: "call model.eval()" would not help (QA)
+            found += [f"{NOISE_SOURCE} ({node.target})" for sub in module.modules() if _inserted_noise(sub)][:1]
             found += [
                 f"{'dropout' if isinstance(sub, nn.modules.dropout._DropoutNd) else 'RReLU'} in training mode"
                 for sub in module.modules()
@@ -947,7 +971,10 @@ def random_sources(gm: fx.GraphModule) -> list[str]:
                 name = target if isinstance(target, str) else getattr(target, "__name__", "")
             if not draws_random_numbers(name):
                 continue
-            if "dropout" in name:
+            site = _noise_site(node)
+            if site is not None:
+                found.append(f"{NOISE_SOURCE} ({site})")
+            elif "dropout" in name:
                 # F.dropout(x, p, training), aten.dropout(x, p, train): only a training-mode call draws
                 positional = node.args[2] if len(node.args) > 2 else True
                 training = node.kwargs.get("training", node.kwargs.get("train", positional))
@@ -974,6 +1001,12 @@ def _differs_on_rerun(captured: Captured, reference: Any, seed: int) -> bool:
 
 
 def randomness_hint(sources: Sequence[str], model: Any = None) -> str:
+    sites = [s.removeprefix(f"{NOISE_SOURCE} (").removesuffix(")") for s in sources if s.startswith(NOISE_SOURCE)]
+    if sites:
+        # random by design, in eval mode too: model.eval() is no advice for it, only for the other sources
+        others = [s for s in sources if not s.startswith(NOISE_SOURCE)]
+        also = f"; it also has {', '.join(others)}" if others else ""
+        return f"{NOISE_SOURCE} ({', '.join(sites)}) draws new noise on every call, by design{also}"
     if any("training mode" in source for source in sources):
         return f"{' and '.join(s for s in sources if 'training mode' in s)}: call model.eval() for inference"
     if sources:
