@@ -813,6 +813,25 @@ def test_a_model_returning_only_integers_is_told_why_its_int8_error_cannot_be_me
     assert "NaN" not in str(raised.value) and "logits" in raised.value.hint
 
 
+def test_a_model_returning_none_is_told_it_returns_nothing_not_nan():
+    """QA: `fxforge quantize m.py:none` (a forward that returns None) read "the float model's outputs on calibration
+    data are not finite (NaN or inf) anywhere" with the hint to check the data for NaN."""
+    from fxforge.errors import FxforgeError
+
+    class ReturnsNone(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(8, 4)
+
+        def forward(self, x):
+            self.linear(x)
+
+    captured = fxforge.capture(ReturnsNone().eval(), (torch.randn(2, 8),))
+    with pytest.raises(FxforgeError, match="returns None") as raised:
+        fxforge.quantize(captured, "dynamic")
+    assert "NaN" not in str(raised.value) and "NaN" not in (raised.value.hint or "")
+
+
 def test_a_number_returned_beside_the_tensors_is_named_as_the_cause():
     """QA: `return self.a(x), 7` failed in FX quantization with the hint to keep a submodule in float."""
     from fxforge.errors import FxforgeError

@@ -118,6 +118,13 @@ def compare_batches(
             "outputs, and this model has none",
             hint="quantize the model that returns the scores (logits), and take the argmax or comparison outside it",
         )
+    if not count and not unmatched and not any(t.numel() for batch in reference for t in batch):
+        # QA: a forward returning None read "not finite (NaN or inf) anywhere", advising to check the data
+        raise FxforgeError(
+            "the model's outputs hold no values (it returns None, or only empty tensors): int8's error is measured on "
+            "the values it returns",
+            hint="quantize a model whose forward returns its result",
+        )
     if not count and not unmatched:
         raise FxforgeError(
             f"the float model's outputs on {data or 'the data'} are not finite (NaN or inf) anywhere: float and int8 "
