@@ -644,6 +644,30 @@ def test_debug_watches_a_model_with_a_torchscript_submodule():
     assert report.nan is None and set(report.stats) == {"", "lin"}
 
 
+class _FailsAfterOneCall(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls > 1:
+            raise RuntimeError("called twice")
+        return self.a(x)
+
+
+def test_profile_eager_says_the_model_rejected_its_inputs_not_internal_error(capsys):
+    """QA: `fxforge profile demo -i 1x3 --backend eager` (or a forward that raises) was "internal error" (exit 4):
+    the eager backend runs the model itself, and nothing translated its refusal of the inputs."""
+    code, out, err = run(capsys, "profile", "demo", "-i", "1x3", "--backend", "eager", "--repeats", "1")
+    assert code == 2 and not out
+    assert err.startswith("error: the model rejected the example inputs (1x3): RuntimeError: Expected 3D")
+    assert "internal error" not in err and "Traceback" not in err
+    with pytest.raises(FxforgeError, match=r"^the model ran once, then raised on a later run: RuntimeError: called"):
+        profile_model(_FailsAfterOneCall(), backend="eager", example_inputs=(torch.randn(2, 8),), repeats=1, peak=PEAK)
+
+
 def test_profile_eager_refuses_a_torchscript_file_without_suggesting_the_fx_backend(tmp_path, capsys):
     """QA: profile FILE.ts.pt --backend eager printed an empty table, "0.00 ms summed over 0 leaf modules (-100%)",
     and exited 0 (a TorchScript module runs its submodules without Python hooks); its note suggested --backend fx,

@@ -46,7 +46,7 @@ from fxforge import display
 from fxforge.artifacts import StagedOutput, check_writable, output_target, refuse_special_file
 from fxforge.capture import Captured, at_batch, compiled_form, require_captured, require_real_weights
 from fxforge.compare import tensors_in
-from fxforge.errors import FxforgeError, option, pass_inputs_hint
+from fxforge.errors import FxforgeError, one_line_reason, option, pass_inputs_hint, user_location
 from fxforge.graphs import INPUT_GUARDS, GraphRunner, aten_packet, is_input_guard
 from fxforge.inputs import InputSpec, check_fits_in_memory, specs_of
 from fxforge.inspect import NodeInfo, inspect_graph
@@ -54,6 +54,7 @@ from fxforge.machine import Peak, cached_peak, current_load
 from fxforge.runtime import (
     cloned,
     device_of,
+    inputs_rejected,
     keeps_rng_state,
     native_output_silenced,
     preserved_state,
@@ -667,7 +668,7 @@ def _profile_eager(
 
     times: dict[str, list[float]] = {}
     totals = _RunTotals()
-    with torch.no_grad(), quiet_torch_logs(), preserved_state(model):
+    with torch.no_grad(), quiet_torch_logs(), preserved_state(model), _later_runs_failing():
         # first, which leaf modules a run calls: a module can hold weights that its parent's forward reads itself
         # (an exported program, such as an optimize output's model.pt2, keeps its weights in modules it never calls)
         traffic = _module_traffic(leaves, run)
@@ -778,11 +779,32 @@ def _module_clocks(
     return _around_calls(leaves, lambda name: time.perf_counter(), stop)
 
 
+@contextlib.contextmanager
+def _later_runs_failing() -> Iterator[None]:
+    """A model that ran once and fails on a later run (state its forward keeps between calls): said in one line,
+    not as an internal error (QA). A run's own state is restored only after all of them, as the timed runs are."""
+    try:
+        yield
+    except FxforgeError:
+        raise
+    except Exception as exc:
+        at = f" at {user_location(exc)}" if user_location(exc) else ""
+        raise FxforgeError(
+            f"the model ran once, then raised on a later run: {one_line_reason(exc)}{at}",
+            hint="profile runs the model many times on the same inputs; it must take a repeated call",
+        ) from None
+
+
 def _module_flops(model: nn.Module, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, int]:
     """FLOPs per module path, from torch's FLOP counter (which tracks the module hierarchy)."""
     counter = FlopCounterMode(display=False)
-    with torch.no_grad(), quiet_torch_logs(), preserved_state(model), counter:
-        model(*cloned(list(args)), **cloned(kwargs))
+    try:
+        with torch.no_grad(), quiet_torch_logs(), preserved_state(model), counter:
+            model(*cloned(list(args)), **cloned(kwargs))
+    except Exception as exc:
+        # the model's first run here: no capture ran it before, so its refusal of the inputs (a wrong shape, a raise
+        # in forward) reached the CLI as an internal error (QA)
+        raise inputs_rejected(model, args, kwargs, exc) from None
     counts = counter.get_flop_counts()
     root = type(model).__name__
     flops = {}
