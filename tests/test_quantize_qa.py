@@ -105,6 +105,27 @@ def test_data_the_mode_does_not_use_is_refused(tmp_path, capsys):
         quantize(mlp, "qat-prepare", eval_data=torch.randn(2, 8))
 
 
+@pytest.mark.parametrize(
+    ("args", "source"),
+    [
+        (("--calib", "GOOD"), "every batch comes from --calib GOOD"),
+        (("--calib", "random:2"), "every batch comes from --calib random:2"),
+        (("--mode", "dynamic", "--eval", "GOOD"), "every batch comes from --eval GOOD"),
+        (("--mode", "qat-prepare"), "--mode qat-prepare reads no data"),
+    ],
+)
+def test_random_batches_is_refused_where_no_random_batch_is_drawn(tmp_path, capsys, args, source):
+    """QA: `quantize demo --random-batches 3 --calib data.pt` ran with the option silently ignored (it counts only
+    the random batches drawn where data is missing, or for a plain `random`)."""
+    good = tmp_path / "good.pt"
+    torch.save(torch.randn(4, 3, 32, 32), good)
+    args = tuple(str(good) if a == "GOOD" else a for a in args)
+    code, out, err = _cli(capsys, "quantize", "demo", "--random-batches", "3", *args, "-o", str(tmp_path / "out"))
+    line = _one_error(err)
+    assert code == EXIT_USAGE and not out and not (tmp_path / "out").exists()
+    assert line.startswith("error: --random-batches") and source.replace("GOOD", str(good)) in line
+
+
 # --------------------------------------------------------------------------------------------------
 # 3. nothing to quantize: the float model, and a report that says so
 
