@@ -245,10 +245,11 @@ def refuse_special_file(path: Path) -> None:
         )
 
 
-def check_output_file(target: str | Path, *, force: bool = False) -> Path:
+def check_output_file(target: str | Path, *, force: bool = False, reading: str | None = None) -> Path:
     """What :class:`StagedOutput` would refuse, checked before the work: a directory, an existing file without
-    ``force``, a folder that cannot be written."""
+    ``force``, a folder that cannot be written, the model being read (``reading``, a spec)."""
     _refuse_directory_spelling(target)
+    refuse_output_over_input(target, reading)
     path = output_target(target)
     _refuse_existing_file(path, force)
     check_writable(path)
@@ -277,15 +278,40 @@ def _refuse_existing_file(path: Path, force: bool) -> None:
         raise FxforgeError(f"{path} exists", hint=f"pass {option('--force', True)} to replace it")
 
 
-def check_output_directory(target: str | Path, *, force: bool = False) -> Path:
+def refuse_output_over_input(target: str | Path, spec: str | None) -> None:
+    """Refuse an output that would replace the model being read: ``quantize out/model.pt -o out --force`` deleted
+    the user's float model with the directory, and ``export m.pt2 -o m.pt2 --force`` the program it exported (QA).
+    ``spec`` is a model spec; only one naming a file or directory (``file.py:factory`` by its file) is checked."""
+    if not spec:
+        return
+    candidates = [spec]
+    file, sep, _ = spec.rpartition(":")
+    if sep and file.endswith(".py"):
+        candidates.append(file)
+    try:
+        output = Path(target).expanduser().resolve()
+        read = [Path(c).expanduser().resolve() for c in candidates if Path(c).expanduser().exists()]
+    except (OSError, ValueError, RuntimeError):
+        return
+    for path in read:
+        if path == output or output in path.parents:
+            raise FxforgeError(
+                f"{target} would replace the model being read ({spec}): the output is written over its input",
+                hint="give another output, e.g. -o out/optimized",
+            )
+
+
+def check_output_directory(target: str | Path, *, force: bool = False, reading: str | None = None) -> Path:
     """Where an output directory goes (:func:`output_target`), once it is known that writing there replaces nothing
     but an earlier fxforge output: called before the work too, so that a refusal does not waste it.
 
     A non-empty directory is replaced only with ``force``, and only when it holds a file every fxforge output has
     (:data:`OUTPUT_MARKERS`): a project folder given as ``-o`` by mistake would be deleted with all it holds.
+    ``reading``: the spec of the model the command reads, which must not lie in it (:func:`refuse_output_over_input`).
     """
     target = output_target(target)
     _refuse_unsafe_target(target)
+    refuse_output_over_input(target, reading)
     if target.exists() and not target.is_dir():
         raise FxforgeError(f"{target} exists and is not a directory")
     check_writable(target)

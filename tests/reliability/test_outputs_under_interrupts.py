@@ -146,3 +146,37 @@ def test_a_model_pickle_refuses_is_written_as_its_program(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pt2"] and "torch.export.load" in line
     reloaded = fxforge.load_model(str(tmp_path / "model.pt2")).module
     assert torch.allclose(reloaded(torch.ones(2, 4)), model(torch.ones(2, 4)))
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["optimize", "{out}/model.pt2", "-p", "dead_code", "-o", "{out}"],
+        ["quantize", "{out}/model.pt2", "-o", "{out}"],
+        ["split", "{out}/model.pt2", "-n", "2", "-o", "{out}"],
+        ["export", "{out}/model.pt2", "-o", "{out}/model.pt2"],
+    ],
+    ids=["optimize", "quantize", "split", "export"],
+)
+def test_force_never_writes_the_output_over_the_model_being_read(command, tmp_path):
+    """QA: ``quantize out/model.pt -o out --force`` replaced the user's float model (and its whole output
+    directory) with the int8 one; ``export m.pt2 -o m.pt2 --force`` the program it read. Refused before any work."""
+    from fxforge.cli import main
+
+    out = tmp_path / "out"
+    assert main(["optimize", "demo", "-o", str(out)]) == 0
+    before = {path.name: path.stat().st_mtime_ns for path in out.iterdir()}
+    assert main([part.format(out=out) for part in command] + ["--force"]) == 2
+    assert {path.name: path.stat().st_mtime_ns for path in out.iterdir()} == before
+
+
+def test_an_output_beside_the_model_being_read_is_written(tmp_path):
+    from fxforge.artifacts import refuse_output_over_input
+
+    (tmp_path / "out").mkdir()
+    refuse_output_over_input(tmp_path / "out" / "sub", str(tmp_path / "out"))  # inside the input's directory
+    with pytest.raises(FxforgeError, match="would replace the model being read"):
+        refuse_output_over_input(tmp_path, str(tmp_path / "out"))
+    refuse_output_over_input("out", "demo")  # a spec that names no file
+    with pytest.raises(FxforgeError, match="would replace the model being read"):
+        refuse_output_over_input("tests", "tests/cli_models.py:RootBranch")

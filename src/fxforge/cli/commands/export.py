@@ -90,7 +90,7 @@ def command(
         freeze=not no_freeze,
         optimize=not no_optimize,
     )
-    check_output_file(output, force=force)
+    check_output_file(output, force=force, reading=opts.model)
     started = time.perf_counter()
     target, example, scripted_model = _target(opts, script and written == "torchscript")
     capture_s = time.perf_counter() - started

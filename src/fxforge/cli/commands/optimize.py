@@ -148,7 +148,7 @@ def command(
         pass_names, pass_options, pipeline_file=pipeline, verify=do_verify, keep_going=keep_going or None
     )
     if output is not None:
-        check_output_directory(output, force=force)  # before the capture and the passes
+        check_output_directory(output, force=force, reading=opts.model)  # before the capture and the passes
     started = time.perf_counter()
     captured = opts.prepare()
     capture_s = time.perf_counter() - started
@@ -184,7 +184,7 @@ def _auto(
     from fxforge.cli.render import render_auto
 
     if output is not None:
-        check_output_directory(output, force=force)  # before the capture and minutes of candidates
+        check_output_directory(output, force=force, reading=opts.model)  # before the capture and candidates
     captured = opts.prepare()
     with status("writing, verifying and timing every candidate", opts.as_json), warnings.catch_warnings():
         warnings.simplefilter("ignore", AutoWarning)  # printed below as one line, from result.warnings

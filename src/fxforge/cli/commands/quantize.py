@@ -88,12 +88,15 @@ def command(
     force: bool,
 ) -> None:
     """Quantize a model to int8 (static or dynamic) or prepare it for QAT, and report its accuracy."""
+    from fxforge.artifacts import refuse_output_over_input
     from fxforge.cli.render import render_quantize
     from fxforge.quantize import RandomCalibrationWarning
     from fxforge.quantize import quantize as run_quantize
     from fxforge.quantize.flow import check_arguments
 
     # before capturing: a refused option or output directory must not cost a capture (minutes for big models)
+    if output is not None:
+        refuse_output_over_input(output, opts.model)
     check_arguments(
         mode,
         backend,

@@ -82,7 +82,8 @@ def command(
     refuse_without_verify(no_verify, "cases")
     check_split_request(stages, balance, profile_path, slack)  # before the model loads: the mistake costs nothing
     if output is not None:
-        check_output_directory(output, force=force)  # before the capture (25 s for a 70B model on meta)
+        # before the capture (25 s for a 70B model on meta)
+        check_output_directory(output, force=force, reading=opts.model)
     captured = opts.prepare()
     with status("planning the split", opts.as_json):
         result = split(
