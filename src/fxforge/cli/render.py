@@ -246,7 +246,10 @@ def render_optimize(console: Console, spec: str, result: Any) -> None:
         if step.result.name != pipeline.failed_pass:
             console.print(f"  [yellow]pass {step.result.name} rolled back[/]: {step.rolled_back}")
     if pipeline.problem:
-        console.print(f"[bold red]{pipeline.problem}[/]")
+        # the verdict in verify's and export's words (CANNOT VERIFY); the JSON keeps the problem as it is
+        verdict, said, reason = pipeline.problem.partition(": ")
+        line = f"[bold red]CANNOT VERIFY[/]: {escape(reason)}" if said and verdict == "cannot verify" else None
+        console.print(line or f"[bold red]{escape(pipeline.problem)}[/]")
         console.print("  nothing was written")
     elif pipeline.verification is not None:
         check = pipeline.verification
