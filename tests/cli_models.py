@@ -53,6 +53,15 @@ class KeywordOnly(nn.Module):
         return self.lin(x)
 
 
+class KeywordScale(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, *, scale: float) -> torch.Tensor:
+        return self.lin(x) * scale
+
+
 def Relu() -> nn.Module:
     return nn.Sequential(nn.ReLU())
 

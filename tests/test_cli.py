@@ -811,3 +811,55 @@ def test_verify_mismatch_names_the_batch_a_static_candidate_left_out(capsys, tmp
     assert code == EXIT_FINDINGS
     text = " ".join(out.split())
     assert "MISMATCH" in text and "not tried: batch 2: the candidate rejects it" in text
+
+
+# Where a hint sends the user to another program or command (fxforge inspect --device meta, torchrun --nproc-per-node),
+# its options are that one's, not the running command's.
+_ELSEWHERE = re.compile(r"\b(?:fxforge|torchrun|pip)\b[^,;()]*")
+
+
+def hint_options_the_command_lacks(command: str, err: str) -> list[str]:
+    """The --options a hint in ``err`` offers that ``fxforge command`` does not take: a hint must offer only what
+    the command running takes (QA: debug was offered --concrete, which it has not)."""
+    from fxforge.cli.app import cli
+
+    hint = next((line for line in err.splitlines() if line.startswith("hint:")), "")
+    named = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", _ELSEWHERE.sub("", hint)))
+    taken = {flag for param in cli.commands[command].params for flag in (*param.opts, *param.secondary_opts)}
+    return sorted(named - taken)
+
+
+NON_TENSOR_EXAMPLE = """\
+from torch import nn
+
+class Scaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x, scale):
+        return self.lin(x) * scale
+
+example_inputs = ["2x8", 3.0]
+"""
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["inspect", f"{TRICKY}:KeywordScale", "-i", "2x8"], "--concrete scale=VALUE"),
+        (["profile", f"{TRICKY}:KeywordScale", "-i", "2x8"], "--concrete scale=VALUE"),
+        # eager refuses --concrete: the hint offers it with the backend that takes it
+        (["profile", f"{TRICKY}:KeywordScale", "-i", "2x8", "--backend", "eager"], "(with --backend fx)"),
+        (["debug", f"{TRICKY}:KeywordScale", "-i", "2x8", "--nan"], "fxforge.debug_model(model, (x, ...)"),
+        (["debug", "{tmp}/scaled.py:Scaled", "--nan"], "give a non-tensor argument a default"),
+        (["inspect", "{tmp}/scaled.py:Scaled"], "--concrete NAME=VALUE"),
+    ],
+)
+def test_a_hint_offers_only_options_the_command_takes(capsys, tmp_path, args, needle):
+    (tmp_path / "scaled.py").write_text(NON_TENSOR_EXAMPLE)
+    args = [arg.replace("{tmp}", str(tmp_path)) for arg in args]
+    code, _, err = run(capsys, *args)
+    assert code == EXIT_USAGE and needle in " ".join(err.split())
+    assert hint_options_the_command_lacks(args[0], err) == []
+

@@ -22,7 +22,7 @@ import sys
 import sysconfig
 import traceback
 import types
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +78,49 @@ def option(flag: str, value: Any = _NO_VALUE, *, python: str | None = None) -> s
 def said(command_line: str, python: str) -> str:
     """``command_line`` when the user is on the command line, else ``python``: advice in the user's own terms."""
     return command_line if _COMMAND_LINE.get() else python
+
+
+def _running_command() -> Any:
+    """The click context of the command running now, or None (the Python API; a thread click's stack is not on).
+    click is looked up, not imported: where nothing imported it, no command runs."""
+    click = sys.modules.get("click")
+    if click is None or not _COMMAND_LINE.get():
+        return None
+    context = click.get_current_context(silent=True)
+    return context if context is not None and context.command is not None else None
+
+
+_OTHER_MODE = "fxforge.options_in_another_mode"
+
+
+def options_need(flags: Iterable[str], mode: str) -> None:
+    """The running command takes ``flags`` only in ``mode`` (``--concrete`` only with ``--backend fx``): a hint
+    raised from here on offers them with that mode, not as though the mode running took them."""
+    context = _running_command()
+    if context is not None:
+        context.meta.setdefault(_OTHER_MODE, {}).update(dict.fromkeys(flags, mode))
+
+
+def offered(text: str, flag: str) -> str | None:
+    """``text`` (advice that names ``flag``, e.g. ``--concrete scale=VALUE``) as a hint may offer it: as it is
+    where the running command takes ``flag``, with the mode it needs (``... (with --backend fx)``) where it takes
+    it in another mode only, None where the command has no such option -- a hint that offers an option the command
+    refuses sends the user round in a circle (QA: debug and profile --backend eager offered --concrete). Outside a
+    command, ``text`` itself."""
+    context = _running_command()
+    if context is None:
+        return text
+    mode = context.meta.get(_OTHER_MODE, {}).get(flag)
+    if mode is not None:
+        return f"{text} (with {mode})"
+    taken = {name for param in context.command.params for name in (*param.opts, *param.secondary_opts)}
+    return text if flag in taken else None
+
+
+def command_name() -> str | None:
+    """The name of the fxforge command running now (``debug``), or None outside the CLI."""
+    context = _running_command()
+    return context.command.name if context is not None else None
 
 
 def pass_inputs_hint() -> str:

@@ -69,6 +69,7 @@ from fxforge.errors import (
     FxforgeError,
     ModelSpecError,
     first_line,
+    offered,
     one_line_reason,
     option,
     require,
@@ -582,8 +583,13 @@ def _refuse_weights_larger_than_memory(cls: type, config: Any, spec: str) -> Non
             f"{spec} has {count:,} parameters, {needed / 2**30:,.2f} GiB of weights: more than 90% of this "
             f"machine's {physical / 2**30:,.2f} GiB of memory, which the build and a run need room beyond",
             hint=said(
-                "inspect it without weights with --device meta, or make it smaller with --model-arg "
-                "(num_hidden_layers=2, hidden_size=...)",
+                # debug and verify take no --device: fxforge inspect does
+                (
+                    "inspect it without weights with --device meta"
+                    if offered("--device", "--device")
+                    else "fxforge inspect --device meta inspects it without weights"
+                )
+                + ", or make it smaller with --model-arg (num_hidden_layers=2, hidden_size=...)",
                 "pass device='meta' to inspect it without weights, or model_kwargs to make it smaller "
                 "(num_hidden_layers=2, hidden_size=...)",
             ),
@@ -972,8 +978,13 @@ def _user_example_inputs(module: Any) -> list[InputSpec]:
             raise ModelSpecError(
                 f"example_inputs[{index}] is {_described(item)}: fxforge passes example inputs to forward by "
                 "position, and each must be a tensor or a shape such as '1x3x224x224'",
-                hint="fix a non-tensor argument with --concrete NAME=VALUE (concrete_args in Python) and leave it "
-                "out of example_inputs; a model taking a dict or list of tensors: capture it with the Python API "
+                hint=(
+                    f"fix a non-tensor argument with {offered('--concrete NAME=VALUE', '--concrete')} (concrete_args "
+                    "in Python) and leave it out of example_inputs"
+                    if offered("--concrete", "--concrete")
+                    else "give a non-tensor argument a default in forward and leave it out of example_inputs"
+                )
+                + "; a model taking a dict or list of tensors: capture it with the Python API "
                 "(fxforge.capture(model, example_inputs))",
             )
     return specs

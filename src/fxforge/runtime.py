@@ -36,8 +36,10 @@ from fxforge.compare import compare_outputs
 from fxforge.errors import (
     FxforgeError,
     InputSpecError,
+    command_name,
     format_location,
     is_user_file,
+    offered,
     one_line_reason,
     raised_in_user_code,
     said,
@@ -355,15 +357,17 @@ def inputs_rejected(module: Any, args: Sequence[Any], kwargs: dict[str, Any], ex
     )
     if keyword_only and args and not kwargs:
         # the positional inputs stay positional (QA: the example dropped them, capture(model, (), ...)); a
-        # constant keyword (a scale, a flag) is fixed with --concrete
+        # constant keyword (a scale, a flag) is fixed with --concrete where the command takes it
+        concrete = offered(f"--concrete {keyword_only[0]}=VALUE", "--concrete")
         hint = (
             f"forward takes {', '.join(keyword_only)} by keyword only, and the CLI passes inputs by position: "
             + said(
-                f"fix a constant with --concrete {keyword_only[0]}=VALUE, or for a tensor use the Python API, ",
+                f"fix a constant with {concrete}, or for a tensor use the Python API, "
+                if concrete
+                else "give it a default in forward, or use the Python API, ",
                 "",
             )
-            + f"fxforge.capture(model, {'(x, ...)' if _takes_positional(module) else '()'}, "
-            f"example_kwargs={{{keyword_only[0]!r}: ...}})"
+            + _keyword_call(module, keyword_only[0])
         )
     missing = re.search(r"forward\(\) missing \d+ required (?:positional|keyword-only) arguments?: (.+)$", str(exc))
     # (the keyword-only hint above, where it applies, says more: it names the Python API's form too)
@@ -371,10 +375,17 @@ def inputs_rejected(module: Any, args: Sequence[Any], kwargs: dict[str, Any], ex
         # a forward argument the inputs do not give, often a number or a flag (QA: the hint asked for a shape)
         name = re.findall(r"'(\w+)'", missing.group(1))[:1] or ["ARG"]
         by_keyword = "keyword-only" in missing.group(0)
+        concrete = offered(f"--concrete {name[0]}=VALUE", "--concrete")
+        if by_keyword:
+            cli = (
+                f"fix a constant with {concrete}"
+                if concrete
+                else f"give it a default in forward, or use the Python API, {_keyword_call(module, name[0])}"
+            )
+        else:
+            cli = "pass one more --input" + (f" for a tensor, or fix a constant with {concrete}" if concrete else "")
         hint = f"forward also takes {name[0]}: " + said(
-            ("" if by_keyword else "pass one more --input for a tensor, or ")
-            + f"fix a constant with --concrete {name[0]}=VALUE",
-            f"pass it among the inputs, or fix a constant with concrete_args={{{name[0]!r}: VALUE}}",
+            cli, f"pass it among the inputs, or fix a constant with concrete_args={{{name[0]!r}: VALUE}}"
         )
     # ids below the size of the embedding that raised (QA: the example said max=999 for a vocabulary of 100)
     tables = [frame.f_locals.get("self") for frame, _ in traceback.walk_tb(exc.__traceback__)]
@@ -419,6 +430,15 @@ def inputs_rejected(module: Any, args: Sequence[Any], kwargs: dict[str, Any], ex
         f"{one_line_reason(exc)}{at}",
         hint=hint,
     )
+
+
+def _keyword_call(module: Any, name: str) -> str:
+    """The Python API's call that passes ``name`` by keyword, for the command running (``debug`` runs the model as
+    debug_model does; every other command captures it first)."""
+    positional = "(x, ...)" if _takes_positional(module) else "()"
+    if command_name() == "debug":
+        return f"fxforge.debug_model(model, {positional}, {{{name!r}: ...}})"
+    return f"fxforge.capture(model, {positional}, example_kwargs={{{name!r}: ...}})"
 
 
 def _module_attribute_missing(exc: AttributeError) -> bool:

@@ -85,6 +85,10 @@ stderr = _PipedConsole(
 )
 
 
+# The shared options only a capture reads (see CaptureOptions.capture_only)
+CAPTURE_ONLY = ("--leaf", "--wrap", "--method", "--concrete", "--check-batch")
+
+
 @dataclass
 class CaptureOptions:
     """What the shared options say: which model, on which inputs, captured how."""
@@ -115,7 +119,7 @@ class CaptureOptions:
             "--concrete": bool(self.concrete),
             "--check-batch": self.check_batch is not None,
         }
-        return [name for name, is_given in given.items() if is_given]
+        return [name for name in CAPTURE_ONLY if given[name]]
 
     def load(self) -> tuple[Any, tuple[Any, ...]]:
         """Load the model and make its example inputs without capturing it: ``(module, inputs)``."""

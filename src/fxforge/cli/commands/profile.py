@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import click
 
-from fxforge.cli.options import CaptureOptions, capture_options, emit_json, status, stdout, typed_parameters
-from fxforge.errors import FxforgeError
+from fxforge.cli.options import (
+    CAPTURE_ONLY,
+    CaptureOptions,
+    capture_options,
+    emit_json,
+    status,
+    stdout,
+    typed_parameters,
+)
+from fxforge.errors import FxforgeError, options_need
 
 
 @click.command(
@@ -72,6 +80,7 @@ def command(
         check_trace_path(trace, force=force)  # before the model loads: a refusal after it would waste the wait
     example = None
     if backend == "eager":  # leaf modules of the model itself: no graph, so no capture to fail
+        options_need(CAPTURE_ONLY, "--backend fx")  # refused above: a hint offers them with the mode that takes them
         target, example = opts.load()
     else:
         target = opts.prepare()
