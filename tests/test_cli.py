@@ -863,3 +863,14 @@ def test_a_hint_offers_only_options_the_command_takes(capsys, tmp_path, args, ne
     assert code == EXIT_USAGE and needle in " ".join(err.split())
     assert hint_options_the_command_lacks(args[0], err) == []
 
+
+def test_a_fixed_batch_hint_offers_the_batch_as_each_command_takes_it(capsys, tmp_path):
+    program = str(tmp_path / "d2.pt2")
+    assert run(capsys, "export", "demo", "-i", "2x3x32x32", "--to", "pt2", "-o", program, "--no-verify")[0] == EXIT_OK
+    for args, way in [
+        (["debug", program, "-i", "3x3x32x32", "--nan"], "(an --input of batch 2)"),  # debug has no --batch
+        (["profile", program, "-i", "3x3x32x32", "--backend", "eager"], "(--batch 2)"),
+    ]:
+        code, _, err = run(capsys, *args)
+        assert code == EXIT_USAGE and way in " ".join(err.split()), err
+        assert hint_options_the_command_lacks(args[0], err) == []

@@ -420,9 +420,11 @@ def inputs_rejected(module: Any, args: Sequence[Any], kwargs: dict[str, Any], ex
         hint = "the model's own code raised it: fix the model there, or pass the inputs it expects"
     fixed = _fixed_batch(str(exc))
     if fixed is not None:  # a program exported for one batch size: another --input shape will not do
+        # debug and inspect have no --batch: the batch is the --input's there
+        via = offered(f"--batch {fixed}", "--batch") or offered(f"an --input of batch {fixed}", "--input")
         hint = (
             f"the model takes batch {fixed} only (a program exported for that batch size): run it at batch "
-            f"{fixed}{said(f' (--batch {fixed})', '')}, or export it again with a dynamic batch"
+            f"{fixed}{said(f' ({via})' if via else '', '')}, or export it again with a dynamic batch"
         )
     at = f" at {where}" if where else ""
     return InputSpecError(
