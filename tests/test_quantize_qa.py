@@ -1547,3 +1547,29 @@ def test_a_model_calling_a_torch_fx_wrapped_function_is_quantized_and_saved(tmp_
     assert result.quantized_layers == ["conv"] and (tmp_path / "q" / "model.pt").exists()
     calls = [n.target for n in result.model.graph.nodes if n.op == "call_function" and "my_fn" in str(n.target)]
     assert len(calls) == 1 and calls[0] is sys.modules[calls[0].__module__].my_fn
+
+
+@pytest.mark.parametrize("command", ["quantize", "report", "optimize"])
+@pytest.mark.parametrize(
+    "failure",
+    [
+        RuntimeError("some op failed"),
+        RuntimeError("\"add\" not implemented for 'Bool'"),
+        AttributeError("'float' object has no attribute 'numel'"),
+    ],
+)
+def test_a_quantization_failure_hint_offers_only_what_the_command_takes(command, failure):
+    """QA: report --quantize static was told to try --mode dynamic and --float-layer, which report has not (it says
+    --quantize dynamic); optimize --auto reaches the same failures."""
+    import click
+
+    from fxforge.cli.app import cli
+    from fxforge.errors import FxforgeError, command_line_wording
+    from test_cli import hint_options_the_command_lacks
+
+    context = click.Context(cli.commands[command])
+    with command_line_wording(), context, pytest.raises(FxforgeError) as raised, quantize_flow._fx_errors("static"):
+        raise failure
+    assert hint_options_the_command_lacks(command, f"hint: {raised.value.hint}") == []
+    if command == "report" and "Bool" in str(failure):
+        assert "--quantize dynamic" in raised.value.hint

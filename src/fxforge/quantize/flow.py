@@ -28,6 +28,7 @@ from fxforge.errors import (
     FxforgeError,
     InputSpecError,
     installed_package,
+    offered,
     one_line_reason,
     option,
     outside_stacklevel,
@@ -595,15 +596,18 @@ def _fx_errors(mode: str) -> Iterator[None]:
             "--leaf NAME", "capture with leaf_modules=['NAME']"
         )
         if mode != "dynamic":
-            hint += f", or try {option('--mode', 'dynamic')}"
+            hint += f", or try {_mode('dynamic')}"
         if "Float Tensor" in str(exc):  # a float64 or bfloat16 model: torch's int8 starts from float32
             hint = "torch's int8 quantizes float32 models: convert it first (model.float()) and quantize that"
         if re.search(r"not implemented for '(Bool|Long|Int|Byte|Char|Short)'", str(exc)):
             # an observer on a mask or index tensor (QA: a bool mask input, and the hint blamed a submodule)
             hint = (
                 "an observer was put on a bool or integer tensor (a mask or index input): static int8 observes float "
-                f"tensors; try {option('--mode', 'dynamic')}, or keep the op that takes it in float ("
-                + said("--float-layer NAME", "float_layers=['NAME']")
+                f"tensors; try {_mode('dynamic')}, or keep the op that takes it in float ("
+                + said(
+                    offered("--float-layer NAME", "--float-layer") or "fxforge quantize --float-layer NAME",
+                    "float_layers=['NAME']",
+                )
                 + ")"
             )
         if re.search(r"'(float|int)' object has no attribute 'numel'", str(exc)):
@@ -612,7 +616,10 @@ def _fx_errors(mode: str) -> Iterator[None]:
             hint = (
                 "the graph combines a tensor with a Python number computed in forward (from a shape or .item()), "
                 "which FX quantization cannot observe: make it a constant set in __init__, or keep that op in float ("
-                + said("quantize --float-layer NAME", "float_layers=['NAME']")
+                + said(
+                    offered("--float-layer NAME", "--float-layer") or "fxforge quantize --float-layer NAME",
+                    "float_layers=['NAME']",
+                )
                 + ")"
             )
         if "Unhandled type for returned node" in str(exc):  # QA: blamed a submodule for `return x, 7`
@@ -621,6 +628,16 @@ def _fx_errors(mode: str) -> Iterator[None]:
                 "tensors only (add the number outside the model, or return it as a tensor)"
             )
         raise FxforgeError(f"FX graph-mode quantization failed: {one_line_reason(exc)}", hint=hint) from exc
+
+
+def _mode(mode: str) -> str:
+    """Another quantization mode as the running command takes it: report says it with --quantize, quantize with
+    --mode (QA: report was told to try --mode dynamic, which it has not)."""
+    return (
+        offered(option("--mode", mode), "--mode")
+        or offered(f"--quantize {mode}", "--quantize")
+        or f"fxforge quantize --mode {mode}"
+    )
 
 
 def _layer_unit(name: str, type_name: str) -> Unit:
