@@ -499,3 +499,26 @@ def test_a_model_that_changes_its_state_is_not_said_to_mix_samples():
     assert not check.ok and any("changes its own state" in problem for problem in check.problems)
     assert not any("computed across samples" in problem for problem in check.problems)
     assert torch.equal(model.total, torch.ones(3))  # the check's own calls are undone: only the reference's stays
+
+
+@pytest.mark.parametrize("microbatches", [1, 2])
+def test_a_mismatch_from_insert_afters_noise_names_the_noise(microbatches):
+    """QA: run-pipeline of a split of an optimize output with insert_after's noise said "the model changes its own
+    state when it runs (a buffer written in forward, or random numbers) ... run it with --microbatches 1", which
+    cannot help (the stages draw in other processes), and at --microbatches 1 it said nothing at all."""
+    from fxforge.distributed import check_outputs
+    from fxforge.passes import apply_pass
+
+    class Relu(torch.nn.Module):
+        def forward(self, x):
+            return torch.relu(x) * 2
+
+    captured = prepare(Relu().eval(), "4x3", method="export")
+    options = {"select": "kind:relu", "insert": "noise", "sigma": 0.5, "seed": 0}
+    noisy = apply_pass(captured.graph_module, "insert_after", options).graph_module.eval()
+    x = torch.randn(4, 3)
+    check = check_outputs((noisy, "model.pt2"), (x,), [torch.relu(x) * 2], microbatches=microbatches)
+    assert not check.ok
+    problem = next(p for p in check.problems if "noise inserted by insert_after (relu_noise)" in p)
+    assert "differ at any --microbatches" in problem
+    assert not any("changes its own state" in p for p in check.problems)
