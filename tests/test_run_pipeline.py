@@ -522,3 +522,22 @@ def test_a_mismatch_from_insert_afters_noise_names_the_noise(microbatches):
     problem = next(p for p in check.problems if "noise inserted by insert_after (relu_noise)" in p)
     assert "differ at any --microbatches" in problem
     assert not any("changes its own state" in p for p in check.problems)
+
+
+def test_a_stage_that_refuses_its_pickle_gives_its_advice_in_the_users_words(tmp_path, monkeypatch, capsys):
+    """A stage program holding pickled objects (insert_after's noise modules) is refused by the rank that loads it:
+    the launcher's hint said only "stopped every other stage (0)", the advice to trust the file was lost (QA)."""
+    from fxforge import apply_pass, capture, split
+    from fxforge.demo import DemoConvNet
+
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, 32, 32)
+    options = {"select": "kind:relu", "insert": "noise", "sigma": 0.1, "seed": 1}
+    noisy = apply_pass(capture(DemoConvNet().eval(), (x,)).graph_module, "insert_after", options).graph_module
+    split(capture(noisy, (x,)), 2, output_dir=tmp_path / "s", verify_stages=False)
+    monkeypatch.delenv("FXFORGE_TRUST_PICKLE", raising=False)
+    with pytest.raises(PipelineError, match="holds pickled Python objects") as info:
+        run_pipeline(tmp_path / "s", microbatches=1, repeats=1, warmup=0, baseline=False)
+    assert "pass trust_pickle=True" in info.value.hint and "stopped every other stage" in info.value.hint
+    assert main(["run-pipeline", str(tmp_path / "s"), "-m", "1", "--repeats", "1", "--warmup", "0"]) != EXIT_OK
+    assert "hint: if you trust this file, pass --trust-pickle" in capsys.readouterr().err

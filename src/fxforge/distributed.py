@@ -57,9 +57,11 @@ from fxforge.errors import (
     FxforgeError,
     InputSpecError,
     ModelSpecError,
+    command_line_wording,
     first_line,
     one_line_reason,
     option,
+    said,
 )
 from fxforge.inputs import InputSpec, check_fits_in_memory, make_inputs, parse_input_spec
 from fxforge.models import pickle_trusted
@@ -80,6 +82,8 @@ SCHEDULES = ("gpipe", "1f1b")
 FAULT_ENV = "FXFORGE_PIPELINE_FAULT"
 FAULT_KINDS = ("raise", "hang", "exit")
 _PARENT_ENV = "FXFORGE_PIPELINE_PARENT"
+# set by a launcher called from Python: a rank's messages then name run_pipeline's parameters (trust_pickle=True)
+_PYTHON_WORDING_ENV = "FXFORGE_PIPELINE_PYTHON_WORDING"
 _OUTPUTS_FILE = "outputs.pt"
 _WORK_PREFIX = "fxforge-pipeline-"  # the launcher's temporary directory, where the ranks report
 DEFAULT_TIMEOUT = 300.0
@@ -551,7 +555,8 @@ def _failed(exc: BaseException, monitored: _Monitored | None, status: _Status, r
     status("failed")
     if result_dir is not None:
         with contextlib.suppress(OSError):
-            record = {"kind": kind, "message": message, "bad_input": bad_input}
+            hint = exc.hint if isinstance(exc, FxforgeError) else None
+            record = {"kind": kind, "message": message, "bad_input": bad_input, "hint": hint}
             (result_dir / f"error_{status.rank}.json").write_text(json.dumps(record))
     if status.rank == 0 or not isinstance(exc, InputSpecError):
         # a bad option or input fails every rank alike: under torchrun, one line (rank 0's) says it
@@ -625,7 +630,10 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """The rank's entry point: ``python -m fxforge.distributed DIR ...`` (what torchrun runs on every rank)."""
     args = _parser().parse_args(argv)
-    return _worker(args)
+    if os.environ.get(_PYTHON_WORDING_ENV):
+        return _worker(args)
+    with command_line_wording():  # torchrun, or the CLI's launcher: advice names this command's --options
+        return _worker(args)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -659,20 +667,21 @@ def _kill(ranks: Sequence[_Process]) -> None:
             entry.process.wait(timeout=10)
 
 
-def _failure(entry: _Process, work: Path) -> tuple[int, str, bool]:
-    """(priority, first line, whether it refused its input) of a failed rank: priority 0 for its own error or
-    death, 1 for losing a peer."""
+def _failure(entry: _Process, work: Path) -> tuple[int, str, bool, str]:
+    """(priority, first line, whether it refused its input, its hint or "") of a failed rank: priority 0 for its
+    own error or death, 1 for losing a peer."""
     error = work / f"error_{entry.rank}.json"
     if error.exists():
         with contextlib.suppress(OSError, ValueError):
             data = json.loads(error.read_text())
-            return (0 if data.get("kind") == "stage" else 1), str(data.get("message")), data.get("bad_input") is True
+            priority = 0 if data.get("kind") == "stage" else 1
+            return priority, str(data.get("message")), data.get("bad_input") is True, str(data.get("hint") or "")
     code = entry.process.returncode
     reason = f"killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
     lines = [line for line in _read(entry.stderr).splitlines() if line.strip()]
     if lines:
         reason += f" ({first_line(lines[-1])})"
-    return 0, reason, False
+    return 0, reason, False, ""
 
 
 def _read(path: Path) -> str:
@@ -700,6 +709,7 @@ def _launch(directory: Path, world: int, worker_args: list[str], timeout: float,
                 "LOCAL_WORLD_SIZE": str(world),
                 "OMP_NUM_THREADS": str(threads),
                 _PARENT_ENV: str(os.getpid()),
+                _PYTHON_WORDING_ENV: said("", "1"),  # empty: the command line's words
             }
             stderr = work / f"stderr_{rank}"
             with stderr.open("w") as err:
@@ -733,17 +743,23 @@ def _wait(ranks: list[_Process], work: Path, started: float, timeout: float) -> 
             grace_until = grace_until or now + 1.0
             if now >= grace_until or all(e.process.poll() is not None for e in ranks):
                 failures = sorted((*_failure(e, work), e.failed_at, e.rank) for e in failed)
-                priority, message, bad_input, _, rank = failures[0]
+                priority, message, bad_input, hint, _, rank = failures[0]
                 hung = _computing(ranks, work)
                 if priority > 0 and hung is not None:  # it lost its peer because that peer hangs in its forward
+                    waiting = rank
                     rank, doing = hung
                     raise PipelineError(
-                        f"stage {rank} hangs ({doing}); stage {failures[0][3]} gave up waiting for it: {message}",
+                        f"stage {rank} hangs ({doing}); stage {waiting} gave up waiting for it: {message}",
                         rank,
                         _stopped(ranks, rank),
                     )
+                # the stage's own advice (--trust-pickle for a pickled stage file) first: it was lost (QA)
+                stopped = _stopped(ranks, rank)
                 raise PipelineError(
-                    f"stage {rank} failed: {message}", rank, _stopped(ranks, rank), bad_input=bad_input
+                    f"stage {rank} failed: {message}",
+                    rank,
+                    f"{hint}; {stopped}" if hint else stopped,
+                    bad_input=bad_input,
                 )
         elif now - started > timeout:
             rank, doing = _hung(ranks, work)
