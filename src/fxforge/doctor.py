@@ -159,9 +159,20 @@ def features(found: dict[str, str | None], cpu: CpuInfo, gpu_list: list[dict[str
     return status, reasons
 
 
-def doctor(*, peak: bool = True, seconds: float = 2.0) -> DoctorReport:
-    """Everything :mod:`fxforge.doctor` reports; ``peak=False`` skips the (about ``seconds``, 0.2 to 60)
-    measurement."""
+DEFAULT_PEAK_SECONDS = 2.0
+
+
+def doctor(*, peak: bool = True, seconds: float | None = None) -> DoctorReport:
+    """Everything :mod:`fxforge.doctor` reports; ``peak=False`` skips the (about ``seconds``, 0.2 to 60, default
+    2) measurement, and is refused with ``seconds``, which would time nothing."""
+    if seconds is not None and not peak:
+        # here, not in the CLI alone: doctor(peak=False, seconds=5) ignored seconds without a word
+        raise FxforgeError(
+            f"{option('--seconds')} applies to the peak measurement, which {option('--no-peak', python='peak=False')} "
+            "skips",
+            hint="pass one",
+        )
+    seconds = DEFAULT_PEAK_SECONDS if seconds is None else seconds
     if not 0.2 <= seconds <= 60:  # written so that NaN fails it too (click's FloatRange lets NaN through)
         raise FxforgeError(f"{option('--seconds')} must be a number from 0.2 to 60, got {seconds}")
     found = versions()
