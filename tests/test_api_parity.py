@@ -3,7 +3,10 @@ a check made in a CLI command alone let ``fxforge.X(...)`` ignore the useless ar
 
 from __future__ import annotations
 
+import re
+
 import pytest
+import torch
 
 import fxforge
 from fxforge.errors import FxforgeError
@@ -12,3 +15,30 @@ from fxforge.errors import FxforgeError
 def test_doctor_refuses_seconds_without_the_peak_it_would_time():
     with pytest.raises(FxforgeError, match=r"^seconds applies to the peak measurement, which peak=False skips"):
         fxforge.doctor(peak=False, seconds=5)
+
+
+@pytest.mark.parametrize(
+    ("mode", "data", "why"),
+    [
+        ("static", {"calibration": "random:2"}, "every batch comes from calibration random:2"),
+        ("static", {"calibration": "TENSOR"}, "every batch comes from calibration$"),
+        ("dynamic", {"eval_data": "TENSOR"}, "every batch comes from eval_data$"),
+        ("qat-prepare", {}, "mode='qat-prepare' reads no data"),
+    ],
+)
+def test_quantize_refuses_random_batches_where_none_is_drawn(mode, data, why):
+    """quantize --random-batches with every batch read from data is refused; fxforge.quantize ran, ignoring it."""
+    captured = fxforge.prepare("demo:mlp")
+    data = {k: torch.randn(4, *captured.example_inputs[0].shape[1:]) if v == "TENSOR" else v for k, v in data.items()}
+    with pytest.raises(FxforgeError) as refused:
+        fxforge.quantize(captured, mode, random_batches=3, **data)
+    message = refused.value.message
+    assert message.startswith("random_batches sets how many random batches stand in for missing data")
+    assert re.search(why, message), message
+
+
+@pytest.mark.filterwarnings("ignore::fxforge.quantize.RandomCalibrationWarning")
+def test_quantize_takes_random_batches_where_they_are_drawn():
+    captured = fxforge.prepare("demo:mlp")
+    result = fxforge.quantize(captured, "dynamic", random_batches=2)
+    assert result.evaluation["samples"] == 2 * captured.example_inputs[0].shape[0]

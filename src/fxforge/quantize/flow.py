@@ -125,7 +125,7 @@ def check_arguments(
     eval_data: Any = None,
     sensitivity: bool = False,
     keep_float_until: float | str | Target | None = None,
-    random_batches: int = DEFAULT_RANDOM_BATCHES,
+    random_batches: int | None = None,
     output_dir: str | Path | None = None,
     force: bool = False,
 ) -> Target | None:
@@ -164,11 +164,40 @@ def check_arguments(
     check_data_file(calibration, "calibration")
     check_data_file(eval_data, "eval")
     goal = parse_target(keep_float_until) if keep_float_until is not None else None
-    if random_batches < 1:
-        raise InputSpecError(f"{option('--random-batches')} must be at least 1, got {random_batches}")
+    if random_batches is not None:
+        if random_batches < 1:
+            raise InputSpecError(f"{option('--random-batches')} must be at least 1, got {random_batches}")
+        _refuse_unread_random_batches(mode, calibration, eval_data)
     if output_dir is not None:
         check_output_directory(output_dir, force=force)
     return goal
+
+
+def _refuse_unread_random_batches(mode: str, calibration: Any, eval_data: Any) -> None:
+    """``random_batches`` counts the random batches drawn where no data is given (or plain ``random``); with every
+    batch read from data or ``random:N`` it was ignored without a word (QA), by the CLI and the API alike."""
+
+    def drawn_at_the_count(spec: Any) -> bool:
+        return spec is None or (isinstance(spec, str) and spec == "random")
+
+    if mode == "qat-prepare":
+        why = f"{option('--mode', 'qat-prepare')} reads no data"
+    else:
+        # dynamic mode reads eval_data alone where it is given; static reads calibration, and eval_data too
+        read = eval_data if mode == "dynamic" and eval_data is not None else calibration
+        if drawn_at_the_count(read) or (isinstance(eval_data, str) and eval_data == "random"):
+            return
+        sources = [
+            option(flag, python=name) + (f" {spec}" if isinstance(spec, (str, Path)) else "")
+            for flag, name, spec in (("--calib", "calibration", calibration), ("--eval", "eval_data", eval_data))
+            if spec is not None
+        ]
+        why = "every batch comes from " + " and ".join(sources)
+    raise InputSpecError(
+        f"{option('--random-batches')} sets how many random batches stand in for missing data, and here none is "
+        f"drawn: {why}",
+        hint=f"drop {option('--random-batches')} (random:N sets the count of one random spec)",
+    )
 
 
 def _layer_types(mode: str) -> tuple[type[nn.Module], ...]:
@@ -932,7 +961,7 @@ def quantize(
     sensitivity: bool = False,
     keep_float_until: float | str | Target | None = None,
     float_layers: Sequence[str] = (),
-    random_batches: int = DEFAULT_RANDOM_BATCHES,
+    random_batches: int | None = None,
     seed: int = 0,
     output_dir: str | Path | None = None,
     force: bool = False,
@@ -957,6 +986,9 @@ def quantize(
             model is the float model, so any target the float model meets is reachable.
         float_layers: units to keep in float from the start: layer (module) names, or the names
             :func:`fallback_units` gives ops (graph node names such as ``add_3``).
+        random_batches: how many random batches stand in for data not given (or ``"random"``); default 8.
+            Refused where no batch is drawn at that count (data given for every use, ``random:N``, or
+            ``qat-prepare``), where it would be ignored.
         output_dir: write ``model.pt``, ``inputs.txt`` and ``report.json`` there (atomically); a non-empty
             directory is refused (without ``force``) before any work.
 
@@ -977,6 +1009,7 @@ def quantize(
         output_dir=output_dir,
         force=force,
     )
+    random_batches = DEFAULT_RANDOM_BATCHES if random_batches is None else random_batches
     captured = _as_captured(target, example_inputs, calibration)
     require_real_weights(captured, "quantize")
     _refuse_quantized(captured)

@@ -12,11 +12,10 @@ from fxforge.cli.options import (
     emit_json,
     status,
     stdout,
-    typed_parameters,
     warn,
     warn_failed_checks,
 )
-from fxforge.errors import EXIT_FINDINGS, FxforgeError
+from fxforge.errors import EXIT_FINDINGS
 
 
 @click.command(
@@ -67,10 +66,9 @@ Exit code: 1 when --keep-float-until's target is not met (the model is written a
 )
 @click.option(
     "--random-batches",
-    default=8,
-    show_default=True,
+    default=None,
     type=click.IntRange(min=1),
-    help="Batches of random data when there is none.",
+    help="Batches of random data when there is none.  [default: 8]",
 )
 @click.option("--output", "-o", type=click.Path(path_type=str), default=None, help="Directory to write.")
 @click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
@@ -83,7 +81,7 @@ def command(
     sensitivity: bool,
     keep_float_until: str | None,
     float_layers: tuple[str, ...],
-    random_batches: int,
+    random_batches: int | None,
     output: str | None,
     force: bool,
 ) -> None:
@@ -108,8 +106,6 @@ def command(
         output_dir=output,
         force=force,
     )
-    if "random_batches" in typed_parameters():
-        _refuse_unread_random_batches(mode, calib, eval_data)
     captured = opts.prepare()
     with status("quantizing", opts.as_json), warnings.catch_warnings():
         warnings.simplefilter("ignore", RandomCalibrationWarning)  # printed below from result.warnings
@@ -137,23 +133,3 @@ def command(
         render_quantize(stdout, opts.model, result)
     if result.target_met is False:
         raise SystemExit(EXIT_FINDINGS)
-
-
-def _refuse_unread_random_batches(mode: str, calib: str | None, eval_data: str | None) -> None:
-    """--random-batches counts the random batches drawn where no data is given (or plain ``random``); with every
-    batch read from files or ``random:N`` it was ignored without a word (QA)."""
-    if mode == "qat-prepare":
-        why = "--mode qat-prepare reads no data"
-    else:
-        # dynamic mode reads --eval alone where it is given; static reads --calib, and --eval too where given
-        read = eval_data if mode == "dynamic" and eval_data is not None else calib
-        if read in (None, "random") or eval_data == "random":
-            return
-        why = "every batch comes from " + " and ".join(
-            f"{flag} {spec}" for flag, spec in (("--calib", calib), ("--eval", eval_data)) if spec is not None
-        )
-    raise FxforgeError(
-        f"--random-batches sets how many random batches stand in for missing data, and here none is drawn: {why}",
-        hint="drop --random-batches (random:N sets the count of one random spec)",
-    )
-
