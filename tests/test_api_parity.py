@@ -42,3 +42,25 @@ def test_quantize_takes_random_batches_where_they_are_drawn():
     captured = fxforge.prepare("demo:mlp")
     result = fxforge.quantize(captured, "dynamic", random_batches=2)
     assert result.evaluation["samples"] == 2 * captured.example_inputs[0].shape[0]
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [({"cases": 3}, "cases has"), ({"rtol": 0.1, "atol": 0.1}, "rtol, atol have"), ({"seeds": [0, 1]}, "seeds has")],
+)
+def test_export_model_refuses_verification_options_without_verification(tmp_path, options, named):
+    """export --no-verify --cases 3 is refused; export_model(verify_export=False, cases=3) wrote the file."""
+    captured = fxforge.prepare("demo:mlp")
+    with pytest.raises(FxforgeError, match=f"^{named} no effect with verify_export=False: nothing is verified"):
+        fxforge.export_model(captured, "pt2", tmp_path / "m.pt2", verify_export=False, **options)
+    assert not list(tmp_path.iterdir())
+
+
+def test_split_refuses_cases_without_verification():
+    with pytest.raises(FxforgeError, match=r"^cases has no effect with verify_stages=False: nothing is verified"):
+        fxforge.split(fxforge.prepare("demo:mlp"), 2, verify_stages=False, cases=64)
+
+
+def test_split_verifies_on_the_default_cases_when_not_told():
+    captured = fxforge.prepare("demo:mlp")
+    assert len(fxforge.split(captured, 2).verification.cases) >= 16

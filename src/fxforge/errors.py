@@ -123,6 +123,20 @@ def command_name() -> str | None:
     return context.command.name if context is not None else None
 
 
+def refuse_without_verification(verifying: bool, switch: str, given: dict[str, bool]) -> None:
+    """Refuse the options of ``given`` (flag -> whether it was given) when nothing is verified (``switch``: how
+    Python spells the verification turned off, e.g. ``verify_export=False``): they only tune that verification, and
+    were silently ignored (``split --no-verify --cases 64``). In the API functions, not the CLI alone, so that a
+    Python caller is told too."""
+    if verifying:
+        return
+    names = ", ".join(option(flag) for flag, is_given in given.items() if is_given)
+    if names:
+        verb = "has" if "," not in names else "have"
+        off = option("--no-verify", python=switch)
+        raise FxforgeError(f"{names} {verb} no effect with {off}: nothing is verified", hint=f"drop {names}, or {off}")
+
+
 def pass_inputs_hint() -> str:
     """What to do when a step needs example inputs the capture did not get."""
     return said(

@@ -84,6 +84,7 @@ from fxforge.errors import (
     is_user_file,
     option,
     pass_inputs_hint,
+    refuse_without_verification,
     require,
     said,
     says_data_dependent,
@@ -195,11 +196,26 @@ def check_export_options(
     dynamic_batch: bool = False,
     freeze: bool = True,
     optimize: bool = True,
+    verify_export: bool = True,
+    cases: int | None = None,
+    seeds: Sequence[int] | None = None,
+    rtol: float | None = None,
+    atol: float | None = None,
 ) -> str:
     """The format :func:`export_model` writes to ``path``; raises on options that do not fit it, before any model
     is loaded (the CLI calls it first: a misplaced option was refused after a 12 s capture, QA). ``freeze`` and
     ``optimize`` are the CLI's ``--no-freeze`` and ``--no-optimize`` (export_model passes them on for TorchScript
     alone, as its callers' defaults)."""
+    refuse_without_verification(
+        verify_export,
+        "verify_export=False",
+        {
+            "--cases": cases is not None,
+            "--seeds": seeds is not None,
+            "--rtol": rtol is not None,
+            "--atol": atol is not None,
+        },
+    )
     named = format_for(path)
     if to in SUFFIXES and named is not None and named != to:
         # fxforge (and every other tool) reads a file by its suffix: an ONNX file named .pt would not load again
@@ -265,7 +281,7 @@ def export_model(
     opset: int | None = None,
     dynamic_batch: bool = False,
     verify_export: bool = True,
-    cases: int = DEFAULT_CASES,
+    cases: int | None = None,
     seed: int = 0,
     seeds: Sequence[int] | None = None,
     rtol: float | None = None,
@@ -288,6 +304,7 @@ def export_model(
         verify_export: reload and compare with the original on at least ``cases`` varied inputs (see
             :mod:`fxforge.verify`; at several batch sizes for TorchScript and dynamic-batch exports), with
             per-dtype tolerances unless ``rtol``/``atol`` are given. ``seeds`` (older API): see ``verify``.
+            ``cases`` (default 16), ``seeds``, ``rtol`` and ``atol`` are refused with ``verify_export=False``.
         allow_trace_warnings: accept a TorchScript trace (or legacy ONNX export) during which torch warned
             that the trace fixed a value computed from the input (``if x.mean() > 0``): by default that is
             an :class:`ExportError`, because the file would compute one branch for every input.
@@ -309,7 +326,13 @@ def export_model(
         script=script,
         onednn_fusion=onednn_fusion,
         dynamic_batch=dynamic_batch,
+        verify_export=verify_export,
+        cases=cases,
+        seeds=seeds,
+        rtol=rtol,
+        atol=atol,
     )
+    cases = DEFAULT_CASES if cases is None else cases
     source, reference, inputs = _export_source(target, example_inputs)
     if to in ("onnx", "torchscript"):
         _refuse_onednn_linear(source, to)

@@ -66,7 +66,15 @@ from fxforge.artifacts import (
 from fxforge.capture import Captured, placeholder_values, require_captured
 from fxforge.compare import compare_outputs
 from fxforge.effects import AliasClasses
-from fxforge.errors import FxforgeError, ModelSpecError, first_line, format_location, option, recorded_user_frame
+from fxforge.errors import (
+    FxforgeError,
+    ModelSpecError,
+    first_line,
+    format_location,
+    option,
+    recorded_user_frame,
+    refuse_without_verification,
+)
 from fxforge.graphs import (
     GraphRunner,
     builds_namedtuple,
@@ -524,8 +532,11 @@ def plan_split(
     return _plan(captured, stages, balance, profile, slack, model_name)[0]
 
 
-def check_split_request(stages: int, balance: str, profile: Any, slack: float) -> None:
+def check_split_request(
+    stages: int, balance: str, profile: Any, slack: float, *, verify_stages: bool = True, cases: int | None = None
+) -> None:
     """Refuse a request that cannot be planned as asked; cheap, so the CLI calls it before the model loads."""
+    refuse_without_verification(verify_stages, "verify_stages=False", {"--cases": cases is not None})
     if balance not in BALANCES:
         raise FxforgeError(f"unknown balance {balance!r}", hint=f"one of {', '.join(BALANCES)}")
     if balance == "time" and profile is None:
@@ -966,7 +977,7 @@ def split(
     output_dir: str | Path | None = None,
     force: bool = False,
     verify_stages: bool = True,
-    cases: int = DEFAULT_CASES,
+    cases: int | None = None,
     seed: int = 0,
     model_name: str = "",
 ) -> SplitResult:
@@ -975,8 +986,11 @@ def split(
     With real weights the stage modules are built, chained in one process and verified against the model on
     ``cases`` varied inputs (``verify_stages``); with ``output_dir`` they are written (atomically) with
     ``plan.json`` and the unsplit ``model.pt2``, and what is verified is the written files, reloaded. On the
-    ``meta`` device only the plan is made (and ``plan.json`` written).
+    ``meta`` device only the plan is made (and ``plan.json`` written). ``cases`` (default 16) is refused with
+    ``verify_stages=False``.
     """
+    refuse_without_verification(verify_stages, "verify_stages=False", {"--cases": cases is not None})
+    cases = DEFAULT_CASES if cases is None else cases
     if output_dir is not None:  # before the work: refusing afterwards would waste it
         check_output_directory(output_dir, force=force)
     plan, graph = _plan(captured, stages, balance, profile, slack, model_name)

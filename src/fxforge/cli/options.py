@@ -295,22 +295,6 @@ def parameter_label(param: click.Parameter) -> str:
     return param.opts[0] if isinstance(param, click.Option) else param.human_readable_name
 
 
-def refuse_without_verify(no_verify: bool, *verify_only: str) -> None:
-    """Refuse the options of ``verify_only`` (parameter names) given on the command line with ``--no-verify``: they
-    only tune the verification it turns off, and were silently ignored (``split --no-verify --cases 64``)."""
-    from fxforge.errors import FxforgeError
-
-    if not no_verify:
-        return
-    given = [param.opts[0] for name, param in typed_parameters().items() if name in verify_only]
-    if given:
-        names = ", ".join(given)
-        verb = "has" if len(given) == 1 else "have"
-        raise FxforgeError(
-            f"{names} {verb} no effect with --no-verify: nothing is verified", hint=f"drop {names}, or --no-verify"
-        )
-
-
 def split(text: str | None) -> list[str]:
     """``"a, b,,c"`` -> ``["a", "b", "c"]``."""
     return [part.strip() for part in (text or "").split(",") if part.strip()]

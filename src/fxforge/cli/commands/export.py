@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from fxforge.cli.options import CaptureOptions, capture_options, emit_json, refuse_without_verify, status, stdout
+from fxforge.cli.options import CaptureOptions, capture_options, emit_json, status, stdout
 from fxforge.errors import EXIT_FINDINGS
 
 
@@ -50,7 +50,7 @@ Exit code: 1 when the reloaded export differs from the model (nothing is written
     help="Accept a trace during which torch warned that it fixed a value computed from the input.",
 )
 @click.option("--no-verify", is_flag=True, help="Do not reload and verify the export.")
-@click.option("--cases", default=16, show_default=True, type=click.IntRange(min=1), help="Input cases to verify on.")
+@click.option("--cases", default=None, type=click.IntRange(min=1), help="Input cases to verify on.  [default: 16]")
 @click.option("--seeds", type=click.IntRange(min=1), default=None, hidden=True, help="Older name: at least N cases.")
 @click.option("--rtol", type=click.FloatRange(min=0), default=None, help="Relative tolerance (default: per dtype).")
 @click.option("--atol", type=click.FloatRange(min=0), default=None, help="Absolute tolerance (default: per dtype).")
@@ -67,7 +67,7 @@ def command(
     dynamic_batch: bool,
     allow_trace_warnings: bool,
     no_verify: bool,
-    cases: int,
+    cases: int | None,
     seeds: int | None,
     rtol: float | None,
     atol: float | None,
@@ -78,8 +78,9 @@ def command(
     from fxforge.cli.render import render_export
     from fxforge.export import check_export_options, export_model
 
+    # the hidden older --seeds N: at least N cases from --seed, which is what the API's seeds list says
+    seed_list = None if seeds is None else list(range(opts.seed, opts.seed + seeds))
     # before the model loads: a typo or a misplaced option costs nothing
-    refuse_without_verify(no_verify, "cases", "seeds", "rtol", "atol")
     written = check_export_options(
         output,
         to_format,
@@ -89,6 +90,11 @@ def command(
         dynamic_batch=dynamic_batch,
         freeze=not no_freeze,
         optimize=not no_optimize,
+        verify_export=not no_verify,
+        cases=cases,
+        seeds=seed_list,
+        rtol=rtol,
+        atol=atol,
     )
     check_output_file(output, force=force, reading=opts.model)
     started = time.perf_counter()
@@ -107,8 +113,9 @@ def command(
             opset=opset,
             dynamic_batch=dynamic_batch,
             verify_export=not no_verify,
-            cases=max(cases, seeds or 0),
+            cases=cases,
             seed=opts.seed,
+            seeds=seed_list,
             rtol=rtol,
             atol=atol,
             allow_trace_warnings=allow_trace_warnings,

@@ -8,7 +8,6 @@ from fxforge.cli.options import (
     CaptureOptions,
     capture_options,
     emit_json,
-    refuse_without_verify,
     status,
     stdout,
     warn_failed_checks,
@@ -62,7 +61,7 @@ fxforge did not write).
     "or an empty one.",
 )
 @click.option("--no-verify", is_flag=True, help="Do not verify the chained stages against the model.")
-@click.option("--cases", default=16, show_default=True, type=click.IntRange(min=1), help="Input cases to verify on.")
+@click.option("--cases", default=None, type=click.IntRange(min=1), help="Input cases to verify on.  [default: 16]")
 def command(
     opts: CaptureOptions,
     stages: int,
@@ -72,15 +71,15 @@ def command(
     output: str | None,
     force: bool,
     no_verify: bool,
-    cases: int,
+    cases: int | None,
 ) -> None:
     """Split a model into pipeline stages: optimal cuts balancing a cost, one loadable module per stage."""
     from fxforge.artifacts import check_output_directory
     from fxforge.cli.render import render_split
     from fxforge.split import check_split_request, split
 
-    refuse_without_verify(no_verify, "cases")
-    check_split_request(stages, balance, profile_path, slack)  # before the model loads: the mistake costs nothing
+    # before the model loads: the mistake costs nothing
+    check_split_request(stages, balance, profile_path, slack, verify_stages=not no_verify, cases=cases)
     if output is not None:
         # before the capture (25 s for a 70B model on meta)
         check_output_directory(output, force=force, reading=opts.model)
