@@ -64,3 +64,22 @@ def test_split_refuses_cases_without_verification():
 def test_split_verifies_on_the_default_cases_when_not_told():
     captured = fxforge.prepare("demo:mlp")
     assert len(fxforge.split(captured, 2).verification.cases) >= 16
+
+
+def test_bench_times_written_artifacts_next_to_eager(tmp_path):
+    """bench --artifact had no fxforge.bench parameter: the API needed fxforge.bench's module (a private reach,
+    since fxforge.bench is the function) and the CLI's own rule that the rows are then eager and the artifacts."""
+    captured = fxforge.prepare("demo:mlp")
+    fxforge.export_model(captured, "pt2", tmp_path / "m.pt2")
+    report = fxforge.bench(captured, artifacts=tmp_path / "m.pt2", warmup=1, repeats=1, peak=False)
+    assert [row.backend for row in report.rows] == ["eager", f"file:{tmp_path / 'm.pt2'}"]
+    assert all(row.error is None for row in report.rows)
+
+
+def test_bench_refuses_an_artifact_that_is_not_there_and_an_empty_backend_list(tmp_path):
+    captured = fxforge.prepare("demo:mlp")
+    with pytest.raises(FxforgeError, match=r"^artifacts .*nothing\.onnx: no such file or directory"):
+        fxforge.bench(captured, artifacts=[tmp_path / "nothing.onnx"])
+    # --backends "" is refused, where [] ran the whole default set
+    with pytest.raises(FxforgeError, match=r"^backends names no backend; the known ones: eager, "):
+        fxforge.bench(captured, [])

@@ -559,6 +559,28 @@ ARTIFACT_PREFIX = "file:"
 UNKNOWN_PRECISION = "unknown"  # a file's arithmetic is not recorded: its row gets no fraction of any peak
 
 
+def refuse_no_backends(backends: Sequence[Any] | None) -> None:
+    """An empty list of backends (``--backends ""``, an unset shell variable) ran the whole default set, as if none
+    had been asked for: refused, naming the known ones. Cheap, so the CLI calls it before the model loads."""
+    if backends is not None and not backends:
+        known = ", ".join(backend.name for backend in all_backends())
+        raise FxforgeError(
+            f"{option('--backends')} names no backend; the known ones: {known}",
+            hint=f"leave {option('--backends')} out for the default set",
+        )
+
+
+def check_artifacts(
+    artifacts: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+) -> list[str | os.PathLike[str]]:
+    """``bench``'s ``artifacts`` as a list, each one there; cheap, so the CLI calls it before the model loads."""
+    paths = [artifacts] if isinstance(artifacts, (str, os.PathLike)) else list(artifacts)
+    missing = [path for path in paths if not Path(path).exists()]
+    if missing:
+        raise FxforgeError(f"{option('--artifact', python='artifacts')} {missing[0]}: no such file or directory")
+    return paths
+
+
 def artifact_backend(
     path: str | os.PathLike[str], *, name: str | None = None, trust_pickle: bool | None = None
 ) -> Backend:
@@ -932,13 +954,17 @@ def bench(
     progress: ProgressHook | None = None,
     peak: bool = True,
     pass_options: Mapping[str, Mapping[str, Any]] | Sequence[str] = (),
+    artifacts: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] = (),
+    trust_pickle: bool | None = None,
 ) -> BenchReport:
     """Time ``captured`` on ``backends`` (names or :class:`Backend` objects; default: all registered).
 
     ``batches``: batch sizes to run (default: the example inputs'). ``threads``: intra-op threads for
     torch and ONNX Runtime (default: torch's current setting). ``passes``: for the ``fx`` backend
     (default: the exact passes), with ``pass_options`` as ``optimize`` takes them (``{pass: {option: value}}`` or
-    ``PASS.KEY=VALUE`` strings). A backend that fails to build or run gives a row with its ``error``;
+    ``PASS.KEY=VALUE`` strings). ``artifacts``: written files or output directories to time too (``bench
+    --artifact``), each a row of :func:`artifact_backend` after the backends (with ``backends`` left out: after
+    eager alone), loaded with ``trust_pickle``. A backend that fails to build or run gives a row with its ``error``;
     the others are still measured. ``peak``: measure the machine's matmul peak (once per process, about 2 s)
     and give each row its fraction of it. See the module docstring for what is measured and how.
     """
@@ -963,6 +989,10 @@ def bench(
             ),
         )
     backends, passes = as_names(backends), as_names(passes)
+    refuse_no_backends(backends)
+    written = [artifact_backend(path, trust_pickle=trust_pickle) for path in check_artifacts(artifacts)]
+    if written:  # here, not in the CLI alone: the API had no way to time a written file without a private import
+        backends = [*(backends or ["eager"]), *written]
     device = model_device(captured)
     chosen = [b if isinstance(b, Backend) else get_backend(b) for b in (backends or default_backends())]
     if not backends and device.type != "cpu":  # the CPU runtimes would time the CPU, not the model's device

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
 from fxforge.cli.options import (
@@ -32,7 +30,7 @@ Backends: fxforge bench --list-backends (default: every one this machine runs fa
 """,
 )
 @capture_options(model_required=False)
-@click.option("--backends", "-b", default="", metavar="NAMES", help="Comma-separated backends (default: all).")
+@click.option("--backends", "-b", default=None, metavar="NAMES", help="Comma-separated backends (default: all).")
 @click.option("--batch", "batch_sizes", multiple=True, metavar="N[,N]", help="Batch sizes (default: the input's).")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="Intra-op threads for torch and ORT.")
 @click.option("--warmup", default=3, show_default=True, type=click.IntRange(min=1), help="Untimed calls first.")
@@ -52,7 +50,7 @@ Backends: fxforge bench --list-backends (default: every one this machine runs fa
 @click.option("--list-backends", is_flag=True, help="List the backends (with where each comes from) and exit.")
 def command(
     opts: CaptureOptions,
-    backends: str,
+    backends: str | None,
     batch_sizes: tuple[str, ...],
     threads: int | None,
     warmup: int,
@@ -67,10 +65,11 @@ def command(
 
     from fxforge.bench import (
         all_backends,
-        artifact_backend,
         bench,
+        check_artifacts,
         get_backend,
         pass_steps,
+        refuse_no_backends,
         refuse_passes_without_fx,
     )
     from fxforge.cli.render import render_backends, render_bench, render_plugin_failures
@@ -87,13 +86,9 @@ def command(
         return
     if not opts.model:
         raise FxforgeError("bench needs a MODEL", hint="e.g. fxforge bench torchvision:resnet18")
-    if not split(backends) and "backends" in typed_parameters():
-        # --backends "" (an unset shell variable) ran the default set, as if the option were left out
-        known = ", ".join(backend.name for backend in all_backends())
-        raise FxforgeError(
-            f"--backends names no backend; the known ones: {known}", hint="leave --backends out for the default set"
-        )
-    chosen = [get_backend(name) for name in split(backends)]  # an unknown name fails before the model is loaded
+    names = None if backends is None else split(backends)
+    refuse_no_backends(names)
+    chosen = [get_backend(name) for name in names or ()]  # an unknown name fails before the model is loaded
     # an unknown pass or option: named before anything else
     pass_steps(None if pass_names is None else split(pass_names), pass_options)
     if pass_names is not None and chosen:
@@ -104,14 +99,8 @@ def command(
         raise FxforgeError(f"--batch takes integers, got {' '.join(batch_sizes)!r}", hint="e.g. --batch 1,8") from None
     if any(b < 1 for b in batches):
         raise FxforgeError("--batch sizes must be at least 1")
-    missing = [path for path in artifacts if not Path(path).exists()]
-    if missing:  # before the model is loaded and captured
-        raise FxforgeError(f"--artifact {missing[0]}: no such file or directory")
+    check_artifacts(artifacts)  # before the model is loaded and captured
     captured = opts.prepare()
-    # the artifacts are loaded like the model: a pickled model.pt needs the same opt-in
-    trust = opts.trust_pickle or None
-    written = [artifact_backend(path, trust_pickle=trust) for path in artifacts]
-    names: list = split(backends) or (["eager"] if written else [])
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"))
     # Off when stderr is not a terminal, like the other commands' spinner: there rich draws no bar, but stopping
     # it still writes an empty line, which landed before an error message or in a redirected log.
@@ -124,7 +113,7 @@ def command(
 
         report = bench(
             captured,
-            [*names, *written] or None,
+            names,
             batches=batches or None,
             threads=threads,
             warmup=warmup,
@@ -133,6 +122,9 @@ def command(
             passes=None if pass_names is None else split(pass_names),
             progress=advance,
             pass_options=pass_options,
+            artifacts=list(artifacts),
+            # the artifacts are loaded like the model: a pickled model.pt needs the same opt-in
+            trust_pickle=opts.trust_pickle or None,
         )
     if opts.as_json:
         emit_json({"model": opts.model, **report.to_dict()})
