@@ -83,3 +83,10 @@ def test_bench_refuses_an_artifact_that_is_not_there_and_an_empty_backend_list(t
     # --backends "" is refused, where [] ran the whole default set
     with pytest.raises(FxforgeError, match=r"^backends names no backend; the known ones: eager, "):
         fxforge.bench(captured, [])
+
+
+def test_report_refuses_bench_repeats_without_bench(tmp_path):
+    """report --repeats without --bench is refused; fxforge.report(bench_repeats=5) wrote a page without timings."""
+    with pytest.raises(FxforgeError, match=r"^bench_repeats applies to bench=True"):
+        fxforge.report(fxforge.prepare("demo:mlp"), tmp_path / "r.html", bench_repeats=5)
+    assert not (tmp_path / "r.html").exists()

@@ -19,7 +19,7 @@ from typing import Any
 from fxforge.api import prepare
 from fxforge.bench import bench as run_bench
 from fxforge.capture import Captured, require_captured
-from fxforge.errors import FxforgeError, first_line
+from fxforge.errors import FxforgeError, first_line, option
 from fxforge.inspect import inspect_graph
 from fxforge.lint import lint
 from fxforge.optimize import optimize
@@ -78,7 +78,7 @@ def report(
     *,
     passes: Sequence[str] = (),
     bench: bool | Sequence[str] = False,
-    bench_repeats: int = 20,
+    bench_repeats: int | None = None,
     quantize: str | None = None,
     calibration: Any = None,
     profile: Any = None,
@@ -90,11 +90,18 @@ def report(
     """Build the report of ``model`` (a Captured, or a spec :func:`fxforge.prepare` loads) and write it to ``path``.
 
     ``passes``: run them (verified) and show the change log, verification and diff. ``bench``: True for
-    :data:`REPORT_BACKENDS`, or the backend names. ``quantize``: a mode (``static``, ``dynamic``) to run and
-    report. ``profile``: ``fxforge.profile_model``'s result, its dict or that JSON file's path, or True to profile
-    the model now, to colour nodes by time. The view's ``failures`` has one line per check that failed (the passes'
-    verification), which the page shows too.
+    :data:`REPORT_BACKENDS`, or the backend names, timed ``bench_repeats`` rounds (default 20; refused without
+    ``bench``). ``quantize``: a mode (``static``, ``dynamic``) to run and report. ``profile``:
+    ``fxforge.profile_model``'s result, its dict or that JSON file's path, or True to profile the model now, to
+    colour nodes by time. The view's ``failures`` has one line per check that failed (the passes' verification),
+    which the page shows too.
     """
+    if bench_repeats is not None and bench is False:
+        # the page would have no bench section, and the rounds asked for would be ignored, as --repeats without --bench
+        raise FxforgeError(
+            f"{option('--repeats', python='bench_repeats')} applies to {option('--bench', True)}",
+            hint=f"add {option('--bench', True)}",
+        )
     if path is not None:
         check_report_path(path, force=force)  # before the work: a refusal after it would waste it
     if isinstance(model, str):
@@ -151,7 +158,7 @@ def report(
         model_data["depth"] = depth
     if bench:
         backends = list(REPORT_BACKENDS) if bench is True else list(bench)
-        timings = run_bench(captured, backends, repeats=bench_repeats).to_dict()
+        timings = run_bench(captured, backends, repeats=bench_repeats or 20).to_dict()
         findings_data["bench"] = timings
         after.append(bench_section(timings))
     if quantized is not None:

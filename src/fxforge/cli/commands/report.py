@@ -35,7 +35,9 @@ Exit code: 1 when the verification of -p fails (the page is written and says so)
     metavar="NAMES",
     help="--bench: backends (default eager,fx,torchscript,onnxruntime).",
 )
-@click.option("--repeats", default=20, show_default=True, type=click.IntRange(min=1), help="--bench: timed rounds.")
+@click.option(
+    "--repeats", default=None, type=click.IntRange(min=1), help="--bench: timed rounds.  [default: 20]"
+)
 @click.option(
     "--quantize",
     "quantize_mode",
@@ -60,7 +62,7 @@ def command(
     pass_names: tuple[str, ...],
     do_bench: bool,
     backends: str,
-    repeats: int,
+    repeats: int | None,
     quantize_mode: str | None,
     do_profile: bool,
     profile_file: str | None,
