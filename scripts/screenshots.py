@@ -19,8 +19,13 @@ def main() -> None:
     captured = fxforge.prepare("torchvision:resnet18", ["1x3x64x64"])
     work = Path(tempfile.mkdtemp())
     fxforge.report(captured, work / "report.html", passes=["fold_bn"], spec="torchvision:resnet18")
-    fxforge.diff_html(captured, fxforge.optimize(captured, ["fold_bn"], verify=True), work / "diff.html",
-                      title="torchvision:resnet18 after fold_bn", depth=3)
+    fxforge.diff_html(
+        captured,
+        fxforge.optimize(captured, ["fold_bn"], verify=True),
+        work / "diff.html",
+        title="torchvision:resnet18 after fold_bn",
+        depth=3,
+    )
     with browser() as context:
         page = open_page(context, work / "report.html", PageRecord())
         page.set_viewport_size({"width": 1400, "height": 1000})

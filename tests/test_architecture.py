@@ -12,9 +12,7 @@ def _cycles(graph: grimp.ImportGraph) -> list[list[str]]:
     """Strongly connected components of more than one module; an import of one's own ancestor package
     (a registry package importing its plug-ins) is not a layering edge."""
     modules = sorted(graph.modules)
-    edges = {
-        m: {t for t in graph.find_modules_directly_imported_by(m) if not m.startswith(t + ".")} for m in modules
-    }
+    edges = {m: {t for t in graph.find_modules_directly_imported_by(m) if not m.startswith(t + ".")} for m in modules}
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []

@@ -932,7 +932,6 @@ def test_a_top1_drop_budget_is_judged_on_labels_and_bounded_by_agreement_without
     assert Budget(max_drop=0.01).reduced_precision
 
 
-
 def test_candidates_of_a_model_with_concrete_values_verify(tmp_path):
     """QA: with --concrete double=true in the ATen dialect, every exported candidate was rejected: verify called
     them with double=True, which a file (constants built in) does not take, and fx's model.pt2 was written
@@ -1077,9 +1076,7 @@ class _NamedImage(nn.Module):
         return self.conv(image)
 
 
-@pytest.mark.parametrize(
-    ("backend", "concrete"), [("fx+channels_last", False), ("fx", True), ("compile+recipe", True)]
-)
+@pytest.mark.parametrize(("backend", "concrete"), [("fx+channels_last", False), ("fx", True), ("compile+recipe", True)])
 def test_artifacts_exported_through_a_wrapper_take_inputs_by_the_models_names(tmp_path, backend, concrete):
     """QA: model.pt2 exported through fxforge's wrappers (channels-last layout, --concrete values fixed), which
     take *args, named its input args_0: model(image=x) was refused. The model's names are recorded in the file."""

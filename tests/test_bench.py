@@ -97,8 +97,11 @@ def test_failed_build_is_a_row_and_the_rest_still_run(mlp):
 
 @pytest.mark.parametrize(
     "backends,batches",
-    [(["eager", "eager"], None), (["compile+cpp_wrapper+channels_last", "compile+channels_last+cpp_wrapper"], None),
-     (["eager"], [1, 1])],
+    [
+        (["eager", "eager"], None),
+        (["compile+cpp_wrapper+channels_last", "compile+channels_last+cpp_wrapper"], None),
+        (["eager"], [1, 1]),
+    ],
 )
 def test_a_backend_or_batch_named_twice_is_refused_before_any_build(mlp, backends, batches):
     """QA: -b eager,eager or --batch 1,1 crashed with FileExistsError (internal error, exit 4) after every build."""
@@ -596,7 +599,6 @@ def test_lint_reports_take_never_as_the_cli_does():
         report.at_least("fatal")
 
 
-
 @pytest.mark.parametrize("method", ["symbolic_trace", "export"])
 def test_backends_run_with_the_concrete_values(method):
     """QA: with --concrete double=true, fx failed to run in the ATen dialect (forward() missing 'double'), and
@@ -694,8 +696,16 @@ def test_bench_artifact_on_real_models(capsys, tmp_path):
     assert rows[f"file:{other_file}", 2]["ok"] and rows[f"file:{other_file}", 2]["within_tolerance"] is False
 
     pytest.importorskip("transformers")
-    config = ("--model-arg", "hidden_size=32", "--model-arg", "num_hidden_layers=1", "--model-arg",
-              "num_attention_heads=2", "--model-arg", "intermediate_size=64")
+    config = (
+        "--model-arg",
+        "hidden_size=32",
+        "--model-arg",
+        "num_hidden_layers=1",
+        "--model-arg",
+        "num_attention_heads=2",
+        "--model-arg",
+        "intermediate_size=64",
+    )
     bert = ("transformers:BertModel", "-i", "1x16:int64", *config)
     assert run(capsys, "export", *bert, "-o", str(tmp_path / "bert.pt"), "--cases", "2")[0] == EXIT_OK
     args = ("bench", *bert, "--artifact", str(tmp_path / "bert.pt"), "--repeats", "2", "--warmup", "1", "--json")

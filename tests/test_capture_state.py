@@ -16,7 +16,7 @@ from fxforge.capture import EXPORT, SYMBOLIC_TRACE, capture
 from fxforge.cli import main
 from fxforge.errors import CaptureError
 
-MODELS = '''
+MODELS = """
 import torch
 from torch import nn
 
@@ -134,7 +134,7 @@ class ReadsAValue(nn.Module):
 
     def forward(self, x):
         return self.inner(x) + 1
-'''
+"""
 
 
 @pytest.fixture(scope="module")

@@ -1234,7 +1234,7 @@ def test_a_decorated_package_function_is_wrapped_and_named_from_the_users_call()
     assert "wrap='torchvision.utils:make_grid'" in info.value.hint
 
 
-_MULTI_LINE_BRANCH = '''
+_MULTI_LINE_BRANCH = """
 import torch
 
 
@@ -1251,7 +1251,7 @@ class MultiLine(torch.nn.Module):
         ):
             y = y + 1
         return y
-'''
+"""
 
 
 def test_a_branch_written_over_several_lines_is_named_as_a_branch(tmp_path):
@@ -1264,7 +1264,7 @@ def test_a_branch_written_over_several_lines_is_named_as_a_branch(tmp_path):
     assert "torch.where or torch.cond" in info.value.hint
 
 
-_LAYOUTS = '''def f(x, mode, flag):
+_LAYOUTS = """def f(x, mode, flag):
     match mode:
         case "a":
             y = x + 1
@@ -1280,7 +1280,7 @@ _LAYOUTS = '''def f(x, mode, flag):
         def g(v):
             return v
     return y
-'''
+"""
 
 
 def test_a_location_names_the_statement_not_its_block(tmp_path):

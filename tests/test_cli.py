@@ -708,7 +708,10 @@ def test_a_crash_in_native_code_says_where(tmp_path):
     )
     done = subprocess.run(
         [sys.executable, "-m", "fxforge", "inspect", "crashes.py:net", "--input", "2x4"],
-        capture_output=True, text=True, cwd=tmp_path, timeout=300,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
     )
     assert done.returncode == -11, done.stderr[-2000:]
     assert "Fatal Python error: Segmentation fault" in done.stderr

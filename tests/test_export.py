@@ -1274,8 +1274,9 @@ def test_a_traced_dict_output_of_mixed_types_points_at_script_which_exports_it(t
     with pytest.raises(ExportError) as raised:
         export_model(Mixed().eval(), "torchscript", tmp_path / "m.pt", example_inputs=(torch.randn(2, 8),))
     assert "the trace cannot type the model's output" in str(raised.value) and "script=True" in raised.value.hint
-    result = export_model(Mixed().eval(), "torchscript", tmp_path / "m.pt", example_inputs=(torch.randn(2, 8),),
-                          script=True)
+    result = export_model(
+        Mixed().eval(), "torchscript", tmp_path / "m.pt", example_inputs=(torch.randn(2, 8),), script=True
+    )
     assert result.ok
 
 

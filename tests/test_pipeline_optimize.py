@@ -125,7 +125,7 @@ def test_bad_pipeline_file(tmp_path):
     toml.write_text('verify = "no"\npasses = ["fold_bn"]\n')  # bool("no") is True: refused, not switched on
     with pytest.raises(FxforgeError, match="verify must be true or false, not 'no'"):
         Pipeline.from_file(toml)
-    toml.write_text("verify = true\npasses = [\"fold_bn\"]\n")
+    toml.write_text('verify = true\npasses = ["fold_bn"]\n')
     assert Pipeline.from_file(toml).verify_each is True
 
 

@@ -291,7 +291,7 @@ def returns_nonsense(gm):
     return 42
 '''
 
-RULES_FILE = '''
+RULES_FILE = """
 import operator
 from fxforge.lint import rule
 
@@ -301,7 +301,7 @@ def check(ctx):
     for node in ctx.graph.nodes:
         if node.target is operator.mul and node.args[1] == 2:
             yield node, "multiplication by 2"
-'''
+"""
 
 
 class Doubler(nn.Module):
@@ -389,14 +389,14 @@ def test_a_rule_reference_adds_the_rule_it_names_not_the_whole_file(capsys, user
     monkeypatch.chdir(user_files)
     (user_files / "two_rules.py").write_text(
         RULES_FILE
-        + '''
+        + """
 
 @rule("USR002", "any_linear", "info", "a linear layer")
 def linears(ctx):
     for node in ctx.graph.nodes:
         if node.op == "call_module":
             yield node, "a module call"
-'''
+"""
     )
     lint_doubler = ("lint", "model.py:Doubler", "--input", "2x4", "--json")
     code, out, err = run(capsys, *lint_doubler, "--rule", "two_rules.py:check")
@@ -410,7 +410,7 @@ def linears(ctx):
 # --wrap and --concrete
 
 
-MODEL_WITH_HELPER = '''
+MODEL_WITH_HELPER = """
 import torch
 from torch import nn
 from helpers import signed_norm, scale_rows
@@ -426,9 +426,9 @@ class Net(nn.Module):
         if double:
             y = y * 2
         return y
-'''
+"""
 
-HELPERS = '''
+HELPERS = """
 import torch
 
 
@@ -440,7 +440,7 @@ def signed_norm(x):
 
 def scale_rows(x):
     return x * torch.arange(1, x.shape[1] + 1, dtype=x.dtype)
-'''
+"""
 
 
 @pytest.fixture
@@ -557,7 +557,7 @@ def test_verify_takes_leaf_and_wrap_for_its_reference(capsys, helper_model):
     assert code == EXIT_USAGE and "has no attribute 'nothing'" in err
 
 
-BROKEN_RULES_FILE = '''
+BROKEN_RULES_FILE = """
 import operator
 from fxforge.lint import rule
 
@@ -584,7 +584,7 @@ def edits(ctx):
         if node.target is operator.mul:
             node.args = (node.args[0], 3)
             yield node, "edited"
-'''
+"""
 
 
 def test_a_broken_rule_is_named_and_the_other_rules_still_run(capsys, user_files, monkeypatch):

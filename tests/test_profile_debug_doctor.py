@@ -747,4 +747,3 @@ def test_a_matmul_too_slow_for_the_time_budget_is_measured_smaller():
     sizes.clear()
     _fitting_rate(slow, 1024, budget=2.0)
     assert max(sizes) == 1024  # a budget it fits: the full size
-

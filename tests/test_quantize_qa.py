@@ -366,8 +366,17 @@ def test_nan_in_the_evaluation_data_is_no_zero_error(tmp_path, capsys):
     torch.save(torch.randn(32, 16), tmp_path / "calib.pt")
     out = tmp_path / "out"
     code, _, err = _cli(
-        capsys, "quantize", f"{tmp_path / 'model.py'}:build", "-i", "8x16", "--calib", str(tmp_path / "calib.pt"),
-        "--eval", str(tmp_path / "nan.pt"), "-o", str(out),
+        capsys,
+        "quantize",
+        f"{tmp_path / 'model.py'}:build",
+        "-i",
+        "8x16",
+        "--calib",
+        str(tmp_path / "calib.pt"),
+        "--eval",
+        str(tmp_path / "nan.pt"),
+        "-o",
+        str(out),
     )
     if code == EXIT_USAGE:  # int8 gives NaN wherever float does: nothing to compare, refused rather than "0% error"
         assert "not finite (NaN or inf) anywhere" in err and not out.exists()
@@ -1299,7 +1308,7 @@ def test_a_model_whose_own_method_is_kept_as_one_call_quantizes_and_saves(tmp_pa
     assert (saved(x) - model(x)).abs().max() < 0.1  # int8 of two 8x8 layers: close to float, not equal
 
 
-_WITH_A_LEAF = '''
+_WITH_A_LEAF = """
 import torch
 from torch import nn
 
@@ -1318,7 +1327,7 @@ class Net(nn.Module):
 
     def forward(self, x):
         return self.fc2(self.gate(torch.relu(self.fc1(x))))
-'''
+"""
 
 
 def test_the_load_line_of_a_model_with_its_own_classes_in_source_loads_with_torch_alone(tmp_path, capsys):

@@ -921,7 +921,7 @@ def test_verify_of_a_split_directory_checks_its_stages_not_the_unsplit_copy(tmp_
     assert unsplit.file == "model.pt2" and torch.allclose(unsplit(x), model(x))
 
 
-WRAPPED_HELPER_MODEL = '''
+WRAPPED_HELPER_MODEL = """
 from torch import nn
 
 
@@ -938,7 +938,7 @@ class Net(nn.Module):
 
     def forward(self, x):
         return self.post(self.mid(helper(self.pre(x))))
-'''
+"""
 
 
 def test_a_stage_calling_a_wrapped_helper_is_pickled_so_that_it_loads(tmp_path, monkeypatch):

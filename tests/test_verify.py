@@ -27,7 +27,6 @@ def test_fp32_tolerance_catches_real_change_but_not_roundoff():
     assert not compare_outputs(ref, ref + 1e-2).ok
 
 
-
 def test_an_output_smaller_than_atol_is_still_compared():
     """QA: a transformers MobileNetV2 built without weights returns values of 1e-24, and verify called two different
     sets of weights OK: the whole atol (1e-5) covered any output that small. The absolute term is at most 1% of the
@@ -56,6 +55,7 @@ def test_verify_tells_apart_two_models_whose_outputs_are_tiny():
 
     assert verify(tiny_linear(0), copy.deepcopy(tiny_linear(0)), (torch.randn(2, 8),)).ok
     assert not verify(tiny_linear(0), tiny_linear(3), (torch.randn(2, 8),)).ok
+
 
 def test_dtype_tolerances_are_looser_for_half_precision():
     assert TOLERANCES[torch.float16][0] > TOLERANCES[torch.float32][0] > TOLERANCES[torch.float64][0]
@@ -956,8 +956,9 @@ def test_a_nan_in_the_candidate_is_named_not_only_an_infinite_error():
     candidate = reference.clone()
     candidate[0, 0], candidate[1, 2] = float("nan"), float("inf")
     result = compare_outputs(reference, candidate)
-    assert not result.ok and "the candidate has 1 NaN and 1 Inf of 6 values where the reference is finite" in (
-        result.problems[0]
+    assert (
+        not result.ok
+        and "the candidate has 1 NaN and 1 Inf of 6 values where the reference is finite" in (result.problems[0])
     )
     assert "NaN" not in compare_outputs(reference, reference + 1).problems[0]  # a plain mismatch says nothing of NaN
 
@@ -995,8 +996,10 @@ def test_an_output_of_another_container_type_is_said_once():
     assert result.ok and [w for w in result.warnings if "type differs" in w] == [
         "output: a dict where the reference returns a test_verify.Out (values compared; the type differs)"
     ]
-    assert any("a tuple where the reference returns a test_verify.Pair" in w for w in
-               verify(AsNamedtuple(), AsTuple(), inputs=(x,)).warnings)
+    assert any(
+        "a tuple where the reference returns a test_verify.Pair" in w
+        for w in verify(AsNamedtuple(), AsTuple(), inputs=(x,)).warnings
+    )
     assert not [w for w in verify(AsDict(), AsDict(), inputs=(x,)).warnings if "type differs" in w]
 
 

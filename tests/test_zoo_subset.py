@@ -81,9 +81,7 @@ def _transformers() -> dict[str, Any]:
         ),
         "vit": zoo.ZooModel("transformers", "vit", "transformers:ViTModel", [zoo.IMAGE], zoo.VISION),
         # ResNetModel.forward(pixel_values, output_hidden_states=None, return_dict=None, **kwargs), called as it is
-        "resnet": zoo.ZooModel(
-            "transformers", "resnet", f"transformers:{resnet_class}", resnet_inputs, resnet_config
-        ),
+        "resnet": zoo.ZooModel("transformers", "resnet", f"transformers:{resnet_class}", resnet_inputs, resnet_config),
     }
 
 

@@ -613,9 +613,7 @@ def _batch_sizes_only(
     return batch_range_text(limits) if limits is not None else None
 
 
-def _fixed_batch(
-    program: torch.export.ExportedProgram, inputs: tuple[Any, ...], kwargs: dict[str, Any]
-) -> int | None:
+def _fixed_batch(program: torch.export.ExportedProgram, inputs: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
     """The example's batch size where ``program`` runs that batch only (it refuses the example at another batch:
     its guards, or shapes written into its ops), else None -- also where the inputs have no one batch size."""
     batched = [t for t in pytree.tree_leaves((inputs, kwargs)) if isinstance(t, torch.Tensor) and t.dim() > 0]

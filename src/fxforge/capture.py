@@ -363,7 +363,8 @@ def _requested_methods(
         found = [
             _MethodWrap(path, name, f"{type(module).__name__}.{name}" if not path else f"{path}.{name}", True)
             for path, module in model.named_modules()
-            if "." in getattr(function, "__qualname__", "") and name != "forward"
+            if "." in getattr(function, "__qualname__", "")
+            and name != "forward"
             and any(
                 _same_function(pyinspect.unwrap(defined), function)
                 for defined in (vars(cls).get(name) for cls in type(module).__mro__)
@@ -1734,8 +1735,10 @@ def _attribute_writes_recorded(model: nn.Module) -> Iterator[list[_StateWrite]]:
     original_setattr = nn.Module.__setattr__
 
     def recording_setattr(module: nn.Module, name: str, value: Any) -> None:
-        if id(module) in names and not isinstance(value, nn.Module) and not any(
-            name in module.__dict__.get(kind, {}) for kind in ("_parameters", "_buffers", "_modules")
+        if (
+            id(module) in names
+            and not isinstance(value, nn.Module)
+            and not any(name in module.__dict__.get(kind, {}) for kind in ("_parameters", "_buffers", "_modules"))
         ):
             qualified = f"{names[id(module)]}.{name}".lstrip(".")
             if qualified not in seen:
@@ -1839,16 +1842,13 @@ def _capture_error(
         elif _other_method(helper):
             # a method other than forward (QA: the hint said to move code that was in a submodule already into one)
             whole = any(attempt.error.endswith(_NOTHING_ELSE) for attempt in attempts)
-            hint = (
-                f"the branch is in {helper.co_qualname}, "
-                + (
-                    "which does all of the model's work (kept as one call, it would leave nothing in the graph): "
-                    "express the branch with torch.where or torch.cond, or move it into a method or submodule of "
-                    "its own"
-                    if whole
-                    else f"a method other than forward: express the branch with torch.where or torch.cond, or move "
-                    f"it into a submodule's forward (then {_leaf_option()})"
-                )
+            hint = f"the branch is in {helper.co_qualname}, " + (
+                "which does all of the model's work (kept as one call, it would leave nothing in the graph): "
+                "express the branch with torch.where or torch.cond, or move it into a method or submodule of "
+                "its own"
+                if whole
+                else f"a method other than forward: express the branch with torch.where or torch.cond, or move "
+                f"it into a submodule's forward (then {_leaf_option()})"
             )
         if location and re.search(r"`for \w+ in \w+:`", location):
             # `for img in images:` over an input: the model may want a list of tensors (torchvision's detection
@@ -1861,10 +1861,8 @@ def _capture_error(
         last = attempts[-1].error if attempts else "unknown error"
         reasons.append(last)
         export_untried = all(attempt.strategy != EXPORT for attempt in attempts)
-        hint = (
-            f"mark the offending submodule with {_leaf_option()}, or wrap the helper function "
-            f"({_wrap_option()})"
-            + (f", or pass {option('--method', 'export')}" if export_untried else "")
+        hint = f"mark the offending submodule with {_leaf_option()}, or wrap the helper function ({_wrap_option()})" + (
+            f", or pass {option('--method', 'export')}" if export_untried else ""
         )
         if export_untried and type(model).__module__.startswith("transformers."):
             # its decorators and output classes stop symbolic tracing wherever the model's own code is

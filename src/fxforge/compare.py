@@ -194,8 +194,11 @@ def _same_namedtuple(reference: Any, candidate: Any) -> bool:
     """Two namedtuples of one name and fields: an ONNX or TorchScript file's output rebuilt as a look-alike of the
     model's class (whose code the file does not hold), read the same way (out.logits)."""
     fields = getattr(type(reference), "_fields", None), getattr(type(candidate), "_fields", None)
-    return isinstance(reference, tuple) and fields[0] is not None and fields[0] == fields[1] and (
-        type(reference).__name__ == type(candidate).__name__
+    return (
+        isinstance(reference, tuple)
+        and fields[0] is not None
+        and fields[0] == fields[1]
+        and (type(reference).__name__ == type(candidate).__name__)
     )
 
 

@@ -119,9 +119,7 @@ def debug_model(
     kwargs = dict(kwargs or {})
     # a TorchScript submodule takes no hooks ("register_forward_pre_hook is not supported on ScriptModules", which
     # read as the model rejecting its inputs, QA): it is watched as a whole by its parent's hooks
-    names = {
-        module: name for name, module in model.named_modules() if not isinstance(module, torch.jit.ScriptModule)
-    }
+    names = {module: name for name, module in model.named_modules() if not isinstance(module, torch.jit.ScriptModule)}
     if not names:  # a TorchScript model as a whole: "no NaN in any module's output (0 modules)" checked nothing (QA)
         raise FxforgeError(
             f"debug cannot watch a {type(model).__name__}: none of its modules takes forward hooks (TorchScript)",

@@ -143,17 +143,33 @@ def features(found: dict[str, str | None], cpu: CpuInfo, gpu_list: list[dict[str
     compiler = _compiler()
     need("bench compile (Inductor)", compiler is not None, MISSING_EXTRA, "needs a C++ compiler (g++) on PATH")
     engines = torch.backends.quantized.supported_engines
-    need("int8 kernels (x86/fbgemm)", "x86" in engines or "fbgemm" in engines, UNSUPPORTED_HARDWARE,
-         "this torch build has no x86/fbgemm quantized engine")
-    need("int8 fast dot products (VNNI/AMX)", native_int8_dot(cpu), UNSUPPORTED_HARDWARE,
-         "no AVX512-VNNI, AVX-VNNI or AMX: int8 gains far less here")
+    need(
+        "int8 kernels (x86/fbgemm)",
+        "x86" in engines or "fbgemm" in engines,
+        UNSUPPORTED_HARDWARE,
+        "this torch build has no x86/fbgemm quantized engine",
+    )
+    need(
+        "int8 fast dot products (VNNI/AMX)",
+        native_int8_dot(cpu),
+        UNSUPPORTED_HARDWARE,
+        "no AVX512-VNNI, AVX-VNNI or AMX: int8 gains far less here",
+    )
     # bench and --auto run models on the CPU: a GPU's bf16 does not make the CPU's fast
     bf16_reason = bf16_unavailable(cpu)
-    need("bf16 (cast and autocast)", bf16_reason is None, UNSUPPORTED_HARDWARE,
-         f"{bf16_reason} (bench and --auto run on the CPU)")
+    need(
+        "bf16 (cast and autocast)",
+        bf16_reason is None,
+        UNSUPPORTED_HARDWARE,
+        f"{bf16_reason} (bench and --auto run on the CPU)",
+    )
     nccl = torch.distributed.is_available() and torch.distributed.is_nccl_available()
-    need("run-pipeline on GPUs (nccl)", bool(gpu_list) and nccl, UNSUPPORTED_HARDWARE,
-         "this torch build has no NCCL" if gpu_list else "no CUDA GPU")
+    need(
+        "run-pipeline on GPUs (nccl)",
+        bool(gpu_list) and nccl,
+        UNSUPPORTED_HARDWARE,
+        "this torch build has no NCCL" if gpu_list else "no CUDA GPU",
+    )
     distributed = torch.distributed.is_available() and torch.distributed.is_gloo_available()
     need("split / run-pipeline (gloo)", distributed, UNSUPPORTED_HARDWARE, "this torch build has no gloo backend")
     return status, reasons

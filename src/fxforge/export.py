@@ -225,9 +225,7 @@ def check_export_options(
         )
     if to in SUFFIXES and named is None:
         # a file fxforge's own verify and load_exported could not read back (they go by the suffix)
-        raise FxforgeError(
-            f"{str(path)!r} has no suffix fxforge reads {to} files by", hint=f"name it {SUFFIXES[to]}"
-        )
+        raise FxforgeError(f"{str(path)!r} has no suffix fxforge reads {to} files by", hint=f"name it {SUFFIXES[to]}")
     to = to or named
     if to is None:
         raise FxforgeError(
@@ -697,9 +695,7 @@ def _export_torchscript(
     recorded = {"output_structure": output_structure} if output_structure is not None else {}
     if isinstance(module, fx.GraphModule):  # a saved program's graph: its shape check is no part of the model
         module = without_input_guards(module)
-    kept = [
-        type(m.owner).__name__ + "." + m.method for m in module.modules() if isinstance(m, MethodCall)
-    ]
+    kept = [type(m.owner).__name__ + "." + m.method for m in module.modules() if isinstance(m, MethodCall)]
     if script and kept:
         # its forward takes *args: torch.jit.script cannot compile it, and the refusal named fxforge's file, with a
         # hint to trace, whose refusal in turn said to script (QA)

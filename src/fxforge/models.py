@@ -694,8 +694,11 @@ def _load_aoti(path: Path, spec: str, trusted: bool) -> LoadedModel:
             hint=f"if you trust this file, pass {option('--trust-pickle', True)} (or set {TRUST_PICKLE_ENV}=1), "
             "which allows files that run code when loaded"
             # a program beside it is named only where there is one (QA: --auto writes the package alone)
-            + ("; the model.pt2 program beside it loads without it" if (path.parent / "model.pt2").is_file()
-               and path.name != "model.pt2" else ""),
+            + (
+                "; the model.pt2 program beside it loads without it"
+                if (path.parent / "model.pt2").is_file() and path.name != "model.pt2"
+                else ""
+            ),
         )
     try:
         return LoadedModel(AotiModule(path), spec)
@@ -755,7 +758,9 @@ def _load_pt2(path: Path, spec: str, trusted: bool) -> LoadedModel:
         raise ModelSpecError(f"cannot read exported program {spec}: {reason}", hint="is the file corrupt?") from None
     recorded = program.example_inputs
     if recorded is not None and not (
-        isinstance(recorded, tuple) and len(recorded) == 2 and isinstance(recorded[0], tuple)
+        isinstance(recorded, tuple)
+        and len(recorded) == 2
+        and isinstance(recorded[0], tuple)
         and isinstance(recorded[1], dict)
     ):  # torch.export records (args, kwargs); a damaged or crafted archive may hold anything (QA: KeyError: 0)
         raise ModelSpecError(
@@ -995,5 +1000,3 @@ def _described(value: Any) -> str:
     if len(text) <= 40 and not isinstance(value, (dict, list, tuple)):
         return text
     return with_article(type(value).__name__)
-
-

@@ -104,9 +104,7 @@ def optimize(
             pipeline.keep_going = keep_going
     else:
         if passes is None or isinstance(passes, (bytes, int, float)):  # list(None) raised a bare TypeError
-            raise FxforgeError(
-                f"passes must be pass names or a Pipeline, got {passes!r}", hint="e.g. passes=['exact']"
-            )
+            raise FxforgeError(f"passes must be pass names or a Pipeline, got {passes!r}", hint="e.g. passes=['exact']")
         pipeline = Pipeline(list(as_names(passes)), verify_each=bool(verify), keep_going=bool(keep_going))
     result = pipeline.run(captured)
     if output_dir is None or not result.ok:

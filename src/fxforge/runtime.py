@@ -456,9 +456,7 @@ def _module_attribute_missing(exc: AttributeError) -> bool:
 def _fixed_batch(message: str) -> int | None:
     """The batch size a torch.export program's guard insists on (``Guard failed: x.size()[0] == 2``, ``Expected
     input at *args[0].shape[0] to be equal to 2``), else None."""
-    match = re.search(r"size\(\)\[0\] == (\d+)", message) or re.search(
-        r"shape\[0\] to be equal to (\d+)", message
-    )
+    match = re.search(r"size\(\)\[0\] == (\d+)", message) or re.search(r"shape\[0\] to be equal to (\d+)", message)
     return int(match.group(1)) if match else None
 
 

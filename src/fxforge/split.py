@@ -427,8 +427,12 @@ def _written_state(
         later = [at for at in uses if at > last_write]
         stored = get_attr_value(gm, str(node.target))
         if later and isinstance(stored, torch.Tensor):
-            info = TensorInfo(node.name, list(stored.shape), str(stored.dtype).removeprefix("torch."),
-                              stored.numel() * stored.element_size())
+            info = TensorInfo(
+                node.name,
+                list(stored.shape),
+                str(stored.dtype).removeprefix("torch."),
+                stored.numel() * stored.element_size(),
+            )
             values.append(_Value(node, last_write + 1, max(later) + 1, info))
     return spans
 

@@ -585,9 +585,7 @@ class Verifier:
         """A reference whose outputs are the same on every case, though the inputs differ (a
         zero-initialised classifier head gives zeros for every input), makes any candidate that returns those
         values pass, whatever it computes from its inputs: no check could fail, so none is claimed."""
-        if expected and all(
-            all(leaf is None for leaf in pytree.tree_leaves(as_structure(out))) for out in expected
-        ):
+        if expected and all(all(leaf is None for leaf in pytree.tree_leaves(as_structure(out))) for out in expected):
             # QA: a forward returning None was reported "OK ... on 16 cases" though not one value was compared
             shown = "None" if all(out is None for out in expected) else "only None values"
             self.problems.append(
@@ -913,7 +911,12 @@ class Verifier:
                         allowance[name] = max(allowance.get(name, 0.0), ILL_CONDITIONED_FACTOR * distance)
             rtol64, atol64 = tolerance_for(torch.float64)
             return _first_divergence(
-                reference, candidate, reference_inputs, placeholder_values(candidate, args, kwargs), rtol64, atol64,
+                reference,
+                candidate,
+                reference_inputs,
+                placeholder_values(candidate, args, kwargs),
+                rtol64,
+                atol64,
                 allowance,
             )
         except Exception:

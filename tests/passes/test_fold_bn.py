@@ -715,9 +715,11 @@ def test_an_aten_fold_keeps_the_models_module_paths_in_its_state_dict(capture_as
         result = run_verified(capture_as(model, x, dialect), "fold_bn")
         assert result.removed == 3
         keys[dialect] = set(result.graph_module.state_dict())
-    assert keys["aten"] == keys["torch"] == {
-        "stem.0.weight", "stem.0.bias", "block.0.weight", "block.0.bias", "head.weight", "head.bias"
-    }
+    assert (
+        keys["aten"]
+        == keys["torch"]
+        == {"stem.0.weight", "stem.0.bias", "block.0.weight", "block.0.bias", "head.weight", "head.bias"}
+    )
     assert model.stem[0].bias is None and "stem.1.running_mean" in model.state_dict()  # the user's model as it was
 
 

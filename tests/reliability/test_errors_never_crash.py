@@ -214,6 +214,7 @@ def test_export_into_a_directory_it_cannot_write(capsys, tmp_path, monkeypatch):
     chattr = shutil.which("chattr")
     immutable = bool(chattr) and subprocess.run([chattr, "+i", str(target)], capture_output=True).returncode == 0
     if not immutable:
+
         def refuse(*args, **kwargs):
             raise PermissionError(13, "Permission denied")
 

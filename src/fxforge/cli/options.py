@@ -80,9 +80,7 @@ class _PipedConsole(Console):
 
 
 stdout = _PipedConsole(highlight=False, emoji=False, width=None if sys.stdout.isatty() else _piped_width())
-stderr = _PipedConsole(
-    stderr=True, highlight=False, emoji=False, width=None if sys.stderr.isatty() else _piped_width()
-)
+stderr = _PipedConsole(stderr=True, highlight=False, emoji=False, width=None if sys.stderr.isatty() else _piped_width())
 
 
 # The shared options only a capture reads (see CaptureOptions.capture_only)

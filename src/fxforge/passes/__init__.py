@@ -138,7 +138,17 @@ PASSES: Registry[PassSpec] = Registry("pass", PassError, listing="fxforge passes
 # sees the simplified graph; dead code last, to sweep up what the others leave unused.
 # remove_identity runs again after fold_constants: folding can turn a computed operand into a stored tensor of
 # zeros (torch.export's attention mask of an unpadded transformer), and only then can x + zeros go.
-FIX_ORDER = ("remove_dropout", "remove_identity", "remove_redundant_activation", "fold_bn", "merge_convs", "cse", "fold_constants", "remove_identity", "dead_code")  # noqa: E501
+FIX_ORDER = (
+    "remove_dropout",
+    "remove_identity",
+    "remove_redundant_activation",
+    "fold_bn",
+    "merge_convs",
+    "cse",
+    "fold_constants",
+    "remove_identity",
+    "dead_code",
+)
 
 
 def register_pass(

@@ -115,9 +115,7 @@ def onednn_linear(gm: fx.GraphModule, options: None) -> PassResult:
         source, weight, bias = _operands(gm, node)
         with gm.graph.inserting_before(node):
             # scalars [None], not []: torch.export's serialiser cannot write an empty list of scalars
-            onednn = gm.graph.call_function(
-                onednn_linear_op().default, (source, weight, bias, "none", [None], "")
-            )
+            onednn = gm.graph.call_function(onednn_linear_op().default, (source, weight, bias, "none", [None], ""))
         onednn.meta = dict(node.meta)
         mark(onednn, NAME, origin_of=node)
         for attr in (weight, bias):

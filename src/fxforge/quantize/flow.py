@@ -621,9 +621,7 @@ def _fx_errors(mode: str) -> Iterator[None]:
     except FxforgeError:
         raise
     except Exception as exc:
-        hint = "keep the offending submodule in float: " + said(
-            "--leaf NAME", "capture with leaf_modules=['NAME']"
-        )
+        hint = "keep the offending submodule in float: " + said("--leaf NAME", "capture with leaf_modules=['NAME']")
         if mode != "dynamic":
             hint += f", or try {_mode('dynamic')}"
         if "Float Tensor" in str(exc):  # a float64 or bfloat16 model: torch's int8 starts from float32
@@ -813,8 +811,7 @@ def _plan(captured: Captured, mode: str, backend: str) -> _Plan:
         raise DialectError(
             f"{mode} quantization needs a torch-dialect graph (symbolic_trace), and this model is a saved "
             "torch.export program (ATen dialect), whose ops FX graph-mode quantization does not match",
-            hint="quantize the model the program was exported from (its spec: file.py:factory, "
-            "transformers:NAME...)",
+            hint="quantize the model the program was exported from (its spec: file.py:factory, transformers:NAME...)",
         )
     if mode != "dynamic":
         # where symbolic_trace stopped with no submodule to keep whole: the model's own forward (or a function it
@@ -854,8 +851,7 @@ def _plan(captured: Captured, mode: str, backend: str) -> _Plan:
         raise DialectError(
             "dynamic int8 swaps a model's nn.Linear/LSTM modules for int8 ones, and this model is a saved "
             "torch.export program, whose layers are ATen ops, not modules",
-            hint="quantize the model the program was exported from (its spec: file.py:factory, "
-            "transformers:NAME...)",
+            hint="quantize the model the program was exported from (its spec: file.py:factory, transformers:NAME...)",
         )
     return _Plan(captured.original, mode, backend, tuple(captured.example_inputs), eager=True)
 
@@ -1040,9 +1036,7 @@ def quantize(
     # computes on integer tensors fails FX quantization (QA); it stays float, with a note
     numbered, on_integers = _ops_fx_cannot_observe(plan) if mode == "static" else ([], [])
     on_float_inputs = _fixed_range_inputs(plan)[0] if mode == "static" else []
-    float_units += [
-        u for u in numbered + on_integers + on_float_inputs if u.name not in {f.name for f in float_units}
-    ]
+    float_units += [u for u in numbered + on_integers + on_float_inputs if u.name not in {f.name for f in float_units}]
     gated = _fixed_range_closure(plan, float_units)
     nothing_to_quantize = mode == "static" and not quantizable_layers(plan.source, mode)
     if nothing_to_quantize:
@@ -1355,8 +1349,20 @@ def _op_name(plan: _Plan, node: fx.Node) -> str:
 # torch.reshape are not among the functions: after them the sigmoid's input is clipped, QA); an op not listed is taken
 # as float, the safe side. A ReLU fused into the conv or linear before it is in no unit's nodes: it passes on int8 too.
 _INT8_PASS_THROUGH_METHODS = {
-    "view", "reshape", "permute", "transpose", "squeeze", "unsqueeze", "contiguous", "detach", "repeat",
-    "repeat_interleave", "squeeze_", "unsqueeze_", "relu", "relu_",
+    "view",
+    "reshape",
+    "permute",
+    "transpose",
+    "squeeze",
+    "unsqueeze",
+    "contiguous",
+    "detach",
+    "repeat",
+    "repeat_interleave",
+    "squeeze_",
+    "unsqueeze_",
+    "relu",
+    "relu_",
 }
 _INT8_PASS_THROUGH_FUNCTIONS = {"transpose", "squeeze", "unsqueeze", "narrow", "repeat_interleave", "relu", "relu6"}
 _INT8_PASS_THROUGH_MODULES = {"relu", "relu6"}

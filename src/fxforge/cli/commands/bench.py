@@ -36,9 +36,7 @@ Backends: fxforge bench --list-backends (default: every one this machine runs fa
 @click.option("--warmup", default=3, show_default=True, type=click.IntRange(min=1), help="Untimed calls first.")
 @click.option("--repeats", default=20, show_default=True, type=click.IntRange(min=1), help="Timed calls per backend.")
 @click.option("--passes", "-p", "pass_names", default=None, metavar="NAMES", help="Passes for the fx backend.")
-@click.option(
-    "--option", "pass_options", multiple=True, metavar="PASS.KEY=VALUE", help="Option for one of --passes."
-)
+@click.option("--option", "pass_options", multiple=True, metavar="PASS.KEY=VALUE", help="Option for one of --passes.")
 @click.option(
     "--artifact",
     "artifacts",

@@ -21,8 +21,7 @@ Examples:
     "--seconds",
     type=click.FloatRange(min=0.2, max=60),
     default=None,
-    help="About how long the peak measurement takes (at least what its memory copy needs, about 1 s).  "
-    "[default: 2.0]",
+    help="About how long the peak measurement takes (at least what its memory copy needs, about 1 s).  [default: 2.0]",
 )
 @json_option
 def command(no_peak: bool, seconds: float | None, as_json: bool) -> None:

@@ -35,9 +35,7 @@ Exit code: 1 when the verification of -p fails (the page is written and says so)
     metavar="NAMES",
     help="--bench: backends (default eager,fx,torchscript,onnxruntime).",
 )
-@click.option(
-    "--repeats", default=None, type=click.IntRange(min=1), help="--bench: timed rounds.  [default: 20]"
-)
+@click.option("--repeats", default=None, type=click.IntRange(min=1), help="--bench: timed rounds.  [default: 20]")
 @click.option(
     "--quantize",
     "quantize_mode",
