@@ -90,3 +90,18 @@ def test_report_refuses_bench_repeats_without_bench(tmp_path):
     with pytest.raises(FxforgeError, match=r"^bench_repeats applies to bench=True"):
         fxforge.report(fxforge.prepare("demo:mlp"), tmp_path / "r.html", bench_repeats=5)
     assert not (tmp_path / "r.html").exists()
+
+
+@pytest.mark.parametrize("name", ["replace_pattern", "insert_after"])
+def test_report_refuses_a_pass_that_needs_options_and_says_where_they_go(name, tmp_path, capsys):
+    """report runs each pass with its defaults; the pass's own hint offered --option, which report has not (QA)."""
+    from fxforge.cli import main
+
+    with pytest.raises(
+        FxforgeError, match=f"^{name} needs .*: a report runs each pass with its default options"
+    ) as info:
+        fxforge.report(fxforge.prepare("demo:mlp"), tmp_path / "r.html", passes=["fold_bn", name])
+    assert f"fxforge.Pipeline([('{name}'" in info.value.hint
+    assert main(["report", "demo", "-p", name, "-o", str(tmp_path / "r.html")]) == 2
+    assert f"fxforge optimize MODEL -p {name} --option {name}." in capsys.readouterr().err
+    assert not (tmp_path / "r.html").exists()

@@ -19,10 +19,11 @@ from typing import Any
 from fxforge.api import prepare
 from fxforge.bench import bench as run_bench
 from fxforge.capture import Captured, require_captured
-from fxforge.errors import FxforgeError, first_line, option
+from fxforge.errors import FxforgeError, first_line, option, said
 from fxforge.inspect import inspect_graph
 from fxforge.lint import lint
 from fxforge.optimize import optimize
+from fxforge.passes import PassError, get_pass, parse_options
 from fxforge.pipeline import PipelineResult
 from fxforge.profile import profile_model
 from fxforge.quantize import RandomCalibrationWarning
@@ -72,6 +73,26 @@ def verification_failure(pipeline: PipelineResult) -> str:
     return f"verification FAILED: {first_line(reason)}"
 
 
+def check_report_passes(names: Sequence[str]) -> None:
+    """Refuse a pass that cannot run with its default options (replace_pattern, insert_after), before any work: a
+    report runs each pass with its defaults, and the pass's own hint offered ``--option``, which report has not
+    (QA): the way to such a pass's diff is optimize, then graph --diff."""
+    for name in names:
+        spec = get_pass(name)
+        try:
+            parse_options(spec, {})
+        except PassError as exc:
+            raise FxforgeError(
+                f"{exc.message}: a report runs each pass with its default options",
+                hint=said(
+                    f"run fxforge optimize MODEL -p {name} --option {name}.NAME=VALUE ... -o OUT, then fxforge graph "
+                    "MODEL --diff OUT for its diff",
+                    f"run fxforge.optimize(captured, fxforge.Pipeline([({name!r}, {{...its options}})])), then "
+                    "fxforge.diff_html(captured, result)",
+                ),
+            ) from None
+
+
 def report(
     model: Captured | str,
     path: str | Path | None = None,
@@ -104,6 +125,7 @@ def report(
         )
     if path is not None:
         check_report_path(path, force=force)  # before the work: a refusal after it would waste it
+    check_report_passes(passes)
     if isinstance(model, str):
         spec = spec or model
         captured = prepare(model, list(inputs) if inputs else None)

@@ -69,10 +69,10 @@ def command(
 ) -> None:
     """Write an HTML report: environment, capture, inspect, lint, optimize diff, bench and quantize charts."""
     from fxforge.cli.render import page_node_counts, render_page
-    from fxforge.passes import expand_groups, get_pass
+    from fxforge.passes import expand_groups
     from fxforge.pipeline import pass_name
     from fxforge.profile import profile_model
-    from fxforge.report import check_report_path, report
+    from fxforge.report import check_report_passes, check_report_path, report
     from fxforge.visual.graph import read_profile
 
     check_report_path(output, force=force)  # before the work: a refusal after it would waste it
@@ -85,8 +85,7 @@ def command(
         raise FxforgeError("--profile and --profile-file both say where the times come from", hint="pass one")
     # file.py:function registers the plug-in pass and gives its name, as optimize -p does (QA: report refused it)
     names = expand_groups([pass_name(name) for group in pass_names for name in split(group)])
-    for name in names:
-        get_pass(name)  # an unknown pass fails now, before any work
+    check_report_passes(names)  # an unknown pass, or one that needs options, fails now, before any work
     profile = read_profile(profile_file) if profile_file else None
     captured = opts.prepare()
     if do_profile:
