@@ -436,6 +436,10 @@ class Verifier:
     (the candidate takes it): then it is compared with the model, and only a mismatch there cannot be bisected.
     """
 
+    # keeps_rng_state: the reference runs here (and the candidate in check), and a model in training mode (dropout)
+    # draws from the global generator -- Verifier is public, so it must give the caller's random state back as
+    # verify does, not only when verify wraps it
+    @keeps_rng_state
     @ieee_float32()  # the reference's outputs in float32, not TF32 (see runtime.use_ieee_float32)
     def __init__(
         self,
@@ -672,6 +676,7 @@ class Verifier:
 
     # -- the candidate side
 
+    @keeps_rng_state  # see __init__
     @ieee_float32()
     def check(
         self,

@@ -151,3 +151,20 @@ def test_a_sparse_buffer_is_compared_by_value():
     assert runtime.changed_buffers(model, snapshot) == []
     model.mix = (torch.eye(4) * 2).to_sparse()
     assert runtime.changed_buffers(model, snapshot) == ["mix"]
+
+
+def test_verifier_gives_back_the_callers_random_state():
+    """verify kept the caller's random state, but the public Verifier it wraps did not: its constructor runs the
+    reference (dropout in training mode draws from the global generator), and check runs the candidate."""
+    from fxforge.verify import Verifier
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5)).train()
+    captured = capture(model, (torch.randn(2, 4),), method="symbolic_trace", check=False)
+    before = torch.get_rng_state()
+    Verifier(captured, cases=2)
+    assert torch.equal(torch.get_rng_state(), before)
+    model.eval()
+    verifier = Verifier(capture(model, (torch.randn(2, 4),)), cases=2)
+    before = torch.get_rng_state()
+    assert verifier.check(lambda x: model(x) + 0 * torch.rand_like(x)).ok
+    assert torch.equal(torch.get_rng_state(), before)
