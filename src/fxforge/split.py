@@ -1135,7 +1135,11 @@ def _write_stages(
     files = []
     for index, (module, example) in enumerate(zip(modules, examples)):
         try:
-            program = export_program(module, example, {}, dynamic_batch=False)
+            # preserved_state: the stage shares its leaf modules with the caller's model, and torch.export (non-strict)
+            # rebinds their attributes (a Conv2d's stride, padding... tuples left as new objects), as _write_reference
+            # guards against for the whole model
+            with preserved_state(module, runs=False):
+                program = export_program(module, example, {}, dynamic_batch=False)
             with quiet_torch_logs():
                 torch.export.save(program, str(directory / stage_file(index)))
             name = stage_file(index)

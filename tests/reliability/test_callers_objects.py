@@ -168,3 +168,15 @@ def test_verifier_gives_back_the_callers_random_state():
     before = torch.get_rng_state()
     assert verifier.check(lambda x: model(x) + 0 * torch.rand_like(x)).ok
     assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_split_leaves_the_callers_module_attributes_bound(tmp_path):
+    """Writing the stages exported each stage module, which shares its leaf modules with the caller's model, outside
+    preserved_state: torch.export rebound the Conv2d's stride, padding... to new (equal) tuples."""
+    model = ConvBN().eval()
+    captured = capture(model, (torch.randn(2, 3, 8, 8),))
+    bindings = {name: dict(vars(module)) for name, module in model.named_modules()}
+    fxforge.split(captured, 2, output_dir=tmp_path / "split", cases=2)
+    for name, module in model.named_modules():
+        assert all(vars(module).get(key) is value for key, value in bindings[name].items()), name
+        assert vars(module).keys() == bindings[name].keys()
