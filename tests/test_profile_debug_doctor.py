@@ -622,6 +622,9 @@ def test_the_eager_backend_profiles_a_model_that_cannot_be_captured(tmp_path, ca
     assert direct.inputs == ["2x8"] and [n.name for n in direct.nodes] == ["0", "1"]
     with pytest.raises(FxforgeError, match="takes a captured model, not a Sequential, for the fx backend"):
         fxforge.profile_model(model, example_inputs=(torch.randn(4, 8),))  # the fx backend needs a graph
+    # a Captured runs on its own example inputs: others given beside it were dropped without a word (QA)
+    with pytest.raises(FxforgeError, match="runs a Captured on its own example inputs"):
+        fxforge.profile_model(fxforge.capture(model, (torch.randn(4, 8),)), example_inputs=(torch.randn(4, 3),))
 
 
 class _Doubles(nn.Module):

@@ -208,6 +208,12 @@ def profile_model(
             )
         require_captured(captured, "profile_model")
         require_real_weights(captured, "profile")
+        if example_inputs is not None:  # they were dropped without a word: a wrong shape "profiled" fine (QA)
+            raise FxforgeError(
+                "profile_model runs a Captured on its own example inputs; example_inputs are for a plain module "
+                "(backend='eager')",
+                hint="capture with the inputs to profile (fxforge.capture(model, (x,))), or pass batch=N",
+            )
         model, args, kwargs = captured.original, captured.example_inputs, captured.example_kwargs
     device = device_of((args, kwargs), model)
     if device.type != "cpu":
