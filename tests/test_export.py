@@ -1406,3 +1406,23 @@ def test_a_failed_dynamic_batch_probe_prints_nothing(tmp_path, capfd):
     with pytest.raises(ExportError):
         export_model(captured, "onnx", tmp_path / "g.onnx", dynamic_batch=True)
     assert "def forward(" not in capfd.readouterr().err
+
+
+def test_a_traced_torchscript_of_a_program_that_reads_its_batch_size_says_why_it_fails(tmp_path, capsys):
+    """QA (timm resnest14d, mobilevit): an optimize output's model.pt2 reads x.size(0) as aten.sym_size, which
+    torch.jit.trace records as the example's number, with no tracer warning: the file failed at batch 2 with a bare
+    "The following operation failed in the TorchScript interpreter". Not written, and the reason is said."""
+    from fxforge.cli import main
+
+    (tmp_path / "v.py").write_text(
+        "import torch\n"
+        "class V(torch.nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.l = torch.nn.Linear(8, 8)\n"
+        "    def forward(self, x):\n        return self.l(x).view(x.shape[0], 2, 4).sum(1)\n"
+    )
+    assert main(["optimize", f"{tmp_path / 'v.py'}:V", "-i", "1x8", "-o", str(tmp_path / "out")]) == 0
+    capsys.readouterr()
+    assert main(["export", str(tmp_path / "out"), "--to", "torchscript", "-o", str(tmp_path / "v.pt")]) == 1
+    out = capsys.readouterr().out
+    assert "torch.jit.trace recorded the graph's reads of its input sizes" in out.replace("\n", " ")
+    assert not (tmp_path / "v.pt").exists()

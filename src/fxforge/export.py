@@ -432,6 +432,15 @@ def export_model(
             result.verified_batches = list(result.verification.batch_sizes)
             result.ok = result.verification.ok
             check = result.verification
+            if to == "torchscript" and not script and _reads_sizes(source) and not check.ok:
+                # the trace records each aten.sym_size (torch.export's x.size(0)) as the example's number, with no
+                # tracer warning: the file ran at that batch only, and "failed to run on batch 2" said nothing (QA)
+                check.problems.append(
+                    "torch.jit.trace recorded the graph's reads of its input sizes (aten.sym_size, as torch.export "
+                    "writes x.size(0)) as the example's numbers, so the file runs at the example's shapes only: "
+                    "export this program to pt2 or onnx, which keep sizes symbolic, or export the model's own code "
+                    "to torchscript"
+                )
             if dynamic_batch and (check.rejected_inputs or any("failed to run on" in p for p in check.problems)):
                 result.verification.problems.append(
                     "the export does not run at every batch size: torch.export fixed the batch dimension, because "
@@ -460,6 +469,15 @@ def export_model(
                 f"its own rounding may exceed it; if so, pass {option('--rtol')} / {option('--atol')}"
             )
     return result
+
+
+def _reads_sizes(module: Any) -> bool:
+    """Whether ``module`` is a graph that reads its values' sizes with ``aten.sym_size`` (an ATen-dialect program
+    exported for more than one batch size)."""
+    if not isinstance(module, torch.fx.GraphModule):
+        return False
+    size_ops = (torch.ops.aten.sym_size.int, torch.ops.aten.sym_size.default)
+    return any(node.op == "call_function" and node.target in size_ops for node in module.graph.nodes)
 
 
 def _lower_precision_inside(model: Any, check: Any) -> str:
