@@ -877,3 +877,24 @@ def test_a_fixed_batch_hint_offers_the_batch_as_each_command_takes_it(capsys, tm
         code, _, err = run(capsys, *args)
         assert code == EXIT_USAGE and way in " ".join(err.split()), err
         assert hint_options_the_command_lacks(args[0], err) == []
+
+
+def test_a_pass_checked_on_huge_outputs_shows_its_relative_error_beside_the_absolute(capsys, tmp_path):
+    """QA (timm mobileone_s0, random weights): fold_bn's column read "ok 9.7e+09", alarming, where the outputs were
+    1e17 and the relative error 8e-7: an absolute error of 1 or more comes with the relative one."""
+    (tmp_path / "big.py").write_text(
+        "import torch\nfrom torch import nn\n"
+        "class Big(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.l, self.bn = nn.Linear(16, 16), nn.BatchNorm1d(16)\n"
+        "        with torch.no_grad():\n"
+        "            self.l.weight.mul_(1e10)\n"
+        "            self.bn.running_var.fill_(1e-6)\n"
+        "        self.eval()\n"
+        "    def forward(self, x):\n"
+        "        return self.bn(self.l(x))\n"
+    )
+    code, out, _ = run(capsys, "optimize", f"{tmp_path / 'big.py'}:Big", "-i", "4x16", "-p", "fold_bn", "--verify")
+    assert code == 0
+    assert re.search(r"ok \d\.\de\+\d\d, rel \de-\d\d \(1 case\)", out), out
