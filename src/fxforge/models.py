@@ -984,9 +984,9 @@ def _user_example_inputs(module: Any) -> list[InputSpec]:
                 f"example_inputs[{index}] is {_described(item)}: fxforge passes example inputs to forward by "
                 "position, and each must be a tensor or a shape such as '1x3x224x224'",
                 hint=(
-                    f"fix a non-tensor argument with {offered('--concrete NAME=VALUE', '--concrete')} (concrete_args "
-                    "in Python) and leave it out of example_inputs"
-                    if offered("--concrete", "--concrete")
+                    f"fix a non-tensor argument with {concrete} (concrete_args in Python) and leave it out of "
+                    "example_inputs"
+                    if (concrete := offered("--concrete NAME=VALUE", "--concrete"))
                     else "give a non-tensor argument a default in forward and leave it out of example_inputs"
                 )
                 + "; a model taking a dict or list of tensors: capture it with the Python API "

@@ -794,7 +794,8 @@ def _later_runs_failing() -> Iterator[None]:
     except FxforgeError:
         raise
     except Exception as exc:
-        at = f" at {user_location(exc)}" if user_location(exc) else ""
+        where = user_location(exc)
+        at = f" at {where}" if where else ""
         raise FxforgeError(
             f"the model ran once, then raised on a later run: {one_line_reason(exc)}{at}",
             hint="profile runs the model many times on the same inputs; it must take a repeated call",

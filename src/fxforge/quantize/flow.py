@@ -630,12 +630,7 @@ def _fx_errors(mode: str) -> Iterator[None]:
             # an observer on a mask or index tensor (QA: a bool mask input, and the hint blamed a submodule)
             hint = (
                 "an observer was put on a bool or integer tensor (a mask or index input): static int8 observes float "
-                f"tensors; try {_mode('dynamic')}, or keep the op that takes it in float ("
-                + said(
-                    offered("--float-layer NAME", "--float-layer") or "fxforge quantize --float-layer NAME",
-                    "float_layers=['NAME']",
-                )
-                + ")"
+                f"tensors; try {_mode('dynamic')}, or keep the op that takes it in float (" + _float_layer() + ")"
             )
         if re.search(r"'(float|int)' object has no attribute 'numel'", str(exc)):
             # QA: `scores * q.size(-1) ** -0.5`, `x * t.item()`; the hint blamed a submodule and, from optimize,
@@ -643,10 +638,7 @@ def _fx_errors(mode: str) -> Iterator[None]:
             hint = (
                 "the graph combines a tensor with a Python number computed in forward (from a shape or .item()), "
                 "which FX quantization cannot observe: make it a constant set in __init__, or keep that op in float ("
-                + said(
-                    offered("--float-layer NAME", "--float-layer") or "fxforge quantize --float-layer NAME",
-                    "float_layers=['NAME']",
-                )
+                + _float_layer()
                 + ")"
             )
         if "Unhandled type for returned node" in str(exc):  # QA: blamed a submodule for `return x, 7`
@@ -655,6 +647,14 @@ def _fx_errors(mode: str) -> Iterator[None]:
                 "tensors only (add the number outside the model, or return it as a tensor)"
             )
         raise FxforgeError(f"FX graph-mode quantization failed: {one_line_reason(exc)}", hint=hint) from exc
+
+
+def _float_layer() -> str:
+    """Keeping one op in float, as the running command takes it (report and optimize --auto have no --float-layer:
+    the quantize command does)."""
+    return said(
+        offered("--float-layer NAME", "--float-layer") or "fxforge quantize --float-layer NAME", "float_layers=['NAME']"
+    )
 
 
 def _mode(mode: str) -> str:
