@@ -745,3 +745,19 @@ def test_a_folded_pair_keeps_its_own_names_where_the_weight_is_not_a_layers_weig
     keys = set(result.graph_module.state_dict())
     assert len(keys) == 2 and all(key.endswith(("_folded_weight", "_folded_bias")) for key in keys), keys
     assert compare_outputs(model(x), result.graph_module(x)).ok
+
+
+def test_resnet18_folded_in_either_dialect_has_the_same_state_dict_keys(capture_as):
+    """On a real net: every conv of torchvision's resnet18 keeps its path and gains a bias, in both dialects."""
+    import torchvision
+
+    torch.manual_seed(0)
+    model = random_stats(torchvision.models.resnet18(num_classes=10))
+    x = torch.randn(1, 3, 32, 32)
+    keys = {}
+    for dialect in DIALECTS:
+        result = apply_pass(capture_as(model, x, dialect).graph_module, "fold_bn")
+        assert result.removed == 20
+        keys[dialect] = set(result.graph_module.state_dict())
+    assert keys["aten"] == keys["torch"]
+    assert "layer1.0.conv1.bias" in keys["aten"] and not any("bn" in key for key in keys["aten"])
