@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -500,6 +501,29 @@ def test_doctor_says_why_a_feature_is_missing(monkeypatch):
     assert report.features["bf16 (cast and autocast)"] == UNSUPPORTED_HARDWARE
     assert "emulated" in report.reasons["bf16 (cast and autocast)"]
     assert report.reasons["run-pipeline on GPUs (nccl)"] == "no CUDA GPU"
+
+
+@pytest.mark.parametrize(
+    "installed,warned", [("2.10.0", True), ("2.5.1+cpu", True), ("2.11.0a0", False), ("2.14.1+cu130", False)]
+)
+def test_doctor_warns_of_a_torch_older_than_the_lowest_tested(installed, warned, monkeypatch, capsys):
+    """pip enforces pyproject's floor on install, but an environment can hold an older torch (--no-deps, conda):
+    torch 2.5.1 crashed `inspect` with an AttributeError fxforge cannot explain, so doctor names the cause."""
+    doctor_module = importlib.import_module("fxforge.doctor")
+    real_versions = doctor_module.versions
+    monkeypatch.setattr(doctor_module, "versions", lambda: {**real_versions(), "torch": installed})
+    code, out, _ = run(capsys, "doctor", "--no-peak", "--json")
+    warning = json.loads(out)["version_warning"]
+    assert code == EXIT_OK and (warning is not None) == warned
+    code, text, _ = run(capsys, "doctor", "--no-peak")
+    assert (f"torch {installed} is older than 2.11" in " ".join(text.split())) == warned
+    assert ("torch too old" in doctor(peak=False)._repr_html_()) == warned
+
+
+def test_doctors_lowest_tested_torch_is_the_floor_pyproject_requires():
+    pyproject = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())
+    floor = next(req for req in pyproject["project"]["dependencies"] if req.startswith("torch>="))
+    assert floor == "torch>=" + ".".join(map(str, importlib.import_module("fxforge.doctor").LOWEST_TESTED_TORCH))
 
 
 def test_a_gpu_with_bf16_does_not_make_the_cpus_bf16_available(monkeypatch):

@@ -422,6 +422,7 @@ def doctor_html(report: Any) -> str:
             f"memory copy {peak.bandwidth_gbs:.1f} GB/s ({counted(peak.threads, 'thread')})",
         ),
         ("warning", report.noise_warning),
+        ("torch too old", report.version_warning),
     ]
     rows = [
         (

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import platform
+import re
 import shutil
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +33,10 @@ from fxforge.machine import (
     peak_dict,
     torch_backends,
 )
+
+# The lowest torch the whole suite has been run on; pyproject.toml requires it (a test keeps the two equal). pip
+# enforces it on install, but an environment can still hold an older torch (``pip install --no-deps``, a conda torch).
+LOWEST_TESTED_TORCH = (2, 11)
 
 AVAILABLE = "available"
 MISSING_EXTRA = "missing-extra"
@@ -79,6 +84,18 @@ class DoctorReport:
             "more than of the machine, and doctor draws no conclusion from them; rerun with nothing else running"
         )
 
+    @property
+    def version_warning(self) -> str | None:
+        """One line when the installed torch is older than the lowest fxforge is tested on, else None."""
+        installed = self.versions.get("torch")
+        if installed is None or _release(installed) >= LOWEST_TESTED_TORCH:
+            return None
+        lowest = ".".join(map(str, LOWEST_TESTED_TORCH))
+        return (
+            f"torch {installed} is older than {lowest}, the lowest torch fxforge is tested on: capture and export "
+            f"may fail in ways fxforge cannot explain; pip install 'torch>={lowest}'"
+        )
+
     def __repr__(self) -> str:  # the dataclass's would print every version, CPU flag and feature reason
         return display.doctor_repr(self)
 
@@ -102,6 +119,7 @@ class DoctorReport:
             "peak": peak_dict(self.peak) if self.peak else None,
             "load": dataclasses.asdict(self.load) if self.load else None,
             "noise_warning": self.noise_warning,
+            "version_warning": self.version_warning,
             "features": self.features,
             "reasons": self.reasons,
         }
@@ -116,6 +134,11 @@ def versions() -> dict[str, str | None]:
         except importlib.metadata.PackageNotFoundError:
             found[name] = None
     return found
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """(2, 14) from "2.14.1+cu130" or "2.11.0a0": the major and minor release, which decide what torch offers."""
+    return tuple(int(part) for part in re.findall(r"\d+", version)[:2])
 
 
 def _compiler() -> str | None:

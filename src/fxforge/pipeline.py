@@ -14,12 +14,12 @@ A pipeline file (YAML or TOML) lists the passes::
 from __future__ import annotations
 
 import time
+import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any
 
-import tomllib
 import yaml
 from torch import fx
 

@@ -743,6 +743,8 @@ def render_doctor(console: Console, report: Any) -> None:
     versions = ", ".join(f"{name} {version}" for name, version in report.versions.items() if version)
     missing = ", ".join(name for name, version in report.versions.items() if version is None)
     console.print(f"[bold]versions[/]: {versions}" + (f" (not installed: {missing})" if missing else ""))
+    if report.version_warning:
+        console.print(f"[yellow]{escape(report.version_warning)}[/]")
     cpu = report.cpu
     isa = cpu.torch_capability or "unknown"
     console.print(f"[bold]cpu[/]: {cpu.model}; {counted(cpu.cores, 'CPU')}; torch ISA {isa}")
