@@ -824,10 +824,14 @@ _ELSEWHERE = re.compile(r"\b(?:fxforge|torchrun|pip)\b[^,;()]*")
 def hint_options_the_command_lacks(command: str, err: str) -> list[str]:
     """The --options a hint in ``err`` offers that ``fxforge command`` does not take: a hint must offer only what
     the command running takes (QA: debug was offered --concrete, which it has not)."""
+    return options_the_command_lacks(command, next((line for line in err.splitlines() if line.startswith("hint:")), ""))
+
+
+def options_the_command_lacks(command: str, advice: str) -> list[str]:
+    """The --options ``advice`` (a hint, a failed row's reason) offers that ``fxforge command`` does not take."""
     from fxforge.cli.app import cli
 
-    hint = next((line for line in err.splitlines() if line.startswith("hint:")), "")
-    named = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", _ELSEWHERE.sub("", hint)))
+    named = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", _ELSEWHERE.sub("", advice)))
     taken = {flag for param in cli.commands[command].params for flag in (*param.opts, *param.secondary_opts)}
     return sorted(named - taken)
 
@@ -865,6 +869,58 @@ def test_a_hint_offers_only_options_the_command_takes(capsys, tmp_path, args, ne
     code, _, err = run(capsys, *args)
     assert code == EXIT_USAGE and needle in " ".join(err.split())
     assert hint_options_the_command_lacks(args[0], err) == []
+
+
+def test_a_failed_export_reached_from_another_command_offers_export_options_as_fxforge_exports(capsys, tmp_path):
+    """bench's torchscript row and optimize --auto's torchscript candidate export the model, and fail as export does:
+    their reason offered export's --script and --allow-trace-warnings, and bench's --artifact, as the running
+    command's own (optimize has none of them); said as fxforge export's and fxforge bench's."""
+    model = [f"{TRICKY}:GatedNet", "-i", "2x8"]  # the gate is a leaf, whose branch the trace fixes
+    code, out, _ = run(capsys, "bench", *model, "--backends", "torchscript", "--repeats", "1", "--json")
+    assert code == EXIT_OK
+    bench_reason = json.loads(out)["rows"][0]["error"]
+    out_dir = str(tmp_path / "auto")
+    code, out, _ = run(capsys, "optimize", *model, "--auto", "--backends", "torchscript,eager", "-o", out_dir, "--json")
+    assert code == EXIT_OK
+    auto_reason = next(c for c in json.loads(out)["candidates"] if c["name"] == "torchscript")["reason"]
+    for command, reason in [("bench", bench_reason), ("optimize", auto_reason)]:
+        assert "fxforge export --script" in reason and "fxforge export --allow-trace-warnings" in reason, reason
+        assert options_the_command_lacks(command, reason) == [], reason
+    assert "time the file with --artifact FILE" in bench_reason  # bench's own option
+    assert "time the file with fxforge bench --artifact FILE" in auto_reason
+
+
+def test_a_hint_reached_from_export_itself_offers_its_options_plainly(capsys, tmp_path):
+    target = str(tmp_path / "g.pt")
+    code, _, err = run(capsys, "export", f"{TRICKY}:GatedNet", "-i", "2x8", "--to", "torchscript", "-o", target)
+    assert code == EXIT_CAPTURE
+    hint = " ".join(err.split())
+    assert "export with --script" in hint and "pass --allow-trace-warnings" in hint and "fxforge export" not in hint
+
+
+def test_a_busy_machine_offers_fewer_threads_only_where_the_command_takes_them(capsys, tmp_path, monkeypatch):
+    """report --bench has no --threads; its page told the user to rerun with --threads 1."""
+    import torch
+
+    from fxforge.machine import Load
+
+    monkeypatch.setattr(Load, "busy", lambda self, own_threads: True)
+    model = [f"{TRICKY}:GatedNet", "-i", "2x8"]
+    # fewer threads are offered from two up
+    code, out, _ = run(capsys, "bench", *model, "--backends", "eager", "--repeats", "5", "--threads", "2", "--json")
+    assert code == EXIT_OK
+    warning = json.loads(out)["noise_warning"]
+    assert "--threads 1" in warning, warning
+    page = tmp_path / "r.html"
+    torch.set_num_threads(2)  # report times with torch's threads (the tests' one: nothing fewer to offer)
+    try:
+        code, _, _ = run(capsys, "report", *model, "--bench", "--backends", "eager", "--repeats", "5", "-o", str(page))
+    finally:
+        torch.set_num_threads(1)  # as conftest sets it
+    assert code == EXIT_OK
+    text = page.read_text().replace("&#x27;", "'")
+    assert "2 of it this run's at most" in text  # the warning that offered --threads 1
+    assert "rerun with nothing else running" in text and "--threads" not in text
 
 
 def test_a_fixed_batch_hint_offers_the_batch_as_each_command_takes_it(capsys, tmp_path):

@@ -56,6 +56,7 @@ from fxforge.errors import (
     NotEnoughSpace,
     first_line,
     option,
+    option_of,
     require,
     user_location,
 )
@@ -1325,8 +1326,8 @@ def save_program(program: torch.export.ExportedProgram, path: str | Path, source
             f"a .pt2 file cannot hold the model's namedtuple output type{f' {kind.group(1)}' if kind else ''}: "
             "torch.export saves only the output types registered with it by name",
             # not TorchScript: its trace refuses a namedtuple inside a dict of other values, and sent the user back
-            hint=f"export with {option('--to', 'onnx')}, whose file records it (fxforge.load_model returns it), or "
-            "return a tuple or dict of tensors",
+            hint=f"export with {option_of('export', '--to', 'onnx')}, whose file records it (fxforge.load_model "
+            "returns it), or return a tuple or dict of tensors",
         ) from None
 
 

@@ -79,7 +79,7 @@ from fxforge.artifacts import (
 from fxforge.capture import Captured, at_batch, require_captured, require_real_weights
 from fxforge.compare import compare_outputs
 from fxforge.display import counted
-from fxforge.errors import FxforgeError, one_line_reason, option, pass_inputs_hint, require, said
+from fxforge.errors import FxforgeError, offered, one_line_reason, option, option_of, pass_inputs_hint, require, said
 from fxforge.export import ExportError, export_model
 from fxforge.graphs import ATEN
 from fxforge.inputs import make_inputs, specs_of
@@ -369,12 +369,14 @@ def ort_streams(
     that is not per-sample (its first dimension is not the batch: the pieces' outputs could not be joined)."""
     batch = batch_of(captured.example_inputs)
     if threads < 2:
-        raise FxforgeError("streams need two threads or more", hint=f"run with {option('--threads')} 2 or more")
+        raise FxforgeError(
+            "streams need two threads or more", hint=f"run with {option_of('bench', '--threads', 2)} or more"
+        )
     if batch is None or batch < 2:
         raise FxforgeError(
             "streams split the batch, and the example inputs have one sample",
             hint=said(
-                "run it at a batch of 2 or more (bench's --batch 8, or --input 8x...)",
+                f"run it at a batch of 2 or more ({option_of('bench', '--batch', 8)}, or --input 8x...)",
                 "bench or capture it at a batch of 2 or more",
             ),
         )
@@ -849,8 +851,10 @@ class BenchReport:
                 f"{self.load.describe(self.threads)}: a backend's threads can wait for busy cores and run many "
                 "times slower in every round alike, which no interval shows, so its speedups are the load's"
             )
-        if busy and self.threads > 1:
-            advice = f"rerun with nothing else running, or with {option('--threads', 1)}"
+        # report --bench has no --threads: it is not offered there
+        fewer = offered(f"with {option('--threads', 1)}", "--threads") if busy and self.threads > 1 else None
+        if fewer:
+            advice = f"rerun with nothing else running, or {fewer}"
         elif busy:
             advice = "rerun with nothing else running"
         else:
@@ -1115,8 +1119,13 @@ def build_failure(exc: BaseException) -> str:
     dependency, the opt-in a pickled artifact needs)."""
     reason = one_line_reason(exc)
     if isinstance(exc, ExportError) and exc.hint:
-        # its hint names export's own options (--script, --allow-trace-warnings), which bench has none of (QA)
-        timed = said("time the file with --artifact FILE", "time the file as a backend: artifact_backend(path)")
+        # its hint names export's own options as fxforge export's (option_of): bench has none of them (QA), and
+        # optimize --auto and report --bench have no --artifact either
+        timed = said(
+            offered("time the file with --artifact FILE", "--artifact")
+            or "time the file with fxforge bench --artifact FILE",
+            "time the file as a backend: artifact_backend(path)",
+        )
         return f"{reason} (export it yourself, then {timed}: {exc.hint})"
     return f"{reason} ({exc.hint})" if isinstance(exc, FxforgeError) and exc.hint else reason
 

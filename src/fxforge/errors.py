@@ -117,6 +117,15 @@ def offered(text: str, flag: str) -> str | None:
     return text if flag in taken else None
 
 
+def option_of(command: str, flag: str, value: Any = _NO_VALUE, *, python: str | None = None) -> str:
+    """``command``'s option ``flag`` (with ``value``) in advice: as :func:`option` spells it where the running command
+    takes ``flag`` too (and in Python), else as ``fxforge <command> --flag value``, the command that does -- a hint
+    reached from another command sent the user to an option it refuses (QA: optimize --auto's TorchScript candidate
+    and bench's row were told to export with --script)."""
+    spelled = option(flag, value, python=python)
+    return offered(spelled, flag) or f"fxforge {command} {spelled}"
+
+
 def command_name() -> str | None:
     """The name of the fxforge command running now (``debug``), or None outside the CLI."""
     context = _running_command()

@@ -82,7 +82,9 @@ from fxforge.errors import (
     format_location,
     graph_frame_source,
     is_user_file,
+    offered,
     option,
+    option_of,
     pass_inputs_hint,
     refuse_without_verification,
     require,
@@ -536,7 +538,8 @@ def _refuse_onednn_linear(source: nn.Module, to: str) -> None:
     raise ExportError(
         f"cannot export to {to}: the graph computes Linear layers with oneDNN's matmul (the onednn_linear pass), "
         f"which {'ONNX' if to == 'onnx' else 'TorchScript'} cannot express",
-        hint="export the model itself, or an output optimized without onednn_linear; --to pt2 keeps it",
+        hint="export the model itself, or an output optimized without onednn_linear; "
+        f"{option_of('export', '--to', 'pt2')} keeps it",
     )
 
 
@@ -954,7 +957,7 @@ def _condition_refusal(name: str, conditions: list[str]) -> ExportError:
         f"cannot export {name} to ONNX with a dynamic batch: torch.export traced its code on the condition "
         f"{conditions[0]} (it branches on the batch size), which an ONNX file cannot record: a file for any "
         "batch would compute the traced branch where the condition fails",
-        hint=f"leave {option('--dynamic-batch')} out (a file for the example's batch), or export to pt2, whose "
+        hint=f"{_without_dynamic_batch()} (a file for the example's batch), or export to pt2, whose "
         "program checks the condition at each call",
         construct=BATCH_CONDITION,
     )
@@ -989,7 +992,7 @@ def _onnx_dynamo(
             f"cannot export {name} to ONNX with a dynamic batch: its code holds for {batch_range_text(limits)} only "
             f"as torch.export traced it (it branches on the batch size or fixes it{at}), which an ONNX file cannot "
             "record: a file for any batch would compute the wrong thing at others",
-            hint=f"leave {option('--dynamic-batch')} out (a file for the example's batch), or export to pt2, whose "
+            hint=f"{_without_dynamic_batch()} (a file for the example's batch), or export to pt2, whose "
             "program checks the batch at each call",
             construct=BATCH_FIXED,
         )
@@ -1166,7 +1169,7 @@ def _refuse_fixed_batch(program: torch.export.ExportedProgram, name: str, dynami
     raise ExportError(
         f"cannot export {name} with a dynamic batch: torch.export traced it for {batch_range_text(limits)} only "
         f"({because}: a loop over the batch, len(), a Python number taken from a size, or a branch on it)",
-        hint=f"leave {option('--dynamic-batch')} out (a file for the example's batch), or keep the batch size a "
+        hint=f"{_without_dynamic_batch()} (a file for the example's batch), or keep the batch size a "
         "tensor size in that code (x.shape[0] passed to torch ops, not turned into a Python number)",
         construct=BATCH_FIXED,
         location=where,
@@ -1254,12 +1257,13 @@ def _exporting(
             "the file would compute what the example computed, for every input",
             hint=(
                 f"the value is computed in {kept_methods[0]}, a method capture kept as one call, which "
-                f"{option('--script', python='script=True')}, onnx and pt2 cannot take either: express its branch "
-                "with torch.where or torch.cond"
+                f"{option_of('export', '--script', python='script=True')}, onnx and pt2 cannot take either: express "
+                "its branch with torch.where or torch.cond"
                 if kept_methods
-                else f"export with {option('--script', True)}, or to onnx (dynamo) or pt2"
+                else f"export with {option_of('export', '--script', True)}, or to onnx (dynamo) or pt2"
             )
-            + f"; if that value cannot change with the input, pass {option('--allow-trace-warnings', True)}",
+            + "; if that value cannot change with the input, pass "
+            + option_of("export", "--allow-trace-warnings", True),
             construct="data-dependent value in a trace",
             location=where,
         )
@@ -1303,6 +1307,12 @@ def _innermost_graph_source() -> tuple[str, int] | None:
     return None
 
 
+def _without_dynamic_batch() -> str:
+    """Advice to export at the example's batch: leave --dynamic-batch out, where the running command took it; bench's
+    and optimize --auto's ``streams`` variant asked for the dynamic batch itself (they have no --dynamic-batch)."""
+    return offered(f"leave {option('--dynamic-batch')} out", "--dynamic-batch") or "export without a dynamic batch"
+
+
 def _export_error(what: str, exc: BaseException) -> ExportError:
     chain = _chain(exc)
     text = strip_ansi("\n".join(str(e) for e in chain))
@@ -1322,7 +1332,8 @@ def _export_error(what: str, exc: BaseException) -> ExportError:
     if says_data_dependent(text):
         return ExportError(
             f"cannot export {what}: data-dependent control flow{where}",
-            hint="express the branch with torch.where or torch.cond, or export to torchscript with --script",
+            hint="express the branch with torch.where or torch.cond, or export to torchscript with "
+            f"{option_of('export', '--script', True)}",
             construct="data-dependent control flow",
             location=location,
         )
@@ -1332,8 +1343,8 @@ def _export_error(what: str, exc: BaseException) -> ExportError:
         # not only "trace instead": where the trace had just refused a fixed value, the two hints sent the user
         # back and forth (QA, timm's ViT)
         f"export with trace (the default) instead; where the trace stops on a fixed value (a shape check), "
-        f"{option('--allow-trace-warnings', python='allow_trace_warnings=True')} keeps it as a note, or export to "
-        "onnx or pt2"
+        f"{option_of('export', '--allow-trace-warnings', python='allow_trace_warnings=True')} keeps it as a note, or "
+        "export to onnx or pt2"
         if "script" in what
         else "try another format or exporter"
     )
@@ -1343,16 +1354,16 @@ def _export_error(what: str, exc: BaseException) -> ExportError:
         # QA: the bare torch line, "try another format or exporter", and no word of --script, which keeps them
         reason = "the model's output holds a value a trace cannot return (None, a Python number, a non-string key)"
         hint = (
-            f"export with {option('--script', True)} (scripting keeps such outputs), or to onnx or pt2; or return "
-            "tensors, and tuples, lists and string-keyed dicts of them"
+            f"export with {option_of('export', '--script', True)} (scripting keeps such outputs), or to onnx or pt2; "
+            "or return tensors, and tuples, lists and string-keyed dicts of them"
         )
     untyped = re.search(r"\n:(.+)$", str(innermost)) if "cannot infer type of" in str(innermost) else None
     if untyped:
         # "Tracer cannot infer type of {<every output tensor printed>}\n:<the reason>": the reason, not the values
         reason = f"the trace cannot type the model's output: {untyped.group(1).strip()}"
         hint = (
-            f"export with {option('--script', True)} (scripting can type more outputs), or to onnx or pt2; or return "
-            "tensors, and tuples and dicts of tensors of one type (no None)"
+            f"export with {option_of('export', '--script', True)} (scripting can type more outputs), or to onnx or "
+            "pt2; or return tensors, and tuples and dicts of tensors of one type (no None)"
         )
     if "Expected a single top-level function" in str(innermost):
         # a lambda (a forward hook, a function passed in) is a line of source TorchScript cannot compile alone; the

@@ -61,7 +61,7 @@ from fxforge.compare import (
     resolve_tolerances,
     tolerance_for,
 )
-from fxforge.errors import FxforgeError, InputSpecError, one_line_reason, option, said
+from fxforge.errors import FxforgeError, InputSpecError, offered, one_line_reason, option, said
 from fxforge.graphs import ATEN, TORCH, GraphRunner, dialect_of, graph_fingerprint, target_name
 from fxforge.inputs import Case, InputSpec, case_plan, draw_like, make_inputs
 from fxforge.models import load_model
@@ -533,8 +533,9 @@ class Verifier:
                     self.graph_rejects.add(batch)
                     reason = None
                 elif reason is not None:
-                    dynamic = option("--check-batch")
-                    reason += f" (fixed to batch {example_batch}; capture with {dynamic} for a dynamic one)"
+                    # verify captures its reference itself, and takes no --check-batch
+                    dynamic = offered(f"; capture with {option('--check-batch')} for a dynamic one", "--check-batch")
+                    reason += f" (fixed to batch {example_batch}{dynamic or ''})"
             if reason is None:
                 usable.append(batch)
             else:
