@@ -105,3 +105,34 @@ def test_report_refuses_a_pass_that_needs_options_and_says_where_they_go(name, t
     assert main(["report", "demo", "-p", name, "-o", str(tmp_path / "r.html")]) == 2
     assert f"fxforge optimize MODEL -p {name} --option {name}." in capsys.readouterr().err
     assert not (tmp_path / "r.html").exists()
+
+
+RULE_FILE = """\
+import fxforge
+
+
+@fxforge.register_rule("PARITY001", "parity-linear", "info", "a Linear layer", dialects=("torch",))
+def linears(ctx):
+    for node in ctx.graph.nodes:
+        if node.op == "call_module" and type(ctx.gm.get_submodule(node.target)).__name__ == "Linear":
+            yield node, f"{node.target} is a Linear"
+"""
+
+
+def test_lint_runs_a_rule_file_as_lint_rule_does(tmp_path):
+    """lint --rule FILE.py:FUNCTION worked through fxforge.lint.rule and load_rule_reference, which `import fxforge`
+    does not export: the decorator is fxforge.register_rule (as register_pass, register_backend), and fxforge.lint
+    takes the references."""
+    from fxforge.lint import RULES
+
+    (tmp_path / "parity_rules.py").write_text(RULE_FILE)
+    assert "register_rule" in fxforge.__all__
+    captured = fxforge.prepare("demo:mlp")
+    try:
+        report = fxforge.lint(captured, select=["PARITY001"], rules=[f"{tmp_path / 'parity_rules.py'}:linears"])
+        assert report.findings and {f.code for f in report.findings} == {"PARITY001"}
+    finally:
+        RULES.pop("PARITY001", None)
+    with pytest.raises(FxforgeError) as refused:
+        fxforge.lint(captured, rules=[f"{tmp_path / 'parity_rules.py'}:nothing"])
+    assert "--rule" not in str(refused.value), refused.value  # said in Python's terms

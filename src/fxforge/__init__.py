@@ -57,6 +57,7 @@ _EXPORTS = {
     "inspect_graph": "fxforge.inspect",
     "lint": "fxforge.lint",
     "all_rules": "fxforge.lint",
+    "register_rule": "fxforge.lint",
     "debug_model": "fxforge.debug",
     "doctor": "fxforge.doctor",
     "profile_model": "fxforge.profile",
@@ -145,6 +146,7 @@ __all__ = [
     "quantize",
     "register_backend",
     "register_pass",
+    "register_rule",
     "report",
     "run_pipeline",
     "show",
@@ -194,7 +196,7 @@ if TYPE_CHECKING:  # static type checkers and IDEs see the names without the laz
     from fxforge.export import ExportError, ExportResult, export_model
     from fxforge.inputs import InputSpec, make_inputs, parse_input_spec
     from fxforge.inspect import InspectReport, inspect_graph
-    from fxforge.lint import all_rules, lint
+    from fxforge.lint import all_rules, lint, register_rule
     from fxforge.models import LoadedModel, load_model
     from fxforge.optimize import fix, optimize
     from fxforge.passes import PassResult, all_passes, apply_pass, register_pass

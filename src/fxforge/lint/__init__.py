@@ -17,7 +17,7 @@ from torch import fx, nn
 
 from fxforge import display
 from fxforge.capture import LOADED, Captured
-from fxforge.errors import EXIT_INTERNAL, FxforgeError, one_line_reason, option
+from fxforge.errors import EXIT_INTERNAL, FxforgeError, one_line_reason, option, said
 from fxforge.graphs import branch_graphs, dialect_of, graph_fingerprint, module_path
 from fxforge.passes import FIX_ORDER, registered_passes
 from fxforge.plugins import RULES_GROUP, load_group
@@ -220,8 +220,14 @@ def lint(
     *,
     select: Iterable[str] | None = None,
     ignore: Iterable[str] | None = None,
+    rules: Iterable[str] = (),
 ) -> LintReport:
-    """Run the lint rules (all, or those in ``select`` minus ``ignore``; codes or names) on a graph."""
+    """Run the lint rules (all, or those in ``select`` minus ``ignore``; codes or names) on a graph.
+
+    ``rules``: ``file.py:function`` or ``package.module:function`` references to ``@fxforge.register_rule``
+    functions to run too (``lint --rule``), each added as :func:`load_rule_reference` adds it."""
+    for reference in [rules] if isinstance(rules, str) else rules:
+        load_rule_reference(reference)
     if isinstance(target, Captured):
         context = LintContext(target.graph_module, target)
     elif isinstance(target, fx.GraphModule):
@@ -302,6 +308,11 @@ def _findings_of(current: Rule, context: LintContext) -> list[Finding]:
     return findings
 
 
+# the decorator under the name fxforge exports it by, as register_pass and register_backend: what `lint --rule
+# FILE.py:FUNCTION` runs is a function decorated with it, and `import fxforge` alone had no name for it
+register_rule = rule
+
+
 def all_rules() -> list[Rule]:
     _load_rules()
     return sorted(RULES.values(), key=lambda r: r.code)
@@ -317,7 +328,7 @@ def _load_rules() -> None:
 def _adopt_rule(name: str, check: Any, origin: str) -> None:
     if not any(rule_.check is check for rule_ in RULES.values()):
         raise RuleError(
-            f"{origin} names {check!r}, which is not a lint rule", hint="decorate it with @fxforge.lint.rule"
+            f"{origin} names {check!r}, which is not a lint rule", hint="decorate it with @fxforge.register_rule"
         )
 
 
@@ -333,7 +344,12 @@ def load_rule_reference(reference: str) -> list[str]:
     _load_rules()
     before = set(RULES)
     with registering_from(f"file {reference.rpartition(':')[0]}"):
-        check = import_reference(reference, what="lint rule", error=RuleError, hint="e.g. --rule my_rules.py:check")
+        check = import_reference(
+            reference,
+            what="lint rule",
+            error=RuleError,
+            hint=said("e.g. --rule my_rules.py:check", "e.g. rules=['my_rules.py:check']"),
+        )
     for code in set(RULES) - before:
         if RULES[code].check is not check:
             unnamed = RULES.pop(code)
@@ -342,7 +358,9 @@ def load_rule_reference(reference: str) -> list[str]:
         named = _UNNAMED_RULES.pop(id(check))
         RULES[named.code] = named
     if not any(rule_.check is check for rule_ in RULES.values()):
-        raise RuleError(f"{reference} is not a lint rule", hint="decorate it with @fxforge.lint.rule(code, name, ...)")
+        raise RuleError(
+            f"{reference} is not a lint rule", hint="decorate it with @fxforge.register_rule(code, name, ...)"
+        )
     return sorted(set(RULES) - before)
 
 

@@ -49,8 +49,8 @@ missing), unless --fail-on never; else 0.
     "rule_references",
     multiple=True,
     metavar="FILE.py:FUNCTION",
-    help="Also run the @rule function it names, from a file or module (from fxforge.lint import rule); repeat it "
-    "for each rule.",
+    help="Also run the function it names, from a file or module (decorated with @fxforge.register_rule); repeat "
+    "it for each rule.",
 )
 @click.option("--fix", is_flag=True, help="Apply the passes that fix the findings (verified); needs -o.")
 @click.option("--output", "-o", type=click.Path(path_type=str), default=None, help="Output directory for --fix.")
@@ -111,7 +111,7 @@ def command(
         if not fixed.optimized.pipeline.ok:
             raise SystemExit(EXIT_FINDINGS)
     else:
-        report = run_lint(captured, select=split(select), ignore=split(ignore))
+        report = run_lint(captured, select=split(select), ignore=split(ignore), rules=rule_references)
         if opts.as_json:
             emit_json({**report.to_dict(), "capture": captured.record.to_dict()})
         else:
