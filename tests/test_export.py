@@ -910,6 +910,28 @@ def test_cli_scripts_a_model_whose_own_forward_branches_on_data(tmp_path, capsys
     assert main(["export", f"{TRICKY}:RootBranch", "-i", "2x8", "-o", str(tmp_path / "n.pt")]) == 3  # without it
 
 
+def test_the_docs_python_form_of_the_script_fallback_scripts_what_cannot_be_captured(tmp_path):
+    """docs/commands/export.md gives Python callers --script's fallback (the CLI's own step, not an export_model
+    parameter): prepare, and on CaptureError script the module itself."""
+    import tricky_models
+
+    model = tricky_models.RootBranch()
+    try:
+        target, example = fxforge.prepare(model, "2x8"), None
+    except fxforge.CaptureError:
+        target, example = model, (torch.randn(2, 8),)
+    assert target is model  # no capture method keeps RootBranch's own branch
+    path = tmp_path / "m.pt"
+    result = fxforge.export_model(target, to="torchscript", path=path, script=True, example_inputs=example)
+    assert result.ok and result.verification is not None and path.exists()
+    scripted, branches = torch.jit.load(str(path)), set()
+    for seed in range(20):
+        x = torch.randn(2, 8, generator=torch.Generator().manual_seed(seed)) * 10  # past the bias: either sign
+        torch.testing.assert_close(scripted(x), model(x))
+        branches.add(bool(model.lin(x).sum() > 0))
+    assert branches == {True, False}  # both sides of the branch a trace would have fixed
+
+
 def test_split_is_refused_before_writing_on_a_disk_without_room(tmp_path, monkeypatch, capsys):
     import collections
 
