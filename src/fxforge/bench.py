@@ -833,7 +833,7 @@ class BenchReport:
             # QA: --repeats 2 printed "onnxruntime 254.10x" with no interval and no word of doubt
             return (
                 f"{counted(self.repeats, 'round')}: too few for a speedup interval or a spread, so nothing here "
-                f"says whether the machine was busy; time at least {MIN_INTERVAL_ROUNDS} rounds (--repeats)"
+                f"says whether the machine was busy; time at least {MIN_INTERVAL_ROUNDS} rounds ({option('--repeats')})"
             )
         if not noisy and not busy:
             return None

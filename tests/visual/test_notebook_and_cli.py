@@ -12,6 +12,7 @@ import pytest
 import fxforge
 from fxforge.cli.app import main
 from fxforge.optimize import fix
+from fxforge.visual.render import load_output_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -100,6 +101,10 @@ def test_graph_cli_writes_html_svg_and_diff(tmp_path, capsys):
     assert main(["graph", "demo:mlp", "--diff", str(out), "--trust-pickle", "-o", str(tmp_path / "x.html")]) == 2
     err = capsys.readouterr().err
     assert f"{out} was written from demo, not demo:mlp" in err and not (tmp_path / "x.html").exists()
+    assert f"hint: fxforge graph demo --diff {out}" in err
+    with pytest.raises(fxforge.ModelSpecError) as refused:  # in Python, the call that diffs it, not the CLI's
+        load_output_dir(str(out), model="demo:mlp", trust_pickle=True)
+    assert refused.value.hint == f"fxforge.diff_html(fxforge.prepare('demo'), {str(out)!r})"
     # an output captured by torch.export: the model is captured the same way, unless --method says otherwise
     aten = tmp_path / "aten"
     assert main(["optimize", "demo", "--method", "export", "-p", "fold_bn", "-o", str(aten)]) == 0

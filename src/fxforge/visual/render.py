@@ -24,7 +24,7 @@ from torch import fx
 
 from fxforge.artifacts import PROVENANCE_FILE, REPORT_FILE
 from fxforge.capture import Captured, capture, model_args_text
-from fxforge.errors import FxforgeError, ModelSpecError, option, require
+from fxforge.errors import FxforgeError, ModelSpecError, option, require, said
 from fxforge.graphs import TORCH, dialect_of
 from fxforge.inspect import InspectReport
 from fxforge.lint import LintReport
@@ -102,7 +102,10 @@ def load_output_dir(
     if isinstance(written_from, str) and model and not same_model_spec(written_from, model):
         raise ModelSpecError(
             f"{directory} was written from {written_from}, not {model}",
-            hint=f"fxforge graph {written_from} --diff {directory}",
+            hint=said(
+                f"fxforge graph {written_from} --diff {directory}",
+                f"fxforge.diff_html(fxforge.prepare({written_from!r}), {str(directory)!r})",
+            ),
         )
     asked = model_args_text(model_kwargs)
     if isinstance(written_with, dict) and model and written_with != asked:
