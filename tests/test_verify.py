@@ -687,6 +687,22 @@ def test_bisection_blames_no_node_that_only_reads_a_value_no_reference_node_chec
     assert result.divergence is not None and result.divergence.pass_name == "replace_modules"
 
 
+def test_bisection_points_at_a_model_pt_only_where_one_lies_beside_the_program(tmp_path):
+    """A plain ``export --to pt2`` program has no model.pt beside it: its MISMATCH said it "is bisected from its
+    model.pt (--trust-pickle)" all the same. An optimize output's model.pt2, named as a file, has one."""
+    captured = fxforge.prepare("demo")
+    other = fxforge.prepare("demo", seed=1)  # other weights: a mismatch
+    fxforge.export_model(other, to="pt2", path=tmp_path / "other.pt2")
+    result = verify(captured, str(tmp_path / "other.pt2"))
+    assert not result.ok and result.divergence is None
+    assert "the candidate in the aten dialect" in result.divergence_unknown
+    assert "model.pt" not in result.divergence_unknown
+    fxforge.optimize(other, ["fold_bn"], output_dir=tmp_path / "out")
+    result = verify(captured, str(tmp_path / "out" / "model.pt2"))
+    assert not result.ok and result.divergence is None
+    assert "bisected from its model.pt (--trust-pickle)" in result.divergence_unknown
+
+
 def _aten_tanh_one_percent_off(x):
     return torch.ops.aten.mul.Tensor(torch.ops.aten.tanh.default(x), 1.01)
 

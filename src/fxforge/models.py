@@ -80,6 +80,7 @@ from fxforge.errors import (
 from fxforge.inputs import InputSpec, parse_input_spec, physical_memory
 from fxforge.references import import_file, import_module
 from fxforge.runtime import fx_wraps_kept_loadable, quiet_torch_logs
+from fxforge.vocabulary import PICKLED_GRAPH_BESIDE
 
 # torchvision classification models that need more than the default 224x224 input.
 _TORCHVISION_INPUT_SIZE = {"inception_v3": 299}
@@ -768,7 +769,12 @@ def _load_pt2(path: Path, spec: str, trusted: bool) -> LoadedModel:
             hint="is the file corrupt?",
         )
     inputs = [InputSpec.of(value) for value in (recorded[0] if recorded else ()) if isinstance(value, torch.Tensor)]
-    return LoadedModel(program_module(program), spec, inputs, exported_program=program)
+    module = program_module(program)
+    if path.name == PROGRAM_FILE and (path.parent / MODEL_FILE).is_file() and isinstance(module, torch.fx.GraphModule):
+        # an optimize output's re-export: verify's bisection can point at the torch-dialect graph pickled beside it,
+        # which a plain exported program does not have (QA: its MISMATCH sent the user to a model.pt that was not there)
+        module.meta[PICKLED_GRAPH_BESIDE] = MODEL_FILE
+    return LoadedModel(module, spec, inputs, exported_program=program)
 
 
 class PickleRefused(Exception):

@@ -76,7 +76,7 @@ from fxforge.runtime import (
     quiet_torch_logs,
     run_isolated,
 )
-from fxforge.vocabulary import ORIGIN, PASS
+from fxforge.vocabulary import ORIGIN, PASS, PICKLED_GRAPH_BESIDE
 
 __all__ = [
     "DEFAULT_CASES",
@@ -883,9 +883,11 @@ class Verifier:
                 f"the {compared} candidate nodes that correspond to reference nodes all agree: the difference "
                 "arises in nodes with no reference counterpart"
             )
-        if reference_dialect == TORCH and candidate_dialect == ATEN:
-            # the model.pt2 of a torch-dialect optimize output is an ATen re-export: few of its nodes match
-            why += "; an optimize output of a torch-dialect graph is bisected from its model.pt (--trust-pickle)"
+        beside = getattr(module, "meta", {}).get(PICKLED_GRAPH_BESIDE)
+        if reference_dialect == TORCH and candidate_dialect == ATEN and beside:
+            # the model.pt2 of a torch-dialect optimize output is an ATen re-export: few of its nodes match, and the
+            # torch-dialect graph beside it is what bisects (a plain exported program has none: nothing is offered)
+            why += f"; an optimize output of a torch-dialect graph is bisected from its {beside} (--trust-pickle)"
         result.divergence_unknown = why
 
     def _bisect_in_float64(self, failing: Case) -> tuple[Divergence | None, int, str | None] | None:

@@ -18,6 +18,10 @@ from fxforge.runtime import quiet_quantization_notices
 
 ORIGIN = "fxforge_origin"
 PASS = "fxforge_pass"
+# In a GraphModule's own ``meta`` (not a node's): the file beside the program it was loaded from that holds the same
+# model as a torch-dialect graph (an optimize output's model.pt beside its model.pt2). verify's bisection points
+# there only when it is set: a plain exported program has no such file to be bisected from.
+PICKLED_GRAPH_BESIDE = "fxforge_pickled_graph_beside"
 
 
 # --------------------------------------------------------------------------------------------------
