@@ -243,6 +243,34 @@ def test_a_narrow_terminal_leaves_out_columns_rather_than_cutting_numbers():
     assert "(below)" in said and f"onnxruntime (batch 1) failed: {failed.error}" in said
 
 
+def test_headers_wrap_only_where_the_table_would_not_fit_otherwise():
+    """Each column was fixed to its widest cell or header word: over short values every header wrapped ("median" over
+    "ms") even at 200 columns. Headers stay whole where there is room, and wrap at their words, not cut, where not."""
+    from rich.console import Console
+
+    from fxforge.bench import BenchReport, set_speedups
+    from fxforge.cli.render import render_bench
+
+    eager, fx = _timed_row("eager", [0.54, 0.6, 0.55]), _timed_row("fx", [0.33, 0.35, 0.34])
+    set_speedups([eager, fx])
+    for row in (eager, fx):
+        row.gflops, row.peak_fraction, row.max_abs_err, row.build_s, row.peak_mem_mib = 19.0, 0.06, 3e-8, 0.2, 1.1
+    report = BenchReport([eager, fx], 2, 1, 3, ["1x3x32x32"], "-")
+    wide = Console(record=True, width=200)
+    render_bench(wide, "demo", report)
+    lines = wide.export_text().splitlines()
+    header = next(line for line in lines if "backend" in line)
+    for name in ("median ms", "p90 ms", "GFLOP/s (of peak)", "peak MiB", "max abs err", "build s"):
+        assert name in header
+    assert lines[lines.index(header) - 1].startswith("┏")  # the header is one line
+    narrow = Console(record=True, width=80)
+    render_bench(narrow, "demo", report)
+    text = narrow.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 80 and "…" not in text
+    # headers wrap before a column is left out: the same two as when every header was wrapped
+    assert "not shown at this width (80 columns): build s, peak MiB;" in " ".join(text.split())
+
+
 def test_peak_memory_sees_what_a_backend_allocates(mlp):
     if not ResidentPeak.available():
         pytest.skip("needs Linux /proc")
