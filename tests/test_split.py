@@ -1015,3 +1015,36 @@ def test_a_program_that_fails_to_save_leaves_no_partial_pt2(tmp_path):
     assert plan["stages"][0]["file"] == "stage_0.pt"
     assert "stage_0.pt2" not in names and "model.pt2" not in names, names
     assert "stage_0.pt" in names and "model.pt" in names
+
+
+class _TwoLinears(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+@pytest.mark.parametrize("called_before", [True, False])
+def test_split_leaves_the_callers_noise_stream_where_it_was(tmp_path, called_before):
+    """split runs the caller's graph (stage examples, verification): insert_after's noise module kept its generator
+    bound (preserved_state) but advanced, so the caller's next call drew other noise than without the split."""
+    from fxforge.passes import apply_pass
+
+    torch.manual_seed(0)
+    graph = capture(_TwoLinears().eval(), (torch.randn(2, 8),)).graph_module
+    options = {"select": "kind:relu", "insert": "noise", "sigma": 0.5, "seed": 0}
+    noisy = apply_pass(graph, "insert_after", options).graph_module.eval()
+    x = torch.ones(2, 8)
+    if called_before:
+        noisy(x)  # its generator exists, and has drawn
+    untouched = copy.deepcopy(noisy)  # the same stream, never split
+    captured = prepare(noisy, "2x8")
+    prepare(untouched, "2x8")  # (capture's check runs each alike)
+    result = split(captured, 2, "flops")
+    assert not result.verification.ok  # noise cannot be verified; the point is what it leaves behind
+    with pytest.raises(FxforgeError):  # refused after writing and running the stages
+        split(captured, 2, "flops", output_dir=tmp_path / "out")
+    assert torch.equal(noisy(x), untouched(x))
+    assert torch.equal(noisy(x), untouched(x))  # and the stream goes on alike

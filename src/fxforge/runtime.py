@@ -590,6 +590,35 @@ def forget_unloadable_fx_wraps() -> None:
             del registry[key]
 
 
+@contextlib.contextmanager
+def generators_preserved(*modules: nn.Module) -> Iterator[None]:
+    """Give back, on exit, the random streams the ``modules`` hold themselves: every ``torch.Generator`` attribute of
+    a submodule (insert_after's noise keeps one per site) is rewound to its state at entry, and one made during the
+    body where there was None is dropped again. :func:`preserved_state` restores the binding only, and a generator
+    that already existed is the same object, advanced: the caller's next call drew other noise than it would have.
+    Around a whole flow, not each run: two runs inside it still draw differently (the determinism check needs that)."""
+    held: list[tuple[nn.Module, dict[str, torch.Generator | None]]] = []
+    seen: set[int] = set()
+    for root in modules:
+        for sub in root.modules() if isinstance(root, nn.Module) else ():
+            if id(sub) not in seen:
+                seen.add(id(sub))
+                # None too: a generator made lazily on the first call (a noise module not called yet)
+                entry = {k: v for k, v in vars(sub).items() if v is None or isinstance(v, torch.Generator)}
+                held.append((sub, entry))
+    states = {id(g): (g, g.get_state()) for _, entry in held for g in entry.values() if g is not None}
+    try:
+        yield
+    finally:
+        for sub, entry in held:
+            namespace = vars(sub)
+            for name, value in entry.items():
+                if namespace.get(name, value) is not value and isinstance(namespace.get(name), torch.Generator):
+                    namespace[name] = value
+        for generator, state in states.values():
+            generator.set_state(state)
+
+
 def keeps_rng_state(function: Callable[_P, _R]) -> Callable[_P, _R]:
     """``function`` with the caller's random state given back afterwards (:func:`rng_preserved`: the CPU generator,
     and the CUDA ones where CUDA is in use): running a model in training mode (dropout) draws from the global
