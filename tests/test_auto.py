@@ -79,10 +79,13 @@ def test_a_wrong_fast_candidate_is_rejected_and_never_chosen(classifier, tmp_pat
     loaded = torch.load(tmp_path / "out" / "model.pt", weights_only=False)
     x = torch.randn(4, 16)
     assert compare_outputs(classifier.original(x), loaded(x)).ok
-    # the printed fxforge line loads it as written: a pickle needs the opt-in (the line without it raised)
+    # the printed fxforge line loads it as written: a pickle needs the opt-in (the line without it raised); pasted
+    # into a fresh namespace in another directory it runs (it lacked its import, and its path was the command's)
     line = result.load_with_fxforge.split("  #")[0]
-    assert line.endswith(", trust_pickle=True).module")
-    assert compare_outputs(classifier.original(x), eval(line, {"fxforge": fxforge})(x)).ok
+    assert line.endswith(", trust_pickle=True).module") and line.startswith("import fxforge; ")
+    monkeypatch.chdir(tmp_path.parent)
+    assert compare_outputs(classifier.original(x), _run_pasted(line)(x)).ok
+    assert compare_outputs(classifier.original(x), _run_pasted(result.load_anywhere)(x)).ok
     # report.json's line runs in the directory, wherever the command ran (QA: a path relative to the command's
     # working directory), and output_dir is where it was written
     assert report["load_with_fxforge"].startswith("fxforge.load_model('.', trust_pickle=True).module")
@@ -90,6 +93,14 @@ def test_a_wrong_fast_candidate_is_rejected_and_never_chosen(classifier, tmp_pat
     monkeypatch.chdir(tmp_path / "out")
     in_place = eval(report["load_with_fxforge"].split("  #")[0], {"fxforge": fxforge})
     assert compare_outputs(classifier.original(x), in_place(x)).ok
+
+
+def _run_pasted(line: str):
+    """What a load line gives pasted alone into a fresh interpreter: its statements run, its last expression's value."""
+    *statements, last = line.split("  #")[0].split("; ")
+    namespace: dict = {}
+    exec("\n".join(statements), namespace)
+    return eval(last, namespace)
 
 
 def test_the_output_says_what_the_table_says_and_warns_of_a_busy_machine(classifier, monkeypatch):
@@ -298,11 +309,22 @@ def run(capsys, *args: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-def test_cli_optimize_auto(capsys, tmp_path):
+def test_cli_optimize_auto(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     out_dir = tmp_path / "demo"
-    code, out, _ = run(capsys, "optimize", "demo", "--auto", "-b", "eager,fx", "--repeats", "3", "-o", str(out_dir))
+    code, out, _ = run(capsys, "optimize", "demo", "--auto", "-b", "eager,fx", "--repeats", "3", "-o", "demo")
     assert code == EXIT_OK and "chosen:" in out and "candidates" in out
-    assert f"without fxforge, in {out_dir}: " in " ".join(out.split())  # the load line says where it runs
+    # the load line runs pasted anywhere: its imports, and the directory's absolute path (it said "in out_dir", a
+    # path relative to where the command ran, and assumed `import torch`)
+    lines = out.splitlines()
+    plain = next(line for line in lines if line.startswith("  without fxforge: ")).removeprefix("  without fxforge: ")
+    assert plain.startswith("import torch; ") and f"('{out_dir.resolve()}/model.pt" in plain
+    load = next(line for line in lines if line.startswith("  load: "))
+    assert load.startswith(f"  load: import fxforge; fxforge.load_model('{out_dir.resolve()}'")
+    monkeypatch.chdir(tmp_path.parent)
+    x = torch.randn(1, 3, 32, 32)
+    assert _run_pasted(plain)(x).shape == _run_pasted(load.removeprefix("  load: "))(x).shape
+    monkeypatch.chdir(tmp_path)
     code, out, _ = run(capsys, "optimize", "demo", "--auto", "-b", "fx", "--repeats", "2")
     assert code == EXIT_OK and "nothing written (-o DIR writes it)" in out and "without fxforge" not in out
     data = json.loads((out_dir / "report.json").read_text())

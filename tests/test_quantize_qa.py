@@ -1339,12 +1339,21 @@ def test_the_load_line_of_a_model_with_its_own_classes_in_source_loads_with_torc
     assert code == EXIT_OK and "source/" in stdout
     load = json.loads((out / "report.json").read_text())["load"]
     assert load == "import sys; sys.path.insert(0, 'source'); torch.load('model.pt', weights_only=False)"
-    assert load in stdout.replace("\n", "")
-    script = f"import torch; torch.backends.quantized.engine = 'x86'; {load.replace('torch.load(', 'm = torch.load(')}"
-    script += "; print(type(m(torch.randn(2, 16))).__name__)"
-    # a fresh interpreter, as a user's: nothing imported before the load line
-    ran = subprocess.run([sys.executable, "-c", script], cwd=out, capture_output=True, text=True, timeout=120)
-    assert ran.returncode == 0 and ran.stdout.strip() == "Tensor", ran.stderr[-2000:]
+    # printed: with its import and the directory's absolute paths (report.json's line runs in the directory; the
+    # printed one assumed `import torch` and the directory as the working directory)
+    printed = next(line for line in stdout.splitlines() if line.startswith("  load: ")).removeprefix("  load: ")
+    where = out.resolve()
+    assert printed == (
+        f"import torch; import sys; sys.path.insert(0, '{where / 'source'}'); "
+        f"torch.load('{where / 'model.pt'}', weights_only=False)"
+    )
+    for line, cwd in ((load, out), (printed, tmp_path.parent)):
+        # a fresh interpreter, as a user's: nothing imported before the load line (report.json's: but torch)
+        loaded = line.replace("torch.load(", "m = torch.load(")
+        script = f"import torch; torch.backends.quantized.engine = 'x86'; {loaded}"
+        script += "; print(type(m(torch.randn(2, 16))).__name__)"
+        ran = subprocess.run([sys.executable, "-c", script], cwd=cwd, capture_output=True, text=True, timeout=120)
+        assert ran.returncode == 0 and ran.stdout.strip() == "Tensor", ran.stderr[-2000:]
 
 
 class _GatedBlock(nn.Module):

@@ -1030,6 +1030,27 @@ def with_sources_on_path(load_line: str, directory: Path) -> str:
     return f"import sys; sys.path.insert(0, '{SOURCE_DIR}'); {load_line}"
 
 
+def load_line_from_anywhere(load_line: str, directory: str | os.PathLike[str]) -> str:
+    """``load_line`` (naming the output's files as they are named inside ``directory``, as report.json keeps it) as a
+    line that runs pasted anywhere: each file name (and ``source/``) as an absolute path under ``directory``, after
+    the imports it calls (``import torch``). A printed line that assumed ``import torch`` and the output directory as
+    the working directory failed pasted into a fresh interpreter elsewhere."""
+    root = Path(directory).resolve()
+    names = "|".join(re.escape(name) for name in _LOADED_FILES)
+    line = re.sub(rf"'({names})'", lambda match: repr(str(root / match.group(1))), load_line)
+    code = line.split("  # ")[0]  # a comment may name a module it does not call ("fxforge.load_model runs it...")
+    needed = [
+        module
+        for module in ("torch", "onnxruntime", "fxforge")
+        if re.search(rf"(?<![\w.]){module}\.", code) and not re.search(rf"\bimport {module}(?![\w.])", code)
+    ]
+    return f"import {', '.join(needed)}; {line}" if needed else line
+
+
+# the names a load line quotes (deploy.PLAIN_TORCH_LOAD, with_sources_on_path)
+_LOADED_FILES = (MODEL_FILE, PROGRAM_FILE, TORCHSCRIPT_FILE, ONNX_FILE, AOTI_FILE, SOURCE_DIR)
+
+
 def _write_package(gm: fx.GraphModule, folder: Path) -> bool:
     """``GraphModule.to_folder``, importable from wherever the output directory is moved; False if it cannot."""
     try:

@@ -62,6 +62,7 @@ from fxforge.artifacts import (
     atomic_directory,
     check_free_space,
     check_output_directory,
+    load_line_from_anywhere,
     write_inputs,
     write_report,
 )
@@ -242,6 +243,11 @@ class AutoResult:
     runner: Any = field(default=None, repr=False)  # the chosen artifact, reloaded and verified
     seconds: dict[str, float] = field(default_factory=dict)  # where --auto's own time went
     load_with_fxforge: str = ""  # the fxforge.load_model line that runs the written artifact as timed
+
+    @property
+    def load_anywhere(self) -> str:
+        """``load`` as a line that runs pasted anywhere (its imports, absolute paths); "" when nothing was written."""
+        return load_line_from_anywhere(self.load, self.output_dir) if self.output_dir else ""
 
     def __repr__(self) -> str:  # the dataclass's would print every candidate and the bench report
         where = f", written to {self.output_dir}" if self.output_dir else ""
@@ -975,7 +981,10 @@ def _write(
         forms = (AOTI_FILE, PROGRAM_FILE, TORCHSCRIPT_FILE, ONNX_FILE)
         pickled = (staging / MODEL_FILE).exists() and not any((staging / form).exists() for form in forms)
         opt_in = ", trust_pickle=True" if pickled or (staging / AOTI_FILE).exists() else ""
-        result.load_with_fxforge = f"fxforge.load_model({str(result.output_dir)!r}{opt_in}).module  # runs as timed"
+        # pasted anywhere, it runs: its import, and the directory's absolute path (the command's relative one holds
+        # only where the command ran)
+        where = str(Path(result.output_dir).resolve())
+        result.load_with_fxforge = f"import fxforge; fxforge.load_model({where!r}{opt_in}).module  # runs as timed"
         now = time.perf_counter()
         result.seconds["write"], result.seconds["total"] = now - clocks[1], now - clocks[0]
         report = {"model": spec, "capture": rewritten.record.to_dict(), **result.to_dict()}

@@ -430,7 +430,7 @@ def render_quantize(console: Console, spec: str, result: Any) -> None:
     if result.output_dir is not None:
         console.print(f"wrote {result.output_dir}/: {', '.join(result.files)}")
         if result.load and "sys.path" in result.load:  # the plain torch.load the docs show is not enough
-            console.print(f"  load (in {result.output_dir}/): {result.load}", highlight=False, soft_wrap=True)
+            console.print(f"  load: {escape(result.load_anywhere)}", highlight=False, soft_wrap=True)
 
 
 def _render_sensitivity(console: Console, result: Any) -> None:
@@ -670,10 +670,10 @@ def render_auto(console: Any, spec: str, result: Any) -> None:
         console.print(f"chosen: [bold green]{result.chosen}[/]; nothing written (-o DIR writes it)")
         return
     console.print(f"chosen: [bold green]{result.chosen}[/]; wrote {result.output_dir} ({', '.join(result.files)})")
-    # whole lines, never wrapped by rich: a comment wrapped onto a line of its own broke the pasted code (QA)
+    # whole lines, never wrapped by rich: a comment wrapped onto a line of its own broke the pasted code (QA); each
+    # runs pasted anywhere (its imports, absolute paths); report.json keeps them relative to the directory
     console.print(f"  load: {escape(result.load_with_fxforge)}", soft_wrap=True)
-    # the line names the directory's files as they are named inside it (the directory can be moved)
-    console.print(f"  without fxforge, in {escape(str(result.output_dir))}: {escape(result.load)}", soft_wrap=True)
+    console.print(f"  without fxforge: {escape(result.load_anywhere)}", soft_wrap=True)
 
 
 def _interval(value: Any) -> str:

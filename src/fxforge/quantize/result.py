@@ -8,6 +8,7 @@ from typing import Any
 
 from torch import nn
 
+from fxforge.artifacts import load_line_from_anywhere
 from fxforge.quantize.accuracy import AccuracyReport
 from fxforge.quantize.engine import ENGINES
 from fxforge.quantize.units import Unit
@@ -69,6 +70,11 @@ class QuantizeResult:
 
     def _repr_html_(self) -> str:  # Jupyter shows this for the last value of a cell
         return notebook.quantize_html(self)
+
+    @property
+    def load_anywhere(self) -> str | None:
+        """``load`` as a line that runs pasted anywhere (its imports, absolute paths); None until written."""
+        return load_line_from_anywhere(self.load, self.output_dir) if self.load and self.output_dir else None
 
     @property
     def engine(self) -> str:
