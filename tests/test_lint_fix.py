@@ -146,3 +146,19 @@ def test_a_fold_with_a_bias_off_by_one_percent_still_fails_verification():
     result = verify(captured, folded)
     assert not result.ok and not result.warnings, (result.problems, result.warnings)
     assert result.divergence is not None and result.divergence.node == "conv"
+
+
+@pytest.mark.parametrize("width", [80, 100, 130])
+def test_the_lint_table_keeps_a_fix_whole_where_the_terminal_has_room(width):
+    """The README's pasted lint table read "remove_redundant_activatio" / "n": the fix is a pass name the user types
+    next. Where the terminal is too narrow to keep it whole, the table still fits (rich cut a too-wide one)."""
+    from rich.console import Console
+
+    from fxforge.cli.render import render_findings
+
+    console = Console(record=True, width=width)
+    render_findings(console, "demo", list(fxforge.lint(fxforge.prepare("demo")).findings))
+    text = console.export_text()
+    assert max(map(len, text.splitlines())) <= width
+    whole = any(line.count("remove_redundant_activation") for line in text.splitlines())
+    assert whole == (width >= 92), text

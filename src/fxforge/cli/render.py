@@ -187,13 +187,22 @@ def _shape(shape: Any) -> str:
     return "x".join(map(str, shape)) or "scalar"
 
 
+_LONGEST_KEPT_WHOLE = 40  # characters: a longer fix (a rule's sentence) may wrap rather than squeeze the message
+_OTHER_LINT_COLUMNS = 65  # characters the other five columns and the borders need to stay readable beside it
+
+
 def render_findings(console: Console, spec: str, findings: list[Any]) -> None:
     if not findings:
         console.print(f"{escape(spec)}: [green]All checks passed![/]")
         return
     table = Table(title=f"Lint findings for {escape(spec)}", title_justify="left")
+    # a fix names a pass (remove_redundant_activation) the user types next: kept whole, not folded mid-name as
+    # rich folds a word longer than its column; the message takes the wrapping
+    longest_fix = max(len(finding.fix or "") for finding in findings)
+    # where the terminal has the room: a column rich may not wrap, wider than the rest can give, is cut at its edge
+    keep_whole = longest_fix <= _LONGEST_KEPT_WHOLE and console.width >= longest_fix + _OTHER_LINT_COLUMNS
     for column in ("rule", "severity", "node", "module", "message", "fix"):
-        table.add_column(column, overflow="fold")
+        table.add_column(column, overflow="fold", no_wrap=column == "fix" and keep_whole)
     for finding in findings:
         style = _SEVERITY_STYLE[finding.severity]
         # Text cells, not markup: messages quote user code and module names that may contain "[...]".
