@@ -93,6 +93,7 @@ from fxforge.runtime import (
     export_program,
     export_program_any_batch,
     forget_unloadable_fx_wraps,
+    keeps_rng_state,
     preserved_state,
     quiet_torch_logs,
     rng_preserved,
@@ -1207,7 +1208,7 @@ def _refuse_unwritable_names(model: nn.Module) -> None:
             )
 
 
-@rng_preserved()  # tracing, exporting and checking draw from torch's RNG: the caller's state is kept
+@keeps_rng_state  # tracing, exporting and checking draw from torch's RNG and the modules' own: given back
 def capture(
     model: nn.Module | LoadedModel,
     example_inputs: Sequence[Any] | torch.Tensor = (),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import builtins
 import collections
 import contextlib
+import contextvars
 import functools
 import inspect as pyinspect
 import io
@@ -623,14 +624,40 @@ def keeps_rng_state(function: Callable[_P, _R]) -> Callable[_P, _R]:
     """``function`` with the caller's random state given back afterwards (:func:`rng_preserved`: the CPU generator,
     and the CUDA ones where CUDA is in use): running a model in training mode (dropout) draws from the global
     generators, and a check of the caller's model must not move the caller's random stream (QA: verify, optimize,
-    inspect... each advanced ``torch.get_rng_state()``)."""
+    inspect... each advanced ``torch.get_rng_state()``). The streams the caller's modules hold themselves are given
+    back too (:func:`generators_preserved`, for every module among the arguments and the ``graph_module``,
+    ``original`` and ``module`` a ``Captured`` or ``LoadedModel`` argument holds): prepare, verify and inspect
+    advanced an insert_after noise module's generator."""
 
     @functools.wraps(function)
     def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-        with rng_preserved():
-            return function(*args, **kwargs)
+        if _INSIDE_A_CALL.get():  # the outermost call gives the streams back: see below
+            with rng_preserved():
+                return function(*args, **kwargs)
+        token = _INSIDE_A_CALL.set(True)
+        try:
+            with rng_preserved(), generators_preserved(*_modules_among(*args, *kwargs.values())):
+                return function(*args, **kwargs)
+        finally:
+            _INSIDE_A_CALL.reset(token)
 
     return wrapper
+
+
+# Whether a keeps_rng_state function is running: the module-held streams are given back by the outermost call
+# only. Rewound by each inner call (split -> verify -> Verifier.check), a noise module drew the same noise for the
+# candidate as for the reference, and split passed a noisy graph as verified.
+_INSIDE_A_CALL: contextvars.ContextVar[bool] = contextvars.ContextVar("fxforge_inside_a_call", default=False)
+
+
+def _modules_among(*values: Any) -> list[nn.Module]:
+    """The modules ``values`` are or hold as a ``Captured`` / ``LoadedModel`` does (read by attribute: both sit in
+    layers above this one)."""
+    found = []
+    for value in values:
+        held = [value] + [getattr(value, name, None) for name in ("graph_module", "original", "module")]
+        found.extend(module for module in held if isinstance(module, nn.Module))
+    return found
 
 
 def with_constant_kwargs(module: nn.Module, kwargs: dict[str, Any]) -> nn.Module:

@@ -91,7 +91,6 @@ from fxforge.partition import partition, prefix_sums
 from fxforge.references import import_file
 from fxforge.runtime import (
     export_program,
-    generators_preserved,
     keeps_rng_state,
     preserved_state,
     quiet_torch_logs,
@@ -1003,56 +1002,53 @@ def split(
     cases = DEFAULT_CASES if cases is None else cases
     if output_dir is not None:  # before the work: refusing afterwards would waste it
         check_output_directory(output_dir, force=force)
-    # the caller's graph runs here (the stage examples, the verification): a noise module's generator, which the
-    # runs' preserved_state rebinds but does not rewind, would go on from where split left it in the caller's next call
-    with generators_preserved(captured.graph_module, captured.original):
-        plan, graph = _plan(captured, stages, balance, profile, slack, model_name)
-        if plan.on_meta:
-            plan.notes.append("the model is on the meta device: planned only, no stage modules (they need weights)")
-            result = SplitResult(plan, None)
-            if output_dir is not None:
-                with atomic_directory(output_dir, force=force) as staging:
-                    _write_plan(staging, plan)
-                result.files, result.directory = [PLAN_FILE], str(output_dir)
-            return result
-
-        if len(_output_infos(graph)) != len(graph.output_leaves):
-            raise FxforgeError(
-                "the model returns a value that is not a tensor, which a pipeline stage cannot send",
-                hint="return tensors (tuples, lists, dicts of tensors are fine)",
-            )
-        modules = [_stage_graph_module(graph, plan, k) for k in range(len(plan.stages))]
-        microbatch_problem = _microbatch_problem(captured)
-        if microbatch_problem:
-            plan.notes.append(microbatch_problem)
-        result = SplitResult(plan, modules, captured.graph_module)
-        candidate: nn.Module = result.chained()
+    plan, graph = _plan(captured, stages, balance, profile, slack, model_name)
+    if plan.on_meta:
+        plan.notes.append("the model is on the meta device: planned only, no stage modules (they need weights)")
+        result = SplitResult(plan, None)
         if output_dir is not None:
             with atomic_directory(output_dir, force=force) as staging:
-                check_free_space(staging, captured.graph_module, copies=2)  # the stages, and the unsplit reference
-                examples = _stage_examples(graph, plan, captured)
-                result.files = _write_stages(staging, plan, modules, examples)
-                result.files += _write_reference(staging, captured, plan)
-                if any(name.endswith(".pt") for name in result.files):
-                    result.files += _write_model_source(staging, plan)
-                tensors = [v for v in captured.flat_inputs() if isinstance(v, torch.Tensor)]
-                result.files.append(write_inputs(staging, tensors))
-                loaded = [_load_stage(staging, stage, plan, trust_pickle=True) for stage in plan.stages]
-                candidate = ChainedStages(loaded, captured.graph_module)
-                if verify_stages:
-                    # the stage programs are fixed to the example's shapes (the microbatch shape): every case at
-                    # that batch
-                    result.verification = verify(
-                        captured, candidate, cases=cases, seed=seed, batch_sizes=[None], bisect=False
-                    )
-                    if not result.verification.ok:  # nothing is written: atomic_directory removes the staging dir
-                        raise SplitVerificationError(result)
                 _write_plan(staging, plan)
-                result.files.insert(0, PLAN_FILE)
-            result.directory = str(output_dir)
-        elif verify_stages:
-            result.verification = verify(captured, candidate, cases=cases, seed=seed, bisect=False)
+            result.files, result.directory = [PLAN_FILE], str(output_dir)
         return result
+
+    if len(_output_infos(graph)) != len(graph.output_leaves):
+        raise FxforgeError(
+            "the model returns a value that is not a tensor, which a pipeline stage cannot send",
+            hint="return tensors (tuples, lists, dicts of tensors are fine)",
+        )
+    modules = [_stage_graph_module(graph, plan, k) for k in range(len(plan.stages))]
+    microbatch_problem = _microbatch_problem(captured)
+    if microbatch_problem:
+        plan.notes.append(microbatch_problem)
+    result = SplitResult(plan, modules, captured.graph_module)
+    candidate: nn.Module = result.chained()
+    if output_dir is not None:
+        with atomic_directory(output_dir, force=force) as staging:
+            check_free_space(staging, captured.graph_module, copies=2)  # the stages, and the unsplit reference
+            examples = _stage_examples(graph, plan, captured)
+            result.files = _write_stages(staging, plan, modules, examples)
+            result.files += _write_reference(staging, captured, plan)
+            if any(name.endswith(".pt") for name in result.files):
+                result.files += _write_model_source(staging, plan)
+            tensors = [v for v in captured.flat_inputs() if isinstance(v, torch.Tensor)]
+            result.files.append(write_inputs(staging, tensors))
+            loaded = [_load_stage(staging, stage, plan, trust_pickle=True) for stage in plan.stages]
+            candidate = ChainedStages(loaded, captured.graph_module)
+            if verify_stages:
+                # the stage programs are fixed to the example's shapes (the microbatch shape): every case at
+                # that batch
+                result.verification = verify(
+                    captured, candidate, cases=cases, seed=seed, batch_sizes=[None], bisect=False
+                )
+                if not result.verification.ok:  # nothing is written: atomic_directory removes the staging dir
+                    raise SplitVerificationError(result)
+            _write_plan(staging, plan)
+            result.files.insert(0, PLAN_FILE)
+        result.directory = str(output_dir)
+    elif verify_stages:
+        result.verification = verify(captured, candidate, cases=cases, seed=seed, bisect=False)
+    return result
 
 
 def joins_along_batch(module: nn.Module, batch_inputs: tuple[torch.Tensor, ...], microbatches: int) -> bool:

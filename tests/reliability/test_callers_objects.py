@@ -180,3 +180,31 @@ def test_split_leaves_the_callers_module_attributes_bound(tmp_path):
     for name, module in model.named_modules():
         assert all(vars(module).get(key) is value for key, value in bindings[name].items()), name
         assert vars(module).keys() == bindings[name].keys()
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda noisy, clean: fxforge.prepare(noisy, "2x8"),
+        lambda noisy, clean: verify(fxforge.prepare(clean, "2x8"), noisy),
+        lambda noisy, clean: fxforge.inspect_graph(fxforge.prepare(noisy, "2x8")),
+        lambda noisy, clean: fxforge.Verifier(fxforge.prepare(clean, "2x8"), cases=2).check(noisy),
+    ],
+    ids=["prepare", "verify", "inspect", "Verifier.check"],
+)
+def test_the_noise_stream_a_module_holds_is_where_it_was(call):
+    """The random streams a caller's module holds itself (insert_after's noise keeps a torch.Generator per site):
+    split rewound them, prepare, verify and inspect advanced them, so the caller's next call drew other noise."""
+    import copy
+
+    torch.manual_seed(0)
+    clean = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8)).eval()
+    graph = capture(clean, (torch.randn(2, 8),), method="symbolic_trace").graph_module
+    options = {"select": "kind:relu", "insert": "noise", "sigma": 0.5, "seed": 0}
+    noisy = apply_pass(graph, "insert_after", options).graph_module.eval()
+    x = torch.ones(2, 8)
+    noisy(x)  # its generator exists, and has drawn
+    untouched = copy.deepcopy(noisy)
+    call(noisy, clean)
+    assert torch.equal(noisy(x), untouched(x))
+    assert torch.equal(noisy(x), untouched(x))
