@@ -61,6 +61,7 @@ from fxforge.runtime import (
     device_of,
     preserved_state,
     quiet_quantization_notices,
+    restore_buffers,
     rng_preserved,
 )
 from fxforge.vocabulary import quant_kind
@@ -332,6 +333,10 @@ def _quantize_once(
 
 
 def _calibrate(plan: _Plan, prepared: nn.Module, calibration: Sequence[tuple[Any, ...]], source: str = "") -> None:
+    # the model's own buffers are put back after calibrating, the observers' statistics kept: a buffer forward updates
+    # (a step counter) came out of calibration advanced, and the int8 model computed what the float one computes
+    # after as many calls (QA)
+    own = _own_buffers(prepared)
     with torch.no_grad():
         for index, batch in enumerate(calibration):
             try:
@@ -340,6 +345,19 @@ def _calibrate(plan: _Plan, prepared: nn.Module, calibration: Sequence[tuple[Any
                 data = f"calibration data from {source}" if source else "calibration data"
                 _check_batch_fits(plan, batch, index, data, exc)
                 raise
+    restore_buffers(prepared, own)
+
+
+def _own_buffers(prepared: nn.Module) -> dict[str, torch.Tensor]:
+    """Copies of the buffers of ``prepared`` that are the model's, not its observers' or fake quantizers'."""
+    from torch.ao.quantization import FakeQuantizeBase, ObserverBase
+
+    watchers = [name + "." for name, m in prepared.named_modules() if isinstance(m, (ObserverBase, FakeQuantizeBase))]
+    return {
+        name: buf.detach().clone()
+        for name, buf in prepared.named_buffers()
+        if buf.device.type != "meta" and not any(name.startswith(prefix) for prefix in watchers)
+    }
 
 
 # An observer's identity across preparations: the node it observes (name, op, module type or function) and its own

@@ -90,6 +90,13 @@ def in_place_results_used(gm: fx.GraphModule, quantizes_activations: bool = True
         base_read_later = base is not None and any(
             order[user] > order[node] and user is not written for user in base.users
         )
+        stored = next((n for n in (written, base) if n is not None and n.op == "get_attr"), None)
+        if stored is not None:
+            # QA: `self.step.add_(1)` read after it came out of quantize as a step frozen at 1, with no word:
+            # prepare_fx traces the graph again with buffers as plain tensors, and the write runs at that trace
+            _refuse(node, f"it writes {stored.target}, a tensor the model keeps, and FX quantization traces the graph "
+                    "again with such tensors as plain values: the write would run once, while quantizing, and never "
+                    "in the int8 model", stored=True)  # fmt: skip
         if not node.users and not later:
             read = f", only {base.name}, which it is a view of" if base_read_later else ""
             _refuse(node, f"nothing reads its result or {written.name} after it{read}, and FX quantization deletes "
@@ -105,13 +112,18 @@ def in_place_results_used(gm: fx.GraphModule, quantizes_activations: bool = True
     return gm, rewired
 
 
-def _refuse(node: fx.Node, why: str) -> None:
+def _refuse(node: fx.Node, why: str, stored: bool = False) -> None:
     where = recorded_user_frame(node.meta.get("stack_trace") or "")
     at = f" ({format_location(*where)})" if where else ""
     raise FxforgeError(
         f"quantize cannot keep the in-place write {node.name}{at}: {why}",
-        hint="write it out of place and use its result (y = y + 1 rather than y.add_(1); for a piece of a tensor, "
-        "compute the piece and torch.cat it back)",
+        hint=(
+            "keep the submodule that writes it whole and in float (--leaf NAME), or quantize in dynamic mode a "
+            "capture by torch.export (--method export), which swaps the layers in the model itself"
+            if stored
+            else "write it out of place and use its result (y = y + 1 rather than y.add_(1); for a piece of a "
+            "tensor, compute the piece and torch.cat it back)"
+        ),
     )
 
 
