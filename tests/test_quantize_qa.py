@@ -19,7 +19,7 @@ from torch.nn import functional as F
 
 import fxforge
 from fxforge.cli import main
-from fxforge.errors import EXIT_OK, EXIT_USAGE, InputSpecError
+from fxforge.errors import EXIT_OK, EXIT_USAGE, InputSpecError, command_line_wording
 from fxforge.quantize import RandomCalibrationWarning, load_calibration, quantize
 from fxforge.quantize import flow as quantize_flow
 from fxforge.vocabulary import quant_kind
@@ -1633,7 +1633,10 @@ def test_an_in_place_write_into_a_buffer_is_refused_as_fx_quantization_would_run
     captured = fxforge.capture(_StepCountedInline().eval(), (torch.randn(2, 8),))
     with pytest.raises(fxforge.errors.FxforgeError, match=r"cannot keep the in-place write add_.*it writes step") as e:
         quantize(captured, mode)
-    assert "--method export" in str(e.value.hint)
+    assert "method='export'" in e.value.hint and "leaf_modules=[NAME]" in e.value.hint  # Python's words here
+    with command_line_wording(), pytest.raises(fxforge.errors.FxforgeError) as e:
+        quantize(captured, mode)
+    assert "(--method export)" in e.value.hint and "(--leaf NAME)" in e.value.hint
 
 
 def test_state_a_leaf_updates_starts_each_batch_and_the_saved_model_where_the_model_was():

@@ -22,7 +22,7 @@ import operator
 from torch import fx, nn
 
 from fxforge.effects import INPLACE_OPERATORS, bound_inplace, written_args
-from fxforge.errors import FxforgeError, format_location, recorded_user_frame
+from fxforge.errors import FxforgeError, format_location, option, recorded_user_frame, said
 from fxforge.graphs import WEIGHTED_LAYER_TYPES, submodule
 
 
@@ -118,8 +118,9 @@ def _refuse(node: fx.Node, why: str, stored: bool = False) -> None:
     raise FxforgeError(
         f"quantize cannot keep the in-place write {node.name}{at}: {why}",
         hint=(
-            "keep the submodule that writes it whole and in float (--leaf NAME), or quantize in dynamic mode a "
-            "capture by torch.export (--method export), which swaps the layers in the model itself"
+            f"keep the submodule that writes it whole and in float ({said('--leaf NAME', 'leaf_modules=[NAME]')}"
+            f"), or quantize in dynamic mode a capture by torch.export ({option('--method', 'export')}), which swaps "
+            "the layers in the model itself"
             if stored
             else "write it out of place and use its result (y = y + 1 rather than y.add_(1); for a piece of a "
             "tensor, compute the piece and torch.cat it back)"
