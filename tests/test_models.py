@@ -1099,3 +1099,21 @@ def test_an_encoder_decoder_gets_decoder_inputs_by_default():
         model_kwargs={"hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 32},
     )
     assert len(encoder_only.default_inputs) == 1
+
+
+@pytest.mark.parametrize(
+    "spec,given,hint",
+    [
+        ("demo", {"bogus": 1}, "it takes num_classes"),
+        # torchvision's builder passes **kwargs on to ResNet: its parameters are named too
+        ("torchvision:resnet18", {"num_clases": 3}, "did you mean num_classes? it takes weights, progress, block"),
+        ("timm:resnet18", {"num_clases": 3}, "did you mean num_classes? it takes pretrained, block"),
+    ],
+)
+def test_a_rejected_model_arg_is_told_what_the_constructor_takes(spec, given, hint, capsys):
+    """QA: `--model-arg bogus=1` got the constructor's TypeError and no hint."""
+    if spec.startswith("timm"):
+        pytest.importorskip("timm")
+    with pytest.raises(ModelSpecError) as raised:
+        load_model(spec, model_kwargs=given)
+    assert "constructor rejected model_kwargs" in str(raised.value) and raised.value.hint.startswith(hint)

@@ -299,7 +299,39 @@ def _load_demo(name: str, spec: str, kwargs: dict[str, Any]) -> LoadedModel:
     return LoadedModel(model, spec, [parse_input_spec(s) for s in inputs])
 
 
-def _construct(factory: Callable[..., Any], kwargs: dict[str, Any], spec: str) -> Any:
+def _keyword_names(function: Any) -> tuple[list[str], bool]:
+    """(the keyword names ``function`` takes, whether it takes ``**kwargs`` too); ([], True) where it has no
+    signature to read."""
+    try:
+        parameters = pyinspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return [], True
+    named = [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self"]
+    return named, any(p.kind == p.VAR_KEYWORD for p in parameters)
+
+
+def _keywords_hint(factory: Any, exc: TypeError) -> str | None:
+    """The names the constructor takes, nearest first (QA: `--model-arg bogus=1` had no hint). A factory passing
+    ``**kwargs`` on (torchvision's ``resnet18`` to ``ResNet``) adds the class the error names, found beside it."""
+    names, passes_on = _keyword_names(factory)
+    called = re.match(r"(\w+)\.__init__\(\)", str(exc))
+    if passes_on and called:
+        beside = getattr(pyinspect.unwrap(factory), "__globals__", {})  # torchvision's builders are decorated
+        cls = beside.get(called.group(1), factory if isinstance(factory, type) else None)
+        if isinstance(cls, type):
+            names += [name for name in _keyword_names(cls.__init__)[0] if name not in names]
+    if not names:
+        return None
+    rejected = re.search(r"unexpected keyword argument '(\w+)'", str(exc))
+    near = difflib.get_close_matches(rejected.group(1), names, n=1) if rejected else []
+    return (f"did you mean {near[0]}? " if near else "") + f"it takes {', '.join(names)}"
+
+
+def _construct(
+    factory: Callable[..., Any], kwargs: dict[str, Any], spec: str, *, described_by: Callable[..., Any] | None = None
+) -> Any:
+    """``factory(**kwargs)``, its failures in one line naming the user's code; ``described_by``: the function whose
+    parameters a rejected keyword is told of, where ``factory`` is a wrapper taking ``**kw``."""
     try:
         return factory(**kwargs)
     except (FxforgeError, NotImplementedError):  # NotImplementedError: load_model retries a meta build its own way
@@ -308,7 +340,9 @@ def _construct(factory: Callable[..., Any], kwargs: dict[str, Any], spec: str) -
         if _raised_by_call(exc):
             if kwargs:
                 given = option("--model-arg", python="model_kwargs")
-                raise ModelSpecError(f"{spec}: constructor rejected {given}: {exc}") from None
+                raise ModelSpecError(
+                    f"{spec}: constructor rejected {given}: {exc}", hint=_keywords_hint(described_by or factory, exc)
+                ) from None
             missing = re.findall(r"'(\w+)'", str(exc).partition("missing")[2])
             name = missing[0] if missing else "NAME"
             hint = said(f"pass --model-arg {name}=VALUE", f"pass model_kwargs={{{name!r}: VALUE}}")
@@ -378,7 +412,8 @@ def _load_torchvision(name: str, spec: str, kwargs: dict[str, Any]) -> LoadedMod
         # Their defaults add auxiliary classifiers (extra outputs, training only) and weight transforms.
         kwargs.setdefault("aux_logits", False)
         kwargs.setdefault("init_weights", True)
-    model = _construct(lambda **kw: torchvision.models.get_model(name, **kw), kwargs, spec)
+    builder = torchvision.models.get_model_builder(name)
+    model = _construct(lambda **kw: torchvision.models.get_model(name, **kw), kwargs, spec, described_by=builder)
     _redraw_zero_layers(model)
     _randomise_batchnorms(model)
     classification = set(torchvision.models.list_models(module=torchvision.models))
@@ -482,7 +517,10 @@ def _load_timm(name: str, spec: str, kwargs: dict[str, Any]) -> LoadedModel:
             f"timm has no model named {name!r}",
             hint=_did_you_mean(name, timm.list_models()) + "list them with: timm.list_models()",
         )
-    model = _construct(lambda **kw: timm.create_model(name, pretrained=False, **kw), kwargs, spec)
+    entrypoint = timm.models.model_entrypoint(name)
+    model = _construct(
+        lambda **kw: timm.create_model(name, pretrained=False, **kw), kwargs, spec, described_by=entrypoint
+    )
     _redraw_zero_layers(model)
     _randomise_batchnorms(model)
     cfg = getattr(model, "pretrained_cfg", None) or {}
