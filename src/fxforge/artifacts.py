@@ -784,8 +784,7 @@ def save_graph_module(
     except Exception as exc:  # an untraceable leaf module, say: model.pt still holds everything
         (directory / PROGRAM_FILE).unlink(missing_ok=True)
         location = user_location(exc)  # the user's line torch.export stopped at, as export and capture name it
-        reason = "data-dependent control flow" if "data-dependent" in str(exc) else first_line(exc)
-        problems.append(f"{PROGRAM_FILE}: {reason}" + (f" at {location}" if location else ""))
+        problems.append(f"{PROGRAM_FILE}: {_program_failure(exc)}" + (f" at {location}" if location else ""))
     if not files:
         scripted = any("__torch__" in problem for problem in problems)  # pickle refusing a TorchScript submodule
         raise FxforgeError(
@@ -1326,6 +1325,21 @@ PYTREE_TYPE_PACKAGES = ("transformers", "diffusers", "timm", "torchvision")
 ARGUMENTS_KEY = "fxforge.arguments"
 # ... which :func:`load_program` keeps on the program it returns, for :func:`program_module`
 _RECORDED_NAMES = "_fxforge_argument_names"
+
+
+def _program_failure(exc: Exception) -> str:
+    """Why torch.export made no program, in a line: torch's message for an output type it does not know runs four
+    lines about a pytree registration and a GitHub issue (QA: a dataclass output, in optimize's notes)."""
+    if "data-dependent" in str(exc):
+        return "data-dependent control flow"
+    unknown = re.search(r"Found <class '([^']+)'> in output, which is not a known type", str(exc))
+    if unknown:
+        kind = unknown.group(1).rpartition(".")[2]
+        return (
+            f"the model returns {kind}, a type torch.export cannot take apart (return a dict or tuple, or register "
+            f"it: torch.export.register_dataclass({kind}) for a dataclass)"
+        )
+    return first_line(exc)
 
 
 def save_program(program: torch.export.ExportedProgram, path: str | Path, source: nn.Module | None = None) -> None:
