@@ -837,6 +837,31 @@ def test_a_reference_with_constant_integer_outputs_cannot_verify():
     assert verify(_Counts(), _Counts(), input_specs=["2x8"]).ok  # integer outputs that follow the input verify
 
 
+class _ZeroHeadBesideNaN(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = torch.nn.Linear(8, 4)
+        torch.nn.init.zeros_(self.head.weight)
+        torch.nn.init.zeros_(self.head.bias)
+        self.register_buffer("table", torch.tensor([1.0, float("nan"), 2.0]))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.head(x), self.table * 1
+
+
+class _ZerosBesideNaN(_ZeroHeadBesideNaN):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.zeros(x.shape[0], 4), self.table * 1
+
+
+def test_a_reference_that_ignores_its_input_cannot_verify_even_with_a_nan_in_its_outputs():
+    """QA: the input-dependence check compared the cases' outputs with torch.equal, to which a NaN never equals
+    itself, so a constant output holding one NaN looked input-dependent and a candidate returning zeros verified OK."""
+    result = verify(_ZeroHeadBesideNaN(), _ZerosBesideNaN(), input_specs=["2x8"])
+    assert not result.ok and result.unverifiable
+    assert "the same on all 8 cases at batch 2, whatever the input" in result.problems[0]
+
+
 class _WrongShape(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x[:, :3]
