@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import fxforge
+from fxforge.compare import diverges
 from fxforge.passes import PASSES, apply_pass
 from fxforge.verify import TOLERANCES, compare_outputs, verify
 from model_helpers import register_broken_scale_pass
@@ -860,6 +861,39 @@ def test_a_reference_that_ignores_its_input_cannot_verify_even_with_a_nan_in_its
     result = verify(_ZeroHeadBesideNaN(), _ZerosBesideNaN(), input_specs=["2x8"])
     assert not result.ok and result.unverifiable
     assert "the same on all 8 cases at batch 2, whatever the input" in result.problems[0]
+
+
+class _MaskedLogits(torch.nn.Module):
+    """An RL policy's logits with invalid actions masked to -1e9 (the same actions on every input)."""
+
+    def __init__(self, factor: float = 1.0) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 6)
+        self.factor = factor
+        self.register_buffer("invalid", torch.tensor([False, False, True, False, True, False]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.fc(x) * self.factor).masked_fill(self.invalid, -1e9)
+
+
+def test_a_mask_sentinel_does_not_make_the_tolerance_larger_than_the_output():
+    """QA: the normwise scale was max|reference|, a mask's -1e9 included, so the tolerance (1e5) exceeded every
+    other value and a candidate returning the logits negated and tripled verified OK."""
+    model = _MaskedLogits()
+    wrong = copy.deepcopy(model)
+    wrong.factor = -3.0
+    result = verify(model, wrong, input_specs=["2x8"])
+    assert not result.ok and not result.unverifiable
+    assert "leaving out 4 values up to 1e+09 that the candidate matches exactly" in result.problems[0]
+    assert verify(model, copy.deepcopy(model), input_specs=["2x8"]).ok
+    reference = torch.tensor([1.0, -1e9, 2.0])
+    assert compare_outputs(reference, reference + torch.tensor([1e-6, 0.0, 0.0])).ok  # rounding stays within
+    assert not compare_outputs(reference, torch.tensor([1.5, -1e9, 2.0])).ok
+    assert not compare_outputs(reference, torch.tensor([1.0, -1e8, 2.0])).ok  # the sentinel itself is compared
+    # bisection's rule too: an attention score after its mask of finfo.min differs (GPT-2's add of the causal mask
+    # was taken to agree, and the softmax after it was named where the change was in the query before it)
+    scores = torch.tensor([0.3, torch.finfo(torch.float32).min, -0.2])
+    assert diverges(scores, scores + torch.tensor([0.03, 0.0, 0.03]), None, None)
 
 
 class _WrongShape(torch.nn.Module):

@@ -345,16 +345,17 @@ def _compare_tensors(
         return Comparison(True)
     given = atol is not None
     rtol, atol = resolve_tolerances(reference.dtype, rtol, atol)
-    max_abs, scale, values, nonfinite = _error_and_scale(reference, candidate)
+    max_abs, scale, values, nonfinite, left_out = _error_and_scale(reference, candidate, rtol)
     max_rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else math.inf)
     ok = max_abs <= allowed_error(atol, rtol, scale, given)
     capped = allowed_error(atol, 0.0, scale, given) < atol
     absolute = f"1% of max|reference| (< atol={atol:g})" if capped else f"atol={atol:g}"
+    reference_max = "max|reference|" if not left_out else f"max|reference| ({left_out}; the values that differ)"
     problems = (
         []
         if ok
         else [
-            f"{path}: max abs error {max_abs:.3g} exceeds {absolute} + rtol={rtol:g} * max|reference| ({scale:.3g})"
+            f"{path}: max abs error {max_abs:.3g} exceeds {absolute} + rtol={rtol:g} * {reference_max} ({scale:.3g})"
             + _nonfinite_in_candidate(reference, candidate)
         ]
     )
@@ -390,12 +391,15 @@ def diverges(expected: torch.Tensor, actual: torch.Tensor, rtol: float | None, a
         return False
     given = atol is not None
     rtol, atol = resolve_tolerances(expected.dtype, rtol, atol)
-    error, scale, _, _ = _error_and_scale(expected, actual)
+    error, scale, _, _, _ = _error_and_scale(expected, actual, rtol)
     return error > allowed_error(atol, rtol, scale, given)
 
 
-def _error_and_scale(reference: torch.Tensor, candidate: torch.Tensor) -> tuple[float, float, int, int]:
-    """(max abs error, max |finite reference|, floating values, non-finite values), comparing in float64.
+def _error_and_scale(
+    reference: torch.Tensor, candidate: torch.Tensor, rtol: float = 0.0
+) -> tuple[float, float, int, int, str]:
+    """(max abs error, max |finite reference|, floating values, non-finite values, what the scale leaves out),
+    comparing in float64.
 
     The tolerance is normwise -- ``max|a - b| <= atol + rtol * max|a|`` -- not elementwise (``allclose``):
     a float32 sum of many terms is accurate relative to the size of its terms, not of its result, so an
@@ -404,6 +408,11 @@ def _error_and_scale(reference: torch.Tensor, candidate: torch.Tensor) -> tuple[
     magnitude 250, and an exact BN fold lands just as close, yet fails an elementwise 1e-4 check at
     the near-zero logits. A real rewrite bug (a wrong bias or scale) is off by a fraction of the scale.
     NaN matches NaN, +-inf matches the same inf; NaN or inf against a number is an infinite error.
+
+    Values the candidate matches exactly are left out of the scale when ``rtol`` times the largest of them exceeds
+    every value that differs: a sentinel such as a mask's -1e9 (``masked_fill``, an attention mask of
+    ``finfo.min``) made the tolerance larger than the output itself, and a candidate returning the other values
+    negated and tripled verified OK (QA). Their own values are still compared, exactly.
     """
     if reference.is_quantized:
         reference = reference.dequantize()
@@ -420,4 +429,12 @@ def _error_and_scale(reference: torch.Tensor, candidate: torch.Tensor) -> tuple[
     scale = float(ref[finite].abs().max()) if finite.any() else 0.0
     values = ref.numel() if floating else 0
     nonfinite = int((~finite).sum()) if floating else 0
-    return float(diff.max()), scale, values, nonfinite
+    left_out = ""
+    differing = finite & (diff > 0)
+    if floating and rtol > 0 and differing.any():
+        differing_scale = float(ref[differing].abs().max())
+        if rtol * scale > differing_scale:
+            exact = finite & ~differing & (ref.abs() > differing_scale)
+            left_out = f"leaving out {int(exact.sum()):,} values up to {scale:.3g} that the candidate matches exactly"
+            scale = differing_scale
+    return float(diff.max()), scale, values, nonfinite, left_out
