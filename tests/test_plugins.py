@@ -752,6 +752,29 @@ def test_a_registered_pass_must_return_a_result_and_report_what_it_changed():
             PASSES.pop(name)
 
 
+def test_a_plugin_pass_that_only_swaps_a_weight_is_changed_and_blamed_itself():
+    """QA: a plug-in's pass that replaced conv1's weight with a scaled copy left the code as it was: it read
+    "changed: no", was not checked as it ran, and under --keep-going the exact fold_bn after it was blamed for its
+    difference and rolled back, while the changed weight was verified and written."""
+    from fxforge.passes import PASSES, register_pass
+
+    @register_pass("test_swaps_a_weight", summary="test only", guarantees="none")
+    def swaps_a_weight(gm, options):
+        gm.conv1.weight = nn.Parameter(gm.conv1.weight.detach() * 1.001, requires_grad=False)
+        return gm
+
+    try:
+        captured = prepare("demo")
+        result = apply_pass(captured.graph_module, "test_swaps_a_weight")
+        assert result.changed and "replaced stored tensors without reporting it" in result.log[0]
+        ran = optimize(captured, ["test_swaps_a_weight", "fold_bn"], verify=True, keep_going=True)
+        assert [step.result.name for step in ran.pipeline.rolled_back] == ["test_swaps_a_weight"]
+        assert "last rewritten by pass 'test_swaps_a_weight'" in ran.pipeline.rolled_back[0].rolled_back
+        assert ran.pipeline.ok
+    finally:
+        PASSES.pop("test_swaps_a_weight")
+
+
 def test_a_plugin_raising_a_base_exception_is_one_internal_error_line(capsys, user_files, monkeypatch):
     """QA: a plug-in pass raising a BaseException subclass (GeneratorExit, a class of its own) gave a traceback."""
     from fxforge.errors import EXIT_INTERNAL

@@ -451,6 +451,7 @@ def apply_pass(gm: fx.GraphModule, name: str | PassSpec, options: Any = None, *,
     plugin = spec.origin != BUILTIN
     sums = _stored_tensor_sums(gm) if plugin else {}
     shape = graph_fingerprint(gm.graph) if plugin else None
+    held = _held_tensors(gm) if plugin else None
     result = spec.function(gm, parsed)
     if result is None or result is gm:  # as a plain function may (QA: AttributeError, RecursionError before)
         result = PassResult(spec.name, gm)
@@ -464,6 +465,21 @@ def apply_pass(gm: fx.GraphModule, name: str | PassSpec, options: Any = None, *,
         # a plug-in's pass that changed the graph without a note read "changed: no", and verification, finding
         # the difference, could blame no pass (QA): what it did is its change, said
         result.note("changed the graph without reporting it (no note)")
+    if held is not None and not result.changed:
+        # a plug-in's pass that only swapped a weight (a new Parameter, another module under the same name) leaves the
+        # graph's code as it was: it read "changed: no", was not checked as it ran, and the next pass that changed the
+        # graph was blamed for its difference and rolled back (QA: fold_bn, after a pass scaling conv1's weight)
+        now = _held_tensors(gm)
+        replaced = sorted(name for name in held.keys() | now.keys() if held.get(name) is not now.get(name))
+        if replaced:
+            result.note(f"replaced stored tensors without reporting it (no note): {', '.join(replaced[:3])}")
+            for node in gm.graph.nodes:
+                target = node.target if isinstance(node.target, str) else None
+                if target is not None and (
+                    (node.op == "get_attr" and target in replaced)
+                    or (node.op == "call_module" and any(name.startswith(target + ".") for name in replaced))
+                ):
+                    node.meta[PASS] = spec.name  # so that verify names the pass on the node reading them
     written = [name for name, (tensor, version) in stored.items() if tensor._version != version]
     written += [name for name, (tensor, total) in sums.items() if name not in written and _sums(tensor) != total]
     if written:
@@ -499,6 +515,11 @@ def _stored_tensor_versions(gm: fx.GraphModule) -> dict[str, tuple[torch.Tensor,
         if not tensor.is_inference():  # an inference-mode tensor keeps no counter (and cannot be written outside)
             versions[name] = (tensor, tensor._version)
     return versions
+
+
+def _held_tensors(gm: fx.GraphModule) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer of ``gm`` by name: the very tensor objects, to tell a replaced one."""
+    return {**dict(gm.named_parameters(remove_duplicate=False)), **dict(gm.named_buffers(remove_duplicate=False))}
 
 
 def _stored_tensor_sums(gm: fx.GraphModule) -> dict[str, tuple[torch.Tensor, tuple[Any, ...]]]:
