@@ -1340,3 +1340,16 @@ def test_a_graph_with_insert_afters_noise_names_the_noise_not_model_eval(method)
     result = verify(noisy, copy.deepcopy(noisy), input_specs=["2x4"])
     problem = next(p for p in result.problems if "not deterministic" in p)
     assert "noise inserted by insert_after (relu_noise)" in problem and "model.eval()" not in problem
+
+
+def test_the_float64_rerun_names_the_parameters_own_precision():
+    """QA: a bfloat16 model's float64 re-run said it measured "rounding the model's parameters to float32"."""
+    torch.manual_seed(0)
+    layers = torch.nn.Conv2d(3, 16, 3), torch.nn.ReLU(), torch.nn.Conv2d(16, 16, 3), torch.nn.ReLU(), torch.nn.Flatten()
+    model = torch.nn.Sequential(*layers)
+    model = model.eval().to(torch.bfloat16)
+    candidate = copy.deepcopy(model)
+    candidate[2].weight.data *= 1.1
+    result = verify(model, candidate, input_specs=["1x3x16x16:bfloat16"])
+    reruns = [problem for problem in result.problems if "run in float64 as well" in problem]
+    assert not result.ok and reruns and all("parameters to bfloat16 moves" in problem for problem in reruns)

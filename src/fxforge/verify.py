@@ -1135,7 +1135,8 @@ class Verifier:
     def _off_in_float64(self, index: int, candidate: Any, paths: set[str]) -> list[str]:
         """Problems for the outputs among ``paths`` where ``candidate``, run in float64 too, is farther from the
         model's float64 result on case ``index`` than float64's tolerance plus :data:`ILL_CONDITIONED_FACTOR` times
-        how far rounding the model's parameters to float32 moves that result (:meth:`_parameter_rounding_spread`).
+        how far rounding the model's parameters in their own dtype moves that result
+        (:meth:`_parameter_rounding_spread`).
 
         An exact rewrite run in float64 differs from the model in float64 by float64 rounding and by the float32
         rounding of the parameters it computed (a folded BatchNorm's weights): both far below float32's rounding
@@ -1164,6 +1165,8 @@ class Verifier:
             return []  # computed out of torch's sight (a runtime behind a wrapper) and handed back in float32
         problems = []
         rtol64, atol64 = tolerance_for(torch.float64)
+        # the parameters' own precision, which the allowance is measured in (a bf16 model's was said to be float32)
+        precision = "/".join(sorted({str(p.dtype).removeprefix("torch.") for p in _floating_tensors(self.module)}))
         for path, exact_leaf, candidate_leaf in pairs or []:
             if path not in paths or path not in spreads:
                 continue
@@ -1174,7 +1177,7 @@ class Verifier:
                 problems.append(
                     f"{path}: run in float64 as well, the candidate is {off.max_abs_err:.3g} from the model's float64 "
                     f"result, outside the limit {limit:.3g} (float64's tolerance + {ILL_CONDITIONED_FACTOR:g}x how "
-                    f"far rounding the model's parameters to float32 moves that result, {spreads[path]:.3g}): a "
+                    f"far rounding the model's parameters to {precision} moves that result, {spreads[path]:.3g}): a "
                     "difference rounding does not explain"
                 )
         return problems
@@ -1363,6 +1366,10 @@ def _second_call(module: Any, case: Case) -> Any:
     with preserved_state(*([module] if isinstance(module, nn.Module) else [])), torch.no_grad(), quiet_torch_logs():
         module(*cloned(case.args), **cloned(case.kwargs))
         return module(*cloned(case.args), **cloned(case.kwargs))
+
+
+def _floating_tensors(module: nn.Module) -> list[torch.Tensor]:
+    return [value for value in [*module.parameters(), *module.buffers()] if value.is_floating_point()]
 
 
 def _unit_roundoffs(module: nn.Module) -> dict[str, float]:
