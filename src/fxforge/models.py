@@ -545,6 +545,7 @@ def _load_transformers(class_name: str, spec: str, kwargs: dict[str, Any]) -> Lo
     except Exception as exc:  # TypeError, ValueError, huggingface_hub's StrictDataclassFieldValidationError...
         reason = " ".join(str(exc).split())  # its detail ("expected int, got str") is on a second line
         raise ModelSpecError(f"{spec}: bad config value: {reason}") from None
+    _widen_initialisation(config, kwargs)
     # A graph of one forward pass has no use for a KV cache, and the DynamicCache object transformers returns
     # with use_cache=True is not a pytree torch.export can flatten (Llama fails to capture with it). Off unless
     # the user asks (--model-arg use_cache=true).
@@ -583,6 +584,29 @@ def _load_transformers(class_name: str, spec: str, kwargs: dict[str, Any]) -> Lo
     if not (inputs and _measure_batchnorms(model, inputs[0])):
         _randomise_batchnorms(model)
     return LoadedModel(model, spec, inputs)
+
+
+# The config fields transformers draws its weights' standard deviation from (BERT, GPT-2, ViT, Llama...; BART's and
+# Whisper's name). T5 and CLIP scale theirs by 1/sqrt(width) already (``initializer_factor``).
+_INIT_STD_FIELDS = ("initializer_range", "init_std")
+
+
+def _widen_initialisation(config: Any, kwargs: Mapping[str, Any]) -> None:
+    """Draw the weights with a standard deviation of at least 1/sqrt(hidden size), unless the user set it.
+
+    transformers' 0.02 is for training from scratch; untrained, on a narrow config it makes every attention score
+    nearly zero, the softmax uniform, and a rewrite that scrambled the query or key projections was verified (QA: BERT
+    at hidden size 32, its query heads reordered, "verified" at a relative error of 1e-4). At 1/sqrt(width) each
+    projection keeps its input's scale, so the scores spread about one unit and attention depends on them, as in a
+    trained model. fxforge's random weights are for checking (as its BatchNorm statistics are drawn, not the
+    identity)."""
+    width = getattr(config, "hidden_size", None)
+    if not isinstance(width, int) or width <= 0:
+        return
+    for name in _INIT_STD_FIELDS:
+        value = getattr(config, name, None)
+        if name not in kwargs and isinstance(value, float):
+            setattr(config, name, max(value, width**-0.5))
 
 
 def _decoder_inputs(cls: type, config: Any, ids: InputSpec) -> list[InputSpec]:

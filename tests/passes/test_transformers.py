@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import torch
 
+import fxforge
 from fxforge.capture import Captured, capture
 from fxforge.passes import exact_passes
 from fxforge.pipeline import Pipeline
@@ -164,3 +165,21 @@ def test_exact_passes_leave_the_attention_inductor_can_fuse(family):
     assert len(softmaxes) == 2  # SMALL has two layers
     for softmax in softmaxes:
         assert str(softmax.args[0].target) == "aten.mul.Tensor" and len(softmax.users) == 1
+
+
+def test_a_transformers_models_attention_depends_on_its_query_and_key():
+    """QA: at transformers' 0.02 initialisation a narrow BERT's attention was uniform, and a candidate with its
+    query heads swapped was verified (relative error 1e-4): fxforge draws transformers weights at >= 1/sqrt(width)."""
+    config = {"num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 2, "intermediate_size": 64}
+    captured = fxforge.prepare("transformers:BertModel", model_kwargs=config)
+    assert captured.original.config.initializer_range == pytest.approx(32**-0.5)
+    swapped = copy.deepcopy(captured.original)
+    query = swapped.encoder.layer[0].attention.self.query
+    with torch.no_grad():  # head 1's rows first, then head 0's: the same layer, its heads in the other order
+        query.weight.copy_(query.weight.view(2, 16, 32).flip(0).reshape(32, 32))
+        query.bias.copy_(query.bias.view(2, 16).flip(0).reshape(32))
+    result = fxforge.verify(captured, swapped)
+    assert not result.ok and result.max_rel_err > 0.1
+    # a value the user sets is kept
+    given = fxforge.load_model("transformers:BertModel", model_kwargs={**config, "initializer_range": 0.02})
+    assert given.module.config.initializer_range == 0.02
