@@ -161,6 +161,57 @@ def test_a_model_that_also_returns_constants_exports_to_onnx(tmp_path):
     torch.testing.assert_close(y, model(x)[0])
 
 
+class _SumAndConstant(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> tuple:
+        y = self.fc(x)
+        return y, y.sum(), 3
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "legacy"])
+def test_a_dynamic_batch_onnx_file_of_a_model_that_also_returns_a_constant(tmp_path, exporter):
+    """QA: the dynamo exporter failed with "IndexError: list index out of range" (its dynamic shapes did not fit the
+    wrapper that returns the tensors alone, which takes ``*args``), and the file's input was named ``args_0``."""
+    pytest.importorskip("onnxruntime")
+    model, x = _SumAndConstant().eval(), torch.randn(2, 8)
+    path = tmp_path / "s.onnx"
+    result = export_model(model, "onnx", path, example_inputs=(x,), dynamic_batch=True, exporter=exporter)
+    assert result.ok and result.exporter == exporter and sorted(result.verified_batches) == [1, 2]
+    loaded = load_exported(path, "onnx")
+    x3 = torch.randn(3, 8)
+    y, total, three = loaded(x=x3)  # the model's input name, at another batch
+    torch.testing.assert_close(y, model(x3)[0])
+    torch.testing.assert_close(total, model(x3)[1])
+    assert three == 3
+
+
+class _SizeBeside(nn.Module):
+    """Returns its batch size, a Python number, beside a tensor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.h = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> tuple:
+        return self.h(x), x.shape[0]
+
+
+def test_a_legacy_onnx_file_of_a_model_returning_its_batch_size_loads_back(tmp_path):
+    """QA: the legacy exporter's trace turns ``x.shape[0]`` into a tensor, and its file had two outputs where the
+    structure fxforge records has one: "does not load back ... metadata describes 1 outputs, and the graph has 2".
+    At the example's batch (a static file) the number is a constant, as the recorded structure says."""
+    pytest.importorskip("onnxruntime")
+    model, x = _SizeBeside().eval(), torch.randn(2, 8)
+    result = export_model(model, "onnx", tmp_path / "m.onnx", example_inputs=(x,), exporter="legacy")
+    assert result.ok, result.verification
+    y, size = load_exported(tmp_path / "m.onnx", "onnx")(x)
+    assert size == 2 and isinstance(size, int)
+    torch.testing.assert_close(y, model(x)[0])
+
+
 class _ReturnsNoTensor(nn.Module):
     def __init__(self, returns: str) -> None:
         super().__init__()

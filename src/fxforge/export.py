@@ -103,6 +103,7 @@ from fxforge.runtime import (
     batch_range_text,
     cloned,
     device_of,
+    dynamic_shapes_by_name,
     export_program,
     holds_tensor,
     keeps_rng_state,
@@ -365,7 +366,7 @@ def export_model(
             output = _example_output(reference, inputs)
             result = _traced_at_batch_two(
                 lambda traced: _export_onnx(
-                    _tensor_outputs_only(source, output),
+                    _tensor_outputs_only(source, output, len(inputs)),
                     name,
                     reference,
                     traced,
@@ -634,25 +635,40 @@ def _export_source(target: Captured | nn.Module, example_inputs: Sequence[Any] |
 
 
 class _TensorOutputs(nn.Module):
-    """``module`` returning only the tensors of its output, in pytree order."""
+    """``module`` returning only the leaves of its output (pytree order) at ``positions``: those that are tensors in
+    the model's own output. Picked by position, not by type: a trace (the legacy exporter's) turns ``x.shape[0]``
+    into a tensor, and its file had one output more than the structure fxforge records (QA: "metadata describes 1
+    outputs, and the graph has 2")."""
 
-    def __init__(self, module: nn.Module) -> None:
+    def __init__(self, module: nn.Module, positions: Sequence[int]) -> None:
         super().__init__()
         self.module = module
+        self.positions = list(positions)
 
     def forward(self, *args: Any) -> tuple[torch.Tensor, ...]:
         leaves = pytree.tree_leaves(self.module(*args))
-        return tuple(leaf for leaf in leaves if isinstance(leaf, torch.Tensor))
+        return tuple(leaves[i] for i in self.positions)
 
 
-def _tensor_outputs_only(module: nn.Module, output: Any) -> nn.Module:
+def _tensor_outputs_only(module: nn.Module, output: Any, count: int) -> nn.Module:
     """An ONNX graph outputs tensors: both exporters fail on a model that also returns a number (``(y, None, 3)``:
     "'int' object has no attribute 'name'"). Such a model is exported with its tensors alone; the loader puts
-    them back into the model's structure with the constants from its output (``output_like``), as for a dict."""
+    them back into the model's structure with the constants from its output (``output_like``), as for a dict.
+
+    The wrapper's ``forward`` takes the ``count`` inputs under the model's names: the exporters name the file's
+    inputs after them (a ``forward(*args)`` gave ``args_0`` where the model says ``x``)."""
     leaves = pytree.tree_leaves(output)
     if all(isinstance(leaf, torch.Tensor) for leaf in leaves):
         return module
-    return _TensorOutputs(module)
+    names = argument_names(unwrapped(module), count) or [f"input_{i}" for i in range(count)]
+
+    def forward(self: _TensorOutputs, *args: Any) -> tuple[torch.Tensor, ...]:
+        return _TensorOutputs.forward(self, *args)
+
+    parameter = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    forward.__signature__ = inspect.Signature([inspect.Parameter(n, parameter) for n in ("self", *names)])  # type: ignore[attr-defined]
+    named = type("_TensorOutputs", (_TensorOutputs,), {"forward": forward, "__doc__": _TensorOutputs.__doc__})
+    return named(module, [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)])
 
 
 def _refuse_no_tensor_output(output: Any, name: str) -> None:
@@ -935,8 +951,7 @@ def _batch_conditions(module: nn.Module, inputs: tuple[Any, ...]) -> list[str]:
     :func:`~fxforge.runtime.batch_conditions`). The ONNX exporter's program keeps no such check: exported at batch
     2, a model branching on ``x.shape[0] == 3`` became a file computing the batch-2 branch at batch 3, "verified"
     at batches 1 and 2 (QA). One more trace of the model, for dynamic-batch ONNX exports only."""
-    dynamic = torch.export.Dim.DYNAMIC
-    shapes = tuple({0: dynamic} if isinstance(t, torch.Tensor) and t.dim() > 0 else None for t in inputs)
+    shapes = _batch_shapes(module, inputs, torch.export.Dim.DYNAMIC)
     try:
         # attention on non-4-D tensors, as the ONNX export itself runs it
         # torch prints the graph of a failed trace to stderr past its loggers' levels (QA: 22 stray lines in --auto)
@@ -950,6 +965,15 @@ def _batch_conditions(module: nn.Module, inputs: tuple[Any, ...]) -> list[str]:
     except Exception:  # the ONNX exporter managed what this cannot: its own checks stand
         return []
     return batch_conditions(probe)
+
+
+def _batch_shapes(module: nn.Module, inputs: tuple[Any, ...], batch: Any) -> dict[str, Any]:
+    """torch.export's ``dynamic_shapes`` with dimension 0 of each input tensor ``batch``, keyed by ``module.forward``'s
+    parameters: a tuple, one entry per input, did not fit a ``forward(*args)`` (fxforge's wrappers: a model that
+    also returns a number, fixed keywords), and the dynamo exporter failed with "IndexError: list index out of
+    range" (QA)."""
+    shapes = tuple({0: batch} if isinstance(t, torch.Tensor) and t.dim() > 0 else None for t in inputs)
+    return dynamic_shapes_by_name(module, {"args": shapes, "kwargs": {}})
 
 
 def _condition_refusal(name: str, conditions: list[str]) -> ExportError:
@@ -972,10 +996,7 @@ def _onnx_dynamo(
     dynamic_batch: bool,
     conditions: list[str],
 ) -> None:
-    dynamic_shapes = None
-    if dynamic_batch:
-        batch = torch.export.Dim("batch")
-        dynamic_shapes = tuple({0: batch} if t.dim() > 0 else None for t in inputs)
+    dynamic_shapes = _batch_shapes(module, inputs, torch.export.Dim("batch")) if dynamic_batch else None
     with BatchGuardRecorder() as narrowed_at:
         program = torch.onnx.export(
             module, inputs, dynamo=True, opset_version=opset, dynamic_shapes=dynamic_shapes, verbose=False

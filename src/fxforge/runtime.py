@@ -679,7 +679,7 @@ def export_program(
             "args": tuple(torch.utils._pytree.tree_map(batch_dim, v) for v in inputs),
             "kwargs": {k: torch.utils._pytree.tree_map(batch_dim, v) for k, v in kwargs.items()},
         }
-        dynamic_shapes = _dynamic_shapes_by_name(model, dynamic_shapes)
+        dynamic_shapes = dynamic_shapes_by_name(model, dynamic_shapes)
 
     oblivious = contextlib.nullcontext()
     leaves = torch.utils._pytree.tree_leaves((inputs, kwargs))
@@ -895,8 +895,9 @@ def record_example(program: torch.export.ExportedProgram, inputs: tuple[Any, ...
         program.example_inputs = (tuple(inputs), dict(kwargs))
 
 
-def _dynamic_shapes_by_name(model: nn.Module, shapes: dict[str, Any]) -> dict[str, Any]:
-    # torch.export wants dynamic_shapes keyed by forward's parameter names.
+def dynamic_shapes_by_name(model: nn.Module, shapes: dict[str, Any]) -> dict[str, Any]:
+    """``shapes`` (``{"args": (...), "kwargs": {...}}``) keyed by ``model.forward``'s parameter names, as torch.export
+    wants them: a ``forward(*args)`` (fxforge's wrappers) takes the positional ones as one tuple under its name."""
     params = [p for p in pyinspect.signature(model.forward).parameters.values() if p.kind != p.VAR_KEYWORD]
     by_name: dict[str, Any] = {}
     args = list(shapes["args"])
