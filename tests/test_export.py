@@ -212,6 +212,43 @@ def test_a_legacy_onnx_file_of_a_model_returning_its_batch_size_loads_back(tmp_p
     torch.testing.assert_close(y, model(x)[0])
 
 
+_SIZE_BESIDE_SOURCE = (
+    "from torch import nn\n\n\nclass M(nn.Module):\n"
+    "    def __init__(self):\n        super().__init__()\n        self.h = nn.Linear(8, 8)\n\n"
+    "    def forward(self, x):\n        return self.h(x), x.shape[0]\n"
+)
+
+
+@pytest.mark.parametrize("exporter", ["auto", "legacy"])
+def test_a_dynamic_batch_onnx_export_of_a_model_returning_its_batch_size_is_refused_naming_the_output(
+    capsys, tmp_path, exporter
+):
+    """QA: the dynamo exporter failed with a bare IndexError, and the legacy fallback's file did not load back
+    ("metadata describes 1 outputs, and the graph has 2", exit 3, a hint about dtypes). An ONNX graph returns
+    tensors only: the number would be the example's at every batch. Refused up front, naming the output."""
+    pytest.importorskip("onnxruntime")
+    source = tmp_path / "m.py"
+    source.write_text(_SIZE_BESIDE_SOURCE)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    args = ["export", f"{source}:M", "-i", "2x8", "--dynamic-batch", "-o", str(out_dir / "m.onnx")]
+    code, out, err = run(capsys, *args, *(["--exporter", exporter] if exporter != "auto" else []))
+    assert code == EXIT_CAPTURE and "Traceback" not in out + err
+    error, hint = err.splitlines()
+    assert error.startswith(
+        "error: cannot export M to ONNX with a dynamic batch: output[1] is a Python number that follows the batch "
+        "size (2 at batch 2, 3 at batch 3)"
+    )
+    assert "torch.tensor(x.shape[0])" in hint and "--dynamic-batch" in hint and "pt2" in hint
+    assert _files(out_dir) == []
+    # a batch-1 example (traced at batch 2 otherwise) too; the file at the example's batch is exported and verified
+    with pytest.raises(ExportError, match=r"output\[1\] is a Python number that follows the batch size"):
+        export_model(
+            _SizeBeside().eval(), "onnx", tmp_path / "one.onnx", example_inputs=(torch.randn(1, 8),), dynamic_batch=True
+        )
+    assert export_model(_SizeBeside().eval(), "onnx", tmp_path / "m.onnx", example_inputs=(torch.randn(2, 8),)).ok
+
+
 class _ReturnsNoTensor(nn.Module):
     def __init__(self, returns: str) -> None:
         super().__init__()

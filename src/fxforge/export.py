@@ -364,6 +364,8 @@ def export_model(
             )
         elif to == "onnx":
             output = _example_output(reference, inputs)
+            if dynamic_batch:
+                _refuse_numbers_following_the_batch(reference, inputs, output, name)
             result = _traced_at_batch_two(
                 lambda traced: _export_onnx(
                     _tensor_outputs_only(source, output, len(inputs)),
@@ -669,6 +671,37 @@ def _tensor_outputs_only(module: nn.Module, output: Any, count: int) -> nn.Modul
     forward.__signature__ = inspect.Signature([inspect.Parameter(n, parameter) for n in ("self", *names)])  # type: ignore[attr-defined]
     named = type("_TensorOutputs", (_TensorOutputs,), {"forward": forward, "__doc__": _TensorOutputs.__doc__})
     return named(module, [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)])
+
+
+def _refuse_numbers_following_the_batch(reference: nn.Module, inputs: tuple[Any, ...], output: Any, name: str) -> None:
+    """A Python number in the output that changes with the batch size (``x.shape[0]``) cannot be a dynamic-batch ONNX
+    file's: the graph returns tensors only, and the number is put back as the constant the example gave (QA: the
+    dynamo exporter failed with a bare IndexError, the legacy one wrote a file that did not load back). Found by
+    running the model at one more sample, as :func:`_output_batch_axes` does; refused before anything is exported."""
+    batch = batch_of(inputs)
+    numbers = [(p, v) for p, v in pytree.tree_flatten_with_path(output)[0] if isinstance(v, (int, float, complex))]
+    if batch is None or not numbers:
+        return
+    try:
+        with torch.no_grad():
+            other = run_reference(reference, with_batch(inputs, batch + 1), {})
+        others = dict(pytree.tree_flatten_with_path(other)[0])
+    except Exception:  # the model runs at the example's batch only: verification says so
+        return
+    for key_path, value in numbers:
+        changed = others.get(key_path, value)
+        if isinstance(changed, torch.Tensor) or changed == value:
+            continue
+        where = f"output{pytree.keystr(key_path)}"
+        raise ExportError(
+            f"cannot export {name} to ONNX with a dynamic batch: {where} is a Python number that follows the batch "
+            f"size ({value!r} at batch {batch}, {changed!r} at batch {batch + 1}), and an ONNX file returns tensors "
+            "only: it would return the example's number at every batch",
+            hint=f"return it as a tensor (torch.tensor(x.shape[0]) is one the file computes), "
+            f"{_without_dynamic_batch()} (a file for the example's batch), or export to pt2, whose program returns "
+            "the number at each batch",
+            construct="Python number output",
+        )
 
 
 def _refuse_no_tensor_output(output: Any, name: str) -> None:
