@@ -1368,6 +1368,31 @@ def test_a_traced_output_holding_none_names_the_cause_and_script(tmp_path):
     assert "script=True" in raised.value.hint
 
 
+def test_a_traced_output_holding_the_batch_size_is_refused_like_a_constant_and_script_exports_it(capsys, tmp_path):
+    """QA: torch.jit.trace records ``x.shape[0]`` as a tensor op, so torch's own refusal of a number output (which a
+    constant gets) never came: the file returned ``tensor(2)``, and verify said a bare "MISMATCH output[1]:
+    tensor(2) != 2", exit 1, no hint. Refused before tracing, as a constant is, naming the output."""
+    source = tmp_path / "m.py"
+    source.write_text(_SIZE_BESIDE_SOURCE)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    code, out, err = run(capsys, "export", f"{source}:M", "-i", "2x8", "-o", str(out_dir / "m.pt"))
+    assert code == EXIT_CAPTURE and "Traceback" not in out + err and "MISMATCH" not in out + err
+    error, hint = err.splitlines()
+    assert error.startswith(
+        "error: cannot export M to TorchScript (trace): the model's output holds a value a trace cannot return: "
+        "output[1] is a Python number (2)"
+    )
+    assert hint.startswith("hint: export with --script")
+    assert _files(out_dir) == []
+    with pytest.raises(ExportError, match=r"output\[2\] is a Python number \(3\)"):  # a constant, said alike
+        export_model(_SumAndConstant().eval(), "torchscript", tmp_path / "s.pt", example_inputs=(torch.randn(2, 8),))
+    code, out, err = run(capsys, "export", f"{source}:M", "-i", "2x8", "--script", "-o", str(out_dir / "m.pt"))
+    assert code == EXIT_OK and "verified" in out
+    _, size = load_exported(out_dir / "m.pt", "torchscript")(torch.randn(3, 8))
+    assert size == 3 and isinstance(size, int)
+
+
 def test_a_traced_dict_output_of_mixed_types_points_at_script_which_exports_it(tmp_path):
     """QA: the trace's "Dictionary inputs to traced functions must have consistent type" hint named onnx and pt2 and
     not --script, which exports such a model."""

@@ -361,6 +361,7 @@ def export_model(
                 allow=allow_trace_warnings,
                 onednn_fusion=onednn_fusion,
                 output_structure=scripted_output_structure(_example_output(reference, inputs)),
+                output=_example_output(reference, inputs),
             )
         elif to == "onnx":
             output = _example_output(reference, inputs)
@@ -757,8 +758,12 @@ def _export_torchscript(
     allow: bool,
     onednn_fusion: bool = False,
     output_structure: Any = None,
+    output: Any = None,
 ) -> ExportResult:
+    """``output``: the model's output on ``inputs``, for the refusal of what a trace cannot return."""
     method = "script" if script else "trace"
+    if not script:
+        _refuse_traced_numbers(output, name)
     notes: list[str] = []
     # where TorchScript returns another structure than the model (a transformers output as a plain dict, a namedtuple
     # as a tuple), the model's is recorded for fxforge's loader to rebuild
@@ -1407,10 +1412,7 @@ def _export_error(what: str, exc: BaseException) -> ExportError:
     ):
         # QA: the bare torch line, "try another format or exporter", and no word of --script, which keeps them
         reason = "the model's output holds a value a trace cannot return (None, a Python number, a non-string key)"
-        hint = (
-            f"export with {option_of('export', '--script', True)} (scripting keeps such outputs), or to onnx or pt2; "
-            "or return tensors, and tuples, lists and string-keyed dicts of them"
-        )
+        hint = _untraceable_output_hint()
     untyped = re.search(r"\n:(.+)$", str(innermost)) if "cannot infer type of" in str(innermost) else None
     if untyped:
         # "Tracer cannot infer type of {<every output tensor printed>}\n:<the reason>": the reason, not the values
@@ -1428,6 +1430,32 @@ def _export_error(what: str, exc: BaseException) -> ExportError:
         hint = "export with trace (the default), or to onnx or pt2; or make the lambda a def"
     construct = type(innermost).__name__
     return ExportError(f"cannot export {what}: {reason}{where}", hint=hint, construct=construct, location=location)
+
+
+def _untraceable_output_hint() -> str:
+    return (
+        f"export with {option_of('export', '--script', True)} (scripting keeps such outputs), or to onnx or pt2; "
+        "or return tensors, and tuples, lists and string-keyed dicts of them"
+    )
+
+
+def _refuse_traced_numbers(output: Any, name: str) -> None:
+    """A Python number in the model's output cannot be a traced module's: torch.jit.trace refuses a constant ("Only
+    tensors ... can be output from traced functions", said by :func:`_export_error`), but records a number taken
+    from a size (``x.shape[0]``) as a tensor op, and the file returned ``tensor(2)`` where the model returns 2
+    (QA: a bare MISMATCH "output[1]: tensor(2) != 2", no hint). Both said alike, before tracing."""
+    leaves = pytree.tree_flatten_with_path(output)[0]
+    number = next(((path, v) for path, v in leaves if isinstance(v, (int, float, complex))), None)
+    if number is None:
+        return
+    key_path, value = number
+    raise ExportError(
+        f"cannot export {name} to TorchScript (trace): the model's output holds a value a trace cannot return: "
+        f"output{pytree.keystr(key_path)} is a Python number ({value!r}), which a trace turns into a tensor (a size, "
+        "x.shape[0]) or refuses (a constant)",
+        hint=_untraceable_output_hint(),
+        construct="Python number output",
+    )
 
 
 def _chain(exc: BaseException) -> list[BaseException]:
