@@ -1050,6 +1050,18 @@ def test_a_transformers_mobilenet_v2_has_outputs_that_depend_on_the_input():
     assert first.abs().max() > 1e-2 and (first - second).abs().max() > 1e-2 * first.abs().max()
 
 
+def test_a_transformers_mobilevit_keeps_finite_outputs_with_measured_statistics():
+    """The zoo's MobileViT returned NaN on every case (CANNOT VERIFY): BatchNorm shifts drawn after the statistics
+    were measured reached the next BatchNorm, measured on a signal of 1e-6, and each one multiplied them by 300."""
+    pytest.importorskip("transformers")
+    config = {"image_size": 64, "hidden_sizes": [16, 24, 32], "neck_hidden_sizes": [8, 8, 16, 16, 24, 24, 32]}
+    loaded = load_model("transformers:MobileViTModel", model_kwargs=config)
+    with torch.no_grad():
+        first, second = (loaded.module(torch.randn(2, 3, 64, 64)).last_hidden_state for _ in range(2))
+    assert first.isfinite().all() and first.abs().max() < 1e3
+    assert (first - second).abs().max() > 1e-2 * first.abs().max()
+
+
 def test_a_name_that_is_no_transformers_model_class_gets_a_model_class_or_why():
     """Regression QA: "did you mean AutoModel?" for AutoModel, "did you mean BertConfig?" for BertConfig (any capital
     name was a candidate, the refused one too), and "bertmodel" matched HubertModel (case-sensitive)."""

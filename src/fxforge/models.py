@@ -483,6 +483,13 @@ def _measure_batchnorms(model: nn.Module, example: InputSpec) -> bool:
     momenta = {bn: bn.momentum for bn in norms}
     saved = {bn: (bn.running_mean.clone(), bn.running_var.clone()) for bn in norms}
     images = torch.randn(2, *example.shape[1:])  # two: a BatchNorm in training mode needs more than one value
+    affine = {bn: (bn.weight.clone(), bn.bias.clone()) for bn in norms if bn.affine}
+    # the scale and shift drawn before measuring, so that each BatchNorm's statistics are those of the input it gets:
+    # drawn after, a shift of 0.1 on a signal of 1e-6 (transformers' 0.02-wide initialisation) reached the next
+    # BatchNorm, measured on the signal alone, and each one multiplied it by 300 (MobileViT: 5e20, then NaN)
+    with torch.no_grad():
+        for bn in norms:
+            _draw_affine(bn)
     try:
         model.eval()
         for bn in norms:
@@ -500,13 +507,14 @@ def _measure_batchnorms(model: nn.Module, example: InputSpec) -> bool:
         for module, training in modes.items():
             module.training = training
     if not measured:
-        for bn, (mean, var) in saved.items():
-            bn.running_mean.copy_(mean)
-            bn.running_var.copy_(var)
+        with torch.no_grad():
+            for bn, (mean, var) in saved.items():
+                bn.running_mean.copy_(mean)
+                bn.running_var.copy_(var)
+            for bn, (weight, bias) in affine.items():
+                bn.weight.copy_(weight)
+                bn.bias.copy_(bias)
         return False
-    with torch.no_grad():
-        for bn in norms:
-            _draw_affine(bn)
     return True
 
 
