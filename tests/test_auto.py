@@ -1098,10 +1098,20 @@ class _NamedImage(nn.Module):
         return self.conv(image)
 
 
-@pytest.mark.parametrize(("backend", "concrete"), [("fx+channels_last", False), ("fx", True), ("compile+recipe", True)])
+@pytest.mark.parametrize(
+    ("backend", "concrete"),
+    [
+        ("fx+channels_last", False),
+        ("fx", True),
+        ("compile+recipe", True),
+        ("onnxruntime", True),
+        ("onnxruntime+streams", True),
+    ],
+)
 def test_artifacts_exported_through_a_wrapper_take_inputs_by_the_models_names(tmp_path, backend, concrete):
     """QA: model.pt2 exported through fxforge's wrappers (channels-last layout, --concrete values fixed), which
-    take *args, named its input args_0: model(image=x) was refused. The model's names are recorded in the file."""
+    take *args, named its input args_0: model(image=x) was refused. The model's names are recorded in the file.
+    model.onnx (QA: ``args_0`` with --concrete) names its inputs so, for ONNX Runtime users too."""
     from fxforge.bench import BuildSettings, get_backend
     from fxforge.deploy import write_artifact
     from fxforge.models import load_model
@@ -1114,10 +1124,15 @@ def test_artifacts_exported_through_a_wrapper_take_inputs_by_the_models_names(tm
         model, x, name = _NamedImage().eval(), torch.randn(1, 3, 8, 8), "image"
         captured = capture(model, (x,))
     expected = captured.original(*captured.example_inputs)
-    write_artifact(get_backend(backend), captured, tmp_path, BuildSettings(1, tmp_path, expected))
+    threads = 2 if "streams" in backend else 1  # streams need two
+    write_artifact(get_backend(backend), captured, tmp_path, BuildSettings(threads, tmp_path, expected))
     loaded = load_model(tmp_path).module
     assert torch.allclose(loaded(**{name: x}), loaded(x))
     assert torch.allclose(loaded(**{name: x}), model(x, double=True) if concrete else model(x), atol=1e-5)
+    if backend.startswith("onnxruntime"):
+        import onnx
+
+        assert [i.name for i in onnx.load(str(tmp_path / "model.onnx")).graph.input] == [name]
 
 
 @pytest.mark.parametrize("tolerance", [0.0, float("inf"), float("nan")])

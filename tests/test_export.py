@@ -212,6 +212,80 @@ def test_a_legacy_onnx_file_of_a_model_returning_its_batch_size_loads_back(tmp_p
     torch.testing.assert_close(y, model(x)[0])
 
 
+class _ConvBnFlag(nn.Module):
+    """conv -> batch norm (random statistics) -> linear, with a keyword fixed by --concrete; optionally returning a
+    number beside the tensor."""
+
+    def __init__(self, number: bool = False) -> None:
+        super().__init__()
+        self.conv, self.bn, self.fc = nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.Linear(4, 2)
+        self.number = number
+        randomize_batchnorm(self)
+
+    def forward(self, image: torch.Tensor, double: bool = False) -> torch.Tensor | tuple:
+        y = self.fc(torch.relu(self.bn(self.conv(image))).mean((2, 3)))
+        y = y * 2 if double else y
+        return (y, 3) if self.number else y
+
+
+def _onnx_input_names(path: Path) -> list[str]:
+    import onnx
+
+    return [i.name for i in onnx.load(str(path), load_external_data=False).graph.input]
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "legacy"])
+def test_a_dynamic_batch_onnx_file_with_concrete_values_takes_the_models_input_names(tmp_path, exporter):
+    """QA: exported through the wrapper that fixes --concrete values (forward(*args)), the file's input was named
+    ``args_0`` (dynamo) or ``input_0`` (legacy) where the model says ``image``, and ``loaded(image=x)`` was refused;
+    with the legacy exporter the fresh wrapper was in training mode, the exporter put the model back in it after
+    exporting, and verification compared the file with the model's training-mode BatchNorm: a false MISMATCH."""
+    pytest.importorskip("onnxruntime")
+    model, x = _ConvBnFlag().eval(), torch.randn(2, 3, 8, 8)
+    captured = capture(model, (x,), concrete_args={"double": True})
+    path = tmp_path / "m.onnx"
+    result = export_model(captured, "onnx", path, dynamic_batch=True, exporter=exporter)
+    assert result.ok, result.verification
+    assert result.exporter == exporter and sorted(result.verified_batches) == [1, 2]
+    assert _onnx_input_names(path) == ["image"]
+    assert not model.training and not model.bn.training
+    x3 = torch.randn(3, 3, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(load_exported(path, "onnx")(image=x3), model(x3, double=True))
+
+
+def test_a_legacy_onnx_export_of_a_batchnorm_model_that_also_returns_a_number_is_verified(tmp_path):
+    """QA: the wrapper that returns the tensors alone was made in training mode; the legacy exporter put the model
+    back in that mode after exporting, and the file was compared with the training-mode BatchNorm: MISMATCH."""
+    pytest.importorskip("onnxruntime")
+    model, x = _ConvBnFlag(number=True).eval(), torch.randn(2, 3, 8, 8)
+    path = tmp_path / "m.onnx"
+    result = export_model(model, "onnx", path, example_inputs=(x,), exporter="legacy")
+    assert result.ok, result.verification
+    assert _onnx_input_names(path) == ["image"]
+    y, three = load_exported(path, "onnx")(image=x)
+    with torch.no_grad():
+        torch.testing.assert_close(y, model(x)[0])
+    assert three == 3
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "legacy"])
+def test_a_channels_last_onnx_export_takes_the_models_input_names(tmp_path, exporter):
+    """fxforge's channels-last wrapper takes ``*args`` too: its file's input was ``args_0`` / ``input_0``."""
+    pytest.importorskip("onnxruntime")
+    from fxforge.artifacts import ChannelsLastModule
+
+    model, x = _ConvBnFlag(), torch.randn(2, 3, 8, 8)  # in training mode: the wrapper takes the model's mode
+    wrapper = ChannelsLastModule(model.eval())
+    assert not wrapper.training
+    path = tmp_path / "m.onnx"
+    assert export_model(wrapper, "onnx", path, example_inputs=(x,), dynamic_batch=True, exporter=exporter).ok
+    assert _onnx_input_names(path) == ["image"]
+    x3 = torch.randn(3, 3, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(load_exported(path, "onnx")(image=x3), model(x3))
+
+
 _SIZE_BESIDE_SOURCE = (
     "from torch import nn\n\n\nclass M(nn.Module):\n"
     "    def __init__(self):\n        super().__init__()\n        self.h = nn.Linear(8, 8)\n\n"

@@ -2117,11 +2117,13 @@ def refuse_foreign_isa(package_isa: str, path: str) -> None:
 class ChannelsLastModule(nn.Module):
     """``model`` with its 4-D weights and inputs in channels-last (NHWC) memory layout, oneDNN's native one for
     convolutions. Traced or exported, the input conversion becomes part of the graph, so the artifact needs no
-    wrapper at load time. ``model`` is copied: the caller's keeps its layout."""
+    wrapper at load time. ``model`` is copied: the caller's keeps its layout. In ``model``'s mode, as
+    :class:`~fxforge.runtime.ConstantKeywords` is."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = copy.deepcopy(model).to(memory_format=torch.channels_last)
+        self.training = model.training
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.model(*map(to_channels_last, args), **{k: to_channels_last(v) for k, v in kwargs.items()})

@@ -67,6 +67,7 @@ from fxforge.artifacts import (
     describe_structure,
     format_for,
     load_exported,
+    positional_names,
     save_program,
     scripted_output_structure,
     unwrapped,
@@ -369,7 +370,7 @@ def export_model(
                 _refuse_numbers_following_the_batch(reference, inputs, output, name)
             result = _traced_at_batch_two(
                 lambda traced: _export_onnx(
-                    _tensor_outputs_only(source, output, len(inputs)),
+                    _onnx_source(source, output, len(inputs)),
                     name,
                     reference,
                     traced,
@@ -641,37 +642,57 @@ class _TensorOutputs(nn.Module):
     """``module`` returning only the leaves of its output (pytree order) at ``positions``: those that are tensors in
     the model's own output. Picked by position, not by type: a trace (the legacy exporter's) turns ``x.shape[0]``
     into a tensor, and its file had one output more than the structure fxforge records (QA: "metadata describes 1
-    outputs, and the graph has 2")."""
+    outputs, and the graph has 2"). In ``module``'s mode (see :class:`~fxforge.runtime.ConstantKeywords`: the
+    legacy exporter left a BatchNorm in training mode, and verification said MISMATCH)."""
 
     def __init__(self, module: nn.Module, positions: Sequence[int]) -> None:
         super().__init__()
         self.module = module
         self.positions = list(positions)
+        self.training = module.training
 
     def forward(self, *args: Any) -> tuple[torch.Tensor, ...]:
         leaves = pytree.tree_leaves(self.module(*args))
         return tuple(leaves[i] for i in self.positions)
 
 
-def _tensor_outputs_only(module: nn.Module, output: Any, count: int) -> nn.Module:
+def _onnx_source(module: nn.Module, output: Any, count: int) -> nn.Module:
+    """What is exported to ONNX: ``module`` returning its tensors alone (:func:`_tensor_outputs_only`), taking its
+    ``count`` inputs under the model's own names (:func:`_with_input_names`)."""
+    names = argument_names(unwrapped(module), count)
+    return _with_input_names(_tensor_outputs_only(module, output), names)
+
+
+def _tensor_outputs_only(module: nn.Module, output: Any) -> nn.Module:
     """An ONNX graph outputs tensors: both exporters fail on a model that also returns a number (``(y, None, 3)``:
     "'int' object has no attribute 'name'"). Such a model is exported with its tensors alone; the loader puts
-    them back into the model's structure with the constants from its output (``output_like``), as for a dict.
-
-    The wrapper's ``forward`` takes the ``count`` inputs under the model's names: the exporters name the file's
-    inputs after them (a ``forward(*args)`` gave ``args_0`` where the model says ``x``)."""
+    them back into the model's structure with the constants from its output (``output_like``), as for a dict."""
     leaves = pytree.tree_leaves(output)
     if all(isinstance(leaf, torch.Tensor) for leaf in leaves):
         return module
-    names = argument_names(unwrapped(module), count) or [f"input_{i}" for i in range(count)]
+    return _TensorOutputs(module, [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)])
 
-    def forward(self: _TensorOutputs, *args: Any) -> tuple[torch.Tensor, ...]:
-        return _TensorOutputs.forward(self, *args)
+
+def _with_input_names(module: nn.Module, names: Sequence[str] | None) -> nn.Module:
+    """``module``, where its ``forward`` takes ``*args`` (fxforge's wrappers: fixed keywords, channels-last layout,
+    tensor outputs only), as a shallow copy whose ``forward`` names its positional inputs ``names``: the exporters
+    name the file's inputs after ``forward``'s parameters, and a ``forward(*args)`` gave ``args_0`` (dynamo) or
+    ``input_0`` (legacy) where the model says ``image`` (QA: ``--concrete``, and ``optimize --auto``'s model.onnx,
+    which ONNX Runtime users feed by name). The copy shares the module's submodules and parameters, so the file's
+    weights keep their names; ``module`` itself is left as it is."""
+    if not names or positional_names(module) is not None:
+        return module
+    base = type(module)
+
+    def forward(self: nn.Module, *args: Any) -> Any:
+        return base.forward(self, *args)
 
     parameter = inspect.Parameter.POSITIONAL_OR_KEYWORD
     forward.__signature__ = inspect.Signature([inspect.Parameter(n, parameter) for n in ("self", *names)])  # type: ignore[attr-defined]
-    named = type("_TensorOutputs", (_TensorOutputs,), {"forward": forward, "__doc__": _TensorOutputs.__doc__})
-    return named(module, [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)])
+    named = type(base.__name__, (base,), {"forward": forward, "__doc__": base.__doc__, "__module__": base.__module__})
+    renamed = copy.copy(module)
+    renamed.__class__ = named
+    return renamed
 
 
 def _refuse_numbers_following_the_batch(reference: nn.Module, inputs: tuple[Any, ...], output: Any, name: str) -> None:

@@ -535,12 +535,18 @@ class ConstantKeywords(nn.Module):
     """``module`` called with keyword arguments fixed at capture (``--concrete flag=true``): a file written from
     it takes the positional inputs alone, the values being constants of the program, not inputs its loader must
     pass again (a ``model.pt2`` exported with ``flag`` as a keyword input refused ``model(x)``, and guarded
-    ``flag == True`` on any other value)."""
+    ``flag == True`` on any other value).
+
+    It is in the mode ``module`` is in: a new module is in training mode, and the legacy ONNX exporter, which puts
+    the module it exports in eval mode and back in its own mode after, left the model's BatchNorm layers in
+    training mode (QA: ``--concrete`` with ``--exporter legacy``, a false MISMATCH against the model in training
+    mode)."""
 
     def __init__(self, module: nn.Module, kwargs: dict[str, Any]) -> None:
         super().__init__()
         self.module = module
         self.kwargs = dict(kwargs)
+        self.training = module.training  # this module's flag alone: train() would set the model's
 
     def forward(self, *args: Any) -> Any:
         return self.module(*args, **self.kwargs)
