@@ -4,6 +4,7 @@ models and on the tricky-model suite, and every failure says what failed and lea
 from __future__ import annotations
 
 import collections
+import inspect
 import json
 import re
 import sys
@@ -267,6 +268,23 @@ def test_a_legacy_onnx_export_of_a_batchnorm_model_that_also_returns_a_number_is
     with torch.no_grad():
         torch.testing.assert_close(y, model(x)[0])
     assert three == 3
+
+
+def test_a_legacy_onnx_export_of_a_graph_with_a_defaulted_flag(tmp_path):
+    """QA: capture fixes an unpassed keyword (``double=False``) and the graph checks it (``double == False``); the
+    legacy exporter passed the default as one more input, and failed: "INTERNAL ASSERT FAILED ... We don't have an
+    op for aten::eq ... Argument types: Tensor, bool". The file takes the inputs given, under the model's names."""
+    pytest.importorskip("onnxruntime")
+    model, x = _ConvBnFlag().eval(), torch.randn(2, 3, 8, 8)
+    captured = capture(model, (x,))
+    path = tmp_path / "m.onnx"
+    result = export_model(captured, "onnx", path, dynamic_batch=True, exporter="legacy")
+    assert result.ok, result.verification
+    assert _onnx_input_names(path) == ["image"]
+    assert list(inspect.signature(captured.graph_module.forward).parameters) == ["image", "double"]  # left as it is
+    x3 = torch.randn(3, 3, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(load_exported(path, "onnx")(image=x3), model(x3))
 
 
 @pytest.mark.parametrize("exporter", ["dynamo", "legacy"])

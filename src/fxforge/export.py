@@ -674,15 +674,27 @@ def _tensor_outputs_only(module: nn.Module, output: Any) -> nn.Module:
 
 
 def _with_input_names(module: nn.Module, names: Sequence[str] | None) -> nn.Module:
-    """``module``, where its ``forward`` takes ``*args`` (fxforge's wrappers: fixed keywords, channels-last layout,
-    tensor outputs only), as a shallow copy whose ``forward`` names its positional inputs ``names``: the exporters
-    name the file's inputs after ``forward``'s parameters, and a ``forward(*args)`` gave ``args_0`` (dynamo) or
-    ``input_0`` (legacy) where the model says ``image`` (QA: ``--concrete``, and ``optimize --auto``'s model.onnx,
-    which ONNX Runtime users feed by name). The copy shares the module's submodules and parameters, so the file's
-    weights keep their names; ``module`` itself is left as it is."""
-    if not names or positional_names(module) is not None:
+    """``module`` as a shallow copy whose ``forward`` takes exactly its positional inputs, named ``names``, where its
+    own takes others: ``*args`` (fxforge's wrappers: fixed keywords, channels-last layout, tensor outputs only),
+    or parameters past the inputs given, with defaults.
+
+    The exporters name the file's inputs after ``forward``'s parameters, and a ``forward(*args)`` gave ``args_0``
+    (dynamo) or ``input_0`` (legacy) where the model says ``image`` (QA: ``--concrete``, and ``optimize --auto``'s
+    model.onnx, which ONNX Runtime users feed by name). The legacy exporter passes a parameter's default as one
+    more input: a captured graph's ``flag=False``, which the graph checks (``flag == False``), failed the export
+    with "INTERNAL ASSERT FAILED ... We don't have an op for aten::eq ... Tensor, bool" (QA).
+
+    The copy shares the module's submodules and parameters, so the file's weights keep their names, and is in the
+    module's mode (a copied GraphModule is made in training mode, which the legacy exporter restores on the
+    shared submodules after exporting); ``module`` itself is left as it is."""
+    own = positional_names(module)
+    if not names or own == list(names):
         return module
-    base = type(module)
+    try:
+        renamed = copy.copy(module)  # a GraphModule's copy is of a class of its own
+    except Exception:  # a module that cannot be copied (a ScriptModule) is exported as it is
+        return module
+    base = type(renamed)
 
     def forward(self: nn.Module, *args: Any) -> Any:
         return base.forward(self, *args)
@@ -690,8 +702,8 @@ def _with_input_names(module: nn.Module, names: Sequence[str] | None) -> nn.Modu
     parameter = inspect.Parameter.POSITIONAL_OR_KEYWORD
     forward.__signature__ = inspect.Signature([inspect.Parameter(n, parameter) for n in ("self", *names)])  # type: ignore[attr-defined]
     named = type(base.__name__, (base,), {"forward": forward, "__doc__": base.__doc__, "__module__": base.__module__})
-    renamed = copy.copy(module)
     renamed.__class__ = named
+    renamed.training = module.training
     return renamed
 
 
