@@ -1476,9 +1476,16 @@ def test_a_traced_output_holding_the_batch_size_is_refused_like_a_constant_and_s
         "output[1] is a Python number (2)"
     )
     assert hint.startswith("hint: export with --script")
+    # QA: the hint said "or to onnx or pt2", and a dynamic-batch ONNX export of a number that follows the batch is
+    # refused (a static one returns the example's number): pt2 with a dynamic batch returns it at each batch
+    assert "--to pt2 --dynamic-batch" in hint and "onnx or pt2" not in hint and "torch.tensor(x.shape[0])" in hint
     assert _files(out_dir) == []
-    with pytest.raises(ExportError, match=r"output\[2\] is a Python number \(3\)"):  # a constant, said alike
+    with pytest.raises(ExportError, match=r"output\[2\] is a Python number \(3\)") as raised:  # a constant, alike
         export_model(_SumAndConstant().eval(), "torchscript", tmp_path / "s.pt", example_inputs=(torch.randn(2, 8),))
+    assert "or to onnx or pt2" in raised.value.hint  # a constant: both keep it at every batch
+    with pytest.raises(ExportError, match=r"output\[1\] is a Python number \(2\)") as raised:
+        export_model(_SizeBeside().eval(), "torchscript", tmp_path / "b.pt", example_inputs=(torch.randn(2, 8),))
+    assert "to='pt2', dynamic_batch=True" in raised.value.hint and "onnx or pt2" not in raised.value.hint
     code, out, err = run(capsys, "export", f"{source}:M", "-i", "2x8", "--script", "-o", str(out_dir / "m.pt"))
     assert code == EXIT_OK and "verified" in out
     _, size = load_exported(out_dir / "m.pt", "torchscript")(torch.randn(3, 8))

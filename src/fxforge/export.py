@@ -351,6 +351,11 @@ def export_model(
     with _training_named(training), StagedOutput(path, force=force) as staged, preserved_state(source, reference):
         check_free_space(staged.path.parent, source, copies=2)  # the file, and the copy it may be verified from
         if to == "torchscript":
+            output = _example_output(reference, inputs)
+            # a number that follows the batch size gets its own advice: an ONNX file cannot return it at other batches
+            following = (
+                [] if script else [where for where, *_ in _numbers_following_the_batch(reference, inputs, output)]
+            )
             result = _export_torchscript(
                 source,
                 name,
@@ -361,8 +366,9 @@ def export_model(
                 optimize=optimize and not onednn_fusion,
                 allow=allow_trace_warnings,
                 onednn_fusion=onednn_fusion,
-                output_structure=scripted_output_structure(_example_output(reference, inputs)),
-                output=_example_output(reference, inputs),
+                output_structure=scripted_output_structure(output),
+                output=output,
+                following=following,
             )
         elif to == "onnx":
             output = _example_output(reference, inputs)
@@ -707,35 +713,48 @@ def _with_input_names(module: nn.Module, names: Sequence[str] | None) -> nn.Modu
     return renamed
 
 
-def _refuse_numbers_following_the_batch(reference: nn.Module, inputs: tuple[Any, ...], output: Any, name: str) -> None:
-    """A Python number in the output that changes with the batch size (``x.shape[0]``) cannot be a dynamic-batch ONNX
-    file's: the graph returns tensors only, and the number is put back as the constant the example gave (QA: the
-    dynamo exporter failed with a bare IndexError, the legacy one wrote a file that did not load back). Found by
-    running the model at one more sample, as :func:`_output_batch_axes` does; refused before anything is exported."""
+def _numbers_following_the_batch(
+    reference: nn.Module, inputs: tuple[Any, ...], output: Any
+) -> list[tuple[str, Any, Any, int]]:
+    """``(where, value, other, batch)`` of each Python number in ``output`` (the model's output on ``inputs``) that
+    follows the batch size (``x.shape[0]``): ``value`` at the example's ``batch``, ``other`` at one more sample.
+    Found by running the model at that batch, as :func:`_output_batch_axes` does; none where it cannot run there."""
     batch = batch_of(inputs)
     numbers = [(p, v) for p, v in pytree.tree_flatten_with_path(output)[0] if isinstance(v, (int, float, complex))]
     if batch is None or not numbers:
-        return
+        return []
     try:
         with torch.no_grad():
             other = run_reference(reference, with_batch(inputs, batch + 1), {})
         others = dict(pytree.tree_flatten_with_path(other)[0])
     except Exception:  # the model runs at the example's batch only: verification says so
-        return
+        return []
+    found = []
     for key_path, value in numbers:
         changed = others.get(key_path, value)
-        if isinstance(changed, torch.Tensor) or changed == value:
-            continue
-        where = f"output{pytree.keystr(key_path)}"
-        raise ExportError(
-            f"cannot export {name} to ONNX with a dynamic batch: {where} is a Python number that follows the batch "
-            f"size ({value!r} at batch {batch}, {changed!r} at batch {batch + 1}), and an ONNX file returns tensors "
-            "only: it would return the example's number at every batch",
-            hint=f"return it as a tensor (torch.tensor(x.shape[0]) is one the file computes), "
-            f"{_without_dynamic_batch()} (a file for the example's batch), or export to pt2, whose program returns "
-            "the number at each batch",
-            construct="Python number output",
-        )
+        if not isinstance(changed, torch.Tensor) and changed != value:
+            found.append((f"output{pytree.keystr(key_path)}", value, changed, batch))
+    return found
+
+
+def _refuse_numbers_following_the_batch(reference: nn.Module, inputs: tuple[Any, ...], output: Any, name: str) -> None:
+    """A Python number in the output that changes with the batch size (``x.shape[0]``) cannot be a dynamic-batch ONNX
+    file's: the graph returns tensors only, and the number is put back as the constant the example gave (QA: the
+    dynamo exporter failed with a bare IndexError, the legacy one wrote a file that did not load back). Refused
+    before anything is exported."""
+    following = _numbers_following_the_batch(reference, inputs, output)
+    if not following:
+        return
+    where, value, changed, batch = following[0]
+    raise ExportError(
+        f"cannot export {name} to ONNX with a dynamic batch: {where} is a Python number that follows the batch "
+        f"size ({value!r} at batch {batch}, {changed!r} at batch {batch + 1}), and an ONNX file returns tensors "
+        "only: it would return the example's number at every batch",
+        hint=f"return it as a tensor (torch.tensor(x.shape[0]) is one the file computes), "
+        f"{_without_dynamic_batch()} (a file for the example's batch), or export to pt2, whose program returns "
+        "the number at each batch",
+        construct="Python number output",
+    )
 
 
 def _refuse_no_tensor_output(output: Any, name: str) -> None:
@@ -792,11 +811,13 @@ def _export_torchscript(
     onednn_fusion: bool = False,
     output_structure: Any = None,
     output: Any = None,
+    following: Sequence[str] = (),
 ) -> ExportResult:
-    """``output``: the model's output on ``inputs``, for the refusal of what a trace cannot return."""
+    """``output``: the model's output on ``inputs``, for the refusal of what a trace cannot return; ``following``:
+    where its Python numbers that follow the batch size are (:func:`_numbers_following_the_batch`)."""
     method = "script" if script else "trace"
     if not script:
-        _refuse_traced_numbers(output, name)
+        _refuse_traced_numbers(output, name, following)
     notes: list[str] = []
     # where TorchScript returns another structure than the model (a transformers output as a plain dict, a namedtuple
     # as a tuple), the model's is recorded for fxforge's loader to rebuild
@@ -1465,28 +1486,39 @@ def _export_error(what: str, exc: BaseException) -> ExportError:
     return ExportError(f"cannot export {what}: {reason}{where}", hint=hint, construct=construct, location=location)
 
 
-def _untraceable_output_hint() -> str:
-    return (
-        f"export with {option_of('export', '--script', True)} (scripting keeps such outputs), or to onnx or pt2; "
-        "or return tensors, and tuples, lists and string-keyed dicts of them"
-    )
+def _untraceable_output_hint(follows_batch: bool = False) -> str:
+    """What to do with an output a trace cannot return. ``follows_batch``: it is a Python number that follows the
+    batch size, which an ONNX file cannot return at other batches (a dynamic-batch ONNX export refuses it, and a
+    static one returns the example's number): pt2 with a dynamic batch, not "onnx or pt2" (QA)."""
+    script = f"export with {option_of('export', '--script', True)} (scripting keeps such outputs)"
+    if follows_batch:
+        spelled = said("--to pt2 --dynamic-batch", "to='pt2', dynamic_batch=True")
+        pt2 = offered(spelled, "--dynamic-batch") or f"fxforge export {spelled}"
+        return (
+            f"{script}, or with {pt2}, whose program returns the number at each batch (an ONNX file returns "
+            "the example's number: it is refused with a dynamic batch); or return it as a tensor "
+            "(torch.tensor(x.shape[0]))"
+        )
+    return f"{script}, or to onnx or pt2; or return tensors, and tuples, lists and string-keyed dicts of them"
 
 
-def _refuse_traced_numbers(output: Any, name: str) -> None:
+def _refuse_traced_numbers(output: Any, name: str, following: Sequence[str] = ()) -> None:
     """A Python number in the model's output cannot be a traced module's: torch.jit.trace refuses a constant ("Only
     tensors ... can be output from traced functions", said by :func:`_export_error`), but records a number taken
     from a size (``x.shape[0]``) as a tensor op, and the file returned ``tensor(2)`` where the model returns 2
-    (QA: a bare MISMATCH "output[1]: tensor(2) != 2", no hint). Both said alike, before tracing."""
-    leaves = pytree.tree_flatten_with_path(output)[0]
-    number = next(((path, v) for path, v in leaves if isinstance(v, (int, float, complex))), None)
-    if number is None:
+    (QA: a bare MISMATCH "output[1]: tensor(2) != 2", no hint). Both said alike, before tracing; ``following``
+    (where each number that follows the batch size is, ``output[1]``) picks the hint, and such a number is named
+    first."""
+    leaves = [(f"output{pytree.keystr(p)}", v) for p, v in pytree.tree_flatten_with_path(output)[0]]
+    numbers = [(where, v) for where, v in leaves if isinstance(v, (int, float, complex))]
+    if not numbers:
         return
-    key_path, value = number
+    where, value = next(((w, v) for w, v in numbers if w in following), numbers[0])
     raise ExportError(
         f"cannot export {name} to TorchScript (trace): the model's output holds a value a trace cannot return: "
-        f"output{pytree.keystr(key_path)} is a Python number ({value!r}), which a trace turns into a tensor (a size, "
-        "x.shape[0]) or refuses (a constant)",
-        hint=_untraceable_output_hint(),
+        f"{where} is a Python number ({value!r}), which a trace turns into a tensor (a size, x.shape[0]) or refuses "
+        "(a constant)",
+        hint=_untraceable_output_hint(follows_batch=where in following),
         construct="Python number output",
     )
 
