@@ -299,6 +299,26 @@ def test_sighup_mid_export_exits_129_and_leaves_nothing(tmp_path):
     assert left in ([], ["sub", "sub/r.onnx"]), left
 
 
+def test_sigterm_inside_code_run_by_exec_of_a_string_exits_143_under_python_m(tmp_path):
+    """QA: SIGTERM (or Ctrl-C) landing in code run by exec of a string (dataclasses and namedtuple make their methods
+    so, torch imports make many) set CPython's "unhandled KeyboardInterrupt" flag although fxforge caught it: under
+    `python -m fxforge` the process said "terminated", then killed itself with SIGINT (-2 to subprocess, 130 to a
+    shell) instead of exiting 143."""
+    (tmp_path / "stops.py").write_text(
+        "import torch\n"
+        "def build():\n"
+        "    exec('import os, signal, time\\nos.kill(os.getpid(), signal.SIGTERM)\\ntime.sleep(5)')\n"
+        "    return torch.nn.Linear(2, 2)\n"
+        "example_inputs = ['1x2']\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "fxforge", "inspect", "stops.py:build"], cwd=tmp_path, capture_output=True, text=True,
+        timeout=300, preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL),
+    )  # fmt: skip
+    assert done.returncode == 143, (done.returncode, done.stderr[-2000:])
+    assert done.stderr.strip().splitlines() == ["terminated"], done.stderr
+
+
 @pytest.mark.parametrize("args", [["inspect", "nosuch:model"], ["passes"]])
 def test_ctrl_c_that_a_library_swallowed_still_ends_with_130(args):
     """Ctrl-C while a C extension is imported can be swallowed by the importing library; the next import of it

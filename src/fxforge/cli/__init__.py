@@ -177,6 +177,12 @@ def run() -> None:
         # devnull, so that the interpreter's last flush does not fail again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     _later_prints_to_stderr()
+    # A KeyboardInterrupt (the handlers' SIGINT, SIGTERM or SIGHUP) raised inside code run by exec or eval of a
+    # string (dataclasses and namedtuple make their methods so) sets CPython's "unhandled KeyboardInterrupt" flag,
+    # even though fxforge caught it; under `python -m fxforge` the interpreter then killed itself with SIGINT after
+    # exiting (QA: SIGTERM mid split ended "killed by SIGINT", -2 to subprocess, rather than 143). Each exec of a
+    # string clears the flag as it starts.
+    exec("")
     sys.exit(code)
 
 
