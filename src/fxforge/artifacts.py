@@ -229,6 +229,8 @@ def refuse_unreadable(path: Path, what: str = "", error: type[FxforgeError] = Fx
     try:
         with path.open("rb"):
             pass
+    except IsADirectoryError:  # a model.pt2 that is a folder inside an output directory: internal error (QA)
+        raise error(f"cannot read {what + ' ' if what else ''}{path}: it is a directory, not a file") from None
     except PermissionError:
         raise error(
             f"cannot read {what + ' ' if what else ''}{path}: permission denied",

@@ -530,6 +530,14 @@ def test_a_model_file_that_is_a_directory_is_said_to_be_one(capsys, tmp_path):
     assert "adir.py is a directory, not a Python file" in err
 
 
+def test_a_model_file_in_an_output_directory_that_is_a_directory_is_said_to_be_one(capsys, tmp_path):
+    """QA: an output directory whose model.pt2 is a folder was "internal error: IsADirectoryError", exit 4."""
+    (tmp_path / "out" / "model.pt2").mkdir(parents=True)
+    code, _, err = run(capsys, "inspect", str(tmp_path / "out"))
+    assert_one_error_line(code, err)
+    assert "model.pt2: it is a directory, not a file" in err
+
+
 def test_an_empty_output_path_is_said_to_be_empty(capsys):
     """QA: -o "" was refused as "refusing to write the output into . (the working directory)"."""
     code, _, err = run(capsys, "optimize", "demo", "-o", "")
