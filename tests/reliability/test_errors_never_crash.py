@@ -538,6 +538,23 @@ def test_a_model_file_in_an_output_directory_that_is_a_directory_is_said_to_be_o
     assert "model.pt2: it is a directory, not a file" in err
 
 
+@pytest.mark.parametrize(
+    ("make", "said"),
+    [
+        (lambda torch: torch.randn(4, 3, 32, 32).to_sparse(), "holds a sparse_coo tensor"),
+        (lambda torch: [torch.empty(2, 3, 32, 32, device="meta")], "holds a tensor on the meta device"),
+    ],
+)
+def test_calibration_data_of_tensors_without_dense_values_is_refused_in_one_line(capsys, tmp_path, make, said):
+    """QA: a sparse tensor (torch.save(x.to_sparse())) or a meta one as --calib data was an internal error, exit 4."""
+    import torch
+
+    torch.save(make(torch), tmp_path / "data.pt")
+    code, _, err = run(capsys, "quantize", "demo", "--calib", str(tmp_path / "data.pt"), "-o", str(tmp_path / "q"))
+    assert_one_error_line(code, err)
+    assert said in err and not (tmp_path / "q").exists()
+
+
 def test_an_empty_output_path_is_said_to_be_empty(capsys):
     """QA: -o "" was refused as "refusing to write the output into . (the working directory)"."""
     code, _, err = run(capsys, "optimize", "demo", "-o", "")

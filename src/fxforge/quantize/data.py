@@ -169,9 +169,29 @@ def _refuse_unreadable_tuple(obj: Any, examples: Sequence[Any], source: str, kin
     )
 
 
+def _refuse_valueless_tensors(obj: Any, source: str, kind: str) -> None:
+    """A sparse tensor, or one on the meta device (no values), in the data: split into batches or read, it failed
+    deep in torch, an internal error (QA: ``torch.save(x.to_sparse())``, ``torch.empty(..., device="meta")``)."""
+    for leaf in pytree.tree_leaves(obj):  # a generator or DataLoader is one leaf: not consumed here
+        if not isinstance(leaf, torch.Tensor):
+            continue
+        if leaf.is_meta:
+            raise InputSpecError(
+                f"{kind} data from {source} holds a tensor on the meta device, which has no values",
+                hint="save the data's tensors with their values, on the CPU",
+            )
+        if leaf.layout != torch.strided:
+            raise InputSpecError(
+                f"{kind} data from {source} holds a {str(leaf.layout).removeprefix('torch.')} tensor: fxforge reads "
+                "dense ones",
+                hint="save dense tensors (tensor.to_dense())",
+            )
+
+
 def _batches_of(
     obj: Any, arity: int | None, source: str, split: int, kind: str, examples: Sequence[Any] = ()
 ) -> CalibrationData:
+    _refuse_valueless_tensors(obj, source, kind)
     if isinstance(obj, torch.Tensor):
         # One tensor holds samples along dim 0 (a dataset), not one giant batch.
         chunks = [(chunk,) for chunk in obj.split(split)] if obj.dim() > 0 else [(obj,)]
