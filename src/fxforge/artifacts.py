@@ -142,7 +142,14 @@ def output_target(path: str | Path) -> Path:
     made a folder named ``~``, QA); a symlink to a directory is followed (the link stays a link)."""
     if not os.fspath(path).strip():  # Path("") is ".": refused as "the working directory", not as empty (QA)
         raise FxforgeError("the output path is empty", hint="give one, e.g. -o out/model")
-    target = Path(path).expanduser()
+    try:
+        target = Path(path).expanduser()
+    except RuntimeError:  # "~nouser/out": pathlib cannot find that user's home (QA: an internal error, exit 4)
+        user = Path(path).parts[0][1:]
+        whose = f"there is no user {user!r} whose home ~{user} would be" if user else "the home directory is unknown"
+        raise FxforgeError(
+            f"cannot tell where {os.fspath(path)} is: {whose}", hint="give the path without ~, e.g. ./out"
+        ) from None
     if ".." in target.parts and not _exists(target.parent):
         # "missing/../out.pt2": the folder to make is "." (QA: "cannot write to missing/..: File exists"); a
         # folder that does not exist is no symlink, so reading ".." lexically means what the system would

@@ -165,6 +165,15 @@ def test_a_tilde_the_shell_left_alone_is_the_home_directory(capsys, tmp_path, mo
     assert code == EXIT_OK, err
 
 
+@pytest.mark.parametrize("args", [["optimize", "demo", "-p", "fold_bn", "-o"], ["graph", "demo", "-o"]])
+def test_a_tilde_naming_no_user_is_refused_in_one_line(capsys, tmp_path, monkeypatch, args):
+    """QA: -o ~nosuchuser/out was "internal error: RuntimeError: Could not determine home directory.", exit 4."""
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run(capsys, *args, "~fxforge-no-such-user/out.html")
+    assert_one_error_line(code, err)
+    assert "there is no user 'fxforge-no-such-user'" in err and list(tmp_path.iterdir()) == []
+
+
 def test_output_into_the_working_directory_is_refused(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     keep = tmp_path / "precious.txt"
