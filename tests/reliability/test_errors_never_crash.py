@@ -382,6 +382,55 @@ def test_ctrl_c_inside_a_librarys_import_is_raised_once_the_import_is_over(tmp_p
     assert done.stdout.splitlines() == ["slowlib imported", "userfile stopped midway"], done.stdout
 
 
+def test_a_signal_sent_again_after_another_already_stopped_the_command_is_dropped(tmp_path):
+    """QA: SIGTERM then Ctrl-C 2 s into quantize (both while torch imported): the first redelivery ended the command,
+    and the second raised again -- in the cleanup of the first (which then stops half-way) or in run() once the
+    command was over: "terminated", then a traceback and exit -2."""
+    library = tmp_path / "site"
+    library.mkdir()
+    (library / "slowlib.py").write_text(
+        "import os, signal, time\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "os.kill(os.getpid(), signal.SIGINT)\n"
+        "deadline = time.monotonic() + 0.3\n"
+        "while time.monotonic() < deadline:\n"
+        "    pass\n"
+    )
+    script = (
+        "import signal, sys, time, fxforge.cli as cli\n"
+        f"sys.path[:0] = [{str(library)!r}]\n"
+        f"cli._LIBRARY_DIRS = ({str(library)!r},)\n"
+        "def main(argv=None):\n"
+        "    try:\n"
+        "        import slowlib\n"
+        "        time.sleep(3)  # a signal sent again raises here, out of the import\n"
+        "        return 0\n"
+        "    except KeyboardInterrupt:\n"
+        "        deadline = time.monotonic() + 0.5  # the cleanup: no second KeyboardInterrupt may stop it\n"
+        "        while time.monotonic() < deadline:\n"
+        "            time.sleep(0.01)\n"
+        "        print('cleaned up', flush=True)\n"
+        "        return cli.interrupted()\n"
+        "cli.main = main\n"
+        "sys.argv = ['fxforge']\n"
+        "cli.run()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+        preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL),
+    )  # fmt: skip
+    assert done.stdout.splitlines() == ["cleaned up"], (done.stdout, done.stderr[-2000:])
+    assert done.returncode in (130, 143) and len(done.stderr.strip().splitlines()) == 1, done.stderr[-2000:]
+
+
+def test_a_signal_as_run_ignores_them_raises_nothing(monkeypatch):
+    """Between the command's end and run() setting SIG_IGN, a signal raised in run() itself: a traceback."""
+    import fxforge.cli as cli
+
+    monkeypatch.setattr(cli, "_command_over", True)
+    cli._note_sigint(signal.SIGTERM, None)  # does not raise
+
+
 def test_a_signal_in_the_import_machinery_itself_is_sent_again(monkeypatch):
     """QA: SIGTERM 3.5 s into quantize was handled in importlib's own frame (a module lock's weakref callback), where
     the KeyboardInterrupt raised is printed as "Exception ignored in: <function _get_module_lock.<locals>.cb ...>"

@@ -26,21 +26,34 @@ EXIT_INTERRUPTED = 130  # a signal that ends the command exits 128 + its number:
 _sigint_seen = False
 _terminated = 0  # the signal that ended the command (SIGTERM, SIGHUP), 0 for none
 _interruption_reported = False
+_raised = False  # the handler raised its KeyboardInterrupt: the command is stopping
+_command_over = False  # run()'s command has returned: a signal now changes nothing
 
 
 def _note_sigint(signum: int, frame: Any) -> None:
-    global _sigint_seen
+    global _sigint_seen, _raised
     _sigint_seen = True
+    if _command_over:  # between the command's end and SIG_IGN (QA: a traceback from run(), and exit -2)
+        return
     if _in_a_library_import(frame):
         # A KeyboardInterrupt raised in a library's module code while it imports can cross C++ (torch's pybind11
         # init calls back into Python) and abort the process: "terminate called after throwing an instance of
         # 'pybind11::error_already_set'", exit -6 and a stack dump (QA: 1 in 6 Ctrl-C at 0.5 s into optimize).
         # The signal is sent again shortly, until the import is over, and then raises here.
-        again = threading.Timer(_REDELIVERY_S, os.kill, (os.getpid(), signum))
+        again = threading.Timer(_REDELIVERY_S, _send_again, (os.getpid(), signum))
         again.daemon = True
         again.start()
         return
+    _raised = True
     raise KeyboardInterrupt
+
+
+def _send_again(pid: int, signum: int) -> None:
+    """The redelivery of a signal that came during a library's import, unless a KeyboardInterrupt was raised
+    meanwhile (another signal's): sent then, it raised a second one in the cleanup of the first, or in run() once the
+    command was over (QA: SIGTERM then Ctrl-C 2 s into quantize: "terminated", then a traceback and exit -2)."""
+    if not _raised:
+        os.kill(pid, signum)
 
 
 _REDELIVERY_S = 0.05
@@ -152,6 +165,7 @@ def interruption_word() -> str:
 
 def run() -> None:
     """Console-script entry point (``fxforge``)."""
+    global _command_over
     try:
         os.getcwd()
     except FileNotFoundError:  # torch then fails to load with "Intel oneMKL FATAL ERROR: Cannot load libtorch_cpu.so"
@@ -167,6 +181,7 @@ def run() -> None:
     except KeyboardInterrupt:  # Ctrl-C as main returned, or a second one while the first was being reported
         code = interrupted()  # the line, unless it was already written
     # The command is over: a Ctrl-C from here on would only raise in the interpreter's shutdown, with a traceback.
+    _command_over = True
     for ending in (signal.SIGINT, *ENDING_SIGNALS):
         signal.signal(ending, signal.SIG_IGN)
     try:
