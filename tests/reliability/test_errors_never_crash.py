@@ -428,6 +428,7 @@ def test_a_signal_as_run_ignores_them_raises_nothing(monkeypatch):
     import fxforge.cli as cli
 
     monkeypatch.setattr(cli, "_command_over", True)
+    monkeypatch.setattr(cli, "_sigint_seen", False)  # restored after: the handler records the signal
     cli._note_sigint(signal.SIGTERM, None)  # does not raise
 
 
