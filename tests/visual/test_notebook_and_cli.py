@@ -360,3 +360,16 @@ def test_a_profile_of_another_model_is_refused_alike_by_split_graph_and_report(t
     expected = "error: the profile times only 2 of this graph's 11 nodes: it was taken of another model or capture"
     assert errors == [[expected]] * 3
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.json", "tiny.py"]
+
+
+def test_a_profile_timing_no_node_is_refused_by_graph_and_report_as_by_split(tmp_path, capsys):
+    """QA: {"nodes": []} drew graph's page uncoloured, exit 0, where split refused it."""
+    profile = tmp_path / "empty.json"
+    profile.write_text('{"nodes": []}')
+    for args in (
+        ["graph", "demo", "--profile", str(profile), "-o", str(tmp_path / "g.html")],
+        ["report", "demo", "--profile-file", str(profile), "-o", str(tmp_path / "r.html")],
+    ):
+        assert main(args) == 2, args[0]
+        assert "error: the profile times no node, and this graph has 11" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.json"]

@@ -844,6 +844,8 @@ def _attach_profile(model: dict[str, Any], builder: _Builder, profile: dict[str,
         computing = ("call_function", "call_method", "call_module")
         names = {builder.nodes[i]["n"] for i in graph if builder.nodes[i]["op"] in computing}
         names -= {builder.nodes[i]["n"] for i in graph if builder.nodes[i].get("h")}  # input guards: never timed
+    if names and not profile["nodes"]:  # QA: {"nodes": []} drew an uncoloured page, exit 0; split refused it
+        raise FxforgeError(f"the profile times no node, and this graph has {len(names)}", hint=PROFILE_HINT)
     if profile["nodes"]:
         check_profile_matches(names, {str(row.get("name")) for row in profile["nodes"]})
     for row in profile["nodes"]:
