@@ -720,21 +720,21 @@ def _numbers_following_the_batch(
     follows the batch size (``x.shape[0]``): ``value`` at the example's ``batch``, ``other`` at one more sample.
     Found by running the model at that batch, as :func:`_output_batch_axes` does; none where it cannot run there."""
     batch = batch_of(inputs)
-    numbers = [(p, v) for p, v in pytree.tree_flatten_with_path(output)[0] if isinstance(v, (int, float, complex))]
+    numbers = _python_numbers(output)
     if batch is None or not numbers:
         return []
     try:
         with torch.no_grad():
-            other = run_reference(reference, with_batch(inputs, batch + 1), {})
-        others = dict(pytree.tree_flatten_with_path(other)[0])
+            others = dict(_python_numbers(run_reference(reference, with_batch(inputs, batch + 1), {})))
     except Exception:  # the model runs at the example's batch only: verification says so
         return []
-    found = []
-    for key_path, value in numbers:
-        changed = others.get(key_path, value)
-        if not isinstance(changed, torch.Tensor) and changed != value:
-            found.append((f"output{pytree.keystr(key_path)}", value, changed, batch))
-    return found
+    return [(where, value, others[where], batch) for where, value in numbers if others.get(where, value) != value]
+
+
+def _python_numbers(output: Any) -> list[tuple[str, Any]]:
+    """``(where, value)`` of each Python number among ``output``'s leaves, ``where`` as ``output[1]['n']``."""
+    leaves = pytree.tree_flatten_with_path(output)[0]
+    return [(f"output{pytree.keystr(path)}", v) for path, v in leaves if isinstance(v, (int, float, complex))]
 
 
 def _refuse_numbers_following_the_batch(reference: nn.Module, inputs: tuple[Any, ...], output: Any, name: str) -> None:
@@ -1509,8 +1509,7 @@ def _refuse_traced_numbers(output: Any, name: str, following: Sequence[str] = ()
     (QA: a bare MISMATCH "output[1]: tensor(2) != 2", no hint). Both said alike, before tracing; ``following``
     (where each number that follows the batch size is, ``output[1]``) picks the hint, and such a number is named
     first."""
-    leaves = [(f"output{pytree.keystr(p)}", v) for p, v in pytree.tree_flatten_with_path(output)[0]]
-    numbers = [(where, v) for where, v in leaves if isinstance(v, (int, float, complex))]
+    numbers = _python_numbers(output)
     if not numbers:
         return
     where, value = next(((w, v) for w, v in numbers if w in following), numbers[0])

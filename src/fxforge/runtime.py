@@ -637,12 +637,11 @@ def keeps_rng_state(function: Callable[_P, _R]) -> Callable[_P, _R]:
 
     @functools.wraps(function)
     def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-        if _INSIDE_A_CALL.get():  # the outermost call gives the streams back: see below
-            with rng_preserved():
-                return function(*args, **kwargs)
+        # the outermost call gives the module-held streams back (see _INSIDE_A_CALL); an inner one keeps none
+        held = () if _INSIDE_A_CALL.get() else _modules_among(*args, *kwargs.values())
         token = _INSIDE_A_CALL.set(True)
         try:
-            with rng_preserved(), generators_preserved(*_modules_among(*args, *kwargs.values())):
+            with rng_preserved(), generators_preserved(*held):
                 return function(*args, **kwargs)
         finally:
             _INSIDE_A_CALL.reset(token)

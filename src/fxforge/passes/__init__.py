@@ -509,9 +509,8 @@ def apply_pass(gm: fx.GraphModule, name: str | PassSpec, options: Any = None, *,
 
 def _stored_tensor_versions(gm: fx.GraphModule) -> dict[str, tuple[torch.Tensor, int]]:
     """Every parameter and buffer of ``gm`` with its in-place write counter (``Tensor._version``)."""
-    named = {**dict(gm.named_parameters(remove_duplicate=False)), **dict(gm.named_buffers(remove_duplicate=False))}
     versions = {}
-    for name, tensor in named.items():
+    for name, tensor in _held_tensors(gm).items():
         if not tensor.is_inference():  # an inference-mode tensor keeps no counter (and cannot be written outside)
             versions[name] = (tensor, tensor._version)
     return versions
@@ -524,8 +523,7 @@ def _held_tensors(gm: fx.GraphModule) -> dict[str, torch.Tensor]:
 
 def _stored_tensor_sums(gm: fx.GraphModule) -> dict[str, tuple[torch.Tensor, tuple[Any, ...]]]:
     """Every parameter and buffer of ``gm`` with where its data is and two sums of its values."""
-    named = {**dict(gm.named_parameters(remove_duplicate=False)), **dict(gm.named_buffers(remove_duplicate=False))}
-    return {name: (tensor, _sums(tensor)) for name, tensor in named.items() if tensor.device.type != "meta"}
+    return {name: (tensor, _sums(tensor)) for name, tensor in _held_tensors(gm).items() if tensor.device.type != "meta"}
 
 
 def _sums(tensor: torch.Tensor) -> tuple[Any, ...]:
